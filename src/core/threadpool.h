@@ -1,0 +1,34 @@
+/* threadpool.h — persistent workers for per-token compute.
+ *
+ * loom__threadpool_run(tp, fn, arg) calls fn(arg, ith, nth) once for every ith in 0..nth-1
+ * (the caller runs ith = 0) and returns when all calls have returned. Workers wait between
+ * runs by spinning briefly, then sleeping on a condition variable, so back-to-back small ops
+ * cost little and an idle pool costs no CPU. One run at a time: the pool is driven by one
+ * thread (the engine's step thread). */
+#pragma once
+
+#include "loom.h"
+
+typedef struct loom_threadpool loom_threadpool;
+
+typedef void (*loom_task_fn)(void *arg, int ith, int nth);
+
+/* n_threads >= 1 (the caller counts as one). Errors: INVALID_ARG, OUT_OF_MEMORY, INTERNAL. */
+loom_status loom__threadpool_create(int n_threads, loom_threadpool **out);
+
+/* Joins the workers. NULL is a no-op. */
+void loom__threadpool_destroy(loom_threadpool *tp);
+
+int loom__threadpool_size(const loom_threadpool *tp);
+
+void loom__threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *arg);
+
+/* Splits [0, n) into nth nearly equal contiguous ranges; thread ith gets [*begin, *end). */
+static inline void loom__split_range(int64_t n, int ith, int nth, int64_t *begin, int64_t *end) {
+    int64_t per = n / nth, rem = n % nth;
+    *begin = ith * per + (ith < rem ? ith : rem);
+    *end = *begin + per + (ith < rem ? 1 : 0);
+}
+
+/* Number of online cores (at least 1). */
+int loom__cpu_count(void);

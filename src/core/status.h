@@ -22,7 +22,10 @@ void loom__error_prefix(const char *fmt, ...) LOOM_PRINTF(1, 2);
 
 #define LOOM_RETURN_IF(cond, status, ...)                                                          \
     do {                                                                                           \
-        if (cond) return loom__fail((status), __VA_ARGS__);                                        \
+        if (cond) {                                                                                \
+            (void)loom__fail((status), __VA_ARGS__);                                               \
+            return (status); /* a constant the compiler sees is not LOOM_OK */                     \
+        }                                                                                          \
     } while (0)
 
 #define LOOM_TRY(expr)                                                                             \

@@ -1,0 +1,590 @@
+/* test_cpu_attention.c — kv_store and paged attention of the CPU backend.
+ *
+ * Ragged batches of several sequences of different lengths (54, 97, 17, 1 ...), some with
+ * history already in the cache, block sizes 1, 8 and 16, GQA 4:1 and MHA, window 0 and 5,
+ * F16 and F32 pools, soft-capping. Block tables are random permutations of the pool, so
+ * sequences' blocks interleave. Pools start poisoned with NaN, so any read of a slot that was
+ * never written (past kv_len, or a block not in the table) shows up as NaN in the output.
+ *
+ * Checked: the pools hold exactly the converted K/V rows; attention matches a double-precision
+ * reference within 2e-5 (absolute; values are O(1)); a sequence's rows are bitwise the same
+ * alone as in the batch, and a row computed as a one-token decode step is bitwise the row of
+ * the prefill; 1 vs 2 threads bitwise; bad descriptors give the right status and write
+ * nothing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "backend/cpu_test_util.h"
+#include "tensor/quant.h"
+
+#define MAX_SEQS 8
+
+typedef struct scen {
+    int n_seqs;
+    int32_t past[MAX_SEQS];  /* positions already cached before the step */
+    int32_t n_new[MAX_SEQS]; /* new rows in the step */
+    int32_t block_size, n_kv_heads, head_dim, n_head, window;
+    float scale, softcap;
+    loom_type kv_type;
+} scen;
+
+typedef struct kvtest {
+    scen sc;
+    int32_t n_blocks, kv_dim, max_len;
+    int32_t indptr[MAX_SEQS + 1];
+    int32_t *block_ids;
+    /* the history store and the step */
+    int32_t hist_q[MAX_SEQS + 1], hist_pos[MAX_SEQS], hist_len[MAX_SEQS];
+    int32_t step_q[MAX_SEQS + 1], step_pos[MAX_SEQS], step_len[MAX_SEQS];
+    size_t elt, token_stride, block_stride, pool_bytes;
+    void *k_pool[2], *v_pool[2]; /* two layers; the scenario uses layer 1 */
+    int32_t layer_src[2];
+    float *k_val, *v_val; /* [n_seqs][max_len][kv_dim] values as stored (rounded for f16) */
+    float *k_raw, *v_raw; /* the same before rounding */
+    float *q;             /* [T, n_head*head_dim] step queries */
+    int64_t T, T_hist;
+} kvtest;
+
+static void poison_pool(void *pool, size_t bytes, loom_type t) {
+    if (t == LOOM_TYPE_F32) {
+        poison(pool, bytes / 4);
+    } else {
+        uint16_t *h = pool;
+        for (size_t i = 0; i < bytes / 2; i++) h[i] = 0x7e00; /* f16 NaN */
+    }
+}
+
+static void kvtest_init(kvtest *kt, const scen *sc) {
+    memset(kt, 0, sizeof *kt);
+    kt->sc = *sc;
+    kt->kv_dim = sc->n_kv_heads * sc->head_dim;
+    kt->elt = sc->kv_type == LOOM_TYPE_F32 ? 4 : 2;
+    kt->token_stride = (size_t)kt->kv_dim * kt->elt + 2 * kt->elt; /* padded slots */
+    kt->block_stride = (size_t)sc->block_size * kt->token_stride;
+    int32_t total_blocks = 0;
+    for (int s = 0; s < sc->n_seqs; s++) {
+        int32_t len = sc->past[s] + sc->n_new[s];
+        kt->max_len = len > kt->max_len ? len : kt->max_len;
+        int32_t nb = (len + sc->block_size - 1) / sc->block_size + (s % 2); /* odd: spare */
+        kt->indptr[s + 1] = kt->indptr[s] + nb;
+        total_blocks += nb;
+        kt->hist_q[s + 1] = kt->hist_q[s] + sc->past[s];
+        kt->hist_pos[s] = 0;
+        kt->hist_len[s] = sc->past[s];
+        kt->step_q[s + 1] = kt->step_q[s] + sc->n_new[s];
+        kt->step_pos[s] = sc->past[s];
+        kt->step_len[s] = len;
+    }
+    kt->T = kt->step_q[sc->n_seqs];
+    kt->T_hist = kt->hist_q[sc->n_seqs];
+    kt->n_blocks = total_blocks + 3; /* blocks no sequence owns stay NaN */
+    /* Block ids: a random permutation of the pool. */
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)kt->n_blocks);
+    for (int32_t i = 0; i < kt->n_blocks; i++) perm[i] = i;
+    for (int32_t i = kt->n_blocks - 1; i > 0; i--) {
+        int32_t j = (int32_t)(rng_u64() % (uint64_t)(i + 1)), tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    kt->block_ids = perm; /* the first total_blocks entries are used */
+    kt->pool_bytes = (size_t)kt->n_blocks * kt->block_stride;
+    for (int l = 0; l < 2; l++) {
+        kt->k_pool[l] = aligned_alloc(64, (kt->pool_bytes + 63) / 64 * 64);
+        kt->v_pool[l] = aligned_alloc(64, (kt->pool_bytes + 63) / 64 * 64);
+        poison_pool(kt->k_pool[l], kt->pool_bytes, sc->kv_type);
+        poison_pool(kt->v_pool[l], kt->pool_bytes, sc->kv_type);
+        kt->layer_src[l] = l;
+    }
+    size_t nv = (size_t)sc->n_seqs * (size_t)kt->max_len * (size_t)kt->kv_dim;
+    kt->k_raw = falloc(nv);
+    kt->v_raw = falloc(nv);
+    kt->k_val = falloc(nv);
+    kt->v_val = falloc(nv);
+    fill_rand(kt->k_raw, nv, 1.0f);
+    fill_rand(kt->v_raw, nv, 1.0f);
+    for (size_t i = 0; i < nv; i++) {
+        bool f16 = sc->kv_type == LOOM_TYPE_F16;
+        kt->k_val[i] = f16 ? loom_f16_to_f32(loom_f32_to_f16(kt->k_raw[i])) : kt->k_raw[i];
+        kt->v_val[i] = f16 ? loom_f16_to_f32(loom_f32_to_f16(kt->v_raw[i])) : kt->v_raw[i];
+    }
+    size_t nq = (size_t)kt->T * (size_t)(sc->n_head * sc->head_dim);
+    kt->q = falloc(nq ? nq : 1);
+    fill_rand(kt->q, nq, 1.0f);
+}
+
+static void kvtest_free(kvtest *kt) {
+    for (int l = 0; l < 2; l++) {
+        free(kt->k_pool[l]);
+        free(kt->v_pool[l]);
+    }
+    free(kt->block_ids);
+    free(kt->k_raw);
+    free(kt->v_raw);
+    free(kt->k_val);
+    free(kt->v_val);
+    free(kt->q);
+}
+
+static loom_kv_desc kvtest_desc(kvtest *kt, const int32_t *q_start, const int32_t *pos_start,
+                                const int32_t *kv_len) {
+    loom_kv_desc d = {
+        .n_seqs = kt->sc.n_seqs,
+        .indptr = kt->indptr,
+        .block_ids = kt->block_ids,
+        .q_start = q_start,
+        .pos_start = pos_start,
+        .kv_len = kv_len,
+        .block_size = kt->sc.block_size,
+        .n_blocks = kt->n_blocks,
+        .n_kv_heads = kt->sc.n_kv_heads,
+        .head_dim = kt->sc.head_dim,
+        .kv_type = kt->sc.kv_type,
+        .token_stride = kt->token_stride,
+        .block_stride = kt->block_stride,
+        .n_layers = 2,
+        .k_base = kt->k_pool,
+        .v_base = kt->v_pool,
+        .layer_src = NULL,
+    };
+    return d;
+}
+
+/* Rows [positions from, to) of every sequence, concatenated in batch order. */
+static float *gather_rows(const kvtest *kt, const float *src, const int32_t *from,
+                          const int32_t *count, int64_t n_rows) {
+    float *out = falloc((size_t)(n_rows * kt->kv_dim) + 1);
+    int64_t r = 0;
+    for (int s = 0; s < kt->sc.n_seqs; s++)
+        for (int32_t i = 0; i < count[s]; i++, r++)
+            memcpy(out + r * kt->kv_dim,
+                   src + ((size_t)s * kt->max_len + (size_t)(from[s] + i)) * kt->kv_dim,
+                   sizeof(float) * (size_t)kt->kv_dim);
+    return out;
+}
+
+/* Stores the history then the step's rows into layer 1 through backend be. */
+static void kvtest_store(kvtest *kt, loom_backend *be) {
+    int32_t zero[MAX_SEQS] = {0};
+    const int32_t *counts[2] = {kt->sc.past, kt->sc.n_new};
+    const int32_t *from[2] = {zero, kt->sc.past};
+    const int64_t rows[2] = {kt->T_hist, kt->T};
+    loom_kv_desc desc[2] = {kvtest_desc(kt, kt->hist_q, kt->hist_pos, kt->hist_len),
+                            kvtest_desc(kt, kt->step_q, kt->step_pos, kt->step_len)};
+    for (int phase = 0; phase < 2; phase++) {
+        float *k = gather_rows(kt, kt->k_raw, from[phase], counts[phase], rows[phase]);
+        float *v = gather_rows(kt, kt->v_raw, from[phase], counts[phase], rows[phase]);
+        loom_tensor tk =
+            loom_tensor_2d(LOOM_TYPE_F32, k, kt->kv_dim, rows[phase], (size_t)kt->kv_dim * 4);
+        loom_tensor tv =
+            loom_tensor_2d(LOOM_TYPE_F32, v, kt->kv_dim, rows[phase], (size_t)kt->kv_dim * 4);
+        assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &desc[phase], 1), LOOM_OK);
+        free(k);
+        free(v);
+    }
+}
+
+/* The pools hold exactly the converted rows at every position of every sequence. */
+static void kvtest_check_pools(const kvtest *kt) {
+    for (int s = 0; s < kt->sc.n_seqs; s++) {
+        for (int32_t p = 0; p < kt->step_len[s]; p++) {
+            int32_t blk = kt->block_ids[kt->indptr[s] + p / kt->sc.block_size];
+            size_t off =
+                (size_t)blk * kt->block_stride + (size_t)(p % kt->sc.block_size) * kt->token_stride;
+            size_t src = ((size_t)s * kt->max_len + (size_t)p) * kt->kv_dim;
+            for (int l = 0; l < 2; l++) {
+                const float *raw = l == 0 ? kt->k_raw + src : kt->v_raw + src;
+                const char *slot = (const char *)(l == 0 ? kt->k_pool[1] : kt->v_pool[1]) + off;
+                for (int32_t e = 0; e < kt->kv_dim; e++) {
+                    if (kt->sc.kv_type == LOOM_TYPE_F32) {
+                        assert_true(same_bits((const float *)slot + e, raw + e, 1, "kv pool"));
+                    } else {
+                        uint16_t h;
+                        memcpy(&h, slot + 2 * e, 2);
+                        assert_int_equal(h, loom_f32_to_f16(raw[e]));
+                    }
+                }
+            }
+        }
+    }
+}
+
+static loom_status run_attention(loom_backend *be, kvtest *kt, const loom_kv_desc *d,
+                                 const float *q, int64_t T, float *out, int32_t layer) {
+    const int64_t W = (int64_t)kt->sc.n_head * kt->sc.head_dim;
+    loom_tensor tq = loom_tensor_2d(LOOM_TYPE_F32, (void *)q, W, T, (size_t)W * 4);
+    loom_tensor to = loom_tensor_2d(LOOM_TYPE_F32, out, W, T, (size_t)W * 4);
+    loom_attn_params p = {.n_head = kt->sc.n_head,
+                          .layer = layer,
+                          .scale = kt->sc.scale,
+                          .window = kt->sc.window,
+                          .softcap = kt->sc.softcap};
+    return be->ops->attention(be->ctx, &tq, d, &p, &to);
+}
+
+/* Double-precision reference for every step row. */
+static void ref_attention(const kvtest *kt, double *ref) {
+    const scen *sc = &kt->sc;
+    const int hd = sc->head_dim, group = sc->n_head / sc->n_kv_heads;
+    double *w = malloc(sizeof(double) * (size_t)kt->max_len);
+    for (int s = 0; s < sc->n_seqs; s++) {
+        for (int32_t i = 0; i < sc->n_new[s]; i++) {
+            int64_t r = kt->step_q[s] + i;
+            int32_t p = sc->past[s] + i;
+            int32_t lo = sc->window > 0 && p - sc->window + 1 > 0 ? p - sc->window + 1 : 0;
+            for (int h = 0; h < sc->n_head; h++) {
+                const float *q = kt->q + (r * sc->n_head + h) * hd;
+                int kvh = h / group;
+                double m = -INFINITY, sum = 0;
+                for (int32_t j = lo; j <= p; j++) {
+                    const float *k =
+                        kt->k_val + ((size_t)s * kt->max_len + j) * kt->kv_dim + kvh * hd;
+                    double d = 0;
+                    for (int e = 0; e < hd; e++) d += (double)q[e] * k[e];
+                    d *= sc->scale;
+                    if (sc->softcap > 0) d = sc->softcap * tanh(d / sc->softcap);
+                    w[j] = d;
+                    m = d > m ? d : m;
+                }
+                for (int32_t j = lo; j <= p; j++) sum += (w[j] = exp(w[j] - m));
+                double *o = ref + (r * sc->n_head + h) * hd;
+                for (int e = 0; e < hd; e++) o[e] = 0;
+                for (int32_t j = lo; j <= p; j++) {
+                    const float *v =
+                        kt->v_val + ((size_t)s * kt->max_len + j) * kt->kv_dim + kvh * hd;
+                    for (int e = 0; e < hd; e++) o[e] += w[j] / sum * v[e];
+                }
+            }
+        }
+    }
+    free(w);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The scenarios                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+static void check_scenario(const scen *sc) {
+    kvtest kt;
+    kvtest_init(&kt, sc);
+    const int64_t W = (int64_t)sc->n_head * sc->head_dim, n_out = kt.T * W;
+
+    kvtest_store(&kt, g_be[1]);
+    kvtest_check_pools(&kt);
+    /* The 1-thread backend stores the same bytes. */
+    void *k_copy = malloc(kt.pool_bytes), *v_copy = malloc(kt.pool_bytes);
+    memcpy(k_copy, kt.k_pool[1], kt.pool_bytes);
+    memcpy(v_copy, kt.v_pool[1], kt.pool_bytes);
+    kvtest_store(&kt, g_be[0]);
+    assert_memory_equal(k_copy, kt.k_pool[1], kt.pool_bytes);
+    assert_memory_equal(v_copy, kt.v_pool[1], kt.pool_bytes);
+    free(k_copy);
+    free(v_copy);
+
+    loom_kv_desc d = kvtest_desc(&kt, kt.step_q, kt.step_pos, kt.step_len);
+    float *out[2] = {falloc((size_t)n_out), falloc((size_t)n_out)};
+    for (int b = 0; b < 2; b++) {
+        poison(out[b], (size_t)n_out);
+        assert_int_equal(run_attention(g_be[b], &kt, &d, kt.q, kt.T, out[b], 1), LOOM_OK);
+    }
+    double *ref = malloc(sizeof(double) * (size_t)(n_out ? n_out : 1));
+    ref_attention(&kt, ref);
+    assert_true(close_enough(out[0], ref, NULL, (size_t)n_out, 0.0, 2e-5, "attention"));
+    assert_true(same_bits(out[0], out[1], (size_t)n_out, "attention threads"));
+
+    /* Each sequence alone gives bitwise the rows it had in the batch. */
+    float *one = falloc((size_t)n_out);
+    for (int s = 0; s < sc->n_seqs; s++) {
+        if (sc->n_new[s] == 0) continue;
+        int32_t indptr1[2] = {0, kt.indptr[s + 1] - kt.indptr[s]};
+        int32_t q1[2] = {0, sc->n_new[s]};
+        loom_kv_desc d1 = d;
+        d1.n_seqs = 1;
+        d1.indptr = indptr1;
+        d1.block_ids = kt.block_ids + kt.indptr[s];
+        d1.q_start = q1;
+        d1.pos_start = &kt.step_pos[s];
+        d1.kv_len = &kt.step_len[s];
+        poison(one, (size_t)n_out);
+        const float *qs = kt.q + kt.step_q[s] * W;
+        assert_int_equal(run_attention(g_be[s % 2], &kt, &d1, qs, sc->n_new[s], one, 1), LOOM_OK);
+        assert_true(same_bits(one, out[0] + kt.step_q[s] * W, (size_t)(sc->n_new[s] * W),
+                              "attention alone vs batched"));
+        /* Rows computed as a one-token decode step equal the prefill's rows. */
+        for (int32_t i = 0; i < sc->n_new[s]; i += (sc->n_new[s] + 2) / 3) {
+            int32_t qd[2] = {0, 1}, pos = kt.step_pos[s] + i, len = pos + 1;
+            loom_kv_desc dd = d1;
+            dd.q_start = qd;
+            dd.pos_start = &pos;
+            dd.kv_len = &len;
+            poison(one, (size_t)W);
+            assert_int_equal(run_attention(g_be[1], &kt, &dd, qs + i * W, 1, one, 1), LOOM_OK);
+            assert_true(same_bits(one, out[0] + (kt.step_q[s] + i) * W, (size_t)W,
+                                  "attention decode vs prefill"));
+        }
+    }
+
+    /* layer_src: layer 0 reading layer 1's pool gives the same result as layer 1. */
+    int32_t src_map[2] = {1, 1};
+    loom_kv_desc ds = d;
+    ds.layer_src = src_map;
+    poison(one, (size_t)n_out);
+    assert_int_equal(run_attention(g_be[1], &kt, &ds, kt.q, kt.T, one, 0), LOOM_OK);
+    assert_true(same_bits(one, out[0], (size_t)n_out, "attention layer_src"));
+
+    free(one);
+    free(ref);
+    free(out[0]);
+    free(out[1]);
+    kvtest_free(&kt);
+}
+
+static void test_attention_f32_gqa(void **state) {
+    (void)state;
+    scen sc = {.n_seqs = 4,
+               .past = {0, 30, 0, 96},
+               .n_new = {54, 1, 17, 1},
+               .block_size = 16,
+               .n_kv_heads = 2,
+               .head_dim = 40,
+               .n_head = 8,
+               .window = 0,
+               .scale = 0.158113883f,
+               .kv_type = LOOM_TYPE_F32};
+    check_scenario(&sc);
+}
+
+static void test_attention_f16_mha_window(void **state) {
+    (void)state;
+    scen sc = {.n_seqs = 3,
+               .past = {0, 50, 3},
+               .n_new = {17, 3, 0},
+               .block_size = 1,
+               .n_kv_heads = 3,
+               .head_dim = 16,
+               .n_head = 3,
+               .window = 5,
+               .scale = 0.25f,
+               .kv_type = LOOM_TYPE_F16};
+    check_scenario(&sc);
+}
+
+static void test_attention_f16_gqa_softcap(void **state) {
+    (void)state;
+    scen sc = {.n_seqs = 3,
+               .past = {10, 0, 90},
+               .n_new = {3, 54, 7},
+               .block_size = 8,
+               .n_kv_heads = 1,
+               .head_dim = 64,
+               .n_head = 4,
+               .window = 0,
+               .scale = 1.0f,
+               .softcap = 2.5f,
+               .kv_type = LOOM_TYPE_F16};
+    check_scenario(&sc);
+}
+
+static void test_attention_f32_window_long(void **state) {
+    (void)state;
+    scen sc = {.n_seqs = 2,
+               .past = {0, 0},
+               .n_new = {97, 1},
+               .block_size = 8,
+               .n_kv_heads = 2,
+               .head_dim = 32,
+               .n_head = 2,
+               .window = 5,
+               .scale = 0.5f,
+               .kv_type = LOOM_TYPE_F32};
+    check_scenario(&sc);
+    scen big = {.n_seqs = 1,
+                .past = {200},
+                .n_new = {97},
+                .block_size = 16,
+                .n_kv_heads = 2,
+                .head_dim = 128,
+                .n_head = 8,
+                .window = 0,
+                .scale = 0.088388f,
+                .kv_type = LOOM_TYPE_F16};
+    check_scenario(&big);
+}
+
+/* With window 5, a decode row at position 20 reads positions 16..20 only: slots before that
+ * are overwritten with NaN and the output stays finite and correct. */
+static void test_attention_window_reads(void **state) {
+    (void)state;
+    scen sc = {.n_seqs = 1,
+               .past = {20},
+               .n_new = {1},
+               .block_size = 8,
+               .n_kv_heads = 1,
+               .head_dim = 8,
+               .n_head = 2,
+               .window = 5,
+               .scale = 0.3f,
+               .kv_type = LOOM_TYPE_F32};
+    kvtest kt;
+    kvtest_init(&kt, &sc);
+    kvtest_store(&kt, g_be[0]);
+    for (int32_t p = 0; p < 16; p++) {
+        int32_t blk = kt.block_ids[kt.indptr[0] + p / 8];
+        float *slot = (float *)((char *)kt.k_pool[1] + (size_t)blk * kt.block_stride +
+                                (size_t)(p % 8) * kt.token_stride);
+        poison(slot, (size_t)kt.kv_dim);
+    }
+    loom_kv_desc d = kvtest_desc(&kt, kt.step_q, kt.step_pos, kt.step_len);
+    float out[16];
+    double ref[16];
+    poison(out, 16);
+    assert_int_equal(run_attention(g_be[1], &kt, &d, kt.q, 1, out, 1), LOOM_OK);
+    ref_attention(&kt, ref);
+    assert_true(close_enough(out, ref, NULL, 16, 0.0, 2e-5, "windowed attention"));
+    kvtest_free(&kt);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Bad input                                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+static void test_kv_bad(void **state) {
+    (void)state;
+    loom_backend *be = g_be[1];
+    scen sc = {.n_seqs = 2,
+               .past = {0, 0},
+               .n_new = {5, 9},
+               .block_size = 4,
+               .n_kv_heads = 2,
+               .head_dim = 8,
+               .n_head = 4,
+               .window = 0,
+               .scale = 0.3f,
+               .kv_type = LOOM_TYPE_F16};
+    kvtest kt;
+    kvtest_init(&kt, &sc);
+    loom_kv_desc d = kvtest_desc(&kt, kt.step_q, kt.step_pos, kt.step_len);
+    float *k = falloc((size_t)(kt.T * kt.kv_dim)), *v = falloc((size_t)(kt.T * kt.kv_dim));
+    fill_rand(k, (size_t)(kt.T * kt.kv_dim), 1.0f);
+    fill_rand(v, (size_t)(kt.T * kt.kv_dim), 1.0f);
+    loom_tensor tk = loom_tensor_2d(LOOM_TYPE_F32, k, kt.kv_dim, kt.T, (size_t)kt.kv_dim * 4);
+    loom_tensor tv = loom_tensor_2d(LOOM_TYPE_F32, v, kt.kv_dim, kt.T, (size_t)kt.kv_dim * 4);
+    const int64_t W = (int64_t)sc.n_head * sc.head_dim;
+    float *out = falloc((size_t)(kt.T * W));
+    void *pool_copy = malloc(kt.pool_bytes);
+    memcpy(pool_copy, kt.k_pool[1], kt.pool_bytes);
+
+    /* A block id past the pool, or negative: BAD_INPUT, and nothing is written. */
+    int32_t saved = kt.block_ids[kt.indptr[1] + 1];
+    const int32_t bad_ids[] = {kt.n_blocks, -1};
+    for (int i = 0; i < 2; i++) {
+        kt.block_ids[kt.indptr[1] + 1] = bad_ids[i];
+        assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &d, 1), LOOM_ERR_BAD_INPUT);
+        assert_non_null(strstr(loom_last_error(), "block id"));
+        assert_memory_equal(pool_copy, kt.k_pool[1], kt.pool_bytes);
+        assert_int_equal(run_attention(be, &kt, &d, kt.q, kt.T, out, 1), LOOM_ERR_BAD_INPUT);
+    }
+    kt.block_ids[kt.indptr[1] + 1] = saved;
+    assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &d, 1), LOOM_OK);
+    assert_int_equal(run_attention(be, &kt, &d, kt.q, kt.T, out, 1), LOOM_OK);
+
+    /* A block table too short for the positions. */
+    int32_t short_indptr[3] = {0, kt.indptr[1], kt.indptr[1] + 2}; /* seq 1 needs 3 blocks */
+    loom_kv_desc bad = d;
+    bad.indptr = short_indptr;
+    assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &bad, 1), LOOM_ERR_BAD_INPUT);
+    assert_int_equal(run_attention(be, &kt, &bad, kt.q, kt.T, out, 1), LOOM_ERR_BAD_INPUT);
+    /* kv_len shorter than the last new position. */
+    int32_t short_len[2] = {kt.step_len[0], kt.step_len[1] - 1};
+    bad = d;
+    bad.kv_len = short_len;
+    assert_int_equal(run_attention(be, &kt, &bad, kt.q, kt.T, out, 1), LOOM_ERR_BAD_INPUT);
+    /* Unsupported cache type. */
+    bad = d;
+    bad.kv_type = LOOM_TYPE_BF16;
+    assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &bad, 1), LOOM_ERR_UNSUPPORTED);
+    assert_int_equal(run_attention(be, &kt, &bad, kt.q, kt.T, out, 1), LOOM_ERR_UNSUPPORTED);
+    /* Layer out of range. */
+    assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &d, 2), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(run_attention(be, &kt, &d, kt.q, kt.T, out, -1), LOOM_ERR_INVALID_ARG);
+    /* Decreasing q_start. */
+    int32_t bad_q[3] = {0, 9, 5};
+    bad = d;
+    bad.q_start = bad_q;
+    assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &bad, 1), LOOM_ERR_INVALID_ARG);
+    /* Shapes: rows, widths. */
+    loom_tensor tb = tk;
+    tb.ne[1] = kt.T - 1;
+    loom_tensor tvb = tv;
+    tvb.ne[1] = kt.T - 1;
+    assert_int_equal(be->ops->kv_store(be->ctx, &tb, &tvb, &d, 1), LOOM_ERR_INVALID_ARG);
+    tb = tk;
+    tb.ne[0] = kt.kv_dim - 1;
+    tvb = tv;
+    tvb.ne[0] = kt.kv_dim - 1;
+    assert_int_equal(be->ops->kv_store(be->ctx, &tb, &tvb, &d, 1), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tb, &d, 1), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, NULL, 1), LOOM_ERR_INVALID_ARG);
+
+    /* Attention parameters. */
+    loom_tensor tq = loom_tensor_2d(LOOM_TYPE_F32, kt.q, W, kt.T, (size_t)W * 4);
+    loom_tensor to = loom_tensor_2d(LOOM_TYPE_F32, out, W, kt.T, (size_t)W * 4);
+    loom_attn_params p = {.n_head = 4, .layer = 1, .scale = 0.3f};
+    assert_int_equal(be->ops->attention(be->ctx, &tq, &d, &p, &to), LOOM_OK);
+    loom_attn_params pb = p;
+    pb.n_head = 3; /* not a multiple of n_kv_heads = 2 */
+    assert_int_equal(be->ops->attention(be->ctx, &tq, &d, &pb, &to), LOOM_ERR_INVALID_ARG);
+    pb = p;
+    pb.window = -1;
+    assert_int_equal(be->ops->attention(be->ctx, &tq, &d, &pb, &to), LOOM_ERR_INVALID_ARG);
+    pb = p;
+    pb.softcap = -1.0f;
+    assert_int_equal(be->ops->attention(be->ctx, &tq, &d, &pb, &to), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(be->ops->attention(be->ctx, &tq, &d, NULL, &to), LOOM_ERR_INVALID_ARG);
+    pb = p;
+    pb.n_head = 2; /* q rows are 4 heads wide */
+    assert_int_equal(be->ops->attention(be->ctx, &tq, &d, &pb, &to), LOOM_ERR_INVALID_ARG);
+    loom_tensor tqb = tq;
+    tqb.ne[1] = kt.T - 1;
+    loom_tensor tob = to;
+    tob.ne[1] = kt.T - 1;
+    assert_int_equal(be->ops->attention(be->ctx, &tqb, &d, &p, &tob), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(be->ops->attention(be->ctx, &tq, &d, &p, &tq), LOOM_ERR_INVALID_ARG);
+    assert_non_null(strstr(loom_last_error(), "attention"));
+    int32_t bad_src[2] = {5, 1};
+    bad = d;
+    bad.layer_src = bad_src;
+    pb = p;
+    pb.layer = 0;
+    assert_int_equal(be->ops->attention(be->ctx, &tq, &bad, &pb, &to), LOOM_ERR_INVALID_ARG);
+
+    /* An empty step is fine. */
+    int32_t zq[3] = {0, 0, 0};
+    loom_kv_desc empty = d;
+    empty.q_start = zq;
+    loom_tensor t0 = tk, tv0 = tv, tq0 = tq, to0 = to;
+    t0.ne[1] = tv0.ne[1] = tq0.ne[1] = to0.ne[1] = 0;
+    assert_int_equal(be->ops->kv_store(be->ctx, &t0, &tv0, &empty, 1), LOOM_OK);
+    assert_int_equal(be->ops->attention(be->ctx, &tq0, &empty, &p, &to0), LOOM_OK);
+
+    free(pool_copy);
+    free(out);
+    free(k);
+    free(v);
+    kvtest_free(&kt);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attention_f32_gqa),
+        cmocka_unit_test(test_attention_f16_mha_window),
+        cmocka_unit_test(test_attention_f16_gqa_softcap),
+        cmocka_unit_test(test_attention_f32_window_long),
+        cmocka_unit_test(test_attention_window_reads),
+        cmocka_unit_test(test_kv_bad),
+    };
+    return cmocka_run_group_tests(tests, cpu_group_setup, cpu_group_teardown);
+}

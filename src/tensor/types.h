@@ -34,7 +34,7 @@ typedef enum loom_type {
 } loom_type;
 
 typedef struct loom_type_traits {
-    const char *name;   /* "q4_K", as GGUF tools print it; NULL for an id loom does not know */
+    const char *name;     /* "q4_K", as GGUF tools print it; NULL for an id loom does not know */
     uint32_t block_elems; /* values per block (1 for plain types) */
     uint32_t block_bytes; /* bytes per block */
     bool quantized;
@@ -44,7 +44,8 @@ typedef struct loom_type_traits {
 /* Traits of t, or NULL if t is not a known type id (ids come from files: check them). */
 const loom_type_traits *loom_type_get_traits(uint32_t t);
 
-/* Name of a type id for messages: "q4_K", or "unknown(37)" in a static thread-local buffer. */
+/* Name of a type id for messages: "q4_K"; for GGUF ids loom has no traits for, their GGUF name
+ * ("iq2_xxs"); otherwise "unknown(45)" in a static thread-local buffer. Never NULL. */
 const char *loom_type_name(uint32_t t);
 
 /* Bytes of a row of n elements of type t. Returns false if n is not a multiple of the block

@@ -1,0 +1,186 @@
+"""loom.py — a ctypes binding of libloom (include/loom.h).
+
+The shared library is found through $LOOM_LIB, or build/libloom.so next to this repository.
+Errors raise LoomError carrying the status code and loom_last_error()'s message.
+"""
+import ctypes as C
+import os
+import pathlib
+
+import numpy as np
+
+LOOM_OK = 0
+STATUS = {0: "OK", 1: "ERR_INVALID_ARG", 2: "ERR_OUT_OF_MEMORY", 3: "ERR_IO",
+          4: "ERR_BAD_MODEL", 5: "ERR_UNSUPPORTED", 6: "ERR_BAD_INPUT",
+          7: "ERR_CONTEXT_FULL", 8: "ERR_BUFFER_TOO_SMALL", 9: "ERR_BACKEND",
+          10: "ERR_INTERNAL"}
+TOKENIZE_ADD_SPECIAL = 1
+TOKENIZE_PARSE_SPECIAL = 2
+DETOKENIZE_RENDER_SPECIAL = 1
+DETOKENIZE_STRIP_LEADING = 2
+
+
+class LoomError(RuntimeError):
+    def __init__(self, status, message):
+        super().__init__(f"{STATUS.get(status, status)}: {message}")
+        self.status = status
+        self.name = STATUS.get(status, str(status))
+
+
+class ModelParams(C.Structure):
+    _fields_ = [("backend", C.c_int), ("n_threads", C.c_int), ("use_mmap", C.c_bool),
+                ("vocab_only", C.c_bool)]
+
+
+class ModelInfo(C.Structure):
+    _fields_ = [("architecture", C.c_char_p), ("name", C.c_char_p), ("n_vocab", C.c_int32),
+                ("n_ctx_train", C.c_int32), ("n_embd", C.c_int32), ("n_layer", C.c_int32),
+                ("n_head", C.c_int32), ("n_head_kv", C.c_int32), ("head_dim", C.c_int32),
+                ("n_params", C.c_int64), ("file_bytes", C.c_int64), ("bos", C.c_int32),
+                ("eos", C.c_int32)]
+
+
+class SessionParams(C.Structure):
+    _fields_ = [("n_ctx", C.c_int32), ("n_batch", C.c_int32), ("block_size", C.c_int32),
+                ("kv_f32", C.c_bool)]
+
+
+def _find_lib():
+    env = os.environ.get("LOOM_LIB")
+    if env:
+        return env
+    root = pathlib.Path(__file__).resolve().parent.parent
+    for cand in (root / "build" / "libloom.so",):
+        if cand.exists():
+            return str(cand)
+    raise FileNotFoundError("libloom.so not found: set LOOM_LIB")
+
+
+_lib = C.CDLL(_find_lib())
+_lib.loom_last_error.restype = C.c_char_p
+_lib.loom_status_str.restype = C.c_char_p
+_lib.loom_version.restype = C.c_char_p
+_lib.loom_model_default_params.restype = ModelParams
+_lib.loom_session_default_params.restype = SessionParams
+_lib.loom_model_load.argtypes = [C.c_char_p, C.POINTER(ModelParams), C.POINTER(C.c_void_p)]
+_lib.loom_model_free.argtypes = [C.c_void_p]
+_lib.loom_model_get_info.argtypes = [C.c_void_p, C.POINTER(ModelInfo)]
+_lib.loom_tokenize.argtypes = [C.c_void_p, C.c_char_p, C.c_size_t, C.c_uint,
+                               C.POINTER(C.c_int32), C.c_size_t, C.POINTER(C.c_size_t)]
+_lib.loom_detokenize.argtypes = [C.c_void_p, C.POINTER(C.c_int32), C.c_size_t, C.c_uint,
+                                 C.c_char_p, C.c_size_t, C.POINTER(C.c_size_t)]
+_lib.loom_session_create.argtypes = [C.c_void_p, C.POINTER(SessionParams),
+                                     C.POINTER(C.c_void_p)]
+_lib.loom_session_free.argtypes = [C.c_void_p]
+_lib.loom_session_reset.argtypes = [C.c_void_p]
+_lib.loom_session_n_past.argtypes = [C.c_void_p]
+_lib.loom_session_n_past.restype = C.c_int32
+_lib.loom_session_decode.argtypes = [C.c_void_p, C.POINTER(C.c_int32), C.c_int32, C.c_bool]
+_lib.loom_session_logits.argtypes = [C.c_void_p, C.c_int32]
+_lib.loom_session_logits.restype = C.POINTER(C.c_float)
+
+
+def _check(status):
+    if status != LOOM_OK:
+        raise LoomError(status, _lib.loom_last_error().decode("utf-8", "replace"))
+
+
+def version():
+    return _lib.loom_version().decode()
+
+
+class Model:
+    """A loaded GGUF model. Use as a context manager or call close()."""
+
+    _h = None
+
+    def __init__(self, path, n_threads=0, vocab_only=False, use_mmap=True):
+        p = _lib.loom_model_default_params()
+        p.n_threads = n_threads
+        p.vocab_only = vocab_only
+        p.use_mmap = use_mmap
+        h = C.c_void_p()
+        _check(_lib.loom_model_load(os.fsencode(path), C.byref(p), C.byref(h)))
+        self._h = h
+        info = ModelInfo()
+        _check(_lib.loom_model_get_info(h, C.byref(info)))
+        self.info = info
+        self.n_vocab = info.n_vocab
+
+    def close(self):
+        if self._h:
+            _lib.loom_model_free(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def tokenize(self, text, add_special=True, parse_special=False):
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        flags = (TOKENIZE_ADD_SPECIAL if add_special else 0) | \
+                (TOKENIZE_PARSE_SPECIAL if parse_special else 0)
+        n = C.c_size_t()
+        st = _lib.loom_tokenize(self._h, data, len(data), flags, None, 0, C.byref(n))
+        if st not in (LOOM_OK, 8):
+            _check(st)
+        buf = (C.c_int32 * max(n.value, 1))()
+        _check(_lib.loom_tokenize(self._h, data, len(data), flags, buf, n.value, C.byref(n)))
+        return list(buf[:n.value])
+
+    def detokenize(self, tokens, render_special=False, strip_leading=False):
+        arr = (C.c_int32 * max(len(tokens), 1))(*tokens)
+        flags = (DETOKENIZE_RENDER_SPECIAL if render_special else 0) | \
+                (DETOKENIZE_STRIP_LEADING if strip_leading else 0)
+        n = C.c_size_t()
+        st = _lib.loom_detokenize(self._h, arr, len(tokens), flags, None, 0, C.byref(n))
+        if st not in (LOOM_OK, 8):
+            _check(st)
+        out = C.create_string_buffer(max(n.value, 1))
+        _check(_lib.loom_detokenize(self._h, arr, len(tokens), flags, out, n.value, C.byref(n)))
+        return out.raw[:n.value]
+
+
+class Session:
+    """One sequence over a model: decode tokens, read logits."""
+
+    _h = None
+
+    def __init__(self, model, n_ctx=0, n_batch=512, block_size=16, kv_f32=False):
+        p = _lib.loom_session_default_params()
+        p.n_ctx, p.n_batch, p.block_size, p.kv_f32 = n_ctx, n_batch, block_size, kv_f32
+        h = C.c_void_p()
+        _check(_lib.loom_session_create(model._h, C.byref(p), C.byref(h)))
+        self._h = h
+        self.model = model
+
+    def close(self):
+        if self._h:
+            _lib.loom_session_free(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def reset(self):
+        _lib.loom_session_reset(self._h)
+
+    @property
+    def n_past(self):
+        return _lib.loom_session_n_past(self._h)
+
+    def decode(self, tokens, all_logits=False):
+        """Runs tokens; returns logits as a float32 array [n, vocab] (all) or [vocab] (last)."""
+        arr = (C.c_int32 * len(tokens))(*tokens)
+        _check(_lib.loom_session_decode(self._h, arr, len(tokens), all_logits))
+        V = self.model.n_vocab
+        if all_logits:
+            p = _lib.loom_session_logits(self._h, 0)
+            return np.ctypeslib.as_array(p, shape=(len(tokens), V)).copy()
+        p = _lib.loom_session_logits(self._h, -1)
+        return np.ctypeslib.as_array(p, shape=(V,)).copy()

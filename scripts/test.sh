@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# test.sh — the README's test command: build (warnings as errors) and run every test, then
+# build again under AddressSanitizer + UndefinedBehaviorSanitizer and run the unit tests there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] || scripts/setup-python.sh
+PY="$PWD/.venv/bin/python"
+jobs=$(nproc)
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON -DLOOM_PYTHON="$PY" >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_WERROR=ON \
+      -DLOOM_SANITIZE=address,undefined -DLOOM_PYTHON="$PY" >/dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit

@@ -1,0 +1,114 @@
+/* generate.c — loom_generate: prompt, then sample token by token, streaming text in whole
+ * UTF-8 characters (a character split across byte-fallback tokens is held back until complete). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api_internal.h"
+#include "core/status.h"
+#include "core/timer.h"
+#include "model/model.h"
+
+loom_generate_params loom_generate_default_params(void) {
+    loom_generate_params p;
+    memset(&p, 0, sizeof p);
+    p.n_predict = 128;
+    p.sampler = loom_sampler_default_params();
+    p.add_special = true;
+    p.parse_special = false;
+    p.stop_at_eos = true;
+    return p;
+}
+
+/* Length of the prefix of s[0..n) that ends on a UTF-8 character boundary: trailing bytes that
+ * start a multi-byte character not yet complete are excluded. */
+static size_t complete_utf8_prefix(const char *s, size_t n) {
+    size_t i = n, back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) {
+        i--;
+        back++;
+    }
+    if (i == 0) return n;
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+    return back + 1 < need ? i - 1 : n;
+}
+
+typedef struct pending_text {
+    char buf[64]; /* bytes of an unfinished character (at most 3) plus one piece */
+    size_t len;
+} pending_text;
+
+static bool emit_piece(const loom_model *m, pending_text *pt, loom_token tok, loom_piece_fn fn,
+                       void *user) {
+    char piece[256];
+    size_t n = 0;
+    if (loom_token_to_piece(m, tok, 0, piece, sizeof piece, &n) != LOOM_OK) n = 0;
+    if (n > sizeof pt->buf - pt->len) {
+        /* A very long piece: flush what is pending, then pass it through whole. */
+        bool go = !fn || fn(pt->buf, pt->len, tok, user);
+        pt->len = 0;
+        return go && (!fn || fn(piece, n > sizeof piece ? sizeof piece : n, tok, user));
+    }
+    memcpy(pt->buf + pt->len, piece, n);
+    pt->len += n;
+    size_t ready = complete_utf8_prefix(pt->buf, pt->len);
+    bool go = true;
+    if (fn && (ready > 0 || pt->len == 0)) go = fn(pt->buf, ready, tok, user);
+    memmove(pt->buf, pt->buf + ready, pt->len - ready);
+    pt->len -= ready;
+    return go;
+}
+
+loom_status loom_generate(loom_session *s, const char *prompt, const loom_generate_params *params,
+                          loom_piece_fn on_piece, void *user_data, loom_generate_stats *stats) {
+    loom__clear_error();
+    LOOM_CHECK_ARG(s != NULL && prompt != NULL);
+    loom_generate_params p = params ? *params : loom_generate_default_params();
+    LOOM_CHECK_ARG(p.n_predict >= 0);
+    const loom_model *m = loom__session_model(s);
+    loom_generate_stats st_local;
+    memset(&st_local, 0, sizeof st_local);
+
+    unsigned flags = (p.add_special ? LOOM_TOKENIZE_ADD_SPECIAL : 0) |
+                     (p.parse_special ? LOOM_TOKENIZE_PARSE_SPECIAL : 0);
+    size_t len = strlen(prompt), n_tok = 0;
+    loom_status st = loom_tokenize(m, prompt, len, flags, NULL, 0, &n_tok);
+    if (st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL) return st;
+    LOOM_RETURN_IF(n_tok == 0, LOOM_ERR_INVALID_ARG, "generate: the prompt has no tokens");
+    loom_token *toks = malloc(n_tok * sizeof *toks);
+    LOOM_RETURN_IF(!toks, LOOM_ERR_OUT_OF_MEMORY, "generate: out of memory");
+    st = loom_tokenize(m, prompt, len, flags, toks, n_tok, &n_tok);
+    if (st != LOOM_OK) goto done;
+
+    loom_session_reset(s);
+    double t0 = loom__now_ms();
+    st = loom_session_decode(s, toks, (int32_t)n_tok, false);
+    if (st != LOOM_OK) goto done;
+    st_local.n_prompt = (int32_t)n_tok;
+    st_local.prompt_ms = loom__now_ms() - t0;
+
+    pending_text pt = {.len = 0};
+    double t1 = loom__now_ms();
+    for (int32_t i = 0; i < p.n_predict; i++) {
+        loom_token next;
+        st = loom_sample(loom_session_logits(s, -1), m->cfg.n_vocab, &p.sampler,
+                         (uint64_t)loom_session_n_past(s), &next);
+        if (st != LOOM_OK) break;
+        st_local.n_generated++;
+        if (p.stop_at_eos && loom_tokenizer_is_eog(m->tok, next)) break;
+        if (!emit_piece(m, &pt, next, on_piece, user_data)) break;
+        if (i + 1 == p.n_predict) break;
+        st = loom_session_decode(s, &next, 1, false);
+        if (st == LOOM_ERR_CONTEXT_FULL) {
+            st = LOOM_OK; /* the context is used up: generation simply ends here */
+            break;
+        }
+        if (st != LOOM_OK) break;
+    }
+    st_local.generate_ms = loom__now_ms() - t1;
+
+done:
+    free(toks);
+    if (stats) *stats = st_local;
+    return st;
+}

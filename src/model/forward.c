@@ -1,0 +1,161 @@
+/* forward.c — the llama-family forward pass written against backend ops only.
+ *
+ * Per layer:  xn = rms_norm(x) ; q,k,v = xn·Wq,k,vᵀ ; rope(q,k) ; store k,v in the paged cache ;
+ *             att = attention(q, cache) ; x += att·Woᵀ ;
+ *             xn = rms_norm(x) ; x += (silu(xn·Wgᵀ) * xn·Wuᵀ)·Wdᵀ
+ * then the final norm and the output projection for the rows that want logits only, a few rows
+ * at a time so the logits buffer stays small even for a 262k vocabulary. */
+#include "model/forward.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Most bytes of logits held in backend memory at once. */
+#define LOOM_LOGITS_BUDGET (8u << 20)
+
+/* Views a [rows, cols] F32 (or I32) slice of the workspace buffer at *offset, 64-byte aligned. */
+static loom_tensor carve(char *base, size_t *offset, loom_type type, int64_t cols, int64_t rows) {
+    size_t row = (size_t)cols * 4;
+    loom_tensor t = loom_tensor_2d(type, base ? base + *offset : NULL, cols, rows, row);
+    *offset += (row * (size_t)rows + 63) & ~(size_t)63;
+    return t;
+}
+
+static size_t layout_ws(const loom_model *m, char *base, loom_forward_ws *ws) {
+    const loom_model_config *c = &m->cfg;
+    int64_t t = ws->n_batch, d = c->n_embd, q = (int64_t)c->n_head * c->head_dim;
+    int64_t kv = (int64_t)c->n_head_kv * c->head_dim, f = c->n_ff, r = ws->n_logit_rows;
+    size_t off = 0;
+    ws->x = carve(base, &off, LOOM_TYPE_F32, d, t);
+    ws->xn = carve(base, &off, LOOM_TYPE_F32, d, t);
+    ws->q = carve(base, &off, LOOM_TYPE_F32, q, t);
+    ws->k = carve(base, &off, LOOM_TYPE_F32, kv, t);
+    ws->v = carve(base, &off, LOOM_TYPE_F32, kv, t);
+    ws->att = carve(base, &off, LOOM_TYPE_F32, q, t);
+    ws->proj = carve(base, &off, LOOM_TYPE_F32, d, t);
+    ws->gate = carve(base, &off, LOOM_TYPE_F32, f, t);
+    ws->up = carve(base, &off, LOOM_TYPE_F32, f, t);
+    ws->ids = carve(base, &off, LOOM_TYPE_I32, t, 1);
+    ws->pos = carve(base, &off, LOOM_TYPE_I32, t, 1);
+    ws->out_ids = carve(base, &off, LOOM_TYPE_I32, r, 1);
+    ws->sel = carve(base, &off, LOOM_TYPE_F32, d, r);
+    ws->logits = carve(base, &off, LOOM_TYPE_F32, c->n_vocab, r);
+    return off;
+}
+
+loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom_forward_ws *ws) {
+    LOOM_CHECK_ARG(m && ws && n_batch > 0);
+    memset(ws, 0, sizeof *ws);
+    ws->n_batch = n_batch;
+    int64_t rows = LOOM_LOGITS_BUDGET / ((int64_t)m->cfg.n_vocab * 4);
+    ws->n_logit_rows = (int32_t)(rows < 1 ? 1 : rows > n_batch ? n_batch : rows);
+    size_t bytes = layout_ws(m, NULL, ws);
+    const loom_backend_ops *ops = m->backend->ops;
+    LOOM_TRY(ops->buffer_alloc(m->backend->ctx, bytes, &ws->buf));
+    layout_ws(m, ops->buffer_base(m->backend->ctx, ws->buf), ws);
+    return LOOM_OK;
+}
+
+void loom__forward_ws_destroy(const loom_model *m, loom_forward_ws *ws) {
+    if (ws && ws->buf) m->backend->ops->buffer_free(m->backend->ctx, ws->buf);
+    if (ws) memset(ws, 0, sizeof *ws);
+}
+
+/* The first n rows of a workspace tensor. */
+static loom_tensor rows_of(const loom_tensor *t, int64_t n) {
+    loom_tensor v = *t;
+    v.ne[1] = n;
+    return v;
+}
+
+static loom_status layer_forward(const loom_model *m, loom_forward_ws *ws, int32_t il,
+                                 int64_t n, const loom_kv_desc *kv) {
+    const loom_backend_ops *ops = m->backend->ops;
+    void *ctx = m->backend->ctx;
+    const loom_model_config *c = &m->cfg;
+    const loom_layer_weights *w = &m->layers[il];
+    loom_tensor x = rows_of(&ws->x, n), xn = rows_of(&ws->xn, n);
+    loom_tensor q = rows_of(&ws->q, n), k = rows_of(&ws->k, n), v = rows_of(&ws->v, n);
+    loom_tensor att = rows_of(&ws->att, n), proj = rows_of(&ws->proj, n);
+    loom_tensor gate = rows_of(&ws->gate, n), up = rows_of(&ws->up, n);
+    loom_tensor pos = ws->pos;
+    pos.ne[0] = n;
+
+    LOOM_TRY(ops->rms_norm(ctx, &x, &w->attn_norm, c->rms_eps, &xn));
+    LOOM_TRY(ops->matmul(ctx, &w->wq, &xn, &q));
+    LOOM_TRY(ops->matmul(ctx, &w->wk, &xn, &k));
+    LOOM_TRY(ops->matmul(ctx, &w->wv, &xn, &v));
+
+    loom_rope_params rp = c->rope;
+    rp.head_dim = c->head_dim;
+    rp.n_head = c->n_head;
+    LOOM_TRY(ops->rope(ctx, &q, &pos, &rp));
+    rp.n_head = c->n_head_kv;
+    LOOM_TRY(ops->rope(ctx, &k, &pos, &rp));
+    LOOM_TRY(ops->kv_store(ctx, &k, &v, kv, il));
+
+    loom_attn_params ap = {
+        .n_head = c->n_head,
+        .layer = il,
+        .scale = 1.0f / sqrtf((float)c->head_dim),
+        .window = 0,
+        .softcap = 0.0f,
+    };
+    LOOM_TRY(ops->attention(ctx, &q, kv, &ap, &att));
+    LOOM_TRY(ops->matmul(ctx, &w->wo, &att, &proj));
+    LOOM_TRY(ops->add(ctx, &x, &proj, &x));
+
+    LOOM_TRY(ops->rms_norm(ctx, &x, &w->ffn_norm, c->rms_eps, &xn));
+    LOOM_TRY(ops->matmul(ctx, &w->w_gate, &xn, &gate));
+    LOOM_TRY(ops->matmul(ctx, &w->w_up, &xn, &up));
+    LOOM_TRY(ops->glu(ctx, &gate, &up, LOOM_GLU_SWIGLU, &gate));
+    LOOM_TRY(ops->matmul(ctx, &w->w_down, &gate, &proj));
+    return ops->add(ctx, &x, &proj, &x);
+}
+
+/* Final norm, then logits for the wanted rows, n_logit_rows at a time. */
+static loom_status output_forward(const loom_model *m, loom_forward_ws *ws, const loom_batch *b,
+                                  float *logits) {
+    const loom_backend_ops *ops = m->backend->ops;
+    void *ctx = m->backend->ctx;
+    int64_t V = m->cfg.n_vocab;
+    loom_tensor x = rows_of(&ws->x, b->n_tokens), xn = rows_of(&ws->xn, b->n_tokens);
+    LOOM_TRY(ops->rms_norm(ctx, &x, &m->output_norm, m->cfg.rms_eps, &xn));
+    for (int32_t done = 0; done < b->n_logits; done += ws->n_logit_rows) {
+        int32_t r = b->n_logits - done < ws->n_logit_rows ? b->n_logits - done : ws->n_logit_rows;
+        loom_tensor ids = ws->out_ids, sel = rows_of(&ws->sel, r);
+        loom_tensor out = rows_of(&ws->logits, r);
+        ids.ne[0] = r;
+        LOOM_TRY(ops->tensor_set(ctx, ids.data, b->logit_rows + done, (size_t)r * 4));
+        LOOM_TRY(ops->get_rows(ctx, &xn, &ids, &sel));
+        LOOM_TRY(ops->matmul(ctx, &m->output, &sel, &out));
+        LOOM_TRY(ops->tensor_get(ctx, logits + (size_t)done * V, out.data,
+                                 (size_t)r * (size_t)V * 4));
+    }
+    return LOOM_OK;
+}
+
+loom_status loom__model_forward(const loom_model *m, loom_forward_ws *ws, const loom_batch *b,
+                                const loom_kv_desc *kv, float *logits) {
+    LOOM_CHECK_ARG(m && ws && b && kv);
+    LOOM_CHECK_ARG(b->n_tokens > 0 && b->n_tokens <= ws->n_batch);
+    LOOM_CHECK_ARG(b->n_logits >= 0 && (b->n_logits == 0 || logits));
+    const loom_backend_ops *ops = m->backend->ops;
+    void *ctx = m->backend->ctx;
+    int64_t n = b->n_tokens;
+
+    loom_tensor ids = ws->ids, x = rows_of(&ws->x, n);
+    ids.ne[0] = n;
+    LOOM_TRY(ops->tensor_set(ctx, ids.data, b->tokens, (size_t)n * 4));
+    LOOM_TRY(ops->tensor_set(ctx, ws->pos.data, b->pos, (size_t)n * 4));
+    LOOM_TRY(ops->get_rows(ctx, &m->tok_embd, &ids, &x));
+    for (int32_t il = 0; il < m->cfg.n_layer; il++) {
+        loom_status st = layer_forward(m, ws, il, n, kv);
+        if (st != LOOM_OK) {
+            loom__error_prefix("layer %d", il);
+            return st;
+        }
+    }
+    if (b->n_logits == 0) return ops->synchronize(ctx);
+    return output_forward(m, ws, b, logits);
+}

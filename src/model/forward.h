@@ -1,0 +1,43 @@
+/* forward.h — one forward pass of a model over a ragged batch of tokens, and the workspace it
+ * runs in (sized once, so a step allocates nothing). */
+#pragma once
+
+#include "model/model.h"
+
+/* Activation buffers in backend memory for up to n_batch tokens. */
+typedef struct loom_forward_ws {
+    loom_buffer *buf;
+    int32_t n_batch;
+    int32_t n_logit_rows; /* rows of logits computed per output matmul (bounds its buffer) */
+    loom_tensor x;        /* [T, D] residual stream */
+    loom_tensor xn;       /* [T, D] normed */
+    loom_tensor q;        /* [T, H*hd] */
+    loom_tensor k;        /* [T, Hkv*hd] */
+    loom_tensor v;        /* [T, Hkv*hd] */
+    loom_tensor att;      /* [T, H*hd] attention output */
+    loom_tensor proj;     /* [T, D] attention / FFN projection */
+    loom_tensor gate;     /* [T, F] */
+    loom_tensor up;       /* [T, F] */
+    loom_tensor ids;      /* I32 [T] token ids */
+    loom_tensor pos;      /* I32 [T] positions */
+    loom_tensor out_ids;  /* I32 [n_logit_rows] rows that get logits */
+    loom_tensor sel;      /* [n_logit_rows, D] gathered rows */
+    loom_tensor logits;   /* [n_logit_rows, V] */
+} loom_forward_ws;
+
+/* The tokens of one step: rows in the order the kv descriptor's q_start describes. */
+typedef struct loom_batch {
+    const loom_token *tokens;  /* [n_tokens] ids, checked < n_vocab by the caller */
+    const int32_t *pos;        /* [n_tokens] positions */
+    int32_t n_tokens;
+    const int32_t *logit_rows; /* [n_logits] rows whose logits are wanted, ascending */
+    int32_t n_logits;
+} loom_batch;
+
+loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom_forward_ws *ws);
+void loom__forward_ws_destroy(const loom_model *m, loom_forward_ws *ws);
+
+/* Runs the model over batch, storing K/V through kv, and writes n_logits rows of n_vocab
+ * logits to the host array logits. */
+loom_status loom__model_forward(const loom_model *m, loom_forward_ws *ws, const loom_batch *b,
+                                const loom_kv_desc *kv, float *logits);

@@ -1,0 +1,71 @@
+/* model.h — a loaded model: configuration read from GGUF metadata, weight tensors placed in a
+ * backend's memory, and the tokenizer. Architectures (llama.c, …) fill and use it. */
+#pragma once
+
+#include "backend/backend.h"
+#include "core/status.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+typedef enum loom_arch {
+    LOOM_ARCH_LLAMA = 0,
+} loom_arch;
+
+/* Everything the forward pass needs to know about the network's shape. */
+typedef struct loom_model_config {
+    loom_arch arch;
+    int32_t n_vocab;
+    int32_t n_embd;      /* model width D */
+    int32_t n_layer;
+    int32_t n_head;      /* query heads H */
+    int32_t n_head_kv;   /* key/value heads (H for MHA, fewer for GQA) */
+    int32_t head_dim;    /* per-head width (D / H unless the file says otherwise) */
+    int32_t n_ff;        /* feed-forward width F */
+    int32_t n_ctx_train;
+    float rms_eps;
+    loom_rope_params rope; /* n_head/head_dim left 0: the forward sets them per tensor */
+} loom_model_config;
+
+typedef struct loom_layer_weights {
+    loom_tensor attn_norm; /* F32 [D] */
+    loom_tensor wq;        /* [H*hd, D] */
+    loom_tensor wk;        /* [Hkv*hd, D] */
+    loom_tensor wv;        /* [Hkv*hd, D] */
+    loom_tensor wo;        /* [D, H*hd] */
+    loom_tensor ffn_norm;  /* F32 [D] */
+    loom_tensor w_gate;    /* [F, D] */
+    loom_tensor w_up;      /* [F, D] */
+    loom_tensor w_down;    /* [D, F] */
+} loom_layer_weights;
+
+struct loom_model {
+    loom_gguf *gguf;         /* the open file; tensors of a mapped CPU model point into it */
+    loom_tokenizer *tok;
+    loom_model_config cfg;
+    bool vocab_only;
+    char *arch_name;         /* NUL-terminated copies of metadata strings */
+    char *name;
+    int64_t n_params;
+
+    loom_backend *backend;   /* NULL when vocab_only */
+    loom_buffer *weights;    /* the file wrapped (mmap) or a copy in backend memory */
+    loom_buffer **extra;     /* [n_extra] small buffers: vectors converted to F32 at load */
+    int32_t n_extra;
+    float *rope_freq_factors; /* [n_rot/2] host copy of rope_freqs.weight, or NULL */
+
+    loom_tensor tok_embd;    /* [V, D] */
+    loom_tensor output_norm; /* F32 [D] */
+    loom_tensor output;      /* [V, D]; the embedding table when tied */
+    loom_layer_weights *layers; /* [n_layer] */
+};
+
+/* Reads the llama-family configuration from metadata (arch prefix "llama"). */
+loom_status loom__llama_read_config(const loom_gguf *g, loom_model_config *cfg);
+
+/* Binds every llama weight tensor (shapes checked against cfg) into model->layers etc. */
+loom_status loom__llama_bind_weights(loom_model *model);
+
+/* Finds tensor name with the given shape (ne0 = row length, ne1 = rows; ne1 = 1 for vectors)
+ * and returns a view of it in backend memory. required=false: absent → *out zeroed, LOOM_OK. */
+loom_status loom__model_tensor(loom_model *model, const char *name, int64_t ne0, int64_t ne1,
+                               bool required, loom_tensor *out);

@@ -1,0 +1,66 @@
+"""ref_llama.py — an independent float64 numpy forward pass of the llama architecture.
+
+Weights come from the gguf package's reader and dequantizer (not from loom), so this checks
+loom's math separately from llama.cpp's (which quantizes activations and rounds through f16).
+"""
+import numpy as np
+import gguf
+
+
+def load_weights(path):
+    r = gguf.GGUFReader(path)
+    f = {}
+    for t in r.tensors:
+        a = gguf.quants.dequantize(t.data, t.tensor_type)
+        f[t.name] = np.asarray(a, dtype=np.float64).reshape([int(x) for x in reversed(t.shape)]
+                                                             if len(t.shape) > 1 else [-1])
+    return f
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope_normal(x, pos, base, n_rot):
+    # x: [T, H, hd]; rotates pairs (2i, 2i+1) by pos * base^(-2i/n_rot)
+    out = x.copy()
+    i = np.arange(n_rot // 2)
+    inv = base ** (-2.0 * i / n_rot)
+    ang = pos[:, None] * inv[None, :]                  # [T, n_rot/2]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    x0, x1 = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+    out[..., 0:n_rot:2] = x0 * c - x1 * s
+    out[..., 1:n_rot:2] = x0 * s + x1 * c
+    return out
+
+
+def forward(W, shape, tokens, eps=1e-5):
+    """Logits [T, V] for tokens at positions 0..T-1 (teacher forcing)."""
+    s = shape
+    T, H, Hkv, hd = len(tokens), s.n_head, s.n_head_kv, s.head_dim
+    pos = np.arange(T, dtype=np.float64)
+    x = W["token_embd.weight"][np.asarray(tokens)]
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    for il in range(s.n_layer):
+        p = f"blk.{il}."
+        xn = rms_norm(x, W[p + "attn_norm.weight"], eps)
+        q = (xn @ W[p + "attn_q.weight"].T).reshape(T, H, hd)
+        k = (xn @ W[p + "attn_k.weight"].T).reshape(T, Hkv, hd)
+        v = (xn @ W[p + "attn_v.weight"].T).reshape(T, Hkv, hd)
+        q = rope_normal(q, pos, s.rope_base, hd)
+        k = rope_normal(k, pos, s.rope_base, hd)
+        g = H // Hkv
+        att = np.empty((T, H, hd))
+        for h in range(H):
+            sc = q[:, h, :] @ k[:, h // g, :].T / np.sqrt(hd) + mask
+            sc = np.exp(sc - sc.max(axis=1, keepdims=True))
+            sc /= sc.sum(axis=1, keepdims=True)
+            att[:, h, :] = sc @ v[:, h // g, :]
+        x = x + att.reshape(T, H * hd) @ W[p + "attn_output.weight"].T
+        xn = rms_norm(x, W[p + "ffn_norm.weight"], eps)
+        gate = xn @ W[p + "ffn_gate.weight"].T
+        up = xn @ W[p + "ffn_up.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ W[p + "ffn_down.weight"].T
+    xn = rms_norm(x, W["output_norm.weight"], eps)
+    out = W.get("output.weight", W["token_embd.weight"])
+    return xn @ out.T

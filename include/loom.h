@@ -127,6 +127,10 @@ typedef struct loom_model_params {
     int n_threads;             /* compute threads of the CPU backend; <= 0: all online cores */
     bool use_mmap;             /* map the file and use weights in place (default true) */
     bool vocab_only;           /* load metadata and tokenizer only: no weights, no sessions */
+    /* Matmuls over quantized/F16 weights keep activations in float32 (slower; the closest to
+     * exact arithmetic) instead of rounding them per block to 8 bits (or F16) and using
+     * integer dot products as llama.cpp does. Default false. */
+    bool f32_activations;
 } loom_model_params;
 
 /* Defaults for loom_model_load. Thread-safe. */
@@ -205,6 +209,31 @@ LOOM_API loom_status loom_detokenize(const loom_model *model, const loom_token *
  * loom_detokenize. Thread-safe. */
 LOOM_API loom_status loom_token_to_piece(const loom_model *model, loom_token token,
                                          unsigned flags, char *out, size_t cap, size_t *n_out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Chat templates                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct loom_chat_message {
+    const char *role;    /* "system", "user" or "assistant" ("model" is taken as "assistant") */
+    const char *content; /* UTF-8, NUL-terminated */
+} loom_chat_message;
+
+/* The name of the chat template loom uses for model ("gemma", "chatml", "llama3"), chosen from
+ * the tokenizer.chat_template metadata (by its turn markers; no Jinja engine is involved) or,
+ * when the file has none, from the architecture. Static string. Errors: INVALID_ARG,
+ * UNSUPPORTED (no known template fits; the message says what the file has). Thread-safe. */
+LOOM_API loom_status loom_chat_template_name(const loom_model *model, const char **out);
+
+/* Renders messages[0..n) as the model's chat template would, as text to tokenize with
+ * LOOM_TOKENIZE_ADD_SPECIAL | LOOM_TOKENIZE_PARSE_SPECIAL (the BOS token is not part of the
+ * text). add_assistant appends the opening of the assistant's turn, so generation continues
+ * as the assistant. Same buffer contract as loom_detokenize (*n_out = bytes needed; no NUL).
+ * Errors: INVALID_ARG (NULL pointers, unknown role), UNSUPPORTED (see above),
+ * BUFFER_TOO_SMALL. Thread-safe. */
+LOOM_API loom_status loom_chat_format(const loom_model *model, const loom_chat_message *messages,
+                                      size_t n, bool add_assistant, char *out, size_t cap,
+                                      size_t *n_out);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Session: one sequence, its paged KV cache and its logits                                    */

@@ -29,7 +29,7 @@ class LoomError(RuntimeError):
 
 class ModelParams(C.Structure):
     _fields_ = [("backend", C.c_int), ("n_threads", C.c_int), ("use_mmap", C.c_bool),
-                ("vocab_only", C.c_bool)]
+                ("vocab_only", C.c_bool), ("f32_activations", C.c_bool)]
 
 
 class ModelInfo(C.Structure):
@@ -94,8 +94,10 @@ class Model:
 
     _h = None
 
-    def __init__(self, path, n_threads=0, vocab_only=False, use_mmap=True):
+    def __init__(self, path, n_threads=0, vocab_only=False, use_mmap=True,
+                 f32_activations=False):
         p = _lib.loom_model_default_params()
+        p.f32_activations = f32_activations
         p.n_threads = n_threads
         p.vocab_only = vocab_only
         p.use_mmap = use_mmap

@@ -4,3 +4,9 @@
 #include "loom.h"
 
 const loom_model *loom__session_model(const loom_session *s);
+
+/* Runs tokens (at most n_batch) from position 0 through the first n_layers layers only and
+ * copies the residual stream, [n, n_embd] floats, to out; the session is reset before and
+ * after. For layer-by-layer comparisons with a reference (tests/tools/hidden_tool.c). */
+loom_status loom__session_hidden(loom_session *s, const loom_token *tokens, int32_t n,
+                                 int32_t n_layers, float *out);

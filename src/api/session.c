@@ -129,7 +129,7 @@ int32_t loom_session_n_past(const loom_session *s) { return s ? s->seq.n_pos : 0
 typedef enum { WANT_NONE, WANT_LAST, WANT_ALL } logits_want;
 
 static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32_t n,
-                                logits_want want, float *logits_out) {
+                                logits_want want, float *logits_out, int32_t stop_after) {
     int32_t p0 = s->seq.n_pos;
     LOOM_TRY(loom_kv_seq_reserve(&s->seq, &s->pool, p0 + n, s->params.block_size));
     for (int32_t i = 0; i < n; i++) {
@@ -165,9 +165,21 @@ static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32
         .n_tokens = n,
         .logit_rows = want == WANT_ALL ? s->rows : s->rows + (n - 1),
         .n_logits = want == WANT_ALL ? n : want == WANT_LAST ? 1 : 0,
+        .stop_after = stop_after,
+        .hidden = stop_after > 0 ? logits_out : NULL,
     };
     LOOM_TRY(loom__model_forward(m, &s->ws, &b, &kv, logits_out));
     s->seq.n_pos = p0 + n;
+    return LOOM_OK;
+}
+
+static loom_status check_tokens(const loom_session *s, const loom_token *tokens, int32_t n) {
+    const int32_t n_vocab = s->model->cfg.n_vocab;
+    for (int32_t i = 0; i < n; i++) {
+        LOOM_RETURN_IF(tokens[i] < 0 || tokens[i] >= n_vocab, LOOM_ERR_BAD_INPUT,
+                       "decode: token %d at index %d is out of range [0, %d)", tokens[i], i,
+                       n_vocab);
+    }
     return LOOM_OK;
 }
 
@@ -175,12 +187,8 @@ loom_status loom_session_decode(loom_session *s, const loom_token *tokens, int32
                                 bool all_logits) {
     loom__clear_error();
     LOOM_CHECK_ARG(s != NULL && tokens != NULL && n > 0);
+    LOOM_TRY(check_tokens(s, tokens, n));
     const int32_t n_vocab = s->model->cfg.n_vocab;
-    for (int32_t i = 0; i < n; i++) {
-        LOOM_RETURN_IF(tokens[i] < 0 || tokens[i] >= n_vocab, LOOM_ERR_BAD_INPUT,
-                       "decode: token %d at index %d is out of range [0, %d)", tokens[i], i,
-                       n_vocab);
-    }
     LOOM_RETURN_IF((int64_t)s->seq.n_pos + n > s->params.n_ctx, LOOM_ERR_CONTEXT_FULL,
                    "decode: %d positions held + %d new exceed n_ctx %d", s->seq.n_pos, n,
                    s->params.n_ctx);
@@ -199,7 +207,7 @@ loom_status loom_session_decode(loom_session *s, const loom_token *tokens, int32
         int32_t c = n - done < s->params.n_batch ? n - done : s->params.n_batch;
         logits_want want = all_logits ? WANT_ALL : done + c == n ? WANT_LAST : WANT_NONE;
         float *dst = all_logits ? s->logits + (size_t)done * n_vocab : s->logits;
-        loom_status st = decode_chunk(s, tokens + done, c, want, dst);
+        loom_status st = decode_chunk(s, tokens + done, c, want, dst, 0);
         if (st != LOOM_OK) {
             /* Roll back to the state before this call: positions are only committed per chunk,
              * so forget the chunks this call added. */
@@ -221,3 +229,15 @@ const float *loom_session_logits(const loom_session *s, int32_t i) {
 }
 
 const loom_model *loom__session_model(const loom_session *s) { return s->model; }
+
+loom_status loom__session_hidden(loom_session *s, const loom_token *tokens, int32_t n,
+                                 int32_t n_layers, float *out) {
+    loom__clear_error();
+    LOOM_CHECK_ARG(s && tokens && out && n > 0 && n <= s->params.n_batch);
+    LOOM_CHECK_ARG(n_layers > 0 && n_layers <= s->model->cfg.n_layer);
+    LOOM_TRY(check_tokens(s, tokens, n));
+    loom_session_reset(s);
+    loom_status st = decode_chunk(s, tokens, n, WANT_NONE, out, n_layers);
+    loom_session_reset(s); /* the cache holds only some layers: never continue from it */
+    return st;
+}

@@ -136,8 +136,17 @@ typedef struct loom_backend {
     void *ctx;
 } loom_backend;
 
-/* Creates the CPU backend with n_threads compute threads (<= 0: all cores). */
-loom_status loom_backend_cpu_create(int n_threads, loom_backend **out);
+typedef struct loom_cpu_params {
+    int n_threads; /* compute threads, the caller included; <= 0: all online cores */
+    /* Matmuls over quantized or F16 weights keep activations in float32 (closest to exact
+     * arithmetic) instead of rounding them per block to the weight type's activation format
+     * (8-bit Q8_0/Q8_K, or F16) and using integer dot products — faster, and the arithmetic
+     * llama.cpp uses. Default false. */
+    bool f32_activations;
+} loom_cpu_params;
+
+/* A CPU backend with params p (NULL: all cores, 8-bit activations). */
+loom_status loom_backend_cpu_create(const loom_cpu_params *p, loom_backend **out);
 
 /* Checks the ABI version and that every required slot is set, then wraps (ops, ctx) into a
  * backend handle that owns ctx. Errors: INVALID_ARG, UNSUPPORTED (ABI mismatch). */

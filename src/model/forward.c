@@ -1,8 +1,12 @@
-/* forward.c — the llama-family forward pass written against backend ops only.
+/* forward.c — the decoder forward pass of every supported architecture, written against
+ * backend ops only.
  *
- * Per layer:  xn = rms_norm(x) ; q,k,v = xn·Wq,k,vᵀ ; rope(q,k) ; store k,v in the paged cache ;
- *             att = attention(q, cache) ; x += att·Woᵀ ;
- *             xn = rms_norm(x) ; x += (silu(xn·Wgᵀ) * xn·Wuᵀ)·Wdᵀ
+ * Per layer:  xn = rms_norm(x) ; q,k,v = xn·Wq,k,vᵀ (+ biases: qwen2) ;
+ *             per-head rms_norm(q), rms_norm(k) (gemma3) ; rope(q,k) (the layer's base) ;
+ *             store k,v in the paged cache ; att = attention(q, cache, the layer's window) ;
+ *             x += [post_norm](att·Woᵀ) ;
+ *             xn = rms_norm(x) ; x += [post_norm]((act(xn·Wgᵀ) * xn·Wuᵀ)·Wdᵀ)
+ * The embedding rows are scaled by embd_scale (sqrt(D) for gemma3).
  * then the final norm and the output projection for the rows that want logits only, a few rows
  * at a time so the logits buffer stays small even for a 262k vocabulary. */
 #include "model/forward.h"
@@ -68,25 +72,47 @@ static loom_tensor rows_of(const loom_tensor *t, int64_t n) {
     return v;
 }
 
-static loom_status layer_forward(const loom_model *m, loom_forward_ws *ws, int32_t il,
-                                 int64_t n, const loom_kv_desc *kv) {
+/* The same memory seen as one row per head: [T, H*hd] -> [T*H, hd] (for per-head norms). */
+static loom_tensor per_head(const loom_tensor *t, int64_t head_dim) {
+    loom_tensor v = *t;
+    v.ne[1] = t->ne[1] * (t->ne[0] / head_dim);
+    v.ne[0] = head_dim;
+    v.row_stride = (size_t)head_dim * 4;
+    return v;
+}
+
+/* out = x·wᵀ (+ bias when the architecture has one). */
+static loom_status linear(const loom_backend_ops *ops, void *ctx, const loom_tensor *w,
+                          const loom_tensor *bias, const loom_tensor *x, loom_tensor *out) {
+    LOOM_TRY(ops->matmul(ctx, w, x, out));
+    if (bias->data) LOOM_TRY(ops->add(ctx, out, bias, out));
+    return LOOM_OK;
+}
+
+static loom_status attention_block(const loom_model *m, loom_forward_ws *ws, int32_t il,
+                                   int64_t n, const loom_kv_desc *kv) {
     const loom_backend_ops *ops = m->backend->ops;
     void *ctx = m->backend->ctx;
     const loom_model_config *c = &m->cfg;
+    const loom_layer_config *lc = &c->layers[il];
     const loom_layer_weights *w = &m->layers[il];
     loom_tensor x = rows_of(&ws->x, n), xn = rows_of(&ws->xn, n);
     loom_tensor q = rows_of(&ws->q, n), k = rows_of(&ws->k, n), v = rows_of(&ws->v, n);
     loom_tensor att = rows_of(&ws->att, n), proj = rows_of(&ws->proj, n);
-    loom_tensor gate = rows_of(&ws->gate, n), up = rows_of(&ws->up, n);
     loom_tensor pos = ws->pos;
     pos.ne[0] = n;
 
     LOOM_TRY(ops->rms_norm(ctx, &x, &w->attn_norm, c->rms_eps, &xn));
-    LOOM_TRY(ops->matmul(ctx, &w->wq, &xn, &q));
-    LOOM_TRY(ops->matmul(ctx, &w->wk, &xn, &k));
-    LOOM_TRY(ops->matmul(ctx, &w->wv, &xn, &v));
+    LOOM_TRY(linear(ops, ctx, &w->wq, &w->bq, &xn, &q));
+    LOOM_TRY(linear(ops, ctx, &w->wk, &w->bk, &xn, &k));
+    LOOM_TRY(linear(ops, ctx, &w->wv, &w->bv, &xn, &v));
+    if (w->q_norm.data) {
+        loom_tensor qh = per_head(&q, c->head_dim), kh = per_head(&k, c->head_dim);
+        LOOM_TRY(ops->rms_norm(ctx, &qh, &w->q_norm, c->rms_eps, &qh));
+        LOOM_TRY(ops->rms_norm(ctx, &kh, &w->k_norm, c->rms_eps, &kh));
+    }
 
-    loom_rope_params rp = c->rope;
+    loom_rope_params rp = lc->rope;
     rp.head_dim = c->head_dim;
     rp.n_head = c->n_head;
     LOOM_TRY(ops->rope(ctx, &q, &pos, &rp));
@@ -97,20 +123,41 @@ static loom_status layer_forward(const loom_model *m, loom_forward_ws *ws, int32
     loom_attn_params ap = {
         .n_head = c->n_head,
         .layer = il,
-        .scale = 1.0f / sqrtf((float)c->head_dim),
-        .window = 0,
+        .scale = c->attn_scale,
+        .window = lc->window,
         .softcap = 0.0f,
     };
     LOOM_TRY(ops->attention(ctx, &q, kv, &ap, &att));
     LOOM_TRY(ops->matmul(ctx, &w->wo, &att, &proj));
-    LOOM_TRY(ops->add(ctx, &x, &proj, &x));
+    if (w->post_attn_norm.data) {
+        LOOM_TRY(ops->rms_norm(ctx, &proj, &w->post_attn_norm, c->rms_eps, &proj));
+    }
+    return ops->add(ctx, &x, &proj, &x);
+}
+
+static loom_status ffn_block(const loom_model *m, loom_forward_ws *ws, int32_t il, int64_t n) {
+    const loom_backend_ops *ops = m->backend->ops;
+    void *ctx = m->backend->ctx;
+    const loom_model_config *c = &m->cfg;
+    const loom_layer_weights *w = &m->layers[il];
+    loom_tensor x = rows_of(&ws->x, n), xn = rows_of(&ws->xn, n), proj = rows_of(&ws->proj, n);
+    loom_tensor gate = rows_of(&ws->gate, n), up = rows_of(&ws->up, n);
 
     LOOM_TRY(ops->rms_norm(ctx, &x, &w->ffn_norm, c->rms_eps, &xn));
     LOOM_TRY(ops->matmul(ctx, &w->w_gate, &xn, &gate));
     LOOM_TRY(ops->matmul(ctx, &w->w_up, &xn, &up));
-    LOOM_TRY(ops->glu(ctx, &gate, &up, LOOM_GLU_SWIGLU, &gate));
+    LOOM_TRY(ops->glu(ctx, &gate, &up, c->glu, &gate));
     LOOM_TRY(ops->matmul(ctx, &w->w_down, &gate, &proj));
+    if (w->post_ffn_norm.data) {
+        LOOM_TRY(ops->rms_norm(ctx, &proj, &w->post_ffn_norm, c->rms_eps, &proj));
+    }
     return ops->add(ctx, &x, &proj, &x);
+}
+
+static loom_status layer_forward(const loom_model *m, loom_forward_ws *ws, int32_t il,
+                                 int64_t n, const loom_kv_desc *kv) {
+    LOOM_TRY(attention_block(m, ws, il, n, kv));
+    return ffn_block(m, ws, il, n);
 }
 
 /* Final norm, then logits for the wanted rows, n_logit_rows at a time. */
@@ -149,12 +196,21 @@ loom_status loom__model_forward(const loom_model *m, loom_forward_ws *ws, const 
     LOOM_TRY(ops->tensor_set(ctx, ids.data, b->tokens, (size_t)n * 4));
     LOOM_TRY(ops->tensor_set(ctx, ws->pos.data, b->pos, (size_t)n * 4));
     LOOM_TRY(ops->get_rows(ctx, &m->tok_embd, &ids, &x));
-    for (int32_t il = 0; il < m->cfg.n_layer; il++) {
+    if (m->cfg.embd_scale != 1.0f) LOOM_TRY(ops->scale(ctx, &x, m->cfg.embd_scale, &x));
+    int32_t n_layer = m->cfg.n_layer;
+    if (b->stop_after > 0) {
+        LOOM_CHECK_ARG(b->hidden != NULL && b->stop_after <= n_layer);
+        n_layer = b->stop_after;
+    }
+    for (int32_t il = 0; il < n_layer; il++) {
         loom_status st = layer_forward(m, ws, il, n, kv);
         if (st != LOOM_OK) {
             loom__error_prefix("layer %d", il);
             return st;
         }
+    }
+    if (b->stop_after > 0) {
+        return ops->tensor_get(ctx, b->hidden, x.data, (size_t)n * (size_t)m->cfg.n_embd * 4);
     }
     if (b->n_logits == 0) return ops->synchronize(ctx);
     return output_forward(m, ws, b, logits);

@@ -32,6 +32,11 @@ typedef struct loom_batch {
     int32_t n_tokens;
     const int32_t *logit_rows; /* [n_logits] rows whose logits are wanted, ascending */
     int32_t n_logits;
+    /* For layer-by-layer checks against a reference: when stop_after > 0, only the first
+     * stop_after layers run and the residual stream [n_tokens, D] is copied to the host array
+     * hidden instead of computing logits. 0 in normal use. */
+    int32_t stop_after;
+    float *hidden;
 } loom_batch;
 
 loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom_forward_ws *ws);

@@ -1,5 +1,6 @@
 /* model.h — a loaded model: configuration read from GGUF metadata, weight tensors placed in a
- * backend's memory, and the tokenizer. Architectures (llama.c, …) fill and use it. */
+ * backend's memory, and the tokenizer. Each architecture (arch_llama.c for llama and qwen2,
+ * arch_gemma3.c) reads its configuration and binds its tensors; forward.c runs them all. */
 #pragma once
 
 #include "backend/backend.h"
@@ -9,61 +10,89 @@
 
 typedef enum loom_arch {
     LOOM_ARCH_LLAMA = 0,
+    LOOM_ARCH_QWEN2 = 1,
+    LOOM_ARCH_GEMMA3 = 2,
 } loom_arch;
+
+/* What differs from layer to layer (gemma3 interleaves sliding-window and global layers). */
+typedef struct loom_layer_config {
+    int32_t window;        /* sliding window in positions; 0: global attention */
+    loom_rope_params rope; /* n_head/head_dim left 0: the forward sets them per tensor */
+} loom_layer_config;
 
 /* Everything the forward pass needs to know about the network's shape. */
 typedef struct loom_model_config {
     loom_arch arch;
     int32_t n_vocab;
-    int32_t n_embd;      /* model width D */
+    int32_t n_embd;    /* model width D */
     int32_t n_layer;
-    int32_t n_head;      /* query heads H */
-    int32_t n_head_kv;   /* key/value heads (H for MHA, fewer for GQA) */
-    int32_t head_dim;    /* per-head width (D / H unless the file says otherwise) */
-    int32_t n_ff;        /* feed-forward width F */
+    int32_t n_head;    /* query heads H */
+    int32_t n_head_kv; /* key/value heads (H for MHA, fewer for GQA) */
+    int32_t head_dim;  /* per-head width (D / H unless the file says otherwise) */
+    int32_t n_ff;      /* feed-forward width F */
     int32_t n_ctx_train;
     float rms_eps;
-    loom_rope_params rope; /* n_head/head_dim left 0: the forward sets them per tensor */
+    float embd_scale;   /* the embedding rows are multiplied by this (1, or sqrt(D) for gemma) */
+    float attn_scale;   /* multiplies q·k (1/sqrt(head_dim) unless the architecture says) */
+    loom_glu_kind glu;  /* feed-forward activation */
+    int32_t n_swa;      /* sliding window of the local layers (0: none) */
+    loom_layer_config *layers; /* [n_layer], owned by the model */
 } loom_model_config;
 
 typedef struct loom_layer_weights {
-    loom_tensor attn_norm; /* F32 [D] */
-    loom_tensor wq;        /* [H*hd, D] */
-    loom_tensor wk;        /* [Hkv*hd, D] */
-    loom_tensor wv;        /* [Hkv*hd, D] */
-    loom_tensor wo;        /* [D, H*hd] */
-    loom_tensor ffn_norm;  /* F32 [D] */
-    loom_tensor w_gate;    /* [F, D] */
-    loom_tensor w_up;      /* [F, D] */
-    loom_tensor w_down;    /* [D, F] */
+    loom_tensor attn_norm;      /* F32 [D] */
+    loom_tensor wq;             /* [H*hd, D] */
+    loom_tensor wk;             /* [Hkv*hd, D] */
+    loom_tensor wv;             /* [Hkv*hd, D] */
+    loom_tensor bq, bk, bv;     /* F32 [H*hd], [Hkv*hd] biases (qwen2), or data NULL */
+    loom_tensor q_norm, k_norm; /* F32 [hd] per-head RMS norms (gemma3), or data NULL */
+    loom_tensor wo;             /* [D, H*hd] */
+    loom_tensor post_attn_norm; /* F32 [D] norm of the attention output (gemma3), or NULL */
+    loom_tensor ffn_norm;       /* F32 [D] */
+    loom_tensor w_gate;         /* [F, D] */
+    loom_tensor w_up;           /* [F, D] */
+    loom_tensor w_down;         /* [D, F] */
+    loom_tensor post_ffn_norm;  /* F32 [D] norm of the feed-forward output (gemma3), or NULL */
 } loom_layer_weights;
 
 struct loom_model {
-    loom_gguf *gguf;         /* the open file; tensors of a mapped CPU model point into it */
+    loom_gguf *gguf; /* the open file; tensors of a mapped CPU model point into it */
     loom_tokenizer *tok;
     loom_model_config cfg;
     bool vocab_only;
-    char *arch_name;         /* NUL-terminated copies of metadata strings */
+    char *arch_name; /* NUL-terminated copies of metadata strings */
     char *name;
     int64_t n_params;
 
-    loom_backend *backend;   /* NULL when vocab_only */
-    loom_buffer *weights;    /* the file wrapped (mmap) or a copy in backend memory */
-    loom_buffer **extra;     /* [n_extra] small buffers: vectors converted to F32 at load */
+    loom_backend *backend;  /* NULL when vocab_only */
+    loom_buffer *weights;   /* the file wrapped (mmap) or a copy in backend memory */
+    loom_buffer **extra;    /* [n_extra] small buffers: vectors converted to F32 at load */
     int32_t n_extra;
     float *rope_freq_factors; /* [n_rot/2] host copy of rope_freqs.weight, or NULL */
 
-    loom_tensor tok_embd;    /* [V, D] */
-    loom_tensor output_norm; /* F32 [D] */
-    loom_tensor output;      /* [V, D]; the embedding table when tied */
+    loom_tensor tok_embd;       /* [V, D] */
+    loom_tensor output_norm;    /* F32 [D] */
+    loom_tensor output;         /* [V, D]; the embedding table when tied */
     loom_layer_weights *layers; /* [n_layer] */
 };
 
-/* Reads the llama-family configuration from metadata (arch prefix "llama"). */
-loom_status loom__llama_read_config(const loom_gguf *g, loom_model_config *cfg);
+/* ---- shared by the architecture files (hparams.c) ---- */
 
-/* Binds every llama weight tensor (shapes checked against cfg) into model->layers etc. */
-loom_status loom__llama_bind_weights(loom_model *model);
+/* Reads "<arch>.<key>" as a dimension (a non-negative count below 2^24). */
+loom_status loom__hparam_dim(const loom_gguf *g, const char *arch, const char *key,
+                             bool required, uint32_t def, int32_t *out);
+
+/* Reads the hyper-parameters every decoder here shares: context, widths, heads, head_dim,
+ * rms eps, rope base / dimension / linear scaling (into every layer's rope, normal mode) and
+ * the vocabulary size. Allocates cfg->layers. */
+loom_status loom__hparams_common(const loom_gguf *g, const char *arch, loom_model_config *cfg);
+
+/* ---- per architecture ---- */
+loom_status loom__llama_read_config(const loom_gguf *g, const char *arch, loom_model_config *cfg);
+loom_status loom__gemma3_read_config(const loom_gguf *g, loom_model_config *cfg);
+
+/* Binds every weight tensor of the configured architecture (shapes checked against cfg). */
+loom_status loom__model_bind_weights(loom_model *model);
 
 /* Finds tensor name with the given shape (ne0 = row length, ne1 = rows; ne1 = 1 for vectors)
  * and returns a view of it in backend memory. required=false: absent → *out zeroed, LOOM_OK. */

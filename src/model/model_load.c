@@ -115,7 +115,14 @@ static loom_status load_model(loom_model *m, const char *path, const loom_model_
     LOOM_TRY(loom_tokenizer_load(m->gguf, &m->tok));
 
     if (strcmp(m->arch_name, "llama") == 0) {
-        LOOM_TRY(loom__llama_read_config(m->gguf, &m->cfg));
+        m->cfg.arch = LOOM_ARCH_LLAMA;
+        LOOM_TRY(loom__llama_read_config(m->gguf, "llama", &m->cfg));
+    } else if (strcmp(m->arch_name, "qwen2") == 0) {
+        m->cfg.arch = LOOM_ARCH_QWEN2;
+        LOOM_TRY(loom__llama_read_config(m->gguf, "qwen2", &m->cfg));
+    } else if (strcmp(m->arch_name, "gemma3") == 0) {
+        m->cfg.arch = LOOM_ARCH_GEMMA3;
+        LOOM_TRY(loom__gemma3_read_config(m->gguf, &m->cfg));
     } else {
         return loom__fail(LOOM_ERR_UNSUPPORTED, "model: architecture '%s' is not supported",
                           m->arch_name);
@@ -132,9 +139,10 @@ static loom_status load_model(loom_model *m, const char *path, const loom_model_
 
     LOOM_RETURN_IF(p->backend != LOOM_BACKEND_CPU, LOOM_ERR_UNSUPPORTED,
                    "model: backend %d is not built into this library", (int)p->backend);
-    LOOM_TRY(loom_backend_cpu_create(p->n_threads, &m->backend));
+    loom_cpu_params cp = {.n_threads = p->n_threads, .f32_activations = p->f32_activations};
+    LOOM_TRY(loom_backend_cpu_create(&cp, &m->backend));
     LOOM_TRY(place_weights(m, p->use_mmap));
-    LOOM_TRY(loom__llama_bind_weights(m));
+    LOOM_TRY(loom__model_bind_weights(m));
 
     m->n_params = 0;
     for (int64_t i = 0; i < loom_gguf_n_tensors(m->gguf); i++) {
@@ -179,6 +187,7 @@ void loom_model_free(loom_model *m) {
     }
     free(m->extra);
     free(m->layers);
+    free(m->cfg.layers);
     free(m->rope_freq_factors);
     free(m->arch_name);
     free(m->name);

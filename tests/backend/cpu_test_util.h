@@ -15,8 +15,10 @@ static loom_backend *g_be[2];
 
 static inline int cpu_group_setup(void **state) {
     (void)state;
-    if (loom_backend_cpu_create(1, &g_be[0]) != LOOM_OK) return -1;
-    if (loom_backend_cpu_create(2, &g_be[1]) != LOOM_OK) return -1;
+    loom_cpu_params p1 = {.n_threads = 1, .f32_activations = true};
+    loom_cpu_params p2 = {.n_threads = 2, .f32_activations = true};
+    if (loom_backend_cpu_create(&p1, &g_be[0]) != LOOM_OK) return -1;
+    if (loom_backend_cpu_create(&p2, &g_be[1]) != LOOM_OK) return -1;
     return 0;
 }
 

@@ -387,7 +387,7 @@ static void test_registry(void **state) {
     assert_int_equal(loom_backend_register(NULL, &dummy, &be), LOOM_ERR_INVALID_ARG);
     assert_int_equal(loom_backend_register(&ops, &dummy, NULL), LOOM_ERR_INVALID_ARG);
     assert_int_equal(g_destroyed, 2); /* failed registrations do not destroy ctx */
-    assert_int_equal(loom_backend_cpu_create(1, NULL), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom_backend_cpu_create(NULL, NULL), LOOM_ERR_INVALID_ARG);
 }
 
 static void test_supports(void **state) {

@@ -21,6 +21,19 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
+def rope_neox(x, pos, base, n_rot):
+    # x: [T, H, hd]; rotates pairs (i, i + n_rot/2) by pos * base^(-2i/n_rot)
+    out = x.copy()
+    half = n_rot // 2
+    inv = base ** (-2.0 * np.arange(half) / n_rot)
+    ang = pos[:, None] * inv[None, :]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    x0, x1 = x[..., :half], x[..., half:n_rot]
+    out[..., :half] = x0 * c - x1 * s
+    out[..., half:n_rot] = x0 * s + x1 * c
+    return out
+
+
 def rope_normal(x, pos, base, n_rot):
     # x: [T, H, hd]; rotates pairs (2i, 2i+1) by pos * base^(-2i/n_rot)
     out = x.copy()
@@ -41,14 +54,18 @@ def forward(W, shape, tokens, eps=1e-5):
     pos = np.arange(T, dtype=np.float64)
     x = W["token_embd.weight"][np.asarray(tokens)]
     mask = np.triu(np.full((T, T), -np.inf), 1)
+    if s.window:  # position p sees j with p - window < j <= p
+        mask = mask + np.tril(np.full((T, T), -np.inf), -s.window)
+    rope = rope_neox if s.family == "qwen2" else rope_normal
     for il in range(s.n_layer):
         p = f"blk.{il}."
         xn = rms_norm(x, W[p + "attn_norm.weight"], eps)
-        q = (xn @ W[p + "attn_q.weight"].T).reshape(T, H, hd)
-        k = (xn @ W[p + "attn_k.weight"].T).reshape(T, Hkv, hd)
-        v = (xn @ W[p + "attn_v.weight"].T).reshape(T, Hkv, hd)
-        q = rope_normal(q, pos, s.rope_base, hd)
-        k = rope_normal(k, pos, s.rope_base, hd)
+        q = xn @ W[p + "attn_q.weight"].T + W.get(p + "attn_q.bias", 0.0)
+        k = xn @ W[p + "attn_k.weight"].T + W.get(p + "attn_k.bias", 0.0)
+        v = xn @ W[p + "attn_v.weight"].T + W.get(p + "attn_v.bias", 0.0)
+        q = rope(q.reshape(T, H, hd), pos, s.rope_base, hd)
+        k = rope(k.reshape(T, Hkv, hd), pos, s.rope_base, hd)
+        v = v.reshape(T, Hkv, hd)
         g = H // Hkv
         att = np.empty((T, H, hd))
         for h in range(H):

@@ -25,6 +25,8 @@ class Shape:
     tied: bool = False
     rope_base: float = 10000.0
     n_ctx: int = 256
+    family: str = "llama"   # "llama", or "qwen2": Q/K/V biases and the NeoX rope layout
+    window: int = 0         # Mistral-style sliding window on every layer (0: none)
 
     @property
     def head_dim(self):
@@ -42,7 +44,15 @@ SHAPES = [
           rope_base=500000.0),
     # odd vocabulary, head dim 128, 2:1 grouping
     Shape("odd", n_vocab=1001, n_embd=256, n_head=2, n_head_kv=1, n_ff=512),
+    # qwen2: biases on Q/K/V, NeoX rope, GQA 2:1, tied output
+    Shape("qwen2", n_vocab=640, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, tied=True,
+          rope_base=1000000.0, family="qwen2"),
 ]
+
+# Mistral-style sliding window over a llama model. llama.cpp's llama architecture ignores
+# llama.attention.sliding_window, so this one is checked against the float64 reference only.
+SWA_SHAPE = Shape("llama-swa", n_vocab=512, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                  window=16)
 
 
 def spm_vocab(n_vocab):
@@ -68,10 +78,10 @@ def write_llama(path, shape, seed=1234, arch="llama", skip=(), override=None):
     s = shape
     hd = s.head_dim
     override = override or {}
-    w = gguf.GGUFWriter(path, arch)
+    w = gguf.GGUFWriter(path, arch if arch != "llama" else s.family)
     if arch != "llama":
-        # GGUFWriter prefixes hyper-parameter keys with the arch; keep them under "llama."
-        w.arch = "llama"
+        # GGUFWriter prefixes hyper-parameter keys with the arch; keep them under the family's
+        w.arch = s.family
     w.add_name(f"synthetic-{s.name}")
     w.add_context_length(s.n_ctx)
     w.add_embedding_length(s.n_embd)
@@ -82,6 +92,8 @@ def write_llama(path, shape, seed=1234, arch="llama", skip=(), override=None):
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(s.rope_base)
     w.add_rope_dimension_count(hd)
+    if s.window:
+        w.add_sliding_window(s.window)
     w.add_file_type(0)
     tokens, scores, types = spm_vocab(s.n_vocab)
     w.add_tokenizer_model("llama")
@@ -121,6 +133,10 @@ def write_llama(path, shape, seed=1234, arch="llama", skip=(), override=None):
         put(p + "attn_q.weight", mat(q_dim, D, gain=QK_GAIN))
         put(p + "attn_k.weight", mat(kv_dim, D, gain=QK_GAIN))
         put(p + "attn_v.weight", mat(kv_dim, D))
+        if s.family == "qwen2":
+            put(p + "attn_q.bias", (0.5 * rng.standard_normal(q_dim)).astype(np.float32))
+            put(p + "attn_k.bias", (0.5 * rng.standard_normal(kv_dim)).astype(np.float32))
+            put(p + "attn_v.bias", (0.5 * rng.standard_normal(kv_dim)).astype(np.float32))
         put(p + "attn_output.weight", mat(D, q_dim))
         put(p + "ffn_norm.weight", norm(D))
         put(p + "ffn_gate.weight", mat(F, D))

@@ -197,13 +197,15 @@ static const loom_backend_ops cpu_ops = {
     .softmax = loom__cpu_softmax,
 };
 
-loom_status loom_backend_cpu_create(int n_threads, loom_backend **out) {
+loom_status loom_backend_cpu_create(const loom_cpu_params *p, loom_backend **out) {
     LOOM_CHECK_ARG(out != NULL);
+    int n_threads = p ? p->n_threads : 0;
     if (n_threads <= 0) n_threads = loom__cpu_count();
 
     loom_cpu_ctx *c = calloc(1, sizeof *c);
     LOOM_RETURN_IF(c == NULL, LOOM_ERR_OUT_OF_MEMORY, "cpu: out of memory");
     c->n_threads = n_threads;
+    c->f32_activations = p ? p->f32_activations : false;
     loom_status st;
     LOOM_TRY_GOTO(st, loom__threadpool_create(n_threads, &c->tp), fail);
     LOOM_TRY_GOTO(st, loom__cpu_reserve_scratch(c, LOOM_CPU_SCRATCH_INIT), fail);

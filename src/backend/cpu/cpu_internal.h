@@ -12,6 +12,7 @@
 typedef struct loom_cpu_ctx {
     loom_threadpool *tp;
     int n_threads;
+    bool f32_activations; /* see loom_cpu_params */
     /* [n_threads] per-thread scratch, scratch_cap floats each, 64-byte aligned. Ops reserve
      * what they need on entry (single-threaded, before dispatch), so growth happens once, the
      * first time a larger shape is seen, never inside a parallel region. */

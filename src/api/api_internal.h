@@ -5,6 +5,9 @@
 
 const loom_model *loom__session_model(const loom_session *s);
 
+/* Positions the session's cache can hold. */
+int32_t loom__session_n_ctx(const loom_session *s);
+
 /* Runs tokens (at most n_batch) from position 0 through the first n_layers layers only and
  * copies the residual stream, [n, n_embd] floats, to out; the session is reset before and
  * after. For layer-by-layer comparisons with a reference (tests/tools/hidden_tool.c). */

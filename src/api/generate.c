@@ -80,6 +80,12 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
     st = loom_tokenize(m, prompt, len, flags, toks, n_tok, &n_tok);
     if (st != LOOM_OK) goto done;
 
+    if (n_tok > (size_t)loom__session_n_ctx(s)) {
+        st = loom__fail(LOOM_ERR_CONTEXT_FULL,
+                        "generate: the prompt has %zu tokens but the context holds %d", n_tok,
+                        loom__session_n_ctx(s));
+        goto done;
+    }
     loom_session_reset(s);
     double t0 = loom__now_ms();
     st = loom_session_decode(s, toks, (int32_t)n_tok, false);

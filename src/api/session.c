@@ -230,6 +230,8 @@ const float *loom_session_logits(const loom_session *s, int32_t i) {
 
 const loom_model *loom__session_model(const loom_session *s) { return s->model; }
 
+int32_t loom__session_n_ctx(const loom_session *s) { return s->params.n_ctx; }
+
 loom_status loom__session_hidden(loom_session *s, const loom_token *tokens, int32_t n,
                                  int32_t n_layers, float *out) {
     loom__clear_error();

@@ -123,6 +123,16 @@ def main():
         if r.returncode == 0 or "malformed model file" not in r.stderr:
             failures.append(f"loom-generate on a bad file: rc {r.returncode}, {r.stderr!r}")
 
+    # A prompt longer than the context: a clear error, not a truncated answer.
+    if os.path.exists(gen):
+        r = subprocess.run([gen, "-m", good, "-c", "8", "-n", "4",
+                            "-p", "one two three four five six seven eight nine ten"],
+                           capture_output=True, text=True)
+        if r.returncode == 0 or "context" not in r.stderr:
+            failures.append(f"long prompt: rc {r.returncode}, {r.stderr!r}")
+        else:
+            print(f"ok  long prompt            {r.stderr.strip().splitlines()[0]}")
+
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1

@@ -1,10 +1,11 @@
 /* hidden_tool — the residual stream after the first N layers, for comparisons with an
  * independent reference (tests/conformance/test_gemma3.py).
  *
- *   hidden_tool MODEL N_LAYERS OUT.f32 < tokens      (token ids separated by white space)
+ *   hidden_tool MODEL N_LAYERS OUT.f32 [q8] < tokens   (token ids separated by white space)
  *
  * Writes [n_tokens, n_embd] float32 values (little-endian, row-major) to OUT.f32, computed
- * teacher-forced from position 0 with an f32 KV cache. Exit 1 with the reason on failure. */
+ * teacher-forced from position 0 with an f32 KV cache and float32 activations — or, with "q8",
+ * with the default 8-bit activations of quantized matmuls. Exit 1 with the reason on failure. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -12,8 +13,8 @@
 #include "loom.h"
 
 int main(int argc, char **argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: hidden_tool MODEL N_LAYERS OUT.f32 < tokens\n");
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: hidden_tool MODEL N_LAYERS OUT.f32 [q8] < tokens\n");
         return 2;
     }
     int n_layers = atoi(argv[2]);
@@ -36,7 +37,9 @@ int main(int argc, char **argv) {
     sp.kv_f32 = true;
     sp.n_batch = (int32_t)n;
     sp.n_ctx = (int32_t)n;
-    loom_status st = loom_model_load(argv[1], NULL, &m);
+    loom_model_params mp = loom_model_default_params();
+    mp.f32_activations = argc == 4;
+    loom_status st = loom_model_load(argv[1], &mp, &m);
     if (st == LOOM_OK) st = loom_model_get_info(m, &info);
     if (st == LOOM_OK) st = loom_session_create(m, &sp, &s);
     float *out = NULL;

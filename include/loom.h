@@ -71,7 +71,9 @@ LOOM_API int loom_version_number(void);
     X(ERR_CONTEXT_FULL, 7, "context is full")                                                      \
     X(ERR_BUFFER_TOO_SMALL, 8, "output buffer too small")                                          \
     X(ERR_BACKEND, 9, "backend failure")                                                           \
-    X(ERR_INTERNAL, 10, "internal error")
+    X(ERR_INTERNAL, 10, "internal error")                                                          \
+    X(ERR_NOT_FOUND, 11, "no such request")                                                        \
+    X(ERR_BUSY, 12, "the engine is running in background mode")
 
 typedef enum loom_status {
 #define LOOM__STATUS_ENUM(name, value, desc) LOOM_##name = value,
@@ -220,17 +222,26 @@ typedef struct loom_chat_message {
 } loom_chat_message;
 
 /* The name of the chat template loom uses for model ("gemma", "chatml", "llama3"), chosen from
- * the tokenizer.chat_template metadata (by its turn markers; no Jinja engine is involved) or,
- * when the file has none, from the architecture. Static string. Errors: INVALID_ARG,
- * UNSUPPORTED (no known template fits; the message says what the file has). Thread-safe. */
+ * the tokenizer.chat_template metadata (by its turn markers, with llama.cpp's precedence; no
+ * Jinja engine is involved) or, when the file has none, from the architecture (gemma3: gemma,
+ * qwen2: chatml). Static string. Errors: INVALID_ARG, UNSUPPORTED (no known template fits, or
+ * the markers are those of a format loom does not render, such as phi-4's; the message says
+ * what the file has), BAD_MODEL (tokenizer.chat_template is not a string). Thread-safe. */
 LOOM_API loom_status loom_chat_template_name(const loom_model *model, const char **out);
 
-/* Renders messages[0..n) as the model's chat template would, as text to tokenize with
- * LOOM_TOKENIZE_ADD_SPECIAL | LOOM_TOKENIZE_PARSE_SPECIAL (the BOS token is not part of the
- * text). add_assistant appends the opening of the assistant's turn, so generation continues
- * as the assistant. Same buffer contract as loom_detokenize (*n_out = bytes needed; no NUL).
- * Errors: INVALID_ARG (NULL pointers, unknown role), UNSUPPORTED (see above),
- * BUFFER_TOO_SMALL. Thread-safe. */
+/* Renders messages[0..n) (messages may be NULL when n is 0) in the model's chat template, as
+ * text to tokenize with LOOM_TOKENIZE_ADD_SPECIAL | LOOM_TOKENIZE_PARSE_SPECIAL. The text is
+ * byte for byte what llama.cpp's llama_chat_apply_template gives for the same messages and
+ * template: gemma trims contents, writes "assistant" as "model" and merges system messages
+ * into the next user turn (it has no system turn); llama3 trims contents; chatml does not.
+ * The BOS token ("<bos>", "<|begin_of_text|>") is never part of the text: tokenizing with
+ * ADD_SPECIAL adds it once, as llama.cpp's chat programs do. add_assistant appends the opening
+ * of the assistant's turn, so generation continues as the assistant. "model" is taken as
+ * "assistant" (chatml and llama3 write "assistant" for it, where llama.cpp would write the
+ * role as given). Same buffer contract as loom_detokenize (*n_out = bytes needed; no NUL).
+ * Errors: INVALID_ARG (NULL pointers, a NULL role or content, unknown role; nothing is
+ * written), UNSUPPORTED and BAD_MODEL (as loom_chat_template_name), BUFFER_TOO_SMALL.
+ * Thread-safe. */
 LOOM_API loom_status loom_chat_format(const loom_model *model, const loom_chat_message *messages,
                                       size_t n, bool add_assistant, char *out, size_t cap,
                                       size_t *n_out);
@@ -338,6 +349,163 @@ LOOM_API loom_generate_params loom_generate_default_params(void);
 LOOM_API loom_status loom_generate(loom_session *session, const char *prompt,
                                    const loom_generate_params *params, loom_piece_fn on_piece,
                                    void *user_data, loom_generate_stats *stats);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Engine: continuous batching over a paged KV cache                                           */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * An engine serves many requests at once over one model. Each step it schedules a batch under
+ * a token budget (running decodes first, then chunks of prompts), runs one forward pass over
+ * all scheduled tokens of all sequences, samples, and reports events. Prompts that share a
+ * prefix share KV blocks (prefix cache); n > 1 samples of one prompt share its blocks
+ * (copy-on-write); when blocks run out, the lowest-priority, latest request is preempted and
+ * resumed later with nothing lost. A request's tokens are the same whatever else runs beside
+ * it (batch invariance, on the CPU backend).
+ *
+ * Threads: loom_engine_submit, loom_engine_cancel and loom_engine_get_stats may be called from
+ * any thread at any time. loom_engine_step must be called from one thread at a time (the
+ * "step thread") and not at all in background mode, where the engine's own thread steps and
+ * delivers events through params.on_event (called on that thread). */
+
+typedef struct loom_engine loom_engine;
+typedef uint64_t loom_request_id; /* 0 is never a valid id */
+
+typedef enum loom_preempt_mode {
+    LOOM_PREEMPT_RECOMPUTE = 0, /* free the victim's blocks; recompute prompt + output later */
+    LOOM_PREEMPT_SWAP = 1,      /* copy the victim's blocks to host memory and back */
+} loom_preempt_mode;
+
+typedef enum loom_event_kind {
+    LOOM_EVENT_TOKEN = 0,    /* a token was produced */
+    LOOM_EVENT_FINISHED = 1, /* the request (or one of its n samples) finished */
+    LOOM_EVENT_FAILED = 2,   /* the request failed; status says why; nothing more will come */
+} loom_event_kind;
+
+typedef enum loom_finish_reason {
+    LOOM_FINISH_LENGTH = 0,      /* max_tokens reached */
+    LOOM_FINISH_EOS = 1,         /* an end-of-generation token of the model */
+    LOOM_FINISH_STOP_TOKEN = 2,  /* one of the request's stop token ids */
+    LOOM_FINISH_STOP_STRING = 3, /* one of the request's stop strings (not included in text) */
+    LOOM_FINISH_CANCELLED = 4,   /* loom_engine_cancel */
+    LOOM_FINISH_CONTEXT = 5,     /* the request's context is full */
+} loom_finish_reason;
+
+typedef struct loom_event {
+    loom_event_kind kind;
+    loom_request_id id;
+    void *user_data;        /* the request's user_data */
+    int32_t sample;         /* which of the request's n samples (0 .. n-1) */
+    loom_token token;       /* TOKEN: the token; -1 otherwise */
+    const char *text;       /* TOKEN: text completed by this token (whole UTF-8 characters,
+                               stop strings withheld until ruled out); valid until the next
+                               step; may be empty */
+    size_t text_len;
+    loom_finish_reason reason; /* FINISHED */
+    loom_status status;        /* FAILED */
+} loom_event;
+
+/* Called once per event in background mode, on the engine's thread. Must not call
+ * loom_engine_step or loom_engine_destroy; may call submit/cancel/get_stats. */
+typedef void (*loom_event_fn)(const loom_event *event, void *user_data);
+
+typedef struct loom_engine_params {
+    int64_t kv_bytes;           /* KV-cache budget in bytes; 0: use kv_fraction */
+    float kv_fraction;          /* fraction of the backend's free memory for the KV cache when
+                                   kv_bytes is 0 (default 0.25) */
+    int32_t block_size;         /* tokens per KV block (default 16) */
+    int32_t max_batched_tokens; /* token budget of one step (default 512) */
+    int32_t max_seqs;           /* most sequences in one step (default 64) */
+    int32_t max_ctx;            /* positions one request may hold; 0: the model's training
+                                   context capped at 8192 */
+    bool prefix_cache;          /* reuse cached KV blocks of shared prompt prefixes (default
+                                   true) */
+    loom_preempt_mode preempt;  /* default LOOM_PREEMPT_RECOMPUTE */
+    bool fcfs;                  /* plain first-come-first-served: ignore priorities and
+                                   deadlines (default false) */
+    double starvation_s;        /* a request waiting longer is promoted (default 30) */
+    float watermark;            /* fraction of blocks admission keeps free (default 0.01) */
+    loom_event_fn on_event;     /* non-NULL: background mode — a thread steps the engine */
+    void *on_event_user_data;
+} loom_engine_params;
+
+typedef struct loom_request_params {
+    const char *prompt;              /* UTF-8 text, or NULL when prompt_tokens is given */
+    const loom_token *prompt_tokens; /* token ids (copied at submit) */
+    size_t n_prompt_tokens;
+    bool add_special;                /* text prompts: add BOS etc. (default true) */
+    bool parse_special;              /* text prompts: parse control-token text (default
+                                        false) */
+    loom_sampler_params sampler;     /* default loom_sampler_default_params() */
+    int32_t max_tokens;              /* most tokens to generate per sample (default 128) */
+    int32_t n;                       /* samples of the prompt, sharing its KV (default 1) */
+    const loom_token *stop_tokens;   /* ids that end a sample (copied) */
+    size_t n_stop_tokens;
+    const char *const *stop_strings; /* texts that end a sample (copied) */
+    size_t n_stop_strings;
+    bool ignore_eos;                 /* do not stop at the model's end-of-generation tokens */
+    int32_t priority;                /* higher runs first (default 0) */
+    double ttft_deadline_s;          /* wanted time to first token after submit; 0: none */
+    double tpot_deadline_s;          /* wanted time per output token; 0: none */
+    uint64_t cache_salt;             /* requests share cached prefixes only with equal salts */
+    void *user_data;                 /* returned in every event of the request */
+} loom_request_params;
+
+typedef struct loom_engine_stats {
+    int32_t running;           /* requests with KV in use */
+    int32_t waiting;           /* queued, not yet admitted or preempted */
+    int32_t kv_blocks_total;
+    int32_t kv_blocks_used;    /* held by requests */
+    int32_t kv_blocks_cached;  /* free but holding a reusable prefix */
+    int32_t kv_blocks_free;
+    int64_t prefix_query_tokens; /* prompt tokens looked up in the prefix cache */
+    int64_t prefix_hit_tokens;   /* of which were found */
+    int64_t preemptions;
+    int64_t steps;
+    int64_t tokens_generated;
+    int64_t requests_finished;
+} loom_engine_stats;
+
+/* Defaults. Thread-safe. */
+LOOM_API loom_engine_params loom_engine_default_params(void);
+LOOM_API loom_request_params loom_request_default_params(void);
+
+/* Creates an engine over model (which must outlive it); params may be NULL. Sizes the KV cache
+ * and every per-step buffer now. With params->on_event set, starts the background thread.
+ * Errors: INVALID_ARG (NULL, vocab_only model, bad params), OUT_OF_MEMORY (the KV budget
+ * cannot be allocated, or holds fewer blocks than one full context needs), BACKEND. */
+LOOM_API loom_status loom_engine_create(loom_model *model, const loom_engine_params *params,
+                                        loom_engine **out);
+
+/* Stops the background thread if any, fails nothing, frees everything. NULL is a no-op.
+ * Requests still queued are dropped without events. Not from an event callback. */
+LOOM_API void loom_engine_destroy(loom_engine *engine);
+
+/* Queues a request; *out_id identifies it in events and for cancel. Everything is validated
+ * and copied here, so bad input fails now and nothing of it is kept. Thread-safe.
+ * Errors: INVALID_ARG (NULL, no prompt, n < 1, max_tokens < 1, bad sampler settings: negative
+ *   temperature, top_p outside (0, 1]), BAD_INPUT (invalid UTF-8, a token id out of range),
+ *   CONTEXT_FULL (the prompt does not fit max_ctx or the whole KV budget). */
+LOOM_API loom_status loom_engine_submit(loom_engine *engine, const loom_request_params *req,
+                                        loom_request_id *out_id);
+
+/* Cancels a request wherever it is: it finishes with LOOM_FINISH_CANCELLED at the next step
+ * and everything it holds is freed. Thread-safe. Errors: INVALID_ARG, NOT_FOUND (unknown or
+ * already finished id). */
+LOOM_API loom_status loom_engine_cancel(loom_engine *engine, loom_request_id id);
+
+/* Runs one step: admits submitted requests, schedules, runs one batched forward pass, samples
+ * and writes the step's events to an engine-owned array (*events, *n_events; valid until the
+ * next step). With nothing to do it returns LOOM_OK with no events. A failure inside the step
+ * fails only the requests it touched (FAILED events) when that is possible; the engine stays
+ * usable. Errors: INVALID_ARG, BUSY (background mode), BACKEND, INTERNAL. */
+LOOM_API loom_status loom_engine_step(loom_engine *engine, const loom_event **events,
+                                      size_t *n_events);
+
+/* Whether any request is queued or running. Thread-safe. */
+LOOM_API bool loom_engine_has_work(loom_engine *engine);
+
+/* Counters and occupancy, a consistent snapshot. Thread-safe. */
+LOOM_API loom_status loom_engine_get_stats(loom_engine *engine, loom_engine_stats *out);
 
 #ifdef __cplusplus
 }

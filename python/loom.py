@@ -13,7 +13,7 @@ LOOM_OK = 0
 STATUS = {0: "OK", 1: "ERR_INVALID_ARG", 2: "ERR_OUT_OF_MEMORY", 3: "ERR_IO",
           4: "ERR_BAD_MODEL", 5: "ERR_UNSUPPORTED", 6: "ERR_BAD_INPUT",
           7: "ERR_CONTEXT_FULL", 8: "ERR_BUFFER_TOO_SMALL", 9: "ERR_BACKEND",
-          10: "ERR_INTERNAL"}
+          10: "ERR_INTERNAL", 11: "ERR_NOT_FOUND", 12: "ERR_BUSY"}
 TOKENIZE_ADD_SPECIAL = 1
 TOKENIZE_PARSE_SPECIAL = 2
 DETOKENIZE_RENDER_SPECIAL = 1
@@ -186,3 +186,157 @@ class Session:
             return np.ctypeslib.as_array(p, shape=(len(tokens), V)).copy()
         p = _lib.loom_session_logits(self._h, -1)
         return np.ctypeslib.as_array(p, shape=(V,)).copy()
+
+
+# ---- engine -----------------------------------------------------------------------------------
+
+class SamplerParams(C.Structure):
+    _fields_ = [("temperature", C.c_float), ("top_k", C.c_int32), ("top_p", C.c_float),
+                ("seed", C.c_uint64)]
+
+
+class EngineParams(C.Structure):
+    _fields_ = [("kv_bytes", C.c_int64), ("kv_fraction", C.c_float), ("block_size", C.c_int32),
+                ("max_batched_tokens", C.c_int32), ("max_seqs", C.c_int32),
+                ("max_ctx", C.c_int32), ("prefix_cache", C.c_bool), ("preempt", C.c_int),
+                ("fcfs", C.c_bool), ("starvation_s", C.c_double), ("watermark", C.c_float),
+                ("on_event", C.c_void_p), ("on_event_user_data", C.c_void_p)]
+
+
+class RequestParams(C.Structure):
+    _fields_ = [("prompt", C.c_char_p), ("prompt_tokens", C.POINTER(C.c_int32)),
+                ("n_prompt_tokens", C.c_size_t), ("add_special", C.c_bool),
+                ("parse_special", C.c_bool), ("sampler", SamplerParams),
+                ("max_tokens", C.c_int32), ("n", C.c_int32),
+                ("stop_tokens", C.POINTER(C.c_int32)), ("n_stop_tokens", C.c_size_t),
+                ("stop_strings", C.POINTER(C.c_char_p)), ("n_stop_strings", C.c_size_t),
+                ("ignore_eos", C.c_bool), ("priority", C.c_int32),
+                ("ttft_deadline_s", C.c_double), ("tpot_deadline_s", C.c_double),
+                ("cache_salt", C.c_uint64), ("user_data", C.c_void_p)]
+
+
+class Event(C.Structure):
+    _fields_ = [("kind", C.c_int), ("id", C.c_uint64), ("user_data", C.c_void_p),
+                ("sample", C.c_int32), ("token", C.c_int32), ("text", C.POINTER(C.c_char)),
+                ("text_len", C.c_size_t), ("reason", C.c_int), ("status", C.c_int)]
+
+
+class EngineStats(C.Structure):
+    _fields_ = [("running", C.c_int32), ("waiting", C.c_int32), ("kv_blocks_total", C.c_int32),
+                ("kv_blocks_used", C.c_int32), ("kv_blocks_cached", C.c_int32),
+                ("kv_blocks_free", C.c_int32), ("prefix_query_tokens", C.c_int64),
+                ("prefix_hit_tokens", C.c_int64), ("preemptions", C.c_int64),
+                ("steps", C.c_int64), ("tokens_generated", C.c_int64),
+                ("requests_finished", C.c_int64)]
+
+
+EVENT_TOKEN, EVENT_FINISHED, EVENT_FAILED = 0, 1, 2
+FINISH_REASONS = ["length", "eos", "stop_token", "stop_string", "cancelled", "context"]
+
+_lib.loom_engine_default_params.restype = EngineParams
+_lib.loom_request_default_params.restype = RequestParams
+_lib.loom_engine_create.argtypes = [C.c_void_p, C.POINTER(EngineParams), C.POINTER(C.c_void_p)]
+_lib.loom_engine_destroy.argtypes = [C.c_void_p]
+_lib.loom_engine_submit.argtypes = [C.c_void_p, C.POINTER(RequestParams), C.POINTER(C.c_uint64)]
+_lib.loom_engine_cancel.argtypes = [C.c_void_p, C.c_uint64]
+_lib.loom_engine_step.argtypes = [C.c_void_p, C.POINTER(C.POINTER(Event)),
+                                  C.POINTER(C.c_size_t)]
+_lib.loom_engine_has_work.argtypes = [C.c_void_p]
+_lib.loom_engine_has_work.restype = C.c_bool
+_lib.loom_engine_get_stats.argtypes = [C.c_void_p, C.POINTER(EngineStats)]
+
+
+class Engine:
+    """Continuous batching over a model. submit() returns an id; step() returns events as
+    dicts; run() steps until idle and returns {id: {sample: (tokens, text, reason)}}."""
+
+    _h = None
+
+    def __init__(self, model, **params):
+        p = _lib.loom_engine_default_params()
+        for k, v in params.items():
+            setattr(p, k, v)
+        h = C.c_void_p()
+        _check(_lib.loom_engine_create(model._h, C.byref(p), C.byref(h)))
+        self._h = h
+        self.model = model
+        self.outputs = {}
+
+    def close(self):
+        if self._h:
+            _lib.loom_engine_destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def submit(self, prompt=None, tokens=None, max_tokens=32, temperature=0.0, top_k=40,
+               top_p=1.0, seed=1, n=1, priority=0, stop=None, stop_tokens=None,
+               ignore_eos=True, cache_salt=0, ttft_deadline_s=0.0, tpot_deadline_s=0.0):
+        r = _lib.loom_request_default_params()
+        keep = []
+        if prompt is not None:
+            r.prompt = prompt.encode() if isinstance(prompt, str) else prompt
+        if tokens is not None:
+            arr = (C.c_int32 * max(len(tokens), 1))(*tokens)
+            keep.append(arr)
+            r.prompt_tokens = arr
+            r.n_prompt_tokens = len(tokens)
+        r.max_tokens, r.n, r.priority, r.ignore_eos = max_tokens, n, priority, ignore_eos
+        r.sampler.temperature, r.sampler.top_k, r.sampler.top_p = temperature, top_k, top_p
+        r.sampler.seed = seed
+        r.cache_salt = cache_salt
+        r.ttft_deadline_s, r.tpot_deadline_s = ttft_deadline_s, tpot_deadline_s
+        if stop:
+            arr = (C.c_char_p * len(stop))(*[s.encode() for s in stop])
+            keep.append(arr)
+            r.stop_strings, r.n_stop_strings = arr, len(stop)
+        if stop_tokens:
+            arr = (C.c_int32 * len(stop_tokens))(*stop_tokens)
+            keep.append(arr)
+            r.stop_tokens, r.n_stop_tokens = arr, len(stop_tokens)
+        rid = C.c_uint64()
+        _check(_lib.loom_engine_submit(self._h, C.byref(r), C.byref(rid)))
+        self.outputs[rid.value] = {}
+        return rid.value
+
+    def cancel(self, rid):
+        _check(_lib.loom_engine_cancel(self._h, rid))
+
+    def step(self):
+        evp = C.POINTER(Event)()
+        n = C.c_size_t()
+        _check(_lib.loom_engine_step(self._h, C.byref(evp), C.byref(n)))
+        out = []
+        for i in range(n.value):
+            ev = evp[i]
+            d = {"kind": ev.kind, "id": ev.id, "sample": ev.sample, "token": ev.token,
+                 "text": C.string_at(ev.text, ev.text_len) if ev.text_len else b"",
+                 "reason": ev.reason, "status": ev.status}
+            out.append(d)
+            o = self.outputs.setdefault(ev.id, {}).setdefault(
+                ev.sample, {"tokens": [], "text": b"", "reason": None, "status": 0})
+            if ev.kind == EVENT_TOKEN:
+                o["tokens"].append(ev.token)
+                o["text"] += d["text"]
+            elif ev.kind == EVENT_FINISHED:
+                o["reason"] = FINISH_REASONS[ev.reason]
+            else:
+                o["status"] = ev.status
+                o["reason"] = "failed"
+        return out
+
+    def has_work(self):
+        return bool(_lib.loom_engine_has_work(self._h))
+
+    def run(self, max_steps=100000):
+        steps = 0
+        while self.has_work() and steps < max_steps:
+            self.step()
+            steps += 1
+        return self.outputs
+
+    def stats(self):
+        s = EngineStats()
+        _check(_lib.loom_engine_get_stats(self._h, C.byref(s)))
+        return {f: getattr(s, f) for f, _ in EngineStats._fields_}

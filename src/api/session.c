@@ -168,7 +168,10 @@ static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32
         .stop_after = stop_after,
         .hidden = stop_after > 0 ? logits_out : NULL,
     };
-    LOOM_TRY(loom__model_forward(m, &s->ws, &b, &kv, logits_out));
+    /* The simple allocator gives every layer the same blocks: one table serves every group. */
+    loom_kv_desc kvs[LOOM_MAX_KV_GROUPS];
+    for (int32_t g = 0; g < m->cfg.n_kv_groups; g++) kvs[g] = kv;
+    LOOM_TRY(loom__model_forward(m, &s->ws, &b, kvs, logits_out));
     s->seq.n_pos = p0 + n;
     return LOOM_OK;
 }

@@ -20,6 +20,7 @@ static loom_status check_slots(const loom_backend_ops *ops) {
     LOOM__REQUIRE_SLOT(ops, buffer_base);
     LOOM__REQUIRE_SLOT(ops, tensor_set);
     LOOM__REQUIRE_SLOT(ops, tensor_get);
+    LOOM__REQUIRE_SLOT(ops, copy);
     LOOM__REQUIRE_SLOT(ops, synchronize);
     LOOM__REQUIRE_SLOT(ops, get_rows);
     LOOM__REQUIRE_SLOT(ops, matmul);

@@ -96,6 +96,9 @@ typedef struct loom_backend_ops {
     loom_status (*tensor_set)(void *ctx, void *dst, const void *src, size_t bytes);
     /* backend -> host; waits for queued work first. */
     loom_status (*tensor_get)(void *ctx, void *dst, const void *src, size_t bytes);
+    /* backend -> backend (KV block copies for copy-on-write); queued like an op. The ranges
+     * must not overlap. */
+    loom_status (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
     loom_status (*synchronize)(void *ctx);
 
     /* ---- operations (all outputs F32 unless said otherwise) ---- */

@@ -118,7 +118,8 @@ static loom_status attention_block(const loom_model *m, loom_forward_ws *ws, int
     LOOM_TRY(ops->rope(ctx, &q, &pos, &rp));
     rp.n_head = c->n_head_kv;
     LOOM_TRY(ops->rope(ctx, &k, &pos, &rp));
-    LOOM_TRY(ops->kv_store(ctx, &k, &v, kv, il));
+    const loom_kv_desc *kvg = &kv[lc->kv_group];
+    LOOM_TRY(ops->kv_store(ctx, &k, &v, kvg, il));
 
     loom_attn_params ap = {
         .n_head = c->n_head,
@@ -127,7 +128,7 @@ static loom_status attention_block(const loom_model *m, loom_forward_ws *ws, int
         .window = lc->window,
         .softcap = 0.0f,
     };
-    LOOM_TRY(ops->attention(ctx, &q, kv, &ap, &att));
+    LOOM_TRY(ops->attention(ctx, &q, kvg, &ap, &att));
     LOOM_TRY(ops->matmul(ctx, &w->wo, &att, &proj));
     if (w->post_attn_norm.data) {
         LOOM_TRY(ops->rms_norm(ctx, &proj, &w->post_attn_norm, c->rms_eps, &proj));

@@ -42,7 +42,8 @@ typedef struct loom_batch {
 loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom_forward_ws *ws);
 void loom__forward_ws_destroy(const loom_model *m, loom_forward_ws *ws);
 
-/* Runs the model over batch, storing K/V through kv, and writes n_logits rows of n_vocab
- * logits to the host array logits. */
+/* Runs the model over batch, storing K/V through kv[g] for the layers of KV group g
+ * (kv has cfg.n_kv_groups descriptors: the same batch, each group's own block tables), and
+ * writes n_logits rows of n_vocab logits to the host array logits. */
 loom_status loom__model_forward(const loom_model *m, loom_forward_ws *ws, const loom_batch *b,
                                 const loom_kv_desc *kv, float *logits);

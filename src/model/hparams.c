@@ -52,6 +52,28 @@ static loom_status read_rope_scaling(const loom_gguf *g, const char *arch, float
                       (int)kind.len, kind.ptr);
 }
 
+loom_status loom__model_assign_kv_groups(loom_model_config *c) {
+    c->n_kv_groups = 0;
+    /* Full attention first (group 0), so a model with any global layer has its largest pool
+     * at index 0. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t il = 0; il < c->n_layer; il++) {
+            int32_t w = c->layers[il].window;
+            if ((pass == 0) != (w == 0)) continue;
+            int32_t g = 0;
+            while (g < c->n_kv_groups && c->kv_group_window[g] != w) g++;
+            if (g == c->n_kv_groups) {
+                LOOM_RETURN_IF(g == LOOM_MAX_KV_GROUPS, LOOM_ERR_UNSUPPORTED,
+                               "model: more than %d distinct attention windows",
+                               LOOM_MAX_KV_GROUPS);
+                c->kv_group_window[c->n_kv_groups++] = w;
+            }
+            c->layers[il].kv_group = g;
+        }
+    }
+    return LOOM_OK;
+}
+
 loom_status loom__hparams_common(const loom_gguf *g, const char *arch, loom_model_config *c) {
     LOOM_TRY(loom__hparam_dim(g, arch, "context_length", true, 0, &c->n_ctx_train));
     LOOM_TRY(loom__hparam_dim(g, arch, "embedding_length", true, 0, &c->n_embd));

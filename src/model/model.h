@@ -8,6 +8,8 @@
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 
+#define LOOM_MAX_KV_GROUPS 4
+
 typedef enum loom_arch {
     LOOM_ARCH_LLAMA = 0,
     LOOM_ARCH_QWEN2 = 1,
@@ -17,6 +19,7 @@ typedef enum loom_arch {
 /* What differs from layer to layer (gemma3 interleaves sliding-window and global layers). */
 typedef struct loom_layer_config {
     int32_t window;        /* sliding window in positions; 0: global attention */
+    int32_t kv_group;      /* KV group: layers with the same window share block tables */
     loom_rope_params rope; /* n_head/head_dim left 0: the forward sets them per tensor */
 } loom_layer_config;
 
@@ -37,6 +40,8 @@ typedef struct loom_model_config {
     loom_glu_kind glu;  /* feed-forward activation */
     int32_t n_swa;      /* sliding window of the local layers (0: none) */
     loom_layer_config *layers; /* [n_layer], owned by the model */
+    int32_t n_kv_groups;       /* distinct windows among the layers (1 or 2 here) */
+    int32_t kv_group_window[LOOM_MAX_KV_GROUPS]; /* window of each group (0: full) */
 } loom_model_config;
 
 typedef struct loom_layer_weights {
@@ -90,6 +95,9 @@ loom_status loom__hparams_common(const loom_gguf *g, const char *arch, loom_mode
 /* ---- per architecture ---- */
 loom_status loom__llama_read_config(const loom_gguf *g, const char *arch, loom_model_config *cfg);
 loom_status loom__gemma3_read_config(const loom_gguf *g, loom_model_config *cfg);
+
+/* Groups the layers by window into KV groups (full-attention layers first). */
+loom_status loom__model_assign_kv_groups(loom_model_config *cfg);
 
 /* Binds every weight tensor of the configured architecture (shapes checked against cfg). */
 loom_status loom__model_bind_weights(loom_model *model);

@@ -127,6 +127,7 @@ static loom_status load_model(loom_model *m, const char *path, const loom_model_
         return loom__fail(LOOM_ERR_UNSUPPORTED, "model: architecture '%s' is not supported",
                           m->arch_name);
     }
+    LOOM_TRY(loom__model_assign_kv_groups(&m->cfg));
     int32_t n_tok = loom_tokenizer_n_vocab(m->tok);
     if (m->cfg.n_vocab == 0) m->cfg.n_vocab = n_tok;
     LOOM_RETURN_IF(m->cfg.n_vocab != n_tok, LOOM_ERR_BAD_MODEL,

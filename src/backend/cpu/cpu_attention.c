@@ -136,7 +136,8 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
     LOOM_RETURN_IF(p == NULL, LOOM_ERR_INVALID_ARG, "attention: params are NULL");
     int64_t n_rows;
     int32_t pool_layer;
-    LOOM_TRY(loom__cpu_check_kv_desc("attention", kv, p->layer, true, &n_rows, &pool_layer));
+    LOOM_TRY(loom__cpu_check_kv_desc("attention", kv, p->layer, true, p->window, &n_rows,
+                                     &pool_layer));
     LOOM_TRY(attn_check_params(p, kv));
     LOOM_RETURN_IF(q->ne[0] != (int64_t)p->n_head * kv->head_dim, LOOM_ERR_INVALID_ARG,
                    "attention: q rows have %lld elements but n_head*head_dim = %d*%d",

@@ -63,6 +63,17 @@ loom_status loom__cpu_reserve_scratch(loom_cpu_ctx *c, size_t n_floats) {
     return LOOM_OK;
 }
 
+loom_status loom__cpu_reserve_act(loom_cpu_ctx *c, size_t n_bytes) {
+    if (n_bytes <= c->act_cap && c->act != NULL) return LOOM_OK;
+    void *fresh = aligned_bytes(n_bytes);
+    LOOM_RETURN_IF(fresh == NULL, LOOM_ERR_OUT_OF_MEMORY,
+                   "cpu: out of memory for %zu bytes of activation scratch", n_bytes);
+    free(c->act);
+    c->act = fresh;
+    c->act_cap = n_bytes;
+    return LOOM_OK;
+}
+
 static void cpu_destroy(void *ctx) {
     loom_cpu_ctx *c = ctx;
     if (c == NULL) return;
@@ -70,6 +81,7 @@ static void cpu_destroy(void *ctx) {
     if (c->scratch != NULL)
         for (int i = 0; i < c->n_threads; i++) free(c->scratch[i]);
     free(c->scratch);
+    free(c->act);
     free(c);
 }
 
@@ -164,6 +176,19 @@ static loom_status cpu_tensor_get(void *ctx, void *dst, const void *src, size_t 
     return LOOM_OK;
 }
 
+static loom_status cpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    if (bytes == 0) return LOOM_OK;
+    LOOM_RETURN_IF(dst == NULL || src == NULL, LOOM_ERR_INVALID_ARG,
+                   "cpu: copy of %zu bytes with a NULL pointer", bytes);
+    LOOM_RETURN_IF((const char *)dst < (const char *)src + bytes &&
+                       (const char *)src < (const char *)dst + bytes,
+                   LOOM_ERR_INVALID_ARG, "cpu: copy of %zu bytes between overlapping ranges",
+                   bytes);
+    memcpy(dst, src, bytes);
+    return LOOM_OK;
+}
+
 static loom_status cpu_synchronize(void *ctx) {
     (void)ctx; /* ops are synchronous */
     return LOOM_OK;
@@ -184,6 +209,7 @@ static const loom_backend_ops cpu_ops = {
     .buffer_base = cpu_buffer_base,
     .tensor_set = cpu_tensor_set,
     .tensor_get = cpu_tensor_get,
+    .copy = cpu_copy,
     .synchronize = cpu_synchronize,
     .get_rows = loom__cpu_get_rows,
     .matmul = loom__cpu_matmul,

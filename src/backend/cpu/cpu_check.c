@@ -142,7 +142,8 @@ static loom_status check_kv_arrays(const char *op, const loom_kv_desc *kv, int32
 }
 
 loom_status loom__cpu_check_kv_desc(const char *op, const loom_kv_desc *kv, int32_t layer,
-                                    bool via_layer_src, int64_t *n_rows, int32_t *pool_layer) {
+                                    bool via_layer_src, int32_t read_window, int64_t *n_rows,
+                                    int32_t *pool_layer) {
     LOOM_TRY(check_kv_arrays(op, kv, layer, via_layer_src, pool_layer));
     LOOM_RETURN_IF(kv->indptr[0] != 0 || kv->q_start[0] != 0, LOOM_ERR_INVALID_ARG,
                    "%s: kv indptr[0] = %d and q_start[0] = %d must be 0", op, kv->indptr[0],
@@ -167,11 +168,18 @@ loom_status loom__cpu_check_kv_desc(const char *op, const loom_kv_desc *kv, int3
                        "%s: sequence %d: position %lld needs block %lld but its table holds %lld",
                        op, s, (long long)last, (long long)(last / kv->block_size),
                        (long long)n_tab);
-        for (int32_t b = kv->indptr[s]; b < kv->indptr[s + 1]; b++) {
+        /* Only the entries this op touches must hold blocks: a sliding-window table has
+         * released (negative) entries before the window of its first new row. */
+        int64_t first = 0;
+        if (read_window < 0) first = kv->pos_start[s];
+        if (read_window > 0) first = (int64_t)kv->pos_start[s] - read_window + 1;
+        if (first < 0) first = 0;
+        for (int64_t b = kv->indptr[s] + first / kv->block_size;
+             b <= kv->indptr[s] + last / kv->block_size; b++) {
             int32_t id = kv->block_ids[b];
             LOOM_RETURN_IF(id < 0 || id >= kv->n_blocks, LOOM_ERR_BAD_INPUT,
-                           "%s: sequence %d: block id %d (table entry %d) outside [0, %d)", op, s,
-                           id, b - kv->indptr[s], kv->n_blocks);
+                           "%s: sequence %d: block id %d (table entry %lld) outside [0, %d)", op,
+                           s, id, (long long)(b - kv->indptr[s]), kv->n_blocks);
         }
     }
     *n_rows = kv->q_start[kv->n_seqs];

@@ -18,11 +18,20 @@ typedef struct loom_cpu_ctx {
      * first time a larger shape is seen, never inside a parallel region. */
     float **scratch;
     size_t scratch_cap;
+    /* One area shared by all threads, act_cap bytes, 64-byte aligned: the matmul's activation
+     * rows rounded to the weight's activation format (tensor/qdot.h), written once per call
+     * before the dot products read them. Reserved like scratch, outside parallel regions. */
+    void *act;
+    size_t act_cap;
 } loom_cpu_ctx;
 
 /* Makes every thread's scratch hold at least n_floats. Errors: OUT_OF_MEMORY (the old scratch
  * stays valid). */
 loom_status loom__cpu_reserve_scratch(loom_cpu_ctx *c, size_t n_floats);
+
+/* Makes the shared activation area hold at least n_bytes. Errors: OUT_OF_MEMORY (the old area
+ * stays valid). */
+loom_status loom__cpu_reserve_act(loom_cpu_ctx *c, size_t n_bytes);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Argument checks (cpu_check.c). Each names the op and the argument in its message.          */
@@ -51,13 +60,16 @@ static inline void *loom__cpu_row(const loom_tensor *t, int64_t r) {
 
 /* Validates a paged-KV descriptor for op at layer `layer`: array pointers, monotone offsets,
  * supported kv_type, strides, the pools of the layer the op touches (layer itself for
- * kv_store, layer_src[layer] when via_layer_src, as attention reads), every block id of a
- * sequence with new rows in [0, n_blocks), block tables long enough for every new row's
+ * kv_store, layer_src[layer] when via_layer_src, as attention reads), every block id the op touches
+ * in [0, n_blocks) — read_window < 0: the new rows' entries only (kv_store); 0: every entry up
+ * to the last new row; w > 0: from the window of the first new row (released sliding-window
+ * entries before it may be negative), block tables long enough for every new row's
  * position, kv_len covering those positions. Sets *n_rows to q_start[n_seqs] and *pool_layer
  * to the layer whose pools the op uses.
  * Errors: INVALID_ARG (structure), UNSUPPORTED (kv_type), BAD_INPUT (ids/positions). */
 loom_status loom__cpu_check_kv_desc(const char *op, const loom_kv_desc *kv, int32_t layer,
-                                    bool via_layer_src, int64_t *n_rows, int32_t *pool_layer);
+                                    bool via_layer_src, int32_t read_window, int64_t *n_rows,
+                                    int32_t *pool_layer);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Ops (one file per family)                                                                  */

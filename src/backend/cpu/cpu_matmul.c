@@ -1,27 +1,49 @@
 /* cpu_matmul.c — out[T, N] = x[T, K] · w[N, K]^T for weights of any dequantizable type.
  *
- * Work split: the N output columns (weight rows) are cut into groups of RB rows and the
- * groups are split over the threads. A thread turns a group's rows into float32 once (F32
- * rows are used in place; others are dequantized into its scratch) and then walks all T
- * tokens, so each weight row is read from memory once per call, not once per token — what
- * makes prompt processing fast — while x[t] stays in L1 across the RB dots that use it.
+ * Two arithmetics:
  *
- * Batch invariance: out[t, o] is always loom__cpu_dot(row_o, x[t], K) on the same float32
- * row (dequantization is per row, independent of T), so it has the same bits whatever T, the
- * grouping, or the thread count. A later SIMD int8 path must keep that property on its own. */
+ *   - Quantized activations (the default; tensor/qdot.h). The T activation rows are first
+ *     rounded, once per call, to the weight type's activation format (q8_0, q8_1, q8_K, f16 or
+ *     bf16) into the context's shared activation area (rows split over the threads). Then each
+ *     thread takes groups of RB weight rows and dots every row of its group, in place, with
+ *     every token's rounded row: integer block dot products, the arithmetic llama.cpp uses.
+ *
+ *   - Float32 activations (c->f32_activations, and F32 weights always). A thread turns a
+ *     group's rows into float32 once (F32 rows are used in place; others are dequantized into
+ *     its scratch) and dots them with the float32 tokens: closest to exact arithmetic.
+ *
+ * Either way the N output columns (weight rows) are cut into groups of RB rows, the groups are
+ * split over the threads, and a thread walks all T tokens for one group before the next, so
+ * each weight row is read from memory once per call, not once per token — what makes prompt
+ * processing fast — while a token's row stays in L1 across the RB dots that use it.
+ *
+ * Batch invariance: out[t, o] is always the same function of (row o, x[t]) — loom__cpu_dot on
+ * the dequantized row, or loom_vec_dot_q on the row and x[t] rounded by a per-row quantizer —
+ * so it has the same bits whatever T, the grouping, or the thread count. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_vec.h"
 
+#include "core/checked.h"
 #include "core/status.h"
+#include "tensor/qdot.h"
 #include "tensor/quant.h"
 
 #include <assert.h>
 #include <stdbool.h>
 
-/* Rows per group: as many as keep RB*K floats within MM_GROUP_FLOATS (about 256 KiB, an L2's
- * share), between 1 and MM_MAX_RB. */
+/* Rows per group on the float path: as many as keep RB*K floats within MM_GROUP_FLOATS (about
+ * 256 KiB, an L2's share), between 1 and MM_MAX_RB. On the quantized path: as many encoded
+ * rows as fit in MMQ_GROUP_BYTES, between 1 and MM_MAX_RB. */
 #define MM_GROUP_FLOATS 65536
+#define MMQ_GROUP_BYTES 65536
 #define MM_MAX_RB       16
+
+/* Rounded activation rows start on 64-byte boundaries. */
+#define MMQ_ROW_ALIGN 64
+
+/* ------------------------------------------------------------------------------------------ */
+/* Float32 activations                                                                        */
+/* ------------------------------------------------------------------------------------------ */
 
 typedef struct mm_task {
     loom_cpu_ctx *c;
@@ -68,6 +90,99 @@ static void mm_worker(void *p, int ith, int nth) {
     }
 }
 
+static loom_status mm_run_f32(loom_cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
+                              loom_tensor *out) {
+    mm_task task = {.c = c, .w = w, .x = x, .out = out, .rb = mm_rows_per_group(w->ne[0])};
+    if (w->type != LOOM_TYPE_F32)
+        LOOM_TRY(loom__cpu_reserve_scratch(c, (size_t)(task.rb * w->ne[0])));
+    loom__threadpool_run(c->tp, mm_worker, &task);
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Quantized activations                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct mmq_task {
+    const loom_tensor *w;       /* [N, K] any type with an activation format */
+    const loom_tensor *x;       /* [T, K] f32 */
+    loom_tensor *out;           /* [T, N] f32 */
+    loom_quantize_act_fn quant; /* f32 row -> activation format */
+    loom_vec_dot_q_fn dot;      /* weight row . activation row */
+    uint8_t *act;               /* [T] rounded rows, act_stride bytes apart */
+    size_t act_stride;
+    int64_t rb; /* weight rows per group */
+} mmq_task;
+
+/* Rounds this thread's share of the T activation rows. */
+static void mmq_quant_worker(void *p, int ith, int nth) {
+    const mmq_task *a = p;
+    int64_t t0, t1;
+    loom__split_range(a->x->ne[1], ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++)
+        a->quant(loom__cpu_row(a->x, t), a->act + (size_t)t * a->act_stride, a->x->ne[0]);
+}
+
+static void mmq_worker(void *p, int ith, int nth) {
+    const mmq_task *a = p;
+    const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
+    int64_t g0, g1;
+    loom__split_range((N + rb - 1) / rb, ith, nth, &g0, &g1);
+
+    for (int64_t g = g0; g < g1; g++) {
+        const int64_t o0 = g * rb;
+        const int64_t nr = N - o0 < rb ? N - o0 : rb;
+        for (int64_t t = 0; t < T; t++) {
+            const void *xt = a->act + (size_t)t * a->act_stride;
+            float *ot = (float *)loom__cpu_row(a->out, t) + o0;
+            for (int64_t r = 0; r < nr; r++) ot[r] = a->dot(loom__cpu_row(a->w, o0 + r), xt, K);
+        }
+    }
+}
+
+static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
+                                loom_tensor *out) {
+    const int64_t K = w->ne[0], T = x->ne[1];
+    uint32_t act_type;
+    size_t act_row, w_row, stride, total;
+    LOOM_RETURN_IF(!loom_vec_dot_type(w->type, &act_type), LOOM_ERR_UNSUPPORTED,
+                   "matmul: no activation format for weights of type %s", loom_type_name(w->type));
+    /* K is a whole number of w's blocks, hence of the activation format's (32 or 256, or 1). */
+    LOOM_RETURN_IF(!loom_type_row_bytes(act_type, K, &act_row) ||
+                       !loom_type_row_bytes(w->type, K, &w_row),
+                   LOOM_ERR_INVALID_ARG, "matmul: K = %lld is not a whole number of %s blocks",
+                   (long long)K, loom_type_name(act_type));
+    bool overflow = loom__add_overflow_size(act_row, MMQ_ROW_ALIGN - 1, &stride);
+    stride -= stride % MMQ_ROW_ALIGN;
+    overflow = overflow || loom__mul_overflow_size(stride, (size_t)T, &total);
+    LOOM_RETURN_IF(overflow, LOOM_ERR_INVALID_ARG,
+                   "matmul: %lld rounded activation rows overflow", (long long)T);
+    LOOM_TRY(loom__cpu_reserve_act(c, total));
+
+    int64_t rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));
+    if (rb < 1) rb = 1;
+    if (rb > MM_MAX_RB) rb = MM_MAX_RB;
+    mmq_task task = {.w = w,
+                     .x = x,
+                     .out = out,
+                     .quant = loom_quantize_activations_get(act_type),
+                     .dot = loom_vec_dot_q_get(w->type),
+                     .act = c->act,
+                     .act_stride = stride,
+                     .rb = rb};
+    assert(task.quant && task.dot && "every activation format has kernels");
+    if (T == 1)
+        mmq_quant_worker(&task, 0, 1); /* one row: not worth waking the pool */
+    else
+        loom__threadpool_run(c->tp, mmq_quant_worker, &task);
+    loom__threadpool_run(c->tp, mmq_worker, &task);
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Entry                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
 loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor *x,
                              loom_tensor *out) {
     loom_cpu_ctx *c = ctx;
@@ -86,9 +201,6 @@ loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor 
                    LOOM_ERR_INVALID_ARG, "matmul: out overlaps an input (no in-place matmul)");
     if (x->ne[1] == 0) return LOOM_OK;
 
-    mm_task task = {.c = c, .w = w, .x = x, .out = out, .rb = mm_rows_per_group(w->ne[0])};
-    if (w->type != LOOM_TYPE_F32)
-        LOOM_TRY(loom__cpu_reserve_scratch(c, (size_t)(task.rb * w->ne[0])));
-    loom__threadpool_run(c->tp, mm_worker, &task);
-    return LOOM_OK;
+    if (c->f32_activations || w->type == LOOM_TYPE_F32) return mm_run_f32(c, w, x, out);
+    return mm_run_quant(c, w, x, out);
 }

@@ -1,0 +1,122 @@
+/* engine.h — the engine's state, shared by its files: engine_create.c (sizing, storage,
+ * threads), engine_submit.c (the thread-safe inbox, cancel, stats), engine_step.c (one step),
+ * engine_kv.c (the KV manager wired to the scheduler and to storage copies). */
+#pragma once
+
+#include <pthread.h>
+
+#include "engine/id_map.h"
+#include "engine/request.h"
+#include "kv/kv_manager.h"
+#include "model/forward.h"
+#include "sched/sched.h"
+
+/* Samples of one request get scheduler ids id * LOOM_ENGINE_MAX_N + sample. */
+#define LOOM_ENGINE_MAX_N 256
+
+typedef struct loom_engine_inbox {
+    loom_req **reqs; /* submitted, not yet taken by a step */
+    size_t n_reqs, cap_reqs;
+    loom_request_id *cancels;
+    size_t n_cancels, cap_cancels;
+} loom_engine_inbox;
+
+struct loom_engine {
+    loom_model *model;
+    const loom_backend_ops *ops;
+    void *bctx;
+    loom_engine_params params;
+    int32_t max_ctx;
+    size_t max_piece;
+    double t0_ms; /* the engine's clock starts at create */
+
+    /* KV: the manager, and the storage of every layer's pools in one backend buffer. */
+    loom_kv *kv;
+    int32_t n_groups;
+    int32_t n_blocks; /* per group pool */
+    loom_buffer *kv_buf;
+    void **k_base, **v_base; /* [n_layer] */
+    size_t token_stride, block_stride;
+    loom_type kv_type;
+    /* Host swap area for LOOM_PREEMPT_SWAP: slots of one block of one group (every layer of
+     * the group, K and V). */
+    char *swap_mem;
+    size_t swap_slot_bytes;
+    int32_t swap_slots;
+    int32_t *swap_free; /* stack of free slots */
+    int32_t n_swap_free;
+
+    loom_sched *sched;
+    loom_forward_ws ws;
+
+    /* Per-step arrays, sized at create (max_batched_tokens, max_seqs). */
+    loom_token *tokens;     /* [max_batched_tokens] */
+    int32_t *pos;           /* [max_batched_tokens] */
+    int32_t *logit_rows;    /* [max_seqs] */
+    float *logits;          /* [max_seqs * n_vocab] */
+    int32_t *seqs, *n_new;  /* [max_seqs] KV sequences of the batch, tokens each */
+    struct loom_req_sample **batch_samples; /* [max_seqs] */
+    loom_req **batch_reqs;                  /* [max_seqs] */
+    int32_t *batch_index;                   /* [max_seqs] sample index */
+    const loom_sched_entry **batch_entries; /* [max_seqs] */
+    int32_t *indptr[LOOM_MAX_KV_GROUPS];    /* [max_seqs + 1] */
+    int32_t *block_ids[LOOM_MAX_KV_GROUPS]; /* [block_cap] */
+    int64_t block_cap;
+    int32_t *q_start, *pos_start, *kv_len; /* [max_seqs + 1] */
+    loom_kv_copy copies[LOOM_MAX_KV_GROUPS];
+    loom_token *known;    /* [max_ctx] scratch: a sample's known tokens */
+    int32_t *swap_blocks; /* [swap list cap] */
+    int32_t swap_list_cap;
+    loom_sched_result *results; /* [max_seqs] */
+    int32_t n_results;
+
+    /* Events of the last step (grown geometrically when a step has many cancellations). */
+    loom_event *events;
+    size_t n_events, cap_events;
+
+    /* Requests the step thread knows (id -> loom_req) and those finished in the last step,
+     * freed at the start of the next one (their events point into them). */
+    loom_id_map reqs;
+    loom_req **retired;
+    size_t n_retired, cap_retired;
+
+    /* Shared with submitting threads, under mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    loom_engine_inbox inbox;
+    loom_id_map live; /* ids submitted and not yet finished (for cancel's NOT_FOUND) */
+    uint64_t next_id;
+    loom_engine_stats stats; /* counters updated by steps */
+    bool stop;
+    bool has_thread;
+    pthread_t thread;
+};
+
+/* engine_kv.c */
+loom_status loom__engine_kv_create(loom_engine *e);
+void loom__engine_kv_destroy(loom_engine *e);
+/* The scheduler's view of the KV manager. */
+loom_sched_kv_iface loom__engine_kv_iface(loom_engine *e);
+/* Copies the blocks of a copy-on-write in every layer of the group. */
+loom_status loom__engine_kv_copy(loom_engine *e, const loom_kv_copy *c);
+/* Preemption by swap: moves the sample's blocks to host slots / back. */
+loom_status loom__engine_swap_out(loom_engine *e, struct loom_req_sample *s);
+loom_status loom__engine_swap_in(loom_engine *e, struct loom_req_sample *s);
+/* Frees whatever KV or swap space the sample holds. */
+void loom__engine_release(loom_engine *e, struct loom_req_sample *s);
+
+/* engine_step.c */
+loom_status loom__engine_step_locked_out(loom_engine *e);
+
+/* Token at position p of a sample: the prompt, then its generated tokens. */
+static inline loom_token loom__sample_token(const loom_req *r, const loom_req_sample *s,
+                                            int32_t p) {
+    return p < r->n_prompt ? r->prompt[p] : s->tokens[p - r->n_prompt];
+}
+
+static inline uint64_t loom__sched_id(const loom_req *r, int32_t sample) {
+    return r->id * LOOM_ENGINE_MAX_N + (uint64_t)sample;
+}
+
+/* Engine clock in microseconds since create. */
+int64_t loom__engine_now_us(const loom_engine *e);

@@ -1,0 +1,219 @@
+/* engine_create.c — loom_engine_create / loom_engine_destroy: parameters, the per-step arrays
+ * (sized once, so a step allocates nothing), the KV cache, the scheduler, the forward
+ * workspace, and the background thread. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timer.h"
+#include "engine/engine.h"
+
+loom_engine_params loom_engine_default_params(void) {
+    loom_engine_params p;
+    memset(&p, 0, sizeof p);
+    p.kv_bytes = 0;
+    p.kv_fraction = 0.25f;
+    p.block_size = 16;
+    p.max_batched_tokens = 512;
+    p.max_seqs = 64;
+    p.max_ctx = 0;
+    p.prefix_cache = true;
+    p.preempt = LOOM_PREEMPT_RECOMPUTE;
+    p.fcfs = false;
+    p.starvation_s = 30.0;
+    p.watermark = 0.01f;
+    return p;
+}
+
+int64_t loom__engine_now_us(const loom_engine *e) {
+    return (int64_t)((loom__now_ms() - e->t0_ms) * 1e3);
+}
+
+static loom_status check_params(const loom_model *m, loom_engine_params *p) {
+    LOOM_RETURN_IF(p->kv_bytes < 0, LOOM_ERR_INVALID_ARG, "engine: kv_bytes < 0");
+    LOOM_RETURN_IF(p->kv_bytes == 0 && !(p->kv_fraction > 0 && p->kv_fraction <= 1),
+                   LOOM_ERR_INVALID_ARG, "engine: kv_fraction must be in (0, 1]");
+    LOOM_RETURN_IF(p->block_size < 1 || p->block_size > 1024, LOOM_ERR_INVALID_ARG,
+                   "engine: block_size %d (1..1024)", p->block_size);
+    LOOM_RETURN_IF(p->max_seqs < 1 || p->max_seqs > 4096, LOOM_ERR_INVALID_ARG,
+                   "engine: max_seqs %d (1..4096)", p->max_seqs);
+    LOOM_RETURN_IF(p->max_batched_tokens < p->max_seqs || p->max_batched_tokens > 65536,
+                   LOOM_ERR_INVALID_ARG, "engine: max_batched_tokens %d (max_seqs..65536)",
+                   p->max_batched_tokens);
+    LOOM_RETURN_IF(p->max_ctx < 0, LOOM_ERR_INVALID_ARG, "engine: max_ctx < 0");
+    LOOM_RETURN_IF(!(p->starvation_s >= 0) || !(p->watermark >= 0 && p->watermark < 1),
+                   LOOM_ERR_INVALID_ARG, "engine: starvation_s >= 0, watermark in [0, 1)");
+    LOOM_RETURN_IF(p->preempt != LOOM_PREEMPT_RECOMPUTE && p->preempt != LOOM_PREEMPT_SWAP,
+                   LOOM_ERR_INVALID_ARG, "engine: unknown preemption mode %d", (int)p->preempt);
+    if (p->max_ctx == 0) p->max_ctx = m->cfg.n_ctx_train < 8192 ? m->cfg.n_ctx_train : 8192;
+    return LOOM_OK;
+}
+
+static loom_status alloc_step_arrays(loom_engine *e) {
+    size_t B = (size_t)e->params.max_batched_tokens, S = (size_t)e->params.max_seqs;
+    e->tokens = malloc(B * sizeof *e->tokens);
+    e->pos = malloc(B * sizeof *e->pos);
+    e->logit_rows = malloc(S * sizeof *e->logit_rows);
+    e->logits = malloc(S * (size_t)e->model->cfg.n_vocab * sizeof *e->logits);
+    e->seqs = malloc(S * sizeof *e->seqs);
+    e->n_new = malloc(S * sizeof *e->n_new);
+    e->batch_samples = malloc(S * sizeof *e->batch_samples);
+    e->batch_reqs = malloc(S * sizeof *e->batch_reqs);
+    e->batch_index = malloc(S * sizeof *e->batch_index);
+    e->batch_entries = malloc(S * sizeof *e->batch_entries);
+    e->q_start = malloc((S + 1) * sizeof *e->q_start);
+    e->pos_start = malloc((S + 1) * sizeof *e->pos_start);
+    e->kv_len = malloc((S + 1) * sizeof *e->kv_len);
+    e->results = malloc(S * sizeof *e->results);
+    e->cap_events = 4 * S + 16;
+    e->events = malloc(e->cap_events * sizeof *e->events);
+    bool ok = e->tokens && e->pos && e->logit_rows && e->logits && e->seqs && e->n_new &&
+              e->batch_samples && e->batch_reqs && e->batch_index && e->batch_entries &&
+              e->q_start && e->pos_start && e->kv_len && e->results && e->events;
+    for (int32_t g = 0; g < e->n_groups && ok; g++) {
+        e->indptr[g] = malloc((S + 1) * sizeof *e->indptr[g]);
+        e->block_ids[g] = malloc((size_t)e->block_cap * sizeof *e->block_ids[g]);
+        ok = e->indptr[g] && e->block_ids[g];
+    }
+    LOOM_RETURN_IF(!ok, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
+    return LOOM_OK;
+}
+
+static loom_status create_sched(loom_engine *e) {
+    loom_sched_config sc = loom_sched_default_config();
+    sc.policy = e->params.fcfs ? LOOM_SCHED_POLICY_FCFS : LOOM_SCHED_POLICY_PRIORITY;
+    sc.max_batched_tokens = e->params.max_batched_tokens;
+    sc.max_seqs = e->params.max_seqs;
+    sc.watermark_blocks = (int32_t)(e->params.watermark * (float)e->n_blocks + 0.999f);
+    sc.preempt_mode = e->params.preempt == LOOM_PREEMPT_SWAP ? LOOM_SCHED_PREEMPT_SWAP
+                                                             : LOOM_SCHED_PREEMPT_RECOMPUTE;
+    sc.promote_age_us = (int64_t)(e->params.starvation_s * 1e6);
+    loom_sched_kv_iface kv = loom__engine_kv_iface(e);
+    return loom_sched_create(&sc, &kv, &e->sched);
+}
+
+static void *engine_thread(void *arg);
+
+static loom_status create_engine(loom_engine *e) {
+    LOOM_TRY(loom__engine_kv_create(e));
+    LOOM_TRY(alloc_step_arrays(e));
+    LOOM_TRY(create_sched(e));
+    LOOM_TRY(loom__forward_ws_create(e->model, e->params.max_batched_tokens, &e->ws));
+    LOOM_TRY(loom__id_map_init(&e->reqs, 64));
+    LOOM_TRY(loom__id_map_init(&e->live, 64));
+    /* Longest vocabulary piece: sizes each sample's text stream. */
+    char buf[1024];
+    e->max_piece = 16;
+    for (int32_t t = 0; t < e->model->cfg.n_vocab; t++) {
+        size_t n = 0;
+        loom_status st = loom_tokenizer_piece(e->model->tok, t, LOOM_DETOKENIZE_RENDER_SPECIAL,
+                                              buf, sizeof buf, &n);
+        LOOM_RETURN_IF(st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL, st,
+                       "engine: token %d has no piece", t);
+        if (n > e->max_piece) e->max_piece = n;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_engine_create(loom_model *model, const loom_engine_params *params,
+                               loom_engine **out) {
+    loom__clear_error();
+    LOOM_CHECK_ARG(model != NULL && out != NULL);
+    LOOM_RETURN_IF(model->vocab_only, LOOM_ERR_INVALID_ARG,
+                   "engine: the model was loaded with vocab_only");
+    loom_engine_params p = params ? *params : loom_engine_default_params();
+    LOOM_TRY(check_params(model, &p));
+    loom_engine *e = calloc(1, sizeof *e);
+    LOOM_RETURN_IF(!e, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
+    e->model = model;
+    e->ops = model->backend->ops;
+    e->bctx = model->backend->ctx;
+    e->params = p;
+    e->max_ctx = p.max_ctx;
+    e->next_id = 1;
+    e->t0_ms = loom__now_ms();
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    loom_status st = create_engine(e);
+    if (st == LOOM_OK && p.on_event) {
+        if (pthread_create(&e->thread, NULL, engine_thread, e) != 0) {
+            st = loom__fail(LOOM_ERR_INTERNAL, "engine: cannot start the background thread");
+        } else {
+            e->has_thread = true;
+        }
+    }
+    if (st != LOOM_OK) {
+        loom_engine_destroy(e);
+        return st;
+    }
+    *out = e;
+    return LOOM_OK;
+}
+
+void loom_engine_destroy(loom_engine *e) {
+    if (!e) return;
+    if (e->has_thread) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = true;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    for (uint32_t i = 0; e->reqs.keys && i < e->reqs.cap; i++) {
+        uint64_t k = e->reqs.keys[i];
+        if (k != 0 && k != UINT64_MAX) loom__req_free(e->reqs.vals[i]);
+    }
+    for (size_t i = 0; i < e->inbox.n_reqs; i++) loom__req_free(e->inbox.reqs[i]);
+    for (size_t i = 0; i < e->n_retired; i++) loom__req_free(e->retired[i]);
+    free(e->inbox.reqs);
+    free(e->inbox.cancels);
+    free(e->retired);
+    loom__id_map_free(&e->reqs);
+    loom__id_map_free(&e->live);
+    loom_sched_destroy(e->sched);
+    loom__forward_ws_destroy(e->model, &e->ws);
+    loom__engine_kv_destroy(e);
+    free(e->tokens);
+    free(e->pos);
+    free(e->logit_rows);
+    free(e->logits);
+    free(e->seqs);
+    free(e->n_new);
+    free(e->batch_samples);
+    free(e->batch_reqs);
+    free(e->batch_index);
+    free(e->batch_entries);
+    free(e->q_start);
+    free(e->pos_start);
+    free(e->kv_len);
+    free(e->results);
+    free(e->events);
+    for (int32_t g = 0; g < LOOM_MAX_KV_GROUPS; g++) {
+        free(e->indptr[g]);
+        free(e->block_ids[g]);
+    }
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+/* Background mode: step while there is work, deliver the events, sleep when idle. */
+static void *engine_thread(void *arg) {
+    loom_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && e->inbox.n_reqs == 0 && e->inbox.n_cancels == 0 &&
+               e->live.count == 0) {
+            pthread_cond_wait(&e->cv, &e->mu);
+        }
+        bool stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        if (loom__engine_step_locked_out(e) != LOOM_OK) {
+            /* A failed step has already failed its requests through events; keep serving. */
+        }
+        for (size_t i = 0; i < e->n_events; i++) {
+            e->params.on_event(&e->events[i], e->params.on_event_user_data);
+        }
+    }
+    return NULL;
+}

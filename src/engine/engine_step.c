@@ -1,0 +1,468 @@
+/* engine_step.c — one engine step (ARCHITECTURE.md "One engine step"):
+ *   0. free last step's finished requests; take submissions and cancellations from the inbox;
+ *   1. schedule (sched/): preemptions, rejections, entries under the token budget;
+ *   2. reserve KV (kv/): admissions first (they claim cached prefixes before anything can be
+ *      evicted), then swap-ins, then each entry's reservation and its copy-on-write copies;
+ *   3. one forward pass over every scheduled token of every sequence (model/);
+ *   4. sample each sequence whose chunk reached its last known token (sample/), with an RNG
+ *      keyed by (seed, sample, position) so batch composition never changes a token;
+ *   5. commit: KV commit, stop conditions, streamed text, events, the scheduler's bookkeeping.
+ * Nothing here allocates except when a step has more events than the array holds. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "engine/engine.h"
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+static loom_event *new_event(loom_engine *e, const loom_req *r, int32_t sample,
+                             loom_event_kind kind) {
+    if (e->n_events == e->cap_events) {
+        size_t cap = e->cap_events * 2;
+        loom_event *grown = realloc(e->events, cap * sizeof *grown);
+        if (!grown) {
+            LOOM_LOG_E("engine: out of memory for events; an event of request %llu is lost",
+                       (unsigned long long)r->id);
+            return NULL;
+        }
+        e->events = grown;
+        e->cap_events = cap;
+    }
+    loom_event *ev = &e->events[e->n_events++];
+    memset(ev, 0, sizeof *ev);
+    ev->kind = kind;
+    ev->id = r->id;
+    ev->user_data = r->user_data;
+    ev->sample = sample;
+    ev->token = -1;
+    ev->text = "";
+    return ev;
+}
+
+/* Moves a request whose samples are all done out of the tables; it is freed next step. */
+static void retire_if_done(loom_engine *e, loom_req *r) {
+    for (int32_t i = 0; i < r->n_samples; i++) {
+        if (!r->samples[i].finished) return;
+    }
+    r->state = LOOM_REQ_DONE;
+    loom__id_map_del(&e->reqs, r->id);
+    pthread_mutex_lock(&e->mu);
+    loom__id_map_del(&e->live, r->id);
+    e->stats.requests_finished++;
+    pthread_mutex_unlock(&e->mu);
+    if (e->n_retired == e->cap_retired) {
+        size_t cap = e->cap_retired ? e->cap_retired * 2 : 16;
+        loom_req **grown = realloc(e->retired, cap * sizeof *grown);
+        if (!grown) {
+            loom__req_free(r); /* no event of this step refers to it after the list fails */
+            return;
+        }
+        e->retired = grown;
+        e->cap_retired = cap;
+    }
+    e->retired[e->n_retired++] = r;
+}
+
+static void finish_sample(loom_engine *e, loom_req *r, int32_t i, loom_finish_reason reason) {
+    loom_req_sample *s = &r->samples[i];
+    if (s->finished) return;
+    s->finished = true;
+    s->reason = reason;
+    loom__engine_release(e, s);
+    loom_event *ev = new_event(e, r, i, LOOM_EVENT_FINISHED);
+    if (ev) ev->reason = reason;
+}
+
+/* Takes every unfinished sample of r out of the scheduler and the KV cache; kind FAILED (with
+ * status) or FINISHED/CANCELLED. */
+static void end_request(loom_engine *e, loom_req *r, loom_status status) {
+    for (int32_t i = 0; i < r->n_samples; i++) {
+        loom_req_sample *s = &r->samples[i];
+        if (s->finished) continue;
+        if (s->in_sched) {
+            (void)loom_sched_cancel(e->sched, loom__sched_id(r, i), NULL);
+            s->in_sched = false;
+        }
+        if (status == LOOM_OK) {
+            finish_sample(e, r, i, LOOM_FINISH_CANCELLED);
+        } else {
+            s->finished = true;
+            loom__engine_release(e, s);
+        }
+    }
+    if (status != LOOM_OK) {
+        loom_event *ev = new_event(e, r, 0, LOOM_EVENT_FAILED);
+        if (ev) ev->status = status;
+    }
+    retire_if_done(e, r);
+}
+
+static loom_status add_to_sched(loom_engine *e, loom_req *r, int32_t i) {
+    loom_sched_request_info info = {
+        .id = loom__sched_id(r, i),
+        .priority = r->priority,
+        .n_prompt = r->n_prompt,
+        .max_new_tokens = r->max_tokens,
+        .arrival_us = (int64_t)(r->t_submit * 1e6),
+        .ttft_us = (int64_t)(r->ttft_deadline_s * 1e6),
+        .tpot_us = (int64_t)(r->tpot_deadline_s * 1e6),
+    };
+    LOOM_TRY(loom_sched_add(e->sched, &info, loom__engine_now_us(e)));
+    r->samples[i].in_sched = true;
+    return LOOM_OK;
+}
+
+/* ---- 0. the inbox ------------------------------------------------------------------------- */
+
+static void drain_inbox(loom_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    size_t n_reqs = e->inbox.n_reqs, n_cancels = e->inbox.n_cancels;
+    e->inbox.n_reqs = e->inbox.n_cancels = 0;
+    /* The arrays stay valid: only this thread shrinks them, and submitters append after
+     * n_reqs, which is now 0 — so copy the entries out while holding the lock. */
+    for (size_t k = 0; k < n_reqs; k++) {
+        loom_req *r = e->inbox.reqs[k];
+        loom_status st = loom__id_map_put(&e->reqs, r->id, r);
+        if (st == LOOM_OK) {
+            r->state = LOOM_REQ_ACTIVE;
+            pthread_mutex_unlock(&e->mu);
+            st = add_to_sched(e, r, 0);
+            if (st != LOOM_OK) end_request(e, r, st);
+            pthread_mutex_lock(&e->mu);
+        } else {
+            loom__id_map_del(&e->live, r->id);
+            loom__req_free(r);
+        }
+    }
+    loom_request_id ids[64];
+    while (n_cancels > 0) {
+        size_t take = n_cancels < 64 ? n_cancels : 64;
+        memcpy(ids, e->inbox.cancels + (n_cancels - take), take * sizeof *ids);
+        n_cancels -= take;
+        pthread_mutex_unlock(&e->mu);
+        for (size_t k = 0; k < take; k++) {
+            loom_req *r = loom__id_map_get(&e->reqs, ids[k]);
+            if (r && r->state == LOOM_REQ_ACTIVE) end_request(e, r, LOOM_OK);
+        }
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- 1-2. plan and reserve ---------------------------------------------------------------- */
+
+static loom_req_sample *lookup(loom_engine *e, uint64_t sid, loom_req **req, int32_t *idx) {
+    loom_req *r = loom__id_map_get(&e->reqs, sid / LOOM_ENGINE_MAX_N);
+    int32_t i = (int32_t)(sid % LOOM_ENGINE_MAX_N);
+    if (!r || r->state != LOOM_REQ_ACTIVE || i >= r->n_samples || r->samples[i].finished)
+        return NULL;
+    *req = r;
+    *idx = i;
+    return &r->samples[i];
+}
+
+static void carry_out_preemptions(loom_engine *e, const loom_sched_plan *plan) {
+    for (int32_t k = 0; k < plan->n_preempted; k++) {
+        loom_req *r;
+        int32_t i;
+        loom_req_sample *s = lookup(e, plan->preempted[k], &r, &i);
+        if (!s) continue;
+        if (plan->preempt_mode == LOOM_SCHED_PREEMPT_SWAP && s->kv_seq >= 0) {
+            loom_status st = loom__engine_swap_out(e, s);
+            if (st != LOOM_OK) end_request(e, r, st);
+        } else {
+            loom__engine_release(e, s);
+        }
+        pthread_mutex_lock(&e->mu);
+        e->stats.preemptions++;
+        pthread_mutex_unlock(&e->mu);
+    }
+    for (int32_t k = 0; k < plan->n_rejected; k++) {
+        loom_req *r;
+        int32_t i;
+        if (!lookup(e, plan->rejected[k], &r, &i)) continue;
+        r->samples[i].in_sched = false; /* the scheduler has forgotten it */
+        (void)loom__fail(LOOM_ERR_CONTEXT_FULL, "engine: request %llu cannot fit the KV cache",
+                         (unsigned long long)r->id);
+        end_request(e, r, LOOM_ERR_CONTEXT_FULL);
+    }
+}
+
+/* Admits the entry's sample into the KV manager with its known tokens. */
+static loom_status admit(loom_engine *e, loom_req *r, loom_req_sample *s,
+                         const loom_sched_entry *en) {
+    int32_t n_known = r->n_prompt + s->n_generated;
+    for (int32_t p = 0; p < n_known; p++) e->known[p] = loom__sample_token(r, s, p);
+    int32_t cached = 0;
+    LOOM_TRY(loom_kv_seq_admit(e->kv, r->cache_salt, e->known, n_known, &s->kv_seq, &cached));
+    LOOM_RETURN_IF(cached != en->pos_start, LOOM_ERR_INTERNAL,
+                   "engine: request %llu: %d tokens cached at admission, %d planned",
+                   (unsigned long long)r->id, cached, en->pos_start);
+    return LOOM_OK;
+}
+
+/* Fills the batch from the plan; entries whose sample is gone or failed are left out. */
+static int32_t build_batch(loom_engine *e, const loom_sched_plan *plan, int32_t *n_tok,
+                           int32_t *n_logits) {
+    int32_t n = 0;
+    *n_tok = *n_logits = 0;
+    /* Admissions, then swap-ins, before any reservation can evict a planned prefix. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t k = 0; k < plan->n_entries; k++) {
+            const loom_sched_entry *en = &plan->entries[k];
+            loom_req *r;
+            int32_t i;
+            loom_req_sample *s = lookup(e, en->id, &r, &i);
+            if (!s) continue;
+            loom_status st = LOOM_OK;
+            if (pass == 0 && en->admitted && s->kv_seq < 0) st = admit(e, r, s, en);
+            if (pass == 1 && en->swap_in && s->swapped) st = loom__engine_swap_in(e, s);
+            if (st != LOOM_OK) end_request(e, r, st);
+        }
+    }
+    for (int32_t k = 0; k < plan->n_entries; k++) {
+        const loom_sched_entry *en = &plan->entries[k];
+        loom_req *r;
+        int32_t i;
+        loom_req_sample *s = lookup(e, en->id, &r, &i);
+        if (!s || s->kv_seq < 0) continue;
+        for (int32_t j = 0; j < en->n_tokens; j++) {
+            e->tokens[*n_tok + j] = loom__sample_token(r, s, en->pos_start + j);
+            e->pos[*n_tok + j] = en->pos_start + j;
+        }
+        int32_t n_copies = 0;
+        loom_status st = loom_kv_reserve(e->kv, s->kv_seq, en->n_tokens, e->tokens + *n_tok,
+                                         e->copies, LOOM_MAX_KV_GROUPS, &n_copies);
+        for (int32_t c = 0; c < n_copies && st == LOOM_OK; c++) {
+            st = loom__engine_kv_copy(e, &e->copies[c]);
+        }
+        if (st != LOOM_OK) {
+            if (n_copies > 0) (void)loom_kv_rollback(e->kv, s->kv_seq);
+            end_request(e, r, st);
+            continue;
+        }
+        e->seqs[n] = s->kv_seq;
+        e->n_new[n] = en->n_tokens;
+        e->batch_reqs[n] = r;
+        e->batch_samples[n] = s;
+        e->batch_index[n] = i;
+        e->batch_entries[n] = en;
+        *n_tok += en->n_tokens;
+        if (en->sample) e->logit_rows[(*n_logits)++] = *n_tok - 1;
+        n++;
+    }
+    return n;
+}
+
+static loom_status fill_descs(loom_engine *e, int32_t n, loom_kv_desc *kv) {
+    const loom_model_config *c = &e->model->cfg;
+    for (int32_t g = 0; g < e->n_groups; g++) {
+        LOOM_TRY(loom_kv_fill_desc(e->kv, g, n, e->seqs, e->n_new, e->indptr[g],
+                                   e->block_ids[g], e->block_cap, g == 0 ? e->q_start : NULL,
+                                   g == 0 ? e->pos_start : NULL, g == 0 ? e->kv_len : NULL));
+        kv[g] = (loom_kv_desc){
+            .n_seqs = n,
+            .indptr = e->indptr[g],
+            .block_ids = e->block_ids[g],
+            .q_start = e->q_start,
+            .pos_start = e->pos_start,
+            .kv_len = e->kv_len,
+            .block_size = e->params.block_size,
+            .n_blocks = e->n_blocks,
+            .n_kv_heads = c->n_head_kv,
+            .head_dim = c->head_dim,
+            .kv_type = e->kv_type,
+            .token_stride = e->token_stride,
+            .block_stride = e->block_stride,
+            .n_layers = c->n_layer,
+            .k_base = e->k_base,
+            .v_base = e->v_base,
+            .layer_src = NULL,
+        };
+    }
+    return LOOM_OK;
+}
+
+/* ---- 4-5. sample and commit --------------------------------------------------------------- */
+
+/* Streams tok into sample i's text and events; finishes the sample when it ends. */
+static bool accept_token(loom_engine *e, loom_req *r, int32_t i, loom_token tok) {
+    loom_req_sample *s = &r->samples[i];
+    double now = (double)loom__engine_now_us(e) * 1e-6;
+    if (s->n_generated == 0) s->t_first_token = now;
+    s->t_last_token = now;
+    s->tokens[s->n_generated++] = tok;
+    loom_finish_reason reason = LOOM_FINISH_LENGTH;
+    bool done = loom__req_is_stop_token(r, e->model, tok, &reason);
+    if (!done && s->n_generated >= r->max_tokens) {
+        done = true;
+        reason = LOOM_FINISH_LENGTH;
+    }
+    if (!done && r->n_prompt + s->n_generated >= e->max_ctx) {
+        done = true;
+        reason = LOOM_FINISH_CONTEXT;
+    }
+    char piece[1024];
+    size_t n = 0;
+    bool stop_tok = done && (reason == LOOM_FINISH_EOS || reason == LOOM_FINISH_STOP_TOKEN);
+    if (!stop_tok && loom_tokenizer_piece(e->model->tok, tok, 0, piece, sizeof piece, &n) != LOOM_OK)
+        n = 0;
+    const char *out = "";
+    size_t out_len = 0;
+    bool stopped = false;
+    bool ok = done ? loom__text_stream_push_final(&s->text, &r->stops, piece, n, &out, &out_len,
+                                                  &stopped)
+                   : loom__text_stream_push(&s->text, &r->stops, piece, n, &out, &out_len,
+                                            &stopped);
+    if (!ok) out_len = 0;
+    if (stopped) {
+        done = true;
+        reason = LOOM_FINISH_STOP_STRING;
+    }
+    loom_event *ev = new_event(e, r, i, LOOM_EVENT_TOKEN);
+    if (ev) {
+        ev->token = tok;
+        ev->text = out;
+        ev->text_len = out_len;
+    }
+    if (done) finish_sample(e, r, i, reason);
+    return done;
+}
+
+static loom_status sample_and_commit(loom_engine *e, int32_t n, int32_t n_tok) {
+    const int32_t V = e->model->cfg.n_vocab;
+    int32_t row = 0;
+    e->n_results = 0;
+    for (int32_t b = 0; b < n; b++) {
+        loom_req *r = e->batch_reqs[b];
+        loom_req_sample *s = e->batch_samples[b];
+        int32_t i = e->batch_index[b];
+        const loom_sched_entry *en = e->batch_entries[b];
+        LOOM_TRY(loom_kv_commit(e->kv, s->kv_seq));
+        if (!en->sample) continue;
+        const float *lg = e->logits + (size_t)row++ * (size_t)V;
+        loom_sampler_params sp = r->sampler;
+        /* Each sample draws from its own stream; sample 0 matches an n = 1 request. */
+        sp.seed = r->sampler.seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        loom_token tok = 0;
+        loom_status st = loom_sample(lg, V, &sp, (uint64_t)(r->n_prompt + s->n_generated), &tok);
+        loom_sched_result *res = &e->results[e->n_results++];
+        res->id = en->id;
+        res->n_new_tokens = 1;
+        res->finished = false;
+        if (st != LOOM_OK) {
+            res->finished = true;
+            s->in_sched = false;
+            end_request(e, r, st);
+            continue;
+        }
+        if (accept_token(e, r, i, tok)) {
+            res->finished = true;
+            s->in_sched = false;
+        }
+        /* The other samples of the prompt start once the first has computed it: they find
+         * its blocks in the prefix cache. */
+        if (i == 0 && s->n_generated == 1 && r->n_samples > 1 && r->state == LOOM_REQ_ACTIVE) {
+            for (int32_t k = 1; k < r->n_samples; k++) {
+                loom_status st2 = add_to_sched(e, r, k);
+                if (st2 != LOOM_OK) {
+                    end_request(e, r, st2);
+                    break;
+                }
+            }
+        }
+        if (!s->in_sched) retire_if_done(e, r);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.tokens_generated += e->n_results;
+    (void)n_tok;
+    pthread_mutex_unlock(&e->mu);
+    return LOOM_OK;
+}
+
+static void fail_batch(loom_engine *e, int32_t n, loom_status st) {
+    e->n_results = 0;
+    for (int32_t b = 0; b < n; b++) {
+        loom_req_sample *s = e->batch_samples[b];
+        if (s->kv_seq >= 0) (void)loom_kv_rollback(e->kv, s->kv_seq);
+        loom_sched_result *res = &e->results[e->n_results++];
+        res->id = e->batch_entries[b]->id;
+        res->n_new_tokens = 0;
+        res->finished = true;
+        s->in_sched = false;
+    }
+    for (int32_t b = 0; b < n; b++) {
+        loom_req *r = e->batch_reqs[b];
+        if (r->state == LOOM_REQ_ACTIVE) end_request(e, r, st);
+    }
+}
+
+static void update_stats(loom_engine *e) {
+    loom_sched_stats ss;
+    loom_kv_stats ks;
+    loom_kv_group_stats gs;
+    loom_sched_get_stats(e->sched, &ss);
+    if (loom_kv_get_stats(e->kv, &ks) != LOOM_OK) return;
+    if (loom_kv_get_group_stats(e->kv, 0, &gs) != LOOM_OK) return;
+    pthread_mutex_lock(&e->mu);
+    e->stats.running = ss.n_running;
+    e->stats.waiting = ss.n_waiting + ss.n_preempted;
+    e->stats.kv_blocks_total = gs.n_blocks;
+    e->stats.kv_blocks_used = gs.n_used;
+    e->stats.kv_blocks_cached = gs.n_cached;
+    e->stats.kv_blocks_free = gs.n_free;
+    e->stats.prefix_query_tokens = ks.prefix_query_tokens;
+    e->stats.prefix_hit_tokens = ks.prefix_hit_tokens;
+    pthread_mutex_unlock(&e->mu);
+}
+
+loom_status loom__engine_step_locked_out(loom_engine *e) {
+    e->n_events = 0;
+    for (size_t k = 0; k < e->n_retired; k++) loom__req_free(e->retired[k]);
+    e->n_retired = 0;
+    drain_inbox(e);
+
+    loom_sched_plan plan;
+    LOOM_TRY(loom_sched_schedule(e->sched, loom__engine_now_us(e), &plan));
+    carry_out_preemptions(e, &plan);
+    if (plan.n_entries == 0) {
+        update_stats(e);
+        return LOOM_OK;
+    }
+    int32_t n_tok = 0, n_logits = 0;
+    int32_t n = build_batch(e, &plan, &n_tok, &n_logits);
+    loom_status st = LOOM_OK;
+    if (n > 0) {
+        loom_kv_desc kv[LOOM_MAX_KV_GROUPS];
+        st = fill_descs(e, n, kv);
+        if (st == LOOM_OK) {
+            loom_batch batch = {
+                .tokens = e->tokens,
+                .pos = e->pos,
+                .n_tokens = n_tok,
+                .logit_rows = e->logit_rows,
+                .n_logits = n_logits,
+            };
+            st = loom__model_forward(e->model, &e->ws, &batch, kv, e->logits);
+        }
+        if (st == LOOM_OK) {
+            st = sample_and_commit(e, n, n_tok);
+        } else {
+            LOOM_LOG_E("engine: step failed: %s", loom_last_error());
+            fail_batch(e, n, st);
+            st = LOOM_OK; /* the batch's requests failed; the engine goes on */
+        }
+    } else {
+        e->n_results = 0;
+    }
+    /* Entries that were dropped (cancelled, failed) still close the plan. */
+    loom_status st2 = loom_sched_on_step_done(e->sched, e->results, e->n_results,
+                                              loom__engine_now_us(e));
+    if (st2 != LOOM_OK) LOOM_LOG_E("engine: scheduler bookkeeping: %s", loom_last_error());
+    pthread_mutex_lock(&e->mu);
+    e->stats.steps++;
+    pthread_mutex_unlock(&e->mu);
+    update_stats(e);
+    return st == LOOM_OK ? st2 : st;
+}

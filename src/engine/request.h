@@ -1,0 +1,68 @@
+/* request.h — an engine request as the engine keeps it: everything from loom_request_params
+ * validated and copied at submit, plus each sample's progress and streamed text. */
+#pragma once
+
+#include "engine/text_stream.h"
+#include "model/model.h"
+
+typedef enum loom_req_state {
+    LOOM_REQ_QUEUED = 0, /* submitted, not yet seen by a step */
+    LOOM_REQ_ACTIVE = 1, /* known to the scheduler (waiting, running or preempted) */
+    LOOM_REQ_DONE = 2,   /* every sample finished or the request failed */
+} loom_req_state;
+
+typedef struct loom_req_sample {
+    loom_token *tokens;       /* [max_tokens] generated tokens */
+    int32_t n_generated;
+    int32_t kv_seq;           /* the KV manager's sequence, -1 when it holds none */
+    bool in_sched;            /* known to the scheduler */
+    bool swapped;             /* its blocks are in the engine's host swap area */
+    int32_t *swap_slots;      /* [swap_cap] host slots of its swapped blocks */
+    int32_t swap_offsets[8];  /* per-group ranges of swap_slots (n_groups + 1 entries) */
+    bool finished;
+    loom_finish_reason reason;
+    loom_text_stream text;    /* pending text of this sample */
+    double t_first_token;     /* engine clock, seconds; 0 until the first token */
+    double t_last_token;
+} loom_req_sample;
+
+typedef struct loom_req {
+    loom_request_id id;
+    void *user_data;
+    loom_req_state state;
+    bool cancel_requested;
+
+    loom_token *prompt; /* [n_prompt] */
+    int32_t n_prompt;
+    loom_sampler_params sampler;
+    int32_t max_tokens;
+    int32_t n_samples;
+    loom_token *stop_tokens; /* [n_stop_tokens] */
+    int32_t n_stop_tokens;
+    char **stop_strings;     /* [stops.n] NUL-terminated copies */
+    size_t *stop_lens;
+    loom_stop_set stops;
+    bool ignore_eos;
+    int32_t priority;
+    double ttft_deadline_s, tpot_deadline_s;
+    uint64_t cache_salt;
+    double t_submit;         /* engine clock, seconds */
+
+    loom_req_sample *samples; /* [n_samples] */
+    char *text_mem;           /* backing store of every sample's text stream */
+} loom_req;
+
+/* Validates params against the model and copies everything into a new request (id 0: the
+ * engine assigns it). The prompt must leave room for one generated token within max_ctx; a
+ * request whose context fills later finishes with LOOM_FINISH_CONTEXT. max_piece is the
+ * vocabulary's longest piece in bytes (sizes the text streams). Errors: see
+ * loom_engine_submit in loom.h. */
+loom_status loom__req_create(const loom_model *m, const loom_request_params *p, int32_t max_ctx,
+                             size_t max_piece, loom_req **out);
+
+void loom__req_free(loom_req *r);
+
+/* Whether tok ends a sample of r: its stop tokens, or the model's end-of-generation tokens
+ * unless ignore_eos; sets *reason. */
+bool loom__req_is_stop_token(const loom_req *r, const loom_model *m, loom_token tok,
+                             loom_finish_reason *reason);

@@ -1,0 +1,649 @@
+/* test_cpu_qmatmul.c — integer-activation dot products (tensor/qdot.h) and the CPU matmul that
+ * uses them (f32_activations = false).
+ *
+ *   - loom_vec_dot_type maps every weight type to llama.cpp's activation format.
+ *   - The activation quantizers against an independent reference written here (llama.cpp's x86
+ *     arithmetic: q8_0/q8_1 codes rint(x * (127 / amax)), q8_K codes rint(x * (-127 / max)),
+ *     ties to even), bitwise; q8_0 against loom_quantize_row where the two rounding rules
+ *     coincide (no ties, 127 / amax == 1 / (amax / 127)); non-finite input gives defined codes.
+ *   - loom_vec_dot_q for every weight type against a double-precision dot of the dequantized
+ *     weight row with the dequantized activation row: |err| <= 1e-5 * sum |w x| + 1e-30 (the
+ *     kernel's integer block sums are exact; what remains is float32 rounding of the per-block
+ *     scale products and of the running sum). For q4_1 / q5_1 the reference uses the block's
+ *     stored s (an f16 of d * sum(codes)) for the offset term, as the format defines.
+ *   - The SIMD path against the portable path: bitwise, every type, every block count from 1
+ *     to 17 (partial SIMD groups), and for the quantizers, including NaN and infinities.
+ *   - The backend matmul (1 and 2 threads) on T = 1, 3, 17, K = 256, 512, 2304, N = 7, 33 with
+ *     padded strides: every output equals loom_vec_dot_q of its row and the quantized token,
+ *     bitwise; T = 1 vs T = 17 and 1 vs 2 threads bitwise; F32 weights keep the float path.
+ *   - Bad input gives a status. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "tensor/fp16.h"
+#include "tensor/qdot.h"
+#include "tensor/quant.h"
+#include "tensor/quant_layouts.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Helpers                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static uint64_t g_rng = 0x5eed0123456789abull;
+
+static uint64_t rng_u64(void) { /* splitmix64 */
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_f(void) { /* uniform in [-1, 1) */
+    return (float)((double)(rng_u64() >> 11) * 0x1p-52 - 1.0);
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (p == NULL) abort(); /* test harness only */
+    return p;
+}
+
+/* Activations with the spread of a real residual stream: most values O(scale), a few outliers
+ * 100x larger, some exact zeros. */
+static void fill_acts(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t r = rng_u64() % 64;
+        float v = rng_f() * scale;
+        if (r == 0) v *= 100.0f;
+        if (r == 1) v = 0.0f;
+        x[i] = v;
+    }
+}
+
+static const uint32_t weight_types[] = {
+    LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_Q8_0,
+    LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K,
+    LOOM_TYPE_F16,  LOOM_TYPE_BF16};
+#define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
+
+static size_t row_bytes(uint32_t t, int64_t n) {
+    size_t b = 0;
+    assert_true(loom_type_row_bytes(t, n, &b));
+    return b;
+}
+
+static void set_f16(uint8_t *p, float v) {
+    uint16_t h = loom__f32_to_f16(v);
+    memcpy(p, &h, sizeof h);
+}
+
+/* One random weight row of type t: legacy and float types quantized from random floats,
+ * K-quants random bytes with sane f16 scales (every bit pattern of codes and packed scales). */
+static void make_weight_row(uint32_t t, int64_t K, uint8_t *row) {
+    float *src = xmalloc((size_t)K * sizeof(float));
+    for (int64_t i = 0; i < K; i++) src[i] = rng_f();
+    if (!loom_quantize_row(t, src, row, K)) {
+        const loom_type_traits *tr = loom_type_get_traits(t);
+        size_t nbytes = row_bytes(t, K);
+        for (size_t b = 0; b < nbytes; b++) row[b] = (uint8_t)rng_u64();
+        for (int64_t blk = 0; blk < K / tr->block_elems; blk++) {
+            uint8_t *bp = row + (size_t)blk * tr->block_bytes;
+            float d = 0.01f + 0.02f * (float)(rng_u64() % 100) / 100.0f;
+            switch (t) {
+            case LOOM_TYPE_Q2_K:
+                set_f16(bp + offsetof(loom_block_q2_K, d), d);
+                set_f16(bp + offsetof(loom_block_q2_K, dmin), d * 0.5f);
+                break;
+            case LOOM_TYPE_Q3_K:
+                set_f16(bp + offsetof(loom_block_q3_K, d), d);
+                break;
+            case LOOM_TYPE_Q4_K:
+                set_f16(bp + offsetof(loom_block_q4_K, d), d);
+                set_f16(bp + offsetof(loom_block_q4_K, dmin), d * 0.5f);
+                break;
+            case LOOM_TYPE_Q5_K:
+                set_f16(bp + offsetof(loom_block_q5_K, d), d);
+                set_f16(bp + offsetof(loom_block_q5_K, dmin), d * 0.5f);
+                break;
+            case LOOM_TYPE_Q6_K:
+                set_f16(bp + offsetof(loom_block_q6_K, d), d);
+                break;
+            default:
+                fail_msg("no generator for type %s", loom_type_name(t));
+            }
+        }
+    }
+    free(src);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Independent references of the activation formats                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Nearest integer, ties to even (the default rounding mode), for finite v. */
+static int ref_rint(float v) {
+    return (int)rintf(v);
+}
+
+static void ref_q8_0(const float *x, loom_block_q8_0 *y, int64_t n, bool with_s,
+                     loom_block_q8_1 *y1) {
+    for (int64_t b = 0; b < n / 32; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int8_t qs[32];
+        int sum = 0;
+        for (int j = 0; j < 32; j++) {
+            qs[j] = (int8_t)ref_rint(xb[j] * id);
+            sum += qs[j];
+        }
+        if (with_s) {
+            y1[b].d = loom_f32_to_f16(d);
+            y1[b].s = loom_f32_to_f16((float)sum * d);
+            memcpy(y1[b].qs, qs, 32);
+        } else {
+            y[b].d = loom_f32_to_f16(d);
+            memcpy(y[b].qs, qs, 32);
+        }
+    }
+}
+
+static void ref_q8_K(const float *x, loom_block_q8_K *y, int64_t n) {
+    for (int64_t b = 0; b < n / 256; b++) {
+        const float *xb = x + 256 * b;
+        int imax = 0;
+        for (int j = 1; j < 256; j++)
+            if (fabsf(xb[j]) > fabsf(xb[imax])) imax = j;
+        memset(&y[b], 0, sizeof y[b]);
+        if (xb[imax] == 0.0f) continue;
+        const float iscale = -127.0f / xb[imax];
+        for (int j = 0; j < 256; j++) {
+            int q = ref_rint(iscale * xb[j]);
+            y[b].qs[j] = (int8_t)(q > 127 ? 127 : q);
+            y[b].bsums[j / 16] = (int16_t)(y[b].bsums[j / 16] + y[b].qs[j]);
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
+/* The activation row dequantized (q8_1: codes times d; its s is read separately). */
+static void dequant_act(uint32_t at, const void *xa, double *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        switch (at) {
+        case LOOM_TYPE_Q8_0: {
+            const loom_block_q8_0 *b = (const loom_block_q8_0 *)xa + i / 32;
+            out[i] = (double)loom_f16_to_f32(b->d) * b->qs[i % 32];
+            break;
+        }
+        case LOOM_TYPE_Q8_1: {
+            const loom_block_q8_1 *b = (const loom_block_q8_1 *)xa + i / 32;
+            out[i] = (double)loom_f16_to_f32(b->d) * b->qs[i % 32];
+            break;
+        }
+        case LOOM_TYPE_Q8_K: {
+            const loom_block_q8_K *b = (const loom_block_q8_K *)xa + i / 256;
+            out[i] = (double)b->d * b->qs[i % 256];
+            break;
+        }
+        case LOOM_TYPE_F16:
+            out[i] = loom_f16_to_f32(((const uint16_t *)xa)[i]);
+            break;
+        case LOOM_TYPE_BF16:
+            out[i] = loom_bf16_to_f32(((const uint16_t *)xa)[i]);
+            break;
+        default:
+            fail_msg("no activation dequantizer for %s", loom_type_name(at));
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* loom_vec_dot_type                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+static void test_vec_dot_type(void **state) {
+    (void)state;
+    static const uint32_t want[][2] = {
+        {LOOM_TYPE_Q4_0, LOOM_TYPE_Q8_0}, {LOOM_TYPE_Q4_1, LOOM_TYPE_Q8_1},
+        {LOOM_TYPE_Q5_0, LOOM_TYPE_Q8_0}, {LOOM_TYPE_Q5_1, LOOM_TYPE_Q8_1},
+        {LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_0}, {LOOM_TYPE_Q2_K, LOOM_TYPE_Q8_K},
+        {LOOM_TYPE_Q3_K, LOOM_TYPE_Q8_K}, {LOOM_TYPE_Q4_K, LOOM_TYPE_Q8_K},
+        {LOOM_TYPE_Q5_K, LOOM_TYPE_Q8_K}, {LOOM_TYPE_Q6_K, LOOM_TYPE_Q8_K},
+        {LOOM_TYPE_F16, LOOM_TYPE_F16},   {LOOM_TYPE_BF16, LOOM_TYPE_BF16},
+        {LOOM_TYPE_F32, LOOM_TYPE_F32}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        uint32_t at = 999;
+        assert_true(loom_vec_dot_type(want[i][0], &at));
+        assert_int_equal(at, want[i][1]);
+        assert_non_null(loom_vec_dot_q_get(want[i][0]));
+        assert_non_null(loom_quantize_activations_get(at));
+    }
+    uint32_t at;
+    assert_false(loom_vec_dot_type(LOOM_TYPE_Q8_K, &at)); /* activation formats are not weights */
+    assert_false(loom_vec_dot_type(LOOM_TYPE_Q8_1, &at));
+    assert_false(loom_vec_dot_type(LOOM_TYPE_I32, &at));
+    assert_false(loom_vec_dot_type(17, &at)); /* iq2_xs: unknown to loom */
+    assert_false(loom_vec_dot_type(12345, &at));
+    assert_false(loom_vec_dot_type(LOOM_TYPE_Q4_0, NULL));
+    assert_null(loom_vec_dot_q_get(LOOM_TYPE_I8));
+    assert_null(loom_quantize_activations_get(LOOM_TYPE_Q4_0));
+    printf("qdot SIMD path: %s\n", loom__qdot_simd_name());
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Activation quantizers                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A row with awkward blocks: ties (amax 127, values k + 0.5), an all-zero block, a negative
+ * extreme, a lone nonzero, subnormal and huge values, and ordinary random blocks. */
+static void fill_quant_cases(float *x, int64_t n) {
+    fill_acts(x, n, 3.0f);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t blk = i / 256, j = i % 256;
+        switch (blk % 6) {
+        case 0: /* ties for q8_0 (amax 127 -> id 1) and q8_K (max -127 -> iscale 1) */
+            x[i] = j % 32 == 0 ? -127.0f : (float)((int)(rng_u64() % 200) - 100) + 0.5f;
+            break;
+        case 1:
+            if (j < 64) x[i] = 0.0f;
+            break;
+        case 2:
+            if (j == 77) x[i] = -1e4f;
+            break;
+        case 3:
+            x[i] = j == 5 ? 1e-3f : 0.0f;
+            break;
+        case 4:
+            x[i] *= j % 2 ? 1e-39f : 1e30f;
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+static void test_quantizers_reference(void **state) {
+    (void)state;
+    const int64_t n = 256 * 12;
+    float *x = xmalloc((size_t)n * sizeof(float));
+    fill_quant_cases(x, n);
+    size_t cap = (size_t)n * sizeof(float) + row_bytes(LOOM_TYPE_Q8_K, n);
+    uint8_t *got = xmalloc(cap), *want = xmalloc(cap), *port = xmalloc(cap);
+
+    /* q8_0 */
+    size_t nb = row_bytes(LOOM_TYPE_Q8_0, n);
+    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_0, x, got, n));
+    ref_q8_0(x, (loom_block_q8_0 *)want, n, false, NULL);
+    assert_memory_equal(got, want, nb);
+    assert_true(loom__quantize_activations_portable(LOOM_TYPE_Q8_0, x, port, n));
+    assert_memory_equal(got, port, nb);
+    /* q8_1 */
+    nb = row_bytes(LOOM_TYPE_Q8_1, n);
+    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_1, x, got, n));
+    ref_q8_0(x, NULL, n, true, (loom_block_q8_1 *)want);
+    assert_memory_equal(got, want, nb);
+    assert_true(loom__quantize_activations_portable(LOOM_TYPE_Q8_1, x, port, n));
+    assert_memory_equal(got, port, nb);
+    /* q8_K */
+    nb = row_bytes(LOOM_TYPE_Q8_K, n);
+    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_K, x, got, n));
+    ref_q8_K(x, (loom_block_q8_K *)want, n);
+    assert_memory_equal(got, want, nb);
+    assert_true(loom__quantize_activations_portable(LOOM_TYPE_Q8_K, x, port, n));
+    assert_memory_equal(got, port, nb);
+    /* f16, bf16, f32: element conversions */
+    assert_true(loom_quantize_activations(LOOM_TYPE_F16, x, got, n));
+    for (int64_t i = 0; i < n; i++)
+        assert_int_equal(((uint16_t *)got)[i], loom_f32_to_f16(x[i]));
+    assert_true(loom_quantize_activations(LOOM_TYPE_BF16, x, got, n));
+    for (int64_t i = 0; i < n; i++)
+        assert_int_equal(((uint16_t *)got)[i], loom_f32_to_bf16(x[i]));
+    assert_true(loom_quantize_activations(LOOM_TYPE_F32, x, got, n));
+    assert_memory_equal(got, x, (size_t)n * sizeof(float));
+
+    /* Ties go to even: block 0 has amax 127, so id = 1 and x = k + 0.5 rounds to even k. */
+    const loom_block_q8_0 *b0 = NULL;
+    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_0, x, got, n));
+    b0 = (const loom_block_q8_0 *)got;
+    for (int j = 0; j < 32; j++) {
+        float v = x[j];
+        int q = b0->qs[j];
+        if (v != floorf(v)) assert_int_equal(q % 2, 0);
+        assert_true(fabsf((float)q - v) <= 0.5f);
+    }
+
+    /* Bad input. */
+    assert_false(loom_quantize_activations(LOOM_TYPE_Q8_0, x, got, 31));
+    assert_false(loom_quantize_activations(LOOM_TYPE_Q8_K, x, got, 128));
+    assert_false(loom_quantize_activations(LOOM_TYPE_Q4_0, x, got, 32));
+    assert_false(loom_quantize_activations(LOOM_TYPE_Q8_0, NULL, got, 32));
+    assert_false(loom_quantize_activations(LOOM_TYPE_Q8_0, x, got, -32));
+    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_0, NULL, NULL, 0));
+    free(x);
+    free(got);
+    free(want);
+    free(port);
+}
+
+/* Where the rules coincide (no ties, 127 / amax == 1 / (amax / 127)), q8_0 activations equal
+ * loom_quantize_row's q8_0 (the gguf package's rounding: id = 1 / d, ties away from zero). */
+static void test_quantizer_vs_quantize_row(void **state) {
+    (void)state;
+    const int64_t n = 32 * 64;
+    float *x = xmalloc((size_t)n * sizeof(float));
+    size_t nb = row_bytes(LOOM_TYPE_Q8_0, n);
+    loom_block_q8_0 *a = xmalloc(nb), *r = xmalloc(nb);
+    int compared = 0, tie_blocks = 0;
+    for (int64_t b = 0; b < n / 32; b++) {
+        /* amax a power of two times 127: both inverses are exact powers of two. */
+        float scale = ldexpf(127.0f, (int)(b % 9) - 4);
+        for (int j = 0; j < 32; j++) x[32 * b + j] = rng_f() * scale;
+        x[32 * b + (b % 32)] = b % 2 ? scale : -scale;
+    }
+    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_0, x, a, n));
+    assert_true(loom_quantize_row(LOOM_TYPE_Q8_0, x, r, n));
+    for (int64_t b = 0; b < n / 32; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
+        bool tie = false;
+        for (int j = 0; j < 32; j++) {
+            float v = x[32 * b + j] * (127.0f / amax);
+            tie |= v - floorf(v) == 0.5f;
+        }
+        if (tie || 127.0f / amax != 1.0f / (amax / 127.0f)) {
+            tie_blocks++;
+            continue;
+        }
+        assert_memory_equal(&a[b], &r[b], sizeof a[b]);
+        compared++;
+    }
+    assert_true(compared > 50);
+    (void)tie_blocks;
+
+    /* Non-finite input: a defined, identical result in both paths (NaN codes 0, no UB). */
+    const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, -3.0f, 1e-45f};
+    for (int64_t i = 0; i < n; i++) x[i] = specials[rng_u64() % 8];
+    for (int64_t i = 0; i < 256; i++) x[i] = i == 3 ? NAN : 1.0f; /* NaN among finite values */
+    size_t kb = row_bytes(LOOM_TYPE_Q8_K, n) + nb;
+    uint8_t *g1 = xmalloc(kb), *g2 = xmalloc(kb);
+    const uint32_t ats[] = {LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_1, LOOM_TYPE_Q8_K, LOOM_TYPE_F16,
+                            LOOM_TYPE_BF16};
+    for (size_t i = 0; i < 5; i++) {
+        memset(g1, 0x5a, kb);
+        memset(g2, 0x5a, kb);
+        assert_true(loom_quantize_activations(ats[i], x, g1, n));
+        assert_true(loom__quantize_activations_portable(ats[i], x, g2, n));
+        assert_memory_equal(g1, g2, row_bytes(ats[i], n));
+    }
+    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_0, x, g1, n));
+    assert_int_equal(((loom_block_q8_0 *)g1)[0].qs[3], 0);
+    assert_int_equal(((loom_block_q8_0 *)g1)[0].qs[4], 127);
+    free(x);
+    free(a);
+    free(r);
+    free(g1);
+    free(g2);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dot products                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Reference of one dot: double sums of dequantized weights times dequantized activations; for
+ * q4_1 / q5_1 the offset term m * sum(x) uses the stored s. Also returns sum |w x|. */
+static double ref_dot(uint32_t t, const uint8_t *w, const void *xa, int64_t K, double *mag) {
+    uint32_t at;
+    assert_true(loom_vec_dot_type(t, &at));
+    float *wf = xmalloc((size_t)K * sizeof(float));
+    double *xf = xmalloc((size_t)K * sizeof(double));
+    assert_true(loom_dequantize_row(t, w, wf, K));
+    dequant_act(at, xa, xf, K);
+    double s = 0.0, m = 0.0;
+    for (int64_t k = 0; k < K; k++) {
+        s += (double)wf[k] * xf[k];
+        m += fabs((double)wf[k] * xf[k]);
+    }
+    if (at == LOOM_TYPE_Q8_1) {
+        size_t wb = loom_type_get_traits(t)->block_bytes;
+        const loom_block_q8_1 *xb = xa;
+        for (int64_t b = 0; b < K / 32; b++) {
+            uint16_t mh;
+            memcpy(&mh, w + (size_t)b * wb + 2, sizeof mh); /* m follows d in q4_1 / q5_1 */
+            double mw = loom_f16_to_f32(mh), sum_x = 0.0;
+            for (int j = 0; j < 32; j++) sum_x += xf[32 * b + j];
+            s += mw * ((double)loom_f16_to_f32(xb[b].s) - sum_x);
+            m += fabs(mw * loom_f16_to_f32(xb[b].s));
+        }
+    }
+    free(wf);
+    free(xf);
+    *mag = m;
+    return s;
+}
+
+static void test_vec_dot_vs_reference(void **state) {
+    (void)state;
+    const int64_t Ks[] = {256, 512, 2304};
+    const float scales[] = {1.0f, 2.5e4f, 1e-3f};
+    for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
+        uint32_t t = weight_types[ti], at;
+        assert_true(loom_vec_dot_type(t, &at));
+        for (size_t ki = 0; ki < 3; ki++) {
+            const int64_t K = Ks[ki];
+            uint8_t *w = xmalloc(row_bytes(t, K));
+            uint8_t *xa = xmalloc(row_bytes(at, K));
+            float *x = xmalloc((size_t)K * sizeof(float));
+            for (int rep = 0; rep < 6; rep++) {
+                make_weight_row(t, K, w);
+                /* f16 activations overflow past 65504, and q8_1's s = f16(d * sum(codes)) past
+                 * |sum x| ~ 65504 per block, as in llama.cpp: keep inputs below that. */
+                float sc = scales[rep % 3];
+                if (at == LOOM_TYPE_Q8_1 && sc > 10.0f) sc = 10.0f;
+                if (at == LOOM_TYPE_F16 && sc > 300.0f) sc = 300.0f;
+                fill_acts(x, K, sc);
+                assert_true(loom_quantize_activations(at, x, xa, K));
+                double mag, want = ref_dot(t, w, xa, K, &mag);
+                float got = loom_vec_dot_q(t, w, xa, K);
+                double err = fabs((double)got - want);
+                if (!(err <= 1e-5 * mag + 1e-30))
+                    fail_msg("%s K=%lld: got %.9g want %.9g (err %.3g, sum|wx| %.3g)",
+                             loom_type_name(t), (long long)K, (double)got, want, err, mag);
+            }
+            free(w);
+            free(xa);
+            free(x);
+        }
+    }
+    /* Bad arguments give NaN. */
+    uint8_t buf[1024] = {0};
+    assert_true(isnan(loom_vec_dot_q(LOOM_TYPE_Q4_0, buf, buf, 31)));
+    assert_true(isnan(loom_vec_dot_q(LOOM_TYPE_Q4_K, buf, buf, 32)));
+    assert_true(isnan(loom_vec_dot_q(LOOM_TYPE_Q8_K, buf, buf, 256)));
+    assert_true(isnan(loom_vec_dot_q(LOOM_TYPE_Q8_0, NULL, buf, 32)));
+    assert_true(isnan(loom_vec_dot_q(LOOM_TYPE_Q8_0, buf, buf, -32)));
+    assert_true(loom_vec_dot_q(LOOM_TYPE_Q8_0, NULL, NULL, 0) == 0.0f);
+}
+
+static void test_simd_vs_portable(void **state) {
+    (void)state;
+    for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
+        uint32_t t = weight_types[ti], at;
+        assert_true(loom_vec_dot_type(t, &at));
+        const int64_t be = loom_type_get_traits(t)->block_elems;
+        const int64_t unit = be == 1 ? 1 : be;
+        /* block counts 1..17 (float types: lengths 1..17 and multiples of 32 plus a tail) */
+        for (int64_t nblk = 1; nblk <= 17; nblk++) {
+            const int64_t K = be == 1 ? nblk * 37 : nblk * unit;
+            uint8_t *w = xmalloc(row_bytes(t, K));
+            uint8_t *xa = xmalloc(row_bytes(at, K));
+            float *x = xmalloc((size_t)K * sizeof(float));
+            for (int rep = 0; rep < 3; rep++) {
+                make_weight_row(t, K, w);
+                fill_acts(x, K, rep == 2 ? 3e4f : 1.0f);
+                assert_true(loom_quantize_activations(at, x, xa, K));
+                float a = loom_vec_dot_q(t, w, xa, K);
+                float b = loom__vec_dot_q_portable(t, w, xa, K);
+                if (memcmp(&a, &b, sizeof a) != 0)
+                    fail_msg("%s K=%lld: simd %.9g portable %.9g", loom_type_name(t),
+                             (long long)K, (double)a, (double)b);
+            }
+            free(w);
+            free(xa);
+            free(x);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The backend matmul                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+static loom_backend *make_backend(int n_threads, bool f32_act) {
+    loom_cpu_params p = {.n_threads = n_threads, .f32_activations = f32_act};
+    loom_backend *be = NULL;
+    assert_int_equal(loom_backend_cpu_create(&p, &be), LOOM_OK);
+    return be;
+}
+
+static void run_matmul(loom_backend *be, uint32_t t, const uint8_t *w, size_t w_stride, int64_t N,
+                       const float *x, size_t x_stride, int64_t T, int64_t K, float *out) {
+    loom_tensor tw = loom_tensor_2d(t, (void *)w, K, N, w_stride);
+    loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, (void *)x, K, T, x_stride);
+    loom_tensor to = loom_tensor_2d(LOOM_TYPE_F32, out, N, T, (size_t)N * sizeof(float));
+    for (int64_t i = 0; i < N * T; i++) out[i] = NAN; /* poison */
+    assert_int_equal(be->ops->matmul(be->ctx, &tw, &tx, &to), LOOM_OK);
+}
+
+static void test_matmul_quantized(void **state) {
+    (void)state;
+    loom_backend *be1 = make_backend(1, false), *be2 = make_backend(2, false);
+    const int64_t Ts[] = {1, 3, 17}, Ks[] = {256, 512, 2304}, Ns[] = {7, 33};
+    for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
+        const uint32_t t = weight_types[ti];
+        uint32_t at;
+        assert_true(loom_vec_dot_type(t, &at));
+        for (size_t ki = 0; ki < 3; ki++)
+            for (size_t ni = 0; ni < 2; ni++) {
+                const int64_t K = Ks[ki], N = Ns[ni], Tmax = 17;
+                const size_t w_stride = row_bytes(t, K) + 6; /* padded, still 2-aligned */
+                const size_t x_stride = (size_t)(K + 5) * sizeof(float);
+                uint8_t *w = xmalloc((size_t)N * w_stride);
+                for (int64_t o = 0; o < N; o++) make_weight_row(t, K, w + (size_t)o * w_stride);
+                float *x = xmalloc((size_t)Tmax * x_stride);
+                for (int64_t r = 0; r < Tmax; r++)
+                    fill_acts((float *)((uint8_t *)x + (size_t)r * x_stride), K,
+                              r % 2 ? 1.0f : 300.0f);
+                float *o1 = xmalloc((size_t)(N * Tmax) * sizeof(float));
+                float *o2 = xmalloc((size_t)(N * Tmax) * sizeof(float));
+                uint8_t *xa = xmalloc(row_bytes(at, K));
+                for (size_t tt = 0; tt < 3; tt++) {
+                    const int64_t T = Ts[tt];
+                    run_matmul(be1, t, w, w_stride, N, x, x_stride, T, K, o1);
+                    run_matmul(be2, t, w, w_stride, N, x, x_stride, T, K, o2);
+                    assert_memory_equal(o1, o2, (size_t)(N * T) * sizeof(float));
+                    for (int64_t r = 0; r < T; r++) {
+                        const float *xr = (const float *)((const uint8_t *)x + (size_t)r * x_stride);
+                        assert_true(loom_quantize_activations(at, xr, xa, K));
+                        for (int64_t o = 0; o < N; o++) {
+                            float want = loom_vec_dot_q(t, w + (size_t)o * w_stride, xa, K);
+                            if (memcmp(&want, &o1[r * N + o], sizeof want) != 0)
+                                fail_msg("%s K=%lld N=%lld T=%lld: out[%lld,%lld] %.9g vs %.9g",
+                                         loom_type_name(t), (long long)K, (long long)N,
+                                         (long long)T, (long long)r, (long long)o,
+                                         (double)o1[r * N + o], (double)want);
+                        }
+                    }
+                }
+                /* T = 1 rows equal the same rows inside T = 17 (o1 holds T = 17 now). */
+                for (int64_t r = 0; r < Tmax; r += 5) {
+                    const float *xr = (const float *)((const uint8_t *)x + (size_t)r * x_stride);
+                    run_matmul(be2, t, w, w_stride, N, xr, x_stride, 1, K, o2);
+                    assert_memory_equal(o2, o1 + r * N, (size_t)N * sizeof(float));
+                }
+                free(w);
+                free(x);
+                free(o1);
+                free(o2);
+                free(xa);
+            }
+    }
+    loom_backend_destroy(be1);
+    loom_backend_destroy(be2);
+}
+
+/* F32 weights stay on the float path whatever f32_activations says. */
+static void test_matmul_f32_weights(void **state) {
+    (void)state;
+    loom_backend *bq = make_backend(2, false), *bf = make_backend(2, true);
+    const int64_t K = 300, N = 9, T = 4;
+    float *w = xmalloc((size_t)(N * K) * sizeof(float)), *x = xmalloc((size_t)(T * K) * 4);
+    float *o1 = xmalloc((size_t)(N * T) * 4), *o2 = xmalloc((size_t)(N * T) * 4);
+    fill_acts(w, N * K, 1.0f);
+    fill_acts(x, T * K, 1.0f);
+    run_matmul(bq, LOOM_TYPE_F32, (const uint8_t *)w, (size_t)K * 4, N, x, (size_t)K * 4, T, K,
+               o1);
+    run_matmul(bf, LOOM_TYPE_F32, (const uint8_t *)w, (size_t)K * 4, N, x, (size_t)K * 4, T, K,
+               o2);
+    assert_memory_equal(o1, o2, (size_t)(N * T) * 4);
+    free(w);
+    free(x);
+    free(o1);
+    free(o2);
+    loom_backend_destroy(bq);
+    loom_backend_destroy(bf);
+}
+
+static void test_matmul_bad(void **state) {
+    (void)state;
+    loom_backend *be = make_backend(2, false);
+    uint8_t w[4096] = {0};
+    float x[1024] = {0}, out[64];
+    /* K = 48 is not a whole number of q4_0 blocks */
+    loom_tensor tw = loom_tensor_2d(LOOM_TYPE_Q4_0, w, 48, 2, 64);
+    loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, x, 48, 1, 48 * 4);
+    loom_tensor to = loom_tensor_2d(LOOM_TYPE_F32, out, 2, 1, 8);
+    assert_int_equal(be->ops->matmul(be->ctx, &tw, &tx, &to), LOOM_ERR_INVALID_ARG);
+    /* K = 128 with q4_K (256 per block) */
+    tw = loom_tensor_2d(LOOM_TYPE_Q4_K, w, 128, 2, 144);
+    tx = loom_tensor_2d(LOOM_TYPE_F32, x, 128, 1, 128 * 4);
+    assert_int_equal(be->ops->matmul(be->ctx, &tw, &tx, &to), LOOM_ERR_INVALID_ARG);
+    /* an activation format is not a weight type */
+    tw = loom_tensor_2d(LOOM_TYPE_Q8_K, w, 256, 2, 292);
+    tx = loom_tensor_2d(LOOM_TYPE_F32, x, 256, 1, 256 * 4);
+    assert_int_equal(be->ops->matmul(be->ctx, &tw, &tx, &to), LOOM_ERR_UNSUPPORTED);
+    /* K mismatch */
+    tw = loom_tensor_2d(LOOM_TYPE_Q8_0, w, 64, 2, 68);
+    tx = loom_tensor_2d(LOOM_TYPE_F32, x, 32, 1, 32 * 4);
+    assert_int_equal(be->ops->matmul(be->ctx, &tw, &tx, &to), LOOM_ERR_INVALID_ARG);
+    /* T = 0 is a no-op */
+    tx = loom_tensor_2d(LOOM_TYPE_F32, x, 64, 0, 64 * 4);
+    to = loom_tensor_2d(LOOM_TYPE_F32, out, 2, 0, 8);
+    assert_int_equal(be->ops->matmul(be->ctx, &tw, &tx, &to), LOOM_OK);
+    loom_backend_destroy(be);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_vec_dot_type),
+        cmocka_unit_test(test_quantizers_reference),
+        cmocka_unit_test(test_quantizer_vs_quantize_row),
+        cmocka_unit_test(test_vec_dot_vs_reference),
+        cmocka_unit_test(test_simd_vs_portable),
+        cmocka_unit_test(test_matmul_quantized),
+        cmocka_unit_test(test_matmul_f32_weights),
+        cmocka_unit_test(test_matmul_bad),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -6,6 +6,7 @@ Errors raise LoomError carrying the status code and loom_last_error()'s message.
 import ctypes as C
 import os
 import pathlib
+import weakref
 
 import numpy as np
 
@@ -108,9 +109,12 @@ class Model:
         _check(_lib.loom_model_get_info(h, C.byref(info)))
         self.info = info
         self.n_vocab = info.n_vocab
+        self._children = weakref.WeakSet()  # sessions and engines: closed before the model
 
     def close(self):
         if self._h:
+            for child in list(self._children):
+                child.close()
             _lib.loom_model_free(self._h)
             self._h = None
 
@@ -160,6 +164,7 @@ class Session:
         _check(_lib.loom_session_create(model._h, C.byref(p), C.byref(h)))
         self._h = h
         self.model = model
+        model._children.add(self)
 
     def close(self):
         if self._h:
@@ -260,6 +265,7 @@ class Engine:
         _check(_lib.loom_engine_create(model._h, C.byref(p), C.byref(h)))
         self._h = h
         self.model = model
+        model._children.add(self)
         self.outputs = {}
 
     def close(self):

@@ -151,7 +151,8 @@ static inline int32_t quant_block_8bit_avx2(const float *x, int8_t qs[32], uint1
         __m256 p = _mm256_mul_ps(v[k], id);
         p = _mm256_and_ps(p, _mm256_cmp_ps(p, p, _CMP_ORD_Q)); /* NaN -> 0 */
         p = _mm256_min_ps(_mm256_max_ps(p, lo), hi);
-        q[k] = _mm256_cvtps_epi32(_mm256_round_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        q[k] =
+            _mm256_cvtps_epi32(_mm256_round_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
     /* Pack 4 x 8 int32 to 32 int8 in order: packs interleave 128-bit halves, a permute fixes it. */
     __m256i w01 = _mm256_packs_epi32(q[0], q[1]), w23 = _mm256_packs_epi32(q[2], q[3]);
@@ -247,7 +248,7 @@ LOOM__QINLINE __m512 bf16x16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
 
-#define FD_DOT_SIMD(name, load, cvt, madd)                                                             \
+#define FD_DOT_SIMD(name, load, cvt, madd)                                                         \
     static float name(const void *w_row, const void *x_act, int64_t n) {                           \
         const uint16_t *w = (const uint16_t *)w_row, *x = (const uint16_t *)x_act;                 \
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();                                 \
@@ -279,7 +280,7 @@ LOOM__QINLINE __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-#define FD_DOT_SIMD(name, load, cvt, madd)                                                             \
+#define FD_DOT_SIMD(name, load, cvt, madd)                                                         \
     static float name(const void *w_row, const void *x_act, int64_t n) {                           \
         const uint16_t *w = (const uint16_t *)w_row, *x = (const uint16_t *)x_act;                 \
         __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),              \

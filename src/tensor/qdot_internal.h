@@ -114,8 +114,7 @@ LOOM__QINLINE __m256i loom__qd_dpbusd(__m256i acc, __m256i u, __m256i s) {
 /* Sums of 4 products a[i] * b[i] of signed bytes per int32 lane, via |a| and b with a's sign
  * (b must not hold -128; a may). */
 LOOM__QINLINE __m256i loom__qd_dot_s8(__m256i a, __m256i b) {
-    return loom__qd_dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(a, a),
-                           _mm256_sign_epi8(b, a));
+    return loom__qd_dpbusd(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
 }
 
 /* Converts the f16 fields at byte offsets base + k * stride (k < nk <= 8; lanes >= nk are
@@ -125,8 +124,8 @@ LOOM__QINLINE __m256 loom__qd_f16x8(const void *base, int stride, int nk) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256i idx = _mm256_mullo_epi32(lane, _mm256_set1_epi32(stride));
     __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nk), lane);
-    __m256i v = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)base, idx,
-                                            mask, 1);
+    __m256i v = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)base, idx, mask,
+                                            1);
     v = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
     __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     return _mm256_cvtph_ps(h);

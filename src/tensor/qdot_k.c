@@ -23,7 +23,41 @@
 /* Scales (format facts, quant_layouts.h)                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-/* q4_K / q5_K: 8 six-bit scales and mins packed in 12 bytes. */
+/* q4_K / q5_K: 8 six-bit scales and mins packed in 12 bytes, unpacked 4 at a time as 32-bit
+ * words (p[0..3], p[4..7], p[8..11]). */
+static inline uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void put32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+LOOM__QINLINE void unpack_k4_scales8(const uint8_t p[LOOM_K_SCALE_BYTES], uint8_t sc[8],
+                                     uint8_t mn[8]) {
+    const uint32_t w0 = le32(p), w1 = le32(p + 4), w2 = le32(p + 8);
+    put32(sc, w0 & 0x3f3f3f3fu);
+    put32(mn, w1 & 0x3f3f3f3fu);
+    put32(sc + 4, (w2 & 0x0f0f0f0fu) | ((w0 >> 6) & 0x03030303u) << 4);
+    put32(mn + 4, ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 6) & 0x03030303u) << 4);
+}
+
+/* q3_K: 16 six-bit scales, returned minus 32: the low nibbles of bytes 0..7 then their high
+ * nibbles, each with two more bits from bytes 8..11 (shifted by 0, 2, 4, 6 per group of 4). */
+LOOM__QINLINE void unpack_q3_K_scales8(const uint8_t p[12], int8_t sc[16]) {
+    const uint32_t a0 = le32(p), a1 = le32(p + 4), t = le32(p + 8);
+    uint8_t u[16];
+    put32(u, (a0 & 0x0f0f0f0fu) | (t & 0x03030303u) << 4);
+    put32(u + 4, (a1 & 0x0f0f0f0fu) | ((t >> 2) & 0x03030303u) << 4);
+    put32(u + 8, ((a0 >> 4) & 0x0f0f0f0fu) | ((t >> 4) & 0x03030303u) << 4);
+    put32(u + 12, ((a1 >> 4) & 0x0f0f0f0fu) | ((t >> 6) & 0x03030303u) << 4);
+    for (int i = 0; i < 16; i++) sc[i] = (int8_t)(u[i] - 32);
+}
+
+/* The same unpacking written from the format's definition, for the portable path. */
 LOOM__QINLINE void unpack_k4_scales(const uint8_t p[LOOM_K_SCALE_BYTES], int32_t sc[8],
                                     int32_t mn[8]) {
     for (int i = 0; i < 4; i++) {
@@ -34,7 +68,6 @@ LOOM__QINLINE void unpack_k4_scales(const uint8_t p[LOOM_K_SCALE_BYTES], int32_t
     }
 }
 
-/* q3_K: 16 six-bit scales, returned minus 32. */
 LOOM__QINLINE void unpack_q3_K_scales(const uint8_t p[12], int32_t sc[16]) {
     for (int i = 0; i < 16; i++) {
         int32_t lo = (p[i % 8] >> (4 * (i / 8))) & 15;
@@ -134,8 +167,7 @@ LOOM__QINLINE void isum_q5_K_portable(const loom_block_q5_K *w, const loom_block
     int32_t sc[8], mn[8];
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
-            q[64 * c + l] =
-                (int8_t)((w->qs[32 * c + l] & 15) | ((w->qh[l] >> (2 * c)) & 1) << 4);
+            q[64 * c + l] = (int8_t)((w->qs[32 * c + l] & 15) | ((w->qh[l] >> (2 * c)) & 1) << 4);
             q[64 * c + 32 + l] =
                 (int8_t)((w->qs[32 * c + l] >> 4) | ((w->qh[l] >> (2 * c + 1)) & 1) << 4);
         }
@@ -180,81 +212,98 @@ LOOM__QINLINE __m256i add_scaled(__m256i acc, __m256i p, __m256i c) {
 #endif
 }
 
-/* int16 scale vector: sc_lo for the low 16 bytes' pairs, sc_hi for the high 16 bytes'. */
-LOOM__QINLINE __m256i scale_pair(int32_t sc_lo, int32_t sc_hi) {
-    return _mm256_set_m128i(_mm_set1_epi16((short)sc_hi), _mm_set1_epi16((short)sc_lo));
+/* Byte shuffles: PICK8[p] spreads int8 scales 2p and 2p+1 over the two 8-byte halves of 16
+ * bytes; PICK16[k] broadcasts int16 element k of a 128-bit lane over the lane. */
+static const uint8_t PICK8[8][16] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1},
+    {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5},
+    {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9},
+    {10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13},
+    {14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
+static const uint8_t PICK16[8][16] = {
+    {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1},
+    {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
+    {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5},
+    {6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
+    {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9},
+    {10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
+    {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13},
+    {14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15}};
+
+/* int16 scales for the 32 values of 16-value sub-blocks 2p (low half) and 2p+1 (high half),
+ * from 16 int8 scales. */
+LOOM__QINLINE __m256i scale_pair(__m128i sc8, int p) {
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_loadu_si128((const __m128i *)PICK8[p])));
 }
 
-/* sum_i sc[i] * bsums[i] over 16 sub-blocks (sc int8 or int16 range). */
-LOOM__QINLINE int32_t scales_dot_bsums(const int32_t sc[16], const loom_block_q8_K *x) {
-    __m256i s = _mm256_setr_epi16(
-        (short)sc[0], (short)sc[1], (short)sc[2], (short)sc[3], (short)sc[4], (short)sc[5],
-        (short)sc[6], (short)sc[7], (short)sc[8], (short)sc[9], (short)sc[10], (short)sc[11],
-        (short)sc[12], (short)sc[13], (short)sc[14], (short)sc[15]);
+/* sum_i sc8[i] * bsums[i] over the 16 sub-blocks (int8 scales). */
+LOOM__QINLINE int32_t scales_dot_bsums(__m128i sc8, const loom_block_q8_K *x) {
     __m256i b = _mm256_loadu_si256((const __m256i *)x->bsums);
-    return loom__qd_hsum_epi32(_mm256_madd_epi16(s, b));
+    return loom__qd_hsum_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), b));
 }
 
 LOOM__QINLINE __m256i xq_256(const loom_block_q8_K *x, int v) {
     return _mm256_loadu_si256((const __m256i *)(x->qs + v));
 }
 
-/* Shared by q2_K, q3_K, q6_K: 32 unsigned codes u of values v0..v0+32, whose two 16-value
- * sub-blocks have scales sc_lo, sc_hi. */
+/* Shared by q2_K, q3_K, q6_K: acc + 32 unsigned codes u of values v0..v0+32 (16-value
+ * sub-blocks 2p and 2p+1) times their activation codes and int8 scales. */
 LOOM__QINLINE __m256i sub16_pair(__m256i acc, __m256i u, const loom_block_q8_K *x, int v0,
-                                 int32_t sc_lo, int32_t sc_hi) {
-    __m256i p = _mm256_maddubs_epi16(u, xq_256(x, v0)); /* |pair| <= 2 * 63 * 128 */
-    return add_scaled(acc, p, scale_pair(sc_lo, sc_hi));
+                                 __m128i sc8, int p) {
+    __m256i prod = _mm256_maddubs_epi16(u, xq_256(x, v0)); /* |pair| <= 2 * 63 * 128 */
+    return add_scaled(acc, prod, scale_pair(sc8, p));
 }
 
-LOOM__QINLINE void isum_q2_K_avx2(const loom_block_q2_K *w, const loom_block_q8_K *x,
-                                  int32_t *isum, int32_t *msum) {
+LOOM__QINLINE void isum_q2_K_avx2(const loom_block_q2_K *w, const loom_block_q8_K *x, int32_t *isum,
+                                  int32_t *msum) {
     const __m256i m3 = _mm256_set1_epi8(3);
-    int32_t sc[16], mn[16];
-    for (int i = 0; i < 16; i++) {
-        sc[i] = w->scales[i] & 15;
-        mn[i] = w->scales[i] >> 4;
-    }
+    const __m128i raw = _mm_loadu_si128((const __m128i *)w->scales), m4 = _mm_set1_epi8(15);
+    const __m128i sc8 = _mm_and_si128(raw, m4);
+    const __m128i mn8 = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
         __m256i q = _mm256_loadu_si256((const __m256i *)(w->qs + 32 * h));
         for (int s = 0; s < 4; s++) {
-            const int i = 8 * h + 2 * s;
-            acc = sub16_pair(acc, _mm256_and_si256(q, m3), x, 128 * h + 32 * s, sc[i], sc[i + 1]);
+            acc = sub16_pair(acc, _mm256_and_si256(q, m3), x, 128 * h + 32 * s, sc8, 4 * h + s);
             q = _mm256_srli_epi16(q, 2);
         }
     }
     *isum = loom__qd_hsum_epi32(acc);
-    *msum = scales_dot_bsums(mn, x);
+    *msum = scales_dot_bsums(mn8, x);
 }
 
-LOOM__QINLINE void isum_q3_K_avx2(const loom_block_q3_K *w, const loom_block_q8_K *x,
-                                  int32_t *isum, int32_t *msum) {
+LOOM__QINLINE void isum_q3_K_avx2(const loom_block_q3_K *w, const loom_block_q8_K *x, int32_t *isum,
+                                  int32_t *msum) {
     const __m256i m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
-    int32_t sc[16];
-    unpack_q3_K_scales(w->scales, sc);
+    int8_t sc[16];
+    unpack_q3_K_scales8(w->scales, sc);
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
     __m256i hm = _mm256_loadu_si256((const __m256i *)w->hmask);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
         __m256i q = _mm256_loadu_si256((const __m256i *)(w->qs + 32 * h));
         for (int s = 0; s < 4; s++) {
-            const int i = 8 * h + 2 * s;
             __m256i hb = _mm256_slli_epi16(_mm256_and_si256(hm, m1), 2);
             __m256i u = _mm256_or_si256(_mm256_and_si256(q, m3), hb); /* lo + 4 * high */
-            acc = sub16_pair(acc, u, x, 128 * h + 32 * s, sc[i], sc[i + 1]);
+            acc = sub16_pair(acc, u, x, 128 * h + 32 * s, sc8, 4 * h + s);
             q = _mm256_srli_epi16(q, 2);
             hm = _mm256_srli_epi16(hm, 1);
         }
     }
     /* code = u - 4 */
-    *isum = loom__qd_hsum_epi32(acc) - 4 * scales_dot_bsums(sc, x);
+    *isum = loom__qd_hsum_epi32(acc) - 4 * scales_dot_bsums(sc8, x);
     *msum = 0;
 }
 
-/* q4_K / q5_K: 4 pairs of 32-value sub-blocks; hbits (q5_K) supplies bit 4. */
-LOOM__QINLINE int32_t isum_k4_avx2(const uint8_t *qs, const uint8_t *qh,
-                                   const loom_block_q8_K *x, const int32_t sc[8]) {
+/* q4_K / q5_K: 4 pairs of 32-value sub-blocks with scales sc[8]; qh (q5_K) supplies bit 4. */
+LOOM__QINLINE int32_t isum_k4_avx2(const uint8_t *qs, const uint8_t *qh, const loom_block_q8_K *x,
+                                   const uint8_t sc[8]) {
     const __m256i m4 = _mm256_set1_epi8(15), m1 = _mm256_set1_epi8(1);
+    const __m256i sc16 =
+        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
     __m256i hb = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
     __m256i acc = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
@@ -267,58 +316,62 @@ LOOM__QINLINE int32_t isum_k4_avx2(const uint8_t *qs, const uint8_t *qh,
                 hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), m1), 4));
             hb = _mm256_srli_epi16(hb, 2);
         }
-        __m256i plo = _mm256_maddubs_epi16(lo, xq_256(x, 64 * c));
-        __m256i phi = _mm256_maddubs_epi16(hi, xq_256(x, 64 * c + 32));
-        acc = add_scaled(acc, plo, _mm256_set1_epi16((short)sc[2 * c]));
-        acc = add_scaled(acc, phi, _mm256_set1_epi16((short)sc[2 * c + 1]));
+        const __m256i s_lo = _mm256_shuffle_epi8(
+            sc16, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PICK16[2 * c])));
+        const __m256i s_hi = _mm256_shuffle_epi8(
+            sc16, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PICK16[2 * c + 1])));
+        acc = add_scaled(acc, _mm256_maddubs_epi16(lo, xq_256(x, 64 * c)), s_lo);
+        acc = add_scaled(acc, _mm256_maddubs_epi16(hi, xq_256(x, 64 * c + 32)), s_hi);
     }
     return loom__qd_hsum_epi32(acc);
 }
 
-/* sum_i mn[i] * (bsums[2i] + bsums[2i+1]) for the 8 mins of q4_K / q5_K. */
-LOOM__QINLINE int32_t mins_dot_bsums(const int32_t mn[8], const loom_block_q8_K *x) {
-    int32_t m16[16];
-    for (int i = 0; i < 8; i++) m16[2 * i] = m16[2 * i + 1] = mn[i];
-    return scales_dot_bsums(m16, x);
+/* sum_j mn[j] * (bsums[2j] + bsums[2j+1]) for the 8 mins of q4_K / q5_K. */
+LOOM__QINLINE int32_t mins_dot_bsums(const uint8_t mn[8], const loom_block_q8_K *x) {
+    __m256i b = _mm256_loadu_si256((const __m256i *)x->bsums);
+    __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+    __m128i p = _mm_madd_epi16(pairs, m16);
+    p = _mm_add_epi32(p, _mm_unpackhi_epi64(p, p));
+    p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0xb1));
+    return _mm_cvtsi128_si32(p);
 }
 
-LOOM__QINLINE void isum_q4_K_avx2(const loom_block_q4_K *w, const loom_block_q8_K *x,
-                                  int32_t *isum, int32_t *msum) {
-    int32_t sc[8], mn[8];
-    unpack_k4_scales(w->scales, sc, mn);
+LOOM__QINLINE void isum_q4_K_avx2(const loom_block_q4_K *w, const loom_block_q8_K *x, int32_t *isum,
+                                  int32_t *msum) {
+    uint8_t sc[8], mn[8];
+    unpack_k4_scales8(w->scales, sc, mn);
     *isum = isum_k4_avx2(w->qs, NULL, x, sc);
     *msum = mins_dot_bsums(mn, x);
 }
 
-LOOM__QINLINE void isum_q5_K_avx2(const loom_block_q5_K *w, const loom_block_q8_K *x,
-                                  int32_t *isum, int32_t *msum) {
-    int32_t sc[8], mn[8];
-    unpack_k4_scales(w->scales, sc, mn);
+LOOM__QINLINE void isum_q5_K_avx2(const loom_block_q5_K *w, const loom_block_q8_K *x, int32_t *isum,
+                                  int32_t *msum) {
+    uint8_t sc[8], mn[8];
+    unpack_k4_scales8(w->scales, sc, mn);
     *isum = isum_k4_avx2(w->qs, w->qh, x, sc);
     *msum = mins_dot_bsums(mn, x);
 }
 
-LOOM__QINLINE void isum_q6_K_avx2(const loom_block_q6_K *w, const loom_block_q8_K *x,
-                                  int32_t *isum, int32_t *msum) {
+LOOM__QINLINE void isum_q6_K_avx2(const loom_block_q6_K *w, const loom_block_q8_K *x, int32_t *isum,
+                                  int32_t *msum) {
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
-    int32_t sc[16];
-    for (int i = 0; i < 16; i++) sc[i] = w->scales[i];
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)w->scales);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
         __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w->ql + 64 * h));
         __m256i ql1 = _mm256_loadu_si256((const __m256i *)(w->ql + 64 * h + 32));
         __m256i qh = _mm256_loadu_si256((const __m256i *)(w->qh + 32 * h));
         for (int s = 0; s < 4; s++) {
-            const int i = 8 * h + 2 * s;
             __m256i ql = (s % 2) ? ql1 : ql0;
             __m256i lo = _mm256_and_si256(s < 2 ? ql : _mm256_srli_epi16(ql, 4), m4);
             __m256i hi = _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4);
-            acc = sub16_pair(acc, _mm256_or_si256(lo, hi), x, 128 * h + 32 * s, sc[i], sc[i + 1]);
+            acc = sub16_pair(acc, _mm256_or_si256(lo, hi), x, 128 * h + 32 * s, sc8, 4 * h + s);
             qh = _mm256_srli_epi16(qh, 2);
         }
     }
     /* code = q - 32 */
-    *isum = loom__qd_hsum_epi32(acc) - 32 * scales_dot_bsums(sc, x);
+    *isum = loom__qd_hsum_epi32(acc) - 32 * scales_dot_bsums(sc8, x);
     *msum = 0;
 }
 
@@ -329,12 +382,18 @@ LOOM__QINLINE void isum_q6_K_avx2(const loom_block_q6_K *w, const loom_block_q8_
 /* ------------------------------------------------------------------------------------------ */
 
 /* The float part of one super-block (see the top of the file); has_min for q2_K, q4_K, q5_K. */
-LOOM__QINLINE float kq_term(float dx, uint16_t d, uint16_t dmin, int32_t isum, int32_t msum,
+LOOM__QINLINE float kq_term(float dx, float d, float dmin, int32_t isum, int32_t msum,
                             bool has_min) {
-    float t = (dx * loom__f16_to_f32(d)) * (float)isum;
-    if (has_min) t = t - (dx * loom__f16_to_f32(dmin)) * (float)msum;
+    float t = (dx * d) * (float)isum;
+    if (has_min) t = t - (dx * dmin) * (float)msum;
     return t;
 }
+
+/* f16 -> f32 per path (both exact, so the same values). */
+#define KQ_CVT_portable(h) loom__f16_to_f32(h)
+#if defined(LOOM_QDOT_AVX2)
+#define KQ_CVT_avx2(h) _cvtsh_ss(h)
+#endif
 
 #define KQ_ROW(fmt, path, has_min, dmin_field)                                                     \
     static float dot_##fmt##_##path(const void *w_row, const void *x_act, int64_t n) {             \
@@ -344,7 +403,8 @@ LOOM__QINLINE float kq_term(float dx, uint16_t d, uint16_t dmin, int32_t isum, i
         for (int64_t b = 0; b < n / LOOM_QK_K; b++) {                                              \
             int32_t isum, msum;                                                                    \
             isum_##fmt##_##path(&w[b], &x[b], &isum, &msum);                                       \
-            sum += kq_term(x[b].d, w[b].d, dmin_field, isum, msum, has_min);                       \
+            sum += kq_term(x[b].d, KQ_CVT_##path(w[b].d), KQ_CVT_##path(dmin_field), isum, msum,   \
+                           has_min);                                                               \
         }                                                                                          \
         return sum;                                                                                \
     }

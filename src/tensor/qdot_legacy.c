@@ -166,9 +166,8 @@ LOOM__QINLINE __m256i vsum_q8_0(const void *blk, const int8_t *x) {
 /* The row driver: groups of 8 blocks; the last group may be partial (its missing lanes get
  * isum 0 and scales 0, so they add +0.0, which leaves a lane unchanged: a lane that starts at
  * +0.0 and only ever adds is never -0.0). */
-LOOM__QINLINE float legacy_dot_avx2(const void *w_row, const void *x_act, int64_t n,
-                                    int w_bytes, bool with_min,
-                                    __m256i (*vsum)(const void *, const int8_t *)) {
+LOOM__QINLINE float legacy_dot_avx2(const void *w_row, const void *x_act, int64_t n, int w_bytes,
+                                    bool with_min, __m256i (*vsum)(const void *, const int8_t *)) {
     const int x_bytes = with_min ? (int)sizeof(loom_block_q8_1) : (int)sizeof(loom_block_q8_0);
     const int x_codes =
         with_min ? (int)offsetof(loom_block_q8_1, qs) : (int)offsetof(loom_block_q8_0, qs);

@@ -71,9 +71,8 @@ static void fill_acts(float *x, int64_t n, float scale) {
 }
 
 static const uint32_t weight_types[] = {
-    LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_Q8_0,
-    LOOM_TYPE_Q2_K, LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K,
-    LOOM_TYPE_F16,  LOOM_TYPE_BF16};
+    LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_Q8_0, LOOM_TYPE_Q2_K,
+    LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K, LOOM_TYPE_F16,  LOOM_TYPE_BF16};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 
 static size_t row_bytes(uint32_t t, int64_t n) {
@@ -305,11 +304,9 @@ static void test_quantizers_reference(void **state) {
     assert_memory_equal(got, port, nb);
     /* f16, bf16, f32: element conversions */
     assert_true(loom_quantize_activations(LOOM_TYPE_F16, x, got, n));
-    for (int64_t i = 0; i < n; i++)
-        assert_int_equal(((uint16_t *)got)[i], loom_f32_to_f16(x[i]));
+    for (int64_t i = 0; i < n; i++) assert_int_equal(((uint16_t *)got)[i], loom_f32_to_f16(x[i]));
     assert_true(loom_quantize_activations(LOOM_TYPE_BF16, x, got, n));
-    for (int64_t i = 0; i < n; i++)
-        assert_int_equal(((uint16_t *)got)[i], loom_f32_to_bf16(x[i]));
+    for (int64_t i = 0; i < n; i++) assert_int_equal(((uint16_t *)got)[i], loom_f32_to_bf16(x[i]));
     assert_true(loom_quantize_activations(LOOM_TYPE_F32, x, got, n));
     assert_memory_equal(got, x, (size_t)n * sizeof(float));
 
@@ -496,8 +493,8 @@ static void test_simd_vs_portable(void **state) {
                 float a = loom_vec_dot_q(t, w, xa, K);
                 float b = loom__vec_dot_q_portable(t, w, xa, K);
                 if (memcmp(&a, &b, sizeof a) != 0)
-                    fail_msg("%s K=%lld: simd %.9g portable %.9g", loom_type_name(t),
-                             (long long)K, (double)a, (double)b);
+                    fail_msg("%s K=%lld: simd %.9g portable %.9g", loom_type_name(t), (long long)K,
+                             (double)a, (double)b);
             }
             free(w);
             free(xa);
@@ -554,7 +551,8 @@ static void test_matmul_quantized(void **state) {
                     run_matmul(be2, t, w, w_stride, N, x, x_stride, T, K, o2);
                     assert_memory_equal(o1, o2, (size_t)(N * T) * sizeof(float));
                     for (int64_t r = 0; r < T; r++) {
-                        const float *xr = (const float *)((const uint8_t *)x + (size_t)r * x_stride);
+                        const float *xr =
+                            (const float *)((const uint8_t *)x + (size_t)r * x_stride);
                         assert_true(loom_quantize_activations(at, xr, xa, K));
                         for (int64_t o = 0; o < N; o++) {
                             float want = loom_vec_dot_q(t, w + (size_t)o * w_stride, xa, K);
@@ -592,10 +590,8 @@ static void test_matmul_f32_weights(void **state) {
     float *o1 = xmalloc((size_t)(N * T) * 4), *o2 = xmalloc((size_t)(N * T) * 4);
     fill_acts(w, N * K, 1.0f);
     fill_acts(x, T * K, 1.0f);
-    run_matmul(bq, LOOM_TYPE_F32, (const uint8_t *)w, (size_t)K * 4, N, x, (size_t)K * 4, T, K,
-               o1);
-    run_matmul(bf, LOOM_TYPE_F32, (const uint8_t *)w, (size_t)K * 4, N, x, (size_t)K * 4, T, K,
-               o2);
+    run_matmul(bq, LOOM_TYPE_F32, (const uint8_t *)w, (size_t)K * 4, N, x, (size_t)K * 4, T, K, o1);
+    run_matmul(bf, LOOM_TYPE_F32, (const uint8_t *)w, (size_t)K * 4, N, x, (size_t)K * 4, T, K, o2);
     assert_memory_equal(o1, o2, (size_t)(N * T) * 4);
     free(w);
     free(x);

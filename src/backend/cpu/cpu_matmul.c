@@ -155,8 +155,8 @@ static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loo
     bool overflow = loom__add_overflow_size(act_row, MMQ_ROW_ALIGN - 1, &stride);
     stride -= stride % MMQ_ROW_ALIGN;
     overflow = overflow || loom__mul_overflow_size(stride, (size_t)T, &total);
-    LOOM_RETURN_IF(overflow, LOOM_ERR_INVALID_ARG,
-                   "matmul: %lld rounded activation rows overflow", (long long)T);
+    LOOM_RETURN_IF(overflow, LOOM_ERR_INVALID_ARG, "matmul: %lld rounded activation rows overflow",
+                   (long long)T);
     LOOM_TRY(loom__cpu_reserve_act(c, total));
 
     int64_t rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));

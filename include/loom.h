@@ -402,6 +402,8 @@ typedef struct loom_event {
     size_t text_len;
     loom_finish_reason reason; /* FINISHED */
     loom_status status;        /* FAILED */
+    int32_t cached_tokens;     /* FINISHED: prompt tokens this sample reused from the prefix
+                                  cache (at its last admission) */
 } loom_event;
 
 /* Called once per event in background mode, on the engine's thread. Must not call

@@ -223,7 +223,8 @@ class RequestParams(C.Structure):
 class Event(C.Structure):
     _fields_ = [("kind", C.c_int), ("id", C.c_uint64), ("user_data", C.c_void_p),
                 ("sample", C.c_int32), ("token", C.c_int32), ("text", C.POINTER(C.c_char)),
-                ("text_len", C.c_size_t), ("reason", C.c_int), ("status", C.c_int)]
+                ("text_len", C.c_size_t), ("reason", C.c_int), ("status", C.c_int),
+                ("cached_tokens", C.c_int32)]
 
 
 class EngineStats(C.Structure):
@@ -327,6 +328,7 @@ class Engine:
                 o["text"] += d["text"]
             elif ev.kind == EVENT_FINISHED:
                 o["reason"] = FINISH_REASONS[ev.reason]
+                o["cached_tokens"] = ev.cached_tokens
             else:
                 o["status"] = ev.status
                 o["reason"] = "failed"

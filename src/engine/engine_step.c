@@ -71,7 +71,10 @@ static void finish_sample(loom_engine *e, loom_req *r, int32_t i, loom_finish_re
     s->reason = reason;
     loom__engine_release(e, s);
     loom_event *ev = new_event(e, r, i, LOOM_EVENT_FINISHED);
-    if (ev) ev->reason = reason;
+    if (ev) {
+        ev->reason = reason;
+        ev->cached_tokens = s->cached_tokens;
+    }
 }
 
 /* Takes every unfinished sample of r out of the scheduler and the KV cache; kind FAILED (with
@@ -196,6 +199,7 @@ static loom_status admit(loom_engine *e, loom_req *r, loom_req_sample *s,
     for (int32_t p = 0; p < n_known; p++) e->known[p] = loom__sample_token(r, s, p);
     int32_t cached = 0;
     LOOM_TRY(loom_kv_seq_admit(e->kv, r->cache_salt, e->known, n_known, &s->kv_seq, &cached));
+    s->cached_tokens = cached;
     LOOM_RETURN_IF(cached != en->pos_start, LOOM_ERR_INTERNAL,
                    "engine: request %llu: %d tokens cached at admission, %d planned",
                    (unsigned long long)r->id, cached, en->pos_start);

@@ -15,6 +15,7 @@ typedef struct loom_req_sample {
     loom_token *tokens;       /* [max_tokens] generated tokens */
     int32_t n_generated;
     int32_t kv_seq;           /* the KV manager's sequence, -1 when it holds none */
+    int32_t cached_tokens;    /* tokens reused from the prefix cache at its last admission */
     bool in_sched;            /* known to the scheduler */
     bool swapped;             /* its blocks are in the engine's host swap area */
     int32_t *swap_slots;      /* [swap_cap] host slots of its swapped blocks */

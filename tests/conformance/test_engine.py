@@ -101,6 +101,8 @@ def synthetic(model, shape):
           f"{st['prefix_query_tokens']} prompt tokens")
     check(st["prefix_hit_tokens"] >= 192, "the second identical prompt missed the cache")
     check(out[a][0]["tokens"] == out[b][0]["tokens"], "prefix-cache hit changed the output")
+    check(out[a][0]["cached_tokens"] == 0 and out[b][0]["cached_tokens"] == 192,
+          f"per-request hit counts {out[a][0]['cached_tokens']}, {out[b][0]['cached_tokens']}")
     e.close()
 
     # n = 4 samples share the prompt's blocks.

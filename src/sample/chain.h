@@ -1,0 +1,151 @@
+/* chain.h — the full per-request sampler chain (internal; the engine will wire it to the public
+ * API): logit bias, repetition / presence / frequency penalties, entropy-based logit correction,
+ * temperature, top-k, top-p, min-p, typical-p, and a draw from the counter-based RNG, with
+ * log-probabilities before and after processing. Caller-owned workspace, no malloc per call.
+ *
+ * ORDER (fixed):
+ *   1. logit bias          x_i += bias_i (sparse list; a bias of -inf bans a token)
+ *   2. penalties           over the last `penalty_last_n` history tokens, for each seen token
+ *                          with count c: repetition (x > 0 ? x / r : x * r), then
+ *                          x -= presence (once) + c * frequency (OpenAI / llama.cpp semantics)
+ *   3. entropy correction  H = entropy of softmax(x) after 1-2 (full vocabulary); the mode
+ *                          yields one multiplicative scale s on the logits (see below)
+ *   4. temperature         folded into s (EXP: s = e^(-beta H) / T; NONE: s = 1 / T;
+ *                          EDT and DYNATEMP compute T themselves and s = 1 / T)
+ *   5. top-k  6. top-p  7. min-p  8. typical-p   on p = softmax(s * x), each on the candidates
+ *                          left by the previous step (renormalized)
+ *   9. draw                u = uniform(seed, draw_index), inverse CDF over the survivors
+ * The filters act on the corrected, tempered distribution (so top-p and min-p mean "of what we
+ * actually sample from"); top-k is unaffected by the order since s > 0 keeps the ranking.
+ * temperature == 0 means greedy (arg max after steps 1-2, ties to the lower id) in every mode.
+ *
+ * ENTROPY CORRECTION MODES (H in nats, of the distribution after steps 1-2):
+ *   NONE      s = 1 / temperature.
+ *   EXP       logits * exp(-beta H) at temperature T: s = exp(-beta H) / temperature; beta >= 0.
+ *   EDT       (Zhang et al. 2024, entropy-based dynamic temperature) T = T0 * N^(theta / H),
+ *             T0 = temperature, N = edt_n in (0, 1] (default 0.8), theta >= 0. Floor: H is
+ *             replaced by max(H, edt_h_min) (default 1e-3 nats) so H -> 0 gives a tiny but
+ *             positive T instead of 0 / 0; if T still underflows to 0 the step is greedy (its
+ *             limit). Since N <= 1, T <= T0 always.
+ *   DYNATEMP  T = dyn_t_min + (dyn_t_max - dyn_t_min) * (H / ln n)^dyn_exponent, n the number of
+ *             finite candidates after steps 1-2 (H / ln n clamped to [0, 1]; n <= 1 gives
+ *             dyn_t_min); T == 0 gives greedy. temperature only switches greedy on (== 0).
+ *
+ * COST: one streaming pass computes max, normalizer, entropy and varentropy together. Top-k
+ * uses a k-entry heap (O(V log k)); with top-k off, top-p first drops every token whose
+ * probability is below (1 - top_p) / n_finite (their total mass is < 1 - top_p, so they can
+ * never be in the nucleus) together with the min-p cut, and sorts only the rest. Typical-p
+ * sorts the candidates left by the earlier filters (all finite tokens if none is on).
+ * Raw top-n logprobs use an n-entry heap.
+ *
+ * DETERMINISM: the draw uses loom__rng_uniform(seed, draw_index) only; candidate order is a
+ * total order (logit, then id), so a result never depends on batch, thread or schedule. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom.h"
+
+typedef enum loom_entropy_mode {
+    LOOM_ENTROPY_NONE = 0,
+    LOOM_ENTROPY_EXP = 1,
+    LOOM_ENTROPY_EDT = 2,
+    LOOM_ENTROPY_DYNATEMP = 3,
+} loom_entropy_mode;
+
+typedef struct loom_logit_bias {
+    loom_token id; /* in [0, n_vocab) */
+    float bias;    /* added to the logit; -inf bans the token; +inf and NaN are invalid */
+} loom_logit_bias;
+
+#define LOOM_SAMPLE_CHAIN_DEFAULT_LOGPROBS_MAX 20 /* what the engine allows without asking */
+
+typedef struct loom_sample_chain_config {
+    /* 1. bias */
+    const loom_logit_bias *bias; /* n_bias entries, borrowed; duplicates add up */
+    int32_t n_bias;
+    /* 2. penalties */
+    int32_t penalty_last_n;  /* window of previous tokens: 0 off, -1 whole history; default 64 */
+    float repeat_penalty;    /* > 0; 1 off (default) */
+    float presence_penalty;  /* finite; 0 off (default) */
+    float frequency_penalty; /* finite; 0 off (default) */
+    /* 3. entropy correction */
+    loom_entropy_mode entropy_mode; /* default NONE */
+    float exp_beta;                 /* EXP: beta >= 0; default 0.5 */
+    float edt_n;                    /* EDT: N in (0, 1]; default 0.8 */
+    float edt_theta;                /* EDT: theta >= 0; default 1.0 */
+    float edt_h_min;                /* EDT: entropy floor > 0 (nats); default 1e-3 */
+    float dyn_t_min, dyn_t_max;     /* DYNATEMP: 0 <= t_min <= t_max; default 0.5, 1.5 */
+    float dyn_exponent;             /* DYNATEMP: kappa >= 0; default 1 */
+    /* 4-8. temperature and filters */
+    float temperature; /* >= 0, finite; 0 greedy; default 0.8 */
+    int32_t top_k;     /* <= 0 off; default 40 */
+    float top_p;       /* (0, 1]; 1 off; default 0.95 */
+    float min_p;       /* [0, 1]; 0 off (default) */
+    float typical_p;   /* (0, 1]; 1 off (default) */
+    /* 9. draw */
+    uint64_t seed; /* default 0x5EED */
+    /* outputs */
+    int32_t n_logprobs; /* top-n alternatives to report, [0, n_vocab]; default 0 */
+} loom_sample_chain_config;
+
+typedef struct loom_sample_chain_logprob {
+    loom_token id;
+    float logprob;
+} loom_sample_chain_logprob;
+
+/* What one step produced. top_raw / top_final are caller-owned arrays of at least
+ * cfg->n_logprobs entries (may be NULL when n_logprobs == 0); the rest is filled by the call.
+ * "raw" = log softmax of the logits as given (the model's distribution); "final" = the
+ * distribution actually drawn from (after every step; renormalized over the survivors; a greedy
+ * step is a point mass). */
+typedef struct loom_sample_chain_result {
+    loom_token token;
+    float logprob_raw;
+    float logprob_final;
+    loom_sample_chain_logprob *top_raw;   /* [n_logprobs] in: buffer; out: best first */
+    loom_sample_chain_logprob *top_final; /* [n_logprobs] in: buffer; out: best first */
+    int32_t n_top_raw;   /* entries written to top_raw (min(n_logprobs, finite raw tokens)) */
+    int32_t n_top_final; /* entries written to top_final (min(n_logprobs, survivors)) */
+    double entropy;      /* H of softmax after bias and penalties (what the correction sees) */
+    double varentropy;   /* its varentropy, nats^2 */
+    double entropy_final; /* H of the final distribution */
+    double temperature;   /* effective temperature 1 / s (0 when greedy) */
+    int32_t n_candidates; /* size of the final support */
+} loom_sample_chain_result;
+
+/* The documented defaults (matching loom_sampler_default_params for the shared fields). */
+loom_sample_chain_config loom_sample_chain_default_config(void);
+
+/* Checks cfg for a vocabulary of n_vocab tokens (call at submit time). Errors:
+ * LOOM_ERR_INVALID_ARG with a message naming the field (negative or non-finite temperature,
+ * top_p outside (0, 1], min_p outside [0, 1], typical_p outside (0, 1], a bias id out of range
+ * or a +inf/NaN bias, repeat_penalty <= 0, non-finite presence/frequency, penalty_last_n < -1,
+ * negative beta/theta/exponent, edt_n outside (0, 1], edt_h_min <= 0, a bad dynatemp range,
+ * an unknown mode, n_logprobs outside [0, n_vocab]). Thread-safe. */
+loom_status loom_sample_chain_validate(const loom_sample_chain_config *cfg, int32_t n_vocab);
+
+typedef struct loom_sample_chain_ws loom_sample_chain_ws;
+
+/* Bytes of workspace for n_vocab tokens (0 when n_vocab <= 0 or the size overflows). */
+size_t loom_sample_chain_workspace_size(int32_t n_vocab);
+
+/* Lays a workspace out in caller memory mem[0..size) (16-byte aligned, size from
+ * loom_sample_chain_workspace_size); *out points into mem and stays valid as long as mem.
+ * Nothing to free. One workspace serves one thread at a time.
+ * Errors: LOOM_ERR_INVALID_ARG (NULL, misaligned, n_vocab <= 0), LOOM_ERR_BUFFER_TOO_SMALL. */
+loom_status loom_sample_chain_workspace_init(void *mem, size_t size, int32_t n_vocab,
+                                             loom_sample_chain_ws **out);
+
+/* Runs the chain on logits[0..n_vocab) (n_vocab fixed by the workspace; logits not modified)
+ * with the request's previous tokens history[0..n_history) (oldest first; the penalty window
+ * is its tail), drawing with (cfg->seed, draw_index). Validates cfg. No allocation.
+ * Errors: LOOM_ERR_INVALID_ARG (NULL, bad cfg, NULL result buffers with n_logprobs > 0),
+ *   LOOM_ERR_BAD_INPUT (a history id out of range, a +inf logit after bias/penalties, or no
+ *   finite logit left; NaN logits are treated as -inf). */
+loom_status loom_sample_chain_run(loom_sample_chain_ws *ws, const loom_sample_chain_config *cfg,
+                                  const float *logits, const loom_token *history,
+                                  int32_t n_history, uint64_t draw_index,
+                                  loom_sample_chain_result *out);

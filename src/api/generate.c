@@ -1,11 +1,13 @@
 /* generate.c — loom_generate: prompt, then sample token by token, streaming text in whole
- * UTF-8 characters (a character split across byte-fallback tokens is held back until complete). */
+ * UTF-8 characters through the engine's text stream (a character split across byte-fallback
+ * tokens is held back until complete). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "api/api_internal.h"
 #include "core/status.h"
 #include "core/timer.h"
+#include "engine/text_stream.h"
 #include "model/model.h"
 
 loom_generate_params loom_generate_default_params(void) {
@@ -19,44 +21,18 @@ loom_generate_params loom_generate_default_params(void) {
     return p;
 }
 
-/* Length of the prefix of s[0..n) that ends on a UTF-8 character boundary: trailing bytes that
- * start a multi-byte character not yet complete are excluded. */
-static size_t complete_utf8_prefix(const char *s, size_t n) {
-    size_t i = n, back = 0;
-    while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) {
-        i--;
-        back++;
-    }
-    if (i == 0) return n;
-    unsigned char lead = (unsigned char)s[i - 1];
-    size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
-    return back + 1 < need ? i - 1 : n;
-}
-
-typedef struct pending_text {
-    char buf[64]; /* bytes of an unfinished character (at most 3) plus one piece */
-    size_t len;
-} pending_text;
-
-static bool emit_piece(const loom_model *m, pending_text *pt, loom_token tok, loom_piece_fn fn,
+/* Streams tok's piece through ts and hands the completed text to fn. */
+static bool emit_piece(const loom_model *m, loom_text_stream *ts, loom_token tok, loom_piece_fn fn,
                        void *user) {
     char piece[256];
     size_t n = 0;
-    if (loom_token_to_piece(m, tok, 0, piece, sizeof piece, &n) != LOOM_OK) n = 0;
-    if (n > sizeof pt->buf - pt->len) {
-        /* A very long piece: flush what is pending, then pass it through whole. */
-        bool go = !fn || fn(pt->buf, pt->len, tok, user);
-        pt->len = 0;
-        return go && (!fn || fn(piece, n > sizeof piece ? sizeof piece : n, tok, user));
-    }
-    memcpy(pt->buf + pt->len, piece, n);
-    pt->len += n;
-    size_t ready = complete_utf8_prefix(pt->buf, pt->len);
-    bool go = true;
-    if (fn && (ready > 0 || pt->len == 0)) go = fn(pt->buf, ready, tok, user);
-    memmove(pt->buf, pt->buf + ready, pt->len - ready);
-    pt->len -= ready;
-    return go;
+    if (loom_token_to_piece(m, tok, 0, piece, sizeof piece, &n) != LOOM_OK || n > sizeof piece)
+        n = 0;
+    const char *out = "";
+    size_t len = 0;
+    bool stopped = false;
+    if (!loom__text_stream_push(ts, NULL, piece, n, &out, &len, &stopped)) len = 0;
+    return !fn || fn(out, len, tok, user);
 }
 
 loom_status loom_generate(loom_session *s, const char *prompt, const loom_generate_params *params,
@@ -93,7 +69,9 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
     st_local.n_prompt = (int32_t)n_tok;
     st_local.prompt_ms = loom__now_ms() - t0;
 
-    pending_text pt = {.len = 0};
+    /* Whole UTF-8 characters only: a character split over byte tokens waits for its end. */
+    char text_buf[256 + 8];
+    loom_text_stream ts = {text_buf, 0, sizeof text_buf, 0};
     double t1 = loom__now_ms();
     for (int32_t i = 0; i < p.n_predict; i++) {
         loom_token next;
@@ -102,7 +80,7 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
         if (st != LOOM_OK) break;
         st_local.n_generated++;
         if (p.stop_at_eos && loom_tokenizer_is_eog(m->tok, next)) break;
-        if (!emit_piece(m, &pt, next, on_piece, user_data)) break;
+        if (!emit_piece(m, &ts, next, on_piece, user_data)) break;
         if (i + 1 == p.n_predict) break;
         st = loom_session_decode(s, &next, 1, false);
         if (st == LOOM_ERR_CONTEXT_FULL) {

@@ -188,50 +188,12 @@ static bool element(const loom_gguf_value *arr, uint64_t i, loom_gguf_value *v) 
     uint64_t esize = loom__gguf_vtype_size(arr->arr.elem_type);
     if (esize == 0) return false;
     const uint8_t *p = (const uint8_t *)arr->arr.raw + i * esize;
-    uint32_t b32;
-    uint64_t b64;
-    float f;
     v->type = arr->arr.elem_type;
-    switch (arr->arr.elem_type) {
-    case LOOM_GGUF_U8:
-        v->u64 = p[0];
-        break;
-    case LOOM_GGUF_I8:
-        v->i64 = (int8_t)p[0];
-        break;
-    case LOOM_GGUF_BOOL:
-        v->u64 = p[0] != 0;
+    loom__gguf_decode_scalar(v->type, p, v);
+    if (v->type == LOOM_GGUF_BOOL) { /* read as an integer 0/1 by the numeric accessors */
+        bool b = v->b;
+        v->u64 = b;
         v->type = LOOM_GGUF_U8;
-        break;
-    case LOOM_GGUF_U16:
-        v->u64 = loom__gguf_le16(p);
-        break;
-    case LOOM_GGUF_I16:
-        v->i64 = (int16_t)loom__gguf_le16(p);
-        break;
-    case LOOM_GGUF_U32:
-        v->u64 = loom__gguf_le32(p);
-        break;
-    case LOOM_GGUF_I32:
-        v->i64 = (int32_t)loom__gguf_le32(p);
-        break;
-    case LOOM_GGUF_U64:
-        v->u64 = loom__gguf_le64(p);
-        break;
-    case LOOM_GGUF_I64:
-        v->i64 = (int64_t)loom__gguf_le64(p);
-        break;
-    case LOOM_GGUF_F32:
-        b32 = loom__gguf_le32(p);
-        memcpy(&f, &b32, sizeof f);
-        v->f64 = f;
-        break;
-    case LOOM_GGUF_F64:
-        b64 = loom__gguf_le64(p);
-        memcpy(&v->f64, &b64, sizeof v->f64);
-        break;
-    default:
-        return false;
     }
     return true;
 }

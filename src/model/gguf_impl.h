@@ -180,3 +180,7 @@ loom_status loom__gguf_parse_tensor_infos(loom_gguf *g, loom__gguf_reader *r, in
 
 /* With g->data_offset known: checks each tensor's offset (alignment, bounds) and sets data. */
 loom_status loom__gguf_place_tensors(loom_gguf *g);
+
+/* Decodes one fixed-size scalar of type t (not STR or ARR) from the little-endian bytes at p
+ * into v's union member for that type (gguf_meta.c). */
+void loom__gguf_decode_scalar(uint32_t t, const uint8_t *p, loom_gguf_value *v);

@@ -46,8 +46,7 @@ static loom_status check_bools(const uint8_t *p, uint64_t n, bool in_array) {
     return LOOM_OK;
 }
 
-/* Decodes one fixed-size scalar of type t from p into v (type already known to be fixed-size). */
-static void decode_scalar(uint32_t t, const uint8_t *p, loom_gguf_value *v) {
+void loom__gguf_decode_scalar(uint32_t t, const uint8_t *p, loom_gguf_value *v) {
     uint32_t bits32;
     uint64_t bits64;
     float f;
@@ -175,7 +174,7 @@ static loom_status parse_value(loom__gguf_reader *r, uint32_t type, loom_gguf_va
     LOOM_TRY(loom__gguf_take(r, loom__gguf_vtype_size(type), loom_gguf_vtype_name(type), &p));
     if (type == LOOM_GGUF_BOOL) LOOM_TRY(check_bools(p, 1, false));
     v->type = (loom_gguf_vtype)type;
-    decode_scalar(type, p, v);
+    loom__gguf_decode_scalar(type, p, v);
     return LOOM_OK;
 }
 

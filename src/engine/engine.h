@@ -84,6 +84,8 @@ struct loom_engine {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     loom_engine_inbox inbox;
+    loom_engine_inbox drained; /* the step's copy: swapped with inbox under mu, then read
+                                  without it while submitters fill the (now empty) inbox */
     loom_id_map live; /* ids submitted and not yet finished (for cancel's NOT_FOUND) */
     uint64_t next_id;
     loom_engine_stats stats; /* counters updated by steps */

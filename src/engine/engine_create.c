@@ -166,6 +166,8 @@ void loom_engine_destroy(loom_engine *e) {
     for (size_t i = 0; i < e->n_retired; i++) loom__req_free(e->retired[i]);
     free(e->inbox.reqs);
     free(e->inbox.cancels);
+    free(e->drained.reqs);
+    free(e->drained.cancels);
     free(e->retired);
     loom__id_map_free(&e->reqs);
     loom__id_map_free(&e->live);

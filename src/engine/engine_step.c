@@ -119,38 +119,35 @@ static loom_status add_to_sched(loom_engine *e, loom_req *r, int32_t i) {
 /* ---- 0. the inbox ------------------------------------------------------------------------- */
 
 static void drain_inbox(loom_engine *e) {
+    /* Swap the arrays under the lock: submitters keep appending to an empty inbox while this
+     * thread works through what was there, so no entry is overwritten or seen twice. */
     pthread_mutex_lock(&e->mu);
-    size_t n_reqs = e->inbox.n_reqs, n_cancels = e->inbox.n_cancels;
+    loom_engine_inbox in = e->inbox;
+    e->inbox = e->drained;
     e->inbox.n_reqs = e->inbox.n_cancels = 0;
-    /* The arrays stay valid: only this thread shrinks them, and submitters append after
-     * n_reqs, which is now 0 — so copy the entries out while holding the lock. */
-    for (size_t k = 0; k < n_reqs; k++) {
-        loom_req *r = e->inbox.reqs[k];
-        loom_status st = loom__id_map_put(&e->reqs, r->id, r);
-        if (st == LOOM_OK) {
-            r->state = LOOM_REQ_ACTIVE;
-            pthread_mutex_unlock(&e->mu);
-            st = add_to_sched(e, r, 0);
-            if (st != LOOM_OK) end_request(e, r, st);
-            pthread_mutex_lock(&e->mu);
-        } else {
-            loom__id_map_del(&e->live, r->id);
-            loom__req_free(r);
-        }
-    }
-    loom_request_id ids[64];
-    while (n_cancels > 0) {
-        size_t take = n_cancels < 64 ? n_cancels : 64;
-        memcpy(ids, e->inbox.cancels + (n_cancels - take), take * sizeof *ids);
-        n_cancels -= take;
-        pthread_mutex_unlock(&e->mu);
-        for (size_t k = 0; k < take; k++) {
-            loom_req *r = loom__id_map_get(&e->reqs, ids[k]);
-            if (r && r->state == LOOM_REQ_ACTIVE) end_request(e, r, LOOM_OK);
-        }
-        pthread_mutex_lock(&e->mu);
-    }
+    e->drained = in;
     pthread_mutex_unlock(&e->mu);
+
+    loom_engine_inbox *d = &e->drained;
+    for (size_t k = 0; k < d->n_reqs; k++) {
+        loom_req *r = d->reqs[k];
+        loom_status st = loom__id_map_put(&e->reqs, r->id, r);
+        if (st != LOOM_OK) {
+            pthread_mutex_lock(&e->mu);
+            loom__id_map_del(&e->live, r->id);
+            pthread_mutex_unlock(&e->mu);
+            loom__req_free(r);
+            continue;
+        }
+        r->state = LOOM_REQ_ACTIVE;
+        st = add_to_sched(e, r, 0);
+        if (st != LOOM_OK) end_request(e, r, st);
+    }
+    for (size_t k = 0; k < d->n_cancels; k++) {
+        loom_req *r = loom__id_map_get(&e->reqs, d->cancels[k]);
+        if (r && r->state == LOOM_REQ_ACTIVE) end_request(e, r, LOOM_OK);
+    }
+    d->n_reqs = d->n_cancels = 0;
 }
 
 /* ---- 1-2. plan and reserve ---------------------------------------------------------------- */

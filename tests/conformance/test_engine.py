@@ -214,6 +214,39 @@ def background(model, V):
     check(same_n == 4, "background mode changed outputs")
 
 
+def concurrent_submit(model, V):
+    """submit and cancel from 4 threads while this thread steps: every request finishes once,
+    ids are unique, nothing is lost or seen twice."""
+    import threading
+    e = loom.Engine(model, kv_bytes=64 << 20)
+    ids, lock = [], threading.Lock()
+    rng = np.random.default_rng(13)
+    prompts = [[1] + [int(t) for t in rng.integers(3, V, 4 + k % 9)] for k in range(100)]
+
+    def client(part):
+        for k in range(part, 100, 4):
+            rid = e.submit(tokens=prompts[k], max_tokens=3)
+            if k % 10 == 0:
+                try:
+                    e.cancel(rid)
+                except loom.LoomError:
+                    pass  # it may have finished already
+            with lock:
+                ids.append(rid)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads) or e.has_work():
+        e.step()
+    for t in threads:
+        t.join()
+    done = [i for i in ids if e.outputs.get(i, {}).get(0, {}).get("reason")]
+    print(f"concurrent submit: {len(set(ids))} unique ids, {len(done)} finished")
+    check(len(set(ids)) == 100 and len(done) == 100, "concurrent submit lost or repeated requests")
+    e.close()
+
+
 def sliding_window(path_dir):
     """A llama model with a 16-token sliding window: the KV manager releases blocks that left
     the window (table entries become -1) and the engine must still match a plain session,
@@ -265,6 +298,7 @@ def main():
     model = loom.Model(path, n_threads=2)
     synthetic(model, shape)
     background(model, shape.n_vocab)
+    concurrent_submit(model, shape.n_vocab)
     sliding_window(TMP)
     model.close()
     try:

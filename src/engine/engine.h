@@ -108,7 +108,7 @@ loom_status loom__engine_swap_in(loom_engine *e, struct loom_req_sample *s);
 void loom__engine_release(loom_engine *e, struct loom_req_sample *s);
 
 /* engine_step.c */
-loom_status loom__engine_step_locked_out(loom_engine *e);
+loom_status loom__engine_step(loom_engine *e);
 
 /* Token at position p of a sample: the prompt, then its generated tokens. */
 static inline loom_token loom__sample_token(const loom_req *r, const loom_req_sample *s,
@@ -118,6 +118,14 @@ static inline loom_token loom__sample_token(const loom_req *r, const loom_req_sa
 
 static inline uint64_t loom__sched_id(const loom_req *r, int32_t sample) {
     return r->id * LOOM_ENGINE_MAX_N + (uint64_t)sample;
+}
+
+/* Copies the first n known tokens of a sample (prompt, then generated) into e->known and
+ * returns e->known (n <= max_ctx). */
+static inline const loom_token *loom__engine_known(loom_engine *e, const loom_req *r,
+                                                   const loom_req_sample *s, int32_t n) {
+    for (int32_t p = 0; p < n; p++) e->known[p] = loom__sample_token(r, s, p);
+    return e->known;
 }
 
 /* Engine clock in microseconds since create. */

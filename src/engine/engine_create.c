@@ -210,7 +210,7 @@ static void *engine_thread(void *arg) {
         bool stop = e->stop;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
-        if (loom__engine_step_locked_out(e) != LOOM_OK) {
+        if (loom__engine_step(e) != LOOM_OK) {
             /* A failed step has already failed its requests through events; keep serving. */
         }
         for (size_t i = 0; i < e->n_events; i++) {

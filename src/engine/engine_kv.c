@@ -154,10 +154,9 @@ static int32_t iface_blocks_needed(void *ctx, uint64_t id, int32_t n_computed, i
     /* Not admitted: what admitting its known tokens and computing up to n_computed + n_new
      * would take. */
     int32_t n_known = r->n_prompt + s->n_generated;
-    loom_token *toks = e->known;
     int32_t total = n_computed + n_new;
     if (total > n_known) total = n_known;
-    for (int32_t p = 0; p < total; p++) toks[p] = loom__sample_token(r, s, p);
+    const loom_token *toks = loom__engine_known(e, r, s, total);
     int32_t cached = 0;
     if (loom_kv_admit_need(e->kv, r->cache_salt, toks, total, total, need, &cached) != LOOM_OK)
         return INT32_MAX / 2;
@@ -187,10 +186,9 @@ static int32_t iface_cached_tokens(void *ctx, uint64_t id) {
     loom_req_sample *s = sample_of(e, id, &r);
     if (!s || s->kv_seq >= 0) return 0;
     int32_t n_known = r->n_prompt + s->n_generated;
-    for (int32_t p = 0; p < n_known; p++) e->known[p] = loom__sample_token(r, s, p);
+    const loom_token *toks = loom__engine_known(e, r, s, n_known);
     int32_t need[LOOM_MAX_KV_GROUPS], cached = 0;
-    if (loom_kv_admit_need(e->kv, r->cache_salt, e->known, n_known, 0, need, &cached) !=
-        LOOM_OK)
+    if (loom_kv_admit_need(e->kv, r->cache_salt, toks, n_known, 0, need, &cached) != LOOM_OK)
         return 0;
     return cached;
 }

@@ -193,9 +193,9 @@ static void carry_out_preemptions(loom_engine *e, const loom_sched_plan *plan) {
 static loom_status admit(loom_engine *e, loom_req *r, loom_req_sample *s,
                          const loom_sched_entry *en) {
     int32_t n_known = r->n_prompt + s->n_generated;
-    for (int32_t p = 0; p < n_known; p++) e->known[p] = loom__sample_token(r, s, p);
+    const loom_token *toks = loom__engine_known(e, r, s, n_known);
     int32_t cached = 0;
-    LOOM_TRY(loom_kv_seq_admit(e->kv, r->cache_salt, e->known, n_known, &s->kv_seq, &cached));
+    LOOM_TRY(loom_kv_seq_admit(e->kv, r->cache_salt, toks, n_known, &s->kv_seq, &cached));
     s->cached_tokens = cached;
     LOOM_RETURN_IF(cached != en->pos_start, LOOM_ERR_INTERNAL,
                    "engine: request %llu: %d tokens cached at admission, %d planned",
@@ -331,7 +331,7 @@ static bool accept_token(loom_engine *e, loom_req *r, int32_t i, loom_token tok)
     return done;
 }
 
-static loom_status sample_and_commit(loom_engine *e, int32_t n, int32_t n_tok) {
+static loom_status sample_and_commit(loom_engine *e, int32_t n) {
     const int32_t V = e->model->cfg.n_vocab;
     int32_t row = 0;
     e->n_results = 0;
@@ -377,7 +377,6 @@ static loom_status sample_and_commit(loom_engine *e, int32_t n, int32_t n_tok) {
     }
     pthread_mutex_lock(&e->mu);
     e->stats.tokens_generated += e->n_results;
-    (void)n_tok;
     pthread_mutex_unlock(&e->mu);
     return LOOM_OK;
 }
@@ -418,7 +417,7 @@ static void update_stats(loom_engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
-loom_status loom__engine_step_locked_out(loom_engine *e) {
+loom_status loom__engine_step(loom_engine *e) {
     e->n_events = 0;
     for (size_t k = 0; k < e->n_retired; k++) loom__req_free(e->retired[k]);
     e->n_retired = 0;
@@ -448,7 +447,7 @@ loom_status loom__engine_step_locked_out(loom_engine *e) {
             st = loom__model_forward(e->model, &e->ws, &batch, kv, e->logits);
         }
         if (st == LOOM_OK) {
-            st = sample_and_commit(e, n, n_tok);
+            st = sample_and_commit(e, n);
         } else {
             LOOM_LOG_E("engine: step failed: %s", loom_last_error());
             fail_batch(e, n, st);

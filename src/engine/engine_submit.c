@@ -105,7 +105,7 @@ loom_status loom_engine_step(loom_engine *e, const loom_event **events, size_t *
     LOOM_CHECK_ARG(e != NULL && events != NULL && n_events != NULL);
     LOOM_RETURN_IF(e->has_thread, LOOM_ERR_BUSY,
                    "engine: background mode steps on its own thread");
-    loom_status st = loom__engine_step_locked_out(e);
+    loom_status st = loom__engine_step(e);
     *events = e->events;
     *n_events = e->n_events;
     return st;

@@ -19,7 +19,7 @@ typedef struct loom_req_sample {
     bool in_sched;            /* known to the scheduler */
     bool swapped;             /* its blocks are in the engine's host swap area */
     int32_t *swap_slots;      /* [swap_cap] host slots of its swapped blocks */
-    int32_t swap_offsets[8];  /* per-group ranges of swap_slots (n_groups + 1 entries) */
+    int32_t swap_offsets[LOOM_MAX_KV_GROUPS + 1]; /* per-group ranges of swap_slots */
     bool finished;
     loom_finish_reason reason;
     loom_text_stream text;    /* pending text of this sample */

@@ -143,39 +143,41 @@ LOOM__QINLINE void isum_q3_K_portable(const loom_block_q3_K *w, const loom_block
     *msum = 0;
 }
 
-/* q4_K: sub-blocks 2c and 2c+1 are the low and high nibbles of qs[32c .. 32c+32). */
-LOOM__QINLINE void isum_q4_K_portable(const loom_block_q4_K *w, const loom_block_q8_K *x,
-                                      int32_t *isum, int32_t *msum) {
-    int8_t q[LOOM_QK_K];
+/* The common end of q4_K and q5_K: the unpacked codes q dotted with x per 32-value sub-block
+ * and scaled, and the sub-block minimums against x's 16-value sums. */
+LOOM__QINLINE void k4_sums(const int8_t *q, const uint8_t *scales, const loom_block_q8_K *x,
+                           int32_t *isum, int32_t *msum) {
     int32_t sc[8], mn[8];
-    for (int c = 0; c < 4; c++)
-        for (int l = 0; l < 32; l++) {
-            q[64 * c + l] = (int8_t)(w->qs[32 * c + l] & 15);
-            q[64 * c + 32 + l] = (int8_t)(w->qs[32 * c + l] >> 4);
-        }
-    unpack_k4_scales(w->scales, sc, mn);
+    unpack_k4_scales(scales, sc, mn);
     int32_t m = 0;
     for (int i = 0; i < 8; i++) m += mn[i] * (bsum16(x, 2 * i) + bsum16(x, 2 * i + 1));
     *isum = scaled_sum32(q, x->qs, sc);
     *msum = m;
 }
 
+/* q4_K: sub-blocks 2c and 2c+1 are the low and high nibbles of qs[32c .. 32c+32). */
+LOOM__QINLINE void isum_q4_K_portable(const loom_block_q4_K *w, const loom_block_q8_K *x,
+                                      int32_t *isum, int32_t *msum) {
+    int8_t q[LOOM_QK_K];
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            q[64 * c + l] = (int8_t)(w->qs[32 * c + l] & 15);
+            q[64 * c + 32 + l] = (int8_t)(w->qs[32 * c + l] >> 4);
+        }
+    k4_sums(q, w->scales, x, isum, msum);
+}
+
 /* q5_K: as q4_K with bit 4 of value v's code at bit v / 32 of qh[v % 32]. */
 LOOM__QINLINE void isum_q5_K_portable(const loom_block_q5_K *w, const loom_block_q8_K *x,
                                       int32_t *isum, int32_t *msum) {
     int8_t q[LOOM_QK_K];
-    int32_t sc[8], mn[8];
     for (int c = 0; c < 4; c++)
         for (int l = 0; l < 32; l++) {
             q[64 * c + l] = (int8_t)((w->qs[32 * c + l] & 15) | ((w->qh[l] >> (2 * c)) & 1) << 4);
             q[64 * c + 32 + l] =
                 (int8_t)((w->qs[32 * c + l] >> 4) | ((w->qh[l] >> (2 * c + 1)) & 1) << 4);
         }
-    unpack_k4_scales(w->scales, sc, mn);
-    int32_t m = 0;
-    for (int i = 0; i < 8; i++) m += mn[i] * (bsum16(x, 2 * i) + bsum16(x, 2 * i + 1));
-    *isum = scaled_sum32(q, x->qs, sc);
-    *msum = m;
+    k4_sums(q, w->scales, x, isum, msum);
 }
 
 /* q6_K: value v = 128h + 32s + l: low nibble (s / 2) of ql[64h + 32(s % 2) + l], high two bits

@@ -50,6 +50,14 @@ typedef struct loom__qdot_entry {
 const loom__qdot_entry *loom__qdot_legacy(uint32_t weight_type); /* q4_0 .. q8_0 */
 const loom__qdot_entry *loom__qdot_kquant(uint32_t weight_type); /* q2_K .. q6_K */
 
+/* The tile kernels of qgemm.h per family (NULL for other types, or without VNNI). */
+struct loom_qgemm_kernels;
+const struct loom_qgemm_kernels *loom__qgemm_legacy(uint32_t weight_type); /* q4_0 .. q8_0 */
+const struct loom_qgemm_kernels *loom__qgemm_kquant(uint32_t weight_type); /* q4_K .. q6_K */
+struct loom_qgemm_lanes;
+const struct loom_qgemm_lanes *loom__qgemm_lanes_legacy(uint32_t weight_type);
+const struct loom_qgemm_lanes *loom__qgemm_lanes_kquant(uint32_t weight_type);
+
 /* ---- scalar helpers --------------------------------------------------------------------- */
 
 /* Reads a little-endian f16 field at p (block fields are only 2-byte aligned). */

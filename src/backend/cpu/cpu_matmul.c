@@ -26,6 +26,7 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "tensor/qdot.h"
+#include "tensor/qgemm.h"
 #include "tensor/quant.h"
 
 #include <assert.h>
@@ -140,6 +141,164 @@ static void mmq_worker(void *p, int ith, int nth) {
     }
 }
 
+/* ---- tile kernels (tensor/qgemm.h) -------------------------------------------------------- */
+
+/* Tokens per tile call: their prepared rows stay in L1 while a group of weight rows passes. */
+#define MMT_TOKENS 16
+
+typedef struct mmt_task {
+    const loom_tensor *w, *x;
+    loom_tensor *out;
+    loom_cpu_ctx *c;
+    const loom_qgemm_kernels *k;
+    loom_quantize_act_fn quant;
+    uint8_t *xp; /* [T] prepared rows, x_stride apart */
+    size_t x_stride;
+    int64_t rb;
+} mmt_task;
+
+/* Rounds this thread's share of the tokens (into its scratch) and prepares them. */
+static void mmt_prepare_worker(void *p, int ith, int nth) {
+    const mmt_task *a = p;
+    int64_t t0, t1;
+    loom__split_range(a->x->ne[1], ith, nth, &t0, &t1);
+    void *tmp = a->c->scratch[ith];
+    for (int64_t t = t0; t < t1; t++) {
+        a->quant(loom__cpu_row(a->x, t), tmp, a->x->ne[0]);
+        a->k->prepare_x(tmp, a->xp + (size_t)t * a->x_stride, a->x->ne[0]);
+    }
+}
+
+static void mmt_worker(void *p, int ith, int nth) {
+    const mmt_task *a = p;
+    const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
+    const size_t out_stride = a->out->row_stride / sizeof(float);
+    int64_t g0, g1;
+    loom__split_range((N + rb - 1) / rb, ith, nth, &g0, &g1);
+    for (int64_t g = g0; g < g1; g++) {
+        const int64_t o0 = g * rb;
+        const int nr = (int)(N - o0 < rb ? N - o0 : rb);
+        for (int64_t t0 = 0; t0 < T; t0 += MMT_TOKENS) {
+            const int nt = (int)(T - t0 < MMT_TOKENS ? T - t0 : MMT_TOKENS);
+            float *o = (float *)loom__cpu_row(a->out, t0) + o0;
+            a->k->tile(loom__cpu_row(a->w, o0), a->w->row_stride, nr,
+                       a->xp + (size_t)t0 * a->x_stride, a->x_stride, nt, K, o, out_stride);
+        }
+    }
+}
+
+static loom_status mm_run_tiles(loom_cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
+                                loom_tensor *out, const loom_qgemm_kernels *k, uint32_t act_type,
+                                size_t act_row, size_t w_row) {
+    const int64_t K = w->ne[0], T = x->ne[1];
+    mmt_task task = {.w = w,
+                     .x = x,
+                     .out = out,
+                     .c = c,
+                     .k = k,
+                     .quant = loom_quantize_activations_get(act_type),
+                     .x_stride = k->x_row_bytes(K)};
+    assert(task.quant && "every activation format has a quantizer");
+    size_t total;
+    LOOM_RETURN_IF(loom__mul_overflow_size(task.x_stride, (size_t)T, &total), LOOM_ERR_INVALID_ARG,
+                   "matmul: %lld prepared activation rows overflow", (long long)T);
+    LOOM_TRY(loom__cpu_reserve_act(c, total));
+    task.xp = c->act;
+    task.rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));
+    if (task.rb < 1) task.rb = 1;
+    if (task.rb > MM_MAX_RB) task.rb = MM_MAX_RB;
+    /* Scratch holds one rounded activation row while preparing. */
+    LOOM_TRY(loom__cpu_reserve_scratch(c, act_row / sizeof(float) + 1));
+    if (T == 1)
+        mmt_prepare_worker(&task, 0, 1); /* one row: not worth waking the pool */
+    else
+        loom__threadpool_run(c->tp, mmt_prepare_worker, &task);
+    loom__threadpool_run(c->tp, mmt_worker, &task);
+    return LOOM_OK;
+}
+
+/* ---- token-lane kernels (tensor/qgemm.h), for steps with many tokens ---------------------- */
+
+/* From this many tokens on, 8-token lanes beat the per-pair tile kernels (a partly filled
+ * group of 8 costs as much as a full one). */
+#define MML_MIN_TOKENS 5
+
+typedef struct mml_task {
+    const loom_tensor *w, *x;
+    loom_tensor *out;
+    loom_cpu_ctx *c;
+    const loom_qgemm_lanes *k;
+    loom_quantize_act_fn quant;
+    uint8_t *x8; /* [ceil(T / 8)] prepared groups, x8_stride apart */
+    size_t x8_stride, act_stride;
+    int64_t rb;
+} mml_task;
+
+/* Rounds this thread's share of the 8-token groups into its scratch and prepares them. */
+static void mml_prepare_worker(void *p, int ith, int nth) {
+    const mml_task *a = p;
+    const int64_t T = a->x->ne[1], n_groups = (T + LOOM_QGEMM_LANES - 1) / LOOM_QGEMM_LANES;
+    int64_t g0, g1;
+    loom__split_range(n_groups, ith, nth, &g0, &g1);
+    uint8_t *tmp = (uint8_t *)a->c->scratch[ith];
+    for (int64_t g = g0; g < g1; g++) {
+        const int64_t t0 = g * LOOM_QGEMM_LANES;
+        const int n = (int)(T - t0 < LOOM_QGEMM_LANES ? T - t0 : LOOM_QGEMM_LANES);
+        for (int j = 0; j < n; j++)
+            a->quant(loom__cpu_row(a->x, t0 + j), tmp + (size_t)j * a->act_stride, a->x->ne[0]);
+        a->k->prepare_x8(tmp, a->act_stride, n, a->x8 + (size_t)g * a->x8_stride, a->x->ne[0]);
+    }
+}
+
+static void mml_worker(void *p, int ith, int nth) {
+    const mml_task *a = p;
+    const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
+    const size_t out_stride = a->out->row_stride / sizeof(float);
+    int64_t g0, g1;
+    loom__split_range((N + rb - 1) / rb, ith, nth, &g0, &g1);
+    for (int64_t g = g0; g < g1; g++) {
+        const int64_t o0 = g * rb;
+        const int nr = (int)(N - o0 < rb ? N - o0 : rb);
+        for (int64_t t0 = 0; t0 < T; t0 += LOOM_QGEMM_LANES) {
+            const int nt = (int)(T - t0 < LOOM_QGEMM_LANES ? T - t0 : LOOM_QGEMM_LANES);
+            float *o = (float *)loom__cpu_row(a->out, t0) + o0;
+            a->k->tile8(loom__cpu_row(a->w, o0), a->w->row_stride, nr,
+                        a->x8 + (size_t)(t0 / LOOM_QGEMM_LANES) * a->x8_stride, nt, K, o,
+                        out_stride);
+        }
+    }
+}
+
+static loom_status mm_run_lanes(loom_cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
+                                loom_tensor *out, const loom_qgemm_lanes *k, uint32_t act_type,
+                                size_t act_row, size_t w_row) {
+    const int64_t K = w->ne[0], T = x->ne[1];
+    const int64_t n_groups = (T + LOOM_QGEMM_LANES - 1) / LOOM_QGEMM_LANES;
+    mml_task task = {.w = w,
+                     .x = x,
+                     .out = out,
+                     .c = c,
+                     .k = k,
+                     .quant = loom_quantize_activations_get(act_type),
+                     .x8_stride = k->x8_bytes(K),
+                     .act_stride = (act_row + MMQ_ROW_ALIGN - 1) / MMQ_ROW_ALIGN * MMQ_ROW_ALIGN};
+    assert(task.quant && "every activation format has a quantizer");
+    size_t total;
+    LOOM_RETURN_IF(loom__mul_overflow_size(task.x8_stride, (size_t)n_groups, &total),
+                   LOOM_ERR_INVALID_ARG, "matmul: %lld prepared activation rows overflow",
+                   (long long)T);
+    LOOM_TRY(loom__cpu_reserve_act(c, total));
+    task.x8 = c->act;
+    task.rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));
+    if (task.rb < 1) task.rb = 1;
+    if (task.rb > MM_MAX_RB) task.rb = MM_MAX_RB;
+    /* Scratch holds one group's 8 rounded activation rows while preparing. */
+    LOOM_TRY(loom__cpu_reserve_scratch(c, LOOM_QGEMM_LANES * task.act_stride / sizeof(float)));
+    loom__threadpool_run(c->tp, mml_prepare_worker, &task);
+    loom__threadpool_run(c->tp, mml_worker, &task);
+    return LOOM_OK;
+}
+
 static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
                                 loom_tensor *out) {
     const int64_t K = w->ne[0], T = x->ne[1];
@@ -152,6 +311,12 @@ static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loo
                        !loom_type_row_bytes(w->type, K, &w_row),
                    LOOM_ERR_INVALID_ARG, "matmul: K = %lld is not a whole number of %s blocks",
                    (long long)K, loom_type_name(act_type));
+    const loom_qgemm_lanes *lanes = loom_qgemm_lanes_get(w->type);
+    if (lanes && T >= MML_MIN_TOKENS)
+        return mm_run_lanes(c, w, x, out, lanes, act_type, act_row, w_row);
+    const loom_qgemm_kernels *k = loom_qgemm_get(w->type);
+    if (k) return mm_run_tiles(c, w, x, out, k, act_type, act_row, w_row);
+
     bool overflow = loom__add_overflow_size(act_row, MMQ_ROW_ALIGN - 1, &stride);
     stride -= stride % MMQ_ROW_ALIGN;
     overflow = overflow || loom__mul_overflow_size(stride, (size_t)T, &total);

@@ -1,0 +1,70 @@
+/* qgemm.h — quantized matrix products over a tile of weight rows and a tile of tokens, for the
+ * CPU matmul: each weight row is unpacked once per call instead of once per token.
+ *
+ * loom_vec_dot_q (qdot.h) takes one weight row and one activation row and unpacks the weight's
+ * codes and scales every time. With T tokens in a step that unpacking, and the sign tricks the
+ * one-row kernels need, are repeated T times. Here a matmul:
+ *   1. prepares each activation row once (prepare_x: the row in the activation format of
+ *      qdot.h, laid out for the tile kernel: codes contiguous, scales as float32, and the
+ *      code sums the weight's code offset needs), and
+ *   2. runs tile() over nr weight rows (read in place) and nt prepared tokens: each group of a
+ *      row's blocks is unpacked once into registers as unsigned codes and scales and then
+ *      multiplied with several tokens, leaving per pair only the integer dot products
+ *      (vpdpbusd, or vpmaddubsw + vpdpwssd) and the float combination.
+ *
+ * Results are bit-identical to loom_vec_dot_q(weight_type, w_row, act_row, K): the integer block
+ * sums are exact whatever their order, and the float operations on them are the same ones in
+ * the same order (qdot_legacy.c, qdot_k.c document them). Batch invariance therefore carries
+ * over: out[t, o] does not depend on which other rows or tokens share the tile.
+ *
+ * Unsigned-code identity: the tile kernels multiply unsigned weight codes u = w + off by signed
+ * activation codes x, and subtract off * sum(x) per block (legacy) or use the activation's
+ * 16-value sums (K-quants): sum(w x) = sum(u x) - off * sum(x), exactly, in int32.
+ *
+ * Only built where the integer dot instructions make it pay (AVX-512 VNNI or AVX-VNNI);
+ * loom_qgemm_get returns NULL otherwise, and for weight types without a tile kernel (the
+ * matmul then calls loom_vec_dot_q per pair). Thread-safe, allocation-free. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct loom_qgemm_kernels {
+    /* Bytes of one prepared activation row of K values (K a whole number of the weight type's
+     * blocks); a multiple of 64. */
+    size_t (*x_row_bytes)(int64_t K);
+    /* act: one row in loom_vec_dot_type(weight_type)'s format (qdot.h); x: x_row_bytes(K)
+     * bytes, 64-byte aligned. */
+    void (*prepare_x)(const void *act, void *x, int64_t K);
+    /* out[t * out_stride + r] = loom_vec_dot_q(weight_type, row r, act row t, K) for r < nr,
+     * t < nt; weight rows w_stride bytes apart (the type's blocks, in place), prepared rows
+     * x_stride bytes apart (64-byte aligned). */
+    void (*tile)(const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nt,
+                 int64_t K, float *out, size_t out_stride);
+} loom_qgemm_kernels;
+
+/* The tile kernels for weight_type in this build, or NULL. */
+const loom_qgemm_kernels *loom_qgemm_get(uint32_t weight_type);
+
+/* Token-lane kernels, for steps with many tokens (prefill, batched decode): 8 tokens are
+ * prepared together, interleaved so that one 256-bit register holds 4 codes of each of the 8
+ * tokens; a weight row's 4 codes are broadcast against it, so every vpdpbusd lane accumulates
+ * one token's block sum and no horizontal reduction is needed. The float combination runs on
+ * vectors of 8 tokens, one accumulator per block lane (b % 8 for the legacy formats), folded in
+ * loom__qd_fold8's order: per (row, token) the same operations as loom_vec_dot_q, bit for
+ * bit, so a token's result does not depend on which kernel served it. */
+#define LOOM_QGEMM_LANES 8
+typedef struct loom_qgemm_lanes {
+    /* Bytes of one prepared group of 8 tokens of K values; a multiple of 64. */
+    size_t (*x8_bytes)(int64_t K);
+    /* act: n (1..8) rows in the activation format, act_stride bytes apart; x8: x8_bytes(K)
+     * bytes, 64-byte aligned; tokens n..7 are zero. */
+    void (*prepare_x8)(const void *act, size_t act_stride, int n, void *x8, int64_t K);
+    /* out[t * out_stride + r] = loom_vec_dot_q(weight_type, row r, token t, K) for r < nr,
+     * t < nt (<= 8) of the prepared group x8. */
+    void (*tile8)(const void *w, size_t w_stride, int nr, const void *x8, int nt, int64_t K,
+                  float *out, size_t out_stride);
+} loom_qgemm_lanes;
+
+/* The token-lane kernels for weight_type in this build, or NULL. */
+const loom_qgemm_lanes *loom_qgemm_lanes_get(uint32_t weight_type);

@@ -1,0 +1,171 @@
+/* qgemm_lanes_legacy.c — token-lane kernels (qgemm.h) for q4_0, q4_1, q5_0, q5_1, q8_0.
+ *
+ * Prepared group of 8 tokens, per block b (XB bytes apart):
+ *   codes   [8 chunks c][8 tokens j][4 bytes]  = token j's codes 4c .. 4c+3 of block b
+ *   dx[8]   float    activation scales          sx[8]  float  q8_1's stored d * sum (q4_1, q5_1)
+ *   xoff[8] int32    off * sum(codes) with off the weight's code offset (see qgemm_legacy.c)
+ * Per row and block: the block's unsigned codes u are unpacked once (qgemm_unpack.h) and each
+ * 4-byte chunk is broadcast against the 8 tokens' chunk: after 8 vpdpbusd, lane j holds
+ * sum(u x) of token j, and isum = that - xoff. The float part is qdot_legacy.c's, on vectors of
+ * 8 tokens: t = (dw * dx) * isum (+ mw * sx), added to accumulator b % 8; the 8 accumulators
+ * are folded as loom__qd_fold8 folds lanes. Same operations per (row, token) as the one-row
+ * kernels, so the same bits. */
+#include "tensor/qgemm.h"
+
+#include <string.h>
+
+#include "tensor/qdot_internal.h"
+#include "tensor/qgemm_unpack.h"
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#if defined(LOOM_QDOT_VNNI)
+
+#define LQ 32                      /* values per block */
+#define XB (256 + 3 * 32)          /* prepared bytes per block: codes, dx, sx, xoff */
+#define XB_DX 256
+#define XB_SX 288
+#define XB_OFF 320
+
+static size_t x8_bytes(int64_t K) {
+    return (size_t)(K / LQ) * XB;
+}
+
+/* act: n rows of q8_0 (with_s false) or q8_1 blocks. */
+LOOM__QINLINE void prepare_lanes(const void *act, size_t act_stride, int n, void *x8, int64_t K,
+                                 bool with_s, int off) {
+    const size_t bytes = with_s ? sizeof(loom_block_q8_1) : sizeof(loom_block_q8_0);
+    const size_t codes = with_s ? offsetof(loom_block_q8_1, qs) : offsetof(loom_block_q8_0, qs);
+    memset(x8, 0, x8_bytes(K));
+    for (int j = 0; j < n; j++) {
+        const uint8_t *a = (const uint8_t *)act + (size_t)j * act_stride;
+        uint8_t *xb = (uint8_t *)x8;
+        for (int64_t b = 0; b < K / LQ; b++, a += bytes, xb += XB) {
+            int32_t sum = 0;
+            for (int c = 0; c < 8; c++) {
+                memcpy(xb + 32 * c + 4 * j, a + codes + 4 * c, 4);
+                for (int i = 0; i < 4; i++) sum += ((const int8_t *)(a + codes))[4 * c + i];
+            }
+            ((float *)(xb + XB_DX))[j] = loom__qd_f16((const uint16_t *)a);
+            ((float *)(xb + XB_SX))[j] = with_s ? loom__qd_f16((const uint16_t *)(a + 2)) : 0.0f;
+            ((int32_t *)(xb + XB_OFF))[j] = off * sum;
+        }
+    }
+}
+
+#define LANES_PREPARE(name, with_s, off)                                                           \
+    static void name(const void *act, size_t act_stride, int n, void *x8, int64_t K) {             \
+        prepare_lanes(act, act_stride, n, x8, K, with_s, off);                                     \
+    }
+LANES_PREPARE(prepare_off8, false, 8)
+LANES_PREPARE(prepare_off16, false, 16)
+LANES_PREPARE(prepare_off128, false, 128)
+LANES_PREPARE(prepare_q8_1, true, 0)
+
+/* One block of one row against the 8 tokens: t of qdot_legacy.c, lanes = tokens. */
+LOOM__QINLINE __m256 block_term(const uint8_t *blk, const uint8_t *xb, legacy_fmt fmt,
+                                bool with_min) {
+    __m256i s = _mm256_setzero_si256();
+    if (fmt == FMT_Q8_0) {
+        /* the codes are bytes already: broadcast them from the block, flip the top bits */
+        const int8_t *qs = ((const loom_block_q8_0 *)blk)->qs;
+        for (int c = 0; c < 8; c++) {
+            int32_t chunk;
+            memcpy(&chunk, qs + 4 * c, 4);
+            s = loom__qd_dpbusd(s, _mm256_xor_si256(_mm256_set1_epi32(chunk),
+                                                    _mm256_set1_epi8((char)0x80)),
+                                _mm256_load_si256((const __m256i *)(xb + 32 * c)));
+        }
+    } else {
+        _Alignas(32) uint8_t u[LQ];
+        _mm256_store_si256((__m256i *)u, block_codes(blk, fmt));
+        for (int c = 0; c < 8; c++) {
+            int32_t chunk;
+            memcpy(&chunk, u + 4 * c, 4);
+            s = loom__qd_dpbusd(s, _mm256_set1_epi32(chunk),
+                                _mm256_load_si256((const __m256i *)(xb + 32 * c)));
+        }
+    }
+    const __m256i isum =
+        _mm256_sub_epi32(s, _mm256_load_si256((const __m256i *)(xb + XB_OFF)));
+    /* d (and m) are the block's first f16 fields in every legacy format */
+    const __m256 dw = _mm256_set1_ps(loom__qd_f16((const uint16_t *)blk));
+    __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_load_ps((const float *)(xb + XB_DX))),
+                             _mm256_cvtepi32_ps(isum));
+    if (with_min) {
+        const __m256 mw = _mm256_set1_ps(loom__qd_f16((const uint16_t *)blk + 1));
+        t = _mm256_add_ps(t, _mm256_mul_ps(mw, _mm256_load_ps((const float *)(xb + XB_SX))));
+    }
+    return t;
+}
+
+LOOM__QINLINE void tile8_legacy(const void *w, size_t w_stride, int nr, const void *x8, int nt,
+                                int64_t K, float *out, size_t out_stride, legacy_fmt fmt,
+                                bool with_min) {
+    const int64_t nb = K / LQ;
+    const size_t wb = legacy_block_bytes(fmt);
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * w_stride;
+        const uint8_t *xb = (const uint8_t *)x8;
+        __m256 acc[8];
+        for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+        int64_t b = 0;
+        for (; b + 8 <= nb; b += 8)
+#if defined(__GNUC__)
+#pragma GCC unroll 8
+#endif
+            for (int k = 0; k < 8; k++)
+                acc[k] = _mm256_add_ps(acc[k], block_term(wr + (size_t)(b + k) * wb,
+                                                          xb + (size_t)(b + k) * XB, fmt, with_min));
+        for (int k = 0; b + k < nb; k++)
+            acc[k] = _mm256_add_ps(acc[k], block_term(wr + (size_t)(b + k) * wb,
+                                                      xb + (size_t)(b + k) * XB, fmt, with_min));
+        /* loom__qd_fold8's order, on vectors */
+        const __m256 f0 = _mm256_add_ps(acc[0], acc[4]), f1 = _mm256_add_ps(acc[1], acc[5]);
+        const __m256 f2 = _mm256_add_ps(acc[2], acc[6]), f3 = _mm256_add_ps(acc[3], acc[7]);
+        const __m256 res = _mm256_add_ps(_mm256_add_ps(f0, f2), _mm256_add_ps(f1, f3));
+        _Alignas(32) float lane[8];
+        _mm256_store_ps(lane, res);
+        for (int j = 0; j < nt; j++) out[(size_t)j * out_stride + (size_t)r] = lane[j];
+    }
+}
+
+#define LANES_TILE(fmt, FMT, with_min, prep)                                                       \
+    static void tile8_##fmt(const void *w, size_t ws, int nr, const void *x8, int nt, int64_t K,  \
+                            float *out, size_t os) {                                               \
+        tile8_legacy(w, ws, nr, x8, nt, K, out, os, FMT, with_min);                                \
+    }                                                                                              \
+    static const loom_qgemm_lanes lanes_##fmt = {x8_bytes, prep, tile8_##fmt};
+LANES_TILE(q4_0, FMT_Q4_0, false, prepare_off8)
+LANES_TILE(q4_1, FMT_Q4_1, true, prepare_q8_1)
+LANES_TILE(q5_0, FMT_Q5_0, false, prepare_off16)
+LANES_TILE(q5_1, FMT_Q5_1, true, prepare_q8_1)
+LANES_TILE(q8_0, FMT_Q8_0, false, prepare_off128)
+
+const loom_qgemm_lanes *loom__qgemm_lanes_legacy(uint32_t weight_type) {
+    switch (weight_type) {
+    case LOOM_TYPE_Q4_0:
+        return &lanes_q4_0;
+    case LOOM_TYPE_Q4_1:
+        return &lanes_q4_1;
+    case LOOM_TYPE_Q5_0:
+        return &lanes_q5_0;
+    case LOOM_TYPE_Q5_1:
+        return &lanes_q5_1;
+    case LOOM_TYPE_Q8_0:
+        return &lanes_q8_0;
+    default:
+        return NULL;
+    }
+}
+
+#else /* no integer dot instructions */
+
+const loom_qgemm_lanes *loom__qgemm_lanes_legacy(uint32_t weight_type) {
+    (void)weight_type;
+    return NULL;
+}
+
+#endif

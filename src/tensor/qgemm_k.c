@@ -1,17 +1,14 @@
-/* qgemm_k.c — tile kernels (qgemm.h) for the K-quant formats q4_K, q5_K and q6_K with q8_K
- * activations.
+/* qgemm_k.c — per-pair tile kernels (qgemm.h) for q4_K and q5_K with q8_K activations (q6_K
+ * only has token lanes, qgemm_lanes_k.c).
  *
  * A prepared token row is the q8_K row itself (copied to aligned memory). Weight rows are read
  * in place; per 256-value super-block a row's codes are unpacked once, chunk by chunk (32
- * values), into unsigned bytes u (q4_K 0..15, q5_K 0..31, q6_K 0..63) with an int16 scale
- * vector for vpmaddubsw's 16 output lanes (a q4_K / q5_K sub-block of 32, or two q6_K
- * sub-blocks of 16: lanes 0..7 and 8..15), and applied to up to NT_MAX tokens.
+ * values = one sub-block), into unsigned bytes u (q4_K 0..15, q5_K 0..31) with the sub-block's
+ * int16 scale on all of vpmaddubsw's 16 output lanes, and applied to up to NT_MAX tokens.
  * Per (row, token) and super-block: isum = sum over chunks of scale . maddubs(u, x) (exact:
- * |pair| <= 2 * 63 * 127), msum = m16 . bsums with m16 the multipliers of the activation's 16
- * sums of 16 codes (q4_K / q5_K: the sub-block mins, each twice; q6_K: 32 * scale, the -32
- * code offset), and then the float part of qdot_k.c:
- *   q4_K, q5_K: t = (dx * d) * (float)isum - (dx * dmin) * (float)msum
- *   q6_K:       t = (dx * d) * (float)(isum - msum)
+ * |pair| <= 2 * 31 * 127), msum = the sub-block mins against the activation's 16 sums of 16
+ * codes, and then the float part of qdot_k.c:
+ *   t = (dx * d) * (float)isum - (dx * dmin) * (float)msum
  * summed super-block by super-block — the same operations as dot_<fmt>_portable. */
 #include "tensor/qgemm.h"
 
@@ -58,7 +55,7 @@ LOOM__QINLINE void row_tokens(const uint8_t *w, const uint8_t *x0, size_t x_stri
         __m256i acc[NT_MAX];
         for (int j = 0; j < NT; j++) acc[j] = _mm256_setzero_si256();
         for (int k = 0; k < 8; k++) {
-            const __m256i u = chunk_codes(blk, k, fmt), sc = chunk_scales(&m, k, fmt);
+            const __m256i u = chunk_codes(blk, k, fmt), sc = chunk_scales(&m, k);
             for (int j = 0; j < NT; j++) {
                 const loom_block_q8_K *x = (const loom_block_q8_K *)(x0 + (size_t)j * x_stride) + b;
                 __m256i p = _mm256_maddubs_epi16(
@@ -72,11 +69,7 @@ LOOM__QINLINE void row_tokens(const uint8_t *w, const uint8_t *x0, size_t x_stri
             const int32_t msum = loom__qd_hsum_epi32(
                 _mm256_madd_epi16(m.m16, _mm256_loadu_si256((const __m256i *)x->bsums)));
             const float dx = x->d;
-            float t;
-            if (fmt == FMT_Q6_K)
-                t = (dx * m.d) * (float)(isum - msum);
-            else
-                t = (dx * m.d) * (float)isum - (dx * m.dmin) * (float)msum;
+            const float t = (dx * m.d) * (float)isum - (dx * m.dmin) * (float)msum;
             sum[j] += t;
         }
     }
@@ -117,7 +110,8 @@ LOOM__QINLINE void tile_k(const void *w, size_t w_stride, int nr, const void *x,
     static const loom_qgemm_kernels kernels_##fmt = {x_row_bytes, prepare_q8_K, tile_##fmt};
 K_TILE(q4_K, FMT_Q4_K)
 K_TILE(q5_K, FMT_Q5_K)
-K_TILE(q6_K, FMT_Q6_K)
+/* No q6_K here: its two scales per chunk cost more to spread per row than the one-row kernel
+ * spends (loom-kernel-bench, T = 4: 0.67x); q6_K takes the token lanes from 5 tokens on. */
 
 const loom_qgemm_kernels *loom__qgemm_kquant(uint32_t weight_type) {
     switch (weight_type) {
@@ -125,8 +119,6 @@ const loom_qgemm_kernels *loom__qgemm_kquant(uint32_t weight_type) {
         return &kernels_q4_K;
     case LOOM_TYPE_Q5_K:
         return &kernels_q5_K;
-    case LOOM_TYPE_Q6_K:
-        return &kernels_q6_K;
     default:
         return NULL;
     }

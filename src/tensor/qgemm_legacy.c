@@ -103,8 +103,10 @@ LOOM__QINLINE void row_tokens(const uint8_t *w, const uint8_t *x0, size_t x_stri
         __m256i u[8];
         for (int k = 0; k < 8; k++)
             u[k] = k < nk ? block_codes(wg + (size_t)k * wb, fmt) : _mm256_setzero_si256();
-        const __m256 dw = f16_fields(wg, wb, nk);
-        const __m256 mw = with_min ? f16_fields(wg + 2, wb, nk) : _mm256_setzero_ps();
+        /* d, and m after it (q4_1, q5_1), are each followed by 2 more bytes of the block, as
+         * the gather needs */
+        const __m256 dw = loom__qd_f16x8(wg, (int)wb, nk);
+        const __m256 mw = with_min ? loom__qd_f16x8(wg + 2, (int)wb, nk) : _mm256_setzero_ps();
         for (int j = 0; j < NT; j++) {
             const int8_t *x = (const int8_t *)(x0 + (size_t)j * x_stride);
             const float *dx = (const float *)(x + nbp * LQ), *sx = dx + nbp;

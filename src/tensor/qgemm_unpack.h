@@ -63,13 +63,6 @@ LOOM__QINLINE __m256i block_codes(const uint8_t *blk, legacy_fmt fmt) {
     }
 }
 
-/* The f16 fields at base + k * stride for k < nk (lanes >= nk: 0.0f) as float32, exactly. */
-LOOM__QINLINE __m256 f16_fields(const uint8_t *base, size_t stride, int nk) {
-    uint16_t h[8] = {0};
-    for (int k = 0; k < nk; k++) memcpy(&h[k], base + (size_t)k * stride, 2);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-}
-
 /* ---- K-quants ------------------------------------------------------------------------------- */
 
 typedef enum { FMT_Q4_K, FMT_Q5_K, FMT_Q6_K } k_fmt;
@@ -121,16 +114,9 @@ LOOM__QINLINE sb_meta meta_q6_K(const int8_t scales[16], uint16_t d) {
     return m;
 }
 
-/* Scale vector of chunk k (32 values): q4_K / q5_K: scale k on all 16 lanes; q6_K: scales 2k
- * (lanes 0..7) and 2k + 1 (lanes 8..15). */
-LOOM__QINLINE __m256i chunk_scales(const sb_meta *m, int k, k_fmt fmt) {
-    if (fmt != FMT_Q6_K) return pick16(m->sc16, k);
-    /* q6_K: the 16 scales are spread over both halves: 0..7 low, 8..15 high. Scale 2k sits in
-     * half (2k) / 8 at element (2k) % 8, and 2k + 1 next to it. */
-    const __m256i half = k < 4 ? _mm256_permute2x128_si256(m->sc16, m->sc16, 0x00)
-                               : _mm256_permute2x128_si256(m->sc16, m->sc16, 0x11);
-    const __m256i a = pick16(half, (2 * k) % 8), b = pick16(half, (2 * k + 1) % 8);
-    return _mm256_blend_epi32(a, b, 0xf0);
+/* Scale vector of chunk k (32 values, one q4_K / q5_K sub-block): scale k on all 16 lanes. */
+LOOM__QINLINE __m256i chunk_scales(const sb_meta *m, int k) {
+    return pick16(m->sc16, k);
 }
 
 /* Unsigned codes of chunk k of a super-block. */

@@ -183,7 +183,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "loom-generate: %s: %s\n", loom_status_str(st), loom_last_error());
         rc = 1;
     }
-    fprintf(stderr, "\nload: %.1f ms\n", load_ms);
+    loom_model_info info;
+    if (loom_model_get_info(model, &info) == LOOM_OK)
+        fprintf(stderr, "\nload: %.1f ms (cpu kernels: %s)\n", load_ms, info.cpu_kernels);
+    else
+        fprintf(stderr, "\nload: %.1f ms\n", load_ms);
     fprintf(stderr, "prompt: %d tokens in %.1f ms (%.1f tok/s)\n", stats.n_prompt, stats.prompt_ms,
             stats.prompt_ms > 0 ? stats.n_prompt * 1e3 / stats.prompt_ms : 0.0);
     fprintf(stderr, "generate: %d tokens in %.1f ms (%.1f tok/s)\n", stats.n_generated,

@@ -165,6 +165,9 @@ typedef struct loom_model_info {
     int64_t file_bytes; /* size of the GGUF file */
     loom_token bos;     /* -1 when the model has none */
     loom_token eos;     /* -1 when the model has none */
+    const char *cpu_kernels; /* the CPU matmul kernels this process runs, chosen at the first
+                                use from what the CPU supports: "avx512", "avx2-vnni", "avx2"
+                                or "portable" (static string) */
 } loom_model_info;
 
 /* Fills *out with facts about the model. Strings stay owned by the model.

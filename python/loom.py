@@ -38,7 +38,7 @@ class ModelInfo(C.Structure):
                 ("n_ctx_train", C.c_int32), ("n_embd", C.c_int32), ("n_layer", C.c_int32),
                 ("n_head", C.c_int32), ("n_head_kv", C.c_int32), ("head_dim", C.c_int32),
                 ("n_params", C.c_int64), ("file_bytes", C.c_int64), ("bos", C.c_int32),
-                ("eos", C.c_int32)]
+                ("eos", C.c_int32), ("cpu_kernels", C.c_char_p)]
 
 
 class SessionParams(C.Structure):

@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "core/timer.h"
+#include "tensor/qdot.h"
 #include "tensor/quant.h"
 
 loom_model_params loom_model_default_params(void) {
@@ -215,5 +216,6 @@ loom_status loom_model_get_info(const loom_model *m, loom_model_info *out) {
     out->file_bytes = (int64_t)loom_gguf_file_size(m->gguf);
     out->bos = loom_tokenizer_bos(m->tok);
     out->eos = loom_tokenizer_eos(m->tok);
+    out->cpu_kernels = loom__qdot_simd_name();
     return LOOM_OK;
 }

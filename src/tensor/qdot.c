@@ -1,7 +1,8 @@
-/* qdot.c — the entry points of qdot.h: the activation quantizers (q8_0, q8_1, q8_K, f16, bf16,
- * f32), the dot products of the float weight types (f16 x f16, bf16 x bf16, f32 x f32), and
- * the dispatch to the block-format kernels of qdot_legacy.c and qdot_k.c — including the one
- * place where a SIMD kernel is chosen over a portable one.
+/* qdot.c — one instruction-set variant's table of kernels (loom__qdot_isa, qdot_internal.h):
+ * the activation quantizers (q8_0, q8_1, q8_K, f16, bf16, f32), the dot products of the float
+ * weight types (f16 x f16, bf16 x bf16, f32 x f32), and the block-format kernels of
+ * qdot_legacy.c, qdot_k.c and qgemm_*.c. Compiled once per variant (CMakeLists.txt);
+ * qdot_dispatch.c picks the variant the CPU runs and holds the entry points of qdot.h.
  *
  * Float dots: both paths add w[i] * x[i] into lane i % 32, sequentially per lane, and fold the
  * lanes pairwise (16, 8, 4, 2, 1 apart), which makes them bit-identical. The f16 SIMD path may
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "tensor/qdot_internal.h"
+#include "tensor/qgemm.h"
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -325,8 +327,8 @@ static const loom__qdot_entry *dot_entry(uint32_t weight_type) {
     default:
         break;
     }
-    const loom__qdot_entry *e = loom__qdot_legacy(weight_type);
-    return e ? e : loom__qdot_kquant(weight_type);
+    const loom__qdot_entry *e = LOOM_ISA_SYM(loom__qdot_legacy)(weight_type);
+    return e ? e : LOOM_ISA_SYM(loom__qdot_kquant)(weight_type);
 }
 
 typedef struct quant_entry {
@@ -359,90 +361,66 @@ static const quant_entry *quant_entry_of(uint32_t act_type) {
     }
 }
 
-/* The single selection point between a build's SIMD kernels and the portable ones. */
-#if defined(LOOM_QDOT_AVX2)
-#define QDOT_USE_SIMD 1
-#else
-#define QDOT_USE_SIMD 0
-#endif
+/* ------------------------------------------------------------------------------------------ */
+/* This variant's table (qdot_dispatch.c chooses among the variants)                          */
+/* ------------------------------------------------------------------------------------------ */
 
-static loom_vec_dot_q_fn select_dot(const loom__qdot_entry *e, bool simd) {
-    return simd && e->simd ? e->simd : e->portable;
-}
-
-static loom_quantize_act_fn select_quant(const quant_entry *e, bool simd) {
-    return simd && e->simd ? e->simd : e->portable;
-}
-
-const char *loom__qdot_simd_name(void) {
 #if defined(LOOM_QDOT_AVX512)
-    return "avx512";
+#define ISA_NAME "avx512"
+#elif defined(LOOM_QDOT_AVX2) && defined(LOOM_QDOT_VNNI)
+#define ISA_NAME "avx2-vnni"
 #elif defined(LOOM_QDOT_AVX2)
-    return "avx2";
+#define ISA_NAME "avx2"
 #else
-    return "portable";
+#define ISA_NAME "portable"
 #endif
-}
 
-/* ------------------------------------------------------------------------------------------ */
-/* Entry points                                                                               */
-/* ------------------------------------------------------------------------------------------ */
-
-/* n is a valid count of values for rows of type t: >= 0 and a whole number of blocks. */
-static bool whole_blocks(uint32_t t, int64_t n) {
-    const loom_type_traits *tr = loom_type_get_traits(t);
-    return tr && n >= 0 && n % tr->block_elems == 0;
-}
-
-bool loom_vec_dot_type(uint32_t weight_type, uint32_t *act_type) {
+static loom_vec_dot_q_fn isa_dot(uint32_t weight_type) {
     const loom__qdot_entry *e = dot_entry(weight_type);
-    if (!e || !act_type) return false;
-    *act_type = e->act_type;
-    return true;
+    return e ? (e->simd ? e->simd : e->portable) : NULL;
 }
 
-loom_vec_dot_q_fn loom_vec_dot_q_get(uint32_t weight_type) {
+static loom_vec_dot_q_fn isa_dot_portable(uint32_t weight_type) {
     const loom__qdot_entry *e = dot_entry(weight_type);
-    return e ? select_dot(e, QDOT_USE_SIMD) : NULL;
+    return e ? e->portable : NULL;
 }
 
-loom_quantize_act_fn loom_quantize_activations_get(uint32_t act_type) {
+static bool isa_act_type(uint32_t weight_type, uint32_t *act_type) {
+    const loom__qdot_entry *e = dot_entry(weight_type);
+    if (e) *act_type = e->act_type;
+    return e != NULL;
+}
+
+static loom_quantize_act_fn isa_quant(uint32_t act_type) {
     const quant_entry *e = quant_entry_of(act_type);
-    return e ? select_quant(e, QDOT_USE_SIMD) : NULL;
+    return e ? (e->simd ? e->simd : e->portable) : NULL;
 }
 
-static float vec_dot_q(uint32_t weight_type, const void *w_row, const void *x_act, int64_t n,
-                       bool simd) {
-    const loom__qdot_entry *e = dot_entry(weight_type);
-    if (!e || !whole_blocks(weight_type, n)) return NAN;
-    if (n == 0) return 0.0f;
-    if (!w_row || !x_act) return NAN;
-    return select_dot(e, simd)(w_row, x_act, n);
-}
-
-static bool quantize_activations(uint32_t act_type, const float *x, void *dst, int64_t n,
-                                 bool simd) {
+static loom_quantize_act_fn isa_quant_portable(uint32_t act_type) {
     const quant_entry *e = quant_entry_of(act_type);
-    if (!e || !whole_blocks(act_type, n)) return false;
-    if (n == 0) return true;
-    if (!x || !dst) return false;
-    select_quant(e, simd)(x, dst, n);
-    return true;
+    return e ? e->portable : NULL;
 }
 
-float loom_vec_dot_q(uint32_t weight_type, const void *w_row, const void *x_act, int64_t n) {
-    return vec_dot_q(weight_type, w_row, x_act, n, QDOT_USE_SIMD);
+static const loom_qgemm_kernels *isa_qgemm(uint32_t weight_type) {
+    const loom_qgemm_kernels *k = LOOM_ISA_SYM(loom__qgemm_legacy)(weight_type);
+    return k ? k : LOOM_ISA_SYM(loom__qgemm_kquant)(weight_type);
 }
 
-bool loom_quantize_activations(uint32_t act_type, const float *x, void *dst, int64_t n) {
-    return quantize_activations(act_type, x, dst, n, QDOT_USE_SIMD);
+static const loom_qgemm_lanes *isa_lanes(uint32_t weight_type) {
+    const loom_qgemm_lanes *k = LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(weight_type);
+    return k ? k : LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(weight_type);
 }
 
-float loom__vec_dot_q_portable(uint32_t weight_type, const void *w_row, const void *x_act,
-                               int64_t n) {
-    return vec_dot_q(weight_type, w_row, x_act, n, false);
-}
-
-bool loom__quantize_activations_portable(uint32_t act_type, const float *x, void *dst, int64_t n) {
-    return quantize_activations(act_type, x, dst, n, false);
+const loom__qdot_isa *LOOM_ISA_SYM(loom__qdot_isa)(void) {
+    static const loom__qdot_isa isa = {
+        .name = ISA_NAME,
+        .act_type = isa_act_type,
+        .dot = isa_dot,
+        .dot_portable = isa_dot_portable,
+        .quant = isa_quant,
+        .quant_portable = isa_quant_portable,
+        .qgemm = isa_qgemm,
+        .lanes = isa_lanes,
+    };
+    return &isa;
 }

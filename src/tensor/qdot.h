@@ -40,8 +40,8 @@
  * batch invariance holds by construction. The float part differs from llama.cpp's kernels
  * (which sum lane partials in a SIMD-width-dependent order) only by float32 rounding.
  *
- * SIMD paths are chosen at compile time: AVX2 with F16C and FMA; VNNI vpdpbusd / vpdpwssd where
- * __AVX512VNNI__ (with VL) or __AVXVNNI__ is defined. With AVX-512 the block formats use
+ * SIMD paths are chosen at run time among the variants the build compiled (qdot_dispatch.c):
+ * AVX2 with F16C and FMA; the same with AVX-VNNI; AVX-512 with VNNI vpdpbusd / vpdpwssd. With AVX-512 the block formats use
  * 256-bit vectors with the EVEX VNNI forms (decode is memory-bound; 512-bit block kernels are
  * left for later) and f16 / bf16 use 512-bit vectors. Every SIMD kernel performs the same float
  * operations in the same order as the portable C one, so both give the same bits (tested).
@@ -80,8 +80,9 @@ loom_quantize_act_fn loom_quantize_activations_get(uint32_t act_type);
 
 /* ---- for tests ------------------------------------------------------------------------------
  * The portable C kernels, compiled in every build so tests can compare the SIMD path with them
- * in one binary (same contract as the functions above). loom__qdot_simd_name() names the path
- * this build selected: "avx512", "avx2", or "portable". */
+ * in one binary (same contract as the functions above). loom__qdot_simd_name() names the
+ * instruction-set variant serving this process ("avx512", "avx2-vnni", "avx2", "portable";
+ * qdot_dispatch.c chooses it at the first call). */
 float loom__vec_dot_q_portable(uint32_t weight_type, const void *w_row, const void *x_act,
                                int64_t n);
 bool loom__quantize_activations_portable(uint32_t act_type, const float *x, void *dst, int64_t n);

@@ -1,17 +1,17 @@
 /* qdot_internal.h — what the integer-activation dot product files (qdot.c, qdot_legacy.c,
- * qdot_k.c) share: the per-weight-type kernel entry, the compile-time choice of SIMD path, and
- * small helpers whose float operations both paths must perform identically. Internal to
- * src/tensor.
+ * qdot_k.c, qgemm_*.c, qdot_dispatch.c) share: the per-weight-type kernel entry, the variant
+ * table, the SIMD macros of the variant being compiled, and small helpers whose float
+ * operations both paths must perform identically. Internal to src/tensor.
  *
- * SIMD selection is compile-time (the build uses -march=native): LOOM_QDOT_AVX2 when the
- * compiler targets AVX2 + FMA + F16C, LOOM_QDOT_AVX512 when it also targets AVX-512 F/BW/VL,
- * and VNNI dot instructions where __AVX512VNNI__ (with VL) or __AVXVNNI__ is defined. Each
- * kernel file keeps its SIMD code in separate static functions and names them in its entry
- * table; qdot.c is the single place that picks an entry's SIMD function over its portable one
- * (run-time dispatch would replace that one choice). */
+ * Within one variant SIMD selection is compile-time: LOOM_QDOT_AVX2 when the variant's flags
+ * target AVX2 + FMA + F16C, LOOM_QDOT_AVX512 when they also target AVX-512 F/BW/VL, and VNNI
+ * dot instructions where __AVX512VNNI__ (with VL) or __AVXVNNI__ is defined. Each kernel file
+ * keeps its SIMD code in separate static functions and names them in its entry table; the
+ * run-time choice is which variant (qdot_dispatch.c). */
 #pragma once
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "tensor/fp16.h"
@@ -46,17 +46,44 @@ typedef struct loom__qdot_entry {
     loom_vec_dot_q_fn simd;
 } loom__qdot_entry;
 
-/* Each returns weight_type's entry if it belongs to the file's family, else NULL. */
-const loom__qdot_entry *loom__qdot_legacy(uint32_t weight_type); /* q4_0 .. q8_0 */
-const loom__qdot_entry *loom__qdot_kquant(uint32_t weight_type); /* q2_K .. q6_K */
-
-/* The tile kernels of qgemm.h per family (NULL for other types, or without VNNI). */
+/* One instruction-set variant's kernels. The variant sources (qdot.c, qdot_legacy.c,
+ * qdot_k.c, qgemm_*.c) are compiled once per variant with its compiler flags and
+ * LOOM_ISA_SUFFIX (_portable, _avx2, _avx2vnni, _avx512; CMakeLists.txt), which LOOM_ISA_SYM
+ * appends to their external names; qdot_dispatch.c asks the CPU which variants it can run and
+ * serves qdot.h / qgemm.h from the best one. */
 struct loom_qgemm_kernels;
-const struct loom_qgemm_kernels *loom__qgemm_legacy(uint32_t weight_type); /* q4_0 .. q8_0 */
-const struct loom_qgemm_kernels *loom__qgemm_kquant(uint32_t weight_type); /* q4_K .. q6_K */
 struct loom_qgemm_lanes;
-const struct loom_qgemm_lanes *loom__qgemm_lanes_legacy(uint32_t weight_type);
-const struct loom_qgemm_lanes *loom__qgemm_lanes_kquant(uint32_t weight_type);
+typedef struct loom__qdot_isa {
+    const char *name; /* "portable", "avx2", "avx2-vnni", "avx512" */
+    bool (*act_type)(uint32_t weight_type, uint32_t *act_type);
+    loom_vec_dot_q_fn (*dot)(uint32_t weight_type);          /* NULL: no kernel for the type */
+    loom_vec_dot_q_fn (*dot_portable)(uint32_t weight_type); /* the portable C kernel */
+    loom_quantize_act_fn (*quant)(uint32_t act_type);
+    loom_quantize_act_fn (*quant_portable)(uint32_t act_type);
+    const struct loom_qgemm_kernels *(*qgemm)(uint32_t weight_type); /* NULL: none */
+    const struct loom_qgemm_lanes *(*lanes)(uint32_t weight_type);   /* NULL: none */
+} loom__qdot_isa;
+
+/* The variants this CPU can run, best first (qdot_dispatch.c); returns how many (>= 1: the
+ * portable one is always last). */
+int loom__qdot_isa_list(const loom__qdot_isa *out[4]);
+
+#if defined(LOOM_ISA_SUFFIX)
+#define LOOM__ISA_CAT2(a, b) a##b
+#define LOOM__ISA_CAT(a, b)  LOOM__ISA_CAT2(a, b)
+#define LOOM_ISA_SYM(name)   LOOM__ISA_CAT(name, LOOM_ISA_SUFFIX)
+
+const loom__qdot_isa *LOOM_ISA_SYM(loom__qdot_isa)(void);
+
+/* Each returns weight_type's entry if it belongs to the file's family, else NULL. */
+const loom__qdot_entry *LOOM_ISA_SYM(loom__qdot_legacy)(uint32_t weight_type); /* q4_0 .. q8_0 */
+const loom__qdot_entry *LOOM_ISA_SYM(loom__qdot_kquant)(uint32_t weight_type); /* q2_K .. q6_K */
+/* The tile kernels of qgemm.h per family (NULL for other types, or without VNNI). */
+const struct loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_legacy)(uint32_t weight_type);
+const struct loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_kquant)(uint32_t weight_type);
+const struct loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(uint32_t weight_type);
+const struct loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t weight_type);
+#endif
 
 /* ---- scalar helpers --------------------------------------------------------------------- */
 

@@ -434,7 +434,7 @@ static const loom__qdot_entry entry_q4_K = {LOOM_TYPE_Q8_K, dot_q4_K_portable, K
 static const loom__qdot_entry entry_q5_K = {LOOM_TYPE_Q8_K, dot_q5_K_portable, KQ_SIMD(q5_K)};
 static const loom__qdot_entry entry_q6_K = {LOOM_TYPE_Q8_K, dot_q6_K_portable, KQ_SIMD(q6_K)};
 
-const loom__qdot_entry *loom__qdot_kquant(uint32_t weight_type) {
+const loom__qdot_entry *LOOM_ISA_SYM(loom__qdot_kquant)(uint32_t weight_type) {
     switch (weight_type) {
     case LOOM_TYPE_Q2_K:
         return &entry_q2_K;

@@ -238,7 +238,7 @@ static const loom__qdot_entry entry_q5_0 = {LOOM_TYPE_Q8_0, dot_q5_0_portable, L
 static const loom__qdot_entry entry_q5_1 = {LOOM_TYPE_Q8_1, dot_q5_1_portable, LEGACY_SIMD(q5_1)};
 static const loom__qdot_entry entry_q8_0 = {LOOM_TYPE_Q8_0, dot_q8_0_portable, LEGACY_SIMD(q8_0)};
 
-const loom__qdot_entry *loom__qdot_legacy(uint32_t weight_type) {
+const loom__qdot_entry *LOOM_ISA_SYM(loom__qdot_legacy)(uint32_t weight_type) {
     switch (weight_type) {
     case LOOM_TYPE_Q4_0:
         return &entry_q4_0;

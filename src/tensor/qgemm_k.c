@@ -113,7 +113,7 @@ K_TILE(q5_K, FMT_Q5_K)
 /* No q6_K here: its two scales per chunk cost more to spread per row than the one-row kernel
  * spends (loom-kernel-bench, T = 4: 0.67x); q6_K takes the token lanes from 5 tokens on. */
 
-const loom_qgemm_kernels *loom__qgemm_kquant(uint32_t weight_type) {
+const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_kquant)(uint32_t weight_type) {
     switch (weight_type) {
     case LOOM_TYPE_Q4_K:
         return &kernels_q4_K;
@@ -126,7 +126,7 @@ const loom_qgemm_kernels *loom__qgemm_kquant(uint32_t weight_type) {
 
 #else /* no integer dot instructions: the matmul keeps the one-row kernels */
 
-const loom_qgemm_kernels *loom__qgemm_kquant(uint32_t weight_type) {
+const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_kquant)(uint32_t weight_type) {
     (void)weight_type;
     return NULL;
 }

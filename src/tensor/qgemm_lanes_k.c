@@ -122,7 +122,7 @@ LANES_TILE(q4_K, FMT_Q4_K)
 LANES_TILE(q5_K, FMT_Q5_K)
 LANES_TILE(q6_K, FMT_Q6_K)
 
-const loom_qgemm_lanes *loom__qgemm_lanes_kquant(uint32_t weight_type) {
+const loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t weight_type) {
     switch (weight_type) {
     case LOOM_TYPE_Q4_K:
         return &lanes_q4_K;
@@ -137,7 +137,7 @@ const loom_qgemm_lanes *loom__qgemm_lanes_kquant(uint32_t weight_type) {
 
 #else /* no integer dot instructions */
 
-const loom_qgemm_lanes *loom__qgemm_lanes_kquant(uint32_t weight_type) {
+const loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t weight_type) {
     (void)weight_type;
     return NULL;
 }

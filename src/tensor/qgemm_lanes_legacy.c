@@ -144,7 +144,7 @@ LANES_TILE(q5_0, FMT_Q5_0, false, prepare_off16)
 LANES_TILE(q5_1, FMT_Q5_1, true, prepare_q8_1)
 LANES_TILE(q8_0, FMT_Q8_0, false, prepare_off128)
 
-const loom_qgemm_lanes *loom__qgemm_lanes_legacy(uint32_t weight_type) {
+const loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(uint32_t weight_type) {
     switch (weight_type) {
     case LOOM_TYPE_Q4_0:
         return &lanes_q4_0;
@@ -163,7 +163,7 @@ const loom_qgemm_lanes *loom__qgemm_lanes_legacy(uint32_t weight_type) {
 
 #else /* no integer dot instructions */
 
-const loom_qgemm_lanes *loom__qgemm_lanes_legacy(uint32_t weight_type) {
+const loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(uint32_t weight_type) {
     (void)weight_type;
     return NULL;
 }

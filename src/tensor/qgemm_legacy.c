@@ -172,7 +172,7 @@ LEGACY_KERNELS(q5_0, prepare_q8_0_off16)
 LEGACY_KERNELS(q5_1, prepare_q8_1_off0)
 LEGACY_KERNELS(q8_0, prepare_q8_0_off128)
 
-const loom_qgemm_kernels *loom__qgemm_legacy(uint32_t weight_type) {
+const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_legacy)(uint32_t weight_type) {
     switch (weight_type) {
     case LOOM_TYPE_Q4_0:
         return &kernels_q4_0;
@@ -191,7 +191,7 @@ const loom_qgemm_kernels *loom__qgemm_legacy(uint32_t weight_type) {
 
 #else /* no integer dot instructions: the matmul keeps the one-row kernels */
 
-const loom_qgemm_kernels *loom__qgemm_legacy(uint32_t weight_type) {
+const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_legacy)(uint32_t weight_type) {
     (void)weight_type;
     return NULL;
 }

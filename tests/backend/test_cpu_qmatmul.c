@@ -32,6 +32,8 @@
 #include "backend/backend.h"
 #include "tensor/fp16.h"
 #include "tensor/qdot.h"
+#include "tensor/qdot_internal.h"
+#include "tensor/qgemm.h"
 #include "tensor/quant.h"
 #include "tensor/quant_layouts.h"
 
@@ -503,6 +505,77 @@ static void test_simd_vs_portable(void **state) {
     }
 }
 
+/* Every instruction-set variant this CPU runs (the process uses one; LOOM_CPU_ISA picks
+ * another) gives the portable kernels' bits: its quantizers, its one-row dots, and its tile and
+ * token-lane kernels (qgemm.h), on 1..17 blocks and 1..19 tokens. */
+static void test_isa_variants_agree(void **state) {
+    (void)state;
+    const loom__qdot_isa *isas[4];
+    const int n_isa = loom__qdot_isa_list(isas);
+    const loom__qdot_isa *port = isas[n_isa - 1];
+    assert_string_equal(port->name, "portable");
+    for (int v = 0; v < n_isa; v++) {
+        const loom__qdot_isa *isa = isas[v];
+        printf("variant %s: qgemm %s\n", isa->name, isa->qgemm(LOOM_TYPE_Q8_0) ? "yes" : "no");
+        for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
+            const uint32_t t = weight_types[ti];
+            uint32_t at;
+            assert_true(isa->act_type(t, &at));
+            const int64_t be = loom_type_get_traits(t)->block_elems;
+            for (int64_t nblk = 1; nblk <= 17; nblk += 4) {
+                const int64_t K = be == 1 ? nblk * 37 : nblk * be, T = 19;
+                const size_t wb = row_bytes(t, K), ab = row_bytes(at, K);
+                uint8_t *w = xmalloc(3 * wb), *xa = xmalloc((size_t)T * ab), *xp = xmalloc(ab);
+                float *x = xmalloc((size_t)K * sizeof(float));
+                float want[3][19], got[19 * 3];
+                for (int r = 0; r < 3; r++) make_weight_row(t, K, w + (size_t)r * wb);
+                for (int64_t j = 0; j < T; j++) {
+                    fill_acts(x, K, j % 3 == 2 ? 3e4f : 1.0f);
+                    isa->quant(at)(x, xa + (size_t)j * ab, K);
+                    port->quant_portable(at)(x, xp, K);
+                    assert_memory_equal(xa + (size_t)j * ab, xp, ab);
+                    for (int r = 0; r < 3; r++) {
+                        want[r][j] = port->dot_portable(t)(w + (size_t)r * wb, xp, K);
+                        float a = isa->dot(t)(w + (size_t)r * wb, xp, K);
+                        assert_memory_equal(&a, &want[r][j], sizeof a);
+                    }
+                }
+                const loom_qgemm_kernels *qk = isa->qgemm(t);
+                if (qk) { /* 3 rows x 19 tokens in tiles of 4 */
+                    uint8_t *xr = aligned_alloc(64, (size_t)T * qk->x_row_bytes(K));
+                    assert_non_null(xr);
+                    for (int64_t j = 0; j < T; j++)
+                        qk->prepare_x(xa + (size_t)j * ab, xr + (size_t)j * qk->x_row_bytes(K), K);
+                    qk->tile(w, wb, 3, xr, qk->x_row_bytes(K), (int)T, K, got, 3);
+                    for (int64_t j = 0; j < T; j++)
+                        for (int r = 0; r < 3; r++)
+                            assert_memory_equal(&got[j * 3 + r], &want[r][j], sizeof(float));
+                    free(xr);
+                }
+                const loom_qgemm_lanes *lk = isa->lanes(t);
+                if (lk) { /* groups of 8 tokens, the last one partial */
+                    uint8_t *x8 = aligned_alloc(64, lk->x8_bytes(K));
+                    assert_non_null(x8);
+                    for (int64_t j0 = 0; j0 < T; j0 += 8) {
+                        const int n = (int)(T - j0 < 8 ? T - j0 : 8);
+                        lk->prepare_x8(xa + (size_t)j0 * ab, ab, n, x8, K);
+                        lk->tile8(w, wb, 3, x8, n, K, got, 3);
+                        for (int j = 0; j < n; j++)
+                            for (int r = 0; r < 3; r++)
+                                assert_memory_equal(&got[j * 3 + r], &want[r][j0 + j],
+                                                    sizeof(float));
+                    }
+                    free(x8);
+                }
+                free(w);
+                free(xa);
+                free(xp);
+                free(x);
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* The backend matmul                                                                         */
 /* ------------------------------------------------------------------------------------------ */
@@ -640,6 +713,7 @@ int main(void) {
         cmocka_unit_test(test_quantizer_vs_quantize_row),
         cmocka_unit_test(test_vec_dot_vs_reference),
         cmocka_unit_test(test_simd_vs_portable),
+        cmocka_unit_test(test_isa_variants_agree),
         cmocka_unit_test(test_matmul_quantized),
         cmocka_unit_test(test_matmul_f32_weights),
         cmocka_unit_test(test_matmul_bad),

@@ -30,6 +30,10 @@
 #include <stdint.h>
 
 typedef struct loom_qgemm_kernels {
+    /* Fewest tokens for which the tile beats the one-row kernels (loom-kernel-bench): 1 for the
+     * legacy formats (their one-row kernels spend more on sign tricks than the tile on
+     * unpacking), 2 for q4_K / q5_K (unpacking scales costs as much as one row's dot). */
+    int min_tokens;
     /* Bytes of one prepared activation row of K values (K a whole number of the weight type's
      * blocks); a multiple of 64. */
     size_t (*x_row_bytes)(int64_t K);

@@ -107,7 +107,7 @@ LOOM__QINLINE void tile_k(const void *w, size_t w_stride, int nr, const void *x,
                            int64_t K, float *out, size_t os) {                                     \
         tile_k(w, ws, nr, x, xs, nt, K, out, os, FMT);                                             \
     }                                                                                              \
-    static const loom_qgemm_kernels kernels_##fmt = {x_row_bytes, prepare_q8_K, tile_##fmt};
+    static const loom_qgemm_kernels kernels_##fmt = {2, x_row_bytes, prepare_q8_K, tile_##fmt};
 K_TILE(q4_K, FMT_Q4_K)
 K_TILE(q5_K, FMT_Q5_K)
 /* No q6_K here: its two scales per chunk cost more to spread per row than the one-row kernel

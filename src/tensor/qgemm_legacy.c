@@ -165,7 +165,7 @@ LEGACY_TILE(q5_1, FMT_Q5_1, true)
 LEGACY_TILE(q8_0, FMT_Q8_0, false)
 
 #define LEGACY_KERNELS(fmt, prep)                                                                  \
-    static const loom_qgemm_kernels kernels_##fmt = {x_row_bytes, prep, tile_##fmt};
+    static const loom_qgemm_kernels kernels_##fmt = {1, x_row_bytes, prep, tile_##fmt};
 LEGACY_KERNELS(q4_0, prepare_q8_0_off8)
 LEGACY_KERNELS(q4_1, prepare_q8_1_off0)
 LEGACY_KERNELS(q5_0, prepare_q8_0_off16)

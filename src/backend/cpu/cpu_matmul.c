@@ -314,9 +314,8 @@ static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loo
     const loom_qgemm_lanes *lanes = loom_qgemm_lanes_get(w->type);
     if (lanes && T >= MML_MIN_TOKENS)
         return mm_run_lanes(c, w, x, out, lanes, act_type, act_row, w_row);
-    /* One token: the one-row kernels below read each weight block once anyway. */
-    const loom_qgemm_kernels *k = T > 1 ? loom_qgemm_get(w->type) : NULL;
-    if (k) return mm_run_tiles(c, w, x, out, k, act_type, act_row, w_row);
+    const loom_qgemm_kernels *k = loom_qgemm_get(w->type);
+    if (k && T >= k->min_tokens) return mm_run_tiles(c, w, x, out, k, act_type, act_row, w_row);
 
     bool overflow = loom__add_overflow_size(act_row, MMQ_ROW_ALIGN - 1, &stride);
     stride -= stride % MMQ_ROW_ALIGN;

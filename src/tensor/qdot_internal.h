@@ -87,9 +87,14 @@ const struct loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t w
 
 /* ---- scalar helpers --------------------------------------------------------------------- */
 
-/* Reads a little-endian f16 field at p (block fields are only 2-byte aligned). */
+/* Reads a little-endian f16 field at p (block fields are only 2-byte aligned). The conversion
+ * is exact, so the F16C instruction and the bit-level C one give the same float. */
 LOOM__QINLINE float loom__qd_f16(const uint16_t *p) {
+#if defined(LOOM_QDOT_AVX2)
+    return _cvtsh_ss(*p);
+#else
     return loom__f16_to_f32(*p);
+#endif
 }
 
 /* The 8-lane fold every legacy dot ends with: (a[i] + a[i+4]), then (b[i] + b[i+2]), then

@@ -34,6 +34,8 @@ static void usage(FILE *f) {
                "              message\n"
                "  -n N        tokens to generate (default 128)\n"
                "  -t THREADS  compute threads (default: all cores)\n"
+               "  --numa MODE auto, off, distribute or isolate: where threads run and weights live\n"
+               "              on machines with several memory nodes (default auto)\n"
                "  -c CTX      context size (default: the model's, at most 4096)\n"
                "  --temp T    temperature, 0 = greedy (default 0.8)\n"
                "  --top-k K   (default 40)   --top-p P (default 0.95)   --seed S (default 0x5EED)\n"
@@ -116,6 +118,16 @@ int main(int argc, char **argv) {
             gp.n_predict = (int32_t)num_arg(argc, argv, &i);
         } else if (!strcmp(a, "-t")) {
             mp.n_threads = (int)num_arg(argc, argv, &i);
+        } else if (!strcmp(a, "--numa") && i + 1 < argc) {
+            const char *mode = argv[++i];
+            if (!strcmp(mode, "auto")) mp.numa = LOOM_NUMA_AUTO;
+            else if (!strcmp(mode, "off")) mp.numa = LOOM_NUMA_OFF;
+            else if (!strcmp(mode, "distribute")) mp.numa = LOOM_NUMA_DISTRIBUTE;
+            else if (!strcmp(mode, "isolate")) mp.numa = LOOM_NUMA_ISOLATE;
+            else {
+                fprintf(stderr, "loom-generate: --numa: want auto, off, distribute or isolate\n");
+                return 2;
+            }
         } else if (!strcmp(a, "-c")) {
             sp.n_ctx = (int32_t)num_arg(argc, argv, &i);
         } else if (!strcmp(a, "--temp")) {

@@ -124,6 +124,16 @@ typedef enum loom_backend_kind {
     LOOM_BACKEND_CUDA = 1, /* reserved: not built yet */
 } loom_backend_kind;
 
+/* Where compute threads run and weights live on machines with several memory nodes (libnuma;
+ * the modes of llama.cpp's --numa). The calling thread is never pinned. Where libnuma is
+ * missing or reports NUMA unavailable every mode behaves as OFF. */
+typedef enum loom_numa_mode {
+    LOOM_NUMA_AUTO = 0,   /* DISTRIBUTE on a multi-node machine, OFF on one node (default) */
+    LOOM_NUMA_OFF,        /* no pinning, no placement */
+    LOOM_NUMA_DISTRIBUTE, /* worker k on node k % n_nodes; weight pages interleaved */
+    LOOM_NUMA_ISOLATE,    /* all workers on the loading thread's node; weights bound to it */
+} loom_numa_mode;
+
 typedef struct loom_model_params {
     loom_backend_kind backend; /* default LOOM_BACKEND_CPU */
     int n_threads;             /* compute threads of the CPU backend; <= 0: all online cores */
@@ -133,6 +143,7 @@ typedef struct loom_model_params {
      * exact arithmetic) instead of rounding them per block to 8 bits (or F16) and using
      * integer dot products as llama.cpp does. Default false. */
     bool f32_activations;
+    loom_numa_mode numa; /* default LOOM_NUMA_AUTO */
 } loom_model_params;
 
 /* Defaults for loom_model_load. Thread-safe. */

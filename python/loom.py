@@ -30,7 +30,7 @@ class LoomError(RuntimeError):
 
 class ModelParams(C.Structure):
     _fields_ = [("backend", C.c_int), ("n_threads", C.c_int), ("use_mmap", C.c_bool),
-                ("vocab_only", C.c_bool), ("f32_activations", C.c_bool)]
+                ("vocab_only", C.c_bool), ("f32_activations", C.c_bool), ("numa", C.c_int)]
 
 
 class ModelInfo(C.Structure):
@@ -95,10 +95,13 @@ class Model:
 
     _h = None
 
+    NUMA_MODES = {"auto": 0, "off": 1, "distribute": 2, "isolate": 3}
+
     def __init__(self, path, n_threads=0, vocab_only=False, use_mmap=True,
-                 f32_activations=False):
+                 f32_activations=False, numa="auto"):
         p = _lib.loom_model_default_params()
         p.f32_activations = f32_activations
+        p.numa = Model.NUMA_MODES[numa]
         p.n_threads = n_threads
         p.vocab_only = vocab_only
         p.use_mmap = use_mmap

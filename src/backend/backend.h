@@ -146,6 +146,7 @@ typedef struct loom_cpu_params {
      * (8-bit Q8_0/Q8_K, or F16) and using integer dot products — faster, and the arithmetic
      * llama.cpp uses. Default false. */
     bool f32_activations;
+    loom_numa_mode numa; /* worker placement (core/numa.h); default (0) LOOM_NUMA_AUTO */
 } loom_cpu_params;
 
 /* A CPU backend with params p (NULL: all cores, 8-bit activations). */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/log.h"
+#include "core/numa.h"
 #include "core/timer.h"
 #include "tensor/qdot.h"
 #include "tensor/quant.h"
@@ -31,17 +32,26 @@ static char *dup_gguf_str(loom_gguf_str s) {
 /* Places the weights in backend memory: zero-copy over the mapped file when the backend can
  * wrap host memory and the caller allows mmap, otherwise one buffer holding a copy of the
  * file's data section. Tensor views are made later by loom__model_tensor. */
-static loom_status place_weights(loom_model *m, bool use_mmap) {
+static loom_status place_weights(loom_model *m, bool use_mmap, loom_numa_mode numa) {
     const loom_backend_ops *ops = m->backend->ops;
     void *ctx = m->backend->ctx;
     size_t size = loom_gguf_file_size(m->gguf);
     void *image = (void *)loom_gguf_image(m->gguf);
+    /* The backend is the CPU one (loom_model_load), whose memory is host memory: weight pages
+     * follow its NUMA plan (core/numa.h), before the copy below touches them, or as the
+     * mapping faults them in. */
+    const loom__numa_plan plan = loom__numa_plan_make(numa);
     if (use_mmap && ops->buffer_wrap_host) {
-        if (ops->buffer_wrap_host(ctx, image, size, &m->weights) == LOOM_OK) return LOOM_OK;
+        if (ops->buffer_wrap_host(ctx, image, size, &m->weights) == LOOM_OK) {
+            (void)loom__numa_place(&plan, image, size);
+            return LOOM_OK;
+        }
         LOOM_LOG_W("backend %s cannot map weights in place; copying", ops->name);
     }
     LOOM_TRY(ops->buffer_alloc(ctx, size, &m->weights));
-    return ops->tensor_set(ctx, ops->buffer_base(ctx, m->weights), image, size);
+    void *base = ops->buffer_base(ctx, m->weights);
+    (void)loom__numa_place(&plan, base, size);
+    return ops->tensor_set(ctx, base, image, size);
 }
 
 static loom_status add_extra_buffer(loom_model *m, size_t bytes, loom_buffer **out) {
@@ -141,9 +151,10 @@ static loom_status load_model(loom_model *m, const char *path, const loom_model_
 
     LOOM_RETURN_IF(p->backend != LOOM_BACKEND_CPU, LOOM_ERR_UNSUPPORTED,
                    "model: backend %d is not built into this library", (int)p->backend);
-    loom_cpu_params cp = {.n_threads = p->n_threads, .f32_activations = p->f32_activations};
+    loom_cpu_params cp = {
+        .n_threads = p->n_threads, .f32_activations = p->f32_activations, .numa = p->numa};
     LOOM_TRY(loom_backend_cpu_create(&cp, &m->backend));
-    LOOM_TRY(place_weights(m, p->use_mmap));
+    LOOM_TRY(place_weights(m, p->use_mmap, p->numa));
     LOOM_TRY(loom__model_bind_weights(m));
 
     m->n_params = 0;
@@ -162,6 +173,7 @@ loom_status loom_model_load(const char *path, const loom_model_params *params, l
     LOOM_CHECK_ARG(out != NULL);
     loom_model_params p = params ? *params : loom_model_default_params();
     LOOM_CHECK_ARG(p.n_threads <= 1024);
+    LOOM_CHECK_ARG(p.numa >= LOOM_NUMA_AUTO && p.numa <= LOOM_NUMA_ISOLATE);
 
     loom_model *m = calloc(1, sizeof *m);
     LOOM_RETURN_IF(!m, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");

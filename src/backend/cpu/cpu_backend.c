@@ -223,6 +223,13 @@ static const loom_backend_ops cpu_ops = {
     .softmax = loom__cpu_softmax,
 };
 
+/* Each worker pins itself (thread 0, the caller, is the application's and stays as it is). */
+static void pin_worker(void *arg, int ith, int nth) {
+    loom_cpu_ctx *c = arg;
+    (void)nth;
+    if (ith > 0) (void)loom__numa_pin_worker(&c->numa, ith);
+}
+
 loom_status loom_backend_cpu_create(const loom_cpu_params *p, loom_backend **out) {
     LOOM_CHECK_ARG(out != NULL);
     int n_threads = p ? p->n_threads : 0;
@@ -234,6 +241,8 @@ loom_status loom_backend_cpu_create(const loom_cpu_params *p, loom_backend **out
     c->f32_activations = p ? p->f32_activations : false;
     loom_status st;
     LOOM_TRY_GOTO(st, loom__threadpool_create(n_threads, &c->tp), fail);
+    c->numa = loom__numa_plan_make(p ? p->numa : LOOM_NUMA_AUTO);
+    if (c->numa.mode != LOOM_NUMA_OFF) loom__threadpool_run(c->tp, pin_worker, c);
     LOOM_TRY_GOTO(st, loom__cpu_reserve_scratch(c, LOOM_CPU_SCRATCH_INIT), fail);
     LOOM_TRY_GOTO(st, loom_backend_register(&cpu_ops, c, out), fail);
     return LOOM_OK;

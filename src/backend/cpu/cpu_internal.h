@@ -4,6 +4,7 @@
 #pragma once
 
 #include "backend/backend.h"
+#include "core/numa.h"
 #include "core/threadpool.h"
 
 #include <stdbool.h>
@@ -13,6 +14,7 @@ typedef struct loom_cpu_ctx {
     loom_threadpool *tp;
     int n_threads;
     bool f32_activations; /* see loom_cpu_params */
+    loom__numa_plan numa; /* where the workers run (core/numa.h) */
     /* [n_threads] per-thread scratch, scratch_cap floats each, 64-byte aligned. Ops reserve
      * what they need on entry (single-threaded, before dispatch), so growth happens once, the
      * first time a larger shape is seen, never inside a parallel region. */

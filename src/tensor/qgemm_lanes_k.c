@@ -28,7 +28,7 @@
 #define XK_D     2304
 
 static size_t x8_bytes(int64_t K) {
-    return (size_t)(K / LOOM_QK_K) * XK;
+    return ((size_t)(K / LOOM_QK_K) * XK + 63) & ~(size_t)63;
 }
 
 static void prepare_x8(const void *act, size_t act_stride, int n, void *x8, int64_t K) {

@@ -30,7 +30,7 @@
 #define XB_OFF 320
 
 static size_t x8_bytes(int64_t K) {
-    return (size_t)(K / LQ) * XB;
+    return ((size_t)(K / LQ) * XB + 63) & ~(size_t)63;
 }
 
 /* act: n rows of q8_0 (with_s false) or q8_1 blocks. */

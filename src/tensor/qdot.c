@@ -403,7 +403,8 @@ static loom_quantize_act_fn isa_quant_portable(uint32_t act_type) {
 
 static const loom_qgemm_kernels *isa_qgemm(uint32_t weight_type) {
     const loom_qgemm_kernels *k = LOOM_ISA_SYM(loom__qgemm_legacy)(weight_type);
-    return k ? k : LOOM_ISA_SYM(loom__qgemm_kquant)(weight_type);
+    if (!k) k = LOOM_ISA_SYM(loom__qgemm_kquant)(weight_type);
+    return k ? k : LOOM_ISA_SYM(loom__qgemm_float)(weight_type);
 }
 
 static const loom_qgemm_lanes *isa_lanes(uint32_t weight_type) {

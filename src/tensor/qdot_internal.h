@@ -78,9 +78,10 @@ const loom__qdot_isa *LOOM_ISA_SYM(loom__qdot_isa)(void);
 /* Each returns weight_type's entry if it belongs to the file's family, else NULL. */
 const loom__qdot_entry *LOOM_ISA_SYM(loom__qdot_legacy)(uint32_t weight_type); /* q4_0 .. q8_0 */
 const loom__qdot_entry *LOOM_ISA_SYM(loom__qdot_kquant)(uint32_t weight_type); /* q2_K .. q6_K */
-/* The tile kernels of qgemm.h per family (NULL for other types, or without VNNI). */
+/* The tile kernels of qgemm.h per family (NULL for other types, or without VNNI; f16: AVX2). */
 const struct loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_legacy)(uint32_t weight_type);
 const struct loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_kquant)(uint32_t weight_type);
+const struct loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_float)(uint32_t weight_type); /* f16 */
 const struct loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(uint32_t weight_type);
 const struct loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t weight_type);
 #endif

@@ -1,0 +1,115 @@
+/* qgemm_f16.c — tile kernels (qgemm.h) for F16 weights with F16 activations.
+ *
+ * The one-row kernel converts both the weight row and the activation row from half precision
+ * for every (row, token) pair. Here a prepared token row holds its activations already as
+ * float32 (zero-padded to a multiple of 32 values), and a weight row's 32-value chunk is
+ * converted once for up to NT_MAX tokens. Arithmetic of qdot.c's f16 dot, unchanged: w[i] * x[i]
+ * added into lane i % 32 (a product of two halves is exact in float32, so the fused
+ * multiply-add rounds once, as the separate add does), lanes folded 16, 8, 4, 2, 1 apart. A
+ * partial last chunk adds +0.0 products to its unused lanes, which leaves them unchanged (no
+ * lane is ever -0.0: lanes start at +0.0 and a sum is -0.0 only when both terms are). */
+#include "tensor/qgemm.h"
+
+#include <string.h>
+
+#include "tensor/qdot_internal.h"
+
+#if defined(LOOM_QDOT_AVX2)
+
+#define CH 32 /* values per chunk: the dot's 32 lanes, as 4 vectors of 8 */
+
+#if defined(LOOM_QDOT_AVX512)
+#define NT_MAX 4 /* 16 accumulators + 4 weight vectors fit the 32 vector registers */
+#else
+#define NT_MAX 2 /* 16 registers */
+#endif
+
+static size_t x_row_bytes(int64_t K) {
+    const size_t n = (size_t)((K + CH - 1) / CH * CH) * sizeof(float);
+    return (n + 63) & ~(size_t)63;
+}
+
+static void prepare_f16(const void *act, void *x, int64_t K) {
+    const uint16_t *h = (const uint16_t *)act;
+    float *f = (float *)x;
+    int64_t i = 0;
+    for (; i + 8 <= K; i += 8)
+        _mm256_store_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < K; i++) f[i] = _cvtsh_ss(h[i]);
+    for (int64_t k = K; k < (K + CH - 1) / CH * CH; k++) f[k] = 0.0f;
+}
+
+/* Row w (K halves) against NT prepared tokens. */
+LOOM__QINLINE void row_tokens(const uint16_t *w, const float *x0, size_t x_floats, int64_t K,
+                              int NT, float *out, size_t out_stride) {
+    __m256 acc[NT_MAX][4];
+    for (int j = 0; j < NT; j++)
+        for (int k = 0; k < 4; k++) acc[j][k] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < K; c += CH) {
+        __m256 wv[4];
+        if (c + CH <= K) {
+            for (int k = 0; k < 4; k++)
+                wv[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + c + 8 * k)));
+        } else { /* tail: zero halves, so +0.0 products */
+            uint16_t tail[CH] = {0};
+            memcpy(tail, w + c, (size_t)(K - c) * sizeof(uint16_t));
+            for (int k = 0; k < 4; k++)
+                wv[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tail + 8 * k)));
+        }
+        for (int j = 0; j < NT; j++) {
+            const float *x = x0 + (size_t)j * x_floats + c;
+            for (int k = 0; k < 4; k++)
+                acc[j][k] = _mm256_fmadd_ps(wv[k], _mm256_load_ps(x + 8 * k), acc[j][k]);
+        }
+    }
+    for (int j = 0; j < NT; j++) {
+        /* 16 apart, then 8 apart (vector adds), then 4, 2, 1 (loom__qd_fold8_ps) */
+        const __m256 s0 = _mm256_add_ps(acc[j][0], acc[j][2]);
+        const __m256 s1 = _mm256_add_ps(acc[j][1], acc[j][3]);
+        out[(size_t)j * out_stride] = loom__qd_fold8_ps(_mm256_add_ps(s0, s1));
+    }
+}
+
+static void tile_f16(const void *w, size_t w_stride, int nr, const void *x, size_t x_stride,
+                     int nt, int64_t K, float *out, size_t out_stride) {
+    const size_t x_floats = x_stride / sizeof(float);
+    for (int r = 0; r < nr; r++) {
+        const uint16_t *wr = (const uint16_t *)((const uint8_t *)w + (size_t)r * w_stride);
+        for (int t0 = 0; t0 < nt; t0 += NT_MAX) {
+            const float *xt = (const float *)x + (size_t)t0 * x_floats;
+            float *o = out + (size_t)t0 * out_stride + (size_t)r;
+            switch (nt - t0 < NT_MAX ? nt - t0 : NT_MAX) {
+            case 1:
+                row_tokens(wr, xt, x_floats, K, 1, o, out_stride);
+                break;
+#if NT_MAX > 2
+            case 2:
+                row_tokens(wr, xt, x_floats, K, 2, o, out_stride);
+                break;
+            case 3:
+                row_tokens(wr, xt, x_floats, K, 3, o, out_stride);
+                break;
+#endif
+            default:
+                row_tokens(wr, xt, x_floats, K, NT_MAX, o, out_stride);
+                break;
+            }
+        }
+    }
+}
+
+/* One token gains nothing: the row's conversion is not shared (loom-kernel-bench). */
+static const loom_qgemm_kernels kernels_f16 = {2, x_row_bytes, prepare_f16, tile_f16};
+
+const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_float)(uint32_t weight_type) {
+    return weight_type == LOOM_TYPE_F16 ? &kernels_f16 : NULL;
+}
+
+#else /* no AVX2: the one-row kernels */
+
+const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_float)(uint32_t weight_type) {
+    (void)weight_type;
+    return NULL;
+}
+
+#endif

@@ -50,22 +50,22 @@ typedef struct loom_qgemm_kernels {
 /* The tile kernels for weight_type in this build, or NULL. */
 const loom_qgemm_kernels *loom_qgemm_get(uint32_t weight_type);
 
-/* Token-lane kernels, for steps with many tokens (prefill, batched decode): 8 tokens are
- * prepared together, interleaved so that one 256-bit register holds 4 codes of each of the 8
- * tokens; a weight row's 4 codes are broadcast against it, so every vpdpbusd lane accumulates
- * one token's block sum and no horizontal reduction is needed. The float combination runs on
- * vectors of 8 tokens, one accumulator per block lane (b % 8 for the legacy formats), folded in
- * loom__qd_fold8's order: per (row, token) the same operations as loom_vec_dot_q, bit for
- * bit, so a token's result does not depend on which kernel served it. */
-#define LOOM_QGEMM_LANES 8
+/* Token-lane kernels, for steps with many tokens (prefill, batched decode): `width` tokens (16
+ * with AVX-512, else 8) are prepared together, interleaved so that one register holds 4 codes
+ * of each token; a weight row's 4 codes are broadcast against it, so every vpdpbusd lane
+ * accumulates one token's block sum and no horizontal reduction is needed. The float
+ * combination runs on vectors of tokens, one accumulator per block lane (b % 8 for the legacy
+ * formats), folded in loom__qd_fold8's order: per (row, token) the same operations as
+ * loom_vec_dot_q, bit for bit, so a token's result does not depend on which kernel served it. */
 typedef struct loom_qgemm_lanes {
-    /* Bytes of one prepared group of 8 tokens of K values; a multiple of 64. */
+    int width; /* tokens per prepared group: 8 or 16 */
+    /* Bytes of one prepared group of `width` tokens of K values; a multiple of 64. */
     size_t (*x8_bytes)(int64_t K);
-    /* act: n (1..8) rows in the activation format, act_stride bytes apart; x8: x8_bytes(K)
-     * bytes, 64-byte aligned; tokens n..7 are zero. */
+    /* act: n (1..width) rows in the activation format, act_stride bytes apart; x8:
+     * x8_bytes(K) bytes, 64-byte aligned; tokens n..width-1 are zero. */
     void (*prepare_x8)(const void *act, size_t act_stride, int n, void *x8, int64_t K);
     /* out[t * out_stride + r] = loom_vec_dot_q(weight_type, row r, token t, K) for r < nr,
-     * t < nt (<= 8) of the prepared group x8. */
+     * t < nt (<= width) of the prepared group x8. */
     void (*tile8)(const void *w, size_t w_stride, int nr, const void *x8, int nt, int64_t K,
                   float *out, size_t out_stride);
 } loom_qgemm_lanes;

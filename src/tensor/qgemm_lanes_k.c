@@ -1,14 +1,14 @@
 /* qgemm_lanes_k.c — token-lane kernels (qgemm.h) for q4_K, q5_K and q6_K.
  *
- * Prepared group of 8 tokens, per super-block (XK bytes apart):
- *   codes  [64 chunks c][8 tokens j][4 bytes]   token j's codes 4c .. 4c+3
- *   bsums  [8 pairs p][8 tokens j][2 int16]     token j's sums of 16 codes 2p and 2p+1
- *   d[8]   float                                 token j's q8_K scale
+ * Prepared group of LW tokens (qgemm_lanes.h), per super-block (XK bytes apart):
+ *   codes  [64 chunks c][LW tokens j][4 bytes]   token j's codes 4c .. 4c+3
+ *   bsums  [8 pairs p][LW tokens j][2 int16]     token j's sums of 16 codes 2p and 2p+1
+ *   d[LW]  float                                  token j's q8_K scale
  * Per row and super-block: the unsigned codes u (qgemm_unpack.h) of each sub-block are
  * broadcast 4 at a time against the tokens' chunks, so lane j of a vpdpbusd accumulator holds
  * token j's sub-block sum S; isum = sum over sub-blocks of scale * S (vpmulld; exact), msum =
  * the bsum multipliers against the tokens' bsums (vpmaddwd on pairs). Then qdot_k.c's float
- * part on vectors of 8 tokens, super-block by super-block — the same operations per (row,
+ * part on vectors of LW tokens, super-block by super-block — the same operations per (row,
  * token) as the one-row kernels, so the same bits. */
 #include "tensor/qgemm.h"
 
@@ -23,9 +23,11 @@
 
 #if defined(LOOM_QDOT_VNNI)
 
-#define XK       (2048 + 256 + 32) /* prepared bytes per super-block */
-#define XK_BSUMS 2048
-#define XK_D     2304
+#include "tensor/qgemm_lanes.h"
+
+#define XK       (LW * (256 + 32 + 4)) /* prepared bytes per super-block: codes, bsums, d */
+#define XK_BSUMS (LW * 256)
+#define XK_D     (LW * 288)
 
 static size_t x8_bytes(int64_t K) {
     return ((size_t)(K / LOOM_QK_K) * XK + 63) & ~(size_t)63;
@@ -38,21 +40,21 @@ static void prepare_x8(const void *act, size_t act_stride, int n, void *x8, int6
             (const loom_block_q8_K *)((const uint8_t *)act + (size_t)j * act_stride);
         for (int64_t b = 0; b < K / LOOM_QK_K; b++) {
             uint8_t *xb = (uint8_t *)x8 + (size_t)b * XK;
-            for (int c = 0; c < 64; c++) memcpy(xb + 32 * c + 4 * j, a[b].qs + 4 * c, 4);
-            for (int p = 0; p < 8; p++) memcpy(xb + XK_BSUMS + 32 * p + 4 * j, a[b].bsums + 2 * p, 4);
+            for (int c = 0; c < 64; c++) memcpy(xb + 4 * LW * c + 4 * j, a[b].qs + 4 * c, 4);
+            for (int p = 0; p < 8; p++)
+                memcpy(xb + XK_BSUMS + 4 * LW * p + 4 * j, a[b].bsums + 2 * p, 4);
             ((float *)(xb + XK_D))[j] = a[b].d;
         }
     }
 }
 
 /* Lane j: sum over the n4 4-byte chunks starting at chunk c0 of u[4c] . x_j[4c]. */
-LOOM__QINLINE __m256i chunk_sums(const uint8_t *u, const uint8_t *xb, int c0, int n4) {
-    __m256i s = _mm256_setzero_si256();
+LOOM__QINLINE vi chunk_sums(const uint8_t *u, const uint8_t *xb, int c0, int n4) {
+    vi s = V_ZERO_SI();
     for (int c = c0; c < c0 + n4; c++) {
         int32_t chunk;
         memcpy(&chunk, u + 4 * c, 4);
-        s = loom__qd_dpbusd(s, _mm256_set1_epi32(chunk),
-                            _mm256_load_si256((const __m256i *)(xb + 32 * c)));
+        s = V_DPBUSD(s, V_SET1_EPI32(chunk), V_LOAD_SI(xb + 4 * LW * c));
     }
     return s;
 }
@@ -63,7 +65,7 @@ LOOM__QINLINE void tile8_k(const void *w, size_t w_stride, int nr, const void *x
     const size_t wb = k_block_bytes(fmt);
     for (int r = 0; r < nr; r++) {
         const uint8_t *wr = (const uint8_t *)w + (size_t)r * w_stride;
-        __m256 sum = _mm256_setzero_ps();
+        vf sum = V_ZERO_PS();
         for (int64_t b = 0; b < nsb; b++) {
             const uint8_t *blk = wr + (size_t)b * wb, *xb = (const uint8_t *)x8 + (size_t)b * XK;
             _Alignas(32) uint8_t u[LOOM_QK_K];
@@ -73,41 +75,36 @@ LOOM__QINLINE void tile8_k(const void *w, size_t w_stride, int nr, const void *x
             _Alignas(32) int16_t sc[16], m16[16];
             _mm256_store_si256((__m256i *)sc, m.sc16); /* q4_K/q5_K: scales 0..7 (twice) */
             _mm256_store_si256((__m256i *)m16, m.m16);
-            __m256i isum = _mm256_setzero_si256();
+            vi isum = V_ZERO_SI();
             if (fmt == FMT_Q6_K) {
                 for (int i = 0; i < 16; i++) /* 16-value sub-blocks: 4 chunks each */
-                    isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(chunk_sums(u, xb, 4 * i, 4),
-                                                                     _mm256_set1_epi32(sc[i])));
+                    isum = V_ADD_EPI32(isum, V_MULLO_EPI32(chunk_sums(u, xb, 4 * i, 4),
+                                                           V_SET1_EPI32(sc[i])));
             } else {
                 for (int i = 0; i < 8; i++) /* 32-value sub-blocks: 8 chunks each */
-                    isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(chunk_sums(u, xb, 8 * i, 8),
-                                                                     _mm256_set1_epi32(sc[i])));
+                    isum = V_ADD_EPI32(isum, V_MULLO_EPI32(chunk_sums(u, xb, 8 * i, 8),
+                                                           V_SET1_EPI32(sc[i])));
             }
-            __m256i msum = _mm256_setzero_si256();
+            vi msum = V_ZERO_SI();
             for (int p = 0; p < 8; p++) {
                 const int32_t pair = (int32_t)((uint32_t)(uint16_t)m16[2 * p] |
                                                (uint32_t)(uint16_t)m16[2 * p + 1] << 16);
-                msum = _mm256_add_epi32(
-                    msum, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(xb + XK_BSUMS +
-                                                                                32 * p)),
-                                            _mm256_set1_epi32(pair)));
+                msum = V_ADD_EPI32(msum, V_MADD_EPI16(V_LOAD_SI(xb + XK_BSUMS + 4 * LW * p),
+                                                      V_SET1_EPI32(pair)));
             }
-            const __m256 dx = _mm256_load_ps((const float *)(xb + XK_D));
-            __m256 t;
+            const vf dx = V_LOAD_PS((const float *)(xb + XK_D));
+            vf t;
             if (fmt == FMT_Q6_K) {
-                t = _mm256_mul_ps(_mm256_mul_ps(dx, _mm256_set1_ps(m.d)),
-                                  _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, msum)));
+                t = V_MUL_PS(V_MUL_PS(dx, V_SET1_PS(m.d)), V_CVT(V_SUB_EPI32(isum, msum)));
             } else {
-                const __m256 a = _mm256_mul_ps(_mm256_mul_ps(dx, _mm256_set1_ps(m.d)),
-                                               _mm256_cvtepi32_ps(isum));
-                const __m256 c = _mm256_mul_ps(_mm256_mul_ps(dx, _mm256_set1_ps(m.dmin)),
-                                               _mm256_cvtepi32_ps(msum));
-                t = _mm256_sub_ps(a, c);
+                const vf a = V_MUL_PS(V_MUL_PS(dx, V_SET1_PS(m.d)), V_CVT(isum));
+                const vf c = V_MUL_PS(V_MUL_PS(dx, V_SET1_PS(m.dmin)), V_CVT(msum));
+                t = V_SUB_PS(a, c);
             }
-            sum = _mm256_add_ps(sum, t);
+            sum = V_ADD_PS(sum, t);
         }
-        _Alignas(32) float lane[8];
-        _mm256_store_ps(lane, sum);
+        _Alignas(64) float lane[LW];
+        V_STORE_PS(lane, sum);
         for (int j = 0; j < nt; j++) out[(size_t)j * out_stride + (size_t)r] = lane[j];
     }
 }
@@ -117,7 +114,7 @@ LOOM__QINLINE void tile8_k(const void *w, size_t w_stride, int nr, const void *x
                             float *out, size_t os) {                                               \
         tile8_k(w, ws, nr, x8, nt, K, out, os, FMT);                                               \
     }                                                                                              \
-    static const loom_qgemm_lanes lanes_##fmt = {x8_bytes, prepare_x8, tile8_##fmt};
+    static const loom_qgemm_lanes lanes_##fmt = {LW, x8_bytes, prepare_x8, tile8_##fmt};
 LANES_TILE(q4_K, FMT_Q4_K)
 LANES_TILE(q5_K, FMT_Q5_K)
 LANES_TILE(q6_K, FMT_Q6_K)

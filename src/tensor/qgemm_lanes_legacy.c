@@ -1,13 +1,14 @@
 /* qgemm_lanes_legacy.c — token-lane kernels (qgemm.h) for q4_0, q4_1, q5_0, q5_1, q8_0.
  *
- * Prepared group of 8 tokens, per block b (XB bytes apart):
- *   codes   [8 chunks c][8 tokens j][4 bytes]  = token j's codes 4c .. 4c+3 of block b
- *   dx[8]   float    activation scales          sx[8]  float  q8_1's stored d * sum (q4_1, q5_1)
- *   xoff[8] int32    off * sum(codes) with off the weight's code offset (see qgemm_legacy.c)
+ * Prepared group of LW tokens (qgemm_lanes.h: 16 with AVX-512, else 8), per block b (XB bytes
+ * apart):
+ *   codes    [8 chunks c][LW tokens j][4 bytes]  = token j's codes 4c .. 4c+3 of block b
+ *   dx[LW]   float   activation scales       sx[LW]  float  q8_1's stored d * sum (q4_1, q5_1)
+ *   xoff[LW] int32   off * sum(codes) with off the weight's code offset (see qgemm_legacy.c)
  * Per row and block: the block's unsigned codes u are unpacked once (qgemm_unpack.h) and each
- * 4-byte chunk is broadcast against the 8 tokens' chunk: after 8 vpdpbusd, lane j holds
+ * 4-byte chunk is broadcast against the LW tokens' chunk: after 8 vpdpbusd, lane j holds
  * sum(u x) of token j, and isum = that - xoff. The float part is qdot_legacy.c's, on vectors of
- * 8 tokens: t = (dw * dx) * isum (+ mw * sx), added to accumulator b % 8; the 8 accumulators
+ * LW tokens: t = (dw * dx) * isum (+ mw * sx), added to accumulator b % 8; the 8 accumulators
  * are folded as loom__qd_fold8 folds lanes. Same operations per (row, token) as the one-row
  * kernels, so the same bits. */
 #include "tensor/qgemm.h"
@@ -23,11 +24,13 @@
 
 #if defined(LOOM_QDOT_VNNI)
 
-#define LQ 32                      /* values per block */
-#define XB (256 + 3 * 32)          /* prepared bytes per block: codes, dx, sx, xoff */
-#define XB_DX 256
-#define XB_SX 288
-#define XB_OFF 320
+#include "tensor/qgemm_lanes.h"
+
+#define LQ     32                  /* values per block */
+#define XB     (LW * 32 + 3 * LW * 4) /* prepared bytes per block: codes, dx, sx, xoff */
+#define XB_DX  (LW * 32)
+#define XB_SX  (LW * 36)
+#define XB_OFF (LW * 40)
 
 static size_t x8_bytes(int64_t K) {
     return ((size_t)(K / LQ) * XB + 63) & ~(size_t)63;
@@ -45,7 +48,7 @@ LOOM__QINLINE void prepare_lanes(const void *act, size_t act_stride, int n, void
         for (int64_t b = 0; b < K / LQ; b++, a += bytes, xb += XB) {
             int32_t sum = 0;
             for (int c = 0; c < 8; c++) {
-                memcpy(xb + 32 * c + 4 * j, a + codes + 4 * c, 4);
+                memcpy(xb + 4 * LW * c + 4 * j, a + codes + 4 * c, 4);
                 for (int i = 0; i < 4; i++) sum += ((const int8_t *)(a + codes))[4 * c + i];
             }
             ((float *)(xb + XB_DX))[j] = loom__qd_f16((const uint16_t *)a);
@@ -64,19 +67,18 @@ LANES_PREPARE(prepare_off16, false, 16)
 LANES_PREPARE(prepare_off128, false, 128)
 LANES_PREPARE(prepare_q8_1, true, 0)
 
-/* One block of one row against the 8 tokens: t of qdot_legacy.c, lanes = tokens. */
-LOOM__QINLINE __m256 block_term(const uint8_t *blk, const uint8_t *xb, legacy_fmt fmt,
-                                bool with_min) {
-    __m256i s = _mm256_setzero_si256();
+/* One block of one row against the LW tokens: t of qdot_legacy.c, lanes = tokens. */
+LOOM__QINLINE vf block_term(const uint8_t *blk, const uint8_t *xb, legacy_fmt fmt,
+                            bool with_min) {
+    vi s = V_ZERO_SI();
     if (fmt == FMT_Q8_0) {
         /* the codes are bytes already: broadcast them from the block, flip the top bits */
         const int8_t *qs = ((const loom_block_q8_0 *)blk)->qs;
         for (int c = 0; c < 8; c++) {
             int32_t chunk;
             memcpy(&chunk, qs + 4 * c, 4);
-            s = loom__qd_dpbusd(s, _mm256_xor_si256(_mm256_set1_epi32(chunk),
-                                                    _mm256_set1_epi8((char)0x80)),
-                                _mm256_load_si256((const __m256i *)(xb + 32 * c)));
+            s = V_DPBUSD(s, V_SET1_EPI32((int32_t)((uint32_t)chunk ^ 0x80808080u)),
+                         V_LOAD_SI(xb + 4 * LW * c));
         }
     } else {
         _Alignas(32) uint8_t u[LQ];
@@ -84,19 +86,16 @@ LOOM__QINLINE __m256 block_term(const uint8_t *blk, const uint8_t *xb, legacy_fm
         for (int c = 0; c < 8; c++) {
             int32_t chunk;
             memcpy(&chunk, u + 4 * c, 4);
-            s = loom__qd_dpbusd(s, _mm256_set1_epi32(chunk),
-                                _mm256_load_si256((const __m256i *)(xb + 32 * c)));
+            s = V_DPBUSD(s, V_SET1_EPI32(chunk), V_LOAD_SI(xb + 4 * LW * c));
         }
     }
-    const __m256i isum =
-        _mm256_sub_epi32(s, _mm256_load_si256((const __m256i *)(xb + XB_OFF)));
+    const vi isum = V_SUB_EPI32(s, V_LOAD_SI(xb + XB_OFF));
     /* d (and m) are the block's first f16 fields in every legacy format */
-    const __m256 dw = _mm256_set1_ps(loom__qd_f16((const uint16_t *)blk));
-    __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_load_ps((const float *)(xb + XB_DX))),
-                             _mm256_cvtepi32_ps(isum));
+    const vf dw = V_SET1_PS(loom__qd_f16((const uint16_t *)blk));
+    vf t = V_MUL_PS(V_MUL_PS(dw, V_LOAD_PS((const float *)(xb + XB_DX))), V_CVT(isum));
     if (with_min) {
-        const __m256 mw = _mm256_set1_ps(loom__qd_f16((const uint16_t *)blk + 1));
-        t = _mm256_add_ps(t, _mm256_mul_ps(mw, _mm256_load_ps((const float *)(xb + XB_SX))));
+        const vf mw = V_SET1_PS(loom__qd_f16((const uint16_t *)blk + 1));
+        t = V_ADD_PS(t, V_MUL_PS(mw, V_LOAD_PS((const float *)(xb + XB_SX))));
     }
     return t;
 }
@@ -109,25 +108,24 @@ LOOM__QINLINE void tile8_legacy(const void *w, size_t w_stride, int nr, const vo
     for (int r = 0; r < nr; r++) {
         const uint8_t *wr = (const uint8_t *)w + (size_t)r * w_stride;
         const uint8_t *xb = (const uint8_t *)x8;
-        __m256 acc[8];
-        for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+        vf acc[8];
+        for (int k = 0; k < 8; k++) acc[k] = V_ZERO_PS();
         int64_t b = 0;
         for (; b + 8 <= nb; b += 8)
 #if defined(__GNUC__)
 #pragma GCC unroll 8
 #endif
             for (int k = 0; k < 8; k++)
-                acc[k] = _mm256_add_ps(acc[k], block_term(wr + (size_t)(b + k) * wb,
-                                                          xb + (size_t)(b + k) * XB, fmt, with_min));
+                acc[k] = V_ADD_PS(acc[k], block_term(wr + (size_t)(b + k) * wb,
+                                                     xb + (size_t)(b + k) * XB, fmt, with_min));
         for (int k = 0; b + k < nb; k++)
-            acc[k] = _mm256_add_ps(acc[k], block_term(wr + (size_t)(b + k) * wb,
-                                                      xb + (size_t)(b + k) * XB, fmt, with_min));
+            acc[k] = V_ADD_PS(acc[k], block_term(wr + (size_t)(b + k) * wb,
+                                                 xb + (size_t)(b + k) * XB, fmt, with_min));
         /* loom__qd_fold8's order, on vectors */
-        const __m256 f0 = _mm256_add_ps(acc[0], acc[4]), f1 = _mm256_add_ps(acc[1], acc[5]);
-        const __m256 f2 = _mm256_add_ps(acc[2], acc[6]), f3 = _mm256_add_ps(acc[3], acc[7]);
-        const __m256 res = _mm256_add_ps(_mm256_add_ps(f0, f2), _mm256_add_ps(f1, f3));
-        _Alignas(32) float lane[8];
-        _mm256_store_ps(lane, res);
+        const vf f0 = V_ADD_PS(acc[0], acc[4]), f1 = V_ADD_PS(acc[1], acc[5]);
+        const vf f2 = V_ADD_PS(acc[2], acc[6]), f3 = V_ADD_PS(acc[3], acc[7]);
+        _Alignas(64) float lane[LW];
+        V_STORE_PS(lane, V_ADD_PS(V_ADD_PS(f0, f2), V_ADD_PS(f1, f3)));
         for (int j = 0; j < nt; j++) out[(size_t)j * out_stride + (size_t)r] = lane[j];
     }
 }
@@ -137,7 +135,7 @@ LOOM__QINLINE void tile8_legacy(const void *w, size_t w_stride, int nr, const vo
                             float *out, size_t os) {                                               \
         tile8_legacy(w, ws, nr, x8, nt, K, out, os, FMT, with_min);                                \
     }                                                                                              \
-    static const loom_qgemm_lanes lanes_##fmt = {x8_bytes, prep, tile8_##fmt};
+    static const loom_qgemm_lanes lanes_##fmt = {LW, x8_bytes, prep, tile8_##fmt};
 LANES_TILE(q4_0, FMT_Q4_0, false, prepare_off8)
 LANES_TILE(q4_1, FMT_Q4_1, true, prepare_q8_1)
 LANES_TILE(q5_0, FMT_Q5_0, false, prepare_off16)

@@ -553,11 +553,11 @@ static void test_isa_variants_agree(void **state) {
                     free(xr);
                 }
                 const loom_qgemm_lanes *lk = isa->lanes(t);
-                if (lk) { /* groups of 8 tokens, the last one partial */
+                if (lk) { /* groups of width tokens, the last one partial */
                     uint8_t *x8 = aligned_alloc(64, lk->x8_bytes(K));
                     assert_non_null(x8);
-                    for (int64_t j0 = 0; j0 < T; j0 += 8) {
-                        const int n = (int)(T - j0 < 8 ? T - j0 : 8);
+                    for (int64_t j0 = 0; j0 < T; j0 += lk->width) {
+                        const int n = (int)(T - j0 < lk->width ? T - j0 : lk->width);
                         lk->prepare_x8(xa + (size_t)j0 * ab, ab, n, x8, K);
                         lk->tile8(w, wb, 3, x8, n, K, got, 3);
                         for (int j = 0; j < n; j++)

@@ -219,8 +219,8 @@ static loom_status mm_run_tiles(loom_cpu_ctx *c, const loom_tensor *w, const loo
 
 /* ---- token-lane kernels (tensor/qgemm.h), for steps with many tokens ---------------------- */
 
-/* From this many tokens on, 8-token lanes beat the per-pair tile kernels (a partly filled
- * group of 8 costs as much as a full one). */
+/* From this many tokens on, token lanes beat the per-pair tile kernels (a partly filled group
+ * costs as much as a full one). */
 #define MML_MIN_TOKENS 5
 
 typedef struct mml_task {
@@ -229,21 +229,21 @@ typedef struct mml_task {
     loom_cpu_ctx *c;
     const loom_qgemm_lanes *k;
     loom_quantize_act_fn quant;
-    uint8_t *x8; /* [ceil(T / 8)] prepared groups, x8_stride apart */
+    uint8_t *x8; /* [ceil(T / width)] prepared groups, x8_stride apart */
     size_t x8_stride, act_stride;
     int64_t rb;
 } mml_task;
 
-/* Rounds this thread's share of the 8-token groups into its scratch and prepares them. */
+/* Rounds this thread's share of the token groups into its scratch and prepares them. */
 static void mml_prepare_worker(void *p, int ith, int nth) {
     const mml_task *a = p;
-    const int64_t T = a->x->ne[1], n_groups = (T + LOOM_QGEMM_LANES - 1) / LOOM_QGEMM_LANES;
+    const int64_t T = a->x->ne[1], W = a->k->width, n_groups = (T + W - 1) / W;
     int64_t g0, g1;
     loom__split_range(n_groups, ith, nth, &g0, &g1);
     uint8_t *tmp = (uint8_t *)a->c->scratch[ith];
     for (int64_t g = g0; g < g1; g++) {
-        const int64_t t0 = g * LOOM_QGEMM_LANES;
-        const int n = (int)(T - t0 < LOOM_QGEMM_LANES ? T - t0 : LOOM_QGEMM_LANES);
+        const int64_t t0 = g * W;
+        const int n = (int)(T - t0 < W ? T - t0 : W);
         for (int j = 0; j < n; j++)
             a->quant(loom__cpu_row(a->x, t0 + j), tmp + (size_t)j * a->act_stride, a->x->ne[0]);
         a->k->prepare_x8(tmp, a->act_stride, n, a->x8 + (size_t)g * a->x8_stride, a->x->ne[0]);
@@ -253,18 +253,18 @@ static void mml_prepare_worker(void *p, int ith, int nth) {
 static void mml_worker(void *p, int ith, int nth) {
     const mml_task *a = p;
     const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
+    const int64_t W = a->k->width;
     const size_t out_stride = a->out->row_stride / sizeof(float);
     int64_t g0, g1;
     loom__split_range((N + rb - 1) / rb, ith, nth, &g0, &g1);
     for (int64_t g = g0; g < g1; g++) {
         const int64_t o0 = g * rb;
         const int nr = (int)(N - o0 < rb ? N - o0 : rb);
-        for (int64_t t0 = 0; t0 < T; t0 += LOOM_QGEMM_LANES) {
-            const int nt = (int)(T - t0 < LOOM_QGEMM_LANES ? T - t0 : LOOM_QGEMM_LANES);
+        for (int64_t t0 = 0; t0 < T; t0 += W) {
+            const int nt = (int)(T - t0 < W ? T - t0 : W);
             float *o = (float *)loom__cpu_row(a->out, t0) + o0;
             a->k->tile8(loom__cpu_row(a->w, o0), a->w->row_stride, nr,
-                        a->x8 + (size_t)(t0 / LOOM_QGEMM_LANES) * a->x8_stride, nt, K, o,
-                        out_stride);
+                        a->x8 + (size_t)(t0 / W) * a->x8_stride, nt, K, o, out_stride);
         }
     }
 }
@@ -273,7 +273,7 @@ static loom_status mm_run_lanes(loom_cpu_ctx *c, const loom_tensor *w, const loo
                                 loom_tensor *out, const loom_qgemm_lanes *k, uint32_t act_type,
                                 size_t act_row, size_t w_row) {
     const int64_t K = w->ne[0], T = x->ne[1];
-    const int64_t n_groups = (T + LOOM_QGEMM_LANES - 1) / LOOM_QGEMM_LANES;
+    const int64_t n_groups = (T + k->width - 1) / k->width;
     mml_task task = {.w = w,
                      .x = x,
                      .out = out,
@@ -292,8 +292,8 @@ static loom_status mm_run_lanes(loom_cpu_ctx *c, const loom_tensor *w, const loo
     task.rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));
     if (task.rb < 1) task.rb = 1;
     if (task.rb > MM_MAX_RB) task.rb = MM_MAX_RB;
-    /* Scratch holds one group's 8 rounded activation rows while preparing. */
-    LOOM_TRY(loom__cpu_reserve_scratch(c, LOOM_QGEMM_LANES * task.act_stride / sizeof(float)));
+    /* Scratch holds one group's rounded activation rows while preparing. */
+    LOOM_TRY(loom__cpu_reserve_scratch(c, (size_t)k->width * task.act_stride / sizeof(float)));
     loom__threadpool_run(c->tp, mml_prepare_worker, &task);
     loom__threadpool_run(c->tp, mml_worker, &task);
     return LOOM_OK;

@@ -256,6 +256,7 @@ LOOM__QINLINE __m512 bf16x16(const uint16_t *p) {
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();                                 \
         const int64_t full = n - n % FD_LANES;                                                     \
         for (int64_t i = 0; i < full; i += FD_LANES) {                                             \
+            loom__qd_prefetch(w + i, FD_LANES * sizeof(uint16_t));                                 \
             a0 = madd(load(w + i), load(x + i), a0);                                               \
             a1 = madd(load(w + i + 16), load(x + i + 16), a1);                                     \
         }                                                                                          \
@@ -288,9 +289,11 @@ LOOM__QINLINE __m256 bf16x8(const uint16_t *p) {
         __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),              \
                        _mm256_setzero_ps()};                                                       \
         const int64_t full = n - n % FD_LANES;                                                     \
-        for (int64_t i = 0; i < full; i += FD_LANES)                                               \
+        for (int64_t i = 0; i < full; i += FD_LANES) {                                             \
+            loom__qd_prefetch(w + i, FD_LANES * sizeof(uint16_t));                                 \
             for (int k = 0; k < 4; k++)                                                            \
                 a[k] = madd(load(w + i + 8 * k), load(x + i + 8 * k), a[k]);                       \
+        }                                                                                          \
         float acc[FD_LANES];                                                                       \
         for (int k = 0; k < 4; k++) _mm256_storeu_ps(acc + 8 * k, a[k]);                           \
         return fd_finish(acc, w, x, full, n, cvt);                                                 \

@@ -110,6 +110,19 @@ LOOM__QINLINE float loom__qd_fold8(const float a[8]) {
 /* ---- AVX2 helpers -------------------------------------------------------------------------- */
 #if defined(LOOM_QDOT_AVX2)
 
+/* Weight rows stream from memory once per matmul call while their arithmetic is short, so the
+ * kernels ask for the bytes LOOM__QD_PREFETCH_AHEAD past what they are computing (the rest of
+ * the row, then the next rows; prefetches past the end of a tensor are harmless hints). On
+ * Gemma 3's LM head (178 MB of q8_0, one token, one thread) this made the matmul 1.45-1.8x
+ * faster (loom-kernel-bench); 1 KiB ahead gave 1.2x, 8 KiB no more than 4 KiB. */
+#define LOOM__QD_PREFETCH_AHEAD 4096
+
+/* Prefetches the cache lines of [p + AHEAD, p + AHEAD + bytes). */
+LOOM__QINLINE void loom__qd_prefetch(const void *p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64)
+        _mm_prefetch((const char *)p + LOOM__QD_PREFETCH_AHEAD + off, _MM_HINT_T0);
+}
+
 /* Sum of the 8 int32 lanes of v (exact in int32 for the ranges used here). */
 LOOM__QINLINE int32_t loom__qd_hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));

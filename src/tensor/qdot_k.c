@@ -393,8 +393,10 @@ LOOM__QINLINE float kq_term(float dx, float d, float dmin, int32_t isum, int32_t
 
 /* f16 -> f32 per path (both exact, so the same values). */
 #define KQ_CVT_portable(h) loom__f16_to_f32(h)
+#define KQ_PREFETCH_portable(p, n) ((void)0)
 #if defined(LOOM_QDOT_AVX2)
 #define KQ_CVT_avx2(h) _cvtsh_ss(h)
+#define KQ_PREFETCH_avx2(p, n) loom__qd_prefetch(p, n)
 #endif
 
 #define KQ_ROW(fmt, path, has_min, dmin_field)                                                     \
@@ -403,6 +405,7 @@ LOOM__QINLINE float kq_term(float dx, float d, float dmin, int32_t isum, int32_t
         const loom_block_q8_K *x = (const loom_block_q8_K *)x_act;                                 \
         float sum = 0.0f;                                                                          \
         for (int64_t b = 0; b < n / LOOM_QK_K; b++) {                                              \
+            KQ_PREFETCH_##path(&w[b], sizeof w[b]);                                                \
             int32_t isum, msum;                                                                    \
             isum_##fmt##_##path(&w[b], &x[b], &isum, &msum);                                       \
             sum += kq_term(x[b].d, KQ_CVT_##path(w[b].d), KQ_CVT_##path(dmin_field), isum, msum,   \

@@ -177,6 +177,7 @@ LOOM__QINLINE float legacy_dot_avx2(const void *w_row, const void *x_act, int64_
     for (int64_t g = 0; g < nb; g += 8) {
         const uint8_t *wg = w + g * w_bytes, *xg = x + g * x_bytes;
         const int nk = nb - g < 8 ? (int)(nb - g) : 8;
+        loom__qd_prefetch(wg, (size_t)(8 * w_bytes));
         __m256i s[8];
         if (nk == 8) {
             for (int k = 0; k < 8; k++)

@@ -47,6 +47,7 @@ LOOM__QINLINE void row_tokens(const uint16_t *w, const float *x0, size_t x_float
         for (int k = 0; k < 4; k++) acc[j][k] = _mm256_setzero_ps();
     for (int64_t c = 0; c < K; c += CH) {
         __m256 wv[4];
+        loom__qd_prefetch(w + c, CH * sizeof(uint16_t));
         if (c + CH <= K) {
             for (int k = 0; k < 4; k++)
                 wv[k] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + c + 8 * k)));

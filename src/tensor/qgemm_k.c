@@ -51,6 +51,7 @@ LOOM__QINLINE void row_tokens(const uint8_t *w, const uint8_t *x0, size_t x_stri
     for (int j = 0; j < NT; j++) sum[j] = 0.0f;
     for (int64_t b = 0; b < nsb; b++) {
         const uint8_t *blk = w + (size_t)b * wb;
+        loom__qd_prefetch(blk, wb);
         const sb_meta m = block_meta(blk, fmt);
         __m256i acc[NT_MAX];
         for (int j = 0; j < NT; j++) acc[j] = _mm256_setzero_si256();

@@ -100,6 +100,7 @@ LOOM__QINLINE void row_tokens(const uint8_t *w, const uint8_t *x0, size_t x_stri
     for (int64_t g = 0; g < nb; g += 8) {
         const int nk = nb - g < 8 ? (int)(nb - g) : 8;
         const uint8_t *wg = w + (size_t)g * wb;
+        loom__qd_prefetch(wg, 8 * wb);
         __m256i u[8];
         for (int k = 0; k < 8; k++)
             u[k] = k < nk ? block_codes(wg + (size_t)k * wb, fmt) : _mm256_setzero_si256();

@@ -1,7 +1,11 @@
 /* loom-generate — stream text from a GGUF model on the command line.
  *
- *   loom-generate -m MODEL [-p PROMPT] [-n N] [-t THREADS] [--temp T] [--top-k K] [--top-p P]
- *                 [--seed S] [-c CTX] [--chat [--system TEXT]]
+ *   loom-generate -m MODEL [-p PROMPT] [-n N] [-t THREADS] [-c CTX] [sampling flags]
+ *                 [--logprobs N] [--chat [--system TEXT]]
+ *
+ * Every setting of the sampler chain has a flag (see usage()). With --logprobs N > 0, a table
+ * of each generated token's log-probability, entropy and top-N alternatives goes to stderr
+ * after the text.
  *
  * Without --chat the prompt is continued as plain text (and echoed first). With --chat the
  * prompt is the user's message of a one-turn conversation (after an optional system message),
@@ -27,8 +31,7 @@ static double now_ms(void) {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: loom-generate -m MODEL [-p PROMPT] [-n N] [-t THREADS] [-c CTX]\n"
-               "                     [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
-               "                     [--chat [--system TEXT]]\n"
+               "                     [sampling flags] [--logprobs N] [--chat [--system TEXT]]\n"
                "  -m MODEL    GGUF file\n"
                "  -p PROMPT   prompt text (default \"Once upon a time\"); with --chat, the user's\n"
                "              message\n"
@@ -37,11 +40,29 @@ static void usage(FILE *f) {
                "  --numa MODE auto, off, distribute or isolate: where threads run and weights live\n"
                "              on machines with several memory nodes (default auto)\n"
                "  -c CTX      context size (default: the model's, at most 4096)\n"
-               "  --temp T    temperature, 0 = greedy (default 0.8)\n"
-               "  --top-k K   (default 40)   --top-p P (default 0.95)   --seed S (default 0x5EED)\n"
                "  --chat      wrap the prompt in the model's chat template and print only the\n"
                "              reply (stops at the end of the model's turn)\n"
-               "  --system TEXT  system message for --chat\n");
+               "  --system TEXT  system message for --chat\n"
+               "sampling, in the chain's order: bias, penalties, entropy correction, temperature,\n"
+               "top-k, top-p, min-p, typical-p, draw\n"
+               "  --repeat-penalty R     divide a seen token's positive logit by R (default 1: off)\n"
+               "  --presence-penalty P   subtract P from a seen token's logit (default 0: off)\n"
+               "  --frequency-penalty F  subtract F per occurrence (default 0: off)\n"
+               "  --penalty-last-n N     tokens the penalties look back over; -1 all (default 64)\n"
+               "  --entropy MODE         none | exp | edt | dynatemp (default none)\n"
+               "  --beta B               exp: logits * exp(-B * H) (default 0.5)\n"
+               "  --edt-n N --edt-theta TH  edt: T = temp * N^(TH / H) (default 0.8, 1)\n"
+               "  --dyn-min A --dyn-max B --dyn-exp K\n"
+               "                         dynatemp: T = A + (B - A) * (H / ln n)^K\n"
+               "                         (default 0.5, 1.5, 1)\n"
+               "  --temp T               temperature, 0 = greedy (default 0.8)\n"
+               "  --top-k K              keep the K most likely, 0 = off (default 40)\n"
+               "  --top-p P              nucleus mass, 1 = off (default 0.95)\n"
+               "  --min-p P              keep p >= P * p_max, 0 = off (default 0)\n"
+               "  --typical-p P          locally typical mass, 1 = off (default 1)\n"
+               "  --seed S               RNG seed (default 0x5EED)\n"
+               "  --logprobs N           after the text, print each token's log-probability,\n"
+               "                         entropy and top-N alternatives to stderr (default 0)\n");
 }
 
 static bool on_piece(const char *piece, size_t len, loom_token token, void *user) {
@@ -67,6 +88,156 @@ static double num_arg(int argc, char **argv, int *i) {
     }
     (*i)++;
     return v;
+}
+
+/* Sets the sampler field of one sampling flag; false when a is not one. */
+static bool sampler_flag(int argc, char **argv, int *i, loom_sampler_params *s) {
+    const char *a = argv[*i];
+    const struct {
+        const char *flag;
+        float *field;
+    } floats[] = {
+        {"--temp", &s->temperature},
+        {"--top-p", &s->top_p},
+        {"--min-p", &s->min_p},
+        {"--typical-p", &s->typical_p},
+        {"--repeat-penalty", &s->repeat_penalty},
+        {"--presence-penalty", &s->presence_penalty},
+        {"--frequency-penalty", &s->frequency_penalty},
+        {"--beta", &s->exp_beta},
+        {"--edt-n", &s->edt_n},
+        {"--edt-theta", &s->edt_theta},
+        {"--dyn-min", &s->dyn_t_min},
+        {"--dyn-max", &s->dyn_t_max},
+        {"--dyn-exp", &s->dyn_exponent},
+    };
+    for (size_t k = 0; k < sizeof floats / sizeof floats[0]; k++) {
+        if (!strcmp(a, floats[k].flag)) {
+            *floats[k].field = (float)num_arg(argc, argv, i);
+            return true;
+        }
+    }
+    if (!strcmp(a, "--top-k")) {
+        s->top_k = (int32_t)num_arg(argc, argv, i);
+    } else if (!strcmp(a, "--penalty-last-n")) {
+        s->penalty_last_n = (int32_t)num_arg(argc, argv, i);
+    } else if (!strcmp(a, "--seed")) {
+        s->seed = (uint64_t)num_arg(argc, argv, i);
+    } else if (!strcmp(a, "--logprobs")) {
+        s->n_logprobs = (int32_t)num_arg(argc, argv, i);
+    } else if (!strcmp(a, "--entropy")) {
+        static const char *const modes[] = {"none", "exp", "edt", "dynatemp"};
+        const char *v = *i + 1 < argc ? argv[*i + 1] : "";
+        int m = -1;
+        for (int k = 0; k < 4; k++)
+            if (!strcmp(v, modes[k])) m = k;
+        if (m < 0) {
+            fprintf(stderr, "loom-generate: --entropy: want none, exp, edt or dynatemp, got '%s'\n",
+                    v);
+            exit(2);
+        }
+        s->entropy_mode = (loom_entropy_mode)m;
+        (*i)++;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+/* ---- --logprobs: per-token details, printed after the text ------------------------------- */
+
+typedef struct token_log {
+    loom_token_info *infos;    /* [n]; top arrays point into alts */
+    loom_token_logprob *alts; /* [cap * 2 * n_logprobs] */
+    size_t n, cap;
+    int32_t n_logprobs;
+    bool out_of_memory;
+} token_log;
+
+static void on_token_info(const loom_token_info *info, void *user) {
+    token_log *log = user;
+    if (log->out_of_memory) return;
+    size_t per = 2 * (size_t)log->n_logprobs;
+    if (log->n == log->cap) {
+        size_t cap = log->cap ? log->cap * 2 : 64;
+        loom_token_info *infos = realloc(log->infos, cap * sizeof *infos);
+        if (infos) log->infos = infos;
+        loom_token_logprob *alts = realloc(log->alts, cap * per * sizeof *alts);
+        if (alts) log->alts = alts;
+        if (!infos || !alts) {
+            log->out_of_memory = true;
+            return;
+        }
+        log->cap = cap;
+    }
+    /* info's own arrays die with the call: keep copies, found by index when printing. */
+    loom_token_logprob *a = log->alts + log->n * per;
+    memcpy(a, info->top_raw, (size_t)info->n_top_raw * sizeof *a);
+    memcpy(a + log->n_logprobs, info->top_final, (size_t)info->n_top_final * sizeof *a);
+    log->infos[log->n++] = *info;
+}
+
+/* Whether s[0..n) is well-formed UTF-8 (a byte-fallback token's piece is often not). */
+static bool utf8_valid(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        size_t len = s[i] < 0x80 ? 1 : (s[i] >> 5) == 6 ? 2 : (s[i] >> 4) == 14 ? 3
+                                     : (s[i] >> 3) == 30 ? 4 : 0;
+        if (len == 0 || i + len > n) return false;
+        for (size_t k = 1; k < len; k++)
+            if ((s[i + k] >> 6) != 2) return false;
+        i += len;
+    }
+    return true;
+}
+
+/* Writes a token's piece quoted, with control bytes (and every byte of a piece that is not
+ * whole UTF-8) escaped, so the table stays readable. */
+static void print_piece(FILE *f, const loom_model *model, loom_token tok) {
+    char buf[64];
+    size_t n = 0;
+    loom_status st = loom_token_to_piece(model, tok, LOOM_DETOKENIZE_RENDER_SPECIAL, buf,
+                                         sizeof buf, &n);
+    if (st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL) n = 0;
+    if (n > sizeof buf) n = sizeof buf;
+    bool valid = utf8_valid((const unsigned char *)buf, n);
+    fputc('"', f);
+    for (size_t k = 0; k < n; k++) {
+        unsigned char c = (unsigned char)buf[k];
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !valid)) fprintf(f, "\\x%02x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void print_alternatives(FILE *f, const loom_model *model, const char *label,
+                               const loom_token_logprob *alts, int32_t n) {
+    fprintf(f, "        %s", label);
+    for (int32_t k = 0; k < n; k++) {
+        fputc(' ', f);
+        print_piece(f, model, alts[k].id);
+        fprintf(f, " %.3f", (double)alts[k].logprob);
+    }
+    fputc('\n', f);
+}
+
+static void print_token_log(FILE *f, const loom_model *model, const token_log *log) {
+    fprintf(f, "\nper token: logprob under the model / under the distribution drawn from; "
+               "entropy (nats) seen by the correction / of the distribution drawn from; "
+               "varentropy; effective temperature; candidates\n");
+    size_t per = 2 * (size_t)log->n_logprobs;
+    for (size_t t = 0; t < log->n; t++) {
+        const loom_token_info *in = &log->infos[t];
+        const loom_token_logprob *a = log->alts + t * per;
+        fprintf(f, "%4zu %7d ", t, in->token);
+        print_piece(f, model, in->token);
+        fprintf(f, "  logprob %.4f / %.4f  H %.3f / %.3f  VH %.3f  T %.3f  n %d\n",
+                (double)in->logprob_raw, (double)in->logprob_final, in->entropy,
+                in->entropy_final, in->varentropy, in->temperature, in->n_candidates);
+        print_alternatives(f, model, "model:", a, in->n_top_raw);
+        print_alternatives(f, model, "drawn:", a + log->n_logprobs, in->n_top_final);
+    }
+    if (log->out_of_memory) fprintf(f, "(out of memory: the rest of the tokens are missing)\n");
 }
 
 /* Renders [system,] user=prompt with the model's chat template, the assistant's turn opened,
@@ -130,14 +301,8 @@ int main(int argc, char **argv) {
             }
         } else if (!strcmp(a, "-c")) {
             sp.n_ctx = (int32_t)num_arg(argc, argv, &i);
-        } else if (!strcmp(a, "--temp")) {
-            gp.sampler.temperature = (float)num_arg(argc, argv, &i);
-        } else if (!strcmp(a, "--top-k")) {
-            gp.sampler.top_k = (int32_t)num_arg(argc, argv, &i);
-        } else if (!strcmp(a, "--top-p")) {
-            gp.sampler.top_p = (float)num_arg(argc, argv, &i);
-        } else if (!strcmp(a, "--seed")) {
-            gp.sampler.seed = (uint64_t)num_arg(argc, argv, &i);
+        } else if (sampler_flag(argc, argv, &i, &gp.sampler)) {
+            continue;
         } else {
             fprintf(stderr, "loom-generate: unknown or incomplete argument: %s\n", a);
             usage(stderr);
@@ -185,11 +350,20 @@ int main(int argc, char **argv) {
         return 1;
     }
 
+    token_log log = {.n_logprobs = gp.sampler.n_logprobs};
+    if (gp.sampler.n_logprobs > 0) {
+        gp.on_token_info = on_token_info;
+        gp.token_info_user_data = &log;
+    }
     if (!chat) fputs(prompt, stdout);
     loom_generate_stats stats = {0};
     st = loom_generate(session, chat ? text : prompt, &gp, on_piece, NULL, &stats);
     free(text);
     fputc('\n', stdout);
+    fflush(stdout);
+    if (log.n > 0) print_token_log(stderr, model, &log);
+    free(log.infos);
+    free(log.alts);
     int rc = 0;
     if (st != LOOM_OK) {
         fprintf(stderr, "loom-generate: %s: %s\n", loom_status_str(st), loom_last_error());

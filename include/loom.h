@@ -306,25 +306,140 @@ LOOM_API loom_status loom_session_decode(loom_session *session, const loom_token
 LOOM_API const float *loom_session_logits(const loom_session *session, int32_t i);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Sampling (minimal: the full chain with entropy correction comes with the engine)           */
+/* Sampling: the sampler chain                                                                */
 /* ------------------------------------------------------------------------------------------ */
+/*
+ * Every sampled token goes through one chain, configured per request, in this fixed order:
+ *   1. logit bias      x_i += bias for each listed token id (-inf bans the token).
+ *   2. penalties       over the last penalty_last_n tokens of the history (the prompt, then the
+ *                      tokens generated so far), each distinct token seen c times has its logit
+ *                      divided by repeat_penalty if positive (multiplied if negative), then
+ *                      presence_penalty + c * frequency_penalty subtracted (llama.cpp's and
+ *                      OpenAI's meaning of the three).
+ *   3. entropy correction  H = Shannon entropy, in nats, of softmax(x) after steps 1-2 over the
+ *                      whole vocabulary. The mode turns H into an effective temperature T:
+ *                        NONE      T = temperature
+ *                        EXP       T = temperature * exp(exp_beta * H), i.e. the logits are
+ *                                  scaled by exp(-exp_beta * H) before the temperature
+ *                        EDT       T = temperature * edt_n ^ (edt_theta / max(H, edt_h_min))
+ *                        DYNATEMP  T = dyn_t_min + (dyn_t_max - dyn_t_min) * r ^ dyn_exponent,
+ *                                  r = H / ln n clamped to [0, 1], n = tokens with a finite
+ *                                  logit; temperature only says greedy (0) or not.
+ *   4. temperature     p = softmax(x / T).
+ *   5. top-k, 6. top-p, 7. min-p, 8. typical-p: each keeps part of what the step before left,
+ *                      renormalized. They act on the corrected, tempered distribution, the one
+ *                      actually sampled from (top-k's choice does not depend on T).
+ *   9. draw            inverse CDF with a uniform number from a counter-based RNG keyed by
+ *                      (seed, draw_index): a token never depends on what else runs beside it,
+ *                      on the thread count or on the schedule.
+ * temperature == 0 means greedy in every mode: the arg max after steps 1-2 (ties: the lower
+ * id). An effective temperature that underflows to 0 (EDT as H -> 0) is greedy as well.
+ * The default parameters switch steps 1-3 and 7-8 off.
+ */
+
+typedef enum loom_entropy_mode {
+    LOOM_ENTROPY_NONE = 0,     /* no correction */
+    LOOM_ENTROPY_EXP = 1,      /* logits * exp(-beta H) */
+    LOOM_ENTROPY_EDT = 2,      /* entropy-based dynamic temperature (Zhang et al. 2024) */
+    LOOM_ENTROPY_DYNATEMP = 3, /* T between two bounds by normalized entropy (llama.cpp's) */
+} loom_entropy_mode;
+
+typedef struct loom_logit_bias {
+    loom_token id; /* in [0, n_vocab) */
+    float bias;    /* added to the logit; -inf bans the token; +inf and NaN are invalid */
+} loom_logit_bias;
 
 typedef struct loom_sampler_params {
-    float temperature; /* 0: greedy (arg max); default 0.8 */
+    float temperature; /* >= 0, finite; 0: greedy (arg max); default 0.8 */
     int32_t top_k;     /* keep the k most likely; <= 0: off; default 40 */
-    float top_p;       /* keep the smallest set with mass >= top_p; 1: off; default 0.95 */
+    float top_p;       /* keep the smallest most-likely set with mass >= top_p; in (0, 1];
+                          1: off; default 0.95 */
     uint64_t seed;     /* RNG seed; default 0x5EED */
+    float min_p;       /* keep tokens with p >= min_p * p_max; in [0, 1]; 0: off (default) */
+    float typical_p;   /* keep the tokens whose surprisal -ln p is closest to the entropy until
+                          their mass reaches typical_p; in (0, 1]; 1: off (default) */
+    const loom_logit_bias *logit_bias; /* [n_logit_bias]; duplicates add up. Borrowed: read
+                                          during the call (the engine copies it at submit) */
+    size_t n_logit_bias;
+    int32_t penalty_last_n;  /* history tokens the penalties look at: 0 none, -1 all;
+                                default 64 */
+    float repeat_penalty;    /* > 0; 1: off (default) */
+    float presence_penalty;  /* finite; 0: off (default) */
+    float frequency_penalty; /* finite; 0: off (default) */
+    loom_entropy_mode entropy_mode; /* default LOOM_ENTROPY_NONE */
+    float exp_beta;     /* EXP: beta >= 0; default 0.5 */
+    float edt_n;        /* EDT: N in (0, 1]; default 0.8 */
+    float edt_theta;    /* EDT: theta >= 0; default 1 */
+    float edt_h_min;    /* EDT: entropy floor > 0 (nats) keeping theta / H finite; default 1e-3 */
+    float dyn_t_min;    /* DYNATEMP: 0 <= dyn_t_min <= dyn_t_max; default 0.5 */
+    float dyn_t_max;    /* DYNATEMP: finite; default 1.5 */
+    float dyn_exponent; /* DYNATEMP: >= 0; default 1 */
+    int32_t n_logprobs; /* alternatives reported per token (loom_token_info.top_raw and
+                           top_final), in [0, n_vocab]; default 0. The engine allows at most
+                           loom_engine_params.max_logprobs. */
 } loom_sampler_params;
 
-/* Defaults for sampling. Thread-safe. */
+/* Defaults for sampling (see each field). Thread-safe. */
 LOOM_API loom_sampler_params loom_sampler_default_params(void);
 
-/* Picks one token from logits[0..n_vocab) with params. draw_index selects the random number
- * (a counter-based RNG keyed by (seed, draw_index)), so the same seed and index give the same
- * token on any thread or schedule. Allocates a temporary index buffer when top-k/top-p are on.
- * Errors: LOOM_ERR_INVALID_ARG (NULL, n_vocab <= 0, temperature < 0, top_p outside (0,1],
- *   non-finite temperature), LOOM_ERR_BAD_INPUT (no finite logit),
- *   LOOM_ERR_OUT_OF_MEMORY. Thread-safe. */
+typedef struct loom_token_logprob {
+    loom_token id;
+    float logprob; /* natural logarithm of the probability */
+} loom_token_logprob;
+
+/* What the chain saw and did for one sampled token. The entropies are always filled (the chain
+ * computes them anyway); the top arrays hold at most n_logprobs entries, best first (equal
+ * probabilities: lower id first), and point into memory owned by whoever produced the info. */
+typedef struct loom_token_info {
+    loom_token token;
+    float logprob_raw;    /* of token under softmax(the model's logits): before bias, penalties,
+                             correction, temperature and filters */
+    float logprob_final;  /* of token under the distribution drawn from (after every step,
+                             renormalized over the survivors); 0 for a greedy step */
+    int32_t n_candidates; /* tokens the draw could pick (1 when greedy) */
+    double entropy;       /* H in nats of softmax after bias and penalties: what the entropy
+                             correction sees (the model's own when neither is set) */
+    double varentropy;    /* variance of -ln p under that distribution, nats^2 */
+    double entropy_final; /* H of the distribution drawn from (0 when greedy) */
+    double temperature;   /* the effective temperature (0 when greedy) */
+    const loom_token_logprob *top_raw;   /* [n_top_raw] most likely under the model's logits */
+    const loom_token_logprob *top_final; /* [n_top_final] most likely in the final
+                                            distribution (a greedy step: the token, 0) */
+    int32_t n_top_raw;   /* min(n_logprobs, tokens with a finite logit) */
+    int32_t n_top_final; /* min(n_logprobs, n_candidates) */
+} loom_token_info;
+
+/* A reusable sampler: the chain's workspace for one vocabulary size. */
+typedef struct loom_sampler loom_sampler;
+
+/* Creates a sampler for n_vocab tokens. Its workspace (about 32 bytes per token) is allocated
+ * here, so loom_sampler_run allocates only to grow its logprob arrays the first time a larger
+ * n_logprobs is asked for. Release with loom_sampler_free. A sampler is used by one thread at a
+ * time. Errors: INVALID_ARG (NULL out, n_vocab <= 0 or too large), OUT_OF_MEMORY. */
+LOOM_API loom_status loom_sampler_create(int32_t n_vocab, loom_sampler **out);
+
+/* Releases the sampler. NULL is a no-op. */
+LOOM_API void loom_sampler_free(loom_sampler *sampler);
+
+/* Runs the chain over logits[0..n_vocab) (not modified) and writes the token and what the chain
+ * saw to *out. history[0..n_history) are the sequence's tokens so far, oldest first (the
+ * prompt, then the generated tokens): the penalties look at its tail; history may be NULL when
+ * n_history is 0. draw_index selects the random number, so the same (seed, draw_index) give
+ * the same token anywhere. out->top_raw and out->top_final point into the sampler and stay
+ * valid until its next run or free. NaN logits count as -inf.
+ * Errors: INVALID_ARG (NULL, bad params: the message names the field, e.g. "top_p 1.5 must be
+ *   in (0, 1]"), BAD_INPUT (a history id out of range, a +inf logit, a logit pushed to +inf by
+ *   bias or penalties, no finite logit), OUT_OF_MEMORY. Not thread-safe per sampler. */
+LOOM_API loom_status loom_sampler_run(loom_sampler *sampler, const float *logits,
+                                      const loom_sampler_params *params,
+                                      const loom_token *history, size_t n_history,
+                                      uint64_t draw_index, loom_token_info *out);
+
+/* Picks one token from logits[0..n_vocab) with the chain above and no history (penalties have
+ * nothing to act on, n_logprobs is ignored). Same draw as loom_sampler_run with the same
+ * (seed, draw_index). Allocates a workspace for n_vocab tokens on every call: loops should use
+ * a loom_sampler. Errors: as loom_sampler_run (INVALID_ARG also for n_vocab <= 0).
+ * Thread-safe. */
 LOOM_API loom_status loom_sample(const float *logits, int32_t n_vocab,
                                  const loom_sampler_params *params, uint64_t draw_index,
                                  loom_token *out);
@@ -337,12 +452,21 @@ LOOM_API loom_status loom_sample(const float *logits, int32_t n_vocab,
  * Return false to stop generation early. */
 typedef bool (*loom_piece_fn)(const char *piece, size_t len, loom_token token, void *user_data);
 
+/* Receives what the sampler saw for each sampled token (see loom_token_info); info and its
+ * arrays are valid only during the call. */
+typedef void (*loom_token_info_fn)(const loom_token_info *info, void *user_data);
+
 typedef struct loom_generate_params {
     int32_t n_predict;           /* most tokens to generate; default 128 */
-    loom_sampler_params sampler; /* default loom_sampler_default_params() */
+    loom_sampler_params sampler; /* default loom_sampler_default_params(); the penalties' history
+                                    is the prompt, then the generated tokens */
     bool add_special;            /* add BOS etc. to the prompt (default true) */
     bool parse_special;          /* control-token text in the prompt is parsed (default false) */
     bool stop_at_eos;            /* stop on the model's end-of-generation tokens (default true) */
+    loom_token_info_fn on_token_info; /* optional (default NULL): called for every sampled token,
+                                         before its on_piece, also for an end-of-generation
+                                         token that stops generation */
+    void *token_info_user_data;       /* passed to on_token_info */
 } loom_generate_params;
 
 typedef struct loom_generate_stats {
@@ -356,8 +480,10 @@ typedef struct loom_generate_stats {
 LOOM_API loom_generate_params loom_generate_default_params(void);
 
 /* Resets session, tokenizes prompt, runs it, then samples up to n_predict tokens, calling
- * on_piece (may be NULL) for each. stats may be NULL.
- * Errors: those of loom_tokenize and loom_session_decode; LOOM_ERR_CONTEXT_FULL when the prompt
+ * on_piece (may be NULL) for each. stats may be NULL. The token at position p is drawn with
+ * (sampler.seed, p), as the engine draws sample 0 of a request.
+ * Errors: those of loom_tokenize, loom_session_decode and loom_sampler_run (bad sampler
+ *   settings are INVALID_ARG before anything runs); LOOM_ERR_CONTEXT_FULL when the prompt
  *   alone does not fit (nothing is generated). Hitting n_ctx during generation stops it with
  *   LOOM_OK. */
 LOOM_API loom_status loom_generate(loom_session *session, const char *prompt,
@@ -418,6 +544,9 @@ typedef struct loom_event {
     loom_status status;        /* FAILED */
     int32_t cached_tokens;     /* FINISHED: prompt tokens this sample reused from the prefix
                                   cache (at its last admission) */
+    const loom_token_info *info; /* TOKEN: what the sampler saw and did (never NULL; its top
+                                    arrays hold the request's n_logprobs entries at most);
+                                    valid until the next step. NULL for other kinds */
 } loom_event;
 
 /* Called once per event in background mode, on the engine's thread. Must not call
@@ -442,6 +571,8 @@ typedef struct loom_engine_params {
     float watermark;            /* fraction of blocks admission keeps free (default 0.01) */
     loom_event_fn on_event;     /* non-NULL: background mode — a thread steps the engine */
     void *on_event_user_data;
+    int32_t max_logprobs;       /* most sampler.n_logprobs a request may ask for (default 20);
+                                   each sample of a request holds 2 * n_logprobs entries */
 } loom_engine_params;
 
 typedef struct loom_request_params {
@@ -451,7 +582,11 @@ typedef struct loom_request_params {
     bool add_special;                /* text prompts: add BOS etc. (default true) */
     bool parse_special;              /* text prompts: parse control-token text (default
                                         false) */
-    loom_sampler_params sampler;     /* default loom_sampler_default_params() */
+    loom_sampler_params sampler;     /* default loom_sampler_default_params(); the logit-bias
+                                        list is copied. Penalties see the prompt, then the
+                                        sample's generated tokens; the token at position p is
+                                        drawn with index p, and sample i > 0 with a seed
+                                        derived from (seed, i) */
     int32_t max_tokens;              /* most tokens to generate per sample (default 128) */
     int32_t n;                       /* samples of the prompt, sharing its KV (default 1) */
     const loom_token *stop_tokens;   /* ids that end a sample (copied) */
@@ -498,9 +633,11 @@ LOOM_API void loom_engine_destroy(loom_engine *engine);
 
 /* Queues a request; *out_id identifies it in events and for cancel. Everything is validated
  * and copied here, so bad input fails now and nothing of it is kept. Thread-safe.
- * Errors: INVALID_ARG (NULL, no prompt, n < 1, max_tokens < 1, bad sampler settings: negative
- *   temperature, top_p outside (0, 1]), BAD_INPUT (invalid UTF-8, a token id out of range),
- *   CONTEXT_FULL (the prompt does not fit max_ctx or the whole KV budget). */
+ * Errors: INVALID_ARG (NULL, no prompt, n < 1, max_tokens < 1, bad sampler settings — e.g. a
+ *   negative temperature, top_p outside (0, 1], a logit-bias id outside [0, n_vocab), a NaN
+ *   penalty; the message names the field — and n_logprobs above the engine's max_logprobs),
+ *   BAD_INPUT (invalid UTF-8, a token id out of range), CONTEXT_FULL (the prompt does not fit
+ *   max_ctx or the whole KV budget). */
 LOOM_API loom_status loom_engine_submit(loom_engine *engine, const loom_request_params *req,
                                         loom_request_id *out_id);
 
@@ -522,6 +659,109 @@ LOOM_API bool loom_engine_has_work(loom_engine *engine);
 
 /* Counters and occupancy, a consistent snapshot. Thread-safe. */
 LOOM_API loom_status loom_engine_get_stats(loom_engine *engine, loom_engine_stats *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Per-token trace                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * A loom_trace collects, while an engine runs, one record per engine step (its wall time, the
+ * batch, and the time of each phase: schedule, forward per group of layers, logits, sample,
+ * events) and one per produced token (request, position, token and text piece, log-probability
+ * and entropy before and after the entropy correction). The caller owns the trace and hands it
+ * to the engine; it can be written at any time, as JSON Lines or as Chrome trace-event JSON.
+ *
+ * Threads: every function below may be called from any thread, also while the engine's step
+ * thread appends (a mutex serialises them; a write holds it while it formats, so appends wait
+ * for a running write). The trace must outlive any engine it is attached to.
+ * Memory: records are kept until loom_trace_clear or loom_trace_free; storage grows
+ * geometrically. When memory runs out a record is dropped, never the engine step: the count
+ * of dropped records is reported by loom_trace_get_info and in the written metadata.
+ *
+ * Times are integers in nanoseconds of a monotonic clock, written relative to origin_ns = the
+ * earliest step start or token time among the records written (so they stay exact in readers
+ * that hold numbers as doubles). The phases of a step tile it: each starts where the previous
+ * ended, the first at the step's start, the last ends at its end — their durations add up to
+ * the step's exactly.
+ *
+ * Text pieces: a token's piece may be part of a UTF-8 character (byte-fallback tokens) or any
+ * bytes. JSON strings hold valid UTF-8 only: a byte that does not begin a complete, well-formed
+ * UTF-8 sequence is written as U+FFFD (one per byte), and the record then also carries
+ * "piece_hex" with the exact bytes. Control characters (U+0000-U+001F, U+007F) are written as
+ * \u00XX, '"' and '\' as \" and \\; other characters are written as they are.
+ *
+ * LOOM_TRACE_JSONL — one JSON object per line, the field "type" first. Field names are stable
+ * (new fields may be appended; none is renamed or removed within a version):
+ *   {"type":"meta","format":"loom-trace","version":1,"clock":"monotonic","origin_ns":N,
+ *    "n_steps":N,"n_tokens":N,"dropped":N}                                  (first line)
+ *   {"type":"step","step":S,"start_ns":T,"end_ns":T,"dur_ns":D,"n_seqs":N,"n_tokens":N,
+ *    "phases":[{"name":"schedule","start_ns":T,"end_ns":T,"dur_ns":D}, ...]}
+ *   {"type":"token","request":R,"sample":I,"step":S,"pos":P,"token":ID,"piece":"text",
+ *    "logprob_raw":L,"logprob_final":L,"entropy":H,"entropy_final":H,"varentropy":V,
+ *    "temperature":T,"t_ns":T,"since_arrival_ns":D[,"piece_hex":"e282"]}
+ *   Each step line is followed by the token lines of that step. logprob_raw: under the model's
+ *   distribution; logprob_final: under the distribution drawn from; entropy (nats): of the
+ *   distribution the correction sees (after logit bias and penalties); entropy_final: of the
+ *   distribution drawn from; varentropy (nats^2) of the former; temperature: the effective
+ *   one (0: greedy). A number that is not finite is written as null.
+ *
+ * LOOM_TRACE_CHROME — {"traceEvents":[...],"displayTimeUnit":"ms","otherData":{...meta...}},
+ * which chrome://tracing and https://ui.perfetto.dev load. ts and dur are in microseconds
+ * (with three decimals: nanoseconds are kept), pid 1:
+ *   "M" events naming the process ("loom") and its threads;
+ *   tid 1 "steps": an "X" event per step (args: step, n_seqs, n_tokens);
+ *   tid 2 "phases": an "X" event per phase, named after it (args: step);
+ *   tid 10+k "request R sample I": an "i" (instant) event per token, named after its piece,
+ *     args as the JSONL token record;
+ *   "C" counter events "entropy R.I" (args before, after) and "prob R.I" (args raw, final:
+ *     exp of the logprobs), which Perfetto draws as tracks along time.
+ */
+
+typedef struct loom_trace loom_trace;
+
+typedef enum loom_trace_format {
+    LOOM_TRACE_JSONL = 0,  /* JSON Lines: one record per line */
+    LOOM_TRACE_CHROME = 1, /* Chrome trace-event JSON (Perfetto, chrome://tracing) */
+} loom_trace_format;
+
+typedef struct loom_trace_info {
+    size_t n_steps;     /* step records held */
+    size_t n_tokens;    /* token records held */
+    uint64_t n_dropped; /* records lost to allocation failure since create/clear */
+} loom_trace_info;
+
+/* Creates an empty trace; *out owns it (release with loom_trace_free).
+ * Errors: INVALID_ARG (NULL out), OUT_OF_MEMORY. */
+LOOM_API loom_status loom_trace_create(loom_trace **out);
+
+/* Releases the trace and its records. NULL is a no-op. No other thread may use it any more,
+ * and no engine may still hold it. */
+LOOM_API void loom_trace_free(loom_trace *trace);
+
+/* Forgets every record and resets the dropped counter; keeps the allocated storage for reuse.
+ * NULL is a no-op. */
+LOOM_API void loom_trace_clear(loom_trace *trace);
+
+/* The number of token records held; 0 for NULL. */
+LOOM_API size_t loom_trace_count(const loom_trace *trace);
+
+/* Counts of step, token and dropped records (one consistent snapshot).
+ * Errors: INVALID_ARG. */
+LOOM_API loom_status loom_trace_get_info(const loom_trace *trace, loom_trace_info *out);
+
+/* Writes every record to the file at path (created or truncated) in the given format.
+ * Errors: INVALID_ARG (NULL, unknown format), IO (cannot open or write the file; the message
+ *   names the path and the system's reason; a partly written file may remain),
+ *   OUT_OF_MEMORY. */
+LOOM_API loom_status loom_trace_write(const loom_trace *trace, const char *path,
+                                      loom_trace_format format);
+
+/* The same into memory: writes at most cap bytes to out (out may be NULL when cap is 0; no
+ * terminating NUL) and sets *n_out to the size of the whole text. Records appended between a
+ * size query and the real call change the size: retry on BUFFER_TOO_SMALL.
+ * Errors: INVALID_ARG, BUFFER_TOO_SMALL (*n_out > cap; out holds the first cap bytes),
+ *   OUT_OF_MEMORY. */
+LOOM_API loom_status loom_trace_write_buffer(const loom_trace *trace, loom_trace_format format,
+                                             char *out, size_t cap, size_t *n_out);
 
 #ifdef __cplusplus
 }

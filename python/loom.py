@@ -196,11 +196,49 @@ class Session:
         return np.ctypeslib.as_array(p, shape=(V,)).copy()
 
 
-# ---- engine -----------------------------------------------------------------------------------
+# ---- sampler and engine -------------------------------------------------------------------------
+
+ENTROPY_MODES = {"none": 0, "exp": 1, "edt": 2, "dynatemp": 3}
+
+
+class LogitBias(C.Structure):
+    _fields_ = [("id", C.c_int32), ("bias", C.c_float)]
+
 
 class SamplerParams(C.Structure):
     _fields_ = [("temperature", C.c_float), ("top_k", C.c_int32), ("top_p", C.c_float),
-                ("seed", C.c_uint64)]
+                ("seed", C.c_uint64), ("min_p", C.c_float), ("typical_p", C.c_float),
+                ("logit_bias", C.POINTER(LogitBias)), ("n_logit_bias", C.c_size_t),
+                ("penalty_last_n", C.c_int32), ("repeat_penalty", C.c_float),
+                ("presence_penalty", C.c_float), ("frequency_penalty", C.c_float),
+                ("entropy_mode", C.c_int), ("exp_beta", C.c_float), ("edt_n", C.c_float),
+                ("edt_theta", C.c_float), ("edt_h_min", C.c_float), ("dyn_t_min", C.c_float),
+                ("dyn_t_max", C.c_float), ("dyn_exponent", C.c_float),
+                ("n_logprobs", C.c_int32)]
+
+
+class TokenLogprob(C.Structure):
+    _fields_ = [("id", C.c_int32), ("logprob", C.c_float)]
+
+
+class TokenInfo(C.Structure):
+    _fields_ = [("token", C.c_int32), ("logprob_raw", C.c_float), ("logprob_final", C.c_float),
+                ("n_candidates", C.c_int32), ("entropy", C.c_double),
+                ("varentropy", C.c_double), ("entropy_final", C.c_double),
+                ("temperature", C.c_double), ("top_raw", C.POINTER(TokenLogprob)),
+                ("top_final", C.POINTER(TokenLogprob)), ("n_top_raw", C.c_int32),
+                ("n_top_final", C.c_int32)]
+
+    def to_dict(self):
+        """A copy that outlives the engine step (the C arrays do not)."""
+        return {"token": self.token, "logprob_raw": self.logprob_raw,
+                "logprob_final": self.logprob_final, "n_candidates": self.n_candidates,
+                "entropy": self.entropy, "varentropy": self.varentropy,
+                "entropy_final": self.entropy_final, "temperature": self.temperature,
+                "top_raw": [(self.top_raw[k].id, self.top_raw[k].logprob)
+                            for k in range(self.n_top_raw)],
+                "top_final": [(self.top_final[k].id, self.top_final[k].logprob)
+                              for k in range(self.n_top_final)]}
 
 
 class EngineParams(C.Structure):
@@ -208,7 +246,8 @@ class EngineParams(C.Structure):
                 ("max_batched_tokens", C.c_int32), ("max_seqs", C.c_int32),
                 ("max_ctx", C.c_int32), ("prefix_cache", C.c_bool), ("preempt", C.c_int),
                 ("fcfs", C.c_bool), ("starvation_s", C.c_double), ("watermark", C.c_float),
-                ("on_event", C.c_void_p), ("on_event_user_data", C.c_void_p)]
+                ("on_event", C.c_void_p), ("on_event_user_data", C.c_void_p),
+                ("max_logprobs", C.c_int32)]
 
 
 class RequestParams(C.Structure):
@@ -227,7 +266,7 @@ class Event(C.Structure):
     _fields_ = [("kind", C.c_int), ("id", C.c_uint64), ("user_data", C.c_void_p),
                 ("sample", C.c_int32), ("token", C.c_int32), ("text", C.POINTER(C.c_char)),
                 ("text_len", C.c_size_t), ("reason", C.c_int), ("status", C.c_int),
-                ("cached_tokens", C.c_int32)]
+                ("cached_tokens", C.c_int32), ("info", C.POINTER(TokenInfo))]
 
 
 class EngineStats(C.Structure):
@@ -237,6 +276,68 @@ class EngineStats(C.Structure):
                 ("prefix_hit_tokens", C.c_int64), ("preemptions", C.c_int64),
                 ("steps", C.c_int64), ("tokens_generated", C.c_int64),
                 ("requests_finished", C.c_int64)]
+
+
+def _sampler_params(p, keep, logit_bias=None, entropy_mode=None, **fields):
+    """Sets SamplerParams p from keyword arguments (field names of loom_sampler_params;
+    logit_bias as {id: bias} or [(id, bias)]; entropy_mode by name or number). keep collects
+    the arrays that must outlive the call."""
+    names = {f for f, _ in SamplerParams._fields_} - {"logit_bias", "n_logit_bias"}
+    for k, v in fields.items():
+        if k not in names:
+            raise TypeError(f"unknown sampler setting {k!r}")
+        setattr(p, k, v)
+    if entropy_mode is not None:
+        p.entropy_mode = ENTROPY_MODES.get(entropy_mode, entropy_mode)
+    if logit_bias:
+        pairs = list(logit_bias.items() if isinstance(logit_bias, dict) else logit_bias)
+        arr = (LogitBias * len(pairs))(*[LogitBias(int(i), float(b)) for i, b in pairs])
+        keep.append(arr)
+        p.logit_bias = arr
+        p.n_logit_bias = len(pairs)
+
+
+_lib.loom_sampler_default_params.restype = SamplerParams
+_lib.loom_sampler_create.argtypes = [C.c_int32, C.POINTER(C.c_void_p)]
+_lib.loom_sampler_free.argtypes = [C.c_void_p]
+_lib.loom_sampler_run.argtypes = [C.c_void_p, C.POINTER(C.c_float), C.POINTER(SamplerParams),
+                                  C.POINTER(C.c_int32), C.c_size_t, C.c_uint64,
+                                  C.POINTER(TokenInfo)]
+
+
+class Sampler:
+    """The sampler chain over logits you hold (loom_sampler_run): run() returns the token's
+    TokenInfo.to_dict(). Settings default to loom_sampler_default_params()."""
+
+    _h = None
+
+    def __init__(self, n_vocab):
+        h = C.c_void_p()
+        _check(_lib.loom_sampler_create(n_vocab, C.byref(h)))
+        self._h = h
+        self.n_vocab = n_vocab
+
+    def close(self):
+        if self._h:
+            _lib.loom_sampler_free(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def run(self, logits, history=(), draw_index=0, **sampler):
+        lg = np.ascontiguousarray(logits, dtype=np.float32)
+        if lg.shape != (self.n_vocab,):
+            raise ValueError(f"logits of shape {lg.shape}, want ({self.n_vocab},)")
+        p = _lib.loom_sampler_default_params()
+        keep = []
+        _sampler_params(p, keep, **sampler)
+        hist = (C.c_int32 * max(len(history), 1))(*history)
+        info = TokenInfo()
+        _check(_lib.loom_sampler_run(self._h, lg.ctypes.data_as(C.POINTER(C.c_float)),
+                                     C.byref(p), hist, len(history), draw_index,
+                                     C.byref(info)))
+        return info.to_dict()
 
 
 EVENT_TOKEN, EVENT_FINISHED, EVENT_FAILED = 0, 1, 2
@@ -257,7 +358,9 @@ _lib.loom_engine_get_stats.argtypes = [C.c_void_p, C.POINTER(EngineStats)]
 
 class Engine:
     """Continuous batching over a model. submit() returns an id; step() returns events as
-    dicts; run() steps until idle and returns {id: {sample: (tokens, text, reason)}}."""
+    dicts; run() steps until idle and returns {id: {sample: {"tokens", "text", "reason",
+    "info"}}}, where "info" holds one TokenInfo.to_dict() per token (logprobs, entropies,
+    effective temperature, top alternatives)."""
 
     _h = None
 
@@ -282,9 +385,17 @@ class Engine:
 
     def submit(self, prompt=None, tokens=None, max_tokens=32, temperature=0.0, top_k=40,
                top_p=1.0, seed=1, n=1, priority=0, stop=None, stop_tokens=None,
-               ignore_eos=True, cache_salt=0, ttft_deadline_s=0.0, tpot_deadline_s=0.0):
+               ignore_eos=True, cache_salt=0, ttft_deadline_s=0.0, tpot_deadline_s=0.0,
+               logit_bias=None, entropy_mode=None, **sampler):
+        """sampler: any other loom_sampler_params field by name (min_p, typical_p,
+        penalty_last_n, repeat_penalty, presence_penalty, frequency_penalty, exp_beta, edt_n,
+        edt_theta, edt_h_min, dyn_t_min, dyn_t_max, dyn_exponent, n_logprobs); logit_bias:
+        {token id: bias} or [(id, bias)]; entropy_mode: "none", "exp", "edt", "dynatemp" or
+        its number."""
         r = _lib.loom_request_default_params()
         keep = []
+        _sampler_params(r.sampler, keep, logit_bias=logit_bias, entropy_mode=entropy_mode,
+                        **sampler)
         if prompt is not None:
             r.prompt = prompt.encode() if isinstance(prompt, str) else prompt
         if tokens is not None:
@@ -325,10 +436,12 @@ class Engine:
                  "reason": ev.reason, "status": ev.status}
             out.append(d)
             o = self.outputs.setdefault(ev.id, {}).setdefault(
-                ev.sample, {"tokens": [], "text": b"", "reason": None, "status": 0})
+                ev.sample, {"tokens": [], "text": b"", "reason": None, "status": 0, "info": []})
             if ev.kind == EVENT_TOKEN:
+                d["info"] = ev.info[0].to_dict() if ev.info else None
                 o["tokens"].append(ev.token)
                 o["text"] += d["text"]
+                o["info"].append(d["info"])
             elif ev.kind == EVENT_FINISHED:
                 o["reason"] = FINISH_REASONS[ev.reason]
                 o["cached_tokens"] = ev.cached_tokens

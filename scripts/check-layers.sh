@@ -12,8 +12,9 @@ declare -A allowed=(
     [kv]="core tensor kv"
     [sched]="core sched"
     [sample]="core sample"
-    [engine]="core tensor backend model kv sched sample engine"
-    [api]="core tensor backend model kv sched sample engine api"
+    [trace]="core trace"
+    [engine]="core tensor backend model kv sched sample trace engine"
+    [api]="core tensor backend model kv sched sample trace engine api"
 )
 bad=0
 for layer in "${!allowed[@]}"; do

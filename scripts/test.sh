@@ -17,7 +17,7 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_WERROR=ON \
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit
-# The library's paths that only Python tests reach (engine, model loading errors, chat),
-# instrumented too.
+# The library's paths that only Python tests reach (engine, model loading errors, chat, the
+# trace writer driven on a real model), instrumented too.
 ctest --test-dir build-asan --output-on-failure -j"$jobs" \
-    -R 'conf_test_(engine|model_errors|chat)$' 
+    -R 'conf_test_(engine|model_errors|chat|trace)$' 

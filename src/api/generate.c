@@ -1,6 +1,8 @@
-/* generate.c — loom_generate: prompt, then sample token by token, streaming text in whole
- * UTF-8 characters through the engine's text stream (a character split across byte-fallback
- * tokens is held back until complete). */
+/* generate.c — loom_generate: prompt, then sample token by token with the sampler chain (its
+ * penalties see the prompt and the tokens generated so far), streaming text in whole UTF-8
+ * characters through the engine's text stream (a character split across byte-fallback tokens
+ * is held back until complete). */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,6 +11,7 @@
 #include "core/timer.h"
 #include "engine/text_stream.h"
 #include "model/model.h"
+#include "sample/sample.h"
 
 loom_generate_params loom_generate_default_params(void) {
     loom_generate_params p;
@@ -18,6 +21,8 @@ loom_generate_params loom_generate_default_params(void) {
     p.add_special = true;
     p.parse_special = false;
     p.stop_at_eos = true;
+    p.on_token_info = NULL;
+    p.token_info_user_data = NULL;
     return p;
 }
 
@@ -42,18 +47,32 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
     loom_generate_params p = params ? *params : loom_generate_default_params();
     LOOM_CHECK_ARG(p.n_predict >= 0);
     const loom_model *m = loom__session_model(s);
+    /* Bad sampler settings fail before any work, not after the prompt has run. */
+    loom_sample_chain_config chain;
+    loom_status st = loom__sampler_to_chain(&p.sampler, &chain);
+    if (st == LOOM_OK) st = loom_sample_chain_validate(&chain, m->cfg.n_vocab);
+    if (st != LOOM_OK) {
+        loom__error_prefix("generate");
+        return st;
+    }
     loom_generate_stats st_local;
     memset(&st_local, 0, sizeof st_local);
 
     unsigned flags = (p.add_special ? LOOM_TOKENIZE_ADD_SPECIAL : 0) |
                      (p.parse_special ? LOOM_TOKENIZE_PARSE_SPECIAL : 0);
     size_t len = strlen(prompt), n_tok = 0;
-    loom_status st = loom_tokenize(m, prompt, len, flags, NULL, 0, &n_tok);
+    st = loom_tokenize(m, prompt, len, flags, NULL, 0, &n_tok);
     if (st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL) return st;
     LOOM_RETURN_IF(n_tok == 0, LOOM_ERR_INVALID_ARG, "generate: the prompt has no tokens");
-    loom_token *toks = malloc(n_tok * sizeof *toks);
+    /* The prompt, then the generated tokens: the history the penalties look at. */
+    LOOM_RETURN_IF(n_tok > SIZE_MAX / sizeof(loom_token) - (size_t)p.n_predict,
+                   LOOM_ERR_INVALID_ARG, "generate: prompt too long");
+    loom_token *toks = malloc((n_tok + (size_t)p.n_predict) * sizeof *toks);
     LOOM_RETURN_IF(!toks, LOOM_ERR_OUT_OF_MEMORY, "generate: out of memory");
+    loom_sampler *sampler = NULL;
     st = loom_tokenize(m, prompt, len, flags, toks, n_tok, &n_tok);
+    if (st != LOOM_OK) goto done;
+    st = loom_sampler_create(m->cfg.n_vocab, &sampler);
     if (st != LOOM_OK) goto done;
 
     if (n_tok > (size_t)loom__session_n_ctx(s)) {
@@ -73,12 +92,16 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
     char text_buf[256 + 8];
     loom_text_stream ts = {text_buf, 0, sizeof text_buf, 0};
     double t1 = loom__now_ms();
+    size_t n_hist = n_tok;
     for (int32_t i = 0; i < p.n_predict; i++) {
-        loom_token next;
-        st = loom_sample(loom_session_logits(s, -1), m->cfg.n_vocab, &p.sampler,
-                         (uint64_t)loom_session_n_past(s), &next);
+        loom_token_info info;
+        st = loom_sampler_run(sampler, loom_session_logits(s, -1), &p.sampler, toks, n_hist,
+                              (uint64_t)loom_session_n_past(s), &info);
         if (st != LOOM_OK) break;
+        loom_token next = info.token;
+        toks[n_hist++] = next;
         st_local.n_generated++;
+        if (p.on_token_info) p.on_token_info(&info, p.token_info_user_data);
         if (p.stop_at_eos && loom_tokenizer_is_eog(m->tok, next)) break;
         if (!emit_piece(m, &ts, next, on_piece, user_data)) break;
         if (i + 1 == p.n_predict) break;
@@ -92,6 +115,7 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
     st_local.generate_ms = loom__now_ms() - t1;
 
 done:
+    loom_sampler_free(sampler);
     free(toks);
     if (stats) *stats = st_local;
     return st;

@@ -9,6 +9,7 @@
 #include "engine/request.h"
 #include "kv/kv_manager.h"
 #include "model/forward.h"
+#include "sample/chain.h"
 #include "sched/sched.h"
 
 /* Samples of one request get scheduler ids id * LOOM_ENGINE_MAX_N + sample. */
@@ -65,6 +66,8 @@ struct loom_engine {
     int32_t *q_start, *pos_start, *kv_len; /* [max_seqs + 1] */
     loom_kv_copy copies[LOOM_MAX_KV_GROUPS];
     loom_token *known;    /* [max_ctx] scratch: a sample's known tokens */
+    void *sample_mem;     /* the sampler chain's workspace (one vocabulary), 16-byte aligned */
+    loom_sample_chain_ws *sample_ws;
     int32_t *swap_blocks; /* [swap list cap] */
     int32_t swap_list_cap;
     loom_sched_result *results; /* [max_seqs] */

@@ -21,6 +21,7 @@ loom_engine_params loom_engine_default_params(void) {
     p.fcfs = false;
     p.starvation_s = 30.0;
     p.watermark = 0.01f;
+    p.max_logprobs = LOOM_SAMPLE_CHAIN_DEFAULT_LOGPROBS_MAX;
     return p;
 }
 
@@ -44,6 +45,8 @@ static loom_status check_params(const loom_model *m, loom_engine_params *p) {
                    LOOM_ERR_INVALID_ARG, "engine: starvation_s >= 0, watermark in [0, 1)");
     LOOM_RETURN_IF(p->preempt != LOOM_PREEMPT_RECOMPUTE && p->preempt != LOOM_PREEMPT_SWAP,
                    LOOM_ERR_INVALID_ARG, "engine: unknown preemption mode %d", (int)p->preempt);
+    LOOM_RETURN_IF(p->max_logprobs < 0, LOOM_ERR_INVALID_ARG, "engine: max_logprobs %d (>= 0)",
+                   p->max_logprobs);
     if (p->max_ctx == 0) p->max_ctx = m->cfg.n_ctx_train < 8192 ? m->cfg.n_ctx_train : 8192;
     return LOOM_OK;
 }
@@ -75,7 +78,15 @@ static loom_status alloc_step_arrays(loom_engine *e) {
         ok = e->indptr[g] && e->block_ids[g];
     }
     LOOM_RETURN_IF(!ok, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
-    return LOOM_OK;
+    /* One sampler workspace serves every row: the step samples rows one after another. */
+    size_t sz = loom_sample_chain_workspace_size(e->model->cfg.n_vocab);
+    LOOM_RETURN_IF(sz == 0, LOOM_ERR_INVALID_ARG, "engine: vocabulary of %d tokens too large",
+                   e->model->cfg.n_vocab);
+    e->sample_mem = aligned_alloc(16, (sz + 15) / 16 * 16);
+    LOOM_RETURN_IF(!e->sample_mem, LOOM_ERR_OUT_OF_MEMORY,
+                   "engine: out of memory for the sampler workspace (%zu bytes)", sz);
+    return loom_sample_chain_workspace_init(e->sample_mem, sz, e->model->cfg.n_vocab,
+                                            &e->sample_ws);
 }
 
 static loom_status create_sched(loom_engine *e) {
@@ -189,6 +200,7 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->kv_len);
     free(e->results);
     free(e->events);
+    free(e->sample_mem);
     for (int32_t g = 0; g < LOOM_MAX_KV_GROUPS; g++) {
         free(e->indptr[g]);
         free(e->block_ids[g]);

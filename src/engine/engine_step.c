@@ -13,6 +13,7 @@
 
 #include "core/log.h"
 #include "engine/engine.h"
+#include "sample/sample.h"
 
 /* ---- events ------------------------------------------------------------------------------- */
 
@@ -326,9 +327,38 @@ static bool accept_token(loom_engine *e, loom_req *r, int32_t i, loom_token tok)
         ev->token = tok;
         ev->text = out;
         ev->text_len = out_len;
+        ev->info = &s->info;
     }
     if (done) finish_sample(e, r, i, reason);
     return done;
+}
+
+/* Runs the request's sampler chain on one row of logits. The penalties' history is the tail of
+ * the sample's known tokens (prompt, then generated) that their window covers; the draw index
+ * is the position of the token being drawn. */
+static loom_status sample_row(loom_engine *e, const loom_req *r, loom_req_sample *s, int32_t i,
+                              const float *logits) {
+    loom_sample_chain_config cfg = r->chain;
+    /* Each sample draws from its own stream; sample 0 matches an n = 1 request. */
+    cfg.seed = r->chain.seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+    const int32_t n_known = r->n_prompt + s->n_generated;
+    bool penalize = cfg.penalty_last_n != 0 &&
+                    (cfg.repeat_penalty != 1 || cfg.presence_penalty != 0 ||
+                     cfg.frequency_penalty != 0);
+    int32_t n_hist = 0;
+    if (penalize)
+        n_hist = cfg.penalty_last_n < 0 || cfg.penalty_last_n > n_known ? n_known
+                                                                        : cfg.penalty_last_n;
+    for (int32_t k = 0; k < n_hist; k++)
+        e->known[k] = loom__sample_token(r, s, n_known - n_hist + k);
+    loom_sample_chain_result res;
+    memset(&res, 0, sizeof res);
+    res.top_raw = s->top;
+    res.top_final = s->top ? s->top + cfg.n_logprobs : NULL;
+    LOOM_TRY(loom_sample_chain_run(e->sample_ws, &cfg, logits, e->known, n_hist,
+                                   (uint64_t)n_known, &res));
+    loom__sampler_info(&res, &s->info);
+    return LOOM_OK;
 }
 
 static loom_status sample_and_commit(loom_engine *e, int32_t n) {
@@ -343,11 +373,8 @@ static loom_status sample_and_commit(loom_engine *e, int32_t n) {
         LOOM_TRY(loom_kv_commit(e->kv, s->kv_seq));
         if (!en->sample) continue;
         const float *lg = e->logits + (size_t)row++ * (size_t)V;
-        loom_sampler_params sp = r->sampler;
-        /* Each sample draws from its own stream; sample 0 matches an n = 1 request. */
-        sp.seed = r->sampler.seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
-        loom_token tok = 0;
-        loom_status st = loom_sample(lg, V, &sp, (uint64_t)(r->n_prompt + s->n_generated), &tok);
+        loom_status st = sample_row(e, r, s, i, lg);
+        loom_token tok = s->info.token;
         loom_sched_result *res = &e->results[e->n_results++];
         res->id = en->id;
         res->n_new_tokens = 1;

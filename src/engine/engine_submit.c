@@ -25,6 +25,10 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p,
     LOOM_CHECK_ARG(e != NULL && p != NULL && out_id != NULL);
     LOOM_RETURN_IF(p->n > LOOM_ENGINE_MAX_N - 1, LOOM_ERR_INVALID_ARG, "submit: n = %d (1..%d)",
                    p->n, LOOM_ENGINE_MAX_N - 1);
+    LOOM_RETURN_IF(p->sampler.n_logprobs > e->params.max_logprobs, LOOM_ERR_INVALID_ARG,
+                   "submit: n_logprobs %d is above this engine's limit of %d (raise "
+                   "loom_engine_params.max_logprobs)",
+                   p->sampler.n_logprobs, e->params.max_logprobs);
     loom_req *r = NULL;
     LOOM_TRY(loom__req_create(e->model, p, e->max_ctx, e->max_piece, &r));
     /* A prompt the whole KV pool cannot hold is refused now rather than failed later. */

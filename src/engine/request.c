@@ -2,11 +2,11 @@
  * caller's memory is never referenced later), and the per-token stop test. */
 #include "engine/request.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/checked.h"
+#include "sample/sample.h"
 
 loom_request_params loom_request_default_params(void) {
     loom_request_params p;
@@ -27,11 +27,13 @@ static loom_status check_params(const loom_model *m, const loom_request_params *
                    p->n);
     LOOM_RETURN_IF(p->max_tokens < 1, LOOM_ERR_INVALID_ARG, "submit: max_tokens = %d (>= 1)",
                    p->max_tokens);
-    LOOM_RETURN_IF(!(p->sampler.temperature >= 0) || !isfinite(p->sampler.temperature),
-                   LOOM_ERR_INVALID_ARG, "submit: temperature %g must be finite and >= 0",
-                   (double)p->sampler.temperature);
-    LOOM_RETURN_IF(!(p->sampler.top_p > 0 && p->sampler.top_p <= 1), LOOM_ERR_INVALID_ARG,
-                   "submit: top_p %g must be in (0, 1]", (double)p->sampler.top_p);
+    loom_sample_chain_config chain;
+    loom_status st = loom__sampler_to_chain(&p->sampler, &chain);
+    if (st == LOOM_OK) st = loom_sample_chain_validate(&chain, m->cfg.n_vocab);
+    if (st != LOOM_OK) {
+        loom__error_prefix("submit");
+        return st;
+    }
     LOOM_RETURN_IF(p->n_stop_tokens > 0 && !p->stop_tokens, LOOM_ERR_INVALID_ARG,
                    "submit: stop_tokens is NULL");
     LOOM_RETURN_IF(p->n_stop_strings > 0 && !p->stop_strings, LOOM_ERR_INVALID_ARG,
@@ -108,6 +110,18 @@ static loom_status copy_stops(const loom_request_params *p, loom_req *r) {
     return LOOM_OK;
 }
 
+/* The sampler settings, with a private copy of the logit-bias list. */
+static loom_status copy_sampler(const loom_request_params *p, loom_req *r) {
+    LOOM_TRY(loom__sampler_to_chain(&p->sampler, &r->chain));
+    if (r->chain.n_bias > 0) {
+        r->bias = malloc((size_t)r->chain.n_bias * sizeof *r->bias);
+        LOOM_RETURN_IF(!r->bias, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
+        memcpy(r->bias, p->sampler.logit_bias, (size_t)r->chain.n_bias * sizeof *r->bias);
+    }
+    r->chain.bias = r->bias;
+    return LOOM_OK;
+}
+
 static loom_status alloc_samples(size_t max_piece, loom_req *r) {
     r->samples = calloc((size_t)r->n_samples, sizeof *r->samples);
     LOOM_RETURN_IF(!r->samples, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
@@ -120,6 +134,10 @@ static loom_status alloc_samples(size_t max_piece, loom_req *r) {
         LOOM_RETURN_IF(!s->tokens, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
         s->text.buf = r->text_mem + cap * (size_t)i;
         s->text.cap = cap;
+        if (r->chain.n_logprobs > 0) {
+            s->top = malloc(2 * (size_t)r->chain.n_logprobs * sizeof *s->top);
+            LOOM_RETURN_IF(!s->top, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
+        }
     }
     return LOOM_OK;
 }
@@ -130,7 +148,6 @@ loom_status loom__req_create(const loom_model *m, const loom_request_params *p, 
     loom_req *r = calloc(1, sizeof *r);
     LOOM_RETURN_IF(!r, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
     r->user_data = p->user_data;
-    r->sampler = p->sampler;
     r->max_tokens = p->max_tokens;
     r->n_samples = p->n;
     r->ignore_eos = p->ignore_eos;
@@ -146,6 +163,7 @@ loom_status loom__req_create(const loom_model *m, const loom_request_params *p, 
                         r->n_prompt, max_ctx);
     }
     if (st == LOOM_OK) st = copy_stops(p, r);
+    if (st == LOOM_OK) st = copy_sampler(p, r);
     if (st == LOOM_OK) st = alloc_samples(max_piece, r);
     if (st != LOOM_OK) {
         loom__req_free(r);
@@ -158,7 +176,10 @@ loom_status loom__req_create(const loom_model *m, const loom_request_params *p, 
 void loom__req_free(loom_req *r) {
     if (!r) return;
     if (r->samples) {
-        for (int32_t i = 0; i < r->n_samples; i++) free(r->samples[i].tokens);
+        for (int32_t i = 0; i < r->n_samples; i++) {
+            free(r->samples[i].tokens);
+            free(r->samples[i].top);
+        }
     }
     free(r->samples);
     free(r->text_mem);
@@ -168,6 +189,7 @@ void loom__req_free(loom_req *r) {
     free(r->stop_strings);
     free(r->stop_lens);
     free(r->stop_tokens);
+    free(r->bias);
     free(r->prompt);
     free(r);
 }

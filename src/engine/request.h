@@ -4,6 +4,7 @@
 
 #include "engine/text_stream.h"
 #include "model/model.h"
+#include "sample/chain.h"
 
 typedef enum loom_req_state {
     LOOM_REQ_QUEUED = 0, /* submitted, not yet seen by a step */
@@ -25,6 +26,8 @@ typedef struct loom_req_sample {
     loom_text_stream text;    /* pending text of this sample */
     double t_first_token;     /* engine clock, seconds; 0 until the first token */
     double t_last_token;
+    loom_token_info info;     /* the last sampled token's, as its TOKEN event reports it */
+    loom_token_logprob *top;  /* [2 * chain.n_logprobs] info's top arrays: raw, then final */
 } loom_req_sample;
 
 typedef struct loom_req {
@@ -35,7 +38,8 @@ typedef struct loom_req {
 
     loom_token *prompt; /* [n_prompt] */
     int32_t n_prompt;
-    loom_sampler_params sampler;
+    loom_sample_chain_config chain; /* the request's sampler; bias points to the copy below */
+    loom_logit_bias *bias;          /* [chain.n_bias] */
     int32_t max_tokens;
     int32_t n_samples;
     loom_token *stop_tokens; /* [n_stop_tokens] */

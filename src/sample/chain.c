@@ -3,6 +3,7 @@
  * chain.h). All scratch lives in a caller-owned workspace. */
 #include "sample/chain.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "core/status.h"
 #include "sample/entropy.h"
 #include "sample/rng.h"
+#include "sample/vexp.h"
 
 /* ---- workspace -------------------------------------------------------------------------- */
 
@@ -30,7 +32,13 @@ struct loom_sample_chain_ws {
     chain_cand *cand;  /* [n_vocab] candidates (also the raw top-n heap before filtering) */
     void *aux;         /* [n_vocab] chain_key, or chain_cand for the final top-n heap */
     int32_t *counts;   /* [n_vocab] penalty counts; all zero between calls */
+    float *bmax_raw;   /* [n_blocks] largest finite raw logit of each CHAIN_BLOCK entries */
+    float *bmax_x;     /* [n_blocks] the same of x where bias or penalties edited it */
+    const float *bmax; /* this call's block maxima of x: bmax_raw, or bmax_x after edits */
+    int32_t n_blocks;
 };
+
+#define CHAIN_BLOCK 64 /* entries per block of the vocabulary sweeps (below) */
 
 #define CHAIN_ALIGN 16
 
@@ -38,10 +46,10 @@ static size_t align_up(size_t v) { return (v + CHAIN_ALIGN - 1) & ~(size_t)(CHAI
 
 size_t loom_sample_chain_workspace_size(int32_t n_vocab) {
     if (n_vocab <= 0 || (uint64_t)n_vocab > SIZE_MAX / 64) return 0;
-    size_t n = (size_t)n_vocab;
+    size_t n = (size_t)n_vocab, nb = (n + CHAIN_BLOCK - 1) / CHAIN_BLOCK;
     return align_up(sizeof(loom_sample_chain_ws)) + align_up(n * sizeof(float)) +
            align_up(n * sizeof(chain_cand)) + align_up(n * sizeof(chain_key)) +
-           align_up(n * sizeof(int32_t));
+           align_up(n * sizeof(int32_t)) + 2 * align_up(nb * sizeof(float));
 }
 
 loom_status loom_sample_chain_workspace_init(void *mem, size_t size, int32_t n_vocab,
@@ -67,6 +75,12 @@ loom_status loom_sample_chain_workspace_init(void *mem, size_t size, int32_t n_v
     p += align_up(n * sizeof(chain_key));
     ws->counts = (int32_t *)(void *)p;
     memset(ws->counts, 0, n * sizeof(int32_t));
+    p += align_up(n * sizeof(int32_t));
+    ws->n_blocks = (int32_t)((n + CHAIN_BLOCK - 1) / CHAIN_BLOCK);
+    ws->bmax_raw = (float *)(void *)p;
+    p += align_up((size_t)ws->n_blocks * sizeof(float));
+    ws->bmax_x = (float *)(void *)p;
+    ws->bmax = ws->bmax_raw;
     *out = ws;
     return LOOM_OK;
 }
@@ -186,15 +200,107 @@ static void heap_offer(chain_cand *h, int32_t *held, int32_t k, chain_cand v) {
     h[i] = v;
 }
 
-/* The k best finite entries of x[0..n) into h, best first; returns how many. */
-static int32_t select_best(const float *x, int32_t n, int32_t k, chain_cand *h) {
+/* ---- vocabulary sweeps ------------------------------------------------------------------ */
+/* A 262,144-token vocabulary makes every per-token operation count: the copy of the logits
+ * records each block's maximum, so later sweeps skip blocks that cannot matter, and
+ * exponentials are taken a vector at a time (vexp.h). */
+
+/* Largest finite entry of x[0..n) (-inf when none), n <= CHAIN_BLOCK. */
+static float block_max(const float *x, int32_t n) {
+    float r = -INFINITY;
+    int32_t i = 0;
+    if (n == CHAIN_BLOCK) {
+        loom__v8f m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                       -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        for (; i < CHAIN_BLOCK; i += 8) {
+            loom__v8f v;
+            memcpy(&v, x + i, sizeof v);
+            loom__v8i gt = v > m; /* false for NaN */
+            m = (loom__v8f)(((loom__v8i)v & gt) | ((loom__v8i)m & ~gt));
+        }
+        for (int j = 0; j < 8; j++) r = m[j] > r ? m[j] : r;
+    }
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    return r;
+}
+
+/* w[j] = e^(s (xs[j] - xmax)) for j < 8 where xs[j] is finite, else 0 (xmax >= every xs[j]). */
+static inline void exp8_shifted(const float *xs, double s, double xmax, double *w) {
+    for (int h = 0; h < 8; h += LOOM__VL) {
+        loom__vf v;
+        memcpy(&v, xs + h, sizeof v);
+        const loom__vd d = (__builtin_convertvector(v, loom__vd) - xmax) * s; /* -inf stays */
+        loom__vd dz, e;
+        loom__vl keep;
+        loom__vexp_split(&d, &dz, &keep);
+        loom__vexp(&e, &dz, &keep);
+        memcpy(w + h, &e, sizeof e);
+    }
+}
+
+/* w[i] = e^(s (cd[i].x - xmax)) for the candidates cd[0..n) (all finite). */
+static void exp_cands(const chain_cand *cd, int32_t n, double s, double xmax, double *w) {
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        float xs[8];
+        for (int j = 0; j < 8; j++) xs[j] = cd[i + j].x;
+        exp8_shifted(xs, s, xmax, w + i);
+    }
+    if (i < n) {
+        float xs[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                       -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        double e[8];
+        for (int32_t j = 0; j < n - i; j++) xs[j] = cd[i + j].x;
+        exp8_shifted(xs, s, xmax, e);
+        memcpy(w + i, e, (size_t)(n - i) * sizeof *w);
+    }
+}
+
+/* The k best finite entries of x[0..n) into h, best first; returns how many. bmax holds the
+ * maximum of each block of x. Once the heap is full, a block whose maximum does not beat the
+ * heap's worst is skipped: its entries could only tie it with a higher id, which ranks lower. */
+static int32_t select_best(const float *x, const float *bmax, int32_t n, int32_t k, chain_cand *h) {
     int32_t held = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (!(x[i] > -INFINITY)) continue;
-        heap_offer(h, &held, k, (chain_cand){x[i], i});
+    for (int32_t b = 0; b < n; b += CHAIN_BLOCK) {
+        int32_t e = n - b < CHAIN_BLOCK ? n : b + CHAIN_BLOCK;
+        if (held == k && !(bmax[b / CHAIN_BLOCK] > h[0].x)) continue;
+        for (int32_t i = b; i < e; i++) {
+            if (!(x[i] > -INFINITY) || (held == k && x[i] < h[0].x)) continue;
+            heap_offer(h, &held, k, (chain_cand){x[i], i});
+        }
     }
     qsort(h, (size_t)held, sizeof *h, cand_cmp);
     return held;
+}
+
+/* A key whose ascending unsigned order is the descending order of the logit (-0 and +0
+ * equal, as cand_cmp holds them). */
+static inline uint32_t desc_key(float x) {
+    float f = x + 0.0f; /* -0 becomes +0 */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u ^= (u >> 31) ? 0xFFFFFFFFu : 0x80000000u; /* ascending as unsigned */
+    return ~u;
+}
+
+/* Sorts cd[0..n), which must arrive in increasing id order, best first (cand_cmp's order):
+ * a stable LSD radix sort on desc_key, so equal logits keep lower ids first. tmp holds n
+ * entries. Small sets go to qsort. */
+static void sort_cands(chain_cand *cd, int32_t n, chain_cand *tmp) {
+    if (n < 256) {
+        qsort(cd, (size_t)n, sizeof *cd, cand_cmp);
+        return;
+    }
+    chain_cand *src = cd, *dst = tmp;
+    for (int shift = 0; shift < 32; shift += 8) { /* four passes: the result ends in cd */
+        size_t count[257] = {0};
+        for (int32_t i = 0; i < n; i++) count[(desc_key(src[i].x) >> shift & 0xFF) + 1]++;
+        for (int j = 0; j < 256; j++) count[j + 1] += count[j];
+        for (int32_t i = 0; i < n; i++) dst[count[desc_key(src[i].x) >> shift & 0xFF]++] = src[i];
+        chain_cand *t = src;
+        src = dst;
+        dst = t;
+    }
 }
 
 static int key_cmp(const void *a, const void *b) {
@@ -207,22 +313,98 @@ static int key_cmp(const void *a, const void *b) {
 /* ---- the chain -------------------------------------------------------------------------- */
 
 /* Copies logits, applies bias and penalties. Returns BAD_INPUT on +inf. */
-static loom_status chain_prepare(loom_sample_chain_ws *ws, const loom_sample_chain_config *c,
-                                 const float *logits, const loom_token *hist, int32_t n_hist,
-                                 bool *modified) {
+/* What the copy of the logits learned, so that no later sweep has to look for it again. */
+typedef struct chain_scan {
+    float xmax;       /* largest finite x (-inf when none) */
+    int32_t n_finite; /* finite entries of x */
+    float raw_max;    /* largest finite raw logit (-inf when none) */
+} chain_scan;
+
+/* Copies the logits into x with NaN as -inf, a block at a time: each block's maximum goes to
+ * ws->bmax_raw, finite entries are counted, and +inf is only noted (no early exit, so the loop
+ * vectorizes). Returns whether some logit is +inf. */
+static bool copy_scan(loom_sample_chain_ws *ws, const float *logits, int32_t *n_finite) {
     const int32_t n = ws->n_vocab;
     float *x = ws->x;
-    for (int32_t i = 0; i < n; i++) {
-        float v = logits[i];
-        LOOM_RETURN_IF(v == INFINITY, LOOM_ERR_BAD_INPUT, "sample chain: logit %d is +inf", i);
-        x[i] = isnan(v) ? -INFINITY : v;
+    const loom__v8f ninf = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                            -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    loom__v8i any_pinf = {0}, cnt = {0};
+    int32_t b = 0;
+    for (; (b + 1) * CHAIN_BLOCK <= n; b++) {
+        loom__v8f m = ninf;
+        for (int32_t i = b * CHAIN_BLOCK; i < (b + 1) * CHAIN_BLOCK; i += 8) {
+            loom__v8f v;
+            memcpy(&v, logits + i, sizeof v);
+            loom__v8i num = v == v;
+            any_pinf |= v == -ninf;
+            v = (loom__v8f)(((loom__v8i)v & num) | ((loom__v8i)ninf & ~num));
+            memcpy(x + i, &v, sizeof v);
+            cnt -= v > ninf; /* true is -1 */
+            loom__v8i gt = v > m;
+            m = (loom__v8f)(((loom__v8i)v & gt) | ((loom__v8i)m & ~gt));
+        }
+        float r = m[0];
+        for (int j = 1; j < 8; j++) r = m[j] > r ? m[j] : r;
+        ws->bmax_raw[b] = r;
     }
-    *modified = c->n_bias > 0;
-    for (int32_t i = 0; i < c->n_bias; i++) x[c->bias[i].id] += c->bias[i].bias;
+    bool pinf = false;
+    int32_t c = 0;
+    for (int j = 0; j < 8; j++) {
+        pinf |= any_pinf[j] != 0;
+        c += cnt[j];
+    }
+    if (b * CHAIN_BLOCK < n) { /* the last, partial block */
+        float r = -INFINITY;
+        for (int32_t i = b * CHAIN_BLOCK; i < n; i++) {
+            float v = logits[i];
+            pinf |= v == INFINITY;
+            x[i] = v != v ? -INFINITY : v;
+            c += x[i] > -INFINITY;
+            r = x[i] > r ? x[i] : r;
+        }
+        ws->bmax_raw[b] = r;
+    }
+    *n_finite = c;
+    return pinf;
+}
 
+/* One edit of x[t] (bias or penalty): keeps the finite count, and x's block maxima in
+ * ws->bmax_x (a copy of bmax_raw made before the first edit) up to date. */
+static void edited(loom_sample_chain_ws *ws, loom_token t, bool was_finite, int32_t *n_finite) {
+    *n_finite += (ws->x[t] > -INFINITY) - was_finite;
+    int32_t b = t / CHAIN_BLOCK, e = (b + 1) * CHAIN_BLOCK;
+    ws->bmax_x[b] = block_max(ws->x + (size_t)b * CHAIN_BLOCK,
+                              (e < ws->n_vocab ? e : ws->n_vocab) - b * CHAIN_BLOCK);
+}
+
+/* Copies logits, applies bias and penalties; fills *scan and ws->bmax. Returns BAD_INPUT on
+ * +inf. */
+static loom_status chain_prepare(loom_sample_chain_ws *ws, const loom_sample_chain_config *c,
+                                 const float *logits, const loom_token *hist, int32_t n_hist,
+                                 bool *modified, chain_scan *scan) {
+    const int32_t n = ws->n_vocab;
+    float *x = ws->x;
+    int32_t n_finite = 0;
+    if (copy_scan(ws, logits, &n_finite)) {
+        for (int32_t i = 0; i < n; i++)
+            LOOM_RETURN_IF(logits[i] == INFINITY, LOOM_ERR_BAD_INPUT,
+                           "sample chain: logit %d is +inf", i);
+    }
     bool penalize = c->penalty_last_n != 0 && n_hist > 0 &&
                     (c->repeat_penalty != 1 || c->presence_penalty != 0 ||
                      c->frequency_penalty != 0);
+    *modified = c->n_bias > 0 || penalize;
+    ws->bmax = ws->bmax_raw;
+    if (*modified) {
+        memcpy(ws->bmax_x, ws->bmax_raw, (size_t)ws->n_blocks * sizeof *ws->bmax_x);
+        ws->bmax = ws->bmax_x;
+    }
+    for (int32_t i = 0; i < c->n_bias; i++) {
+        loom_token t = c->bias[i].id;
+        bool was = x[t] > -INFINITY;
+        x[t] += c->bias[i].bias;
+        edited(ws, t, was, &n_finite);
+    }
     if (penalize) {
         int32_t start = 0;
         if (c->penalty_last_n > 0 && n_hist > c->penalty_last_n) start = n_hist - c->penalty_last_n;
@@ -234,11 +416,12 @@ static loom_status chain_prepare(loom_sample_chain_ws *ws, const loom_sample_cha
             if (cnt == 0) continue;
             ws->counts[t] = 0;
             float v = x[t];
+            bool was = v > -INFINITY;
             v = v > 0 ? v / c->repeat_penalty : v * c->repeat_penalty;
             v -= c->presence_penalty + (float)cnt * c->frequency_penalty;
             x[t] = v;
+            edited(ws, t, was, &n_finite);
         }
-        *modified = true;
     }
     /* Only biased or penalized entries can have overflowed to +inf. */
     for (int32_t i = 0; i < c->n_bias; i++) {
@@ -252,6 +435,12 @@ static loom_status chain_prepare(loom_sample_chain_ws *ws, const loom_sample_cha
             LOOM_RETURN_IF(x[t] == INFINITY || isnan(x[t]), LOOM_ERR_BAD_INPUT,
                            "sample chain: logit %d overflows after penalties", t);
         }
+    }
+    scan->n_finite = n_finite;
+    scan->xmax = scan->raw_max = -INFINITY;
+    for (int32_t b = 0; b < ws->n_blocks; b++) {
+        scan->xmax = ws->bmax[b] > scan->xmax ? ws->bmax[b] : scan->xmax;
+        scan->raw_max = ws->bmax_raw[b] > scan->raw_max ? ws->bmax_raw[b] : scan->raw_max;
     }
     return LOOM_OK;
 }
@@ -279,6 +468,153 @@ static double chain_temperature(const loom_sample_chain_config *c, const loom__l
     return t < 1e-30 || !isfinite(t) ? 0 : t;
 }
 
+/* ---- top-p without top-k ----------------------------------------------------------------- */
+/* The nucleus (the shortest best-first prefix of the tokens with mass >= top_p) without
+ * sorting the vocabulary: one pass sums the normalizer z of the weights w = e^d,
+ * d = s (x - xmax), and puts the weight of each token that can be in a nucleus into one of
+ * CHAIN_BUCKETS buckets of equal width in d over [-CHAIN_SPAN, 0], best first; the bucket
+ * where the running mass reaches top_p z is the only one sorted. A token can be in a nucleus
+ * only if d >= cut = ln((1 - top_p) / n_finite): all tokens below weigh at most 1 - top_p in
+ * total, and z >= 1 (the maximum weighs 1), so the better ones already hold top_p z. The cut
+ * is above -CHAIN_SPAN for any top_p < 1 as a float and up to 2^31 tokens. Tokens below it
+ * count in z only; most vectors of a peaked distribution have none above it and skip the
+ * bucket bookkeeping. */
+
+#define CHAIN_BUCKETS 4096
+#define CHAIN_SPAN    40.0
+
+/* d and bucket of LOOM__VL entries x[0..LOOM__VL): *dz and *keep as loom__vexp_split gives
+ * them, *in where d >= cut, *bucket valid there. One definition for every use, so they
+ * bucket each token the same way. */
+static inline void bucket_lanes(const float *x, double s, double xmax, double cut, loom__vd *dz,
+                                loom__vl *keep, loom__vl *in, loom__vi *bucket) {
+    loom__vf v;
+    memcpy(&v, x, sizeof v);
+    const loom__vd d = (__builtin_convertvector(v, loom__vd) - xmax) * s; /* -inf stays */
+    loom__vexp_split(&d, dz, keep);
+    *in = d >= cut;
+    const loom__vd scaled = *dz * (-CHAIN_BUCKETS / CHAIN_SPAN); /* in [0, CHAIN_BUCKETS] */
+    loom__vi bi = __builtin_convertvector(scaled, loom__vi);
+    const loom__vi top = (loom__vi){0} + (CHAIN_BUCKETS - 1);
+    const loom__vi over = bi > top;
+    *bucket = (bi & ~over) | (top & over);
+}
+
+/* The bucket of one logit, by bucket_lanes' arithmetic (CHAIN_BUCKETS + 1 below the cut). */
+static int32_t bucket_of(float v, double s, double xmax, double cut) {
+    float lanes[LOOM__VL];
+    for (int j = 0; j < LOOM__VL; j++) lanes[j] = v;
+    loom__vd dz;
+    loom__vl keep, in;
+    loom__vi bucket;
+    bucket_lanes(lanes, s, xmax, cut, &dz, &keep, &in, &bucket);
+    return in[0] ? bucket[0] : CHAIN_BUCKETS + 1;
+}
+
+/* The lowest finite float whose bucket is <= last (+inf when last < 0: no finite logit; the
+ * maximum's bucket is 0, and buckets grow as x falls): a bisection over the floats in
+ * [-FLT_MAX, xmax], ordered by desc_key. */
+static float lowest_in(double s, double xmax, double cut, int32_t last) {
+    if (last < 0) return INFINITY;
+    uint32_t good = desc_key((float)xmax), bad = desc_key(-FLT_MAX); /* good: in; bad: maybe */
+    if (bucket_of(-FLT_MAX, s, xmax, cut) <= last) return -FLT_MAX;
+    while (bad - good > 1) {
+        uint32_t mid = good + (bad - good) / 2;
+        uint32_t u = ~mid; /* back from the key to the float */
+        u ^= (u >> 31) ? 0x80000000u : 0xFFFFFFFFu;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        if (bucket_of(f, s, xmax, cut) <= last) {
+            good = mid;
+        } else {
+            bad = mid;
+        }
+    }
+    uint32_t u = ~good;
+    u ^= (u >> 31) ? 0x80000000u : 0xFFFFFFFFu;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Keeps the nucleus of top_p in ws->cand (tokens of the buckets before the edge in id order,
+ * then the edge bucket's in rank order); returns its size. */
+static int32_t nucleus(loom_sample_chain_ws *ws, double s, double xmax, double top_p,
+                       int32_t n_finite) {
+    enum { L = LOOM__VL };
+    const int32_t nv = ws->n_vocab;
+    const float *x = ws->x;
+    double cut = log((1.0 - top_p) / n_finite);
+    cut = cut > -CHAIN_SPAN ? cut : -CHAIN_SPAN;
+    /* Lanes below the cut go, without a branch, to a spare bucket of their own, so that
+     * neither a mispredicted jump nor a chain of additions to one address slows the pass. */
+    double mass[CHAIN_BUCKETS + L] = {0};
+    loom__vd zl[2] = {{0}, {0}};
+    for (int32_t i = 0; i < nv; i += 2 * L) { /* two vectors a step, for overlap */
+        float pad[2 * L];
+        const float *p = x + i;
+        if (nv - i < 2 * L) { /* the tail, padded with -inf */
+            for (int j = 0; j < 2 * L; j++) pad[j] = i + j < nv ? x[i + j] : -INFINITY;
+            p = pad;
+        }
+        for (int h = 0; h < 2; h++) {
+            loom__vd dz, e;
+            loom__vl keep, in;
+            loom__vi bucket;
+            bucket_lanes(p + h * L, s, xmax, cut, &dz, &keep, &in, &bucket);
+            loom__vexp(&e, &dz, &keep);
+            zl[h] += e;
+            int64_t any = 0;
+            for (int j = 0; j < L; j++) any |= in[j];
+            if (!any) continue;
+            for (int j = 0; j < L; j++) mass[in[j] ? bucket[j] : CHAIN_BUCKETS + j] += e[j];
+        }
+    }
+    double z = 0;
+    for (int j = 0; j < L; j++) z += zl[0][j] + zl[1][j];
+    const double target = top_p * z;
+    double cum = 0;
+    int32_t edge = 0;
+    while (edge < CHAIN_BUCKETS && cum + mass[edge] < target) cum += mass[edge++];
+
+    /* Gather: better buckets into cand, the edge bucket aside. As the bucket is monotone in
+     * x, "bucket < edge" and "bucket <= edge" are x >= two float thresholds (found once by
+     * bisection with the same arithmetic), and blocks whose maximum is below both hold
+     * nothing. */
+    chain_cand *cd = ws->cand, *side = ws->aux, *tmp = side + nv;
+    int32_t n = 0, m = 0;
+    const float f_in = edge == CHAIN_BUCKETS ? -FLT_MAX : lowest_in(s, xmax, cut, edge - 1);
+    const float f_edge = edge == CHAIN_BUCKETS ? -FLT_MAX : lowest_in(s, xmax, cut, edge);
+    for (int32_t b = 0; b < ws->n_blocks; b++) {
+        if (!(ws->bmax[b] >= f_edge)) continue;
+        int32_t e = (b + 1) * CHAIN_BLOCK < nv ? (b + 1) * CHAIN_BLOCK : nv;
+        for (int32_t k = b * CHAIN_BLOCK; k < e; k++) {
+            const float v = x[k];
+            if (v >= f_in) {
+                cd[n++] = (chain_cand){v, k};
+            } else if (v >= f_edge) {
+                side[m++] = (chain_cand){v, k};
+            }
+        }
+    }
+    if (m > 0) { /* the edge bucket, best first, up to where the mass reaches the target */
+        sort_cands(side, m, tmp);
+        for (int32_t k = 0; k < m; k += 8) {
+            double w[8];
+            int32_t r = m - k < 8 ? m - k : 8, j = 0;
+            exp_cands(side + k, r, s, xmax, w);
+            while (j < r && (cum += w[j]) < target) j++;
+            if (j < r) {
+                m = k + j + 1;
+                break;
+            }
+        }
+        memcpy(cd + n, side, (size_t)m * sizeof *cd);
+        n += m;
+    }
+    return n;
+}
+
 /* Steps 5-8 on the scaled distribution w = exp(s (x - xmax)); leaves survivors in ws->cand and
  * returns their count; *by_prob says whether they are sorted best first. */
 static int32_t chain_filter(loom_sample_chain_ws *ws, const loom_sample_chain_config *c,
@@ -292,33 +628,38 @@ static int32_t chain_filter(loom_sample_chain_ws *ws, const loom_sample_chain_co
     *by_prob = false;
 
     if (c->top_k > 0 && c->top_k < st->n_finite) { /* 5. top-k: k-entry heap */
-        n = select_best(x, nv, c->top_k, cd);
-        for (int32_t i = 0; i < n; i++) z += exp(s * ((double)cd[i].x - xmax));
+        n = select_best(x, ws->bmax, nv, c->top_k, cd);
+        double *w = ws->aux;
+        exp_cands(cd, n, s, xmax, w);
+        for (int32_t i = 0; i < n; i++) z += w[i];
         *by_prob = true;
-    } else { /* gather, dropping what top-p and min-p can never keep */
+    } else if (c->top_p < 1) { /* 6. top-p over the whole vocabulary */
+        n = nucleus(ws, s, xmax, (double)c->top_p, st->n_finite);
+    } else { /* gather, dropping what min-p can never keep */
         double log_w = -INFINITY;
         if (c->min_p > 0) log_w = log((double)c->min_p);
-        if (c->top_p < 1) {
-            for (int32_t i = 0; i < nv; i++)
-                if (x[i] > -INFINITY) z += exp(s * ((double)x[i] - xmax));
-            double cut = log((1.0 - c->top_p) * z / st->n_finite);
-            if (cut > log_w) log_w = cut;
-        }
-        for (int32_t i = 0; i < nv; i++) {
-            if (!(x[i] > -INFINITY)) continue;
-            if (s * ((double)x[i] - xmax) >= log_w) cd[n++] = (chain_cand){x[i], i};
-        }
-        if (c->top_p < 1) {
-            qsort(cd, (size_t)n, sizeof *cd, cand_cmp);
-            *by_prob = true;
+        /* Blocks whose maximum fails the cut hold no survivor (the test is monotone in x). */
+        for (int32_t b = 0; b < nv; b += CHAIN_BLOCK) {
+            int32_t e = nv - b < CHAIN_BLOCK ? nv : b + CHAIN_BLOCK;
+            float bm = ws->bmax[b / CHAIN_BLOCK];
+            if (!(bm > -INFINITY) || !(s * ((double)bm - xmax) >= log_w)) continue;
+            for (int32_t i = b; i < e; i++) {
+                if (!(x[i] > -INFINITY)) continue;
+                if (s * ((double)x[i] - xmax) >= log_w) cd[n++] = (chain_cand){x[i], i};
+            }
         }
     }
-    if (c->top_p < 1) { /* 6. top-p: the shortest best-first prefix with mass >= top_p */
+    if (c->top_p < 1 && *by_prob) { /* 6. top-p after top-k: the shortest best-first prefix with
+                                       mass >= top_p */
         double cum = 0, target = (double)c->top_p * z;
-        for (int32_t i = 0; i < n; i++) {
-            cum += exp(s * ((double)cd[i].x - xmax));
-            if (cum >= target) {
-                n = i + 1;
+        for (int32_t i = 0; i < n; i += 8) { /* eight exponentials at a time, summed in order */
+            double w[8];
+            int32_t m = n - i < 8 ? n - i : 8;
+            exp_cands(cd + i, m, s, xmax, w);
+            int32_t j = 0;
+            while (j < m && (cum += w[j]) < target) j++;
+            if (j < m) {
+                n = i + j + 1;
                 break;
             }
         }
@@ -360,6 +701,40 @@ static int32_t chain_filter(loom_sample_chain_ws *ws, const loom_sample_chain_co
     return n;
 }
 
+/* log-sum-exp of the raw logits, given the pass over the processed ones: the entries that bias
+ * and penalties left alone were summed there (same, relative to st->max); the few they changed
+ * (found among the bias ids and the history, each once) are added here. A positive bias large
+ * enough to underflow the untouched entries' weights falls back to a full pass. */
+static double raw_lse(loom_sample_chain_ws *ws, const loom_sample_chain_config *c,
+                      const float *logits, const loom_token *hist, int32_t n_hist,
+                      const loom__logit_stats *st, double same, float raw_max) {
+    if (!(raw_max > -INFINITY)) return INFINITY;
+    const double mr = raw_max;
+    if (st->max - mr > 500) {
+        loom__logit_stats raw;
+        loom__logit_stats_compute(logits, ws->n_vocab, 1.0, &raw);
+        return raw.max + log(raw.sum);
+    }
+    double sum = same * exp(st->max - mr);
+    const float *x = ws->x;
+    int32_t *seen = ws->counts; /* all zero between calls; reset below */
+    for (int32_t pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0; i < c->n_bias + n_hist; i++) {
+            loom_token t = i < c->n_bias ? c->bias[i].id : hist[i - c->n_bias];
+            if (pass == 1) {
+                seen[t] = 0;
+                continue;
+            }
+            if (seen[t]) continue;
+            seen[t] = 1;
+            /* the pass summed x_t where x_t == raw_t; otherwise raw_t is added here */
+            if (!(x[t] > -INFINITY && x[t] == logits[t]) && logits[t] > -INFINITY)
+                sum += exp((double)logits[t] - mr);
+        }
+    }
+    return mr + log(sum);
+}
+
 loom_status loom_sample_chain_run(loom_sample_chain_ws *ws, const loom_sample_chain_config *c,
                                   const float *logits, const loom_token *history,
                                   int32_t n_history, uint64_t draw_index,
@@ -379,23 +754,26 @@ loom_status loom_sample_chain_run(loom_sample_chain_ws *ws, const loom_sample_ch
 
     /* 1-2. bias and penalties into ws->x */
     bool modified = false;
-    LOOM_TRY(chain_prepare(ws, c, logits, history, n_history, &modified));
-
-    /* One streaming pass: max, normalizer, entropy, varentropy of softmax(x). */
-    loom__logit_stats st, raw;
-    loom__logit_stats_compute(ws->x, nv, 1.0, &st);
-    LOOM_RETURN_IF(st.n_finite == 0, LOOM_ERR_BAD_INPUT, "sample chain: no finite logit among %d",
+    chain_scan scan;
+    LOOM_TRY(chain_prepare(ws, c, logits, history, n_history, &modified, &scan));
+    LOOM_RETURN_IF(scan.n_finite == 0, LOOM_ERR_BAD_INPUT, "sample chain: no finite logit among %d",
                    nv);
-    if (modified) loom__logit_stats_compute(logits, nv, 1.0, &raw);
-    else raw = st;
-    const double lse_raw = raw.n_finite > 0 ? raw.max + log(raw.sum) : INFINITY;
+
+    /* One pass: normalizer, entropy, varentropy of softmax(x) (and what raw_lse needs). */
+    loom__logit_stats st;
+    double same = 0;
+    loom__logit_stats_known(ws->x, modified ? logits : NULL, nv, scan.xmax, scan.n_finite, &st,
+                            &same);
+    const double lse_raw = modified
+                               ? raw_lse(ws, c, logits, history, n_history, &st, same, scan.raw_max)
+                               : st.max + log(st.sum);
     out->entropy = st.entropy;
     out->varentropy = st.varentropy;
 
     /* Raw top-n (before any processing), using ws->cand as the heap. */
     out->n_top_raw = 0;
     if (c->n_logprobs > 0) {
-        int32_t m = select_best(logits, nv, c->n_logprobs, ws->cand);
+        int32_t m = select_best(logits, ws->bmax_raw, nv, c->n_logprobs, ws->cand);
         for (int32_t i = 0; i < m; i++)
             out->top_raw[i] = (loom_sample_chain_logprob){
                 ws->cand[i].id, (float)((double)ws->cand[i].x - lse_raw)};
@@ -421,14 +799,16 @@ loom_status loom_sample_chain_run(loom_sample_chain_ws *ws, const loom_sample_ch
         bool by_prob;
         int32_t n = chain_filter(ws, c, s, &st, &by_prob);
         chain_cand *cd = ws->cand;
+        double *w = ws->aux; /* the survivors' weights, computed once */
+        exp_cands(cd, n, s, xmax, w);
         double zf = 0;
-        for (int32_t i = 0; i < n; i++) zf += exp(s * ((double)cd[i].x - xmax));
+        for (int32_t i = 0; i < n; i++) zf += w[i];
         const double lzf = log(zf);
         /* 9. draw: inverse CDF in candidate order (a deterministic order). */
         double u = loom__rng_uniform(c->seed, draw_index) * zf, cum = 0;
         int32_t pick = n - 1;
         for (int32_t i = 0; i < n; i++) {
-            cum += exp(s * ((double)cd[i].x - xmax));
+            cum += w[i];
             if (u < cum) {
                 pick = i;
                 break;
@@ -436,10 +816,10 @@ loom_status loom_sample_chain_run(loom_sample_chain_ws *ws, const loom_sample_ch
         }
         tok = cd[pick].id;
         out->logprob_final = (float)(s * ((double)cd[pick].x - xmax) - lzf);
-        double hf = 0;
+        double hf = 0, izf = 1.0 / zf;
         for (int32_t i = 0; i < n; i++) {
             double lq = s * ((double)cd[i].x - xmax) - lzf;
-            hf -= exp(lq) * lq;
+            hf -= w[i] * izf * lq;
         }
         out->entropy_final = hf > 0 ? hf : 0;
         out->temperature = t;
@@ -450,7 +830,8 @@ loom_status loom_sample_chain_run(loom_sample_chain_ws *ws, const loom_sample_ch
             if (!by_prob) { /* n-entry heap over the survivors */
                 chain_cand *h = ws->aux;
                 int32_t held = 0;
-                for (int32_t i = 0; i < n; i++) heap_offer(h, &held, m, cd[i]);
+                for (int32_t i = 0; i < n; i++)
+                    if (held < m || !(cd[i].x < h[0].x)) heap_offer(h, &held, m, cd[i]);
                 qsort(h, (size_t)held, sizeof *h, cand_cmp);
                 best = h;
             }

@@ -1,6 +1,6 @@
-/* entropy.h — one streaming pass over a logit vector that yields its maximum, the normalizer
- * (sum of exponentials) and the Shannon entropy and varentropy of its softmax, in float64.
- * Internal to the sampler chain (src/sample/chain.c). */
+/* entropy.h — one pass over a logit vector (after a cheap sweep for its maximum) that yields
+ * its maximum, the normalizer (sum of exponentials) and the Shannon entropy and varentropy of
+ * its softmax, in float64. Internal to the sampler chain (src/sample/chain.c). */
 #pragma once
 
 #include <stdint.h>
@@ -16,7 +16,16 @@ typedef struct loom__logit_stats {
     int32_t argmax;    /* lowest index attaining max; -1 when none */
 } loom__logit_stats;
 
-/* One pass over x[0..n) (online max / sum / first and second moments of the surprisal, each
- * rescaled when the running maximum grows, so no exp ever overflows), scale > 0.
- * No allocation; thread-safe. */
+/* Statistics of x[0..n) with scale > 0: a sweep for the maximum, then one pass summing the
+ * exponentials and the first and second moments of the surprisal relative to it (so no exp
+ * overflows). No allocation; thread-safe. */
 void loom__logit_stats_compute(const float *x, int32_t n, double scale, loom__logit_stats *out);
+
+/* The same at scale 1 when the caller already knows x's largest finite entry xmax and the
+ * number of finite entries n_finite (the chain finds them while it copies the logits), so only
+ * the summing pass runs. With raw (may be NULL), x being raw[0..n) after a few edits (bias,
+ * penalties): also *sum_same = the sum of e^(x_i - out->max) over the finite x_i equal to
+ * raw_i, from which the caller gets raw's normalizer by adding the edited entries alone,
+ * without a second pass over the vocabulary. */
+void loom__logit_stats_known(const float *x, const float *raw, int32_t n, float xmax,
+                             int32_t n_finite, loom__logit_stats *out, double *sum_same);

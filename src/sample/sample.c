@@ -1,136 +1,189 @@
-/* sample.c — the minimal sampler: greedy, or top-k → top-p → temperature → a draw from a
- * counter-based RNG. The order follows llama.cpp's default chain (filters on the model's own
- * distribution, temperature last), so the same settings mean the same thing in both. */
-#include <math.h>
+/* sample.c — the public sampler: loom_sampler_params mapped onto the chain (chain.h), a reusable
+ * loom_sampler that owns a chain workspace, and loom_sample, the one-call form. */
+#include "sample/sample.h"
+
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/status.h"
-#include "sample/rng.h"
+
+/* ---- parameters ------------------------------------------------------------------------- */
 
 loom_sampler_params loom_sampler_default_params(void) {
+    /* The chain's defaults are the documented ones: copy them so the two cannot drift. */
+    loom_sample_chain_config c = loom_sample_chain_default_config();
     loom_sampler_params p;
     memset(&p, 0, sizeof p);
-    p.temperature = 0.8f;
-    p.top_k = 40;
-    p.top_p = 0.95f;
-    p.seed = 0x5EED;
+    p.temperature = c.temperature;
+    p.top_k = c.top_k;
+    p.top_p = c.top_p;
+    p.seed = c.seed;
+    p.min_p = c.min_p;
+    p.typical_p = c.typical_p;
+    p.logit_bias = NULL;
+    p.n_logit_bias = 0;
+    p.penalty_last_n = c.penalty_last_n;
+    p.repeat_penalty = c.repeat_penalty;
+    p.presence_penalty = c.presence_penalty;
+    p.frequency_penalty = c.frequency_penalty;
+    p.entropy_mode = c.entropy_mode;
+    p.exp_beta = c.exp_beta;
+    p.edt_n = c.edt_n;
+    p.edt_theta = c.edt_theta;
+    p.edt_h_min = c.edt_h_min;
+    p.dyn_t_min = c.dyn_t_min;
+    p.dyn_t_max = c.dyn_t_max;
+    p.dyn_exponent = c.dyn_exponent;
+    p.n_logprobs = c.n_logprobs;
     return p;
 }
 
-typedef struct cand {
-    float logit;
-    int32_t id;
-} cand;
-
-/* Higher logit first; equal logits: lower id first (a total order, so results never depend on
- * the sort's stability). */
-static int cand_cmp(const void *a, const void *b) {
-    const cand *x = a, *y = b;
-    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
-    return (x->id > y->id) - (x->id < y->id);
+loom_status loom__sampler_to_chain(const loom_sampler_params *p, loom_sample_chain_config *out) {
+    LOOM_RETURN_IF(p->n_logit_bias > 0 && p->logit_bias == NULL, LOOM_ERR_INVALID_ARG,
+                   "sampler: logit_bias is NULL with n_logit_bias %zu", p->n_logit_bias);
+    LOOM_RETURN_IF(p->n_logit_bias > INT32_MAX, LOOM_ERR_INVALID_ARG,
+                   "sampler: n_logit_bias %zu is too large", p->n_logit_bias);
+    loom_sample_chain_config c;
+    memset(&c, 0, sizeof c);
+    c.bias = p->logit_bias;
+    c.n_bias = (int32_t)p->n_logit_bias;
+    c.penalty_last_n = p->penalty_last_n;
+    c.repeat_penalty = p->repeat_penalty;
+    c.presence_penalty = p->presence_penalty;
+    c.frequency_penalty = p->frequency_penalty;
+    c.entropy_mode = p->entropy_mode;
+    c.exp_beta = p->exp_beta;
+    c.edt_n = p->edt_n;
+    c.edt_theta = p->edt_theta;
+    c.edt_h_min = p->edt_h_min;
+    c.dyn_t_min = p->dyn_t_min;
+    c.dyn_t_max = p->dyn_t_max;
+    c.dyn_exponent = p->dyn_exponent;
+    c.temperature = p->temperature;
+    c.top_k = p->top_k;
+    c.top_p = p->top_p;
+    c.min_p = p->min_p;
+    c.typical_p = p->typical_p;
+    c.seed = p->seed;
+    c.n_logprobs = p->n_logprobs;
+    *out = c;
+    return LOOM_OK;
 }
 
-/* Min-heap on (logit, then reversed id) holding the k best candidates seen so far. */
-static bool worse(const cand *a, const cand *b) { return cand_cmp(a, b) > 0; }
+void loom__sampler_info(const loom_sample_chain_result *r, loom_token_info *out) {
+    out->token = r->token;
+    out->logprob_raw = r->logprob_raw;
+    out->logprob_final = r->logprob_final;
+    out->n_candidates = r->n_candidates;
+    out->entropy = r->entropy;
+    out->varentropy = r->varentropy;
+    out->entropy_final = r->entropy_final;
+    out->temperature = r->temperature;
+    out->top_raw = r->top_raw;
+    out->top_final = r->top_final;
+    out->n_top_raw = r->n_top_raw;
+    out->n_top_final = r->n_top_final;
+}
 
-static void heap_sift_down(cand *h, int32_t n, int32_t i) {
-    for (;;) {
-        int32_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && worse(&h[l], &h[m])) m = l;
-        if (r < n && worse(&h[r], &h[m])) m = r;
-        if (m == i) return;
-        cand t = h[i];
-        h[i] = h[m];
-        h[m] = t;
-        i = m;
+/* ---- loom_sampler ----------------------------------------------------------------------- */
+
+struct loom_sampler {
+    int32_t n_vocab;
+    void *mem; /* the chain workspace's memory (16-byte aligned) */
+    loom_sample_chain_ws *ws;
+    loom_token_logprob *top; /* [2 * cap_top]: raw alternatives, then final ones */
+    int32_t cap_top;
+};
+
+/* Chain workspace memory for n_vocab tokens, or NULL (size 0: too large). */
+static void *alloc_workspace(int32_t n_vocab, size_t *size) {
+    size_t sz = loom_sample_chain_workspace_size(n_vocab);
+    *size = sz;
+    if (sz == 0) return NULL;
+    return aligned_alloc(16, (sz + 15) / 16 * 16); /* C11: a multiple of the alignment */
+}
+
+loom_status loom_sampler_create(int32_t n_vocab, loom_sampler **out) {
+    loom__clear_error();
+    LOOM_CHECK_ARG(out != NULL && n_vocab > 0);
+    loom_sampler *s = calloc(1, sizeof *s);
+    LOOM_RETURN_IF(!s, LOOM_ERR_OUT_OF_MEMORY, "sampler: out of memory");
+    size_t sz = 0;
+    s->n_vocab = n_vocab;
+    s->mem = alloc_workspace(n_vocab, &sz);
+    if (!s->mem) {
+        free(s);
+        if (sz == 0)
+            return loom__fail(LOOM_ERR_INVALID_ARG, "sampler: n_vocab %d is too large", n_vocab);
+        return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "sampler: out of memory for %zu bytes", sz);
     }
+    loom_status st = loom_sample_chain_workspace_init(s->mem, sz, n_vocab, &s->ws);
+    if (st != LOOM_OK) {
+        loom_sampler_free(s);
+        return st;
+    }
+    *out = s;
+    return LOOM_OK;
 }
 
-/* Keeps the k best finite logits in c (sorted best first); returns how many were kept. */
-static int32_t select_top_k(const float *logits, int32_t n, int32_t k, cand *c) {
-    int32_t held = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (!(logits[i] > -INFINITY)) continue; /* skips -inf and NaN */
-        cand x = {logits[i], i};
-        if (held < k) {
-            c[held++] = x;
-            if (held == k) {
-                for (int32_t j = k / 2 - 1; j >= 0; j--) heap_sift_down(c, k, j);
-            }
-        } else if (worse(&c[0], &x)) {
-            c[0] = x;
-            heap_sift_down(c, k, 0);
-        }
-    }
-    qsort(c, (size_t)held, sizeof *c, cand_cmp);
-    return held;
+void loom_sampler_free(loom_sampler *s) {
+    if (!s) return;
+    free(s->mem);
+    free(s->top);
+    free(s);
 }
 
-static loom_token arg_max(const float *logits, int32_t n) {
-    int32_t best = -1;
-    for (int32_t i = 0; i < n; i++) {
-        if (!(logits[i] > -INFINITY)) continue;
-        if (best < 0 || logits[i] > logits[best]) best = i;
+loom_status loom_sampler_run(loom_sampler *s, const float *logits,
+                             const loom_sampler_params *params, const loom_token *history,
+                             size_t n_history, uint64_t draw_index, loom_token_info *out) {
+    loom__clear_error();
+    LOOM_CHECK_ARG(s != NULL && logits != NULL && params != NULL && out != NULL);
+    LOOM_CHECK_ARG(n_history == 0 || history != NULL);
+    LOOM_RETURN_IF(n_history > INT32_MAX, LOOM_ERR_INVALID_ARG,
+                   "sampler: a history of %zu tokens is too long", n_history);
+    loom_sample_chain_config c;
+    LOOM_TRY(loom__sampler_to_chain(params, &c));
+    /* Validate before growing, so a bad n_logprobs never turns into a huge allocation. */
+    LOOM_TRY(loom_sample_chain_validate(&c, s->n_vocab));
+    if (c.n_logprobs > s->cap_top) {
+        loom_token_logprob *grown = realloc(s->top, 2 * (size_t)c.n_logprobs * sizeof *grown);
+        LOOM_RETURN_IF(!grown, LOOM_ERR_OUT_OF_MEMORY, "sampler: out of memory for %d logprobs",
+                       c.n_logprobs);
+        s->top = grown;
+        s->cap_top = c.n_logprobs;
     }
-    return best;
+    loom_sample_chain_result r;
+    memset(&r, 0, sizeof r);
+    r.top_raw = s->top;
+    r.top_final = s->top ? s->top + c.n_logprobs : NULL;
+    LOOM_TRY(loom_sample_chain_run(s->ws, &c, logits, history, (int32_t)n_history, draw_index,
+                                   &r));
+    loom__sampler_info(&r, out);
+    return LOOM_OK;
 }
+
+/* ---- loom_sample ------------------------------------------------------------------------ */
 
 loom_status loom_sample(const float *logits, int32_t n_vocab, const loom_sampler_params *p,
                         uint64_t draw_index, loom_token *out) {
     loom__clear_error();
     LOOM_CHECK_ARG(logits != NULL && p != NULL && out != NULL && n_vocab > 0);
-    LOOM_RETURN_IF(!(p->temperature >= 0) || !isfinite(p->temperature), LOOM_ERR_INVALID_ARG,
-                   "sample: temperature %g must be finite and >= 0", (double)p->temperature);
-    LOOM_RETURN_IF(!(p->top_p > 0 && p->top_p <= 1), LOOM_ERR_INVALID_ARG,
-                   "sample: top_p %g must be in (0, 1]", (double)p->top_p);
-
-    loom_token best = arg_max(logits, n_vocab);
-    LOOM_RETURN_IF(best < 0, LOOM_ERR_BAD_INPUT, "sample: no finite logit among %d", n_vocab);
-    if (p->temperature == 0 || p->top_k == 1) {
-        *out = best;
-        return LOOM_OK;
-    }
-
-    int32_t k = p->top_k > 0 && p->top_k < n_vocab ? p->top_k : n_vocab;
-    cand *c = malloc((size_t)k * sizeof *c);
-    LOOM_RETURN_IF(!c, LOOM_ERR_OUT_OF_MEMORY, "sample: out of memory");
-    int32_t n = select_top_k(logits, n_vocab, k, c);
-
-    /* Probabilities at temperature 1 for top-p, then the kept set re-weighted at temperature. */
-    double sum = 0;
-    double *w = malloc((size_t)n * sizeof *w);
-    if (!w) {
-        free(c);
-        return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "sample: out of memory");
-    }
-    for (int32_t i = 0; i < n; i++) sum += (w[i] = exp((double)c[i].logit - c[0].logit));
-    int32_t keep = n;
-    if (p->top_p < 1) {
-        double cum = 0;
-        for (int32_t i = 0; i < n; i++) {
-            cum += w[i] / sum;
-            if (cum >= p->top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-    }
-    double total = 0;
-    for (int32_t i = 0; i < keep; i++) {
-        total += (w[i] = exp(((double)c[i].logit - c[0].logit) / p->temperature));
-    }
-    double u = loom__rng_uniform(p->seed, draw_index) * total;
-    loom_token chosen = c[keep - 1].id;
-    for (int32_t i = 0; i < keep; i++) {
-        if (u < w[i]) {
-            chosen = c[i].id;
-            break;
-        }
-        u -= w[i];
-    }
-    free(w);
-    free(c);
-    *out = chosen;
-    return LOOM_OK;
+    loom_sample_chain_config c;
+    LOOM_TRY(loom__sampler_to_chain(p, &c));
+    c.n_logprobs = 0; /* nothing to return them in */
+    LOOM_TRY(loom_sample_chain_validate(&c, n_vocab));
+    size_t sz = 0;
+    void *mem = alloc_workspace(n_vocab, &sz);
+    LOOM_RETURN_IF(!mem && sz == 0, LOOM_ERR_INVALID_ARG, "sample: n_vocab %d is too large",
+                   n_vocab);
+    LOOM_RETURN_IF(!mem, LOOM_ERR_OUT_OF_MEMORY, "sample: out of memory for %zu bytes", sz);
+    loom_sample_chain_ws *ws = NULL;
+    loom_sample_chain_result r;
+    memset(&r, 0, sizeof r);
+    loom_status st = loom_sample_chain_workspace_init(mem, sz, n_vocab, &ws);
+    if (st == LOOM_OK) st = loom_sample_chain_run(ws, &c, logits, NULL, 0, draw_index, &r);
+    free(mem);
+    if (st == LOOM_OK) *out = r.token;
+    return st;
 }

@@ -9,8 +9,14 @@ On a synthetic llama model and on Gemma 3 270M (two KV groups: global and slidin
     gives identical outputs;
   - n = 4 samples share the prompt's blocks (block count) and sample 0 equals n = 1;
   - cancellation mid-prefill and mid-decode frees everything;
-  - bad input gets a clear status while the engine keeps serving the others.
+  - bad input gets a clear status while the engine keeps serving the others;
+  - the full sampler chain (bias, penalties, entropy correction, top-p, min-p) gives the same
+    tokens and per-token info alone, in a batch of 16 mixed requests and with 1 or 2 threads;
+    each token's raw logprob, top alternatives and entropy match float64 references computed
+    from a session's teacher-forced logits (so the engine hands the chain the right logits and
+    the right penalty history); bad sampler settings fail at submit, naming the field.
 """
+import math
 import os
 import sys
 
@@ -27,6 +33,13 @@ import synth_llama
 
 TMP = os.environ.get("LOOM_TEST_TMP", "/tmp/loom-conf")
 failures = []
+
+# A chain with every stage on: bias (one ban), penalties over a window, EDT correction,
+# temperature, top-p and min-p; top-k off so top-p's partial selection path runs.
+CHAIN = dict(temperature=0.9, top_k=0, top_p=0.9, min_p=0.02, entropy_mode="edt",
+             edt_n=0.8, edt_theta=1.0, repeat_penalty=1.3, presence_penalty=0.2,
+             frequency_penalty=0.1, penalty_last_n=24,
+             logit_bias={5: 2.0, 7: float("-inf"), 11: -1.5}, n_logprobs=5)
 
 
 def check(cond, msg):
@@ -148,21 +161,43 @@ def synthetic(model, shape):
     except loom.LoomError as err:
         check(err.name == "ERR_NOT_FOUND", f"cancel of a finished id: {err}")
 
-    # Bad input: each a clear status; the engine keeps serving.
+    # Bad input: each a clear status naming what is wrong; the engine keeps serving.
     good = e.submit(tokens=reqs[4]["tokens"], max_tokens=8)
-    for kw, want in ((dict(tokens=[1, V + 5]), "ERR_BAD_INPUT"),
-                     (dict(tokens=[1, -3]), "ERR_BAD_INPUT"),
-                     (dict(tokens=list(range(3, 3 + 300))), "ERR_CONTEXT_FULL"),
-                     (dict(tokens=[1, 5], max_tokens=0), "ERR_INVALID_ARG"),
-                     (dict(tokens=[1, 5], temperature=-1.0), "ERR_INVALID_ARG"),
-                     (dict(tokens=[1, 5], top_p=1.5), "ERR_INVALID_ARG"),
-                     (dict(tokens=[]), "ERR_INVALID_ARG"),
-                     (dict(prompt=b"\xff\xfe"), "ERR_BAD_INPUT")):
+    good_chain = e.submit(tokens=reqs[5]["tokens"], max_tokens=8, **CHAIN)
+    nan = float("nan")
+    for kw, want, field in (
+            (dict(tokens=[1, V + 5]), "ERR_BAD_INPUT", "prompt token"),
+            (dict(tokens=[1, -3]), "ERR_BAD_INPUT", "prompt token"),
+            (dict(tokens=list(range(3, 3 + 300))), "ERR_CONTEXT_FULL", "prompt"),
+            (dict(tokens=[1, 5], max_tokens=0), "ERR_INVALID_ARG", "max_tokens"),
+            (dict(tokens=[1, 5], temperature=-1.0), "ERR_INVALID_ARG", "temperature"),
+            (dict(tokens=[1, 5], top_p=1.5), "ERR_INVALID_ARG", "top_p"),
+            (dict(tokens=[1, 5], top_p=0.0), "ERR_INVALID_ARG", "top_p"),
+            (dict(tokens=[1, 5], min_p=1.5), "ERR_INVALID_ARG", "min_p"),
+            (dict(tokens=[1, 5], typical_p=0.0), "ERR_INVALID_ARG", "typical_p"),
+            (dict(tokens=[1, 5], logit_bias={-1: 1.0}), "ERR_INVALID_ARG", "logit bias"),
+            (dict(tokens=[1, 5], logit_bias={V: 1.0}), "ERR_INVALID_ARG", "logit bias"),
+            (dict(tokens=[1, 5], logit_bias={3: nan}), "ERR_INVALID_ARG", "logit bias"),
+            (dict(tokens=[1, 5], n_logprobs=21), "ERR_INVALID_ARG", "n_logprobs"),
+            (dict(tokens=[1, 5], n_logprobs=-1), "ERR_INVALID_ARG", "n_logprobs"),
+            (dict(tokens=[1, 5], presence_penalty=nan), "ERR_INVALID_ARG", "presence_penalty"),
+            (dict(tokens=[1, 5], frequency_penalty=nan), "ERR_INVALID_ARG",
+             "frequency_penalty"),
+            (dict(tokens=[1, 5], repeat_penalty=nan), "ERR_INVALID_ARG", "repeat_penalty"),
+            (dict(tokens=[1, 5], penalty_last_n=-2), "ERR_INVALID_ARG", "penalty_last_n"),
+            (dict(tokens=[1, 5], entropy_mode=9), "ERR_INVALID_ARG", "entropy mode"),
+            (dict(tokens=[1, 5], entropy_mode="edt", edt_n=1.5), "ERR_INVALID_ARG", "EDT"),
+            (dict(tokens=[1, 5], entropy_mode="exp", exp_beta=-1.0), "ERR_INVALID_ARG", "EXP"),
+            (dict(tokens=[1, 5], entropy_mode="dynatemp", dyn_t_min=2.0, dyn_t_max=1.0),
+             "ERR_INVALID_ARG", "DYNATEMP"),
+            (dict(tokens=[]), "ERR_INVALID_ARG", "no tokens"),
+            (dict(prompt=b"\xff\xfe"), "ERR_BAD_INPUT", "UTF-8")):
         try:
             e.submit(**kw)
             check(False, f"submit {kw} succeeded")
         except loom.LoomError as err:
             check(err.name == want, f"submit {kw}: {err.name}, want {want}")
+            check(field.lower() in str(err).lower(), f"submit {kw}: {err} does not name {field}")
     try:
         e.cancel(987654321)
         check(False, "cancel of an unknown id succeeded")
@@ -171,7 +206,196 @@ def synthetic(model, shape):
     out = e.run()
     check(out[good][0]["reason"] == "length" and len(out[good][0]["tokens"]) == 8,
           "the engine stopped serving after bad input")
+    check(out[good_chain][0]["reason"] == "length" and len(out[good_chain][0]["tokens"]) == 8,
+          "a request with the full chain did not complete beside bad input")
     e.close()
+
+
+def log_softmax(x):
+    x = np.asarray(x, dtype=np.float64)
+    m = x[np.isfinite(x)].max()
+    return x - (m + math.log(np.exp(x[np.isfinite(x)] - m).sum()))
+
+
+def chain_logits(lg, history, req):
+    """Steps 1-2 of the chain (bias, then penalties over the window of history), in float32
+    as the library computes them."""
+    x = np.array(lg, dtype=np.float32)
+    for t, b in req.get("logit_bias", {}).items():
+        x[t] = np.float32(x[t] + np.float32(b))
+    n = req.get("penalty_last_n", 64)
+    window = history if n < 0 else history[max(0, len(history) - n):] if n > 0 else []
+    r = np.float32(req.get("repeat_penalty", 1.0))
+    pres = np.float32(req.get("presence_penalty", 0.0))
+    freq = np.float32(req.get("frequency_penalty", 0.0))
+    for t in set(window):
+        c = window.count(t)
+        v = x[t] / r if x[t] > 0 else x[t] * r
+        x[t] = np.float32(v - np.float32(pres + np.float32(c) * freq))
+    return x
+
+
+def entropy(x):
+    lp = log_softmax(x)
+    p = np.exp(lp[np.isfinite(lp)])
+    return float(-(p * lp[np.isfinite(lp)]).sum())
+
+
+def sampler_chain(path, shape):
+    """The full chain through the engine: determinism and float64 checks of what it reports."""
+    V = shape.n_vocab
+    m1 = loom.Model(path, n_threads=1)
+    m2 = loom.Model(path, n_threads=2)
+    rng = np.random.default_rng(21)
+    modes = [dict(CHAIN), dict(CHAIN, entropy_mode="exp", exp_beta=0.3, top_p=0.95),
+             dict(CHAIN, entropy_mode="dynatemp", dyn_t_min=0.4, dyn_t_max=1.6, top_p=1.0,
+                  typical_p=0.9),
+             dict(temperature=0.0, n_logprobs=3)]
+    reqs = []
+    for k in range(16):
+        toks = [1] + [int(t) for t in rng.integers(3, V, 5 + 11 * k % 97)]
+        reqs.append(dict(modes[k % 4], tokens=toks, max_tokens=14 + k % 3, seed=300 + k))
+
+    # Alone (twice), with 1 and 2 threads; in a batch of 16 with 2 threads.
+    alone = [run_alone(m2, r, kv_bytes=64 << 20)[0] for r in reqs]
+    again = [run_alone(m2, r, kv_bytes=64 << 20)[0] for r in reqs[:4]]
+    one_thread = [run_alone(m1, r, kv_bytes=64 << 20)[0] for r in reqs]
+    e = loom.Engine(m2, kv_bytes=64 << 20)
+    ids = [e.submit(**r) for r in reqs]
+    batch = e.run()
+    e.close()
+    n_same = sum(batch[i][0]["tokens"] == a["tokens"] and batch[i][0]["info"] == a["info"]
+                 for i, a in zip(ids, alone))
+    n_thr = sum(o["tokens"] == a["tokens"] and o["info"] == a["info"]
+                for o, a in zip(one_thread, alone))
+    n_again = sum(o["info"] == a["info"] for o, a in zip(again, alone))
+    distinct = len({tuple(a["tokens"]) for a in alone})
+    print(f"sampler chain: {n_same}/16 identical (tokens and per-token info) in a batch of 16, "
+          f"{n_thr}/16 with 1 thread as with 2, {n_again}/4 on a second run; "
+          f"{distinct} distinct outputs")
+    check(n_same == 16, f"sampler chain: {16 - n_same} requests differ in a batch")
+    check(n_thr == 16, f"sampler chain: {16 - n_thr} requests differ between 1 and 2 threads")
+    check(n_again == 4, "sampler chain: a second run differs")
+    check(distinct == 16, "sampler chain: requests with different prompts and seeds coincide")
+    banned = sum(a["tokens"].count(7) for a, r in zip(alone, reqs) if "logit_bias" in r)
+    check(banned == 0, f"sampler chain: the banned token 7 was drawn {banned} times")
+
+    # Against a session's teacher-forced logits: the raw logprob and top alternatives of every
+    # token, the entropy after bias and penalties (so the history the engine passed), and the
+    # effective temperature of each mode.
+    s = loom.Session(m2, n_ctx=512)
+    sampler = loom.Sampler(V)
+    replayed = 0  # tokens loom_sampler_run reproduces from the session's logits
+    worst = {"logprob": 0.0, "entropy": 0.0, "temperature": 0.0}
+    prompt_matters = 0  # steps whose penalties see prompt tokens (else the check proves little)
+    for r, a in zip(reqs, alone):
+        prompt, gen = r["tokens"], a["tokens"]
+        s.reset()
+        rows = s.decode(prompt + gen[:-1], all_logits=True)[len(prompt) - 1:]
+        settings = {k: v for k, v in r.items() if k not in ("tokens", "max_tokens")}
+        for j, (tok, info) in enumerate(zip(gen, a["info"])):
+            # The public sampler with the same history, seed and draw index (the position).
+            replayed += sampler.run(rows[j], prompt + gen[:j], len(prompt) + j,
+                                    **settings) == info
+            lp = log_softmax(rows[j])
+            worst["logprob"] = max(worst["logprob"], abs(info["logprob_raw"] - lp[tok]))
+            want_top = [int(t) for t in np.argsort(-lp, kind="stable")[:r["n_logprobs"]]]
+            check([t for t, _ in info["top_raw"]] == want_top,
+                  f"top_raw ids {info['top_raw']} != {want_top}")
+            for t, v in info["top_raw"]:
+                worst["logprob"] = max(worst["logprob"], abs(v - lp[t]))
+            check(info["token"] == tok, "info token differs from the event's")
+            if r["temperature"] == 0:
+                check(tok == int(np.argmax(rows[j])) and info["logprob_final"] == 0
+                      and info["n_candidates"] == 1, "greedy info is not a point mass")
+                continue
+            h = entropy(chain_logits(rows[j], prompt + gen[:j], r))
+            prompt_matters += abs(entropy(chain_logits(rows[j], gen[:j], r)) - h) > 1e-6
+            worst["entropy"] = max(worst["entropy"], abs(info["entropy"] - h) / max(h, 1))
+            mode, t0 = r["entropy_mode"], r["temperature"]
+            if mode == "edt":
+                t = t0 * r["edt_n"] ** (r["edt_theta"] / max(h, 1e-3))
+            elif mode == "exp":
+                t = t0 * math.exp(r["exp_beta"] * h)
+            else:
+                n = int(np.isfinite(chain_logits(rows[j], prompt + gen[:j], r)).sum())
+                t = r["dyn_t_min"] + (r["dyn_t_max"] - r["dyn_t_min"]) * min(h / math.log(n), 1)
+            worst["temperature"] = max(worst["temperature"],
+                                       abs(info["temperature"] - t) / max(t, 1e-30))
+            check(0 < info["n_candidates"] <= V and info["logprob_final"] <= 1e-6,
+                  f"final distribution: {info}")
+    s.close()
+    sampler.close()
+    n_tokens = sum(len(a["tokens"]) for a in alone)
+    print(f"loom_sampler_run over the session's logits: {replayed}/{n_tokens} tokens with the "
+          f"engine's token and info")
+    check(replayed == n_tokens, "loom_sampler_run does not replay the engine's draws")
+    print(f"sampler chain vs float64 from session logits: max |logprob error| "
+          f"{worst['logprob']:.2e}, entropy rel. error {worst['entropy']:.2e}, "
+          f"temperature rel. error {worst['temperature']:.2e}; {prompt_matters} steps penalize "
+          f"prompt tokens")
+    check(worst["logprob"] <= 1e-5, f"raw logprobs off by {worst['logprob']:.2e}")
+    check(worst["entropy"] <= 1e-5, f"entropy after bias/penalties off by {worst['entropy']:.2e}")
+    check(worst["temperature"] <= 1e-4, f"effective temperature off by {worst['temperature']:.2e}")
+    check(prompt_matters > 20, f"only {prompt_matters} steps depend on the prompt's penalties")
+
+    # More alternatives on request: the engine's limit is a parameter.
+    e = loom.Engine(m2, kv_bytes=64 << 20, max_logprobs=64)
+    rid = e.submit(tokens=reqs[0]["tokens"], max_tokens=3, n_logprobs=64, temperature=1.0,
+                   top_k=0, top_p=1.0)
+    out = e.run()[rid][0]
+    check(all(len(i["top_raw"]) == 64 and len(i["top_final"]) == 64 for i in out["info"]),
+          "max_logprobs = 64 did not give 64 alternatives")
+    e.close()
+    try:
+        loom.Engine(m2, kv_bytes=64 << 20, max_logprobs=-1)
+        check(False, "max_logprobs = -1 was accepted")
+    except loom.LoomError as err:
+        check(err.name == "ERR_INVALID_ARG" and "max_logprobs" in str(err), f"{err}")
+    m1.close()
+    m2.close()
+
+
+def generate_cli(path):
+    """loom-generate (loom_generate over a session, its on_token_info callback) with the chain's
+    flags draws what the engine draws for the same prompt and seed, and --logprobs prints it."""
+    import re
+    import subprocess
+    exe = os.path.join(os.path.dirname(os.path.abspath(os.environ.get("LOOM_BIN_DIR", "."))),
+                       "loom-generate")
+    if not os.path.exists(exe):
+        failures.append(f"{exe} missing: loom-generate's sampler flags were not checked")
+        return
+    flags = ["--temp", "0.9", "--top-k", "0", "--top-p", "0.9", "--min-p", "0.02", "--entropy",
+             "edt", "--edt-theta", "1.0", "--repeat-penalty", "1.3", "--presence-penalty", "0.2",
+             "--frequency-penalty", "0.1", "--penalty-last-n", "24", "--seed", "77"]
+    proc = subprocess.run([exe, "-m", path, "-p", "hello world", "-n", "12", "-t", "2",
+                           "--logprobs", "3"] + flags, capture_output=True,
+                          encoding="utf-8", errors="replace", timeout=300)
+    check(proc.returncode == 0, f"loom-generate exit {proc.returncode}: {proc.stderr[-500:]}")
+    rows = re.findall(r"^\s*(\d+)\s+(\d+) \".*\"  logprob (\S+) / (\S+)  H (\S+) / (\S+)",
+                      proc.stderr, re.M)
+    model = loom.Model(path, n_threads=2)
+    e = loom.Engine(model, kv_bytes=64 << 20)
+    chain = dict(CHAIN, seed=77, n_logprobs=3)
+    del chain["logit_bias"]  # no flag for it
+    rid = e.submit(prompt="hello world", max_tokens=12, ignore_eos=False, **chain)
+    out = e.run()[rid][0]
+    e.close()
+    model.close()
+    got = [int(t) for _, t, *_ in rows]
+    same_lp = all(abs(float(r[2]) - i["logprob_raw"]) < 1e-4 and
+                  abs(float(r[4]) - i["entropy"]) < 1e-3 for r, i in zip(rows, out["info"]))
+    print(f"loom-generate with the chain's flags: {len(got)} tokens, "
+          f"{'the same as' if got == out['tokens'] else 'DIFFERENT FROM'} the engine's; "
+          f"--logprobs table {'matches' if same_lp else 'DIFFERS'}")
+    check(len(got) > 0 and got == out["tokens"], f"loom-generate drew {got}, the engine "
+          f"{out['tokens']}")
+    check(same_lp, "loom-generate --logprobs values differ from the engine's")
+    bad = subprocess.run([exe, "-m", path, "-n", "2", "--top-p", "1.5"], capture_output=True,
+                         encoding="utf-8", errors="replace", timeout=300)
+    check(bad.returncode == 1 and "top_p" in bad.stderr,
+          f"loom-generate --top-p 1.5: exit {bad.returncode}, {bad.stderr[-200:]!r}")
 
 
 def background(model, V):
@@ -297,6 +521,8 @@ def main():
     synth_llama.write_llama(path, shape)
     model = loom.Model(path, n_threads=2)
     synthetic(model, shape)
+    sampler_chain(path, shape)
+    generate_cli(path)
     background(model, shape.n_vocab)
     concurrent_submit(model, shape.n_vocab)
     sliding_window(TMP)

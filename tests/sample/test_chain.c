@@ -1,6 +1,8 @@
-/* test_chain.c — the sampler chain: streaming entropy and each correction mode against float64
- * references, chi-square distribution tests of every filter and mode (and proof the test can
- * fail), determinism, penalties and bias, logprobs, and bad input. */
+/* test_chain.c — the sampler chain: streaming entropy (and its edge cases: NaN, partial -inf,
+ * closed forms, logits near FLT_MAX) and each correction mode against float64 references, EDT's
+ * entropy floor, chi-square distribution tests of every filter and mode (and proof the test
+ * can fail; test_chain_dist.c has the full distribution tests), determinism, penalties and
+ * bias, logprobs, and bad input. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -138,6 +140,59 @@ static void test_entropy_uniform_is_ln_n(void **state) {
     loom__logit_stats_compute(none, 3, 1.0, &st);
     assert_int_equal(st.n_finite, 0);
     assert_int_equal(st.argmax, -1);
+}
+
+/* NaN entries count as -inf; -inf entries leave a uniform over the rest at ln n_finite; a
+ * two-point distribution against its closed forms; logits near FLT_MAX do not overflow. */
+static void test_entropy_edge_cases(void **state) {
+    (void)state;
+    float x[200];
+    int n = make_case(CASE_RANDOM, x);
+    float y[200];
+    memcpy(y, x, sizeof x);
+    for (int i = 0; i < n; i += 7) x[i] = NAN, y[i] = -INFINITY;
+    loom__logit_stats a, b;
+    loom__logit_stats_compute(x, n, 1.0, &a);
+    loom__logit_stats_compute(y, n, 1.0, &b);
+    assert_true(a.entropy == b.entropy && a.varentropy == b.varentropy && a.n_finite == b.n_finite);
+    for (int i = 0; i < n; i++) x[i] = i % 3 == 0 ? -INFINITY : 1.25f;
+    loom__logit_stats_compute(x, n, 1.0, &a);
+    check_close(a.entropy, log((double)(n - (n + 2) / 3)), 1e-12, "H(uniform over finite)");
+    /* p = sigmoid(d): H = -p ln p - q ln q, Var = p q (ln(p / q))^2 = p q d^2 */
+    const double ds[] = {0.0, 0.3, 2.0, 9.0, 30.0};
+    for (int k = 0; k < 5; k++) {
+        float two[2] = {(float)ds[k], 0.0f};
+        double d = (double)two[0], p = 1 / (1 + exp(-d)), q = 1 - p;
+        loom__logit_stats_compute(two, 2, 1.0, &a);
+        check_close(a.entropy, -p * log(p) - q * log(q), 1e-9, "H(two-point)");
+        check_close(a.varentropy, p * q * d * d, 1e-9, "varentropy(two-point)");
+    }
+    float big[4] = {3.0e38f, 2.9e38f, -INFINITY, 3.0e38f};
+    loom__logit_stats_compute(big, 4, 1.0, &a);
+    check_close(a.entropy, log(2.0), 1e-12, "H(near FLT_MAX)");
+    assert_int_equal(a.argmax, 0);
+}
+
+/* EDT's floor: an entropy below edt_h_min is replaced by it, giving a small but usable
+ * temperature (not 0 / 0, not greedy unless it underflows). */
+static void test_edt_floor(void **state) {
+    (void)state;
+    loom_sample_chain_ws *ws = make_ws(3);
+    const float lg[3] = {0.0f, -30.0f, -31.0f}; /* H ~ 1e-11 nats */
+    loom_sample_chain_config c = no_filters();
+    c.entropy_mode = LOOM_ENTROPY_EDT;
+    c.temperature = 0.9f;
+    c.edt_theta = 0.01f;
+    c.edt_h_min = 1e-3f;
+    loom_sample_chain_result r = {0};
+    assert_int_equal(loom_sample_chain_run(ws, &c, lg, NULL, 0, 0, &r), LOOM_OK);
+    assert_true(r.entropy < 1e-3);
+    double want = (double)c.temperature * pow((double)c.edt_n, (double)c.edt_theta / c.edt_h_min);
+    check_close(r.temperature, want, 1e-9, "EDT floored temperature");
+    assert_int_equal(r.token, 0);
+    c.edt_theta = 1.0f; /* 0.9 * 0.8^1000 underflows the 1e-30 guard: greedy */
+    assert_int_equal(loom_sample_chain_run(ws, &c, lg, NULL, 0, 0, &r), LOOM_OK);
+    assert_true(r.temperature == 0 && r.n_candidates == 1 && r.token == 0);
 }
 
 /* ---- correction modes against the reference -------------------------------------------- */
@@ -607,6 +662,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_entropy_matches_reference),
         cmocka_unit_test(test_entropy_uniform_is_ln_n),
+        cmocka_unit_test(test_entropy_edge_cases),
+        cmocka_unit_test(test_edt_floor),
         cmocka_unit_test(test_correction_modes_match_reference),
         cmocka_unit_test(test_distributions),
         cmocka_unit_test(test_chi2_detects_an_off_by_one_top_k),

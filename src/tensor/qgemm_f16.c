@@ -19,9 +19,9 @@
 #define CH 32 /* values per chunk: the dot's 32 lanes, as 4 vectors of 8 */
 
 #if defined(LOOM_QDOT_AVX512)
-#define NT_MAX 4 /* 16 accumulators + 4 weight vectors fit the 32 vector registers */
+#define NT_MAX 8 /* 16 accumulators (2 per token) + 2 weight vectors of the 32 zmm registers */
 #else
-#define NT_MAX 2 /* 16 registers */
+#define NT_MAX 2 /* 8 accumulators + 4 weight vectors of the 16 ymm registers */
 #endif
 
 static size_t x_row_bytes(int64_t K) {
@@ -39,7 +39,40 @@ static void prepare_f16(const void *act, void *x, int64_t K) {
     for (int64_t k = K; k < (K + CH - 1) / CH * CH; k++) f[k] = 0.0f;
 }
 
-/* Row w (K halves) against NT prepared tokens. */
+#if defined(LOOM_QDOT_AVX512)
+/* Row w (K halves) against NT prepared tokens; lanes 0..15 and 16..31 of the dot are the two
+ * 512-bit accumulators of a token. */
+LOOM__QINLINE void row_tokens(const uint16_t *w, const float *x0, size_t x_floats, int64_t K,
+                              int NT, float *out, size_t out_stride) {
+    __m512 acc[NT_MAX][2];
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < K; c += CH) {
+        __m512 wv[2];
+        loom__qd_prefetch(w + c, CH * sizeof(uint16_t));
+        if (c + CH <= K) {
+            wv[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + c)));
+            wv[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + c + 16)));
+        } else { /* tail: zero halves, so +0.0 products */
+            uint16_t tail[CH] = {0};
+            memcpy(tail, w + c, (size_t)(K - c) * sizeof(uint16_t));
+            wv[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tail));
+            wv[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 16)));
+        }
+        for (int j = 0; j < NT; j++) {
+            const float *x = x0 + (size_t)j * x_floats + c;
+            acc[j][0] = _mm512_fmadd_ps(wv[0], _mm512_load_ps(x), acc[j][0]);
+            acc[j][1] = _mm512_fmadd_ps(wv[1], _mm512_load_ps(x + 16), acc[j][1]);
+        }
+    }
+    for (int j = 0; j < NT; j++) {
+        /* 16 apart, then 8 apart (the halves), then 4, 2, 1 (loom__qd_fold8_ps) */
+        const __m512 s = _mm512_add_ps(acc[j][0], acc[j][1]);
+        const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+        out[(size_t)j * out_stride] = loom__qd_fold8_ps(h);
+    }
+}
+#else
+/* Row w (K halves) against NT prepared tokens; lanes 8k .. 8k+7 of the dot are acc[.][k]. */
 LOOM__QINLINE void row_tokens(const uint16_t *w, const float *x0, size_t x_floats, int64_t K,
                               int NT, float *out, size_t out_stride) {
     __m256 acc[NT_MAX][4];
@@ -70,30 +103,34 @@ LOOM__QINLINE void row_tokens(const uint16_t *w, const float *x0, size_t x_float
         out[(size_t)j * out_stride] = loom__qd_fold8_ps(_mm256_add_ps(s0, s1));
     }
 }
+#endif
 
+/* Rows against nt tokens, in calls of constant token counts (each keeps its accumulators in
+ * registers): NT_MAX at a time, then 4, 2, 1. */
 static void tile_f16(const void *w, size_t w_stride, int nr, const void *x, size_t x_stride,
                      int nt, int64_t K, float *out, size_t out_stride) {
     const size_t x_floats = x_stride / sizeof(float);
     for (int r = 0; r < nr; r++) {
         const uint16_t *wr = (const uint16_t *)((const uint8_t *)w + (size_t)r * w_stride);
-        for (int t0 = 0; t0 < nt; t0 += NT_MAX) {
+        int t0 = 0;
+        while (t0 < nt) {
             const float *xt = (const float *)x + (size_t)t0 * x_floats;
             float *o = out + (size_t)t0 * out_stride + (size_t)r;
-            switch (nt - t0 < NT_MAX ? nt - t0 : NT_MAX) {
-            case 1:
-                row_tokens(wr, xt, x_floats, K, 1, o, out_stride);
-                break;
-#if NT_MAX > 2
-            case 2:
-                row_tokens(wr, xt, x_floats, K, 2, o, out_stride);
-                break;
-            case 3:
-                row_tokens(wr, xt, x_floats, K, 3, o, out_stride);
-                break;
-#endif
-            default:
+            const int left = nt - t0;
+            if (left >= NT_MAX) {
                 row_tokens(wr, xt, x_floats, K, NT_MAX, o, out_stride);
-                break;
+                t0 += NT_MAX;
+#if NT_MAX > 4
+            } else if (left >= 4) {
+                row_tokens(wr, xt, x_floats, K, 4, o, out_stride);
+                t0 += 4;
+#endif
+            } else if (left >= 2) {
+                row_tokens(wr, xt, x_floats, K, 2, o, out_stride);
+                t0 += 2;
+            } else {
+                row_tokens(wr, xt, x_floats, K, 1, o, out_stride);
+                t0 += 1;
             }
         }
     }

@@ -1,7 +1,7 @@
 /* loom-generate — stream text from a GGUF model on the command line.
  *
  *   loom-generate -m MODEL [-p PROMPT] [-n N] [-t THREADS] [-c CTX] [sampling flags]
- *                 [--logprobs N] [--chat [--system TEXT]]
+ *                 [--logprobs N] [--chat [--system TEXT]] [--trace FILE [--trace-format F]]
  *
  * Every setting of the sampler chain has a flag (see usage()). With --logprobs N > 0, a table
  * of each generated token's log-probability, entropy and top-N alternatives goes to stderr
@@ -11,6 +11,10 @@
  * prompt is the user's message of a one-turn conversation (after an optional system message),
  * rendered with the model's chat template (loom_chat_format), and only the reply is printed;
  * generation stops at the model's end-of-turn token.
+ *
+ * With --trace FILE, the per-token trace (loom_trace: each forward pass's phases, and each
+ * token's logprobs and entropies) is written to FILE when generation ends: JSON Lines, or the
+ * Chrome trace-event format with --trace-format chrome or a FILE ending in ".json".
  *
  * Prints load time, prompt tokens/s and generation tokens/s on stderr when done. */
 #define _POSIX_C_SOURCE 200809L
@@ -32,6 +36,7 @@ static double now_ms(void) {
 static void usage(FILE *f) {
     fprintf(f, "usage: loom-generate -m MODEL [-p PROMPT] [-n N] [-t THREADS] [-c CTX]\n"
                "                     [sampling flags] [--logprobs N] [--chat [--system TEXT]]\n"
+               "                     [--trace FILE [--trace-format jsonl|chrome]]\n"
                "  -m MODEL    GGUF file\n"
                "  -p PROMPT   prompt text (default \"Once upon a time\"); with --chat, the user's\n"
                "              message\n"
@@ -43,6 +48,12 @@ static void usage(FILE *f) {
                "  --chat      wrap the prompt in the model's chat template and print only the\n"
                "              reply (stops at the end of the model's turn)\n"
                "  --system TEXT  system message for --chat\n"
+               "  --trace FILE   write the per-token trace (step phases; each token's logprobs,\n"
+               "              entropies, temperature) to FILE when done; examples/loom-trace-plot\n"
+               "              draws a JSONL trace\n"
+               "  --trace-format F  jsonl (JSON Lines, the default) or chrome (trace-event JSON\n"
+               "              for Perfetto / chrome://tracing; the default for a FILE ending in\n"
+               "              .json)\n"
                "sampling, in the chain's order: bias, penalties, entropy correction, temperature,\n"
                "top-k, top-p, min-p, typical-p, draw\n"
                "  --repeat-penalty R     divide a seen token's positive logit by R (default 1: off)\n"
@@ -268,6 +279,8 @@ int main(int argc, char **argv) {
     const char *prompt = "Once upon a time";
     const char *system = NULL;
     bool chat = false;
+    const char *trace_path = NULL;
+    const char *trace_format = NULL;
     loom_model_params mp = loom_model_default_params();
     loom_session_params sp = loom_session_default_params();
     loom_generate_params gp = loom_generate_default_params();
@@ -285,6 +298,15 @@ int main(int argc, char **argv) {
             chat = true;
         } else if (!strcmp(a, "--system") && i + 1 < argc) {
             system = argv[++i];
+        } else if (!strcmp(a, "--trace") && i + 1 < argc) {
+            trace_path = argv[++i];
+        } else if (!strcmp(a, "--trace-format") && i + 1 < argc) {
+            trace_format = argv[++i];
+            if (strcmp(trace_format, "jsonl") != 0 && strcmp(trace_format, "chrome") != 0) {
+                fprintf(stderr, "loom-generate: --trace-format: want jsonl or chrome, got '%s'\n",
+                        trace_format);
+                return 2;
+            }
         } else if (!strcmp(a, "-n")) {
             gp.n_predict = (int32_t)num_arg(argc, argv, &i);
         } else if (!strcmp(a, "-t")) {
@@ -317,12 +339,35 @@ int main(int argc, char **argv) {
         fprintf(stderr, "loom-generate: --system needs --chat\n");
         return 2;
     }
+    if (trace_format && !trace_path) {
+        fprintf(stderr, "loom-generate: --trace-format needs --trace\n");
+        return 2;
+    }
+    /* The format: as asked, else by the file's extension (".json": Chrome), else JSON Lines. */
+    loom_trace_format tfmt = LOOM_TRACE_JSONL;
+    if (trace_format) {
+        tfmt = strcmp(trace_format, "chrome") == 0 ? LOOM_TRACE_CHROME : LOOM_TRACE_JSONL;
+    } else if (trace_path) {
+        size_t len = strlen(trace_path);
+        if (len >= 5 && strcmp(trace_path + len - 5, ".json") == 0) tfmt = LOOM_TRACE_CHROME;
+    }
+    loom_trace *trace = NULL;
+    if (trace_path) {
+        loom_status tst = loom_trace_create(&trace);
+        if (tst != LOOM_OK) {
+            fprintf(stderr, "loom-generate: --trace: %s: %s\n", loom_status_str(tst),
+                    loom_last_error());
+            return 1;
+        }
+        gp.trace = trace;
+    }
 
     double t0 = now_ms();
     loom_model *model = NULL;
     loom_status st = loom_model_load(model_path, &mp, &model);
     if (st != LOOM_OK) {
         fprintf(stderr, "loom-generate: %s: %s\n", loom_status_str(st), loom_last_error());
+        loom_trace_free(trace);
         return 1;
     }
     double load_ms = now_ms() - t0;
@@ -333,6 +378,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "loom-generate: --chat: %s: %s\n", loom_status_str(st),
                     loom_last_error());
             loom_model_free(model);
+            loom_trace_free(trace);
             return 1;
         }
         /* The template's control tokens ("<start_of_turn>") must become their ids; BOS is
@@ -347,6 +393,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "loom-generate: %s: %s\n", loom_status_str(st), loom_last_error());
         free(text);
         loom_model_free(model);
+        loom_trace_free(trace);
         return 1;
     }
 
@@ -368,6 +415,21 @@ int main(int argc, char **argv) {
     if (st != LOOM_OK) {
         fprintf(stderr, "loom-generate: %s: %s\n", loom_status_str(st), loom_last_error());
         rc = 1;
+    }
+    if (trace) {
+        /* Written even after a failure: the steps that ran may show why. */
+        loom_trace_info ti = {0};
+        loom_status tst = loom_trace_write(trace, trace_path, tfmt);
+        if (tst == LOOM_OK) tst = loom_trace_get_info(trace, &ti);
+        if (tst != LOOM_OK) {
+            fprintf(stderr, "loom-generate: --trace: %s: %s\n", loom_status_str(tst),
+                    loom_last_error());
+            rc = 1;
+        } else {
+            fprintf(stderr, "trace: %zu steps, %zu tokens -> %s (%s)\n", ti.n_steps, ti.n_tokens,
+                    trace_path, tfmt == LOOM_TRACE_CHROME ? "chrome" : "jsonl");
+        }
+        loom_trace_free(trace);
     }
     loom_model_info info;
     if (loom_model_get_info(model, &info) == LOOM_OK)

@@ -448,6 +448,10 @@ LOOM_API loom_status loom_sample(const float *logits, int32_t n_vocab,
 /* Generation                                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
+/* A per-token trace (declared here because generation and the engine record into one; see
+ * "Per-token trace" below). */
+typedef struct loom_trace loom_trace;
+
 /* Receives each newly generated piece of text (complete UTF-8 characters only) and its token.
  * Return false to stop generation early. */
 typedef bool (*loom_piece_fn)(const char *piece, size_t len, loom_token token, void *user_data);
@@ -467,6 +471,10 @@ typedef struct loom_generate_params {
                                          before its on_piece, also for an end-of-generation
                                          token that stops generation */
     void *token_info_user_data;       /* passed to on_token_info */
+    loom_trace *trace; /* optional (default NULL: no tracing): records one step per forward pass
+                          (the prompt's is the first) and one token record per sampled token,
+                          as the engine does (see "Per-token trace"). Borrowed: must stay
+                          alive until loom_generate returns */
 } loom_generate_params;
 
 typedef struct loom_generate_stats {
@@ -503,9 +511,10 @@ LOOM_API loom_status loom_generate(loom_session *session, const char *prompt,
  * it (batch invariance, on the CPU backend).
  *
  * Threads: loom_engine_submit, loom_engine_cancel and loom_engine_get_stats may be called from
- * any thread at any time. loom_engine_step must be called from one thread at a time (the
- * "step thread") and not at all in background mode, where the engine's own thread steps and
- * delivers events through params.on_event (called on that thread). */
+ * any thread at any time. loom_engine_step (and loom_engine_generate, which steps) must be
+ * called from one thread at a time (the "step thread") and not at all in background mode,
+ * where the engine's own thread steps and delivers events through params.on_event (called on
+ * that thread). */
 
 typedef struct loom_engine loom_engine;
 typedef uint64_t loom_request_id; /* 0 is never a valid id */
@@ -573,6 +582,11 @@ typedef struct loom_engine_params {
     void *on_event_user_data;
     int32_t max_logprobs;       /* most sampler.n_logprobs a request may ask for (default 20);
                                    each sample of a request holds 2 * n_logprobs entries */
+    loom_trace *trace;          /* optional (default NULL: no tracing, and no cost beyond a
+                                   pointer test per phase): every step that runs a batch appends
+                                   a step record and one token record per produced token (see
+                                   "Per-token trace"). Borrowed: must outlive the engine; may be
+                                   written or cleared from any thread while the engine runs */
 } loom_engine_params;
 
 typedef struct loom_request_params {
@@ -595,11 +609,25 @@ typedef struct loom_request_params {
     size_t n_stop_strings;
     bool ignore_eos;                 /* do not stop at the model's end-of-generation tokens */
     int32_t priority;                /* higher runs first (default 0) */
-    double ttft_deadline_s;          /* wanted time to first token after submit; 0: none */
+    double ttft_deadline_s;          /* wanted time to first token after the request's arrival
+                                        (arrival_s, or its submit); 0: none */
     double tpot_deadline_s;          /* wanted time per output token; 0: none */
     uint64_t cache_salt;             /* requests share cached prefixes only with equal salts */
     void *user_data;                 /* returned in every event of the request */
+    double arrival_s;                /* when the request arrived, in seconds of
+                                        loom_engine_now()'s clock, for a caller that queued it
+                                        before submitting (default 0: at submit). The arrival
+                                        orders the waiting queue (after priority and deadline),
+                                        starts the TTFT deadline, the starvation age and the TTFT
+                                        statistics, and is the trace's since-arrival origin.
+                                        Must be finite and > 0 (or 0), and at most
+                                        LOOM_ENGINE_ARRIVAL_SLACK_S after the submit (a little
+                                        later is taken as the submit time) */
 } loom_request_params;
+
+/* How far in the future of submit a request's arrival_s may lie: room for a caller whose
+ * clock reading is converted with rounding. Later arrivals are refused (INVALID_ARG). */
+#define LOOM_ENGINE_ARRIVAL_SLACK_S 0.001
 
 typedef struct loom_engine_stats {
     int32_t running;           /* requests with KV in use */
@@ -614,11 +642,44 @@ typedef struct loom_engine_stats {
     int64_t steps;
     int64_t tokens_generated;
     int64_t requests_finished;
+    /* Latency, over requests that have ended (finished, cancelled or failed) after producing
+     * tokens. TTFT: from the request's arrival (its arrival_s, or its submit) to its first
+     * token (of any sample). TPOT: over the request's samples with two tokens or more, the
+     * time from each one's first token to its last divided by its tokens after the first
+     * (summed over the samples). Means are over every such request since create; p50 and p99
+     * are nearest-rank percentiles over the most recent LOOM_ENGINE_LATENCY_WINDOW of them.
+     * All 0 while there is none. */
+    int64_t ttft_count; /* requests in the TTFT figures */
+    double ttft_mean_s;
+    double ttft_p50_s;
+    double ttft_p99_s;
+    int64_t tpot_count; /* requests in the TPOT figures */
+    double tpot_mean_s;
+    double tpot_p50_s;
+    double tpot_p99_s;
+    /* Throughput of generated tokens per second of stepping: busy_s is the wall time spent
+     * inside steps that ran a batch (idle time between steps is not counted). tokens_per_s is
+     * tokens_generated / busy_s; tokens_per_s_recent the same over the last
+     * LOOM_ENGINE_RATE_WINDOW steps that ran a batch. 0 before the first such step. */
+    double busy_s;
+    double tokens_per_s;
+    double tokens_per_s_recent;
 } loom_engine_stats;
+
+/* Requests the TTFT/TPOT percentiles of loom_engine_stats look back over. */
+#define LOOM_ENGINE_LATENCY_WINDOW 1024
+/* Steps tokens_per_s_recent looks back over. */
+#define LOOM_ENGINE_RATE_WINDOW 64
 
 /* Defaults. Thread-safe. */
 LOOM_API loom_engine_params loom_engine_default_params(void);
 LOOM_API loom_request_params loom_request_default_params(void);
+
+/* Now, in seconds of the monotonic clock every engine keeps time with (CLOCK_MONOTONIC: it
+ * never jumps with the wall clock and counts from an arbitrary origin, typically boot). Stamp a
+ * request's arrival_s with it when it arrives, before it is submitted. The trace's times are the
+ * same clock in nanoseconds (its origin_ns). Thread-safe. Never fails. */
+LOOM_API double loom_engine_now(void);
 
 /* Creates an engine over model (which must outlive it); params may be NULL. Sizes the KV cache
  * and every per-step buffer now. With params->on_event set, starts the background thread.
@@ -635,7 +696,8 @@ LOOM_API void loom_engine_destroy(loom_engine *engine);
  * and copied here, so bad input fails now and nothing of it is kept. Thread-safe.
  * Errors: INVALID_ARG (NULL, no prompt, n < 1, max_tokens < 1, bad sampler settings — e.g. a
  *   negative temperature, top_p outside (0, 1], a logit-bias id outside [0, n_vocab), a NaN
- *   penalty; the message names the field — and n_logprobs above the engine's max_logprobs),
+ *   penalty; the message names the field — n_logprobs above the engine's max_logprobs, and an
+ *   arrival_s that is negative, not finite or later than now + LOOM_ENGINE_ARRIVAL_SLACK_S),
  *   BAD_INPUT (invalid UTF-8, a token id out of range), CONTEXT_FULL (the prompt does not fit
  *   max_ctx or the whole KV budget). */
 LOOM_API loom_status loom_engine_submit(loom_engine *engine, const loom_request_params *req,
@@ -657,6 +719,44 @@ LOOM_API loom_status loom_engine_step(loom_engine *engine, const loom_event **ev
 /* Whether any request is queued or running. Thread-safe. */
 LOOM_API bool loom_engine_has_work(loom_engine *engine);
 
+/* The result of loom_engine_generate, allocated by the library (so fields may be appended in
+ * later versions without breaking callers). Release with loom_generation_free. */
+typedef struct loom_generation {
+    loom_request_id id; /* the id the request ran under */
+    char *text;         /* the sample's text: the concatenated text of its TOKEN events
+                           (whole UTF-8 characters; a stop string is not included),
+                           NUL-terminated (text_len bytes before the NUL; the text may
+                           itself hold NUL bytes) */
+    size_t text_len;
+    loom_token *tokens; /* [n_tokens] every generated token, in order, including a final
+                           end-of-generation or stop token (which adds no text) */
+    size_t n_tokens;
+    loom_finish_reason reason; /* why it ended */
+    int32_t cached_tokens;     /* prompt tokens reused from the prefix cache */
+} loom_generation;
+
+/* Blocking convenience for one request: submits req, steps the engine until the request ends,
+ * and returns its output in *out (library-allocated; free with loom_generation_free). req->n
+ * must be 1 (n > 1 samples: use loom_engine_submit and step). It runs the steps itself, so it
+ * must be called from the step thread (not concurrently with loom_engine_step or another
+ * loom_engine_generate, not from an event callback) and not in background mode. Other requests
+ * queued on the engine run in the same steps: every event of those steps — theirs and this
+ * request's, in order — is passed to on_event (may be NULL) on the calling thread before the
+ * step's next event is looked at; with on_event NULL the other requests' events are dropped
+ * (they still run and finish; stream them with on_event or let them finish before calling).
+ * An event passed to on_event, and what it points to, is valid during that call only.
+ * Errors: INVALID_ARG (NULL engine, req or out; n != 1), BUSY (background mode), every error
+ *   of loom_engine_submit (nothing ran), the status of the request's FAILED event (the message
+ *   names the request), OUT_OF_MEMORY (collecting the output), and a failing step's status; in
+ *   the last two cases the request is cancelled (it ends at the next step). On an error *out is
+ *   left untouched. */
+LOOM_API loom_status loom_engine_generate(loom_engine *engine, const loom_request_params *req,
+                                          loom_event_fn on_event, void *user_data,
+                                          loom_generation **out);
+
+/* Releases a loom_generation and its arrays. NULL is a no-op. */
+LOOM_API void loom_generation_free(loom_generation *generation);
+
 /* Counters and occupancy, a consistent snapshot. Thread-safe. */
 LOOM_API loom_status loom_engine_get_stats(loom_engine *engine, loom_engine_stats *out);
 
@@ -668,7 +768,29 @@ LOOM_API loom_status loom_engine_get_stats(loom_engine *engine, loom_engine_stat
  * batch, and the time of each phase: schedule, forward per group of layers, logits, sample,
  * events) and one per produced token (request, position, token and text piece, log-probability
  * and entropy before and after the entropy correction). The caller owns the trace and hands it
- * to the engine; it can be written at any time, as JSON Lines or as Chrome trace-event JSON.
+ * to an engine (loom_engine_params.trace) or to loom_generate (loom_generate_params.trace); it
+ * can be written at any time, as JSON Lines or as Chrome trace-event JSON.
+ *
+ * What the engine records: a step record for every step that ran a batch, with the phases
+ *   "schedule"            take submissions and cancellations, plan the batch, admit and reserve
+ *                         KV blocks (copy-on-write copies, swap-ins), build the batch;
+ *   "forward.layers A-B"  one phase per group of about a quarter of the model's layers (the
+ *                         embedding lookup is in the first group);
+ *   "logits"              the final norm and output projection of the rows that sample;
+ *   "sample"              the sampler chain of every sampling row (and the KV commit);
+ *   "events"              stop conditions, streamed text, events and the scheduler's
+ *                         bookkeeping;
+ * (a step whose batch came out empty has "schedule" and "events" only), and a token record per
+ * produced token: request id, sample index, step, position, token and piece, the logprobs,
+ * entropies, varentropy and effective temperature of its loom_token_info, and the time since
+ * the request's arrival (its arrival_s, or its submit). In background mode the records are
+ * appended on the engine's thread.
+ * What loom_generate records: one step per forward pass — the prompt's first (its layer groups
+ * repeat when the prompt is longer than the session's n_batch), then one per generated token —
+ * with the phases "forward.layers A-B", "logits", "sample" and "events" (on_piece and
+ * on_token_info run in "events"; there is no "schedule"), and one token record per sampled
+ * token with request 0, sample 0 (its arrival is the call). Its steps are numbered on from the trace's step count, so
+ * several calls into one trace stay in order (clear the trace to plot them apart).
  *
  * Threads: every function below may be called from any thread, also while the engine's step
  * thread appends (a mutex serialises them; a write holds it while it formats, so appends wait
@@ -716,7 +838,7 @@ LOOM_API loom_status loom_engine_get_stats(loom_engine *engine, loom_engine_stat
  *     exp of the logprobs), which Perfetto draws as tracks along time.
  */
 
-typedef struct loom_trace loom_trace;
+/* typedef struct loom_trace loom_trace; is declared above, before loom_generate_params. */
 
 typedef enum loom_trace_format {
     LOOM_TRACE_JSONL = 0,  /* JSON Lines: one record per line */

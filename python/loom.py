@@ -247,7 +247,7 @@ class EngineParams(C.Structure):
                 ("max_ctx", C.c_int32), ("prefix_cache", C.c_bool), ("preempt", C.c_int),
                 ("fcfs", C.c_bool), ("starvation_s", C.c_double), ("watermark", C.c_float),
                 ("on_event", C.c_void_p), ("on_event_user_data", C.c_void_p),
-                ("max_logprobs", C.c_int32)]
+                ("max_logprobs", C.c_int32), ("trace", C.c_void_p)]
 
 
 class RequestParams(C.Structure):
@@ -259,7 +259,8 @@ class RequestParams(C.Structure):
                 ("stop_strings", C.POINTER(C.c_char_p)), ("n_stop_strings", C.c_size_t),
                 ("ignore_eos", C.c_bool), ("priority", C.c_int32),
                 ("ttft_deadline_s", C.c_double), ("tpot_deadline_s", C.c_double),
-                ("cache_salt", C.c_uint64), ("user_data", C.c_void_p)]
+                ("cache_salt", C.c_uint64), ("user_data", C.c_void_p),
+                ("arrival_s", C.c_double)]
 
 
 class Event(C.Structure):
@@ -275,7 +276,16 @@ class EngineStats(C.Structure):
                 ("kv_blocks_free", C.c_int32), ("prefix_query_tokens", C.c_int64),
                 ("prefix_hit_tokens", C.c_int64), ("preemptions", C.c_int64),
                 ("steps", C.c_int64), ("tokens_generated", C.c_int64),
-                ("requests_finished", C.c_int64)]
+                ("requests_finished", C.c_int64),
+                ("ttft_count", C.c_int64), ("ttft_mean_s", C.c_double),
+                ("ttft_p50_s", C.c_double), ("ttft_p99_s", C.c_double),
+                ("tpot_count", C.c_int64), ("tpot_mean_s", C.c_double),
+                ("tpot_p50_s", C.c_double), ("tpot_p99_s", C.c_double),
+                ("busy_s", C.c_double), ("tokens_per_s", C.c_double),
+                ("tokens_per_s_recent", C.c_double)]
+
+LATENCY_WINDOW = 1024  # LOOM_ENGINE_LATENCY_WINDOW
+RATE_WINDOW = 64       # LOOM_ENGINE_RATE_WINDOW
 
 
 def _sampler_params(p, keep, logit_bias=None, entropy_mode=None, **fields):
@@ -354,25 +364,153 @@ _lib.loom_engine_step.argtypes = [C.c_void_p, C.POINTER(C.POINTER(Event)),
 _lib.loom_engine_has_work.argtypes = [C.c_void_p]
 _lib.loom_engine_has_work.restype = C.c_bool
 _lib.loom_engine_get_stats.argtypes = [C.c_void_p, C.POINTER(EngineStats)]
+_lib.loom_engine_now.restype = C.c_double
+_lib.loom_engine_now.argtypes = []
+
+
+class Generation(C.Structure):
+    _fields_ = [("id", C.c_uint64), ("text", C.POINTER(C.c_char)), ("text_len", C.c_size_t),
+                ("tokens", C.POINTER(C.c_int32)), ("n_tokens", C.c_size_t),
+                ("reason", C.c_int), ("cached_tokens", C.c_int32)]
+
+
+EVENT_FN = C.CFUNCTYPE(None, C.POINTER(Event), C.c_void_p)
+_lib.loom_engine_generate.argtypes = [C.c_void_p, C.POINTER(RequestParams), EVENT_FN,
+                                      C.c_void_p, C.POINTER(C.POINTER(Generation))]
+_lib.loom_generation_free.argtypes = [C.POINTER(Generation)]
+
+
+def engine_now():
+    """loom_engine_now(): seconds of the engines' monotonic clock (for submit's arrival_s)."""
+    return _lib.loom_engine_now()
+
+
+# ---- per-token trace ----------------------------------------------------------------------------
+
+TRACE_FORMATS = {"jsonl": 0, "chrome": 1}
+
+
+class TraceInfo(C.Structure):
+    _fields_ = [("n_steps", C.c_size_t), ("n_tokens", C.c_size_t), ("n_dropped", C.c_uint64)]
+
+
+_lib.loom_trace_create.argtypes = [C.POINTER(C.c_void_p)]
+_lib.loom_trace_free.argtypes = [C.c_void_p]
+_lib.loom_trace_clear.argtypes = [C.c_void_p]
+_lib.loom_trace_count.argtypes = [C.c_void_p]
+_lib.loom_trace_count.restype = C.c_size_t
+_lib.loom_trace_get_info.argtypes = [C.c_void_p, C.POINTER(TraceInfo)]
+_lib.loom_trace_write.argtypes = [C.c_void_p, C.c_char_p, C.c_int]
+_lib.loom_trace_write_buffer.argtypes = [C.c_void_p, C.c_int, C.c_char_p, C.c_size_t,
+                                         C.POINTER(C.c_size_t)]
+
+
+def _trace_format(fmt):
+    if fmt not in TRACE_FORMATS and fmt not in TRACE_FORMATS.values():
+        raise ValueError(f"trace format {fmt!r}: want 'jsonl' or 'chrome'")
+    return TRACE_FORMATS.get(fmt, fmt)
+
+
+class Trace:
+    """A per-token trace (loom_trace): pass it as Engine(model, trace=t). It records every
+    engine step's phases and every produced token; write() saves it as JSON Lines ("jsonl") or
+    Chrome trace-event JSON ("chrome"), to_string() returns the same text. An engine keeps a
+    reference to its trace, and close() refuses while an open engine still uses it."""
+
+    _h = None
+
+    def __init__(self):
+        h = C.c_void_p()
+        _check(_lib.loom_trace_create(C.byref(h)))
+        self._h = h
+        self._users = weakref.WeakSet()  # engines recording into it
+
+    def close(self):
+        if any(u._h for u in self._users):
+            raise RuntimeError("trace: an open engine still records into it; close it first")
+        if self._h:
+            _lib.loom_trace_free(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        # Engines hold a reference, so none can be open when the trace is collected.
+        if self._h:
+            _lib.loom_trace_free(self._h)
+            self._h = None
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("trace: used after close()")
+        return self._h
+
+    def clear(self):
+        _lib.loom_trace_clear(self._handle())
+
+    def count(self):
+        """Token records held."""
+        return _lib.loom_trace_count(self._handle())
+
+    def info(self):
+        """{"n_steps", "n_tokens", "n_dropped"}."""
+        i = TraceInfo()
+        _check(_lib.loom_trace_get_info(self._handle(), C.byref(i)))
+        return {"n_steps": i.n_steps, "n_tokens": i.n_tokens, "n_dropped": i.n_dropped}
+
+    def write(self, path, fmt="jsonl"):
+        _check(_lib.loom_trace_write(self._handle(), os.fsencode(path), _trace_format(fmt)))
+
+    def to_string(self, fmt="jsonl"):
+        """The trace as text (loom_trace_write_buffer): the size first, then the text; retried
+        when records arrive in between."""
+        f = _trace_format(fmt)
+        h = self._handle()
+        n = C.c_size_t()
+        for _ in range(8):
+            st = _lib.loom_trace_write_buffer(h, f, None, 0, C.byref(n))
+            if st not in (LOOM_OK, 8):
+                _check(st)
+            buf = C.create_string_buffer(max(n.value, 1))
+            st = _lib.loom_trace_write_buffer(h, f, buf, n.value, C.byref(n))
+            if st == LOOM_OK:
+                return buf.raw[:n.value].decode("utf-8")
+            if st != 8:
+                _check(st)
+        raise LoomError(8, "trace: it kept growing while being written")
 
 
 class Engine:
     """Continuous batching over a model. submit() returns an id; step() returns events as
     dicts; run() steps until idle and returns {id: {sample: {"tokens", "text", "reason",
     "info"}}}, where "info" holds one TokenInfo.to_dict() per token (logprobs, entropies,
-    effective temperature, top alternatives)."""
+    effective temperature, top alternatives). trace: a Trace to record into (the engine keeps
+    a reference, so the trace outlives it)."""
 
     _h = None
 
-    def __init__(self, model, **params):
+    def __init__(self, model, trace=None, **params):
         p = _lib.loom_engine_default_params()
         for k, v in params.items():
+            if k not in {f for f, _ in EngineParams._fields_}:
+                raise TypeError(f"unknown engine parameter {k!r}")
             setattr(p, k, v)
+        if trace is not None:
+            if not isinstance(trace, Trace) or not trace._h:
+                raise TypeError("trace must be an open loom.Trace")
+            p.trace = trace._h
+        self.trace = trace
         h = C.c_void_p()
         _check(_lib.loom_engine_create(model._h, C.byref(p), C.byref(h)))
         self._h = h
         self.model = model
         model._children.add(self)
+        if trace is not None:
+            trace._users.add(self)
         self.outputs = {}
 
     def close(self):
@@ -383,15 +521,12 @@ class Engine:
     def __del__(self):
         self.close()
 
-    def submit(self, prompt=None, tokens=None, max_tokens=32, temperature=0.0, top_k=40,
-               top_p=1.0, seed=1, n=1, priority=0, stop=None, stop_tokens=None,
-               ignore_eos=True, cache_salt=0, ttft_deadline_s=0.0, tpot_deadline_s=0.0,
-               logit_bias=None, entropy_mode=None, **sampler):
-        """sampler: any other loom_sampler_params field by name (min_p, typical_p,
-        penalty_last_n, repeat_penalty, presence_penalty, frequency_penalty, exp_beta, edt_n,
-        edt_theta, edt_h_min, dyn_t_min, dyn_t_max, dyn_exponent, n_logprobs); logit_bias:
-        {token id: bias} or [(id, bias)]; entropy_mode: "none", "exp", "edt", "dynatemp" or
-        its number."""
+    @staticmethod
+    def _request(prompt=None, tokens=None, max_tokens=32, temperature=0.0, top_k=40,
+                 top_p=1.0, seed=1, n=1, priority=0, stop=None, stop_tokens=None,
+                 ignore_eos=True, cache_salt=0, ttft_deadline_s=0.0, tpot_deadline_s=0.0,
+                 arrival_s=0.0, logit_bias=None, entropy_mode=None, **sampler):
+        """RequestParams from submit()'s arguments, and the arrays it points to."""
         r = _lib.loom_request_default_params()
         keep = []
         _sampler_params(r.sampler, keep, logit_bias=logit_bias, entropy_mode=entropy_mode,
@@ -408,6 +543,7 @@ class Engine:
         r.sampler.seed = seed
         r.cache_salt = cache_salt
         r.ttft_deadline_s, r.tpot_deadline_s = ttft_deadline_s, tpot_deadline_s
+        r.arrival_s = arrival_s
         if stop:
             arr = (C.c_char_p * len(stop))(*[s.encode() for s in stop])
             keep.append(arr)
@@ -416,10 +552,46 @@ class Engine:
             arr = (C.c_int32 * len(stop_tokens))(*stop_tokens)
             keep.append(arr)
             r.stop_tokens, r.n_stop_tokens = arr, len(stop_tokens)
+        return r, keep
+
+    def submit(self, prompt=None, tokens=None, **kw):
+        """Queues a request; returns its id. Arguments (all by keyword): prompt (text) or
+        tokens; max_tokens, n, priority, stop (strings), stop_tokens, ignore_eos (default
+        True), cache_salt, ttft_deadline_s, tpot_deadline_s, arrival_s (engine_now() seconds;
+        0: now); temperature (default 0: greedy), top_k, top_p, seed, and any other
+        loom_sampler_params field by name (min_p, typical_p, penalty_last_n, repeat_penalty,
+        presence_penalty, frequency_penalty, exp_beta, edt_n, edt_theta, edt_h_min, dyn_t_min,
+        dyn_t_max, dyn_exponent, n_logprobs); logit_bias: {token id: bias} or [(id, bias)];
+        entropy_mode: "none", "exp", "edt", "dynatemp" or its number."""
+        r, keep = self._request(prompt=prompt, tokens=tokens, **kw)
         rid = C.c_uint64()
         _check(_lib.loom_engine_submit(self._h, C.byref(r), C.byref(rid)))
         self.outputs[rid.value] = {}
         return rid.value
+
+    def generate(self, prompt=None, tokens=None, on_event=None, **kw):
+        """loom_engine_generate: submits one request (submit()'s arguments; n must be 1), steps
+        until it ends and returns {"id", "text" (bytes), "tokens", "reason", "cached_tokens"}.
+        Events of other requests run in those steps are recorded in self.outputs as step()
+        records them; on_event(dict), if given, also sees every event (this request's too)."""
+        r, keep = self._request(prompt=prompt, tokens=tokens, **kw)
+
+        def deliver(evp, _user):
+            d = self._record(evp[0])
+            if on_event is not None:
+                on_event(d)
+
+        cb = EVENT_FN(deliver)
+        g = C.POINTER(Generation)()
+        _check(_lib.loom_engine_generate(self._h, C.byref(r), cb, None, C.byref(g)))
+        try:
+            out = g[0]
+            res = {"id": out.id, "text": C.string_at(out.text, out.text_len),
+                   "tokens": list(out.tokens[:out.n_tokens]) if out.n_tokens else [],
+                   "reason": FINISH_REASONS[out.reason], "cached_tokens": out.cached_tokens}
+        finally:
+            _lib.loom_generation_free(g)
+        return res
 
     def cancel(self, rid):
         _check(_lib.loom_engine_cancel(self._h, rid))
@@ -428,27 +600,27 @@ class Engine:
         evp = C.POINTER(Event)()
         n = C.c_size_t()
         _check(_lib.loom_engine_step(self._h, C.byref(evp), C.byref(n)))
-        out = []
-        for i in range(n.value):
-            ev = evp[i]
-            d = {"kind": ev.kind, "id": ev.id, "sample": ev.sample, "token": ev.token,
-                 "text": C.string_at(ev.text, ev.text_len) if ev.text_len else b"",
-                 "reason": ev.reason, "status": ev.status}
-            out.append(d)
-            o = self.outputs.setdefault(ev.id, {}).setdefault(
-                ev.sample, {"tokens": [], "text": b"", "reason": None, "status": 0, "info": []})
-            if ev.kind == EVENT_TOKEN:
-                d["info"] = ev.info[0].to_dict() if ev.info else None
-                o["tokens"].append(ev.token)
-                o["text"] += d["text"]
-                o["info"].append(d["info"])
-            elif ev.kind == EVENT_FINISHED:
-                o["reason"] = FINISH_REASONS[ev.reason]
-                o["cached_tokens"] = ev.cached_tokens
-            else:
-                o["status"] = ev.status
-                o["reason"] = "failed"
-        return out
+        return [self._record(evp[i]) for i in range(n.value)]
+
+    def _record(self, ev):
+        """The event as a dict, also added to self.outputs."""
+        d = {"kind": ev.kind, "id": ev.id, "sample": ev.sample, "token": ev.token,
+             "text": C.string_at(ev.text, ev.text_len) if ev.text_len else b"",
+             "reason": ev.reason, "status": ev.status}
+        o = self.outputs.setdefault(ev.id, {}).setdefault(
+            ev.sample, {"tokens": [], "text": b"", "reason": None, "status": 0, "info": []})
+        if ev.kind == EVENT_TOKEN:
+            d["info"] = ev.info[0].to_dict() if ev.info else None
+            o["tokens"].append(ev.token)
+            o["text"] += d["text"]
+            o["info"].append(d["info"])
+        elif ev.kind == EVENT_FINISHED:
+            o["reason"] = FINISH_REASONS[ev.reason]
+            o["cached_tokens"] = ev.cached_tokens
+        else:
+            o["status"] = ev.status
+            o["reason"] = "failed"
+        return d
 
     def has_work(self):
         return bool(_lib.loom_engine_has_work(self._h))

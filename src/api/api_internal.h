@@ -8,6 +8,13 @@ const loom_model *loom__session_model(const loom_session *s);
 /* Positions the session's cache can hold. */
 int32_t loom__session_n_ctx(const loom_session *s);
 
+/* Sets (or, with on_layers NULL, clears) the layer hook every forward pass of the session's
+ * decodes gets (loom_batch.on_layers: called after every `every` layers). For loom_generate's
+ * trace; the caller clears it before returning. */
+void loom__session_set_layer_hook(loom_session *s,
+                                  void (*on_layers)(void *user, int32_t first, int32_t last),
+                                  void *user, int32_t every);
+
 /* Runs tokens (at most n_batch) from position 0 through the first n_layers layers only and
  * copies the residual stream, [n, n_embd] floats, to out; the session is reset before and
  * after. For layer-by-layer comparisons with a reference (tests/tools/hidden_tool.c). */

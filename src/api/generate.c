@@ -1,7 +1,8 @@
 /* generate.c — loom_generate: prompt, then sample token by token with the sampler chain (its
  * penalties see the prompt and the tokens generated so far), streaming text in whole UTF-8
  * characters through the engine's text stream (a character split across byte-fallback tokens
- * is held back until complete). */
+ * is held back until complete). With params.trace, each forward pass is a traced step (layer
+ * groups, logits, sample, events) and each sampled token a token record, as in the engine. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "engine/text_stream.h"
 #include "model/model.h"
 #include "sample/sample.h"
+#include "trace/trace.h"
 
 loom_generate_params loom_generate_default_params(void) {
     loom_generate_params p;
@@ -23,7 +25,71 @@ loom_generate_params loom_generate_default_params(void) {
     p.stop_at_eos = true;
     p.on_token_info = NULL;
     p.token_info_user_data = NULL;
+    p.trace = NULL;
     return p;
+}
+
+/* ---- tracing -------------------------------------------------------------------------------- */
+
+/* The state of a traced generation: the step timer, the layer-group names its hook borrows,
+ * and the step being timed. */
+typedef struct gen_trace {
+    loom_trace *trace; /* NULL: tracing off, and nothing below is used */
+    loom__trace_timer tm;
+    loom__trace_layers layers;
+    loom__trace_layer_hook hook;
+    int64_t step;     /* index of the open step */
+    bool open;        /* a step is being timed */
+    int32_t n_tokens; /* tokens in the open step's forward pass */
+    int64_t start_ns; /* when loom_generate was called: the "arrival" of its request */
+} gen_trace;
+
+static void gt_phase(gen_trace *g, const char *name) {
+    if (g->trace && g->open) loom__trace_step_phase(&g->tm, name, loom__now_ns());
+}
+
+static void gt_begin(gen_trace *g, int32_t n_tokens) {
+    if (!g->trace) return;
+    loom__trace_step_begin(&g->tm, g->step, loom__now_ns());
+    g->open = true;
+    g->n_tokens = n_tokens;
+}
+
+/* Ends the open step with its "events" phase (appending it to the trace). */
+static void gt_end(gen_trace *g) {
+    if (!g->trace || !g->open) return;
+    (void)loom__trace_step_end(g->trace, &g->tm, "events", loom__now_ns(), 1, g->n_tokens);
+    g->open = false;
+    g->step++;
+}
+
+/* The token record of tok, sampled at position pos with info. */
+static void gt_token(gen_trace *g, const loom_model *m, int32_t pos, const loom_token_info *info) {
+    if (!g->trace) return;
+    char piece[256];
+    size_t n = 0;
+    if (loom_token_to_piece(m, info->token, 0, piece, sizeof piece, &n) != LOOM_OK ||
+        n > sizeof piece)
+        n = 0;
+    int64_t now = loom__now_ns();
+    loom__trace_token k = {
+        .request = 0, /* loom_generate has no request ids (documented in loom.h) */
+        .sample = 0,
+        .step = g->step,
+        .pos = pos,
+        .token = info->token,
+        .piece = piece,
+        .piece_len = n,
+        .logprob_raw = info->logprob_raw,
+        .logprob_final = info->logprob_final,
+        .entropy = info->entropy,
+        .entropy_final = info->entropy_final,
+        .varentropy = info->varentropy,
+        .temperature = info->temperature,
+        .t_ns = now,
+        .since_arrival_ns = now - g->start_ns,
+    };
+    (void)loom__trace_add_token(g->trace, &k); /* a dropped record is counted by the trace */
 }
 
 /* Streams tok's piece through ts and hands the completed text to fn. */
@@ -57,6 +123,7 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
     }
     loom_generate_stats st_local;
     memset(&st_local, 0, sizeof st_local);
+    gen_trace gt = {.trace = p.trace, .start_ns = loom__now_ns()};
 
     unsigned flags = (p.add_special ? LOOM_TOKENIZE_ADD_SPECIAL : 0) |
                      (p.parse_special ? LOOM_TOKENIZE_PARSE_SPECIAL : 0);
@@ -82,8 +149,18 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
         goto done;
     }
     loom_session_reset(s);
+    if (gt.trace) {
+        /* Steps are numbered on from what the trace holds (several calls stay in order). */
+        loom_trace_info ti;
+        if (loom_trace_get_info(gt.trace, &ti) == LOOM_OK) gt.step = (int64_t)ti.n_steps;
+        loom__trace_layers_init(&gt.layers, m->cfg.n_layer);
+        gt.hook = (loom__trace_layer_hook){.tm = &gt.tm, .layers = &gt.layers};
+        loom__session_set_layer_hook(s, loom__trace_on_layers, &gt.hook, gt.layers.every);
+    }
     double t0 = loom__now_ms();
+    gt_begin(&gt, (int32_t)n_tok);
     st = loom_session_decode(s, toks, (int32_t)n_tok, false);
+    gt_phase(&gt, "logits");
     if (st != LOOM_OK) goto done;
     st_local.n_prompt = (int32_t)n_tok;
     st_local.prompt_ms = loom__now_ms() - t0;
@@ -98,6 +175,8 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
         st = loom_sampler_run(sampler, loom_session_logits(s, -1), &p.sampler, toks, n_hist,
                               (uint64_t)loom_session_n_past(s), &info);
         if (st != LOOM_OK) break;
+        gt_phase(&gt, "sample");
+        gt_token(&gt, m, loom_session_n_past(s), &info);
         loom_token next = info.token;
         toks[n_hist++] = next;
         st_local.n_generated++;
@@ -105,7 +184,10 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
         if (p.stop_at_eos && loom_tokenizer_is_eog(m->tok, next)) break;
         if (!emit_piece(m, &ts, next, on_piece, user_data)) break;
         if (i + 1 == p.n_predict) break;
+        gt_end(&gt);
+        gt_begin(&gt, 1);
         st = loom_session_decode(s, &next, 1, false);
+        gt_phase(&gt, "logits");
         if (st == LOOM_ERR_CONTEXT_FULL) {
             st = LOOM_OK; /* the context is used up: generation simply ends here */
             break;
@@ -115,6 +197,8 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
     st_local.generate_ms = loom__now_ms() - t1;
 
 done:
+    gt_end(&gt);
+    if (gt.trace) loom__session_set_layer_hook(s, NULL, NULL, 0);
     loom_sampler_free(sampler);
     free(toks);
     if (stats) *stats = st_local;

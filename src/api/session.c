@@ -26,6 +26,11 @@ struct loom_session {
     size_t logits_cap;      /* floats */
     int32_t n_logit_rows;   /* rows held by logits */
     int32_t first_logit_row; /* decode row index of logits row 0 */
+
+    /* The forward pass's layer hook while loom_generate traces (NULL otherwise). */
+    void (*on_layers)(void *user, int32_t first_layer, int32_t last_layer);
+    void *hook_user;
+    int32_t hook_every;
 };
 
 loom_session_params loom_session_default_params(void) {
@@ -167,6 +172,9 @@ static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32
         .n_logits = want == WANT_ALL ? n : want == WANT_LAST ? 1 : 0,
         .stop_after = stop_after,
         .hidden = stop_after > 0 ? logits_out : NULL,
+        .on_layers = s->on_layers,
+        .hook_user = s->hook_user,
+        .hook_every = s->hook_every,
     };
     /* The simple allocator gives every layer the same blocks: one table serves every group. */
     loom_kv_desc kvs[LOOM_MAX_KV_GROUPS];
@@ -234,6 +242,14 @@ const float *loom_session_logits(const loom_session *s, int32_t i) {
 const loom_model *loom__session_model(const loom_session *s) { return s->model; }
 
 int32_t loom__session_n_ctx(const loom_session *s) { return s->params.n_ctx; }
+
+void loom__session_set_layer_hook(loom_session *s,
+                                  void (*on_layers)(void *user, int32_t first, int32_t last),
+                                  void *user, int32_t every) {
+    s->on_layers = on_layers;
+    s->hook_user = user;
+    s->hook_every = every;
+}
 
 loom_status loom__session_hidden(loom_session *s, const loom_token *tokens, int32_t n,
                                  int32_t n_layers, float *out) {

@@ -11,6 +11,7 @@
 #include "model/forward.h"
 #include "sample/chain.h"
 #include "sched/sched.h"
+#include "trace/trace.h"
 
 /* Samples of one request get scheduler ids id * LOOM_ENGINE_MAX_N + sample. */
 #define LOOM_ENGINE_MAX_N 256
@@ -29,7 +30,15 @@ struct loom_engine {
     loom_engine_params params;
     int32_t max_ctx;
     size_t max_piece;
-    double t0_ms; /* the engine's clock starts at create */
+    int64_t t0_ns; /* the scheduler's clock (microseconds) counts from create; request times
+                      are kept in absolute monotonic nanoseconds (loom__now_ns) */
+
+    /* Tracing (params.trace; NULL: off). The timer and the hook live here so a traced step
+     * allocates nothing; the layer-group names are borrowed by the trace until each step ends. */
+    loom_trace *trace;
+    loom__trace_timer tm;
+    loom__trace_layers layers;
+    loom__trace_layer_hook hook;
 
     /* KV: the manager, and the storage of every layer's pools in one backend buffer. */
     loom_kv *kv;
@@ -57,6 +66,7 @@ struct loom_engine {
     float *logits;          /* [max_seqs * n_vocab] */
     int32_t *seqs, *n_new;  /* [max_seqs] KV sequences of the batch, tokens each */
     struct loom_req_sample **batch_samples; /* [max_seqs] */
+    loom_status *row_status;                /* [max_seqs] the sampler's status per entry */
     loom_req **batch_reqs;                  /* [max_seqs] */
     int32_t *batch_index;                   /* [max_seqs] sample index */
     const loom_sched_entry **batch_entries; /* [max_seqs] */
@@ -91,7 +101,17 @@ struct loom_engine {
                                   without it while submitters fill the (now empty) inbox */
     loom_id_map live; /* ids submitted and not yet finished (for cancel's NOT_FOUND) */
     uint64_t next_id;
-    loom_engine_stats stats; /* counters updated by steps */
+    loom_engine_stats stats; /* counters updated by steps (latency and rate figures are
+                                computed by get_stats from what follows) */
+    /* Latency of ended requests: lifetime sums and the last LOOM_ENGINE_LATENCY_WINDOW
+     * values, ring buffers indexed by count % window. */
+    double ttft_sum_s, tpot_sum_s;
+    double ttft_ring[LOOM_ENGINE_LATENCY_WINDOW], tpot_ring[LOOM_ENGINE_LATENCY_WINDOW];
+    /* Throughput: wall time in steps that ran a batch, and the last LOOM_ENGINE_RATE_WINDOW
+     * such steps (tokens, nanoseconds), ring buffers indexed by n_rate % window. */
+    int64_t busy_ns;
+    int64_t rate_tokens[LOOM_ENGINE_RATE_WINDOW], rate_ns[LOOM_ENGINE_RATE_WINDOW];
+    int64_t n_rate;
     bool stop;
     bool has_thread;
     pthread_t thread;
@@ -131,5 +151,9 @@ static inline const loom_token *loom__engine_known(loom_engine *e, const loom_re
     return e->known;
 }
 
-/* Engine clock in microseconds since create. */
+/* Engine clock in microseconds since create (the scheduler's time). */
 int64_t loom__engine_now_us(const loom_engine *e);
+/* An absolute monotonic time (loom__now_ns) on the scheduler's clock. */
+static inline int64_t loom__engine_us_of(const loom_engine *e, int64_t t_ns) {
+    return (t_ns - e->t0_ns) / 1000;
+}

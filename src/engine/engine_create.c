@@ -26,7 +26,7 @@ loom_engine_params loom_engine_default_params(void) {
 }
 
 int64_t loom__engine_now_us(const loom_engine *e) {
-    return (int64_t)((loom__now_ms() - e->t0_ms) * 1e3);
+    return loom__engine_us_of(e, loom__now_ns());
 }
 
 static loom_status check_params(const loom_model *m, loom_engine_params *p) {
@@ -60,6 +60,7 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     e->seqs = malloc(S * sizeof *e->seqs);
     e->n_new = malloc(S * sizeof *e->n_new);
     e->batch_samples = malloc(S * sizeof *e->batch_samples);
+    e->row_status = malloc(S * sizeof *e->row_status);
     e->batch_reqs = malloc(S * sizeof *e->batch_reqs);
     e->batch_index = malloc(S * sizeof *e->batch_index);
     e->batch_entries = malloc(S * sizeof *e->batch_entries);
@@ -70,8 +71,9 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     e->cap_events = 4 * S + 16;
     e->events = malloc(e->cap_events * sizeof *e->events);
     bool ok = e->tokens && e->pos && e->logit_rows && e->logits && e->seqs && e->n_new &&
-              e->batch_samples && e->batch_reqs && e->batch_index && e->batch_entries &&
-              e->q_start && e->pos_start && e->kv_len && e->results && e->events;
+              e->batch_samples && e->row_status && e->batch_reqs && e->batch_index &&
+              e->batch_entries && e->q_start && e->pos_start && e->kv_len && e->results &&
+              e->events;
     for (int32_t g = 0; g < e->n_groups && ok; g++) {
         e->indptr[g] = malloc((S + 1) * sizeof *e->indptr[g]);
         e->block_ids[g] = malloc((size_t)e->block_cap * sizeof *e->block_ids[g]);
@@ -141,7 +143,10 @@ loom_status loom_engine_create(loom_model *model, const loom_engine_params *para
     e->params = p;
     e->max_ctx = p.max_ctx;
     e->next_id = 1;
-    e->t0_ms = loom__now_ms();
+    e->t0_ns = loom__now_ns();
+    e->trace = p.trace;
+    loom__trace_layers_init(&e->layers, model->cfg.n_layer);
+    e->hook = (loom__trace_layer_hook){.tm = &e->tm, .layers = &e->layers};
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     loom_status st = create_engine(e);
@@ -192,6 +197,7 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->seqs);
     free(e->n_new);
     free(e->batch_samples);
+    free(e->row_status);
     free(e->batch_reqs);
     free(e->batch_index);
     free(e->batch_entries);

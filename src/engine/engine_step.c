@@ -6,12 +6,17 @@
  *   3. one forward pass over every scheduled token of every sequence (model/);
  *   4. sample each sequence whose chunk reached its last known token (sample/), with an RNG
  *      keyed by (seed, sample, position) so batch composition never changes a token;
- *   5. commit: KV commit, stop conditions, streamed text, events, the scheduler's bookkeeping.
- * Nothing here allocates except when a step has more events than the array holds. */
+ *   5. commit: stop conditions, streamed text, events, the scheduler's bookkeeping.
+ * With a trace attached, the step is timed in these phases ("schedule" = 0-2, the forward
+ * pass's layer groups and "logits" = 3, "sample" = 4, "events" = 5) and each produced token is
+ * recorded; without one, each phase costs one pointer test.
+ * Nothing here allocates except when a step has more events than the array holds (and the
+ * trace, which grows its own storage). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/log.h"
+#include "core/timer.h"
 #include "engine/engine.h"
 #include "sample/sample.h"
 
@@ -48,9 +53,29 @@ static void retire_if_done(loom_engine *e, loom_req *r) {
     }
     r->state = LOOM_REQ_DONE;
     loom__id_map_del(&e->reqs, r->id);
+    /* Its latency figures (definitions in loom.h, loom_engine_stats). */
+    int64_t first_ns = INT64_MAX, decode_ns = 0, decode_tokens = 0;
+    for (int32_t i = 0; i < r->n_samples; i++) {
+        const loom_req_sample *s = &r->samples[i];
+        if (s->n_generated > 0 && s->t_first_token_ns < first_ns) first_ns = s->t_first_token_ns;
+        if (s->n_generated >= 2) {
+            decode_ns += s->t_last_token_ns - s->t_first_token_ns;
+            decode_tokens += s->n_generated - 1;
+        }
+    }
     pthread_mutex_lock(&e->mu);
     loom__id_map_del(&e->live, r->id);
     e->stats.requests_finished++;
+    if (first_ns != INT64_MAX) {
+        double ttft = (double)(first_ns - r->arrival_ns) * 1e-9;
+        e->ttft_sum_s += ttft;
+        e->ttft_ring[e->stats.ttft_count++ % LOOM_ENGINE_LATENCY_WINDOW] = ttft;
+    }
+    if (decode_tokens > 0) {
+        double tpot = (double)decode_ns * 1e-9 / (double)decode_tokens;
+        e->tpot_sum_s += tpot;
+        e->tpot_ring[e->stats.tpot_count++ % LOOM_ENGINE_LATENCY_WINDOW] = tpot;
+    }
     pthread_mutex_unlock(&e->mu);
     if (e->n_retired == e->cap_retired) {
         size_t cap = e->cap_retired ? e->cap_retired * 2 : 16;
@@ -108,11 +133,14 @@ static loom_status add_to_sched(loom_engine *e, loom_req *r, int32_t i) {
         .priority = r->priority,
         .n_prompt = r->n_prompt,
         .max_new_tokens = r->max_tokens,
-        .arrival_us = (int64_t)(r->t_submit * 1e6),
+        .arrival_us = loom__engine_us_of(e, r->arrival_ns),
         .ttft_us = (int64_t)(r->ttft_deadline_s * 1e6),
         .tpot_us = (int64_t)(r->tpot_deadline_s * 1e6),
     };
-    LOOM_TRY(loom_sched_add(e->sched, &info, loom__engine_now_us(e)));
+    int64_t now_us = loom__engine_now_us(e);
+    /* An arrival_s a little in the future (submit allows a small tolerance) counts as now. */
+    if (info.arrival_us > now_us) info.arrival_us = now_us;
+    LOOM_TRY(loom_sched_add(e->sched, &info, now_us));
     r->samples[i].in_sched = true;
     return LOOM_OK;
 }
@@ -288,12 +316,37 @@ static loom_status fill_descs(loom_engine *e, int32_t n, loom_kv_desc *kv) {
 
 /* ---- 4-5. sample and commit --------------------------------------------------------------- */
 
+/* Appends the token record of sample i's newest token (tracing on). */
+static void trace_token(loom_engine *e, const loom_req *r, int32_t i, const char *piece,
+                        size_t piece_len, int64_t now_ns) {
+    const loom_req_sample *s = &r->samples[i];
+    const loom_token_info *in = &s->info;
+    loom__trace_token k = {
+        .request = r->id,
+        .sample = i,
+        .step = e->stats.steps, /* counted when the step ends; only this thread writes it */
+        .pos = r->n_prompt + s->n_generated - 1,
+        .token = s->tokens[s->n_generated - 1],
+        .piece = piece,
+        .piece_len = piece_len,
+        .logprob_raw = in->logprob_raw,
+        .logprob_final = in->logprob_final,
+        .entropy = in->entropy,
+        .entropy_final = in->entropy_final,
+        .varentropy = in->varentropy,
+        .temperature = in->temperature,
+        .t_ns = now_ns,
+        .since_arrival_ns = now_ns - r->arrival_ns,
+    };
+    (void)loom__trace_add_token(e->trace, &k); /* a dropped record is counted by the trace */
+}
+
 /* Streams tok into sample i's text and events; finishes the sample when it ends. */
 static bool accept_token(loom_engine *e, loom_req *r, int32_t i, loom_token tok) {
     loom_req_sample *s = &r->samples[i];
-    double now = (double)loom__engine_now_us(e) * 1e-6;
-    if (s->n_generated == 0) s->t_first_token = now;
-    s->t_last_token = now;
+    int64_t now_ns = loom__now_ns();
+    if (s->n_generated == 0) s->t_first_token_ns = now_ns;
+    s->t_last_token_ns = now_ns;
     s->tokens[s->n_generated++] = tok;
     loom_finish_reason reason = LOOM_FINISH_LENGTH;
     bool done = loom__req_is_stop_token(r, e->model, tok, &reason);
@@ -308,8 +361,12 @@ static bool accept_token(loom_engine *e, loom_req *r, int32_t i, loom_token tok)
     char piece[1024];
     size_t n = 0;
     bool stop_tok = done && (reason == LOOM_FINISH_EOS || reason == LOOM_FINISH_STOP_TOKEN);
-    if (!stop_tok && loom_tokenizer_piece(e->model->tok, tok, 0, piece, sizeof piece, &n) != LOOM_OK)
+    /* A stop token adds no text, but the trace still shows its piece. */
+    if ((!stop_tok || e->trace) &&
+        loom_tokenizer_piece(e->model->tok, tok, 0, piece, sizeof piece, &n) != LOOM_OK)
         n = 0;
+    if (e->trace) trace_token(e, r, i, piece, n, now_ns);
+    if (stop_tok) n = 0;
     const char *out = "";
     size_t out_len = 0;
     bool stopped = false;
@@ -361,31 +418,49 @@ static loom_status sample_row(loom_engine *e, const loom_req *r, loom_req_sample
     return LOOM_OK;
 }
 
-static loom_status sample_and_commit(loom_engine *e, int32_t n) {
+/* Step 4: commits every entry's KV and runs the sampler chain of every row that samples,
+ * keeping each status for commit_rows. Each draw depends only on its own row, seed and
+ * position, so sampling every row before accepting any token changes nothing; doing it in one
+ * pass lets the trace time sampling apart from the events. */
+static loom_status sample_rows(loom_engine *e, int32_t n) {
     const int32_t V = e->model->cfg.n_vocab;
     int32_t row = 0;
+    for (int32_t b = 0; b < n; b++) {
+        loom_req_sample *s = e->batch_samples[b];
+        LOOM_TRY(loom_kv_commit(e->kv, s->kv_seq));
+        if (!e->batch_entries[b]->sample) continue;
+        const float *lg = e->logits + (size_t)row++ * (size_t)V;
+        e->row_status[b] = sample_row(e, e->batch_reqs[b], s, e->batch_index[b], lg);
+    }
+    return LOOM_OK;
+}
+
+/* Step 5: accepts each sampled token (stop conditions, text, events), starts the other samples
+ * of an n > 1 request after its first token, and fills the scheduler's results. */
+static void commit_rows(loom_engine *e, int32_t n) {
+    int64_t n_tokens = 0;
     e->n_results = 0;
     for (int32_t b = 0; b < n; b++) {
         loom_req *r = e->batch_reqs[b];
         loom_req_sample *s = e->batch_samples[b];
         int32_t i = e->batch_index[b];
         const loom_sched_entry *en = e->batch_entries[b];
-        LOOM_TRY(loom_kv_commit(e->kv, s->kv_seq));
         if (!en->sample) continue;
-        const float *lg = e->logits + (size_t)row++ * (size_t)V;
-        loom_status st = sample_row(e, r, s, i, lg);
-        loom_token tok = s->info.token;
+        /* An earlier row's failure may have ended this request (and cancelled this entry in
+         * the scheduler, which then expects no result for it). */
+        if (s->finished || r->state != LOOM_REQ_ACTIVE) continue;
         loom_sched_result *res = &e->results[e->n_results++];
         res->id = en->id;
         res->n_new_tokens = 1;
         res->finished = false;
-        if (st != LOOM_OK) {
+        if (e->row_status[b] != LOOM_OK) {
             res->finished = true;
             s->in_sched = false;
-            end_request(e, r, st);
+            end_request(e, r, e->row_status[b]);
             continue;
         }
-        if (accept_token(e, r, i, tok)) {
+        n_tokens++;
+        if (accept_token(e, r, i, s->info.token)) {
             res->finished = true;
             s->in_sched = false;
         }
@@ -403,9 +478,8 @@ static loom_status sample_and_commit(loom_engine *e, int32_t n) {
         if (!s->in_sched) retire_if_done(e, r);
     }
     pthread_mutex_lock(&e->mu);
-    e->stats.tokens_generated += e->n_results;
+    e->stats.tokens_generated += n_tokens;
     pthread_mutex_unlock(&e->mu);
-    return LOOM_OK;
 }
 
 static void fail_batch(loom_engine *e, int32_t n, loom_status st) {
@@ -444,7 +518,14 @@ static void update_stats(loom_engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Closes a traced step's phase `name` now (tracing off: nothing, not even a clock read). */
+static inline void mark(loom_engine *e, const char *name) {
+    if (e->trace) loom__trace_step_phase(&e->tm, name, loom__now_ns());
+}
+
 loom_status loom__engine_step(loom_engine *e) {
+    const int64_t t_start = loom__now_ns(); /* busy time (stats), and the trace's step start */
+    if (e->trace) loom__trace_step_begin(&e->tm, e->stats.steps, t_start);
     e->n_events = 0;
     for (size_t k = 0; k < e->n_retired; k++) loom__req_free(e->retired[k]);
     e->n_retired = 0;
@@ -455,14 +536,16 @@ loom_status loom__engine_step(loom_engine *e) {
     carry_out_preemptions(e, &plan);
     if (plan.n_entries == 0) {
         update_stats(e);
-        return LOOM_OK;
+        return LOOM_OK; /* no step ran: nothing is traced */
     }
+    const int64_t tokens_before = e->stats.tokens_generated; /* only this thread writes it */
     int32_t n_tok = 0, n_logits = 0;
     int32_t n = build_batch(e, &plan, &n_tok, &n_logits);
     loom_status st = LOOM_OK;
     if (n > 0) {
         loom_kv_desc kv[LOOM_MAX_KV_GROUPS];
         st = fill_descs(e, n, kv);
+        mark(e, "schedule");
         if (st == LOOM_OK) {
             loom_batch batch = {
                 .tokens = e->tokens,
@@ -470,26 +553,41 @@ loom_status loom__engine_step(loom_engine *e) {
                 .n_tokens = n_tok,
                 .logit_rows = e->logit_rows,
                 .n_logits = n_logits,
+                .on_layers = e->trace ? loom__trace_on_layers : NULL,
+                .hook_user = &e->hook,
+                .hook_every = e->layers.every,
             };
             st = loom__model_forward(e->model, &e->ws, &batch, kv, e->logits);
+            mark(e, "logits");
         }
+        if (st == LOOM_OK) st = sample_rows(e, n);
+        mark(e, "sample");
         if (st == LOOM_OK) {
-            st = sample_and_commit(e, n);
+            commit_rows(e, n);
         } else {
             LOOM_LOG_E("engine: step failed: %s", loom_last_error());
             fail_batch(e, n, st);
             st = LOOM_OK; /* the batch's requests failed; the engine goes on */
         }
     } else {
+        mark(e, "schedule");
         e->n_results = 0;
     }
     /* Entries that were dropped (cancelled, failed) still close the plan. */
     loom_status st2 = loom_sched_on_step_done(e->sched, e->results, e->n_results,
                                               loom__engine_now_us(e));
     if (st2 != LOOM_OK) LOOM_LOG_E("engine: scheduler bookkeeping: %s", loom_last_error());
+    update_stats(e);
+    /* The step record goes in before the step is counted: its index is the one its token
+     * records carry. */
+    const int64_t t_end = loom__now_ns();
+    if (e->trace) (void)loom__trace_step_end(e->trace, &e->tm, "events", t_end, n, n_tok);
     pthread_mutex_lock(&e->mu);
     e->stats.steps++;
+    e->busy_ns += t_end - t_start;
+    int64_t k = e->n_rate++ % LOOM_ENGINE_RATE_WINDOW;
+    e->rate_tokens[k] = e->stats.tokens_generated - tokens_before;
+    e->rate_ns[k] = t_end - t_start;
     pthread_mutex_unlock(&e->mu);
-    update_stats(e);
     return st == LOOM_OK ? st2 : st;
 }

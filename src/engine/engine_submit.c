@@ -1,8 +1,10 @@
 /* engine_submit.c — the engine's thread-safe surface: submit and cancel go through an inbox
  * under a mutex that the step drains; stats are a snapshot under the same mutex. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/timer.h"
 #include "engine/engine.h"
 
 /* Appends x to a growable array of pointers-or-ids (element size sz). */
@@ -19,6 +21,10 @@ static bool push(void **arr, size_t *n, size_t *cap, const void *x, size_t sz) {
     return true;
 }
 
+double loom_engine_now(void) {
+    return (double)loom__now_ns() * 1e-9;
+}
+
 loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p,
                                loom_request_id *out_id) {
     loom__clear_error();
@@ -29,6 +35,19 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p,
                    "submit: n_logprobs %d is above this engine's limit of %d (raise "
                    "loom_engine_params.max_logprobs)",
                    p->sampler.n_logprobs, e->params.max_logprobs);
+    /* The arrival: the caller's (validated against the clock now), else the submit time. */
+    int64_t now_ns = loom__now_ns(), arrival_ns = now_ns;
+    if (p->arrival_s != 0) {
+        LOOM_RETURN_IF(!isfinite(p->arrival_s) || p->arrival_s < 0, LOOM_ERR_INVALID_ARG,
+                       "submit: arrival_s %g must be finite and >= 0 (0: at submit)", p->arrival_s);
+        double now_s = (double)now_ns * 1e-9;
+        LOOM_RETURN_IF(p->arrival_s > now_s + LOOM_ENGINE_ARRIVAL_SLACK_S, LOOM_ERR_INVALID_ARG,
+                       "submit: arrival_s %.6f is %.6f s after now (%.6f s on "
+                       "loom_engine_now()'s clock); at most %g s is allowed",
+                       p->arrival_s, p->arrival_s - now_s, now_s, LOOM_ENGINE_ARRIVAL_SLACK_S);
+        int64_t a = (int64_t)llround(p->arrival_s * 1e9);
+        arrival_ns = a < now_ns ? a : now_ns; /* within the slack: taken as the submit time */
+    }
     loom_req *r = NULL;
     LOOM_TRY(loom__req_create(e->model, p, e->max_ctx, e->max_piece, &r));
     /* A prompt the whole KV pool cannot hold is refused now rather than failed later. */
@@ -49,7 +68,7 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p,
         }
     }
     for (int32_t i = 0; i < r->n_samples; i++) r->samples[i].kv_seq = -1;
-    r->t_submit = (double)loom__engine_now_us(e) * 1e-6;
+    r->arrival_ns = arrival_ns;
 
     pthread_mutex_lock(&e->mu);
     r->id = e->next_id++;
@@ -95,12 +114,53 @@ bool loom_engine_has_work(loom_engine *e) {
     return work;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile q (0 < q <= 1) of v[0..n), sorted here; 0 for n = 0. */
+static double percentile(double *v, size_t n, double q) {
+    if (n == 0) return 0;
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t rank = (size_t)ceil(q * (double)n); /* 1-based */
+    if (rank < 1) rank = 1;
+    if (rank > n) rank = n;
+    return v[rank - 1];
+}
+
 loom_status loom_engine_get_stats(loom_engine *e, loom_engine_stats *out) {
     loom__clear_error();
     LOOM_CHECK_ARG(e != NULL && out != NULL);
+    /* Copies under the lock, sorting outside it: a step never waits for the percentiles. */
+    double ttft[LOOM_ENGINE_LATENCY_WINDOW], tpot[LOOM_ENGINE_LATENCY_WINDOW]; /* 16 KiB */
     pthread_mutex_lock(&e->mu);
-    *out = e->stats;
+    loom_engine_stats st = e->stats;
+    double ttft_sum = e->ttft_sum_s, tpot_sum = e->tpot_sum_s;
+    size_t n_ttft = st.ttft_count < LOOM_ENGINE_LATENCY_WINDOW ? (size_t)st.ttft_count
+                                                               : LOOM_ENGINE_LATENCY_WINDOW;
+    size_t n_tpot = st.tpot_count < LOOM_ENGINE_LATENCY_WINDOW ? (size_t)st.tpot_count
+                                                               : LOOM_ENGINE_LATENCY_WINDOW;
+    memcpy(ttft, e->ttft_ring, n_ttft * sizeof *ttft);
+    memcpy(tpot, e->tpot_ring, n_tpot * sizeof *tpot);
+    int64_t busy_ns = e->busy_ns, recent_tokens = 0, recent_ns = 0;
+    int64_t n_recent = e->n_rate < LOOM_ENGINE_RATE_WINDOW ? e->n_rate : LOOM_ENGINE_RATE_WINDOW;
+    for (int64_t k = 0; k < n_recent; k++) {
+        recent_tokens += e->rate_tokens[k];
+        recent_ns += e->rate_ns[k];
+    }
     pthread_mutex_unlock(&e->mu);
+
+    st.ttft_mean_s = st.ttft_count > 0 ? ttft_sum / (double)st.ttft_count : 0;
+    st.ttft_p50_s = percentile(ttft, n_ttft, 0.50);
+    st.ttft_p99_s = percentile(ttft, n_ttft, 0.99);
+    st.tpot_mean_s = st.tpot_count > 0 ? tpot_sum / (double)st.tpot_count : 0;
+    st.tpot_p50_s = percentile(tpot, n_tpot, 0.50);
+    st.tpot_p99_s = percentile(tpot, n_tpot, 0.99);
+    st.busy_s = (double)busy_ns * 1e-9;
+    st.tokens_per_s = busy_ns > 0 ? (double)st.tokens_generated / st.busy_s : 0;
+    st.tokens_per_s_recent = recent_ns > 0 ? (double)recent_tokens / ((double)recent_ns * 1e-9) : 0;
+    *out = st;
     return LOOM_OK;
 }
 

@@ -24,8 +24,8 @@ typedef struct loom_req_sample {
     bool finished;
     loom_finish_reason reason;
     loom_text_stream text;    /* pending text of this sample */
-    double t_first_token;     /* engine clock, seconds; 0 until the first token */
-    double t_last_token;
+    int64_t t_first_token_ns; /* monotonic clock (loom__now_ns); 0 until the first token */
+    int64_t t_last_token_ns;
     loom_token_info info;     /* the last sampled token's, as its TOKEN event reports it */
     loom_token_logprob *top;  /* [2 * chain.n_logprobs] info's top arrays: raw, then final */
 } loom_req_sample;
@@ -51,7 +51,8 @@ typedef struct loom_req {
     int32_t priority;
     double ttft_deadline_s, tpot_deadline_s;
     uint64_t cache_salt;
-    double t_submit;         /* engine clock, seconds */
+    int64_t arrival_ns; /* monotonic clock (loom__now_ns): the caller's arrival_s, or the
+                           submit time */
 
     loom_req_sample *samples; /* [n_samples] */
     char *text_mem;           /* backing store of every sample's text stream */

@@ -203,11 +203,16 @@ loom_status loom__model_forward(const loom_model *m, loom_forward_ws *ws, const 
         LOOM_CHECK_ARG(b->hidden != NULL && b->stop_after <= n_layer);
         n_layer = b->stop_after;
     }
+    LOOM_CHECK_ARG(!b->on_layers || b->hook_every >= 1);
     for (int32_t il = 0; il < n_layer; il++) {
         loom_status st = layer_forward(m, ws, il, n, kv);
         if (st != LOOM_OK) {
             loom__error_prefix("layer %d", il);
             return st;
+        }
+        if (b->on_layers && ((il + 1) % b->hook_every == 0 || il + 1 == n_layer)) {
+            LOOM_TRY(ops->synchronize(ctx));
+            b->on_layers(b->hook_user, il - il % b->hook_every, il);
         }
     }
     if (b->stop_after > 0) {

@@ -37,6 +37,14 @@ typedef struct loom_batch {
      * hidden instead of computing logits. 0 in normal use. */
     int32_t stop_after;
     float *hidden;
+    /* Optional progress hook, for tracing: when on_layers is non-NULL, the pass synchronizes
+     * the backend (so the work is really done, also on an asynchronous backend) and calls
+     * on_layers(hook_user, first, last) after layers first..last, every hook_every layers and
+     * after the last layer run; the output projection comes after the last call. NULL in
+     * normal use, where it costs one pointer test per layer. Never changes what is computed. */
+    void (*on_layers)(void *hook_user, int32_t first_layer, int32_t last_layer);
+    void *hook_user;
+    int32_t hook_every; /* >= 1 when on_layers is set */
 } loom_batch;
 
 loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom_forward_ws *ws);

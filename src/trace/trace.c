@@ -1,9 +1,11 @@
 /* trace.c — the trace's record store: create / free / clear / counts (public), the producers'
  * appends and the step timer (trace.h). Output lives in trace_write.c. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/checked.h"
+#include "core/timer.h"
 #include "core/status.h"
 #include "trace/trace_impl.h"
 
@@ -224,4 +226,27 @@ loom_status loom__trace_step_end(loom_trace *t, loom__trace_timer *tm, const cha
         .n_phases = tm->n_phases,
     };
     return loom__trace_add_step(t, &s);
+}
+
+/* ---- forward-pass layer groups ------------------------------------------------------------ */
+
+void loom__trace_layers_init(loom__trace_layers *ln, int32_t n_layer) {
+    memset(ln, 0, sizeof *ln);
+    if (n_layer < 1) n_layer = 1;
+    ln->every = (n_layer + LOOM__TRACE_LAYER_GROUPS - 1) / LOOM__TRACE_LAYER_GROUPS;
+    ln->n_groups = (n_layer + ln->every - 1) / ln->every; /* <= LOOM__TRACE_LAYER_GROUPS */
+    for (int32_t g = 0; g < ln->n_groups; g++) {
+        int32_t first = g * ln->every;
+        int32_t last = first + ln->every - 1 < n_layer - 1 ? first + ln->every - 1 : n_layer - 1;
+        snprintf(ln->names[g], sizeof ln->names[g], "forward.layers %d-%d", (int)first, (int)last);
+    }
+}
+
+void loom__trace_on_layers(void *user, int32_t first_layer, int32_t last_layer) {
+    (void)last_layer;
+    const loom__trace_layer_hook *h = user;
+    int32_t g = first_layer / h->layers->every;
+    if (g < 0) g = 0;
+    if (g >= h->layers->n_groups) g = h->layers->n_groups - 1;
+    loom__trace_step_phase(h->tm, h->layers->names[g], loom__now_ns());
 }

@@ -100,3 +100,30 @@ void loom__trace_step_phase(loom__trace_timer *tm, const char *name, int64_t now
  * loom__trace_add_step. */
 loom_status loom__trace_step_end(loom_trace *t, loom__trace_timer *tm, const char *name,
                                  int64_t now_ns, int32_t n_seqs, int32_t n_tokens);
+
+/* ---- forward-pass layer groups ------------------------------------------------------------ */
+
+/* A forward pass reports its layers in at most this many groups, so a step shows a handful of
+ * phases ("forward.layers 0-4", ...) whatever the depth of the model. */
+#define LOOM__TRACE_LAYER_GROUPS 4
+
+/* The group size and phase names of a model's layers: groups of `every` = ceil(n_layer / 4)
+ * layers (the last may be shorter), named "forward.layers FIRST-LAST". Kept by the producer
+ * for its lifetime, so the names can be borrowed by the step timer. */
+typedef struct loom__trace_layers {
+    int32_t every;
+    int32_t n_groups;
+    char names[LOOM__TRACE_LAYER_GROUPS][48];
+} loom__trace_layers;
+
+void loom__trace_layers_init(loom__trace_layers *ln, int32_t n_layer);
+
+/* What a forward pass's on_layers hook needs to close a phase per group of layers. */
+typedef struct loom__trace_layer_hook {
+    loom__trace_timer *tm;
+    const loom__trace_layers *layers;
+} loom__trace_layer_hook;
+
+/* The on_layers hook of loom_batch (model/forward.h): closes the phase named after the group
+ * that ends at last_layer, at the current time. user is a loom__trace_layer_hook. */
+void loom__trace_on_layers(void *user, int32_t first_layer, int32_t last_layer);

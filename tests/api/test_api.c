@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -101,6 +102,31 @@ static void test_default_params(void **state) {
     assert_true(gp.stop_at_eos);
 }
 
+/* The engine's public surface that needs no model: defaults of the newer fields, argument
+ * checks, and the clock arrival_s is given in. */
+static void test_engine_without_model(void **state) {
+    (void)state;
+    loom_engine_params ep = loom_engine_default_params();
+    assert_null(ep.trace);
+    loom_generate_params gp = loom_generate_default_params();
+    assert_null(gp.trace);
+    loom_request_params rp = loom_request_default_params();
+    assert_true(rp.arrival_s == 0.0);
+    loom_generation *g = NULL;
+    assert_int_equal(loom_engine_generate(NULL, &rp, NULL, NULL, &g), LOOM_ERR_INVALID_ARG);
+    assert_null(g);
+    loom_generation_free(NULL);
+    loom_engine_stats st;
+    assert_int_equal(loom_engine_get_stats(NULL, &st), LOOM_ERR_INVALID_ARG);
+    /* loom_engine_now is CLOCK_MONOTONIC in seconds, and never goes back. */
+    double a = loom_engine_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double mono = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    double b = loom_engine_now();
+    assert_true(a > 0 && a <= mono + 1e-6 && mono <= b + 1e-6 && a <= b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version),
@@ -109,6 +135,7 @@ int main(void) {
         cmocka_unit_test(test_model_load_bad_args),
         cmocka_unit_test(test_null_handles),
         cmocka_unit_test(test_default_params),
+        cmocka_unit_test(test_engine_without_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

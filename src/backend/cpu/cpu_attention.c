@@ -1,6 +1,7 @@
 /* cpu_attention.c — causal (optionally windowed, soft-capped) attention over the paged KV.
  *
- * One work item is one (row, query head): row r of sequence s sits at position
+ * One work item is one row and the query heads of one kv head (or one query head, when that
+ * would leave too few items to share among the threads): row r of sequence s sits at position
  * p = pos_start[s] + (r - q_start[s]) and attends to positions lo..p, lo = max(0, p-window+1)
  * (window 0: lo = 0), reading K and V of kv head h / (n_head / n_kv_heads) through the
  * sequence's block table. Nothing past p is read, so nothing past kv_len[s] either.
@@ -38,7 +39,8 @@ typedef struct attn_task {
     const char *k_pool; /* [n_blocks][block_size][n_kv_heads][head_dim] of kv_type */
     const char *v_pool;
     int32_t group;     /* query heads per kv head */
-    int64_t n_items;   /* T * n_head */
+    int32_t share;     /* query heads per work item: group, or 1 when items would be too few */
+    int64_t n_items;   /* T * n_head / share */
     atomic_llong next; /* next unclaimed item */
 } attn_task;
 
@@ -54,52 +56,78 @@ static const float *attn_kv_row(const attn_task *t, const char *pool, int32_t s,
     return buf;
 }
 
-static void attn_item(const attn_task *t, int64_t item, float *scratch) {
+/* Up to this many query heads share one pass over their kv head's K and V rows. */
+#define ATTN_MAX_SHARE 16
+
+/* Query heads h0 .. h0+nh-1 (all of one kv head) of row r. Each head has its own running max,
+ * sum, scores and accumulator and sees exactly the operations it would see alone; the heads
+ * only share the widening of each K and V row, which is exact. */
+static void attn_heads(const attn_task *t, int64_t r, int32_t h0, int32_t nh, float *scratch) {
     const loom_kv_desc *kv = t->kv;
     const loom_attn_params *p = t->p;
     const int64_t hd = kv->head_dim;
-    const int64_t r = item / p->n_head;
-    const int32_t h = (int32_t)(item % p->n_head);
-    const int32_t kvh = h / t->group;
+    const int32_t kvh = h0 / t->group;
     const int32_t s = loom__cpu_seq_of_row(kv, r);
     const int64_t pos = (int64_t)kv->pos_start[s] + (r - kv->q_start[s]);
     const int64_t lo = p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
 
-    float *scores = scratch;         /* [ATTN_TILE] */
-    float *acc = scores + ATTN_TILE; /* [hd] */
-    float *buf = acc + hd;           /* [hd] widened K or V row */
-    const float *q = (const float *)loom__cpu_row(t->q, r) + (int64_t)h * hd;
-    float *o = (float *)loom__cpu_row(t->out, r) + (int64_t)h * hd;
-
-    for (int64_t d = 0; d < hd; d++) acc[d] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
+    float *kbuf = scratch;  /* [hd] widened K row */
+    float *vbuf = kbuf + hd; /* [hd] widened V row */
+    float *base = vbuf + hd; /* per head: scores [ATTN_TILE], then acc [hd] */
+    float m[ATTN_MAX_SHARE], l[ATTN_MAX_SHARE];
+    const float *q[ATTN_MAX_SHARE];
+    for (int32_t g = 0; g < nh; g++) {
+        float *acc = base + (size_t)g * (ATTN_TILE + hd) + ATTN_TILE;
+        for (int64_t d = 0; d < hd; d++) acc[d] = 0.0f;
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+        q[g] = (const float *)loom__cpu_row(t->q, r) + (int64_t)(h0 + g) * hd;
+    }
     for (int64_t j0 = lo; j0 <= pos; j0 += ATTN_TILE) {
         const int64_t n = pos + 1 - j0 < ATTN_TILE ? pos + 1 - j0 : ATTN_TILE;
-        float tile_max = -INFINITY;
         for (int64_t j = 0; j < n; j++) {
-            const float *k = attn_kv_row(t, t->k_pool, s, j0 + j, kvh, buf);
-            float sc = loom__cpu_dot(q, k, hd) * p->scale;
-            if (p->softcap > 0.0f) sc = p->softcap * tanhf(sc / p->softcap);
-            scores[j] = sc;
-            tile_max = sc > tile_max ? sc : tile_max;
+            const float *k = attn_kv_row(t, t->k_pool, s, j0 + j, kvh, kbuf);
+            for (int32_t g = 0; g < nh; g++) {
+                float sc = loom__cpu_dot(q[g], k, hd) * p->scale;
+                if (p->softcap > 0.0f) sc = p->softcap * tanhf(sc / p->softcap);
+                base[(size_t)g * (ATTN_TILE + hd) + j] = sc;
+            }
         }
-        if (tile_max == -INFINITY) continue; /* every weight in the tile is 0 */
-        if (tile_max > m) {
-            float corr = expf(m - tile_max); /* 0 on the first tile (m = -inf) */
-            l *= corr;
-            loom__cpu_vscale(acc, corr, hd);
-            m = tile_max;
+        bool any = false, skip[ATTN_MAX_SHARE];
+        for (int32_t g = 0; g < nh; g++) {
+            float *scores = base + (size_t)g * (ATTN_TILE + hd), *acc = scores + ATTN_TILE;
+            float tile_max = -INFINITY;
+            for (int64_t j = 0; j < n; j++) tile_max = scores[j] > tile_max ? scores[j] : tile_max;
+            skip[g] = tile_max == -INFINITY; /* every weight in this head's tile is 0 */
+            if (skip[g]) continue;
+            any = true;
+            if (tile_max > m[g]) {
+                float corr = expf(m[g] - tile_max); /* 0 on the first tile (m = -inf) */
+                l[g] *= corr;
+                loom__cpu_vscale(acc, corr, hd);
+                m[g] = tile_max;
+            }
         }
+        if (!any) continue;
         for (int64_t j = 0; j < n; j++) {
-            float w = expf(scores[j] - m);
-            l += w;
-            loom__cpu_axpy(acc, w, attn_kv_row(t, t->v_pool, s, j0 + j, kvh, buf), hd);
+            const float *v = attn_kv_row(t, t->v_pool, s, j0 + j, kvh, vbuf);
+            for (int32_t g = 0; g < nh; g++) {
+                float *scores = base + (size_t)g * (ATTN_TILE + hd), *acc = scores + ATTN_TILE;
+                if (skip[g]) continue;
+                float w = expf(scores[j] - m[g]);
+                l[g] += w;
+                loom__cpu_axpy(acc, w, v, hd);
+            }
         }
     }
-    /* l >= 1 after any tile (the maximum contributes exp(0)); l == 0 only if every score was
-     * -inf, and then the output is zero rather than 0/0. */
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (int64_t d = 0; d < hd; d++) o[d] = acc[d] * inv;
+    for (int32_t g = 0; g < nh; g++) {
+        const float *acc = base + (size_t)g * (ATTN_TILE + hd) + ATTN_TILE;
+        float *o = (float *)loom__cpu_row(t->out, r) + (int64_t)(h0 + g) * hd;
+        /* l >= 1 after any tile (the maximum contributes exp(0)); l == 0 only if every score
+         * was -inf, and then the output is zero rather than 0/0. */
+        const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+        for (int64_t d = 0; d < hd; d++) o[d] = acc[d] * inv;
+    }
 }
 
 static void attn_worker(void *arg, int ith, int nth) {
@@ -109,7 +137,10 @@ static void attn_worker(void *arg, int ith, int nth) {
     for (;;) {
         int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (item >= t->n_items) break;
-        attn_item(t, item, scratch);
+        /* item = (row, group of share heads) */
+        const int64_t per_row = t->p->n_head / t->share;
+        const int64_t r = item / per_row;
+        attn_heads(t, r, (int32_t)(item % per_row) * t->share, t->share, scratch);
     }
 }
 
@@ -148,7 +179,13 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
     LOOM_RETURN_IF(loom__cpu_tensors_overlap(q, out), LOOM_ERR_INVALID_ARG,
                    "attention: out overlaps q (no in-place attention)");
     if (n_rows == 0) return LOOM_OK;
-    LOOM_TRY(loom__cpu_reserve_scratch(c, (size_t)ATTN_TILE + 2 * (size_t)kv->head_dim));
+    const int32_t group = p->n_head / kv->n_kv_heads;
+    /* Heads of one kv head share its K/V rows when that still leaves every thread a few items
+     * (a decode step of one sequence keeps one item per head). Same bits either way. */
+    int32_t share = group;
+    if (share > ATTN_MAX_SHARE || n_rows * kv->n_kv_heads < 4 * (int64_t)c->n_threads) share = 1;
+    LOOM_TRY(loom__cpu_reserve_scratch(
+        c, 2 * (size_t)kv->head_dim + (size_t)share * (ATTN_TILE + (size_t)kv->head_dim)));
 
     attn_task t = {.c = c,
                    .q = q,
@@ -157,8 +194,9 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
                    .p = p,
                    .k_pool = kv->k_base[pool_layer],
                    .v_pool = kv->v_base[pool_layer],
-                   .group = p->n_head / kv->n_kv_heads,
-                   .n_items = n_rows * p->n_head};
+                   .group = group,
+                   .share = share,
+                   .n_items = n_rows * p->n_head / share};
     atomic_init(&t.next, 0);
     loom__threadpool_run(c->tp, attn_worker, &t);
     return LOOM_OK;

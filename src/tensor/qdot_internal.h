@@ -194,4 +194,19 @@ LOOM__QINLINE __m256i loom__qd_bits_to_bytes(uint32_t bits) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
+/* The 32 4-bit codes of a legacy block in value order: low nibbles (values 0..15) in the low
+ * half, high nibbles (16..31) in the high half. */
+LOOM__QINLINE __m256i loom__qd_nibbles(const uint8_t qs[16]) {
+    __m128i q = _mm_loadu_si128((const __m128i *)qs);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    return _mm256_and_si256(v, _mm256_set1_epi8(15));
+}
+
+/* Bit 4 of each q5 code (value j's from bit j of the block's little-endian qh word). */
+LOOM__QINLINE __m256i loom__qd_fifth_bits(const uint8_t qh[4]) {
+    uint32_t bits = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+                    (uint32_t)qh[3] << 24;
+    return _mm256_and_si256(loom__qd_bits_to_bytes(bits), _mm256_set1_epi8(16));
+}
+
 #endif /* LOOM_QDOT_AVX2 */

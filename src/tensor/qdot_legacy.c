@@ -118,43 +118,30 @@ LOOM__QINLINE float legacy_dot_portable(const void *w_row, const void *x_act, in
 /* ------------------------------------------------------------------------------------------ */
 #if defined(LOOM_QDOT_AVX2)
 
-/* The 32 4-bit codes of a block in value order: low nibbles (values 0..15) in the low half,
- * high nibbles (16..31) in the high half. */
-LOOM__QINLINE __m256i nibbles_256(const uint8_t qs[16]) {
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    return _mm256_and_si256(v, _mm256_set1_epi8(15));
-}
-
-/* Bit 4 of each q5 code from the qh word. */
-LOOM__QINLINE __m256i high_bits_256(const uint8_t qh[4]) {
-    return _mm256_and_si256(loom__qd_bits_to_bytes(qh_bits(qh)), _mm256_set1_epi8(16));
-}
-
 LOOM__QINLINE __m256i x_codes_256(const int8_t *x) {
     return _mm256_loadu_si256((const __m256i *)x);
 }
 
 LOOM__QINLINE __m256i vsum_q4_0(const void *blk, const int8_t *x) {
     const loom_block_q4_0 *b = (const loom_block_q4_0 *)blk;
-    __m256i w = _mm256_sub_epi8(nibbles_256(b->qs), _mm256_set1_epi8(8));
+    __m256i w = _mm256_sub_epi8(loom__qd_nibbles(b->qs), _mm256_set1_epi8(8));
     return loom__qd_dot_s8(w, x_codes_256(x));
 }
 
 LOOM__QINLINE __m256i vsum_q4_1(const void *blk, const int8_t *x) {
     const loom_block_q4_1 *b = (const loom_block_q4_1 *)blk;
-    return loom__qd_dpbusd(_mm256_setzero_si256(), nibbles_256(b->qs), x_codes_256(x));
+    return loom__qd_dpbusd(_mm256_setzero_si256(), loom__qd_nibbles(b->qs), x_codes_256(x));
 }
 
 LOOM__QINLINE __m256i vsum_q5_0(const void *blk, const int8_t *x) {
     const loom_block_q5_0 *b = (const loom_block_q5_0 *)blk;
-    __m256i u = _mm256_or_si256(nibbles_256(b->qs), high_bits_256(b->qh));
+    __m256i u = _mm256_or_si256(loom__qd_nibbles(b->qs), loom__qd_fifth_bits(b->qh));
     return loom__qd_dot_s8(_mm256_sub_epi8(u, _mm256_set1_epi8(16)), x_codes_256(x));
 }
 
 LOOM__QINLINE __m256i vsum_q5_1(const void *blk, const int8_t *x) {
     const loom_block_q5_1 *b = (const loom_block_q5_1 *)blk;
-    __m256i u = _mm256_or_si256(nibbles_256(b->qs), high_bits_256(b->qh));
+    __m256i u = _mm256_or_si256(loom__qd_nibbles(b->qs), loom__qd_fifth_bits(b->qh));
     return loom__qd_dpbusd(_mm256_setzero_si256(), u, x_codes_256(x));
 }
 

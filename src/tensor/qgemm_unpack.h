@@ -11,20 +11,6 @@
 
 /* ---- legacy formats ------------------------------------------------------------------------ */
 
-/* The 32 4-bit codes of a block in value order (low nibbles first). */
-LOOM__QINLINE __m256i nibbles(const uint8_t qs[16]) {
-    __m128i q = _mm_loadu_si128((const __m128i *)qs);
-    __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    return _mm256_and_si256(v, _mm256_set1_epi8(15));
-}
-
-/* Bit 4 of each q5 code, from the block's 32-bit qh word. */
-LOOM__QINLINE __m256i fifth_bits(const uint8_t qh[4]) {
-    uint32_t bits;
-    memcpy(&bits, qh, 4); /* little-endian, as the format stores it */
-    return _mm256_and_si256(loom__qd_bits_to_bytes(bits), _mm256_set1_epi8(16));
-}
-
 typedef enum { FMT_Q4_0, FMT_Q4_1, FMT_Q5_0, FMT_Q5_1, FMT_Q8_0 } legacy_fmt;
 
 LOOM__QINLINE size_t legacy_block_bytes(legacy_fmt fmt) {
@@ -46,16 +32,16 @@ LOOM__QINLINE size_t legacy_block_bytes(legacy_fmt fmt) {
 LOOM__QINLINE __m256i block_codes(const uint8_t *blk, legacy_fmt fmt) {
     switch (fmt) {
     case FMT_Q4_0:
-        return nibbles(((const loom_block_q4_0 *)blk)->qs);
+        return loom__qd_nibbles(((const loom_block_q4_0 *)blk)->qs);
     case FMT_Q4_1:
-        return nibbles(((const loom_block_q4_1 *)blk)->qs);
+        return loom__qd_nibbles(((const loom_block_q4_1 *)blk)->qs);
     case FMT_Q5_0: {
         const loom_block_q5_0 *b = (const loom_block_q5_0 *)blk;
-        return _mm256_or_si256(nibbles(b->qs), fifth_bits(b->qh));
+        return _mm256_or_si256(loom__qd_nibbles(b->qs), loom__qd_fifth_bits(b->qh));
     }
     case FMT_Q5_1: {
         const loom_block_q5_1 *b = (const loom_block_q5_1 *)blk;
-        return _mm256_or_si256(nibbles(b->qs), fifth_bits(b->qh));
+        return _mm256_or_si256(loom__qd_nibbles(b->qs), loom__qd_fifth_bits(b->qh));
     }
     default: /* q8_0: signed codes + 128 = their bytes with the top bit flipped */
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((const loom_block_q8_0 *)blk)->qs),

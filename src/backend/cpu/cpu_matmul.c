@@ -141,161 +141,111 @@ static void mmq_worker(void *p, int ith, int nth) {
     }
 }
 
-/* ---- tile kernels (tensor/qgemm.h) -------------------------------------------------------- */
+/* ---- tile kernels (tensor/qgemm.h): per-pair tiles, or token lanes for many tokens --------- */
 
-/* Tokens per tile call: their prepared rows stay in L1 while a group of weight rows passes. */
+/* Tokens per per-pair tile call: their prepared rows stay in L1 while a group of weight rows
+ * passes. */
 #define MMT_TOKENS 16
+/* From this many tokens on, token lanes beat the per-pair tile kernels (a partly filled group
+ * costs as much as a full one). */
+#define MML_MIN_TOKENS 5
 
 typedef struct mmt_task {
     const loom_tensor *w, *x;
     loom_tensor *out;
     loom_cpu_ctx *c;
-    const loom_qgemm_kernels *k;
+    const loom_qgemm_kernels *k;   /* per-pair tiles, or (k NULL) */
+    const loom_qgemm_lanes *lanes; /* token lanes */
     loom_quantize_act_fn quant;
-    uint8_t *xp; /* [T] prepared rows, x_stride apart */
-    size_t x_stride;
-    int64_t rb;
+    uint8_t *xp;       /* prepared units: [T] token rows (tiles) or [ceil(T / width)] groups */
+    size_t x_stride;   /* bytes between prepared units */
+    size_t act_stride; /* rounded activation rows in a thread's scratch (lanes) */
+    int64_t step;      /* tokens per kernel call: MMT_TOKENS, or the lane width */
+    int64_t rb;        /* weight rows per group */
 } mmt_task;
 
-/* Rounds this thread's share of the tokens (into its scratch) and prepares them. */
+/* Tokens per prepared unit: 1 row for the tiles, a group of `width` for the lanes. */
+static int64_t mmt_unit(const mmt_task *a) {
+    return a->lanes ? a->lanes->width : 1;
+}
+
+/* Rounds this thread's share of the prepared units' tokens (into its scratch) and prepares
+ * them. */
 static void mmt_prepare_worker(void *p, int ith, int nth) {
     const mmt_task *a = p;
-    int64_t t0, t1;
-    loom__split_range(a->x->ne[1], ith, nth, &t0, &t1);
-    void *tmp = a->c->scratch[ith];
-    for (int64_t t = t0; t < t1; t++) {
-        a->quant(loom__cpu_row(a->x, t), tmp, a->x->ne[0]);
-        a->k->prepare_x(tmp, a->xp + (size_t)t * a->x_stride, a->x->ne[0]);
+    const int64_t T = a->x->ne[1], K = a->x->ne[0], U = mmt_unit(a);
+    int64_t u0, u1;
+    loom__split_range((T + U - 1) / U, ith, nth, &u0, &u1);
+    uint8_t *tmp = (uint8_t *)a->c->scratch[ith];
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t t0 = u * U;
+        const int n = (int)(T - t0 < U ? T - t0 : U);
+        for (int j = 0; j < n; j++)
+            a->quant(loom__cpu_row(a->x, t0 + j), tmp + (size_t)j * a->act_stride, K);
+        uint8_t *dst = a->xp + (size_t)u * a->x_stride;
+        if (a->lanes)
+            a->lanes->prepare_x8(tmp, a->act_stride, n, dst, K);
+        else
+            a->k->prepare_x(tmp, dst, K);
     }
 }
 
 static void mmt_worker(void *p, int ith, int nth) {
     const mmt_task *a = p;
-    const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
+    const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb, U = mmt_unit(a);
     const size_t out_stride = a->out->row_stride / sizeof(float);
     int64_t g0, g1;
     loom__split_range((N + rb - 1) / rb, ith, nth, &g0, &g1);
     for (int64_t g = g0; g < g1; g++) {
         const int64_t o0 = g * rb;
         const int nr = (int)(N - o0 < rb ? N - o0 : rb);
-        for (int64_t t0 = 0; t0 < T; t0 += MMT_TOKENS) {
-            const int nt = (int)(T - t0 < MMT_TOKENS ? T - t0 : MMT_TOKENS);
+        const void *w = loom__cpu_row(a->w, o0);
+        for (int64_t t0 = 0; t0 < T; t0 += a->step) {
+            const int nt = (int)(T - t0 < a->step ? T - t0 : a->step);
             float *o = (float *)loom__cpu_row(a->out, t0) + o0;
-            a->k->tile(loom__cpu_row(a->w, o0), a->w->row_stride, nr,
-                       a->xp + (size_t)t0 * a->x_stride, a->x_stride, nt, K, o, out_stride);
+            const uint8_t *xt = a->xp + (size_t)(t0 / U) * a->x_stride;
+            if (a->lanes)
+                a->lanes->tile8(w, a->w->row_stride, nr, xt, nt, K, o, out_stride);
+            else
+                a->k->tile(w, a->w->row_stride, nr, xt, a->x_stride, nt, K, o, out_stride);
         }
     }
 }
 
+/* One of k (per-pair tiles) and lanes is non-NULL. */
 static loom_status mm_run_tiles(loom_cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
-                                loom_tensor *out, const loom_qgemm_kernels *k, uint32_t act_type,
-                                size_t act_row, size_t w_row) {
+                                loom_tensor *out, const loom_qgemm_kernels *k,
+                                const loom_qgemm_lanes *lanes, uint32_t act_type, size_t act_row,
+                                size_t w_row) {
     const int64_t K = w->ne[0], T = x->ne[1];
     mmt_task task = {.w = w,
                      .x = x,
                      .out = out,
                      .c = c,
-                     .k = k,
+                     .k = lanes ? NULL : k,
+                     .lanes = lanes,
                      .quant = loom_quantize_activations_get(act_type),
-                     .x_stride = k->x_row_bytes(K)};
+                     .x_stride = lanes ? lanes->x8_bytes(K) : k->x_row_bytes(K),
+                     .act_stride = (act_row + MMQ_ROW_ALIGN - 1) / MMQ_ROW_ALIGN * MMQ_ROW_ALIGN,
+                     .step = lanes ? lanes->width : MMT_TOKENS};
     assert(task.quant && "every activation format has a quantizer");
+    const int64_t U = mmt_unit(&task), n_units = (T + U - 1) / U;
     size_t total;
-    LOOM_RETURN_IF(loom__mul_overflow_size(task.x_stride, (size_t)T, &total), LOOM_ERR_INVALID_ARG,
-                   "matmul: %lld prepared activation rows overflow", (long long)T);
+    LOOM_RETURN_IF(loom__mul_overflow_size(task.x_stride, (size_t)n_units, &total),
+                   LOOM_ERR_INVALID_ARG, "matmul: %lld prepared activation rows overflow",
+                   (long long)T);
     LOOM_TRY(loom__cpu_reserve_act(c, total));
     task.xp = c->act;
     task.rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));
     if (task.rb < 1) task.rb = 1;
     if (task.rb > MM_MAX_RB) task.rb = MM_MAX_RB;
-    /* Scratch holds one rounded activation row while preparing. */
-    LOOM_TRY(loom__cpu_reserve_scratch(c, act_row / sizeof(float) + 1));
-    if (T == 1)
-        mmt_prepare_worker(&task, 0, 1); /* one row: not worth waking the pool */
+    /* Scratch holds one unit's rounded activation rows while preparing. */
+    LOOM_TRY(loom__cpu_reserve_scratch(c, (size_t)U * task.act_stride / sizeof(float)));
+    if (n_units == 1)
+        mmt_prepare_worker(&task, 0, 1); /* one unit: not worth waking the pool */
     else
         loom__threadpool_run(c->tp, mmt_prepare_worker, &task);
     loom__threadpool_run(c->tp, mmt_worker, &task);
-    return LOOM_OK;
-}
-
-/* ---- token-lane kernels (tensor/qgemm.h), for steps with many tokens ---------------------- */
-
-/* From this many tokens on, token lanes beat the per-pair tile kernels (a partly filled group
- * costs as much as a full one). */
-#define MML_MIN_TOKENS 5
-
-typedef struct mml_task {
-    const loom_tensor *w, *x;
-    loom_tensor *out;
-    loom_cpu_ctx *c;
-    const loom_qgemm_lanes *k;
-    loom_quantize_act_fn quant;
-    uint8_t *x8; /* [ceil(T / width)] prepared groups, x8_stride apart */
-    size_t x8_stride, act_stride;
-    int64_t rb;
-} mml_task;
-
-/* Rounds this thread's share of the token groups into its scratch and prepares them. */
-static void mml_prepare_worker(void *p, int ith, int nth) {
-    const mml_task *a = p;
-    const int64_t T = a->x->ne[1], W = a->k->width, n_groups = (T + W - 1) / W;
-    int64_t g0, g1;
-    loom__split_range(n_groups, ith, nth, &g0, &g1);
-    uint8_t *tmp = (uint8_t *)a->c->scratch[ith];
-    for (int64_t g = g0; g < g1; g++) {
-        const int64_t t0 = g * W;
-        const int n = (int)(T - t0 < W ? T - t0 : W);
-        for (int j = 0; j < n; j++)
-            a->quant(loom__cpu_row(a->x, t0 + j), tmp + (size_t)j * a->act_stride, a->x->ne[0]);
-        a->k->prepare_x8(tmp, a->act_stride, n, a->x8 + (size_t)g * a->x8_stride, a->x->ne[0]);
-    }
-}
-
-static void mml_worker(void *p, int ith, int nth) {
-    const mml_task *a = p;
-    const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
-    const int64_t W = a->k->width;
-    const size_t out_stride = a->out->row_stride / sizeof(float);
-    int64_t g0, g1;
-    loom__split_range((N + rb - 1) / rb, ith, nth, &g0, &g1);
-    for (int64_t g = g0; g < g1; g++) {
-        const int64_t o0 = g * rb;
-        const int nr = (int)(N - o0 < rb ? N - o0 : rb);
-        for (int64_t t0 = 0; t0 < T; t0 += W) {
-            const int nt = (int)(T - t0 < W ? T - t0 : W);
-            float *o = (float *)loom__cpu_row(a->out, t0) + o0;
-            a->k->tile8(loom__cpu_row(a->w, o0), a->w->row_stride, nr,
-                        a->x8 + (size_t)(t0 / W) * a->x8_stride, nt, K, o, out_stride);
-        }
-    }
-}
-
-static loom_status mm_run_lanes(loom_cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
-                                loom_tensor *out, const loom_qgemm_lanes *k, uint32_t act_type,
-                                size_t act_row, size_t w_row) {
-    const int64_t K = w->ne[0], T = x->ne[1];
-    const int64_t n_groups = (T + k->width - 1) / k->width;
-    mml_task task = {.w = w,
-                     .x = x,
-                     .out = out,
-                     .c = c,
-                     .k = k,
-                     .quant = loom_quantize_activations_get(act_type),
-                     .x8_stride = k->x8_bytes(K),
-                     .act_stride = (act_row + MMQ_ROW_ALIGN - 1) / MMQ_ROW_ALIGN * MMQ_ROW_ALIGN};
-    assert(task.quant && "every activation format has a quantizer");
-    size_t total;
-    LOOM_RETURN_IF(loom__mul_overflow_size(task.x8_stride, (size_t)n_groups, &total),
-                   LOOM_ERR_INVALID_ARG, "matmul: %lld prepared activation rows overflow",
-                   (long long)T);
-    LOOM_TRY(loom__cpu_reserve_act(c, total));
-    task.x8 = c->act;
-    task.rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));
-    if (task.rb < 1) task.rb = 1;
-    if (task.rb > MM_MAX_RB) task.rb = MM_MAX_RB;
-    /* Scratch holds one group's rounded activation rows while preparing. */
-    LOOM_TRY(loom__cpu_reserve_scratch(c, (size_t)k->width * task.act_stride / sizeof(float)));
-    loom__threadpool_run(c->tp, mml_prepare_worker, &task);
-    loom__threadpool_run(c->tp, mml_worker, &task);
     return LOOM_OK;
 }
 
@@ -313,9 +263,10 @@ static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loo
                    (long long)K, loom_type_name(act_type));
     const loom_qgemm_lanes *lanes = loom_qgemm_lanes_get(w->type);
     if (lanes && T >= MML_MIN_TOKENS)
-        return mm_run_lanes(c, w, x, out, lanes, act_type, act_row, w_row);
+        return mm_run_tiles(c, w, x, out, NULL, lanes, act_type, act_row, w_row);
     const loom_qgemm_kernels *k = loom_qgemm_get(w->type);
-    if (k && T >= k->min_tokens) return mm_run_tiles(c, w, x, out, k, act_type, act_row, w_row);
+    if (k && T >= k->min_tokens)
+        return mm_run_tiles(c, w, x, out, k, NULL, act_type, act_row, w_row);
 
     bool overflow = loom__add_overflow_size(act_row, MMQ_ROW_ALIGN - 1, &stride);
     stride -= stride % MMQ_ROW_ALIGN;

@@ -74,11 +74,11 @@ LOOM__QINLINE vf block_term(const uint8_t *blk, const uint8_t *xb, legacy_fmt fm
     if (fmt == FMT_Q8_0) {
         /* the codes are bytes already: broadcast them from the block, flip the top bits */
         const int8_t *qs = ((const loom_block_q8_0 *)blk)->qs;
+        const vi flip = V_SET1_EPI32((int32_t)0x80808080u);
         for (int c = 0; c < 8; c++) {
             int32_t chunk;
-            memcpy(&chunk, qs + 4 * c, 4);
-            s = V_DPBUSD(s, V_SET1_EPI32((int32_t)((uint32_t)chunk ^ 0x80808080u)),
-                         V_LOAD_SI(xb + 4 * LW * c));
+            memcpy(&chunk, qs + 4 * c, 4); /* a broadcast load; the flip stays in vectors */
+            s = V_DPBUSD(s, V_XOR_SI(V_SET1_EPI32(chunk), flip), V_LOAD_SI(xb + 4 * LW * c));
         }
     } else {
         _Alignas(32) uint8_t u[LQ];
@@ -110,17 +110,16 @@ LOOM__QINLINE void tile8_legacy(const void *w, size_t w_stride, int nr, const vo
         const uint8_t *xb = (const uint8_t *)x8;
         vf acc[8];
         for (int k = 0; k < 8; k++) acc[k] = V_ZERO_PS();
-        int64_t b = 0;
-        for (; b + 8 <= nb; b += 8)
+        /* k is a constant in every statement (the last group tests b + k < nb instead of
+         * looping to it), so the 8 accumulators stay in registers */
+        for (int64_t b = 0; b < nb; b += 8)
 #if defined(__GNUC__)
 #pragma GCC unroll 8
 #endif
             for (int k = 0; k < 8; k++)
-                acc[k] = V_ADD_PS(acc[k], block_term(wr + (size_t)(b + k) * wb,
-                                                     xb + (size_t)(b + k) * XB, fmt, with_min));
-        for (int k = 0; b + k < nb; k++)
-            acc[k] = V_ADD_PS(acc[k], block_term(wr + (size_t)(b + k) * wb,
-                                                 xb + (size_t)(b + k) * XB, fmt, with_min));
+                if (b + k < nb)
+                    acc[k] = V_ADD_PS(acc[k], block_term(wr + (size_t)(b + k) * wb,
+                                                         xb + (size_t)(b + k) * XB, fmt, with_min));
         /* loom__qd_fold8's order, on vectors */
         const vf f0 = V_ADD_PS(acc[0], acc[4]), f1 = V_ADD_PS(acc[1], acc[5]);
         const vf f2 = V_ADD_PS(acc[2], acc[6]), f3 = V_ADD_PS(acc[3], acc[7]);

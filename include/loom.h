@@ -563,7 +563,16 @@ typedef struct loom_event {
 typedef void (*loom_event_fn)(const loom_event *event, void *user_data);
 
 typedef struct loom_engine_params {
-    int64_t kv_bytes;           /* KV-cache budget in bytes; 0: use kv_fraction */
+    int64_t kv_bytes;           /* KV-cache budget in bytes; 0: use kv_fraction. Split
+                                   between the model's KV groups (layers with the same
+                                   attention window): a sliding-window group gets at most
+                                   what max_seqs running requests can hold in it (their last
+                                   window plus one step of max_batched_tokens, with room for
+                                   copy-on-write and, with prefix_cache, for about max_seqs / 8
+                                   cached windows); every other byte goes to the full-attention
+                                   layers, so on models such as Gemma 3 a large budget holds
+                                   several times more context than an equal split would. A
+                                   model with only one kind of layer splits it equally */
     float kv_fraction;          /* fraction of the backend's free memory for the KV cache when
                                    kv_bytes is 0 (default 0.25) */
     int32_t block_size;         /* tokens per KV block (default 16) */
@@ -632,6 +641,12 @@ typedef struct loom_request_params {
 typedef struct loom_engine_stats {
     int32_t running;           /* requests with KV in use */
     int32_t waiting;           /* queued, not yet admitted or preempted */
+    /* The kv_blocks_* figures describe one pool: that of the first KV group, the
+     * full-attention layers' when the model has any (else its only or first sliding-window
+     * group). It is the pool that limits how much context fits, the one admission and
+     * preemption count, and the one whose size max_ctx and prompts are checked against
+     * (block_size tokens a block). Sliding-window groups have their own, smaller pools (see
+     * kv_bytes), sized so that they never run out first. total = used + cached + free. */
     int32_t kv_blocks_total;
     int32_t kv_blocks_used;    /* held by requests */
     int32_t kv_blocks_cached;  /* free but holding a reusable prefix */
@@ -684,7 +699,9 @@ LOOM_API double loom_engine_now(void);
 /* Creates an engine over model (which must outlive it); params may be NULL. Sizes the KV cache
  * and every per-step buffer now. With params->on_event set, starts the background thread.
  * Errors: INVALID_ARG (NULL, vocab_only model, bad params), OUT_OF_MEMORY (the KV budget
- * cannot be allocated, or holds fewer blocks than one full context needs), BACKEND. */
+ * cannot be allocated, or gives some KV group fewer blocks than one request of max_ctx needs:
+ * ceil(max_ctx / block_size) + 1 in a full-attention group; the message names the group),
+ * BACKEND. */
 LOOM_API loom_status loom_engine_create(loom_model *model, const loom_engine_params *params,
                                         loom_engine **out);
 

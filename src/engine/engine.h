@@ -23,6 +23,30 @@ typedef struct loom_engine_inbox {
     size_t n_cancels, cap_cancels;
 } loom_engine_inbox;
 
+/* Host memory that holds swapped-out blocks of one KV group: n_slots slots of one block each
+ * (every layer of the group, K then V per layer). */
+typedef struct loom_engine_swap_area {
+    char *mem; /* [n_slots][slot_bytes] */
+    size_t slot_bytes;
+    int32_t n_slots;
+    int32_t *free; /* [n_slots] stack of free slots */
+    int32_t n_free;
+} loom_engine_swap_area;
+
+/* What sizing the KV pools depends on (loom__engine_kv_plan). */
+typedef struct loom_engine_kv_shape {
+    int64_t budget; /* bytes for every pool together */
+    int32_t n_groups;
+    int32_t window[LOOM_MAX_KV_GROUPS];     /* each group's sliding window; 0: full attention */
+    size_t block_bytes[LOOM_MAX_KV_GROUPS]; /* bytes of one block of each group (all its layers,
+                                               K and V) */
+    int32_t block_size;
+    int32_t max_seqs;           /* sequences running at once */
+    int32_t max_batched_tokens; /* tokens computed in one step, over all sequences */
+    int32_t max_ctx;            /* positions one sequence may hold */
+    bool prefix_cache;
+} loom_engine_kv_shape;
+
 struct loom_engine {
     loom_model *model;
     const loom_backend_ops *ops;
@@ -40,21 +64,20 @@ struct loom_engine {
     loom__trace_layers layers;
     loom__trace_layer_hook hook;
 
-    /* KV: the manager, and the storage of every layer's pools in one backend buffer. */
+    /* KV: the manager, and the storage of every layer's pools in one backend buffer. Each
+     * group has its own pool size (engine_kv.c says how they are chosen); a layer's pool has
+     * its group's number of blocks. */
     loom_kv *kv;
     int32_t n_groups;
-    int32_t n_blocks; /* per group pool */
+    int32_t n_blocks; /* group 0's pool: the one the scheduler counts and submit checks prompts
+                         against (full attention when the model has any) */
+    int32_t group_blocks[LOOM_MAX_KV_GROUPS]; /* each group's pool */
     loom_buffer *kv_buf;
     void **k_base, **v_base; /* [n_layer] */
     size_t token_stride, block_stride;
     loom_type kv_type;
-    /* Host swap area for LOOM_PREEMPT_SWAP: slots of one block of one group (every layer of
-     * the group, K and V). */
-    char *swap_mem;
-    size_t swap_slot_bytes;
-    int32_t swap_slots;
-    int32_t *swap_free; /* stack of free slots */
-    int32_t n_swap_free;
+    /* Host swap areas for LOOM_PREEMPT_SWAP, one per group (their blocks differ in size). */
+    loom_engine_swap_area swap[LOOM_MAX_KV_GROUPS];
 
     loom_sched *sched;
     loom_forward_ws ws;
@@ -118,6 +141,10 @@ struct loom_engine {
 };
 
 /* engine_kv.c */
+/* Blocks of each group's pool (n_blocks[n_groups]) for the shape, as engine_kv.c describes.
+ * Pure: no allocation, no engine. Errors: INVALID_ARG (a bad shape), OUT_OF_MEMORY (the budget
+ * cannot give some group the blocks one request of max_ctx needs; the message says which). */
+loom_status loom__engine_kv_plan(const loom_engine_kv_shape *shape, int32_t *n_blocks);
 loom_status loom__engine_kv_create(loom_engine *e);
 void loom__engine_kv_destroy(loom_engine *e);
 /* The scheduler's view of the KV manager. */

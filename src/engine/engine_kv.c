@@ -2,16 +2,57 @@
  * storage in backend memory, the scheduler's view of the KV manager, and the data movements
  * the manager asks for (copy-on-write copies, swap to host memory and back).
  *
- * Every group gets the same number of blocks: the scheduler sees one block count (group 0's:
- * full attention when the model has any), and a sliding-window group never holds more blocks
- * than the full-attention group for the same sequences, so group 0 is the binding one. A pool
- * sized for what sliding layers really need is a later refinement (see the issue notes). */
+ * Sizing. Each KV group has its own pool. The scheduler counts blocks of group 0 only (full
+ * attention when the model has any: the group whose tables grow with the context), so every
+ * other pool must be large enough never to run out first. A sliding-window group (window w)
+ * needs far less than a full one: its sequences release the blocks that leave the window
+ * (kv_manager.h). Precisely, with block size bs:
+ *   - a sequence about to compute n tokens at positions p .. p+n-1 holds the table entries
+ *     covering positions p-w+1 .. p+n-1 (the first query reads back to p-w+1; earlier ones
+ *     were released at commit): w+n-1 positions, which straddle at most
+ *     floor((w + n + 2*bs - 3) / bs) blocks, and never more than its whole table,
+ *     ceil(max_ctx / bs) blocks. Between steps the same holds with n = 0.
+ *   - Only running requests hold blocks, at most max_seqs of them: recompute-preempted and
+ *     finished ones freed theirs, swapped-out ones hold none, waiting ones hold nothing yet,
+ *     and the engine never forks (n > 1 samples share a prompt through the prefix cache). One
+ *     step computes at most max_batched_tokens tokens over all of them. Summing the per
+ *     sequence bound over S = max_seqs sequences whose n add up to T = max_batched_tokens:
+ *         held = min(floor((S * (w + 2*bs - 3) + T) / bs), S * ceil(max_ctx / bs)).
+ *     Blocks shared through the prefix cache count once, so sharing only lowers this.
+ *   - During a step, a copy-on-write (a reused, indexed last block) keeps its source pinned
+ *     until commit: at most one per sequence, so S more.
+ *   - A prefix-cache hit needs the sliding group to still have the cached blocks of the
+ *     prefix's last window (kv_manager.h), which a pool of exactly held + S may have evicted
+ *     under full load, turning every hit on a long prompt into a miss. With prefix caching on,
+ *     room for ceil(S / 8) such windows, min(floor((w + 2*bs - 3) / bs), ceil(max_ctx / bs))
+ *     blocks each, keeps the hot prefixes hitting for about an eighth more of the pool.
+ *   cap = held + S + share is the most such a group can use. Full-attention groups get n
+ *   blocks each and each sliding group min(cap, n), n being the largest count (at most 2^24)
+ *   whose pools fit the budget: everything the sliding groups cannot use goes to the full
+ *   ones. When cap >= n the sliding group gets n, as much as group 0, which is also enough:
+ *   a sliding table is a part of the same sequence's full table, so it never holds more.
+ *   A model without a full-attention group gives every group n: there the scheduler's group
+ *   is a sliding one, and it counts a prompt's whole table when admitting it (the releases
+ *   between prefill chunks are not credited), so it needs whole prompts like a full group.
+ *   One request of max_ctx must fit every pool on its own (ceil(max_ctx / bs) + 1 blocks, or
+ *   cap with S = 1 and no share if less); if not, creation fails with OUT_OF_MEMORY.
+ * Gemma 3 270M, bs 16, max_seqs 64, 512 tokens a step, max_ctx >= 8192: the 15 local layers
+ * (w = 512) use at most 2196 + 64 + 264 = 2524 blocks, so once a budget passes about 0.7 GiB
+ * every further 48 KiB is one more block of the 3 global layers, where an equal split needed
+ * 288 KiB (4 GiB: 74761 global blocks instead of 14563). Below that, or with max_ctx <= w,
+ * the split stays equal.
+ * Statistics (loom_engine_stats.kv_blocks_*) describe group 0's pool. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "core/log.h"
 #include "engine/engine.h"
+
+/* Most blocks a pool may have (block ids and table entries are int32_t). */
+#define KV_MAX_BLOCKS (1 << 24)
+
+/* ---- sizing -------------------------------------------------------------------------------- */
 
 /* Bytes of one block of group g: every layer of the group, K and V. */
 static size_t group_block_bytes(const loom_engine *e, int32_t g) {
@@ -27,6 +68,87 @@ static int64_t available_bytes(void) {
     return pages > 0 && size > 0 ? (int64_t)pages * size : 0;
 }
 
+static int64_t min64(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
+
+/* Blocks a sliding group can have in use at once: n_seqs sequences running, n_tokens computed
+ * in one step over all of them (the top of the file derives it). INT64_MAX for groups that
+ * take the common count: full attention, or any group of a model without full attention. */
+static int64_t window_cap(const loom_engine_kv_shape *sh, int32_t g, int64_t n_seqs,
+                          int64_t n_tokens, bool share) {
+    bool any_full = false;
+    for (int32_t k = 0; k < sh->n_groups; k++) any_full |= sh->window[k] == 0;
+    if (sh->window[g] == 0 || !any_full) return INT64_MAX;
+    const int64_t bs = sh->block_size, span = (int64_t)sh->window[g] + 2 * bs - 3;
+    const int64_t table = ((int64_t)sh->max_ctx + bs - 1) / bs;
+    int64_t held = min64((n_seqs * span + n_tokens) / bs, n_seqs * table);
+    int64_t cached = share ? (n_seqs + 7) / 8 * min64(span / bs, table) : 0;
+    return held + n_seqs + cached;
+}
+
+/* Bytes of the pools when the uncapped groups get n blocks each; INT64_MAX past that. */
+static int64_t plan_bytes(const loom_engine_kv_shape *sh, const int64_t *cap, int64_t n) {
+    int64_t total = 0;
+    for (int32_t g = 0; g < sh->n_groups; g++) {
+        int64_t blocks = min64(cap[g], n), bytes = (int64_t)sh->block_bytes[g];
+        if (blocks > 0 && bytes > (INT64_MAX - total) / blocks) return INT64_MAX;
+        total += blocks * bytes;
+    }
+    return total;
+}
+
+static loom_status check_shape(const loom_engine_kv_shape *sh) {
+    LOOM_RETURN_IF(sh->n_groups < 1 || sh->n_groups > LOOM_MAX_KV_GROUPS || sh->block_size < 1 ||
+                       sh->max_seqs < 1 || sh->max_batched_tokens < 1 || sh->max_ctx < 1 ||
+                       sh->budget < 0,
+                   LOOM_ERR_INVALID_ARG,
+                   "engine: KV shape: %d groups, block_size %d, max_seqs %d, max_batched_tokens "
+                   "%d, max_ctx %d, budget %lld",
+                   sh->n_groups, sh->block_size, sh->max_seqs, sh->max_batched_tokens, sh->max_ctx,
+                   (long long)sh->budget);
+    for (int32_t g = 0; g < sh->n_groups; g++)
+        LOOM_RETURN_IF(sh->window[g] < 0 || sh->block_bytes[g] == 0 ||
+                           sh->block_bytes[g] > (size_t)INT64_MAX,
+                       LOOM_ERR_INVALID_ARG, "engine: KV group %d: window %d, %zu bytes a block", g,
+                       sh->window[g], sh->block_bytes[g]);
+    return LOOM_OK;
+}
+
+/* The largest common count n (at most KV_MAX_BLOCKS) whose pools fit the budget; 0 if none. */
+static int64_t common_count(const loom_engine_kv_shape *sh, const int64_t *cap) {
+    int64_t lo = 0, hi = KV_MAX_BLOCKS; /* plan_bytes grows with n */
+    if (plan_bytes(sh, cap, hi) <= sh->budget) return hi;
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (plan_bytes(sh, cap, mid) <= sh->budget)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+loom_status loom__engine_kv_plan(const loom_engine_kv_shape *sh, int32_t *n_blocks) {
+    LOOM_CHECK_ARG(sh != NULL && n_blocks != NULL);
+    LOOM_TRY(check_shape(sh));
+    int64_t cap[LOOM_MAX_KV_GROUPS];
+    for (int32_t g = 0; g < sh->n_groups; g++)
+        cap[g] = window_cap(sh, g, sh->max_seqs, sh->max_batched_tokens, sh->prefix_cache);
+    const int64_t n = common_count(sh, cap);
+    const int64_t whole = ((int64_t)sh->max_ctx + sh->block_size - 1) / sh->block_size + 1;
+    for (int32_t g = 0; g < sh->n_groups; g++) {
+        int64_t need = min64(whole, window_cap(sh, g, 1, sh->max_batched_tokens, false));
+        LOOM_RETURN_IF(min64(cap[g], n) < need, LOOM_ERR_OUT_OF_MEMORY,
+                       "engine: a KV budget of %lld bytes gives KV group %d (window %d) %lld "
+                       "blocks of %zu bytes; one request of max_ctx %d needs %lld",
+                       (long long)sh->budget, g, sh->window[g], (long long)min64(cap[g], n),
+                       sh->block_bytes[g], sh->max_ctx, (long long)need);
+    }
+    for (int32_t g = 0; g < sh->n_groups; g++) n_blocks[g] = (int32_t)min64(cap[g], n);
+    return LOOM_OK;
+}
+
 static loom_status size_pools(loom_engine *e) {
     const loom_model_config *c = &e->model->cfg;
     const loom_engine_params *p = &e->params;
@@ -34,53 +156,63 @@ static loom_status size_pools(loom_engine *e) {
     e->token_stride = (size_t)c->n_head_kv * (size_t)c->head_dim * 2;
     e->block_stride = e->token_stride * (size_t)p->block_size;
     e->n_groups = c->n_kv_groups;
-    size_t per_block = 0;
-    for (int32_t g = 0; g < e->n_groups; g++) per_block += group_block_bytes(e, g);
-    int64_t budget = p->kv_bytes;
-    if (budget == 0) budget = (int64_t)((double)available_bytes() * p->kv_fraction);
-    int64_t n = budget / (int64_t)per_block;
-    int64_t need = (e->max_ctx + p->block_size - 1) / p->block_size + 1;
-    LOOM_RETURN_IF(n < need, LOOM_ERR_OUT_OF_MEMORY,
-                   "engine: a KV budget of %lld bytes holds %lld blocks of %zu bytes; one "
-                   "request of max_ctx %d needs %lld",
-                   (long long)budget, (long long)n, per_block, e->max_ctx, (long long)need);
-    if (n > (1 << 24)) n = 1 << 24;
-    e->n_blocks = (int32_t)n;
+    loom_engine_kv_shape sh = {
+        .budget = p->kv_bytes,
+        .n_groups = e->n_groups,
+        .block_size = p->block_size,
+        .max_seqs = p->max_seqs,
+        .max_batched_tokens = p->max_batched_tokens,
+        .max_ctx = e->max_ctx,
+        .prefix_cache = p->prefix_cache,
+    };
+    if (sh.budget == 0) sh.budget = (int64_t)((double)available_bytes() * p->kv_fraction);
+    for (int32_t g = 0; g < e->n_groups; g++) {
+        sh.window[g] = c->kv_group_window[g];
+        sh.block_bytes[g] = group_block_bytes(e, g);
+    }
+    LOOM_TRY(loom__engine_kv_plan(&sh, e->group_blocks));
+    e->n_blocks = e->group_blocks[0];
     return LOOM_OK;
 }
 
+/* ---- storage ------------------------------------------------------------------------------- */
+
+/* One backend buffer holds every layer's K pool then V pool, each of its group's size. */
 static loom_status alloc_storage(loom_engine *e) {
     const loom_model_config *c = &e->model->cfg;
-    size_t layer_bytes = e->block_stride * (size_t)e->n_blocks;
-    LOOM_TRY(e->ops->buffer_alloc(e->bctx, layer_bytes * 2 * (size_t)c->n_layer, &e->kv_buf));
+    size_t total = 0;
+    for (int32_t il = 0; il < c->n_layer; il++)
+        total += 2 * e->block_stride * (size_t)e->group_blocks[c->layers[il].kv_group];
+    LOOM_TRY(e->ops->buffer_alloc(e->bctx, total, &e->kv_buf));
     e->k_base = calloc((size_t)c->n_layer, sizeof *e->k_base);
     e->v_base = calloc((size_t)c->n_layer, sizeof *e->v_base);
     LOOM_RETURN_IF(!e->k_base || !e->v_base, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
-    char *base = e->ops->buffer_base(e->bctx, e->kv_buf);
+    char *at = e->ops->buffer_base(e->bctx, e->kv_buf);
     for (int32_t il = 0; il < c->n_layer; il++) {
-        e->k_base[il] = base + (size_t)(2 * il) * layer_bytes;
-        e->v_base[il] = base + (size_t)(2 * il + 1) * layer_bytes;
+        size_t layer_bytes = e->block_stride * (size_t)e->group_blocks[c->layers[il].kv_group];
+        e->k_base[il] = at;
+        e->v_base[il] = at + layer_bytes;
+        at += 2 * layer_bytes;
     }
     return LOOM_OK;
 }
 
 static loom_status alloc_swap(loom_engine *e) {
     if (e->params.preempt != LOOM_PREEMPT_SWAP) return LOOM_OK;
-    size_t slot = 0;
+    /* As many host slots per group as device blocks: every sequence can be out, and the host
+     * area costs what the device pools do. */
     for (int32_t g = 0; g < e->n_groups; g++) {
-        size_t b = group_block_bytes(e, g);
-        if (b > slot) slot = b;
+        loom_engine_swap_area *a = &e->swap[g];
+        a->slot_bytes = group_block_bytes(e, g);
+        a->n_slots = e->group_blocks[g];
+        a->mem = malloc(a->slot_bytes * (size_t)a->n_slots);
+        a->free = malloc((size_t)a->n_slots * sizeof *a->free);
+        LOOM_RETURN_IF(!a->mem || !a->free, LOOM_ERR_OUT_OF_MEMORY,
+                       "engine: cannot allocate %zu bytes of host swap space for KV group %d",
+                       a->slot_bytes * (size_t)a->n_slots, g);
+        for (int32_t i = 0; i < a->n_slots; i++) a->free[i] = a->n_slots - 1 - i;
+        a->n_free = a->n_slots;
     }
-    /* As many host slots as device blocks over all groups: every sequence can be out. */
-    e->swap_slot_bytes = slot;
-    e->swap_slots = e->n_blocks * e->n_groups;
-    e->swap_mem = malloc(slot * (size_t)e->swap_slots);
-    e->swap_free = malloc((size_t)e->swap_slots * sizeof *e->swap_free);
-    LOOM_RETURN_IF(!e->swap_mem || !e->swap_free, LOOM_ERR_OUT_OF_MEMORY,
-                   "engine: cannot allocate %zu bytes of host swap space",
-                   slot * (size_t)e->swap_slots);
-    for (int32_t i = 0; i < e->swap_slots; i++) e->swap_free[i] = e->swap_slots - 1 - i;
-    e->n_swap_free = e->swap_slots;
     return LOOM_OK;
 }
 
@@ -90,7 +222,7 @@ loom_status loom__engine_kv_create(loom_engine *e) {
     LOOM_TRY(alloc_swap(e));
     loom_kv_group_params groups[LOOM_MAX_KV_GROUPS];
     for (int32_t g = 0; g < e->n_groups; g++) {
-        groups[g].n_blocks = e->n_blocks;
+        groups[g].n_blocks = e->group_blocks[g];
         groups[g].window = e->model->cfg.kv_group_window[g];
     }
     loom_kv_params kp = loom_kv_default_params();
@@ -121,8 +253,10 @@ void loom__engine_kv_destroy(loom_engine *e) {
     if (e->kv_buf) e->ops->buffer_free(e->bctx, e->kv_buf);
     free(e->k_base);
     free(e->v_base);
-    free(e->swap_mem);
-    free(e->swap_free);
+    for (int32_t g = 0; g < LOOM_MAX_KV_GROUPS; g++) {
+        free(e->swap[g].mem);
+        free(e->swap[g].free);
+    }
     free(e->swap_blocks);
     free(e->known);
 }
@@ -218,9 +352,20 @@ loom_status loom__engine_kv_copy(loom_engine *e, const loom_kv_copy *c) {
     return LOOM_OK;
 }
 
+/* Gives a swapped-out sample's host slots back to their groups' areas. */
+static void release_slots(loom_engine *e, loom_req_sample *s) {
+    if (!s->swapped) return;
+    for (int32_t g = 0; g < e->n_groups; g++) {
+        loom_engine_swap_area *a = &e->swap[g];
+        for (int32_t j = s->swap_offsets[g]; j < s->swap_offsets[g + 1]; j++)
+            a->free[a->n_free++] = s->swap_slots[j];
+    }
+    s->swapped = false;
+}
+
 /* Moves one block of group g between device block b and host slot (dir > 0: to host). */
 static loom_status move_block(loom_engine *e, int32_t g, int32_t b, int32_t slot, int dir) {
-    char *host = e->swap_mem + (size_t)slot * e->swap_slot_bytes;
+    char *host = e->swap[g].mem + (size_t)slot * e->swap[g].slot_bytes;
     size_t off = (size_t)b * e->block_stride;
     for (int32_t il = 0; il < e->model->cfg.n_layer; il++) {
         if (e->model->cfg.layers[il].kv_group != g) continue;
@@ -237,21 +382,35 @@ static loom_status move_block(loom_engine *e, int32_t g, int32_t b, int32_t slot
     return LOOM_OK;
 }
 
-loom_status loom__engine_swap_out(loom_engine *e, loom_req_sample *s) {
-    loom_kv_seq_info info;
-    LOOM_TRY(loom_kv_seq_get_info(e->kv, s->kv_seq, &info));
-    LOOM_RETURN_IF(info.n_held > e->n_swap_free || info.n_held > e->swap_list_cap,
-                   LOOM_ERR_OUT_OF_MEMORY, "engine: host swap space is full");
-    LOOM_TRY(loom_kv_swap_out(e->kv, s->kv_seq, e->swap_blocks, e->swap_list_cap,
-                              s->swap_offsets));
+/* Whether every group's host area has a slot for each block the sequence holds there. */
+static bool swap_fits(const loom_engine *e, int32_t seq) {
+    int32_t total = 0;
     for (int32_t g = 0; g < e->n_groups; g++) {
-        for (int32_t j = s->swap_offsets[g]; j < s->swap_offsets[g + 1]; j++) {
-            int32_t slot = e->swap_free[--e->n_swap_free];
-            s->swap_slots[j] = slot;
-            LOOM_TRY(move_block(e, g, e->swap_blocks[j], slot, +1));
-        }
+        const int32_t *table = NULL;
+        int32_t n = 0, held = 0;
+        if (loom_kv_seq_table(e->kv, seq, g, &table, &n) != LOOM_OK) return false;
+        for (int32_t i = 0; i < n; i++) held += table[i] != LOOM_KV_NO_BLOCK;
+        if (held > e->swap[g].n_free) return false;
+        total += held;
+    }
+    return total <= e->swap_list_cap;
+}
+
+loom_status loom__engine_swap_out(loom_engine *e, loom_req_sample *s) {
+    LOOM_RETURN_IF(!swap_fits(e, s->kv_seq), LOOM_ERR_OUT_OF_MEMORY,
+                   "engine: host swap space is full");
+    LOOM_TRY(loom_kv_swap_out(e->kv, s->kv_seq, e->swap_blocks, e->swap_list_cap, s->swap_offsets));
+    /* Slots first, so that a failed copy still leaves every slot where release finds it. */
+    for (int32_t g = 0; g < e->n_groups; g++) {
+        loom_engine_swap_area *a = &e->swap[g];
+        for (int32_t j = s->swap_offsets[g]; j < s->swap_offsets[g + 1]; j++)
+            s->swap_slots[j] = a->free[--a->n_free];
     }
     s->swapped = true;
+    for (int32_t g = 0; g < e->n_groups; g++) {
+        for (int32_t j = s->swap_offsets[g]; j < s->swap_offsets[g + 1]; j++)
+            LOOM_TRY(move_block(e, g, e->swap_blocks[j], s->swap_slots[j], +1));
+    }
     return LOOM_OK;
 }
 
@@ -259,22 +418,15 @@ loom_status loom__engine_swap_in(loom_engine *e, loom_req_sample *s) {
     int32_t offsets[LOOM_MAX_KV_GROUPS + 1];
     LOOM_TRY(loom_kv_swap_in(e->kv, s->kv_seq, e->swap_blocks, e->swap_list_cap, offsets));
     for (int32_t g = 0; g < e->n_groups; g++) {
-        for (int32_t j = offsets[g]; j < offsets[g + 1]; j++) {
+        for (int32_t j = offsets[g]; j < offsets[g + 1]; j++)
             LOOM_TRY(move_block(e, g, e->swap_blocks[j], s->swap_slots[j], -1));
-            e->swap_free[e->n_swap_free++] = s->swap_slots[j];
-        }
     }
-    s->swapped = false;
+    release_slots(e, s);
     return LOOM_OK;
 }
 
 void loom__engine_release(loom_engine *e, loom_req_sample *s) {
-    if (s->swapped) {
-        for (int32_t j = 0; j < s->swap_offsets[e->n_groups]; j++) {
-            e->swap_free[e->n_swap_free++] = s->swap_slots[j];
-        }
-        s->swapped = false;
-    }
+    release_slots(e, s);
     if (s->kv_seq >= 0) {
         (void)loom_kv_seq_free(e->kv, s->kv_seq);
         s->kv_seq = -1;

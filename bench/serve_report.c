@@ -10,7 +10,7 @@
  *         requests have no deadline: the row says what fraction would have met it.
  *   throughput: generated tokens (and finished requests) / (last finish - first arrival).
  *   KV utilisation: kv_blocks_used / kv_blocks_total after each step, weighted by step time.
- *   fragmentation: see serve_driver.c; estimate and upper bound, % of the pool's slots. */
+ *   fragmentation: see serve_driver.c; exact, % of group 0's slots and % of all KV bytes. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <math.h>
@@ -75,9 +75,9 @@ static class_metrics class_stats(const serve_run *r, int cls, double deadline,
 
 typedef struct kv_metrics {
     double util_mean, util_peak;  /* fraction of blocks */
-    double frag_mean, frag_peak;  /* fraction of pool slots (estimate) */
-    double bound_mean, bound_peak;
-    double frag_of_used;          /* step-weighted estimate / allocated slots */
+    double frag_mean, frag_peak;  /* fraction of group 0's pool slots */
+    double bound_mean, bound_peak; /* all groups: fraction of the KV bytes */
+    double frag_of_used;          /* step-weighted: unused / allocated slots (group 0) */
     /* Steps where every running sequence was decoding: blocks used / sum of ceil(p / B) over
      * them (1 without prefix sharing if the estimate's positions are right; below 1 by what
      * shared prefix blocks save). */
@@ -94,7 +94,8 @@ static kv_metrics kv_stats(const serve_run *r) {
         if (s->blocks_total <= 0) continue;
         double slots = (double)s->blocks_total * r->block_size;
         double u = (double)s->blocks_used / s->blocks_total;
-        double f = (double)s->frag_slots / slots, b = (double)s->frag_bound / slots;
+        double f = (double)s->frag_slots / slots;
+        double b = s->pool_bytes > 0 ? s->frag_bytes / s->pool_bytes : 0.0;
         k.util_mean += u * s->dt_s;
         k.frag_mean += f * s->dt_s;
         k.bound_mean += b * s->dt_s;
@@ -244,10 +245,10 @@ void serve_report_open(const serve_config *cfg, const serve_run *runs, size_t n)
         snprintf(CELL, SERVE_CELL, "%.1f / %.1f", 100 * kv[c].util_mean, 100 * kv[c].util_peak));
     ROW("KV int. frag. mean / peak (% pool)",
         snprintf(CELL, SERVE_CELL, "%.2f / %.2f", 100 * kv[c].frag_mean, 100 * kv[c].frag_peak));
-    ROW("  upper bound mean / peak (% pool)",
+    ROW("  all groups, % of KV bytes",
         snprintf(CELL, SERVE_CELL, "%.2f / %.2f", 100 * kv[c].bound_mean,
                  100 * kv[c].bound_peak));
-    ROW("  estimate, % of allocated slots", fmt_num(CELL, kv[c].frag_of_used, 100, 2));
+    ROW("  % of allocated slots", fmt_num(CELL, kv[c].frag_of_used, 100, 2));
     ROW("  blocks used / sum ceil(p/B)", {
         if (kv[c].check_ideal > 0) {
             snprintf(CELL, SERVE_CELL, "%.3f (%zu steps)",

@@ -777,6 +777,33 @@ LOOM_API void loom_generation_free(loom_generation *generation);
 /* Counters and occupancy, a consistent snapshot. Thread-safe. */
 LOOM_API loom_status loom_engine_get_stats(loom_engine *engine, loom_engine_stats *out);
 
+/* One KV group: the layers that share an attention window share a pool of blocks (Gemma 3: the
+ * full-attention layers, and the sliding-window layers). */
+typedef struct loom_kv_group_info {
+    int32_t n_groups;        /* groups in this engine (the same whichever group is asked) */
+    int32_t window;          /* 0: full attention; else the sliding window, in positions */
+    int32_t n_layers;        /* layers whose K and V this pool holds */
+    int32_t block_size;      /* positions per block */
+    int64_t block_bytes;     /* bytes of one block over the group's layers, K and V */
+    int32_t blocks_total;    /* the pool; total = used + cached + free */
+    int32_t blocks_used;     /* held by requests (or by a copy-on-write in progress) */
+    int32_t blocks_cached;   /* free but holding a reusable prefix */
+    int32_t blocks_free;     /* empty */
+    int64_t slots_unused;    /* positions of the used blocks that hold nothing computed:
+                                internal fragmentation, exactly (a block shared by several
+                                requests counts once) */
+    int64_t window_releases; /* blocks given back because they left every window (sliding
+                                groups; lifetime) */
+    int64_t evictions;       /* cached blocks evicted to make room (lifetime) */
+    int64_t cow_copies;      /* copy-on-write block copies (lifetime) */
+} loom_kv_group_info;
+
+/* A snapshot of KV group `group`, in [0, n_groups), as of the last step; group 0 is the pool
+ * loom_engine_stats.kv_blocks_* describe. Thread-safe. Errors: INVALID_ARG (NULL engine or
+ * out, group outside [0, n_groups)). */
+LOOM_API loom_status loom_engine_get_kv_group(loom_engine *engine, int32_t group,
+                                              loom_kv_group_info *out);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Per-token trace                                                                             */
 /* ------------------------------------------------------------------------------------------ */

@@ -284,6 +284,16 @@ class EngineStats(C.Structure):
                 ("busy_s", C.c_double), ("tokens_per_s", C.c_double),
                 ("tokens_per_s_recent", C.c_double)]
 
+
+class KvGroupInfo(C.Structure):
+    _fields_ = [("n_groups", C.c_int32), ("window", C.c_int32), ("n_layers", C.c_int32),
+                ("block_size", C.c_int32), ("block_bytes", C.c_int64),
+                ("blocks_total", C.c_int32), ("blocks_used", C.c_int32),
+                ("blocks_cached", C.c_int32), ("blocks_free", C.c_int32),
+                ("slots_unused", C.c_int64), ("window_releases", C.c_int64),
+                ("evictions", C.c_int64), ("cow_copies", C.c_int64)]
+
+
 LATENCY_WINDOW = 1024  # LOOM_ENGINE_LATENCY_WINDOW
 RATE_WINDOW = 64       # LOOM_ENGINE_RATE_WINDOW
 
@@ -364,6 +374,7 @@ _lib.loom_engine_step.argtypes = [C.c_void_p, C.POINTER(C.POINTER(Event)),
 _lib.loom_engine_has_work.argtypes = [C.c_void_p]
 _lib.loom_engine_has_work.restype = C.c_bool
 _lib.loom_engine_get_stats.argtypes = [C.c_void_p, C.POINTER(EngineStats)]
+_lib.loom_engine_get_kv_group.argtypes = [C.c_void_p, C.c_int32, C.POINTER(KvGroupInfo)]
 _lib.loom_engine_now.restype = C.c_double
 _lib.loom_engine_now.argtypes = []
 
@@ -636,3 +647,13 @@ class Engine:
         s = EngineStats()
         _check(_lib.loom_engine_get_stats(self._h, C.byref(s)))
         return {f: getattr(s, f) for f, _ in EngineStats._fields_}
+
+    def kv_groups(self):
+        """Every KV group's pool as a list of dicts (loom_kv_group_info's fields)."""
+        out, g, n = [], 0, 1
+        while g < n:
+            s = KvGroupInfo()
+            _check(_lib.loom_engine_get_kv_group(self._h, g, C.byref(s)))
+            out.append({f: getattr(s, f) for f, _ in KvGroupInfo._fields_})
+            n, g = s.n_groups, g + 1
+        return out

@@ -126,6 +126,7 @@ struct loom_engine {
     uint64_t next_id;
     loom_engine_stats stats; /* counters updated by steps (latency and rate figures are
                                 computed by get_stats from what follows) */
+    loom_kv_group_info kv_groups[LOOM_MAX_KV_GROUPS]; /* per-group snapshot, as stats */
     /* Latency of ended requests: lifetime sums and the last LOOM_ENGINE_LATENCY_WINDOW
      * values, ring buffers indexed by count % window. */
     double ttft_sum_s, tpot_sum_s;

@@ -238,6 +238,16 @@ loom_status loom__engine_kv_create(loom_engine *e) {
     kp.model_salt = loom_kv_hash_bytes(name, strlen(name), (uint64_t)loom_gguf_file_size(
                                                                 e->model->gguf));
     LOOM_TRY(loom_kv_create(&kp, &e->kv));
+    for (int32_t g = 0; g < e->n_groups; g++) { /* the fixed fields; steps update the rest */
+        loom_kv_group_info *gi = &e->kv_groups[g];
+        gi->n_groups = e->n_groups;
+        gi->window = groups[g].window;
+        gi->block_size = e->params.block_size;
+        gi->block_bytes = (int64_t)group_block_bytes(e, g);
+        for (int32_t il = 0; il < e->model->cfg.n_layer; il++)
+            gi->n_layers += e->model->cfg.layers[il].kv_group == g;
+        gi->blocks_total = gi->blocks_free = groups[g].n_blocks;
+    }
     e->block_cap = loom_kv_desc_block_cap(e->kv, e->params.max_seqs);
     e->swap_list_cap = e->n_groups * ((e->max_ctx + e->params.block_size - 1) /
                                       e->params.block_size + 1);

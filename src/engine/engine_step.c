@@ -506,7 +506,23 @@ static void update_stats(loom_engine *e) {
     loom_sched_get_stats(e->sched, &ss);
     if (loom_kv_get_stats(e->kv, &ks) != LOOM_OK) return;
     if (loom_kv_get_group_stats(e->kv, 0, &gs) != LOOM_OK) return;
+    loom_kv_group_info gi[LOOM_MAX_KV_GROUPS];
+    for (int32_t g = 0; g < e->n_groups; g++) {
+        loom_kv_group_stats k;
+        gi[g] = e->kv_groups[g]; /* the fixed fields (only this thread writes the rest) */
+        if (loom_kv_get_group_stats(e->kv, g, &k) != LOOM_OK ||
+            loom_kv_unused_slots(e->kv, g, &gi[g].slots_unused) != LOOM_OK)
+            return;
+        gi[g].blocks_total = k.n_blocks;
+        gi[g].blocks_used = k.n_used;
+        gi[g].blocks_cached = k.n_cached;
+        gi[g].blocks_free = k.n_free;
+        gi[g].window_releases = k.window_releases;
+        gi[g].evictions = k.evictions;
+        gi[g].cow_copies = k.cow_copies;
+    }
     pthread_mutex_lock(&e->mu);
+    memcpy(e->kv_groups, gi, (size_t)e->n_groups * sizeof *gi);
     e->stats.running = ss.n_running;
     e->stats.waiting = ss.n_waiting + ss.n_preempted;
     e->stats.kv_blocks_total = gs.n_blocks;

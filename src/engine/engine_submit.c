@@ -129,6 +129,17 @@ static double percentile(double *v, size_t n, double q) {
     return v[rank - 1];
 }
 
+loom_status loom_engine_get_kv_group(loom_engine *e, int32_t group, loom_kv_group_info *out) {
+    loom__clear_error();
+    LOOM_CHECK_ARG(e != NULL && out != NULL);
+    LOOM_RETURN_IF(group < 0 || group >= e->n_groups, LOOM_ERR_INVALID_ARG,
+                   "engine: KV group %d outside [0, %d)", group, e->n_groups);
+    pthread_mutex_lock(&e->mu);
+    *out = e->kv_groups[group];
+    pthread_mutex_unlock(&e->mu);
+    return LOOM_OK;
+}
+
 loom_status loom_engine_get_stats(loom_engine *e, loom_engine_stats *out) {
     loom__clear_error();
     LOOM_CHECK_ARG(e != NULL && out != NULL);

@@ -52,6 +52,8 @@ loom_status loom__kv_group_init(loom__kv_group *g, int32_t n_blocks, int32_t win
     g->prev = kv_calloc(nb, sizeof *g->prev, &ok);
     g->next = kv_calloc(nb, sizeof *g->next, &ok);
     g->free_ids = kv_calloc(nb, sizeof *g->free_ids, &ok);
+    g->fill = kv_calloc(nb, sizeof *g->fill, &ok);
+    g->stamp = kv_calloc(nb, sizeof *g->stamp, &ok);
     g->slots = kv_calloc((size_t)n_slots, sizeof *g->slots, &ok);
     size_t n_entries = 0;
     if (loom__mul_overflow_size((size_t)max_seqs, (size_t)max_blocks, &n_entries)) ok = false;
@@ -86,6 +88,8 @@ void loom__kv_group_free(loom__kv_group *g) {
     free(g->prev);
     free(g->next);
     free(g->free_ids);
+    free(g->fill);
+    free(g->stamp);
     free(g->slots);
     free(g->tables);
     memset(g, 0, sizeof *g);

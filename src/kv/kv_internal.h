@@ -41,6 +41,12 @@ typedef struct loom__kv_group {
 
     int32_t *tables; /* [max_seqs][max_blocks] block ids, LOOM_KV_NO_BLOCK where none */
 
+    /* loom_kv_unused_slots' scratch, [n_blocks]: a block's fill is valid while its stamp is
+     * the current pass's (no clearing of the arrays per pass) */
+    int32_t *fill;
+    uint32_t *stamp;
+    uint32_t pass;
+
     int64_t evictions, cow_copies, window_releases, swapped_out, swapped_in;
 } loom__kv_group;
 

@@ -286,6 +286,15 @@ typedef struct loom_kv_stats {
 loom_status loom_kv_get_stats(const loom_kv *kv, loom_kv_stats *out);
 loom_status loom_kv_get_group_stats(const loom_kv *kv, int32_t group, loom_kv_group_stats *out);
 
+/* Internal fragmentation of a group, exactly: *out = the slots of its owned blocks that hold no
+ * computed position. A block's filled slots are the most that any holder has computed in it
+ * (a table entry of a resident sequence, counting its computed positions only, or a pending
+ * copy-on-write's source at the fill it pinned), so a block shared by several sequences counts
+ * once; slots reserved by a pending step count as unused until it commits. O(blocks held by
+ * the resident sequences); uses scratch in the manager, hence not const. Errors:
+ * LOOM_ERR_INVALID_ARG (NULL, bad group). */
+loom_status loom_kv_unused_slots(loom_kv *kv, int32_t group, int64_t *out);
+
 typedef struct loom_kv_seq_info {
     int32_t n_pos;      /* computed positions */
     int32_t n_reserved; /* positions reserved by a pending step (0 when none) */

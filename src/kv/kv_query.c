@@ -149,6 +149,46 @@ loom_status loom_kv_get_group_stats(const loom_kv *kv, int32_t group, loom_kv_gr
     return LOOM_OK;
 }
 
+/* Raises block b's fill for this pass to f (slots 0 .. f-1 computed), keeping *unused equal to
+ * the sum of (block_size - fill) over the blocks seen so far. */
+static void raise_fill(loom__kv_group *g, int32_t b, int32_t f, int32_t bs, int64_t *unused) {
+    if (g->stamp[b] != g->pass) {
+        g->stamp[b] = g->pass;
+        g->fill[b] = f;
+        *unused += bs - f;
+    } else if (f > g->fill[b]) {
+        *unused -= f - g->fill[b];
+        g->fill[b] = f;
+    }
+}
+
+loom_status loom_kv_unused_slots(loom_kv *kv, int32_t group, int64_t *out) {
+    LOOM_CHECK_ARG(kv != NULL && out != NULL);
+    LOOM_RETURN_IF(group < 0 || group >= kv->n_groups, LOOM_ERR_INVALID_ARG,
+                   "kv: group %d outside [0, %d)", group, kv->n_groups);
+    loom__kv_group *g = &kv->groups[group];
+    if (++g->pass == 0) { /* the stamps wrapped: start them over */
+        memset(g->stamp, 0, (size_t)g->n_blocks * sizeof *g->stamp);
+        g->pass = 1;
+    }
+    const int32_t bs = kv->block_size;
+    int64_t unused = 0;
+    for (int32_t s = 0; s < kv->max_seqs; s++) {
+        const loom__kv_seq *q = &kv->seqs[s];
+        if (!q->live || q->swapped) continue;
+        const int32_t *table = loom__kv_table(kv, group, s);
+        for (int32_t i = loom__kv_seq_lo(kv, s)[group]; i < q->n_table; i++) {
+            if (table[i] == LOOM_KV_NO_BLOCK) continue;
+            const int64_t f = (int64_t)q->n_pos - (int64_t)i * bs;
+            raise_fill(g, table[i], f < 0 ? 0 : f > bs ? bs : (int32_t)f, bs, &unused);
+        }
+        const int32_t src = loom__kv_seq_cow(kv, s)[group];
+        if (src >= 0) raise_fill(g, src, g->pin_fill[src], bs, &unused);
+    }
+    *out = unused;
+    return LOOM_OK;
+}
+
 loom_status loom_kv_get_stats(const loom_kv *kv, loom_kv_stats *out) {
     LOOM_CHECK_ARG(kv != NULL && out != NULL);
     memset(out, 0, sizeof *out);

@@ -607,6 +607,13 @@ def write_gemma3(path, seed=77):
     w.close()
 
 
+def _lib_get_group(e, g):
+    """loom_engine_get_kv_group straight through the binding (bad-argument checks)."""
+    info = loom.KvGroupInfo()
+    loom._check(loom._lib.loom_engine_get_kv_group(e._h, g, loom.C.byref(info)))
+    return info
+
+
 def pool_blocks(model, **eng):
     """Group 0's pool (kv_blocks_total: full attention when the model has any)."""
     e = loom.Engine(model, **eng)
@@ -692,10 +699,32 @@ def kv_sizing(path_dir, llama_model, llama_shape):
     for mode, name in ((0, "recompute"), (1, "swap")):
         e = loom.Engine(model, kv_bytes=budget, preempt=mode, **eng)
         ids = [e.submit(**r) for r in reqs]
-        peak = 0
+        peak, frag_peak = 0, 0.0
         while e.has_work():
             e.step()
             peak = max(peak, e.stats()["kv_blocks_used"])
+            for k, gi in enumerate(e.kv_groups()):  # the per-group accounting adds up
+                check(gi["blocks_total"] == gi["blocks_used"] + gi["blocks_cached"]
+                      + gi["blocks_free"], f"gemma3 sizing, group {k}: counts {gi}")
+                check(0 <= gi["slots_unused"] <= gi["blocks_used"] * (bs - 1) + bs,
+                      f"gemma3 sizing, group {k}: {gi['slots_unused']} unused slots")
+            full = e.kv_groups()[0]
+            frag_peak = max(frag_peak, full["slots_unused"] / (full["blocks_total"] * bs))
+        groups = e.kv_groups()
+        check([(gi["window"], gi["n_layers"], gi["block_bytes"], gi["blocks_total"])
+               for gi in groups] == [(0, 1, full_b, 64), (g["window"], 5, slide_b, cap)],
+              f"gemma3 sizing, {name}: groups {groups}")
+        check(groups[1]["window_releases"] > 0 and groups[0]["window_releases"] == 0,
+              f"gemma3 sizing, {name}: window releases {groups}")
+        check(all(gi["blocks_used"] == 0 and gi["slots_unused"] == 0 for gi in groups),
+              f"gemma3 sizing, {name}: still in use at the end {groups}")
+        print(f"synthetic gemma3, {name}: sliding pool released {groups[1]['window_releases']} "
+              f"blocks; internal fragmentation peaked at {100 * frag_peak:.2f}% of the full pool")
+        try:
+            e.kv_groups_bad = _lib_get_group(e, 2)
+            check(False, "KV group 2 of 2 was accepted")
+        except loom.LoomError as err:
+            check(err.name == "ERR_INVALID_ARG", f"KV group 2: {err}")
         st = e.stats()
         out = e.outputs
         e.close()

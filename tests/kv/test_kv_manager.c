@@ -247,6 +247,59 @@ static void test_fork_shares_and_copies_once(void **state) {
     loom_kv_destroy(kv);
 }
 
+static int64_t unused(loom_kv *kv, int32_t g) {
+    int64_t u = -1;
+    KV_OK(loom_kv_unused_slots(kv, g, &u));
+    return u;
+}
+
+/* Internal fragmentation counted by hand: blocks of 4 slots. */
+static void test_unused_slots(void **state) {
+    (void)state;
+    loom_kv *kv = make_simple(4, 16);
+    assert_int_equal(unused(kv, 0), 0);
+    int32_t prompt[6], c, child;
+    fill_tokens(prompt, 6, 10);
+    int32_t a = run_prompt(kv, 0, prompt, 6, &c);
+    assert_int_equal(unused(kv, 0), 2); /* 6 positions in 2 blocks */
+    KV_OK(loom_kv_seq_fork(kv, a, &child));
+    assert_int_equal(unused(kv, 0), 2); /* the shared blocks count once */
+    /* a decodes first: its last block is copied (the source stays pinned until commit) */
+    int32_t tok = 77, nc;
+    loom_kv_copy cp[1];
+    KV_OK(loom_kv_reserve(kv, a, 1, &tok, cp, 1, &nc));
+    assert_int_equal(nc, 1);
+    /* a's copy carries its 2 computed positions (the reserved slot is not computed yet) and
+     * the pinned source, still child's, keeps its 2 unused slots */
+    assert_int_equal(unused(kv, 0), 2 + 2);
+    KV_OK(loom_kv_commit(kv, a));
+    assert_int_equal(unused(kv, 0), 2 + 1); /* child's block 6/8, a's copy 7/8 */
+    assert_int_equal(step(kv, a, &tok, 1), 0);
+    assert_int_equal(unused(kv, 0), 2); /* a fills its block: 8/8 */
+    assert_int_equal(step(kv, a, &tok, 1), 0);
+    assert_int_equal(unused(kv, 0), 2 + 3); /* a's third block holds 1 of 4 */
+    KV_OK(loom_kv_seq_free(kv, child));
+    assert_int_equal(unused(kv, 0), 3); /* the cached full block is not owned */
+    int64_t u;
+    assert_int_equal(loom_kv_unused_slots(kv, 1, &u), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom_kv_unused_slots(kv, -1, &u), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom_kv_unused_slots(kv, 0, NULL), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom_kv_unused_slots(NULL, 0, &u), LOOM_ERR_INVALID_ARG);
+    loom_kv_destroy(kv);
+
+    /* A sliding group (window 4, blocks of 2) no longer owns what left the window. */
+    const int32_t nb[2] = {16, 16}, win[2] = {0, 4};
+    kv = make_kv(2, 2, nb, win, 4, 64);
+    int32_t p9[9];
+    fill_tokens(p9, 9, 1);
+    (void)run_prompt(kv, 0, p9, 9, NULL);
+    assert_int_equal(unused(kv, 0), 1); /* 9 positions in 5 blocks */
+    /* the next query (position 9) sees 6..9: blocks 3 and 4 are held */
+    assert_int_equal(gstats(kv, 1).n_used, 2);
+    assert_int_equal(unused(kv, 1), 1);
+    loom_kv_destroy(kv);
+}
+
 static void test_rollback_undoes_cow_and_blocks(void **state) {
     (void)state;
     loom_kv *kv = make_simple(4, 16);
@@ -772,6 +825,7 @@ int main(void) {
         cmocka_unit_test(test_full_prompt_hit_computes_last_token),
         cmocka_unit_test(test_preempt_recompute_readmits_cheaply),
         cmocka_unit_test(test_fork_shares_and_copies_once),
+        cmocka_unit_test(test_unused_slots),
         cmocka_unit_test(test_rollback_undoes_cow_and_blocks),
         cmocka_unit_test(test_cow_after_diverged_rollback),
         cmocka_unit_test(test_sliding_window_release),

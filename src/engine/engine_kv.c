@@ -41,7 +41,8 @@
  * every further 48 KiB is one more block of the 3 global layers, where an equal split needed
  * 288 KiB (4 GiB: 74761 global blocks instead of 14563). Below that, or with max_ctx <= w,
  * the split stays equal.
- * Statistics (loom_engine_stats.kv_blocks_*) describe group 0's pool. */
+ * Statistics (loom_engine_stats.kv_blocks_*) describe group 0's pool; loom_engine_get_kv_group
+ * every group's, with its exact internal fragmentation. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>

@@ -113,6 +113,85 @@ static void quant_q8_K_portable(const float *x, void *dst, int64_t n) {
     }
 }
 
+/* q8_K on 8 lanes, the same bits as quant_q8_K_portable: amax is the largest |x| with NaNs
+ * ignored (max is exact, so any order of comparisons gives the same value), max the first value
+ * whose magnitude equals it (what the portable strict > keeps), and the codes go through the same
+ * product, NaN -> 0, clamp and round-to-nearest-even as code_rne. */
+#if defined(LOOM_QDOT_AVX2)
+
+static inline float q8K_abs_max_avx2(const float *x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                   _mm256_setzero_ps()};
+    for (int j = 0; j < LOOM_QK_K; j += 32)
+        for (int k = 0; k < 4; k++) /* max(NaN, m) is m */
+            m[k] = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j + 8 * k)), m[k]);
+    __m256 v = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* Index of the first x[j] with |x[j]| == amax (one exists: amax is one of the |x[j]|). */
+static inline int q8K_first_at_avx2(const float *x, float amax) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), target = _mm256_set1_ps(amax);
+    for (int j = 0; j < LOOM_QK_K; j += 8) {
+        __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j));
+        int mask = _mm256_movemask_ps(_mm256_cmp_ps(a, target, _CMP_EQ_OQ));
+        if (mask != 0) return j + __builtin_ctz((unsigned)mask);
+    }
+    return 0; /* not reached */
+}
+
+/* Codes of x[0..32) into qs, and as int32 into q (values 0..7, 8..15, 16..23, 24..31). */
+static inline void q8K_codes32_avx2(const float *x, __m256 iscale, int8_t qs[32], __m256i q[4]) {
+    const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    for (int k = 0; k < 4; k++) {
+        __m256 p = _mm256_mul_ps(iscale, _mm256_loadu_ps(x + 8 * k));
+        p = _mm256_and_ps(p, _mm256_cmp_ps(p, p, _CMP_ORD_Q)); /* NaN -> 0 */
+        p = _mm256_min_ps(_mm256_max_ps(p, lo), hi);
+        q[k] =
+            _mm256_cvtps_epi32(_mm256_round_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    /* packs interleave 128-bit halves; the permute restores value order */
+    __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)qs, b);
+}
+
+static void quant_q8_K_avx2(const float *x, void *dst, int64_t n) {
+    loom_block_q8_K *y = (loom_block_q8_K *)dst;
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++, x += LOOM_QK_K) {
+        const float amax = q8K_abs_max_avx2(x);
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        const float iscale = -127.0f / x[q8K_first_at_avx2(x, amax)];
+        const __m256 vs = _mm256_set1_ps(iscale);
+        __m256i g[LOOM_QK_K / 16]; /* g[i]: lanes summing to bsums[i] */
+        for (int j = 0; j < LOOM_QK_K; j += 32) {
+            __m256i q[4];
+            q8K_codes32_avx2(x + j, vs, y[b].qs + j, q);
+            g[j / 16] = _mm256_add_epi32(q[0], q[1]);
+            g[j / 16 + 1] = _mm256_add_epi32(q[2], q[3]);
+        }
+        for (int h = 0; h < 2; h++) { /* |sum| <= 16 * 127: packs does not saturate */
+            __m256i s = loom__qd_hsum8x8_epi32(g + 8 * h);
+            __m128i s16 =
+                _mm_packs_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            _mm_storeu_si128((__m128i *)(y[b].bsums + 8 * h), s16);
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
+#define QUANT_Q8_K_SIMD quant_q8_K_avx2
+#else
+#define QUANT_Q8_K_SIMD NULL
+#endif
+
 static void quant_f16_row(const float *x, void *dst, int64_t n) {
     uint16_t *h = (uint16_t *)dst;
     for (int64_t i = 0; i < n; i++) h[i] = loom__f32_to_f16(x[i]);
@@ -342,7 +421,7 @@ typedef struct quant_entry {
 static const quant_entry *quant_entry_of(uint32_t act_type) {
     static const quant_entry q8_0 = {quant_q8_0_portable, QUANT_Q8_0_SIMD};
     static const quant_entry q8_1 = {quant_q8_1_portable, QUANT_Q8_1_SIMD};
-    static const quant_entry q8_K = {quant_q8_K_portable, NULL};
+    static const quant_entry q8_K = {quant_q8_K_portable, QUANT_Q8_K_SIMD};
     static const quant_entry f16 = {quant_f16_row, NULL};
     static const quant_entry bf16 = {quant_bf16_row, NULL};
     static const quant_entry f32 = {quant_f32_row, NULL};

@@ -12,7 +12,9 @@
  *     scale products and of the running sum). For q4_1 / q5_1 the reference uses the block's
  *     stored s (an f16 of d * sum(codes)) for the offset term, as the format defines.
  *   - The SIMD path against the portable path: bitwise, every type, every block count from 1
- *     to 17 (partial SIMD groups), and for the quantizers, including NaN and infinities.
+ *     to 17 (partial SIMD groups), and for the quantizers, including NaN and infinities; the
+ *     q8_K quantizer of every variant also on blocks made to probe its rules (ties of |max|
+ *     with either sign first, zero / NaN / subnormal / huge blocks, rounding ties).
  *   - The backend matmul (1 and 2 threads) on T = 1, 3, 17, K = 256, 512, 2304, N = 7, 33 with
  *     padded strides: every output equals loom_vec_dot_q of its row and the quantized token,
  *     bitwise; T = 1 vs T = 17 and 1 vs 2 threads bitwise; F32 weights keep the float path.
@@ -576,6 +578,85 @@ static void test_isa_variants_agree(void **state) {
     }
 }
 
+/* One q8_K block (256 values) of the given kind, built to probe the quantizer's rules: which
+ * value is the max (first of equal magnitudes, either sign first, in the same or different
+ * vectors), zero and NaN blocks, subnormal and huge magnitudes (iscale overflowing to +-inf, d
+ * then 0), infinities, and products that land on .5 ties. */
+static void fill_q8K_block(float *x, int kind) {
+    const int a = (int)(rng_u64() % 256), b = (a + 1 + (int)(rng_u64() % 255)) % 256; /* != a */
+    const int lo = a < b ? a : b, hi = a < b ? b : a;
+    fill_acts(x, 256, 1.0f); /* |x| <= 100 */
+    switch (kind) {
+    case 0: /* random */
+        break;
+    case 1: /* |max| tie, negative first */
+    case 2: /* |max| tie, positive first */
+        x[lo] = kind == 1 ? -1000.0f : 1000.0f;
+        x[hi] = kind == 1 ? 1000.0f : -1000.0f;
+        break;
+    case 3: /* all zeros, some negative */
+        for (int j = 0; j < 256; j++) x[j] = j % 3 ? 0.0f : -0.0f;
+        break;
+    case 4: /* subnormal; the largest may be the smallest subnormal (iscale +-inf) */
+        for (int j = 0; j < 256; j++) x[j] *= 1e-39f;
+        if (a % 2) {
+            for (int j = 0; j < 256; j++) x[j] = 0.0f;
+            x[a] = -0x1p-149f;
+            x[b] = 0x1p-149f;
+        }
+        break;
+    case 5: /* huge, up to FLT_MAX */
+        for (int j = 0; j < 256; j++) x[j] *= 3e36f;
+        x[a] = a % 2 ? 0x1.fffffep127f : -0x1.fffffep127f;
+        break;
+    case 6: /* NaNs and infinities among finite values */
+        x[a] = NAN;
+        x[b] = b % 2 ? INFINITY : -INFINITY;
+        x[(a + 7) % 256] = -NAN;
+        break;
+    case 7: /* all NaN */
+        for (int j = 0; j < 256; j++) x[j] = NAN;
+        break;
+    case 8: /* every magnitude equal */
+        for (int j = 0; j < 256; j++) x[j] = rng_u64() % 2 ? 0.75f : -0.75f;
+        break;
+    default: /* max -127 (iscale 1): k + 0.5 values are ties for the rounding */
+        for (int j = 0; j < 256; j++) x[j] = (float)((int)(rng_u64() % 200) - 100) + 0.5f;
+        x[a] = -127.0f;
+        break;
+    }
+}
+
+/* Every variant's q8_K quantizer gives the portable one's bytes, on rows of 1..6 blocks of
+ * mixed kinds; the SIMD variants really have their own. */
+static void test_q8K_simd_vs_portable(void **state) {
+    (void)state;
+    const loom__qdot_isa *isas[4];
+    const int n_isa = loom__qdot_isa_list(isas);
+    const loom__qdot_isa *port = isas[n_isa - 1];
+    const size_t bb = sizeof(loom_block_q8_K);
+    float *x = xmalloc(6 * 256 * sizeof(float));
+    uint8_t *got = xmalloc(6 * bb), *want = xmalloc(6 * bb);
+    for (int v = 0; v < n_isa; v++) {
+        const loom__qdot_isa *isa = isas[v];
+        const loom_quantize_act_fn q = isa->quant(LOOM_TYPE_Q8_K);
+        if (v < n_isa - 1) assert_true(q != isa->quant_portable(LOOM_TYPE_Q8_K));
+        for (int rep = 0; rep < 400; rep++) {
+            const int nblk = 1 + rep % 6;
+            for (int k = 0; k < nblk; k++) fill_q8K_block(x + 256 * k, (rep + 3 * k) % 10);
+            memset(got, 0x5a, 6 * bb);
+            memset(want, 0xa5, 6 * bb);
+            q(x, got, 256 * nblk);
+            port->quant_portable(LOOM_TYPE_Q8_K)(x, want, 256 * nblk);
+            if (memcmp(got, want, (size_t)nblk * bb) != 0)
+                fail_msg("variant %s, rep %d: q8_K differs from portable", isa->name, rep);
+        }
+    }
+    free(x);
+    free(got);
+    free(want);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* The backend matmul                                                                         */
 /* ------------------------------------------------------------------------------------------ */
@@ -714,6 +795,7 @@ int main(void) {
         cmocka_unit_test(test_vec_dot_vs_reference),
         cmocka_unit_test(test_simd_vs_portable),
         cmocka_unit_test(test_isa_variants_agree),
+        cmocka_unit_test(test_q8K_simd_vs_portable),
         cmocka_unit_test(test_matmul_quantized),
         cmocka_unit_test(test_matmul_f32_weights),
         cmocka_unit_test(test_matmul_bad),

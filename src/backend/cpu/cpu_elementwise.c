@@ -4,9 +4,18 @@
  *
  * Every output element is computed by the same code whatever the split, so results do not
  * depend on the thread count. Small ops run on the calling thread alone: waking the pool
- * costs more than they do. */
+ * costs more than they do. The GLU activations come from cpu_vmath.h, whose vector and scalar
+ * versions give the same bits, so they do not depend on where a row or a split ends either. */
+
+/* Before any include: cpu_vmath.h's scalar code must round each operation as its vector code
+ * does (GCC does not contract in ISO C mode; clang would without this). */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_vec.h"
+#include "backend/cpu/cpu_vmath.h"
 
 #include "core/status.h"
 #include "tensor/types.h"
@@ -38,8 +47,35 @@ typedef struct ew_task {
     float s;              /* scale factor */
 } ew_task;
 
-/* sqrt(2/pi), the constant of the tanh form of GELU. */
-#define EW_SQRT_2_OVER_PI 0.7978845608028654f
+/* o[c] = act(x[c]) * u[c], c in [0, n): whole vectors, then the tail one element at a time
+ * (the same bits, so the split point does not matter). */
+static void ew_swiglu(const float *x, const float *u, float *o, int64_t n) {
+    int64_t c = 0;
+#if defined(LOOM_VM_AVX512)
+    for (; c + 16 <= n; c += 16)
+        _mm512_storeu_ps(
+            o + c, _mm512_mul_ps(loom__vm_silu16(_mm512_loadu_ps(x + c)), _mm512_loadu_ps(u + c)));
+#elif defined(LOOM_VM_AVX2)
+    for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(
+            o + c, _mm256_mul_ps(loom__vm_silu8(_mm256_loadu_ps(x + c)), _mm256_loadu_ps(u + c)));
+#endif
+    for (; c < n; c++) o[c] = loom__vm_silu(x[c]) * u[c];
+}
+
+static void ew_geglu_tanh(const float *x, const float *u, float *o, int64_t n) {
+    int64_t c = 0;
+#if defined(LOOM_VM_AVX512)
+    for (; c + 16 <= n; c += 16)
+        _mm512_storeu_ps(o + c, _mm512_mul_ps(loom__vm_gelu_tanh16(_mm512_loadu_ps(x + c)),
+                                              _mm512_loadu_ps(u + c)));
+#elif defined(LOOM_VM_AVX2)
+    for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(o + c, _mm256_mul_ps(loom__vm_gelu_tanh8(_mm256_loadu_ps(x + c)),
+                                              _mm256_loadu_ps(u + c)));
+#endif
+    for (; c < n; c++) o[c] = loom__vm_gelu_tanh(x[c]) * u[c];
+}
 
 /* Columns [c0, c1) of row r. */
 static void ew_segment(const ew_task *t, int64_t r, int64_t c0, int64_t c1) {
@@ -48,16 +84,12 @@ static void ew_segment(const ew_task *t, int64_t r, int64_t c0, int64_t c1) {
     switch (t->kind) {
     case EW_SWIGLU: {
         const float *u = loom__cpu_row(t->b, r);
-        for (int64_t c = c0; c < c1; c++) o[c] = x[c] / (1.0f + expf(-x[c])) * u[c];
+        ew_swiglu(x + c0, u + c0, o + c0, c1 - c0);
         break;
     }
     case EW_GEGLU_TANH: {
         const float *u = loom__cpu_row(t->b, r);
-        for (int64_t c = c0; c < c1; c++) {
-            float g = x[c];
-            float inner = EW_SQRT_2_OVER_PI * (g + 0.044715f * g * g * g);
-            o[c] = 0.5f * g * (1.0f + tanhf(inner)) * u[c];
-        }
+        ew_geglu_tanh(x + c0, u + c0, o + c0, c1 - c0);
         break;
     }
     case EW_ADD: {

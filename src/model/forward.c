@@ -14,8 +14,14 @@
 #include <math.h>
 #include <string.h>
 
-/* Most bytes of logits held in backend memory at once. */
-#define LOOM_LOGITS_BUDGET (8u << 20)
+/* Most bytes of logits held in backend memory at once: 32 rows of Gemma 3's 262,144-token
+ * vocabulary. Each chunk of rows streams the whole output matrix (170 MB for Gemma 3 270M)
+ * once, so chunks must not be small: at 8 MiB, 16 sequences decoding together took two passes
+ * of 8 rows each, and the matmul's token lanes (16 wide) ran half empty. */
+#define LOOM_LOGITS_BUDGET (32u << 20)
+/* Fewest rows per chunk whatever the vocabulary: one full group of token lanes
+ * (tensor/qgemm.h). */
+#define LOOM_LOGITS_MIN_ROWS 16
 
 /* Views a [rows, cols] F32 (or I32) slice of the workspace buffer at *offset, 64-byte aligned. */
 static loom_tensor carve(char *base, size_t *offset, loom_type type, int64_t cols, int64_t rows) {
@@ -52,7 +58,8 @@ loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom_f
     memset(ws, 0, sizeof *ws);
     ws->n_batch = n_batch;
     int64_t rows = LOOM_LOGITS_BUDGET / ((int64_t)m->cfg.n_vocab * 4);
-    ws->n_logit_rows = (int32_t)(rows < 1 ? 1 : rows > n_batch ? n_batch : rows);
+    if (rows < LOOM_LOGITS_MIN_ROWS) rows = LOOM_LOGITS_MIN_ROWS;
+    ws->n_logit_rows = (int32_t)(rows > n_batch ? n_batch : rows);
     size_t bytes = layout_ws(m, NULL, ws);
     const loom_backend_ops *ops = m->backend->ops;
     LOOM_TRY(ops->buffer_alloc(m->backend->ctx, bytes, &ws->buf));

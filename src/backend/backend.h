@@ -132,6 +132,15 @@ typedef struct loom_backend_ops {
     loom_status (*scale)(void *ctx, const loom_tensor *x, float s, loom_tensor *out);
     /* out[r, :] = softmax(x[r, :]); -inf entries give 0. out may alias x. */
     loom_status (*softmax)(void *ctx, const loom_tensor *x, loom_tensor *out);
+
+    /* ---- host work between ops (optional: both NULL or both set) ---- */
+    /* How many threads host_parallel runs fn on (>= 1). */
+    int (*host_threads)(void *ctx);
+    /* Calls fn(arg, ith, nth) for every ith in [0, nth), nth = host_threads(ctx), and returns
+     * when all have returned: host-side work between ops (the engine samples its rows this
+     * way) on the threads a CPU backend computes with, which are idle then. Must be called
+     * from the thread that submits the ops, with no op running. */
+    void (*host_parallel)(void *ctx, void (*fn)(void *arg, int ith, int nth), void *arg);
 } loom_backend_ops;
 
 typedef struct loom_backend {

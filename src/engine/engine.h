@@ -15,6 +15,8 @@
 
 /* Samples of one request get scheduler ids id * LOOM_ENGINE_MAX_N + sample. */
 #define LOOM_ENGINE_MAX_N 256
+/* Most sampler workspaces (each holds a vocabulary's worth of scratch: 8 MiB for Gemma 3). */
+#define LOOM_ENGINE_MAX_SAMPLERS 8
 
 typedef struct loom_engine_inbox {
     loom_req **reqs; /* submitted, not yet taken by a step */
@@ -90,6 +92,7 @@ struct loom_engine {
     int32_t *seqs, *n_new;  /* [max_seqs] KV sequences of the batch, tokens each */
     struct loom_req_sample **batch_samples; /* [max_seqs] */
     loom_status *row_status;                /* [max_seqs] the sampler's status per entry */
+    int32_t *sample_entry;                  /* [max_seqs] the entries that sample, in order */
     loom_req **batch_reqs;                  /* [max_seqs] */
     int32_t *batch_index;                   /* [max_seqs] sample index */
     const loom_sched_entry **batch_entries; /* [max_seqs] */
@@ -99,8 +102,13 @@ struct loom_engine {
     int32_t *q_start, *pos_start, *kv_len; /* [max_seqs + 1] */
     loom_kv_copy copies[LOOM_MAX_KV_GROUPS];
     loom_token *known;    /* [max_ctx] scratch: a sample's known tokens */
-    void *sample_mem;     /* the sampler chain's workspace (one vocabulary), 16-byte aligned */
-    loom_sample_chain_ws *sample_ws;
+    /* Sampler chain workspaces (one vocabulary each, 16-byte aligned) and penalty histories
+     * ([max_ctx] each), one per sampling thread: the step samples its rows in parallel on the
+     * backend's host threads (backend.h host_parallel) when it has them. */
+    int32_t n_samplers;
+    void *sample_mem[LOOM_ENGINE_MAX_SAMPLERS];
+    loom_sample_chain_ws *sample_ws[LOOM_ENGINE_MAX_SAMPLERS];
+    loom_token *sample_hist[LOOM_ENGINE_MAX_SAMPLERS];
     int32_t *swap_blocks; /* [swap list cap] */
     int32_t swap_list_cap;
     loom_sched_result *results; /* [max_seqs] */

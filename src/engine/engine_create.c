@@ -61,6 +61,7 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     e->n_new = malloc(S * sizeof *e->n_new);
     e->batch_samples = malloc(S * sizeof *e->batch_samples);
     e->row_status = malloc(S * sizeof *e->row_status);
+    e->sample_entry = malloc(S * sizeof *e->sample_entry);
     e->batch_reqs = malloc(S * sizeof *e->batch_reqs);
     e->batch_index = malloc(S * sizeof *e->batch_index);
     e->batch_entries = malloc(S * sizeof *e->batch_entries);
@@ -71,7 +72,7 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     e->cap_events = 4 * S + 16;
     e->events = malloc(e->cap_events * sizeof *e->events);
     bool ok = e->tokens && e->pos && e->logit_rows && e->logits && e->seqs && e->n_new &&
-              e->batch_samples && e->row_status && e->batch_reqs && e->batch_index &&
+              e->batch_samples && e->row_status && e->sample_entry && e->batch_reqs && e->batch_index &&
               e->batch_entries && e->q_start && e->pos_start && e->kv_len && e->results &&
               e->events;
     for (int32_t g = 0; g < e->n_groups && ok; g++) {
@@ -80,15 +81,26 @@ static loom_status alloc_step_arrays(loom_engine *e) {
         ok = e->indptr[g] && e->block_ids[g];
     }
     LOOM_RETURN_IF(!ok, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
-    /* One sampler workspace serves every row: the step samples rows one after another. */
+    /* A sampler workspace per sampling thread: the backend's host threads (idle between the
+     * forward pass and the next step), at most one per sequence and LOOM_ENGINE_MAX_SAMPLERS. */
+    const loom_backend_ops *ops = e->model->backend->ops;
+    int32_t n = ops->host_parallel ? ops->host_threads(e->model->backend->ctx) : 1;
+    if (n > e->params.max_seqs) n = e->params.max_seqs;
+    if (n > LOOM_ENGINE_MAX_SAMPLERS) n = LOOM_ENGINE_MAX_SAMPLERS;
+    if (n < 1) n = 1;
     size_t sz = loom_sample_chain_workspace_size(e->model->cfg.n_vocab);
     LOOM_RETURN_IF(sz == 0, LOOM_ERR_INVALID_ARG, "engine: vocabulary of %d tokens too large",
                    e->model->cfg.n_vocab);
-    e->sample_mem = aligned_alloc(16, (sz + 15) / 16 * 16);
-    LOOM_RETURN_IF(!e->sample_mem, LOOM_ERR_OUT_OF_MEMORY,
-                   "engine: out of memory for the sampler workspace (%zu bytes)", sz);
-    return loom_sample_chain_workspace_init(e->sample_mem, sz, e->model->cfg.n_vocab,
-                                            &e->sample_ws);
+    for (e->n_samplers = 0; e->n_samplers < n; e->n_samplers++) {
+        const int32_t k = e->n_samplers;
+        e->sample_mem[k] = aligned_alloc(16, (sz + 15) / 16 * 16);
+        e->sample_hist[k] = malloc((size_t)e->max_ctx * sizeof *e->sample_hist[k]);
+        LOOM_RETURN_IF(!e->sample_mem[k] || !e->sample_hist[k], LOOM_ERR_OUT_OF_MEMORY,
+                       "engine: out of memory for sampler workspace %d (%zu bytes)", k, sz);
+        LOOM_TRY(loom_sample_chain_workspace_init(e->sample_mem[k], sz, e->model->cfg.n_vocab,
+                                                  &e->sample_ws[k]));
+    }
+    return LOOM_OK;
 }
 
 static loom_status create_sched(loom_engine *e) {
@@ -198,6 +210,7 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->n_new);
     free(e->batch_samples);
     free(e->row_status);
+    free(e->sample_entry);
     free(e->batch_reqs);
     free(e->batch_index);
     free(e->batch_entries);
@@ -206,7 +219,10 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->kv_len);
     free(e->results);
     free(e->events);
-    free(e->sample_mem);
+    for (int32_t k = 0; k < LOOM_ENGINE_MAX_SAMPLERS; k++) {
+        free(e->sample_mem[k]);
+        free(e->sample_hist[k]);
+    }
     for (int32_t g = 0; g < LOOM_MAX_KV_GROUPS; g++) {
         free(e->indptr[g]);
         free(e->block_ids[g]);

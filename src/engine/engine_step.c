@@ -393,8 +393,9 @@ static bool accept_token(loom_engine *e, loom_req *r, int32_t i, loom_token tok)
 /* Runs the request's sampler chain on one row of logits. The penalties' history is the tail of
  * the sample's known tokens (prompt, then generated) that their window covers; the draw index
  * is the position of the token being drawn. */
-static loom_status sample_row(loom_engine *e, const loom_req *r, loom_req_sample *s, int32_t i,
-                              const float *logits) {
+static loom_status sample_row(loom_engine *e, int32_t k, const loom_req *r, loom_req_sample *s,
+                              int32_t i, const float *logits) {
+    loom_token *hist = e->sample_hist[k]; /* sampler k's own: rows are sampled in parallel */
     loom_sample_chain_config cfg = r->chain;
     /* Each sample draws from its own stream; sample 0 matches an n = 1 request. */
     cfg.seed = r->chain.seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
@@ -406,13 +407,12 @@ static loom_status sample_row(loom_engine *e, const loom_req *r, loom_req_sample
     if (penalize)
         n_hist = cfg.penalty_last_n < 0 || cfg.penalty_last_n > n_known ? n_known
                                                                         : cfg.penalty_last_n;
-    for (int32_t k = 0; k < n_hist; k++)
-        e->known[k] = loom__sample_token(r, s, n_known - n_hist + k);
+    for (int32_t j = 0; j < n_hist; j++) hist[j] = loom__sample_token(r, s, n_known - n_hist + j);
     loom_sample_chain_result res;
     memset(&res, 0, sizeof res);
     res.top_raw = s->top;
     res.top_final = s->top ? s->top + cfg.n_logprobs : NULL;
-    LOOM_TRY(loom_sample_chain_run(e->sample_ws, &cfg, logits, e->known, n_hist,
+    LOOM_TRY(loom_sample_chain_run(e->sample_ws[k], &cfg, logits, hist, n_hist,
                                    (uint64_t)n_known, &res));
     loom__sampler_info(&res, &s->info);
     return LOOM_OK;
@@ -422,16 +422,39 @@ static loom_status sample_row(loom_engine *e, const loom_req *r, loom_req_sample
  * keeping each status for commit_rows. Each draw depends only on its own row, seed and
  * position, so sampling every row before accepting any token changes nothing; doing it in one
  * pass lets the trace time sampling apart from the events. */
-static loom_status sample_rows(loom_engine *e, int32_t n) {
-    const int32_t V = e->model->cfg.n_vocab;
-    int32_t row = 0;
-    for (int32_t b = 0; b < n; b++) {
-        loom_req_sample *s = e->batch_samples[b];
-        LOOM_TRY(loom_kv_commit(e->kv, s->kv_seq));
-        if (!e->batch_entries[b]->sample) continue;
-        const float *lg = e->logits + (size_t)row++ * (size_t)V;
-        e->row_status[b] = sample_row(e, e->batch_reqs[b], s, e->batch_index[b], lg);
+typedef struct sample_task {
+    loom_engine *e;
+    int32_t n;            /* rows to sample */
+    const int32_t *entry; /* [n] their batch entries; row j's logits are row j of e->logits */
+} sample_task;
+
+/* Sampler k (of e->n_samplers) takes rows k, k + n_samplers, ...; threads past the samplers
+ * have nothing to do. A row's draw depends on its own logits, seed and position only, so which
+ * thread samples it changes nothing. */
+static void sample_worker(void *p, int ith, int nth) {
+    (void)nth;
+    const sample_task *t = p;
+    loom_engine *e = t->e;
+    const size_t V = (size_t)e->model->cfg.n_vocab;
+    for (int32_t j = ith; ith < e->n_samplers && j < t->n; j += e->n_samplers) {
+        const int32_t b = t->entry[j];
+        e->row_status[b] = sample_row(e, ith, e->batch_reqs[b], e->batch_samples[b],
+                                      e->batch_index[b], e->logits + (size_t)j * V);
     }
+}
+
+static loom_status sample_rows(loom_engine *e, int32_t n) {
+    int32_t *entry = e->sample_entry, n_rows = 0;
+    for (int32_t b = 0; b < n; b++) {
+        LOOM_TRY(loom_kv_commit(e->kv, e->batch_samples[b]->kv_seq));
+        if (e->batch_entries[b]->sample) entry[n_rows++] = b;
+    }
+    sample_task t = {.e = e, .n = n_rows, .entry = entry};
+    const loom_backend *be = e->model->backend;
+    if (e->n_samplers > 1 && n_rows > 1)
+        be->ops->host_parallel(be->ctx, sample_worker, &t);
+    else
+        for (int32_t k = 0; k < e->n_samplers; k++) sample_worker(&t, k, e->n_samplers);
     return LOOM_OK;
 }
 

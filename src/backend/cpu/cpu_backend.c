@@ -198,6 +198,14 @@ static loom_status cpu_synchronize(void *ctx) {
 /* The table and the constructor                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
+static int cpu_host_threads(void *ctx) {
+    return loom__threadpool_size(((loom_cpu_ctx *)ctx)->tp);
+}
+
+static void cpu_host_parallel(void *ctx, void (*fn)(void *arg, int ith, int nth), void *arg) {
+    loom__threadpool_run(((loom_cpu_ctx *)ctx)->tp, fn, arg);
+}
+
 static const loom_backend_ops cpu_ops = {
     .abi_version = LOOM_BACKEND_ABI_VERSION,
     .name = "cpu",
@@ -221,6 +229,8 @@ static const loom_backend_ops cpu_ops = {
     .add = loom__cpu_add,
     .scale = loom__cpu_scale,
     .softmax = loom__cpu_softmax,
+    .host_threads = cpu_host_threads,
+    .host_parallel = cpu_host_parallel,
 };
 
 /* Each worker pins itself (thread 0, the caller, is the application's and stays as it is). */

@@ -9,8 +9,12 @@
  * Checked: the pools hold exactly the converted K/V rows; attention matches a double-precision
  * reference within 2e-5 (absolute; values are O(1)); a sequence's rows are bitwise the same
  * alone as in the batch, and a row computed as a one-token decode step is bitwise the row of
- * the prefill; 1 vs 2 threads bitwise; bad descriptors give the right status and write
- * nothing. */
+ * the prefill; a prefill fed in chunks (1, 5, 64, 65 ... rows, the sequences of the batch at
+ * different offsets, window-released blocks marked -1) gives every row bitwise as the
+ * one-call batch; 1, 2 and 3 threads bitwise; bad descriptors give the right status and write
+ * nothing. Gemma-like shapes (head_dim 256, 4 query heads on 1 kv head, windows crossing the
+ * kernel's 64-position tiles) and odd ones (head_dim 20, 40, 72; 3 heads per kv head). The
+ * softmax exp is checked on its own against libm. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,10 +22,14 @@
 
 #include <cmocka.h>
 
+#include "backend/cpu/cpu_attention_exp.h"
 #include "backend/cpu_test_util.h"
 #include "tensor/quant.h"
 
 #define MAX_SEQS 8
+
+/* A third backend, so a thread count that divides nothing evenly is covered too. */
+static loom_backend *g_be3;
 
 typedef struct scen {
     int n_seqs;
@@ -263,6 +271,50 @@ static void ref_attention(const kvtest *kt, double *ref) {
     free(w);
 }
 
+/* The step's rows fed as a chunked prefill: each sequence s advances chunk[s] rows per call
+ * (all sequences that still have rows in one batch, so they sit at different offsets), the
+ * earlier rows' K/V already in the pools as a chunked prefill leaves them. With a window, the
+ * block-table entries wholly before the window of a sequence's first row are released (-1), as
+ * the KV manager does. Every row must be bitwise the row of the one-call batch `want`. */
+static void check_chunked(kvtest *kt, const float *want, const int32_t *chunk, loom_backend *be) {
+    const scen *sc = &kt->sc;
+    const int64_t W = (int64_t)sc->n_head * sc->head_dim;
+    const size_t n_ids = (size_t)kt->indptr[sc->n_seqs];
+    int32_t *ids = malloc(sizeof(int32_t) * (n_ids ? n_ids : 1));
+    float *q = falloc((size_t)(kt->T * W)), *out = falloc((size_t)(kt->T * W));
+    int32_t done[MAX_SEQS] = {0};
+    for (;;) {
+        int32_t qs[MAX_SEQS + 1] = {0}, pos[MAX_SEQS], len[MAX_SEQS], n[MAX_SEQS];
+        memcpy(ids, kt->block_ids, sizeof(int32_t) * n_ids);
+        for (int s = 0; s < sc->n_seqs; s++) {
+            int32_t left = sc->n_new[s] - done[s];
+            n[s] = chunk[s] < left ? chunk[s] : left;
+            pos[s] = sc->past[s] + done[s];
+            len[s] = pos[s] + n[s];
+            memcpy(q + (int64_t)qs[s] * W, kt->q + (kt->step_q[s] + done[s]) * W,
+                   sizeof(float) * (size_t)(n[s] * W));
+            qs[s + 1] = qs[s] + n[s];
+            int32_t lo = pos[s] - sc->window + 1;
+            for (int32_t b = 0; sc->window > 0 && n[s] > 0 && (b + 1) * sc->block_size <= lo; b++)
+                ids[kt->indptr[s] + b] = -1;
+        }
+        const int64_t rows = qs[sc->n_seqs];
+        if (rows == 0) break;
+        loom_kv_desc d = kvtest_desc(kt, qs, pos, len);
+        d.block_ids = ids;
+        poison(out, (size_t)(rows * W));
+        assert_int_equal(run_attention(be, kt, &d, q, rows, out, 1), LOOM_OK);
+        for (int s = 0; s < sc->n_seqs; s++) {
+            assert_true(same_bits(out + (int64_t)qs[s] * W, want + (kt->step_q[s] + done[s]) * W,
+                                  (size_t)(n[s] * W), "attention chunked vs one call"));
+            done[s] += n[s];
+        }
+    }
+    free(ids);
+    free(q);
+    free(out);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* The scenarios                                                                              */
 /* ------------------------------------------------------------------------------------------ */
@@ -294,6 +346,19 @@ static void check_scenario(const scen *sc) {
     ref_attention(&kt, ref);
     assert_true(close_enough(out[0], ref, NULL, (size_t)n_out, 0.0, 2e-5, "attention"));
     assert_true(same_bits(out[0], out[1], (size_t)n_out, "attention threads"));
+    poison(out[1], (size_t)n_out);
+    assert_int_equal(run_attention(g_be3, &kt, &d, kt.q, kt.T, out[1], 1), LOOM_OK);
+    assert_true(same_bits(out[0], out[1], (size_t)n_out, "attention 3 threads"));
+
+    /* Chunked prefills: one row at a time, and chunk sizes around the 64-position tiles, each
+     * sequence with its own. */
+    static const int32_t chunk_base[] = {1, 5, 63, 64, 65};
+    for (size_t c = 0; c < sizeof chunk_base / sizeof chunk_base[0]; c++) {
+        int32_t chunk[MAX_SEQS];
+        for (int s = 0; s < sc->n_seqs; s++) chunk[s] = chunk_base[c] + (c ? 3 * s : 0);
+        loom_backend *be = c % 3 == 0 ? g_be[0] : c % 3 == 1 ? g_be[1] : g_be3;
+        check_chunked(&kt, out[0], chunk, be);
+    }
 
     /* Each sequence alone gives bitwise the rows it had in the batch. */
     float *one = falloc((size_t)n_out);
@@ -412,6 +477,108 @@ static void test_attention_f32_window_long(void **state) {
                 .scale = 0.088388f,
                 .kv_type = LOOM_TYPE_F16};
     check_scenario(&big);
+}
+
+/* Gemma 3 270M's attention shape: head_dim 256, 4 query heads on one kv head, F16 cache;
+ * prompts longer than a 64-position tile, one with history, a decode row beside them. */
+static void test_attention_gemma_prefill(void **state) {
+    (void)state;
+    scen sc = {.n_seqs = 3,
+               .past = {0, 70, 5},
+               .n_new = {150, 1, 66},
+               .block_size = 16,
+               .n_kv_heads = 1,
+               .head_dim = 256,
+               .n_head = 4,
+               .window = 0,
+               .scale = 0.0625f,
+               .kv_type = LOOM_TYPE_F16};
+    check_scenario(&sc);
+}
+
+/* The same with a sliding window that does not line up with the tiles (70), F32 cache. */
+static void test_attention_gemma_window_f32(void **state) {
+    (void)state;
+    scen sc = {.n_seqs = 2,
+               .past = {30, 0},
+               .n_new = {140, 9},
+               .block_size = 8,
+               .n_kv_heads = 1,
+               .head_dim = 256,
+               .n_head = 4,
+               .window = 70,
+               .scale = 0.0625f,
+               .kv_type = LOOM_TYPE_F32};
+    check_scenario(&sc);
+}
+
+/* Soft-capped and windowed, F16, with a head_dim (72) that is not a whole number of vectors
+ * and 3 query heads per kv head, so a block of query vectors spans rows. */
+static void test_attention_softcap_window_f16(void **state) {
+    (void)state;
+    scen sc = {.n_seqs = 3,
+               .past = {0, 64, 11},
+               .n_new = {97, 2, 54},
+               .block_size = 16,
+               .n_kv_heads = 2,
+               .head_dim = 72,
+               .n_head = 6,
+               .window = 33,
+               .scale = 0.4f,
+               .softcap = 3.0f,
+               .kv_type = LOOM_TYPE_F16};
+    check_scenario(&sc);
+}
+
+/* MHA with head_dims of 40 and 20 (scalar tails everywhere), F32 and F16. */
+static void test_attention_odd_head_dims(void **state) {
+    (void)state;
+    scen a = {.n_seqs = 2,
+              .past = {0, 3},
+              .n_new = {130, 17},
+              .block_size = 8,
+              .n_kv_heads = 2,
+              .head_dim = 40,
+              .n_head = 2,
+              .window = 0,
+              .scale = 0.3f,
+              .kv_type = LOOM_TYPE_F32};
+    check_scenario(&a);
+    scen b = {.n_seqs = 1,
+              .past = {60},
+              .n_new = {71},
+              .block_size = 1,
+              .n_kv_heads = 1,
+              .head_dim = 20,
+              .n_head = 1,
+              .window = 65,
+              .scale = 0.5f,
+              .softcap = 1.5f,
+              .kv_type = LOOM_TYPE_F16};
+    check_scenario(&b);
+}
+
+/* The softmax exp: within 2 ulp of exp over [-87, 0], exact at 0, +0 below -87 and at -inf,
+ * NaN kept. (This test is compiled without -march=native, so it runs the plain-C lanes; the
+ * AVX2 lanes compute the same operations.) */
+static void test_attention_exp(void **state) {
+    (void)state;
+    double worst = 0;
+    for (int i = 0; i <= 200000; i++) {
+        float x = -87.0f * (float)i / 200000.0f;
+        double want = exp((double)x), got = lv_exp1(x);
+        double ulp = ldexp(1.0, ilogb(want) - 23);
+        double err = fabs(got - want) / ulp;
+        worst = err > worst ? err : worst;
+    }
+    assert_true(worst <= 2.0);
+    assert_true(lv_exp1(0.0f) == 1.0f);
+    const float zero_at[] = {-87.5f, -100.0f, -1e30f, -INFINITY};
+    for (size_t i = 0; i < sizeof zero_at / sizeof zero_at[0]; i++) {
+        float z = lv_exp1(zero_at[i]);
+        assert_true(z == 0.0f && !signbit(z));
+    }
+    assert_true(isnan(lv_exp1(NAN)));
 }
 
 /* With window 5, a decode row at position 20 reads positions 16..20 only: slots before that
@@ -577,14 +744,30 @@ static void test_kv_bad(void **state) {
     kvtest_free(&kt);
 }
 
+static int group_setup(void **state) {
+    if (cpu_group_setup(state) != 0) return -1;
+    loom_cpu_params p3 = {.n_threads = 3, .f32_activations = true};
+    return loom_backend_cpu_create(&p3, &g_be3) == LOOM_OK ? 0 : -1;
+}
+
+static int group_teardown(void **state) {
+    loom_backend_destroy(g_be3);
+    return cpu_group_teardown(state);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_f32_gqa),
         cmocka_unit_test(test_attention_f16_mha_window),
         cmocka_unit_test(test_attention_f16_gqa_softcap),
         cmocka_unit_test(test_attention_f32_window_long),
+        cmocka_unit_test(test_attention_gemma_prefill),
+        cmocka_unit_test(test_attention_gemma_window_f32),
+        cmocka_unit_test(test_attention_softcap_window_f16),
+        cmocka_unit_test(test_attention_odd_head_dims),
         cmocka_unit_test(test_attention_window_reads),
+        cmocka_unit_test(test_attention_exp),
         cmocka_unit_test(test_kv_bad),
     };
-    return cmocka_run_group_tests(tests, cpu_group_setup, cpu_group_teardown);
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,24 +1,27 @@
 /* cpu_attention.c — causal (optionally windowed, soft-capped) attention over the paged KV.
  *
- * One work item is one row and the query heads of one kv head (or one query head, when that
- * would leave too few items to share among the threads): row r of sequence s sits at position
- * p = pos_start[s] + (r - q_start[s]) and attends to positions lo..p, lo = max(0, p-window+1)
- * (window 0: lo = 0), reading K and V of kv head h / (n_head / n_kv_heads) through the
- * sequence's block table. Nothing past p is read, so nothing past kv_len[s] either.
+ * Row r of sequence s sits at position p = pos_start[s] + (r - q_start[s]) and attends to
+ * positions lo..p, lo = max(0, p-window+1) (window 0: lo = 0), reading K and V of kv head
+ * h / (n_head / n_kv_heads) through the sequence's block table. Nothing past p is read, so
+ * nothing past kv_len[s] either. One (row, head) is a query vector.
  *
- * Softmax is online and single-pass: positions are visited in order, in tiles of ATTN_TILE
- * starting at lo. A tile's scores (scale * q·k, then cap * tanh(score / cap) when softcap is
- * on) go to scratch; if the tile raises the running maximum m, the running sum l and the
- * accumulator are rescaled by exp(m_old - m_new) once; then each position adds
- * w = exp(score - m) to l and w * v to the accumulator. The output is acc / l. Everything is
- * float32; F16 K/V rows are widened to float first (exactly).
+ * Softmax is online and single-pass over tiles of ATTN_TILE positions. Tiles sit at multiples
+ * of ATTN_TILE in position space (not at lo, not at the batch's first row): a query vector
+ * visits the tiles that meet lo..p, in order, and within each attends to its own lanes only.
+ * Per tile it updates its running max m, sum l and accumulator exactly as described at the
+ * top of cpu_attention_tile.c; the output is acc / l. Everything is float32; F16 K/V are
+ * widened exactly.
  *
- * The arithmetic for an item depends only on q's row, the sequence's K/V, p and lo — never on
- * the other rows or sequences in the batch, nor on which thread runs it — so a sequence's
- * output is bitwise the same alone or batched. Items are handed out through an atomic counter
- * because their costs differ (later positions see more keys). */
+ * Work is shared out in items: a block of up to `rows` consecutive rows (split where a
+ * sequence ends) and up to `heads` query heads of one kv head. An item walks the tiles its
+ * rows need, widening each tile of K and V once, and advances its query vectors over it
+ * ATTN_QBLOCK at a time. Rows per item, heads per item, which vectors share a block and which
+ * thread runs an item change nothing in a vector's arithmetic (cpu_attention_tile.c says why),
+ * so a row's output is bitwise the same alone or batched, in one prefill call or in chunks,
+ * and on any number of threads. Items go out through an atomic counter, latest rows first:
+ * they see the most keys, and the cheap items left at the end even out the threads. */
+#include "backend/cpu/cpu_attention_tile.h"
 #include "backend/cpu/cpu_internal.h"
-#include "backend/cpu/cpu_vec.h"
 
 #include "core/status.h"
 #include "tensor/types.h"
@@ -26,121 +29,159 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
-/* Positions whose scores are held at once (scratch) between rescalings. */
-#define ATTN_TILE 64
+/* Query vectors per item when rows are plenty: they share each widened K/V tile. */
+#define ATTN_ITEM_QVECS 64
 
 typedef struct attn_task {
-    loom_cpu_ctx *c;
     const loom_tensor *q; /* [T, n_head*head_dim] f32 */
     loom_tensor *out;     /* [T, n_head*head_dim] f32 */
     const loom_kv_desc *kv;
     const loom_attn_params *p;
+    float **scratch;    /* per thread, attn_scratch_floats(rows * heads, head_dim) */
     const char *k_pool; /* [n_blocks][block_size][n_kv_heads][head_dim] of kv_type */
     const char *v_pool;
     int32_t group;     /* query heads per kv head */
-    int32_t share;     /* query heads per work item: group, or 1 when items would be too few */
-    int64_t n_items;   /* T * n_head / share */
+    int32_t heads;     /* query heads per item (the last chunk of a group may have fewer) */
+    int32_t chunks;    /* items per (row block, kv head): ceil(group / heads) */
+    int32_t rows;      /* rows per block */
+    int64_t n_blocks;  /* ceil(T / rows) */
+    int64_t n_items;   /* n_blocks * n_kv_heads * chunks */
     atomic_llong next; /* next unclaimed item */
 } attn_task;
 
-/* K or V row of kv head kvh at position j of sequence s, as float32 (in place for F32, else
- * widened into buf). */
-static const float *attn_kv_row(const attn_task *t, const char *pool, int32_t s, int64_t j,
-                                int32_t kvh, float *buf) {
-    const loom_kv_desc *kv = t->kv;
-    const char *src = pool + loom__cpu_kv_slot(kv, s, j);
-    if (kv->kv_type == LOOM_TYPE_F32) return (const float *)src + (int64_t)kvh * kv->head_dim;
-    loom__cpu_f16_to_f32_row((const uint16_t *)src + (int64_t)kvh * kv->head_dim, buf,
-                             kv->head_dim);
-    return buf;
+static int64_t attn_lo(const loom_attn_params *p, int64_t pos) {
+    return p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
 }
 
-/* Up to this many query heads share one pass over their kv head's K and V rows. */
-#define ATTN_MAX_SHARE 16
+/* Per-thread scratch of a run of n query vectors: the tile, then acc [n][hd], then q packed
+ * by blocks of ATTN_QBLOCK ([hd][ATTN_QBLOCK] each). */
+static int64_t attn_scratch_floats(int64_t n, int64_t hd) {
+    const int64_t n_packed = (n + ATTN_QBLOCK - 1) / ATTN_QBLOCK * ATTN_QBLOCK;
+    return loom__attn_tile_floats(hd) + (n + n_packed) * hd;
+}
 
-/* Query heads h0 .. h0+nh-1 (all of one kv head) of row r. Each head has its own running max,
- * sum, scores and accumulator and sees exactly the operations it would see alone; the heads
- * only share the widening of each K and V row, which is exact. */
-static void attn_heads(const attn_task *t, int64_t r, int32_t h0, int32_t nh, float *scratch) {
-    const loom_kv_desc *kv = t->kv;
-    const loom_attn_params *p = t->p;
-    const int64_t hd = kv->head_dim;
-    const int32_t kvh = h0 / t->group;
-    const int32_t s = loom__cpu_seq_of_row(kv, r);
-    const int64_t pos = (int64_t)kv->pos_start[s] + (r - kv->q_start[s]);
-    const int64_t lo = p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
+/* Vector k = (row r0 + k / nh, head h0 + k % nh): its q row, a zero accumulator, m = -inf,
+ * l = 0; and the packed copies of q the score kernel reads. */
+static void attn_qvecs_init(const attn_task *t, attn_qvec *qv, int n, int64_t r0, int32_t h0,
+                            int32_t nh, float *acc, float *qt) {
+    const int64_t hd = t->kv->head_dim;
+    for (int k = 0; k < n; k++) {
+        const int64_t r = r0 + k / nh, h = h0 + k % nh;
+        qv[k] = (attn_qvec){.q = (const float *)loom__cpu_row(t->q, r) + h * hd,
+                            .acc = acc + (size_t)k * (size_t)hd,
+                            .m = -INFINITY,
+                            .l = 0.0f};
+    }
+    memset(acc, 0, sizeof(float) * (size_t)n * (size_t)hd);
+    for (int k = 0; k < n; k += ATTN_QBLOCK)
+        loom__attn_pack_q(qv + k, n - k < ATTN_QBLOCK ? n - k : ATTN_QBLOCK, hd, qt + k * hd);
+}
 
-    float *kbuf = scratch;  /* [hd] widened K row */
-    float *vbuf = kbuf + hd; /* [hd] widened V row */
-    float *base = vbuf + hd; /* per head: scores [ATTN_TILE], then acc [hd] */
-    float m[ATTN_MAX_SHARE], l[ATTN_MAX_SHARE];
-    const float *q[ATTN_MAX_SHARE];
-    for (int32_t g = 0; g < nh; g++) {
-        float *acc = base + (size_t)g * (ATTN_TILE + hd) + ATTN_TILE;
-        for (int64_t d = 0; d < hd; d++) acc[d] = 0.0f;
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-        q[g] = (const float *)loom__cpu_row(t->q, r) + (int64_t)(h0 + g) * hd;
+/* Each vector's lanes of the tile at j0: its positions lo..pos there (ia > ib: none). */
+static void attn_qvecs_lanes(const loom_attn_params *p, attn_qvec *qv, int n, int32_t nh,
+                             int64_t pos0, int64_t j0) {
+    for (int k = 0; k < n; k++) {
+        const int64_t pos = pos0 + k / nh, a = attn_lo(p, pos) - j0, b = pos - j0;
+        qv[k].ia = a > 0 ? (a < ATTN_TILE ? (int)a : ATTN_TILE) : 0;
+        qv[k].ib = b < ATTN_TILE - 1 ? (b < 0 ? -1 : (int)b) : ATTN_TILE - 1;
     }
-    for (int64_t j0 = lo; j0 <= pos; j0 += ATTN_TILE) {
-        const int64_t n = pos + 1 - j0 < ATTN_TILE ? pos + 1 - j0 : ATTN_TILE;
-        for (int64_t j = 0; j < n; j++) {
-            const float *k = attn_kv_row(t, t->k_pool, s, j0 + j, kvh, kbuf);
-            for (int32_t g = 0; g < nh; g++) {
-                float sc = loom__cpu_dot(q[g], k, hd) * p->scale;
-                if (p->softcap > 0.0f) sc = p->softcap * tanhf(sc / p->softcap);
-                base[(size_t)g * (ATTN_TILE + hd) + j] = sc;
-            }
-        }
-        bool any = false, skip[ATTN_MAX_SHARE];
-        for (int32_t g = 0; g < nh; g++) {
-            float *scores = base + (size_t)g * (ATTN_TILE + hd), *acc = scores + ATTN_TILE;
-            float tile_max = -INFINITY;
-            for (int64_t j = 0; j < n; j++) tile_max = scores[j] > tile_max ? scores[j] : tile_max;
-            skip[g] = tile_max == -INFINITY; /* every weight in this head's tile is 0 */
-            if (skip[g]) continue;
-            any = true;
-            if (tile_max > m[g]) {
-                float corr = expf(m[g] - tile_max); /* 0 on the first tile (m = -inf) */
-                l[g] *= corr;
-                loom__cpu_vscale(acc, corr, hd);
-                m[g] = tile_max;
-            }
-        }
-        if (!any) continue;
-        for (int64_t j = 0; j < n; j++) {
-            const float *v = attn_kv_row(t, t->v_pool, s, j0 + j, kvh, vbuf);
-            for (int32_t g = 0; g < nh; g++) {
-                float *scores = base + (size_t)g * (ATTN_TILE + hd), *acc = scores + ATTN_TILE;
-                if (skip[g]) continue;
-                float w = expf(scores[j] - m[g]);
-                l[g] += w;
-                loom__cpu_axpy(acc, w, v, hd);
-            }
-        }
-    }
-    for (int32_t g = 0; g < nh; g++) {
-        const float *acc = base + (size_t)g * (ATTN_TILE + hd) + ATTN_TILE;
-        float *o = (float *)loom__cpu_row(t->out, r) + (int64_t)(h0 + g) * hd;
+}
+
+/* out = acc / l for every vector. */
+static void attn_qvecs_write(const attn_task *t, const attn_qvec *qv, int n, int64_t r0, int32_t h0,
+                             int32_t nh) {
+    const int64_t hd = t->kv->head_dim;
+    for (int k = 0; k < n; k++) {
+        const int64_t r = r0 + k / nh, h = h0 + k % nh;
+        float *o = (float *)loom__cpu_row(t->out, r) + h * hd;
         /* l >= 1 after any tile (the maximum contributes exp(0)); l == 0 only if every score
          * was -inf, and then the output is zero rather than 0/0. */
-        const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
-        for (int64_t d = 0; d < hd; d++) o[d] = acc[d] * inv;
+        const float inv = qv[k].l > 0.0f ? 1.0f / qv[k].l : 0.0f;
+        for (int64_t d = 0; d < hd; d++) o[d] = qv[k].acc[d] * inv;
+    }
+}
+
+/* Rows r0 .. r1-1 (all of sequence s) and query heads h0 .. h0+nh-1 of kv head kvh: the
+ * tiles from the first row's lo to the last row's position, each widened once and every
+ * vector advanced over it. */
+static void attn_run(const attn_task *t, int32_t s, int64_t r0, int64_t r1, int32_t kvh, int32_t h0,
+                     int32_t nh, float *scratch) {
+    const loom_kv_desc *kv = t->kv;
+    const loom_attn_params *p = t->p;
+    const int64_t hd = kv->head_dim, pos0 = (int64_t)kv->pos_start[s] + (r0 - kv->q_start[s]);
+    const int64_t pos_last = pos0 + (r1 - r0) - 1, lo_first = attn_lo(p, pos0);
+    const int n = (int)((r1 - r0) * nh);
+    attn_kv_tile tile = {.kt = scratch, .vbuf = scratch + ATTN_TILE * hd};
+    float *scores = scratch + 2 * ATTN_TILE * hd; /* [ATTN_QBLOCK][ATTN_TILE] */
+    float *acc = scratch + loom__attn_tile_floats(hd), *qt = acc + (size_t)n * (size_t)hd;
+    attn_qvec qv[ATTN_ITEM_QVECS];
+    attn_qvecs_init(t, qv, n, r0, h0, nh, acc, qt);
+    const attn_kv_src src = {kv, t->k_pool, t->v_pool, s, kvh};
+    for (int64_t j0 = lo_first / ATTN_TILE * ATTN_TILE; j0 <= pos_last; j0 += ATTN_TILE) {
+        const int64_t ia = lo_first > j0 ? lo_first - j0 : 0;
+        const int64_t ib = pos_last - j0 < ATTN_TILE - 1 ? pos_last - j0 : ATTN_TILE - 1;
+        loom__attn_tile_load(&tile, &src, j0, (int)ia, (int)ib);
+        attn_qvecs_lanes(p, qv, n, nh, pos0, j0);
+        for (int k = 0; k < n; k += ATTN_QBLOCK)
+            loom__attn_tile_advance(&tile, hd, p->scale, p->softcap, qv + k,
+                                    n - k < ATTN_QBLOCK ? n - k : ATTN_QBLOCK, qt + k * hd, scores);
+    }
+    attn_qvecs_write(t, qv, n, r0, h0, nh);
+}
+
+/* Item -> (row block, kv head, head chunk); row blocks from the last one back. */
+static void attn_item(const attn_task *t, int64_t item, float *scratch) {
+    const loom_kv_desc *kv = t->kv;
+    const int64_t per_block = (int64_t)kv->n_kv_heads * t->chunks;
+    const int64_t b = t->n_blocks - 1 - item / per_block, rest = item % per_block;
+    const int32_t kvh = (int32_t)(rest / t->chunks);
+    const int32_t h0 = kvh * t->group + (int32_t)(rest % t->chunks) * t->heads;
+    const int32_t h_end = (kvh + 1) * t->group;
+    const int32_t nh = h_end - h0 < t->heads ? h_end - h0 : t->heads;
+    const int64_t n_rows = kv->q_start[kv->n_seqs];
+    int64_t r = b * t->rows;
+    const int64_t r_end = r + t->rows < n_rows ? r + t->rows : n_rows;
+    while (r < r_end) { /* a block may straddle sequences: one run per sequence */
+        const int32_t s = loom__cpu_seq_of_row(kv, r);
+        const int64_t end = kv->q_start[s + 1] < r_end ? kv->q_start[s + 1] : r_end;
+        attn_run(t, s, r, end, kvh, h0, nh, scratch);
+        r = end;
     }
 }
 
 static void attn_worker(void *arg, int ith, int nth) {
     (void)nth;
     attn_task *t = arg;
-    float *scratch = t->c->scratch[ith];
     for (;;) {
         int64_t item = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed);
         if (item >= t->n_items) break;
-        /* item = (row, group of share heads) */
-        const int64_t per_row = t->p->n_head / t->share;
-        const int64_t r = item / per_row;
-        attn_heads(t, r, (int32_t)(item % per_row) * t->share, t->share, scratch);
+        attn_item(t, item, t->scratch[ith]);
+    }
+}
+
+static void attn_count(attn_task *t, int64_t n_rows, int32_t n_kv_heads) {
+    t->chunks = (t->group + t->heads - 1) / t->heads;
+    t->n_blocks = (n_rows + t->rows - 1) / t->rows;
+    t->n_items = t->n_blocks * n_kv_heads * t->chunks;
+}
+
+/* Rows and heads per item: ATTN_ITEM_QVECS vectors each; fewer rows while that leaves the
+ * threads under four items each (items differ in cost), then fewer heads while some thread
+ * would have none (each item widens its K/V tiles again, so heads are split only as far as
+ * needed). Any choice gives the same bits. */
+static void attn_plan(attn_task *t, int64_t n_rows, int32_t n_kv_heads, int n_threads) {
+    t->heads = t->group < ATTN_ITEM_QVECS ? t->group : ATTN_ITEM_QVECS;
+    t->rows = ATTN_ITEM_QVECS / t->heads;
+    attn_count(t, n_rows, n_kv_heads);
+    while (t->rows > 1 && t->n_items < 4 * (int64_t)n_threads) {
+        t->rows = (t->rows + 1) / 2;
+        attn_count(t, n_rows, n_kv_heads);
+    }
+    while (t->heads > 1 && t->n_items < n_threads) {
+        t->heads = (t->heads + 1) / 2;
+        attn_count(t, n_rows, n_kv_heads);
     }
 }
 
@@ -167,8 +208,8 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
     LOOM_RETURN_IF(p == NULL, LOOM_ERR_INVALID_ARG, "attention: params are NULL");
     int64_t n_rows;
     int32_t pool_layer;
-    LOOM_TRY(loom__cpu_check_kv_desc("attention", kv, p->layer, true, p->window, &n_rows,
-                                     &pool_layer));
+    LOOM_TRY(
+        loom__cpu_check_kv_desc("attention", kv, p->layer, true, p->window, &n_rows, &pool_layer));
     LOOM_TRY(attn_check_params(p, kv));
     LOOM_RETURN_IF(q->ne[0] != (int64_t)p->n_head * kv->head_dim, LOOM_ERR_INVALID_ARG,
                    "attention: q rows have %lld elements but n_head*head_dim = %d*%d",
@@ -179,24 +220,18 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
     LOOM_RETURN_IF(loom__cpu_tensors_overlap(q, out), LOOM_ERR_INVALID_ARG,
                    "attention: out overlaps q (no in-place attention)");
     if (n_rows == 0) return LOOM_OK;
-    const int32_t group = p->n_head / kv->n_kv_heads;
-    /* Heads of one kv head share its K/V rows when that still leaves every thread a few items
-     * (a decode step of one sequence keeps one item per head). Same bits either way. */
-    int32_t share = group;
-    if (share > ATTN_MAX_SHARE || n_rows * kv->n_kv_heads < 4 * (int64_t)c->n_threads) share = 1;
-    LOOM_TRY(loom__cpu_reserve_scratch(
-        c, 2 * (size_t)kv->head_dim + (size_t)share * (ATTN_TILE + (size_t)kv->head_dim)));
 
-    attn_task t = {.c = c,
-                   .q = q,
+    attn_task t = {.q = q,
                    .out = out,
                    .kv = kv,
                    .p = p,
                    .k_pool = kv->k_base[pool_layer],
                    .v_pool = kv->v_base[pool_layer],
-                   .group = group,
-                   .share = share,
-                   .n_items = n_rows * p->n_head / share};
+                   .group = p->n_head / kv->n_kv_heads};
+    attn_plan(&t, n_rows, kv->n_kv_heads, c->n_threads);
+    LOOM_TRY(loom__cpu_reserve_scratch(
+        c, (size_t)attn_scratch_floats((int64_t)t.rows * t.heads, kv->head_dim)));
+    t.scratch = c->scratch;
     atomic_init(&t.next, 0);
     loom__threadpool_run(c->tp, attn_worker, &t);
     return LOOM_OK;

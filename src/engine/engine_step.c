@@ -525,10 +525,8 @@ static void fail_batch(loom_engine *e, int32_t n, loom_status st) {
 static void update_stats(loom_engine *e) {
     loom_sched_stats ss;
     loom_kv_stats ks;
-    loom_kv_group_stats gs;
     loom_sched_get_stats(e->sched, &ss);
     if (loom_kv_get_stats(e->kv, &ks) != LOOM_OK) return;
-    if (loom_kv_get_group_stats(e->kv, 0, &gs) != LOOM_OK) return;
     loom_kv_group_info gi[LOOM_MAX_KV_GROUPS];
     for (int32_t g = 0; g < e->n_groups; g++) {
         loom_kv_group_stats k;
@@ -548,10 +546,10 @@ static void update_stats(loom_engine *e) {
     memcpy(e->kv_groups, gi, (size_t)e->n_groups * sizeof *gi);
     e->stats.running = ss.n_running;
     e->stats.waiting = ss.n_waiting + ss.n_preempted;
-    e->stats.kv_blocks_total = gs.n_blocks;
-    e->stats.kv_blocks_used = gs.n_used;
-    e->stats.kv_blocks_cached = gs.n_cached;
-    e->stats.kv_blocks_free = gs.n_free;
+    e->stats.kv_blocks_total = gi[0].blocks_total; /* group 0's pool (loom.h) */
+    e->stats.kv_blocks_used = gi[0].blocks_used;
+    e->stats.kv_blocks_cached = gi[0].blocks_cached;
+    e->stats.kv_blocks_free = gi[0].blocks_free;
     e->stats.prefix_query_tokens = ks.prefix_query_tokens;
     e->stats.prefix_hit_tokens = ks.prefix_hit_tokens;
     pthread_mutex_unlock(&e->mu);

@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "tensor/fp16.h" /* loom__f32_bits, loom__f32_from_bits */
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define LOOM_VM_AVX2 1
@@ -69,18 +71,6 @@
 
 /* ---- scalar --------------------------------------------------------------------------------- */
 
-static inline float loom__vm_from_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint32_t loom__vm_to_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
 /* e^x = 2^n e^r with n = round(x / ln2), r = x - n ln2, e^r = 1 + (r + r^2 q(r)): its one large
  * rounding is the final + 1. 2^n is applied as two factors 2^n1 2^n2 (n1 + n2 = n, each a
  * normal float), so results in the subnormal range round once, at the last multiply, and
@@ -98,9 +88,9 @@ static inline float loom__vm_expf(float x) {
     q = fmaf(q, r, LOOM_VM_E3);
     q = fmaf(q, r, LOOM_VM_E2);
     const float p = fmaf(r * r, q, r) + 1.0f;
-    const uint32_t k = loom__vm_to_bits(t) - (LOOM_VM_SHIFT_BITS - 150u);
+    const uint32_t k = loom__f32_bits(t) - (LOOM_VM_SHIFT_BITS - 150u);
     const uint32_t k1 = k >> 1, k2 = k - k1; /* 2^(k1 - 75) 2^(k2 - 75) = 2^n */
-    return p * loom__vm_from_bits((k1 + 52u) << 23) * loom__vm_from_bits((k2 + 52u) << 23);
+    return p * loom__f32_from_bits((k1 + 52u) << 23) * loom__f32_from_bits((k2 + 52u) << 23);
 }
 
 /* Computed on |x| and given x's sign at the end, which keeps tanh(-0) = -0 (x + x^3 P(x^2)

@@ -1,7 +1,8 @@
 /* kernel-bench.c — loom-kernel-bench: the CPU backend's quantized matmul on the shapes that
  * dominate a forward pass, next to the one-row kernels it replaced, one thread.
  *
- *   loom-kernel-bench [-t THREADS] [-r REPS] [--quick]
+ *   loom-kernel-bench [-t THREADS] [-r REPS] [--quick] [--no-rowdot] [--shape TYPE:N:K]...
+ *                     [-T T1,T2,...]
  *
  * For each weight type and shape [N rows x K] and token count T it prints the best time of
  * REPS runs (best, not median: the question is what the code costs, not what the shared machine
@@ -9,14 +10,18 @@
  *   matmul   the backend's matmul (activation rounding included) with THREADS threads, and
  *   rowdot   one thread calling loom_vec_dot_q once per (row, token) on pre-rounded rows —
  *            the arithmetic the matmul used before the tile kernels (tensor/qgemm.h),
- * with the weight bytes read per second and the ratio. Weights are random codes with sane
+ * with the weight bytes read per second and the ratio. --shape TYPE:N:K (repeatable; TYPE a
+ * loom type name such as f16, q8_0, q4_K) replaces the built-in shapes, -T the token counts
+ * (default 1,4,16,128), and --no-rowdot skips the one-row reference. Weights are random codes with sane
  * scales (the timing does not depend on the values). Links the static library to reach the
  * internal headers. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "backend/backend.h"
@@ -85,6 +90,18 @@ static uint8_t *make_weights(uint32_t t, int64_t N, int64_t K, size_t *row_bytes
     return w;
 }
 
+/* A type by its loom name (loom_type_name), case-insensitive. */
+static bool parse_type(const char *name, uint32_t *out) {
+    for (uint32_t t = 0; t < 64; t++) {
+        const char *n = loom_type_name(t);
+        if (n && !strcasecmp(n, name)) {
+            *out = t;
+            return true;
+        }
+    }
+    return false;
+}
+
 typedef struct shape {
     const char *what;
     uint32_t type;
@@ -93,17 +110,49 @@ typedef struct shape {
 
 int main(int argc, char **argv) {
     int n_threads = 1, reps = 5;
-    bool quick = false;
+    bool quick = false, rowdot = true;
+    shape custom[16];
+    int n_custom = 0;
+    int64_t Ts[16] = {1, 4, 16, 128};
+    int n_Ts = 4;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-t") && i + 1 < argc) n_threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick")) quick = true;
-        else {
-            fprintf(stderr, "usage: %s [-t THREADS] [-r REPS] [--quick]\n", argv[0]);
+        if (!strcmp(argv[i], "-t") && i + 1 < argc)
+            n_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick"))
+            quick = true;
+        else if (!strcmp(argv[i], "--no-rowdot"))
+            rowdot = false;
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc && n_custom < 16) {
+            /* TYPE:N:K, TYPE a loom type name (f16, q8_0, q4_K, ...) */
+            char name[32];
+            long long N, K;
+            if (sscanf(argv[++i], "%31[^:]:%lld:%lld", name, &N, &K) != 3 || N < 1 || K < 1 ||
+                !parse_type(name, &custom[n_custom].type)) {
+                fprintf(stderr, "--shape wants TYPE:N:K, got %s\n", argv[i]);
+                return 2;
+            }
+            custom[n_custom].what = argv[i];
+            custom[n_custom].N = N;
+            custom[n_custom++].K = K;
+        } else if (!strcmp(argv[i], "-T") && i + 1 < argc) {
+            n_Ts = 0;
+            for (char *tok = strtok(argv[++i], ","); tok && n_Ts < 16; tok = strtok(NULL, ","))
+                if ((Ts[n_Ts++] = atoll(tok)) < 1) {
+                    fprintf(stderr, "-T wants positive token counts\n");
+                    return 2;
+                }
+        } else {
+            fprintf(
+                stderr,
+                "usage: %s [-t THREADS] [-r REPS] [--quick] [--no-rowdot] [--shape TYPE:N:K]... "
+                "[-T T1,T2,...]\n",
+                argv[0]);
             return 2;
         }
     }
-    const shape shapes[] = {
+    const shape builtin[] = {
         {"gemma3 lm head", LOOM_TYPE_Q8_0, 262144, 640},
         {"gemma3 ffn_up", LOOM_TYPE_Q5_0, 2048, 640},
         {"gemma3 attn_out", LOOM_TYPE_Q4_K, 640, 1024},
@@ -113,7 +162,10 @@ int main(int argc, char **argv) {
         {"smollm ffn_down q4_K", LOOM_TYPE_Q4_K, 576, 1536},
         {"smollm ffn_up f16", LOOM_TYPE_F16, 1536, 576},
     };
-    const int64_t Ts[] = {1, 4, 16, 128};
+    const shape *shapes = n_custom ? custom : builtin;
+    const size_t n_shapes = n_custom ? (size_t)n_custom : sizeof builtin / sizeof builtin[0];
+    int64_t Tmax = 1;
+    for (int i = 0; i < n_Ts; i++) Tmax = Ts[i] > Tmax ? Ts[i] : Tmax;
     loom_cpu_params cp = {.n_threads = n_threads};
     loom_backend *be = NULL;
     if (loom_backend_cpu_create(&cp, &be) != LOOM_OK) {
@@ -122,14 +174,13 @@ int main(int argc, char **argv) {
     }
     printf("%-22s %-5s %4s %10s %9s %10s %9s %7s\n", "shape", "type", "T", "matmul ms", "GB/s",
            "rowdot ms", "GB/s", "ratio");
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    for (size_t si = 0; si < n_shapes; si++) {
         const shape *s = &shapes[si];
         const int64_t N = quick && s->N > 8192 ? 8192 : s->N, K = s->K;
         size_t wrow, arow;
         uint8_t *w = make_weights(s->type, N, K, &wrow);
         uint32_t at;
         if (!loom_vec_dot_type(s->type, &at) || !loom_type_row_bytes(at, K, &arow)) return 1;
-        const int64_t Tmax = 128;
         float *x = xalloc((size_t)(Tmax * K) * sizeof(float));
         for (int64_t i = 0; i < Tmax * K; i++) x[i] = frand();
         float *out = xalloc((size_t)(Tmax * N) * sizeof(float));
@@ -137,7 +188,7 @@ int main(int argc, char **argv) {
         for (int64_t t = 0; t < Tmax; t++)
             if (!loom_quantize_activations(at, x + t * K, xa + (size_t)t * arow, K)) return 1;
         const loom_vec_dot_q_fn dot = loom_vec_dot_q_get(s->type);
-        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        for (int ti = 0; ti < n_Ts; ti++) {
             const int64_t T = Ts[ti];
             if (quick && T > 16) continue;
             loom_tensor tw = loom_tensor_2d(s->type, w, K, N, wrow);
@@ -151,7 +202,7 @@ int main(int argc, char **argv) {
                     return 1;
                 }
                 double t1 = now_s();
-                for (int64_t o = 0; o < N; o++)
+                for (int64_t o = 0; o < N && rowdot; o++)
                     for (int64_t t = 0; t < T; t++)
                         out[t * N + o] = dot(w + (size_t)o * wrow, xa + (size_t)t * arow, K);
                 double t2 = now_s();
@@ -159,9 +210,12 @@ int main(int argc, char **argv) {
                 if (t2 - t1 < best_rd) best_rd = t2 - t1;
             }
             const double gb = (double)N * (double)wrow * 1e-9;
-            printf("%-22s %-5s %4lld %10.3f %9.1f %10.3f %9.1f %7.2f\n", s->what,
-                   loom_type_name(s->type), (long long)T, best_mm * 1e3, gb / best_mm,
-                   best_rd * 1e3, gb / best_rd, best_rd / best_mm);
+            printf("%-22s %-5s %4lld %10.3f %9.1f", s->what, loom_type_name(s->type),
+                   (long long)T, best_mm * 1e3, gb / best_mm);
+            if (rowdot)
+                printf(" %10.3f %9.1f %7.2f\n", best_rd * 1e3, gb / best_rd, best_rd / best_mm);
+            else
+                printf(" %10s %9s %7s\n", "-", "-", "-");
             fflush(stdout);
         }
         free(w);

@@ -29,6 +29,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* out[t * out_stride + r] = loom_vec_dot_q(weight_type, row r, token t, K) for r < nr, t < nt:
+ * weight rows w_stride bytes apart, prepared token rows x_stride bytes apart (64-byte
+ * aligned). */
+typedef void (*loom_qgemm_tile_fn)(const void *w, size_t w_stride, int nr, const void *x,
+                                   size_t x_stride, int nt, int64_t K, float *out,
+                                   size_t out_stride);
+
 typedef struct loom_qgemm_kernels {
     /* Fewest tokens for which the tile beats the one-row kernels (loom-kernel-bench): 1 for the
      * legacy formats (their one-row kernels spend more on sign tricks than the tile on
@@ -40,11 +47,20 @@ typedef struct loom_qgemm_kernels {
     /* act: one row in loom_vec_dot_type(weight_type)'s format (qdot.h); x: x_row_bytes(K)
      * bytes, 64-byte aligned. */
     void (*prepare_x)(const void *act, void *x, int64_t K);
-    /* out[t * out_stride + r] = loom_vec_dot_q(weight_type, row r, act row t, K) for r < nr,
-     * t < nt; weight rows w_stride bytes apart (the type's blocks, in place), prepared rows
-     * x_stride bytes apart (64-byte aligned). */
-    void (*tile)(const void *w, size_t w_stride, int nr, const void *x, size_t x_stride, int nt,
-                 int64_t K, float *out, size_t out_stride);
+    /* The weight rows in place (the type's blocks). */
+    loom_qgemm_tile_fn tile;
+    /* Optional (NULL / 0 where there is none): a second tile kernel over weight rows that it
+     * prepares itself into wp (64-byte aligned, nr rows w_row_bytes(K) bytes apart, a multiple
+     * of 64), for steps of at least prepare_min_tokens tokens, prepared_tokens_per_call tokens
+     * per call at most. With fill set the call prepares wp from w's rows while computing (its
+     * first tokens meet them); without, wp holds them already and w is not read. The matmul
+     * fills once per group of rows and block of tokens. F16 converts its weights to float32
+     * this way instead of once per call. */
+    size_t (*w_row_bytes)(int64_t K);
+    void (*tile_prepared)(const void *w, size_t w_stride, int nr, void *wp, int fill, const void *x,
+                          size_t x_stride, int nt, int64_t K, float *out, size_t out_stride);
+    int prepare_min_tokens;
+    int prepared_tokens_per_call;
 } loom_qgemm_kernels;
 
 /* The tile kernels for weight_type in this build, or NULL. */

@@ -118,8 +118,8 @@ LOOM__QINLINE void row_tokens(const uint8_t *w, const uint8_t *x0, size_t x_stri
                                        _mm256_load_si256((const __m256i *)(x + (g + k) * LQ)));
             __m256i isum = _mm256_sub_epi32(loom__qd_hsum8x8_epi32(s),
                                             _mm256_load_si256((const __m256i *)(xoff + g)));
-            __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_load_ps(dx + g)),
-                                     _mm256_cvtepi32_ps(isum));
+            __m256 t =
+                _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_load_ps(dx + g)), _mm256_cvtepi32_ps(isum));
             if (with_min) t = _mm256_add_ps(t, _mm256_mul_ps(mw, _mm256_load_ps(sx + g)));
             acc[j] = _mm256_add_ps(acc[j], t);
         }
@@ -166,7 +166,8 @@ LEGACY_TILE(q5_1, FMT_Q5_1, true)
 LEGACY_TILE(q8_0, FMT_Q8_0, false)
 
 #define LEGACY_KERNELS(fmt, prep)                                                                  \
-    static const loom_qgemm_kernels kernels_##fmt = {1, x_row_bytes, prep, tile_##fmt};
+    static const loom_qgemm_kernels kernels_##fmt = {                                              \
+        .min_tokens = 1, .x_row_bytes = x_row_bytes, .prepare_x = prep, .tile = tile_##fmt};
 LEGACY_KERNELS(q4_0, prepare_q8_0_off8)
 LEGACY_KERNELS(q4_1, prepare_q8_1_off0)
 LEGACY_KERNELS(q5_0, prepare_q8_0_off16)

@@ -15,9 +15,9 @@
  *     to 17 (partial SIMD groups), and for the quantizers, including NaN and infinities; the
  *     q8_K quantizer of every variant also on blocks made to probe its rules (ties of |max|
  *     with either sign first, zero / NaN / subnormal / huge blocks, rounding ties).
- *   - The backend matmul (1 and 2 threads) on T = 1, 3, 17, K = 256, 512, 2304, N = 7, 33 with
+ *   - The backend matmul (1 and 2 threads) on T = 1, 3, 17, 53, K = 256, 512, 2304, N = 7, 33 with
  *     padded strides: every output equals loom_vec_dot_q of its row and the quantized token,
- *     bitwise; T = 1 vs T = 17 and 1 vs 2 threads bitwise; F32 weights keep the float path.
+ *     bitwise; T = 1 vs T = 53 and 1 vs 2 threads bitwise; F32 weights keep the float path.
  *   - Bad input gives a status. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -543,15 +543,46 @@ static void test_isa_variants_agree(void **state) {
                     }
                 }
                 const loom_qgemm_kernels *qk = isa->qgemm(t);
-                if (qk) { /* 3 rows x 19 tokens in tiles of 4 */
+                if (qk) { /* 3 rows x 19 tokens */
                     uint8_t *xr = aligned_alloc(64, (size_t)T * qk->x_row_bytes(K));
                     assert_non_null(xr);
                     for (int64_t j = 0; j < T; j++)
                         qk->prepare_x(xa + (size_t)j * ab, xr + (size_t)j * qk->x_row_bytes(K), K);
-                    qk->tile(w, wb, 3, xr, qk->x_row_bytes(K), (int)T, K, got, 3);
+                    const size_t xb = qk->x_row_bytes(K);
+                    /* weights in place: all 19 tokens in one call, then one token per call */
+                    qk->tile(w, wb, 3, xr, xb, (int)T, K, got, 3);
                     for (int64_t j = 0; j < T; j++)
                         for (int r = 0; r < 3; r++)
                             assert_memory_equal(&got[j * 3 + r], &want[r][j], sizeof(float));
+                    for (int64_t j = 0; j < T; j++) {
+                        qk->tile(w, wb, 3, xr + (size_t)j * xb, xb, 1, K, got, 3);
+                        for (int r = 0; r < 3; r++)
+                            assert_memory_equal(&got[r], &want[r][j], sizeof(float));
+                    }
+                    /* prepared rows (where the kernels have them): filled by a call of all 19
+                     * tokens, then by one of a single token; reused by one-token calls with w
+                     * poisoned (a call that does not fill must not read w) */
+                    void *wp = NULL;
+                    if (qk->tile_prepared) {
+                        assert_int_equal(qk->w_row_bytes(K) % 64, 0);
+                        wp = aligned_alloc(64, 3 * qk->w_row_bytes(K));
+                        assert_non_null(wp);
+                        qk->tile_prepared(w, wb, 3, wp, 1, xr, xb, (int)T, K, got, 3);
+                        for (int64_t j = 0; j < T; j++)
+                            for (int r = 0; r < 3; r++)
+                                assert_memory_equal(&got[j * 3 + r], &want[r][j], sizeof(float));
+                        memset(wp, 0xff, 3 * qk->w_row_bytes(K));
+                        qk->tile_prepared(w, wb, 3, wp, 1, xr, xb, 1, K, got, 3);
+                        for (int r = 0; r < 3; r++)
+                            assert_memory_equal(&got[r], &want[r][0], sizeof(float));
+                        for (int64_t j = 0; j < T; j++) {
+                            qk->tile_prepared(NULL, 0, 3, wp, 0, xr + (size_t)j * xb, xb, 1, K, got,
+                                              3);
+                            for (int r = 0; r < 3; r++)
+                                assert_memory_equal(&got[r], &want[r][j], sizeof(float));
+                        }
+                    }
+                    free(wp);
                     free(xr);
                 }
                 const loom_qgemm_lanes *lk = isa->lanes(t);
@@ -723,14 +754,14 @@ static void test_matmul_quantized(void **state) {
     loom_backend *be1 = make_backend(1, false), *be2 = make_backend(2, false);
     /* K = 352: 11 legacy blocks, a partial group of 8 (K-quants skip it); N = 33 > one group of
      * rows; T = 17 > one tile of tokens. */
-    const int64_t Ts[] = {1, 3, 17}, Ks[] = {256, 512, 2304, 352}, Ns[] = {7, 33};
+    const int64_t Ts[] = {1, 3, 17, 53}, Ks[] = {256, 512, 2304, 352}, Ns[] = {7, 33};
     for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         const uint32_t t = weight_types[ti];
         uint32_t at;
         assert_true(loom_vec_dot_type(t, &at));
         for (size_t ki = 0; ki < 4; ki++)
             for (size_t ni = 0; ni < 2; ni++) {
-                const int64_t K = Ks[ki], N = Ns[ni], Tmax = 17;
+                const int64_t K = Ks[ki], N = Ns[ni], Tmax = 53;
                 if (K % (int64_t)loom_type_get_traits(t)->block_elems != 0) continue;
                 const size_t w_stride = row_bytes(t, K) + 6; /* padded, still 2-aligned */
                 const size_t x_stride = (size_t)(K + 5) * sizeof(float);
@@ -743,7 +774,7 @@ static void test_matmul_quantized(void **state) {
                 float *o1 = xmalloc((size_t)(N * Tmax) * sizeof(float));
                 float *o2 = xmalloc((size_t)(N * Tmax) * sizeof(float));
                 uint8_t *xa = xmalloc(row_bytes(at, K));
-                for (size_t tt = 0; tt < 3; tt++) {
+                for (size_t tt = 0; tt < 4; tt++) {
                     const int64_t T = Ts[tt];
                     run_matmul(be1, t, w, w_stride, N, x, x_stride, T, K, o1);
                     run_matmul(be2, t, w, w_stride, N, x, x_stride, T, K, o2);
@@ -762,7 +793,7 @@ static void test_matmul_quantized(void **state) {
                         }
                     }
                 }
-                /* T = 1 rows equal the same rows inside T = 17 (o1 holds T = 17 now). */
+                /* T = 1 rows equal the same rows inside T = 53 (o1 holds T = 53 now). */
                 for (int64_t r = 0; r < Tmax; r += 5) {
                     const float *xr = (const float *)((const uint8_t *)x + (size_t)r * x_stride);
                     run_matmul(be2, t, w, w_stride, N, xr, x_stride, 1, K, o2);

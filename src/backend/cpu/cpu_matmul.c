@@ -146,6 +146,9 @@ static void mmq_worker(void *p, int ith, int nth) {
 /* Tokens per per-pair tile call: their prepared rows stay in L1 while a group of weight rows
  * passes. */
 #define MMT_TOKENS 16
+/* Bytes of prepared tokens that a block of them may take (half an L2), where the kernels
+ * prepare their weights: a block of tokens meets every group of rows before the next block. */
+#define MMT_BLOCK_BYTES (1u << 20)
 /* From this many tokens on, token lanes beat the per-pair tile kernels (a partly filled group
  * costs as much as a full one). */
 #define MML_MIN_TOKENS 5
@@ -155,6 +158,7 @@ typedef struct mmt_task {
     loom_tensor *out;
     loom_cpu_ctx *c;
     const loom_qgemm_kernels *k;   /* per-pair tiles, or (k NULL) */
+    bool prepared;                 /* k's tile_prepared, rows prepared in each thread's scratch */
     const loom_qgemm_lanes *lanes; /* token lanes */
     loom_quantize_act_fn quant;
     uint8_t *xp;       /* prepared units: [T] token rows (tiles) or [ceil(T / width)] groups */
@@ -162,6 +166,7 @@ typedef struct mmt_task {
     size_t act_stride; /* rounded activation rows in a thread's scratch (lanes) */
     int64_t step;      /* tokens per kernel call: MMT_TOKENS, or the lane width */
     int64_t rb;        /* weight rows per group */
+    int64_t t_block;   /* tokens per block where the kernels prepare weights (a step multiple) */
 } mmt_task;
 
 /* Tokens per prepared unit: 1 row for the tiles, a group of `width` for the lanes. */
@@ -190,24 +195,41 @@ static void mmt_prepare_worker(void *p, int ith, int nth) {
     }
 }
 
+/* Rows o0 .. o0 + nr - 1 (w, w_stride apart) against tokens t0 .. t1 - 1, a->step at a time;
+ * wp: this thread's scratch where a->prepared (the first call fills it). */
+static void mmt_group(const mmt_task *a, const void *w, size_t w_stride, void *wp, int64_t o0,
+                      int nr, int64_t t0, int64_t t1) {
+    const int64_t K = a->w->ne[0], U = mmt_unit(a);
+    const size_t out_stride = a->out->row_stride / sizeof(float);
+    for (int64_t t = t0; t < t1; t += a->step) {
+        const int nt = (int)(t1 - t < a->step ? t1 - t : a->step);
+        float *o = (float *)loom__cpu_row(a->out, t) + o0;
+        const uint8_t *xt = a->xp + (size_t)(t / U) * a->x_stride;
+        if (a->lanes)
+            a->lanes->tile8(w, w_stride, nr, xt, nt, K, o, out_stride);
+        else if (a->prepared)
+            a->k->tile_prepared(w, w_stride, nr, wp, t == t0, xt, a->x_stride, nt, K, o,
+                                out_stride);
+        else
+            a->k->tile(w, w_stride, nr, xt, a->x_stride, nt, K, o, out_stride);
+    }
+}
+
 static void mmt_worker(void *p, int ith, int nth) {
     const mmt_task *a = p;
-    const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb, U = mmt_unit(a);
-    const size_t out_stride = a->out->row_stride / sizeof(float);
+    const int64_t N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
+    /* Prepared weights: blocks of a->t_block tokens, whose prepared rows stay in L2 while this
+     * thread's groups pass (each group is prepared once per block, into this thread's
+     * scratch). In place: one block of all tokens. */
+    const int64_t t_block = a->prepared ? a->t_block : T;
     int64_t g0, g1;
     loom__split_range((N + rb - 1) / rb, ith, nth, &g0, &g1);
-    for (int64_t g = g0; g < g1; g++) {
-        const int64_t o0 = g * rb;
-        const int nr = (int)(N - o0 < rb ? N - o0 : rb);
-        const void *w = loom__cpu_row(a->w, o0);
-        for (int64_t t0 = 0; t0 < T; t0 += a->step) {
-            const int nt = (int)(T - t0 < a->step ? T - t0 : a->step);
-            float *o = (float *)loom__cpu_row(a->out, t0) + o0;
-            const uint8_t *xt = a->xp + (size_t)(t0 / U) * a->x_stride;
-            if (a->lanes)
-                a->lanes->tile8(w, a->w->row_stride, nr, xt, nt, K, o, out_stride);
-            else
-                a->k->tile(w, a->w->row_stride, nr, xt, a->x_stride, nt, K, o, out_stride);
+    for (int64_t tb = 0; tb < T; tb += t_block) {
+        const int64_t tb1 = T - tb < t_block ? T : tb + t_block;
+        for (int64_t g = g0; g < g1; g++) {
+            const int64_t o0 = g * rb;
+            mmt_group(a, loom__cpu_row(a->w, o0), a->w->row_stride, a->c->scratch[ith], o0,
+                      (int)(N - o0 < rb ? N - o0 : rb), tb, tb1);
         }
     }
 }
@@ -218,16 +240,20 @@ static loom_status mm_run_tiles(loom_cpu_ctx *c, const loom_tensor *w, const loo
                                 const loom_qgemm_lanes *lanes, uint32_t act_type, size_t act_row,
                                 size_t w_row) {
     const int64_t K = w->ne[0], T = x->ne[1];
+    const bool prepared = !lanes && k->tile_prepared && T >= k->prepare_min_tokens;
     mmt_task task = {.w = w,
                      .x = x,
                      .out = out,
                      .c = c,
                      .k = lanes ? NULL : k,
+                     .prepared = prepared,
                      .lanes = lanes,
                      .quant = loom_quantize_activations_get(act_type),
                      .x_stride = lanes ? lanes->x8_bytes(K) : k->x_row_bytes(K),
                      .act_stride = (act_row + MMQ_ROW_ALIGN - 1) / MMQ_ROW_ALIGN * MMQ_ROW_ALIGN,
-                     .step = lanes ? lanes->width : MMT_TOKENS};
+                     .step = lanes      ? lanes->width
+                             : prepared ? k->prepared_tokens_per_call
+                                        : MMT_TOKENS};
     assert(task.quant && "every activation format has a quantizer");
     const int64_t U = mmt_unit(&task), n_units = (T + U - 1) / U;
     size_t total;
@@ -239,8 +265,16 @@ static loom_status mm_run_tiles(loom_cpu_ctx *c, const loom_tensor *w, const loo
     task.rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));
     if (task.rb < 1) task.rb = 1;
     if (task.rb > MM_MAX_RB) task.rb = MM_MAX_RB;
-    /* Scratch holds one unit's rounded activation rows while preparing. */
-    LOOM_TRY(loom__cpu_reserve_scratch(c, (size_t)U * task.act_stride / sizeof(float)));
+    /* Scratch holds one unit's rounded activation rows while preparing, then a group of
+     * prepared weight rows where the kernels prepare them. */
+    size_t scratch_bytes = (size_t)U * task.act_stride;
+    task.t_block = task.step * (int64_t)(MMT_BLOCK_BYTES / (task.step * task.x_stride));
+    if (task.t_block < task.step) task.t_block = task.step;
+    if (prepared) {
+        const size_t group = (size_t)task.rb * task.k->w_row_bytes(K);
+        if (group > scratch_bytes) scratch_bytes = group;
+    }
+    LOOM_TRY(loom__cpu_reserve_scratch(c, scratch_bytes / sizeof(float)));
     if (n_units == 1)
         mmt_prepare_worker(&task, 0, 1); /* one unit: not worth waking the pool */
     else

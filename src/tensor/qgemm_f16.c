@@ -94,6 +94,42 @@ static size_t w_row_bytes_f16(int64_t K) {
     return x_row_bytes(K); /* the same float32 row, zero-padded to whole chunks */
 }
 
+/* The 12 dots of a full block (2 rows x 6 tokens) folded together: the additions of
+ * loom__qd_fold8_ps's order (16 apart, 8, 4, 2, 1; the lower operand first), done on vectors
+ * that hold several pairs at each level instead of one pair's lanes at a time. Pair p = 2 j + r
+ * (token j, row r). */
+LOOM__QINLINE void fold_2x6(const __m512 acc[NR_BLK][NT_BLK][2], float *out, size_t out_stride) {
+    __m512 S[12], H[6], B[3], C[2];
+    for (int j = 0; j < 6; j++)
+        for (int r = 0; r < 2; r++) S[2 * j + r] = _mm512_add_ps(acc[r][j][0], acc[r][j][1]);
+    /* 8 apart: H[m] = pair 2m's 8 sums, then pair 2m + 1's */
+    for (int m = 0; m < 6; m++)
+        H[m] = _mm512_add_ps(_mm512_shuffle_f32x4(S[2 * m], S[2 * m + 1], 0x44),
+                             _mm512_shuffle_f32x4(S[2 * m], S[2 * m + 1], 0xEE));
+    /* 4 apart: 128-bit block k of B[n] holds pair 4n + k */
+    for (int n = 0; n < 3; n++)
+        B[n] = _mm512_add_ps(_mm512_shuffle_f32x4(H[2 * n], H[2 * n + 1], 0x88),
+                             _mm512_shuffle_f32x4(H[2 * n], H[2 * n + 1], 0xDD));
+    /* 2 apart: block k of C[q] holds pairs 8q + k (lanes 0, 1) and 8q + 4 + k (lanes 2, 3) */
+    const __m512 z = _mm512_setzero_ps();
+    C[0] = _mm512_add_ps(_mm512_shuffle_ps(B[0], B[1], 0x44), _mm512_shuffle_ps(B[0], B[1], 0xEE));
+    C[1] = _mm512_add_ps(_mm512_shuffle_ps(B[2], z, 0x44), _mm512_shuffle_ps(B[2], z, 0xEE));
+    /* 1 apart: lane 4k + l holds pair 4l + k; permuted so that lane p holds pair p */
+    const __m512 R =
+        _mm512_add_ps(_mm512_shuffle_ps(C[0], C[1], 0x88), _mm512_shuffle_ps(C[0], C[1], 0xDD));
+    const __m512 P = _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), R);
+    /* tokens 2q and 2q + 1, 2 rows each, from 128-bit block q */
+    const __m128 v0 = _mm512_extractf32x4_ps(P, 0), v1 = _mm512_extractf32x4_ps(P, 1),
+                 v2 = _mm512_extractf32x4_ps(P, 2);
+    _mm_storel_pi((__m64 *)out, v0);
+    _mm_storeh_pi((__m64 *)(out + out_stride), v0);
+    _mm_storel_pi((__m64 *)(out + 2 * out_stride), v1);
+    _mm_storeh_pi((__m64 *)(out + 3 * out_stride), v1);
+    _mm_storel_pi((__m64 *)(out + 4 * out_stride), v2);
+    _mm_storeh_pi((__m64 *)(out + 5 * out_stride), v2);
+}
+
 /* Rows wp (R of them, w_floats apart, prepared) against NT prepared tokens; Kp: K rounded up
  * to whole chunks (both sides are zero there, so the products are +0.0). FILL: convert the
  * rows from wh (halves, wh_stride bytes apart) into wp on the way. */
@@ -136,6 +172,10 @@ LOOM__QINLINE void rows_tokens(const uint16_t *wh, size_t wh_stride, float *wp, 
                 acc[r][j][1] = _mm512_fmadd_ps(wv[r][1], xb, acc[r][j][1]);
             }
         }
+    }
+    if (R == 2 && NT == 6) { /* the full blocks: 1.04-1.07x at K = 576 (alternated in-process) */
+        fold_2x6(acc, out, out_stride);
+        return;
     }
     for (int r = 0; r < R; r++)
         for (int j = 0; j < NT; j++) {

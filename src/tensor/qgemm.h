@@ -51,15 +51,15 @@ typedef struct loom_qgemm_kernels {
     loom_qgemm_tile_fn tile;
     /* Optional (NULL / 0 where there is none): a second tile kernel over weight rows that it
      * prepares itself into wp (64-byte aligned, nr rows w_row_bytes(K) bytes apart, a multiple
-     * of 64), for steps of at least prepare_min_tokens tokens, prepared_tokens_per_call tokens
-     * per call at most. With fill set the call prepares wp from w's rows while computing (its
-     * first tokens meet them); without, wp holds them already and w is not read. The matmul
-     * fills once per group of rows and block of tokens. F16 converts its weights to float32
-     * this way instead of once per call. */
+     * of 64), prepared_tokens_per_call tokens per call at most, for steps of at least
+     * prepare_min_tokens(K) tokens. With fill set the call prepares wp from w's rows while
+     * computing (its first tokens meet them); without, wp holds them already and w is not
+     * read. The matmul fills once per group of rows and block of tokens. F16 converts its
+     * weights to float32 this way instead of once per call. */
     size_t (*w_row_bytes)(int64_t K);
     void (*tile_prepared)(const void *w, size_t w_stride, int nr, void *wp, int fill, const void *x,
                           size_t x_stride, int nt, int64_t K, float *out, size_t out_stride);
-    int prepare_min_tokens;
+    int (*prepare_min_tokens)(int64_t K);
     int prepared_tokens_per_call;
 } loom_qgemm_kernels;
 

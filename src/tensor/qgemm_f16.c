@@ -4,13 +4,14 @@
  * for every (row, token) pair. Here a prepared token row holds its activations already as
  * float32 (zero-padded to a multiple of 32 values), and a weight row's 32-value chunk is
  * converted once for up to NT_MAX tokens (tile, weights in place). With AVX-512, steps of many
- * tokens convert the weight rows too, once per group of rows and block of tokens, and multiply
- * blocks of 2 rows x 6 tokens (tile_prepared), from 16 tokens on (below, the conversion costs
- * more than it saves). Arithmetic of qdot.c's f16 dot,
- * unchanged: w[i] * x[i] added into lane i % 32 (a product of two halves is exact in float32, so
- * the fused multiply-add rounds once, as the separate add does), lanes folded 16, 8, 4, 2, 1 apart.
- * A partial last chunk adds +0.0 products to its unused lanes, which leaves them unchanged (no lane
- * is ever -0.0: lanes start at +0.0 and a sum is -0.0 only when both terms are). */
+ * tokens (16 or 24 and more, prepare_min_tokens_f16) convert the weight rows too, once per
+ * group of rows and block of tokens, and multiply blocks of 2 rows x 6 tokens (tile_prepared).
+ *
+ * Arithmetic of qdot.c's f16 dot, unchanged: w[i] * x[i] added into lane i % 32 (a product of
+ * two halves is exact in float32, so the fused multiply-add rounds once, as the separate add
+ * does), lanes folded 16, 8, 4, 2, 1 apart. A partial last chunk adds +0.0 products to its
+ * unused lanes, which leaves them unchanged (no lane is ever -0.0: lanes start at +0.0 and a
+ * sum is -0.0 only when both terms are). */
 #include "tensor/qgemm.h"
 
 #include <stdint.h>
@@ -133,9 +134,10 @@ LOOM__QINLINE void fold_2x6(const __m512 acc[NR_BLK][NT_BLK][2], float *out, siz
 /* Rows wp (R of them, w_floats apart, prepared) against NT prepared tokens; Kp: K rounded up
  * to whole chunks (both sides are zero there, so the products are +0.0). FILL: convert the
  * rows from wh (halves, wh_stride bytes apart) into wp on the way. */
-LOOM__QINLINE void rows_tokens(const uint16_t *wh, size_t wh_stride, float *wp, size_t w_floats,
-                               int R, const float *x0, size_t x_floats, int64_t K, int64_t Kp,
-                               int NT, int FILL, float *out, size_t out_stride) {
+LOOM__QINLINE uintptr_t rows_tokens(const uint16_t *wh, size_t wh_stride, float *wp,
+                                    size_t w_floats, int R, const float *x0, size_t x_floats,
+                                    int64_t K, int64_t Kp, int NT, int FILL, float *out,
+                                    size_t out_stride, uintptr_t pf, uintptr_t pf_end) {
     __m512 acc[NR_BLK][NT_BLK][2];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < NT; j++) acc[r][j][0] = acc[r][j][1] = _mm512_setzero_ps();
@@ -162,6 +164,10 @@ LOOM__QINLINE void rows_tokens(const uint16_t *wh, size_t wh_stride, float *wp, 
                 wv[r][1] = _mm512_load_ps(wr + 16);
             }
         }
+        if (!FILL && pf < pf_end) { /* the next group's rows, one line per chunk */
+            _mm_prefetch((const char *)pf, _MM_HINT_T1);
+            pf += 64;
+        }
         for (int j = 0; j < NT; j++) {
             const float *x = x0 + (size_t)j * x_floats + c;
             __m512 xa = _mm512_load_ps(x), xb = _mm512_load_ps(x + 16);
@@ -175,7 +181,7 @@ LOOM__QINLINE void rows_tokens(const uint16_t *wh, size_t wh_stride, float *wp, 
     }
     if (R == 2 && NT == 6) { /* the full blocks: 1.04-1.07x at K = 576 (alternated in-process) */
         fold_2x6(acc, out, out_stride);
-        return;
+        return pf;
     }
     for (int r = 0; r < R; r++)
         for (int j = 0; j < NT; j++) {
@@ -184,56 +190,47 @@ LOOM__QINLINE void rows_tokens(const uint16_t *wh, size_t wh_stride, float *wp, 
             const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
             out[(size_t)j * out_stride + (size_t)r] = loom__qd_fold8_ps(h);
         }
+    return pf;
 }
 
 /* R rows against NT (1..NT_BLK) tokens, with NT and FILL constants in each call so that the
  * accumulators stay in registers. */
 #define ROWS_TOKENS(nt, fill)                                                                      \
-    rows_tokens(wh, wh_stride, wp, w_floats, R, x0, x_floats, K, Kp, nt, fill, out, out_stride)
-LOOM__QINLINE void rows_tokens_any(const uint16_t *wh, size_t wh_stride, float *wp, size_t w_floats,
-                                   int R, const float *x0, size_t x_floats, int64_t K, int64_t Kp,
-                                   int NT, int fill, float *out, size_t out_stride) {
+    return rows_tokens(wh, wh_stride, wp, w_floats, R, x0, x_floats, K, Kp, nt, fill, out,         \
+                       out_stride, pf, pf_end)
+LOOM__QINLINE uintptr_t rows_tokens_any(const uint16_t *wh, size_t wh_stride, float *wp,
+                                        size_t w_floats, int R, const float *x0, size_t x_floats,
+                                        int64_t K, int64_t Kp, int NT, int fill, float *out,
+                                        size_t out_stride, uintptr_t pf, uintptr_t pf_end) {
     if (fill) {
         switch (NT) {
         case 6:
             ROWS_TOKENS(6, 1);
-            break;
         case 5:
             ROWS_TOKENS(5, 1);
-            break;
         case 4:
             ROWS_TOKENS(4, 1);
-            break;
         case 3:
             ROWS_TOKENS(3, 1);
-            break;
         case 2:
             ROWS_TOKENS(2, 1);
-            break;
         default:
             ROWS_TOKENS(1, 1);
-            break;
         }
     } else {
         switch (NT) {
         case 6:
             ROWS_TOKENS(6, 0);
-            break;
         case 5:
             ROWS_TOKENS(5, 0);
-            break;
         case 4:
             ROWS_TOKENS(4, 0);
-            break;
         case 3:
             ROWS_TOKENS(3, 0);
-            break;
         case 2:
             ROWS_TOKENS(2, 0);
-            break;
         default:
             ROWS_TOKENS(1, 0);
-            break;
         }
     }
 }
@@ -248,19 +245,26 @@ static void tile_f16_prepared(const void *w, size_t w_stride, int nr, void *wp, 
     const size_t x_floats = x_stride / sizeof(float);
     const size_t w_floats = w_row_bytes_f16(K) / sizeof(float);
     const int64_t Kp = (K + CH - 1) / CH * CH;
+    /* The call that fills wp also prefetches the rows that follow this group (the matmul's
+     * next group, when there is one; a prefetch past the tensor is harmless, and addresses are
+     * integers here so that none is formed past it) while its later blocks run on wp, so that
+     * the next fill finds them in L2 instead of waiting for memory: 1.07-1.09x on the
+     * 49,152-row LM head at 16 and 24 tokens. */
+    uintptr_t pf = (uintptr_t)w + (uintptr_t)nr * w_stride;
+    const uintptr_t pf_end = fill ? pf + (uintptr_t)nr * w_stride : pf;
     for (int t0 = 0; t0 < nt; t0 += NT_BLK) {
         const int n = nt - t0 < NT_BLK ? nt - t0 : NT_BLK, f = fill && t0 == 0;
         const float *xt = (const float *)x + (size_t)t0 * x_floats;
         float *o = out + (size_t)t0 * out_stride;
         int r = 0;
         for (; r + 2 <= nr; r += 2)
-            rows_tokens_any((const uint16_t *)((const uint8_t *)w + (size_t)r * w_stride), w_stride,
-                            (float *)wp + (size_t)r * w_floats, w_floats, 2, xt, x_floats, K, Kp, n,
-                            f, o + r, out_stride);
+            pf = rows_tokens_any((const uint16_t *)((const uint8_t *)w + (size_t)r * w_stride),
+                                 w_stride, (float *)wp + (size_t)r * w_floats, w_floats, 2, xt,
+                                 x_floats, K, Kp, n, f, o + r, out_stride, pf, pf_end);
         if (r < nr)
-            rows_tokens_any((const uint16_t *)((const uint8_t *)w + (size_t)r * w_stride), w_stride,
-                            (float *)wp + (size_t)r * w_floats, w_floats, 1, xt, x_floats, K, Kp, n,
-                            f, o + r, out_stride);
+            pf = rows_tokens_any((const uint16_t *)((const uint8_t *)w + (size_t)r * w_stride),
+                                 w_stride, (float *)wp + (size_t)r * w_floats, w_floats, 1, xt,
+                                 x_floats, K, Kp, n, f, o + r, out_stride, pf, pf_end);
     }
 }
 #else
@@ -328,10 +332,18 @@ static void tile_f16(const void *w, size_t w_stride, int nr, const void *x, size
     }
 }
 
+#if defined(LOOM_QDOT_AVX512)
+/* Where prepared rows pay (2 threads, 16 tokens, alternated in one process, weights cold as in
+ * a model: a fresh copy of the matrix for each call): at K = 1536 from 16 tokens (1.46x: the
+ * in-place kernel's 16 token rows no longer fit L1), at K = 576 from 24 (16: 0.90x; 24:
+ * 1.10x; 32: 1.24x). */
+static int prepare_min_tokens_f16(int64_t K) {
+    return K >= 1024 ? 16 : 24;
+}
+#endif
+
 /* One token gains nothing: the row's conversion is not shared (loom-kernel-bench). Prepared
- * rows from 16 tokens, 24 per call (four blocks of NT_BLK): against the in-place tile, one
- * thread, alternated in one process, 16 tokens: 1.04x at [1536 x 576], 1.6x at [576 x 1536],
- * 0.92x on a 49,152-row LM head; 32 tokens: 1.1-1.7x; 8 tokens: 0.8-0.9x. */
+ * rows 24 tokens per call (four blocks of NT_BLK). */
 static const loom_qgemm_kernels kernels_f16 = {
     .min_tokens = 2,
     .x_row_bytes = x_row_bytes,
@@ -340,7 +352,7 @@ static const loom_qgemm_kernels kernels_f16 = {
 #if defined(LOOM_QDOT_AVX512)
     .w_row_bytes = w_row_bytes_f16,
     .tile_prepared = tile_f16_prepared,
-    .prepare_min_tokens = 16,
+    .prepare_min_tokens = prepare_min_tokens_f16,
     .prepared_tokens_per_call = 4 * NT_BLK,
 #endif
 };

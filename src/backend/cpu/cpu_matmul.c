@@ -240,7 +240,7 @@ static loom_status mm_run_tiles(loom_cpu_ctx *c, const loom_tensor *w, const loo
                                 const loom_qgemm_lanes *lanes, uint32_t act_type, size_t act_row,
                                 size_t w_row) {
     const int64_t K = w->ne[0], T = x->ne[1];
-    const bool prepared = !lanes && k->tile_prepared && T >= k->prepare_min_tokens;
+    const bool prepared = !lanes && k->tile_prepared && T >= k->prepare_min_tokens(K);
     mmt_task task = {.w = w,
                      .x = x,
                      .out = out,

@@ -81,6 +81,7 @@ void loom_trace_clear(loom_trace *t) {
     pthread_mutex_lock(&t->mu);
     t->n_steps = t->n_phases = t->n_tokens = t->n_bytes = 0;
     t->dropped = 0;
+    t->clears++;
     pthread_mutex_unlock(&t->mu);
 }
 

@@ -1,5 +1,6 @@
 /* trace_impl.h — the trace's storage, shared by trace.c (create, append, clear) and
- * trace_write.c (the two output formats). Every field is guarded by mu. */
+ * trace_write.c (the two output formats). Every field is guarded by mu (trace_write.c formats
+ * from a copy taken under it). */
 #pragma once
 
 #include <pthread.h>
@@ -42,6 +43,7 @@ struct loom_trace {
     char **names; /* distinct phase names (kept across clear: a small dictionary) */
     size_t n_names, cap_names;
     uint64_t dropped;
+    uint64_t clears; /* loom_trace_clear calls: records only grow between two */
 };
 
 /* The mutex of a trace reached through a const pointer (reads lock too). */

@@ -460,14 +460,76 @@ static loom_status write_chrome(sink *s, const loom_trace *t) {
 
 /* ---- public entry points ----------------------------------------------------------------- */
 
-static loom_status format_locked(const loom_trace *t, loom_trace_format fmt, sink *s) {
+static void snapshot_free(loom_trace *c) {
+    free(c->steps);
+    free(c->phases);
+    free(c->tokens);
+    free(c->bytes);
+    free(c->names); /* the pointers only: the strings belong to the trace */
+}
+
+/* Room for n elements of elem bytes (n * elem is allocated in the trace already: no overflow);
+ * false when out of memory. */
+static bool alloc_array(void **p, size_t n, size_t elem) {
+    *p = n ? malloc(n * elem) : NULL;
+    return n == 0 || *p != NULL;
+}
+
+/* A copy of t's records, so that the formatting, which takes far longer (tens of milliseconds
+ * for a large trace), runs without the trace's lock: the engine appends records every step and
+ * would otherwise wait for the whole write. The lock is held only for the counts and for the
+ * memcpy; the copy's memory is allocated between the two (a large allocation maps fresh pages,
+ * which must not fault under the lock). Records only grow between two clears, so the first n
+ * of each kind counted at the first look are still there, unchanged, at the second; a clear
+ * in between starts over. The phase-name strings are shared, not copied: the dictionary only
+ * grows and its strings live as long as the trace (which the caller keeps alive during the
+ * write). c's mutex is never used. */
+static loom_status snapshot(const loom_trace *t, loom_trace *c) {
+    for (;;) {
+        memset(c, 0, sizeof *c);
+        pthread_mutex_lock(loom__trace_mu(t));
+        const uint64_t clears = t->clears;
+        c->n_steps = c->cap_steps = t->n_steps;
+        c->n_phases = c->cap_phases = t->n_phases;
+        c->n_tokens = c->cap_tokens = t->n_tokens;
+        c->n_bytes = c->cap_bytes = t->n_bytes;
+        c->n_names = c->cap_names = t->n_names;
+        pthread_mutex_unlock(loom__trace_mu(t));
+
+        if (!alloc_array((void **)&c->steps, c->n_steps, sizeof *c->steps) ||
+            !alloc_array((void **)&c->phases, c->n_phases, sizeof *c->phases) ||
+            !alloc_array((void **)&c->tokens, c->n_tokens, sizeof *c->tokens) ||
+            !alloc_array((void **)&c->bytes, c->n_bytes, 1) ||
+            !alloc_array((void **)&c->names, c->n_names, sizeof *c->names)) {
+            snapshot_free(c);
+            return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "trace: out of memory copying the records");
+        }
+
+        pthread_mutex_lock(loom__trace_mu(t));
+        const bool same = t->clears == clears;
+        if (same) {
+            if (c->n_steps) memcpy(c->steps, t->steps, c->n_steps * sizeof *c->steps);
+            if (c->n_phases) memcpy(c->phases, t->phases, c->n_phases * sizeof *c->phases);
+            if (c->n_tokens) memcpy(c->tokens, t->tokens, c->n_tokens * sizeof *c->tokens);
+            if (c->n_bytes) memcpy(c->bytes, t->bytes, c->n_bytes);
+            if (c->n_names) memcpy(c->names, t->names, c->n_names * sizeof *c->names);
+            c->dropped = t->dropped;
+        }
+        pthread_mutex_unlock(loom__trace_mu(t));
+        if (same) return LOOM_OK;
+        snapshot_free(c); /* cleared meanwhile: the counts are stale */
+    }
+}
+
+static loom_status format_snapshot(const loom_trace *t, loom_trace_format fmt, sink *s) {
+    loom_trace c;
+    LOOM_TRY(snapshot(t, &c));
     loom_status st = LOOM_OK;
-    pthread_mutex_lock(loom__trace_mu(t));
     if (fmt == LOOM_TRACE_JSONL)
-        write_jsonl(s, t);
+        write_jsonl(s, &c);
     else
-        st = write_chrome(s, t);
-    pthread_mutex_unlock(loom__trace_mu(t));
+        st = write_chrome(s, &c);
+    snapshot_free(&c);
     return st;
 }
 
@@ -485,7 +547,7 @@ loom_status loom_trace_write(const loom_trace *t, const char *path, loom_trace_f
     /* Records are many short writes: a large stdio buffer keeps them cheap. */
     (void)setvbuf(f, NULL, _IOFBF, 1 << 16);
     sink s = {.f = f};
-    loom_status st = format_locked(t, fmt, &s);
+    loom_status st = format_snapshot(t, fmt, &s);
     if (st != LOOM_OK) {
         fclose(f);
         return st;
@@ -508,7 +570,7 @@ loom_status loom_trace_write_buffer(const loom_trace *t, loom_trace_format fmt, 
     LOOM_CHECK_ARG(t != NULL && n_out != NULL && (out != NULL || cap == 0));
     LOOM_RETURN_IF(!format_ok(fmt), LOOM_ERR_INVALID_ARG, "trace: unknown format %d", (int)fmt);
     sink s = {.buf = out, .cap = cap};
-    LOOM_TRY(format_locked(t, fmt, &s));
+    LOOM_TRY(format_snapshot(t, fmt, &s));
     *n_out = s.n;
     LOOM_RETURN_IF(s.n > cap, LOOM_ERR_BUFFER_TOO_SMALL,
                    "trace: %zu bytes needed, the buffer holds %zu", s.n, cap);

@@ -12,6 +12,7 @@ Metrics (tokens/s, higher is better):
               only the last position's logits are computed (both sides)
   decode N    N calls of one fixed token id each after a short prompt (the same ids on both
               sides: no sampling); last-position logits every call
+  decode N @ D  (--depth D) the same N calls after a D-token prompt: decode deep in a context
   batch S     S sequences (prompts of --batch-prompt distinct ids) decoding --batch-gen tokens
               each with greedy choice: loom through its engine (loom_engine_step), llama.cpp
               with one llama_batch holding one token per sequence per step (n_seq_max 16,
@@ -22,6 +23,7 @@ Metrics (tokens/s, higher is better):
 
 Modes:
   compare.py [--models f16,q8_0,q4_k_m,gemma3] [--pairs 5] [-t 2] [--md FILE] [--scaling]
+             [--depth 512,1536]
   compare.py --quick [--models tiny]          smoke mode: 1 pair, small sizes
   compare.py --callgrind                      loom's instructions per decoded token (valgrind)
 
@@ -209,8 +211,9 @@ class LlamaSide:
 
     def decode(self, prompt, ids):
         self._clear(self.ctx)
-        self._fill(prompt)
-        self._decode(self.ctx)
+        for i in range(0, len(prompt), 512):  # a deep prompt goes in batches of 512
+            self._fill(prompt[i:i + 512], pos0=i)
+            self._decode(self.ctx)
         b, L, ctx = self.batch, self.L, self.ctx
         b.n_tokens = 1
         b.seq_id[0][0] = 0
@@ -366,7 +369,10 @@ class Config:
             raise SystemExit("the batched prompts must fit one 512-token batch")
         if max(self.pp) > 512:
             raise SystemExit("--pp sizes above 512 do not fit one llama.cpp batch here")
-        need = max(max(self.pp), self.tg_prompt + self.tg)
+        self.depths = [int(x) for x in a.depth.split(",")] if a.depth else []
+        if any(d < 1 for d in self.depths):
+            raise SystemExit("--depth wants positive prompt lengths")
+        need = max([max(self.pp), self.tg_prompt + self.tg] + [d + self.tg for d in self.depths])
         self.n_ctx = (need + 255) // 256 * 256
         self.batch_ctx = self.batch_prompt + self.batch_gen + 16
         self.max_seqs = max(self.seqs)
@@ -375,6 +381,7 @@ class Config:
 
     def metrics(self):
         m = [f"pp {n}" for n in self.pp] + [f"decode {self.tg}"]
+        m += [f"decode {self.tg} @ {d}" for d in self.depths]
         m += [f"batch {s}" for s in self.seqs]
         return m
 
@@ -408,6 +415,7 @@ def run_model(name, path, cfg, log):
     tg_prompt = token_ids(rng, cfg.tg_prompt, V)
     tg_ids = token_ids(rng, cfg.tg, V)
     prompts = {s: [token_ids(rng, cfg.batch_prompt, V) for _ in range(s)] for s in cfg.seqs}
+    deep = {d: token_ids(rng, d, V) for d in cfg.depths}  # drawn last: the other ids stay put
 
     # warm-up, untimed: page the weights in, let each side size its buffers
     for side in sides + ([loom1] if loom1 else []):
@@ -429,6 +437,9 @@ def run_model(name, path, cfg, log):
             res[f"pp {n}"].append(tuple(settled(s.pp, pp_ids[n]) for s in sides))
         res[f"decode {cfg.tg}"].append(tuple(settled(s.decode, tg_prompt, tg_ids)
                                              for s in sides))
+        for d in cfg.depths:
+            res[f"decode {cfg.tg} @ {d}"].append(tuple(settled(s.decode, deep[d], tg_ids)
+                                                       for s in sides))
         for s_ in cfg.seqs:
             res[f"batch {s_}"].append(tuple(settled(s.batched, prompts[s_], cfg.batch_gen)
                                             for s in sides))
@@ -498,7 +509,8 @@ def md_report(all_res, cfg, command, started, t_models, extra_lines):
              "loom then llama.cpp in each pair, every metric once per round")
     L.append(f"- pp N: N seeded token ids in one call, empty cache; decode {cfg.tg}: "
              f"{cfg.tg} one-token calls after a {cfg.tg_prompt}-token prompt, the same ids on "
-             f"both sides; batch S: S sequences of {cfg.batch_prompt}-token prompts, "
+             f"both sides; decode {cfg.tg} @ D: the same calls after a D-token prompt (in "
+             f"batches of 512 on llama.cpp's side, loom's session splits it itself); batch S: S sequences of {cfg.batch_prompt}-token prompts, "
              f"{cfg.batch_gen} greedy tokens each, aggregate tokens/s of the decode phase "
              "(the prompts' step excluded)")
     L.append("- llama.cpp: `use_extra_bufts = false` (no AMX, no weight repacking), "
@@ -622,6 +634,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="smoke mode: 1 pair, small sizes")
     ap.add_argument("--pp", help="prompt sizes, comma-separated, at most 512 (128,512)")
     ap.add_argument("--tg", type=int, help="decode tokens (128)")
+    ap.add_argument("--depth", help="also decode after prompts this long, comma-separated "
+                    "(e.g. 512,2048: the attention's share grows with the context)")
     ap.add_argument("--seqs", help="batched sequence counts (1,4,16)")
     ap.add_argument("--batch-prompt", type=int, help="prompt tokens per sequence (16)")
     ap.add_argument("--batch-gen", type=int, help="tokens generated per sequence (64)")

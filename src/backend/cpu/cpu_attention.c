@@ -123,6 +123,15 @@ static void attn_run(const attn_task *t, int32_t s, int64_t r0, int64_t r1, int3
         const int64_t ia = lo_first > j0 ? lo_first - j0 : 0;
         const int64_t ib = pos_last - j0 < ATTN_TILE - 1 ? pos_last - j0 : ATTN_TILE - 1;
         loom__attn_tile_load(&tile, &src, j0, (int)ia, (int)ib);
+        /* The next tile's rows are asked for while this one's arithmetic runs: one-token
+         * decode reads each K/V row once per step from memory, row by row, and otherwise waits
+         * for every one (Q8_0 decode after a 1536-token prompt: 50-56 -> 64-67 tok/s,
+         * alternated runs; 512-token prompts unchanged). */
+        if (j0 + ATTN_TILE <= pos_last)
+            loom__attn_tile_prefetch(&src, j0 + ATTN_TILE, 0,
+                                     (int)(pos_last - j0 - ATTN_TILE < ATTN_TILE - 1
+                                               ? pos_last - j0 - ATTN_TILE
+                                               : ATTN_TILE - 1));
         attn_qvecs_lanes(p, qv, n, nh, pos0, j0);
         for (int k = 0; k < n; k += ATTN_QBLOCK)
             loom__attn_tile_advance(&tile, hd, p->scale, p->softcap, qv + k,

@@ -116,6 +116,20 @@ void loom__attn_tile_load(attn_kv_tile *t, const attn_kv_src *src, int64_t j0, i
         tile_load_v(t, src, false);
 }
 
+void loom__attn_tile_prefetch(const attn_kv_src *src, int64_t j0, int ia, int ib) {
+    const loom_kv_desc *kv = src->kv;
+    const size_t row =
+        (size_t)kv->head_dim * (kv->kv_type == LOOM_TYPE_F32 ? sizeof(float) : sizeof(uint16_t));
+    for (int i = ia; i <= ib; i++) {
+        const uintptr_t k = (uintptr_t)tile_row(src, src->k_pool, j0 + i);
+        const uintptr_t v = (uintptr_t)tile_row(src, src->v_pool, j0 + i);
+        for (uintptr_t off = 0; off < row + (k & 63); off += 64)
+            __builtin_prefetch((const char *)((k & ~(uintptr_t)63) + off), 0, 2);
+        for (uintptr_t off = 0; off < row + (v & 63); off += 64)
+            __builtin_prefetch((const char *)((v & ~(uintptr_t)63) + off), 0, 2);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Scores                                                                                     */
 /* ------------------------------------------------------------------------------------------ */

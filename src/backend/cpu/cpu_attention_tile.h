@@ -49,6 +49,11 @@ static inline int64_t loom__attn_tile_floats(int64_t head_dim) {
 /* Fills t (whose kt and vbuf point at scratch) with positions j0 + [ia, ib] of src. */
 void loom__attn_tile_load(attn_kv_tile *t, const attn_kv_src *src, int64_t j0, int ia, int ib);
 
+/* Asks for the K and V rows of positions j0 + [ia, ib] of src to be brought into L2 (hints
+ * only: nothing is read or written), so that loading that tile next does not wait for memory
+ * row by row. */
+void loom__attn_tile_prefetch(const attn_kv_src *src, int64_t j0, int ia, int ib);
+
 /* Packs the q rows of n <= ATTN_QBLOCK vectors as qt[head_dim][ATTN_QBLOCK] (zero past n):
  * the score kernel then broadcasts every query's element d from one place. */
 void loom__attn_pack_q(const attn_qvec *qv, int n, int64_t head_dim, float *qt);

@@ -166,7 +166,7 @@ typedef struct mmt_task {
     size_t act_stride; /* rounded activation rows in a thread's scratch (lanes) */
     int64_t step;      /* tokens per kernel call: MMT_TOKENS, or the lane width */
     int64_t rb;        /* weight rows per group */
-    int64_t t_block;   /* tokens per block where the kernels prepare weights (a step multiple) */
+    int64_t t_block;   /* where prepared: tokens per block of them (a multiple of step) */
 } mmt_task;
 
 /* Tokens per prepared unit: 1 row for the tiles, a group of `width` for the lanes. */
@@ -268,11 +268,11 @@ static loom_status mm_run_tiles(loom_cpu_ctx *c, const loom_tensor *w, const loo
     /* Scratch holds one unit's rounded activation rows while preparing, then a group of
      * prepared weight rows where the kernels prepare them. */
     size_t scratch_bytes = (size_t)U * task.act_stride;
-    task.t_block = task.step * (int64_t)(MMT_BLOCK_BYTES / (task.step * task.x_stride));
-    if (task.t_block < task.step) task.t_block = task.step;
     if (prepared) {
         const size_t group = (size_t)task.rb * task.k->w_row_bytes(K);
         if (group > scratch_bytes) scratch_bytes = group;
+        task.t_block = task.step * (int64_t)(MMT_BLOCK_BYTES / ((size_t)task.step * task.x_stride));
+        if (task.t_block < task.step) task.t_block = task.step;
     }
     LOOM_TRY(loom__cpu_reserve_scratch(c, scratch_bytes / sizeof(float)));
     if (n_units == 1)

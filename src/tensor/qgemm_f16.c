@@ -45,6 +45,20 @@ static void prepare_f16(const void *act, void *x, int64_t K) {
 }
 
 #if defined(LOOM_QDOT_AVX512)
+/* The 32-value chunk of row w (K halves) at c as float32 in wv[0] (lanes 0..15) and wv[1]
+ * (16..31); past K, zero halves, so +0.0 products. */
+LOOM__QINLINE void load_chunk(const uint16_t *w, int64_t c, int64_t K, __m512 wv[2]) {
+    if (c + CH <= K) {
+        wv[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + c)));
+        wv[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + c + 16)));
+    } else {
+        uint16_t tail[CH] = {0};
+        memcpy(tail, w + c, (size_t)(K - c) * sizeof(uint16_t));
+        wv[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tail));
+        wv[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 16)));
+    }
+}
+
 /* Row w (K halves) against NT prepared tokens; lanes 0..15 and 16..31 of the dot are the two
  * 512-bit accumulators of a token. */
 LOOM__QINLINE void row_tokens(const uint16_t *w, const float *x0, size_t x_floats, int64_t K,
@@ -54,15 +68,7 @@ LOOM__QINLINE void row_tokens(const uint16_t *w, const float *x0, size_t x_float
     for (int64_t c = 0; c < K; c += CH) {
         __m512 wv[2];
         loom__qd_prefetch(w + c, CH * sizeof(uint16_t));
-        if (c + CH <= K) {
-            wv[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + c)));
-            wv[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + c + 16)));
-        } else { /* tail: zero halves, so +0.0 products */
-            uint16_t tail[CH] = {0};
-            memcpy(tail, w + c, (size_t)(K - c) * sizeof(uint16_t));
-            wv[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tail));
-            wv[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 16)));
-        }
+        load_chunk(w, c, K, wv);
         for (int j = 0; j < NT; j++) {
             const float *x = x0 + (size_t)j * x_floats + c;
             acc[j][0] = _mm512_fmadd_ps(wv[0], _mm512_load_ps(x), acc[j][0]);
@@ -148,15 +154,7 @@ LOOM__QINLINE uintptr_t rows_tokens(const uint16_t *wh, size_t wh_stride, float 
             if (FILL) {
                 const uint16_t *h = (const uint16_t *)((const uint8_t *)wh + (size_t)r * wh_stride);
                 loom__qd_prefetch(h + c, CH * sizeof(uint16_t));
-                if (c + CH <= K) {
-                    wv[r][0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + c)));
-                    wv[r][1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + c + 16)));
-                } else { /* tail: zero halves, so +0.0 products */
-                    uint16_t tail[CH] = {0};
-                    memcpy(tail, h + c, (size_t)(K - c) * sizeof(uint16_t));
-                    wv[r][0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tail));
-                    wv[r][1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(tail + 16)));
-                }
+                load_chunk(h, c, K, wv[r]);
                 _mm512_store_ps(wr, wv[r][0]);
                 _mm512_store_ps(wr + 16, wv[r][1]);
             } else {

@@ -78,6 +78,7 @@ static void cpu_destroy(void *ctx) {
     loom_cpu_ctx *c = ctx;
     if (c == NULL) return;
     loom__threadpool_destroy(c->tp);
+    loom__workshare_destroy(c->share);
     if (c->scratch != NULL)
         for (int i = 0; i < c->n_threads; i++) free(c->scratch[i]);
     free(c->scratch);
@@ -251,6 +252,7 @@ loom_status loom_backend_cpu_create(const loom_cpu_params *p, loom_backend **out
     c->f32_activations = p ? p->f32_activations : false;
     loom_status st;
     LOOM_TRY_GOTO(st, loom__threadpool_create(n_threads, &c->tp), fail);
+    LOOM_TRY_GOTO(st, loom__workshare_create(n_threads, &c->share), fail);
     c->numa = loom__numa_plan_make(p ? p->numa : LOOM_NUMA_AUTO);
     if (c->numa.mode != LOOM_NUMA_OFF) loom__threadpool_run(c->tp, pin_worker, c);
     LOOM_TRY_GOTO(st, loom__cpu_reserve_scratch(c, LOOM_CPU_SCRATCH_INIT), fail);

@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "core/numa.h"
 #include "core/threadpool.h"
+#include "core/workshare.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -15,6 +16,9 @@ typedef struct loom_cpu_ctx {
     int n_threads;
     bool f32_activations; /* see loom_cpu_params */
     loom__numa_plan numa; /* where the workers run (core/numa.h) */
+    /* Shares out a parallel op's units among the threads (core/workshare.h); reset by the op
+     * before each run, so one op at a time, like the pool. */
+    loom_workshare *share;
     /* [n_threads] per-thread scratch, scratch_cap floats each, 64-byte aligned. Ops reserve
      * what they need on entry (single-threaded, before dispatch), so growth happens once, the
      * first time a larger shape is seen, never inside a parallel region. */

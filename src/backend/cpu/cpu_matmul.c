@@ -13,13 +13,15 @@
  *     its scratch) and dots them with the float32 tokens: closest to exact arithmetic.
  *
  * Either way the N output columns (weight rows) are cut into groups of RB rows, the groups are
- * split over the threads, and a thread walks all T tokens for one group before the next, so
- * each weight row is read from memory once per call, not once per token — what makes prompt
- * processing fast — while a token's row stays in L1 across the RB dots that use it.
+ * shared out over the threads (core/workshare.h: each thread streams its own contiguous share,
+ * then helps finish the others'), and a thread walks all T tokens for one group before the
+ * next, so each weight row is read from memory once per call, not once per token — what makes
+ * prompt processing fast — while a token's row stays in L1 across the RB dots that use it.
  *
  * Batch invariance: out[t, o] is always the same function of (row o, x[t]) — loom__cpu_dot on
  * the dequantized row, or loom_vec_dot_q on the row and x[t] rounded by a per-row quantizer —
- * so it has the same bits whatever T, the grouping, or the thread count. */
+ * so it has the same bits whatever T, the grouping, the thread count, or which thread took a
+ * group. */
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_vec.h"
 
@@ -41,6 +43,15 @@
 
 /* Rounded activation rows start on 64-byte boundaries. */
 #define MMQ_ROW_ALIGN 64
+
+/* Shares out n units for the next run (core/workshare.h). */
+static loom_status mm_share(loom_cpu_ctx *c, int64_t n) {
+    LOOM_RETURN_IF(n > LOOM_WORKSHARE_MAX_UNITS, LOOM_ERR_INVALID_ARG,
+                   "matmul: %lld work units (groups of rows x blocks of tokens) exceed %lld",
+                   (long long)n, (long long)LOOM_WORKSHARE_MAX_UNITS);
+    loom__workshare_reset(c->share, n);
+    return LOOM_OK;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Float32 activations                                                                        */
@@ -72,14 +83,14 @@ static const float *mm_row_f32(const loom_tensor *w, int64_t o, float *dst) {
 }
 
 static void mm_worker(void *p, int ith, int nth) {
+    (void)nth;
     const mm_task *a = p;
     const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
     float *scratch = a->c->scratch[ith];
-    int64_t g0, g1;
-    loom__split_range((N + rb - 1) / rb, ith, nth, &g0, &g1);
+    loom_workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
 
     const float *rows[MM_MAX_RB];
-    for (int64_t g = g0; g < g1; g++) {
+    for (int64_t g; (g = loom__workshare_next(a->c->share, ith, &cur)) >= 0;) {
         const int64_t o0 = g * rb;
         const int64_t nr = N - o0 < rb ? N - o0 : rb;
         for (int64_t r = 0; r < nr; r++) rows[r] = mm_row_f32(a->w, o0 + r, scratch + r * K);
@@ -96,6 +107,7 @@ static loom_status mm_run_f32(loom_cpu_ctx *c, const loom_tensor *w, const loom_
     mm_task task = {.c = c, .w = w, .x = x, .out = out, .rb = mm_rows_per_group(w->ne[0])};
     if (w->type != LOOM_TYPE_F32)
         LOOM_TRY(loom__cpu_reserve_scratch(c, (size_t)(task.rb * w->ne[0])));
+    LOOM_TRY(mm_share(c, (w->ne[1] + task.rb - 1) / task.rb));
     loom__threadpool_run(c->tp, mm_worker, &task);
     return LOOM_OK;
 }
@@ -105,6 +117,7 @@ static loom_status mm_run_f32(loom_cpu_ctx *c, const loom_tensor *w, const loom_
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct mmq_task {
+    loom_workshare *share;      /* the groups of rows */
     const loom_tensor *w;       /* [N, K] any type with an activation format */
     const loom_tensor *x;       /* [T, K] f32 */
     loom_tensor *out;           /* [T, N] f32 */
@@ -125,12 +138,12 @@ static void mmq_quant_worker(void *p, int ith, int nth) {
 }
 
 static void mmq_worker(void *p, int ith, int nth) {
+    (void)nth;
     const mmq_task *a = p;
     const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
-    int64_t g0, g1;
-    loom__split_range((N + rb - 1) / rb, ith, nth, &g0, &g1);
+    loom_workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
 
-    for (int64_t g = g0; g < g1; g++) {
+    for (int64_t g; (g = loom__workshare_next(a->share, ith, &cur)) >= 0;) {
         const int64_t o0 = g * rb;
         const int64_t nr = N - o0 < rb ? N - o0 : rb;
         for (int64_t t = 0; t < T; t++) {
@@ -215,22 +228,26 @@ static void mmt_group(const mmt_task *a, const void *w, size_t w_stride, void *w
     }
 }
 
+/* Tokens per block: where prepared, a->t_block (whose prepared rows stay in L2 while a
+ * thread's groups pass; each group is prepared once per block, into the thread's scratch);
+ * in place, one block of all tokens. */
+static int64_t mmt_t_block(const mmt_task *a) {
+    return a->prepared ? a->t_block : a->x->ne[1];
+}
+
+/* Units: (block of tokens, group of rows) pairs, blocks outer, so that a thread's share walks
+ * the groups in order for one block of tokens before the next. */
 static void mmt_worker(void *p, int ith, int nth) {
+    (void)nth;
     const mmt_task *a = p;
-    const int64_t N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
-    /* Prepared weights: blocks of a->t_block tokens, whose prepared rows stay in L2 while this
-     * thread's groups pass (each group is prepared once per block, into this thread's
-     * scratch). In place: one block of all tokens. */
-    const int64_t t_block = a->prepared ? a->t_block : T;
-    int64_t g0, g1;
-    loom__split_range((N + rb - 1) / rb, ith, nth, &g0, &g1);
-    for (int64_t tb = 0; tb < T; tb += t_block) {
+    const int64_t N = a->w->ne[1], T = a->x->ne[1], rb = a->rb, n_groups = (N + rb - 1) / rb;
+    const int64_t t_block = mmt_t_block(a);
+    loom_workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
+    for (int64_t u; (u = loom__workshare_next(a->c->share, ith, &cur)) >= 0;) {
+        const int64_t tb = u / n_groups * t_block, o0 = u % n_groups * rb;
         const int64_t tb1 = T - tb < t_block ? T : tb + t_block;
-        for (int64_t g = g0; g < g1; g++) {
-            const int64_t o0 = g * rb;
-            mmt_group(a, loom__cpu_row(a->w, o0), a->w->row_stride, a->c->scratch[ith], o0,
-                      (int)(N - o0 < rb ? N - o0 : rb), tb, tb1);
-        }
+        mmt_group(a, loom__cpu_row(a->w, o0), a->w->row_stride, a->c->scratch[ith], o0,
+                  (int)(N - o0 < rb ? N - o0 : rb), tb, tb1);
     }
 }
 
@@ -279,6 +296,8 @@ static loom_status mm_run_tiles(loom_cpu_ctx *c, const loom_tensor *w, const loo
         mmt_prepare_worker(&task, 0, 1); /* one unit: not worth waking the pool */
     else
         loom__threadpool_run(c->tp, mmt_prepare_worker, &task);
+    const int64_t t_block = mmt_t_block(&task);
+    LOOM_TRY(mm_share(c, (w->ne[1] + task.rb - 1) / task.rb * ((T + t_block - 1) / t_block)));
     loom__threadpool_run(c->tp, mmt_worker, &task);
     return LOOM_OK;
 }
@@ -312,7 +331,8 @@ static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loo
     int64_t rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));
     if (rb < 1) rb = 1;
     if (rb > MM_MAX_RB) rb = MM_MAX_RB;
-    mmq_task task = {.w = w,
+    mmq_task task = {.share = c->share,
+                     .w = w,
                      .x = x,
                      .out = out,
                      .quant = loom_quantize_activations_get(act_type),
@@ -325,6 +345,7 @@ static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loo
         mmq_quant_worker(&task, 0, 1); /* one row: not worth waking the pool */
     else
         loom__threadpool_run(c->tp, mmq_quant_worker, &task);
+    LOOM_TRY(mm_share(c, (w->ne[1] + rb - 1) / rb));
     loom__threadpool_run(c->tp, mmq_worker, &task);
     return LOOM_OK;
 }

@@ -168,6 +168,64 @@ static void test_rope(void **state) {
     }
 }
 
+/* Rotates T rows of random values with p at pos on backend b and checks them against the
+ * float64 reference. */
+static void check_rope_call(loom_backend *be, const loom_rope_params *p, const int32_t *pos,
+                            int64_t T) {
+    const int64_t W = (int64_t)p->n_head * p->head_dim;
+    float *x = falloc((size_t)(T * W)), *y = falloc((size_t)(T * W));
+    fill_rand(x, (size_t)(T * W), 1.0f);
+    memcpy(y, x, sizeof(float) * (size_t)(T * W));
+    loom_tensor tp = loom_tensor_2d(LOOM_TYPE_I32, (void *)pos, T, 1, (size_t)T * sizeof(int32_t));
+    loom_tensor ty = t2d(y, W, T, W);
+    assert_int_equal(be->ops->rope(be->ctx, &ty, &tp, p), LOOM_OK);
+    double *ref = malloc(sizeof(double) * (size_t)W);
+    assert_non_null(ref);
+    for (int64_t t = 0; t < T; t++) {
+        ref_rope(x + t * W, ref, pos[t], p);
+        assert_true(close_enough(y + t * W, ref, NULL, (size_t)W, 0.0, 2e-6, "rope table"));
+    }
+    free(ref);
+    free(y);
+    free(x);
+}
+
+/* The backend keeps the last calls' cos/sin tables; a call must never get a table made for
+ * other frequencies or positions: same length but one position changed, the frequency
+ * factors changed in place (same address), fewer positions, more keys than it keeps, and a
+ * small table of wide heads followed by a long one of narrow heads (its buffers regrown). */
+static void test_rope_tables(void **state) {
+    (void)state;
+    float ff[32];
+    for (int i = 0; i < 32; i++) ff[i] = 1.0f + (float)i * 0.5f;
+    int32_t pos[40];
+    for (int i = 0; i < 40; i++) pos[i] = 3 * i + 1;
+    const loom_rope_params A = {LOOM_ROPE_NEOX, 2, 64, 64, 10000.0f, 1.0f, NULL};
+    const loom_rope_params B = {LOOM_ROPE_NEOX, 2, 64, 64, 1000000.0f, 1.0f, NULL};
+    const loom_rope_params C = {LOOM_ROPE_NORMAL, 2, 64, 64, 10000.0f, 0.25f, NULL};
+    const loom_rope_params F = {LOOM_ROPE_NORMAL, 1, 64, 64, 500000.0f, 1.0f, ff};
+    const loom_rope_params N = {LOOM_ROPE_NEOX, 3, 4, 2, 10000.0f, 1.0f, NULL};
+    for (int b = 0; b < 2; b++) {
+        loom_backend *be = g_be[b];
+        check_rope_call(be, &A, pos, 16);
+        check_rope_call(be, &B, pos, 16);
+        check_rope_call(be, &A, pos, 16); /* kept */
+        check_rope_call(be, &C, pos, 16); /* a third key */
+        check_rope_call(be, &A, pos, 16);
+        pos[5] += 1000; /* same length, one position moved */
+        check_rope_call(be, &A, pos, 16);
+        check_rope_call(be, &A, pos, 7); /* a prefix */
+        check_rope_call(be, &F, pos, 16);
+        ff[3] *= 2.0f; /* the factors changed where they are */
+        check_rope_call(be, &F, pos, 16);
+        check_rope_call(be, &A, pos, 1);
+        check_rope_call(be, &N, pos, 40); /* 40 positions of one pair after 1 of 32 pairs */
+        check_rope_call(be, &B, pos, 40);
+        check_rope_call(be, &N, pos, 40);
+        pos[5] -= 1000;
+    }
+}
+
 /* The pair layouts, checked directly: a unit vector e0 at position 1 rotates into element 1
  * (NORMAL: pairs (2i, 2i+1)) or into element n_rot/2 (NEOX: pairs (i, i + n_rot/2)). */
 static void test_rope_layout(void **state) {
@@ -550,11 +608,17 @@ static void test_softmax(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rms_norm),       cmocka_unit_test(test_rms_norm_bad),
-        cmocka_unit_test(test_rope),           cmocka_unit_test(test_rope_layout),
-        cmocka_unit_test(test_rope_bad),       cmocka_unit_test(test_glu),
-        cmocka_unit_test(test_vmath_accuracy), cmocka_unit_test(test_glu_matches_scalar),
-        cmocka_unit_test(test_glu_pieces),     cmocka_unit_test(test_add_scale),
+        cmocka_unit_test(test_rms_norm),
+        cmocka_unit_test(test_rms_norm_bad),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_rope_tables),
+        cmocka_unit_test(test_rope_layout),
+        cmocka_unit_test(test_rope_bad),
+        cmocka_unit_test(test_glu),
+        cmocka_unit_test(test_vmath_accuracy),
+        cmocka_unit_test(test_glu_matches_scalar),
+        cmocka_unit_test(test_glu_pieces),
+        cmocka_unit_test(test_add_scale),
         cmocka_unit_test(test_softmax),
     };
     return cmocka_run_group_tests(tests, cpu_group_setup, cpu_group_teardown);

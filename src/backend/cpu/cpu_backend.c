@@ -79,6 +79,7 @@ static void cpu_destroy(void *ctx) {
     if (c == NULL) return;
     loom__threadpool_destroy(c->tp);
     loom__workshare_destroy(c->share);
+    loom__cpu_rope_tables_free(c->rope);
     if (c->scratch != NULL)
         for (int i = 0; i < c->n_threads; i++) free(c->scratch[i]);
     free(c->scratch);

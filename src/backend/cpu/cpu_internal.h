@@ -11,6 +11,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* The rope op's cached cos/sin tables (cpu_rope.c). */
+typedef struct loom_cpu_rope_tables loom_cpu_rope_tables;
+void loom__cpu_rope_tables_free(loom_cpu_rope_tables *rt);
+
 typedef struct loom_cpu_ctx {
     loom_threadpool *tp;
     int n_threads;
@@ -29,6 +33,8 @@ typedef struct loom_cpu_ctx {
      * before the dot products read them. Reserved like scratch, outside parallel regions. */
     void *act;
     size_t act_cap;
+    /* The rope op's last cos/sin tables, made on first use (cpu_rope.c). */
+    loom_cpu_rope_tables *rope;
 } loom_cpu_ctx;
 
 /* Makes every thread's scratch hold at least n_floats. Errors: OUT_OF_MEMORY (the old scratch

@@ -2,9 +2,11 @@
  * from the back by the others (workshare.h).
  *
  * A share is one 64-bit atomic holding its front (low 32 bits) and back (high 32 bits): the
- * units not yet handed out are [front, back). Taking a unit is one compare-and-swap that moves
- * front up or back down, so an owner and a thief can never both get the last unit. Each share
- * has its own cache line: an owner's claims touch only its own line until a thief arrives.
+ * units not yet handed out are [front, back). Taking units is one compare-and-swap that moves
+ * front up (the owner, a few units) or back down (a thief, one unit), so an owner and a thief
+ * can never both get a unit. Near the end of a share the owner's claims shrink to one unit, so
+ * what it holds back from thieves is never much. Each share has its own cache line: an owner's
+ * claims touch only its own line until a thief arrives.
  * Relaxed ordering is enough: a claim publishes nothing but the claim itself, and the pool's
  * start and end of run order everything the units read and write. */
 #include "core/workshare.h"
@@ -63,24 +65,36 @@ void loom__workshare_reset(loom_workshare *ws, int64_t n) {
     }
 }
 
-/* One unit of share s, from its front or its back; -1 when it is empty. */
-static int64_t take(share *s, bool front) {
+/* Most units an owner claims at once. */
+#define OWNER_CHUNK_MAX 8
+
+/* Units of share s: from its front, a quarter of what is left (1 .. OWNER_CHUNK_MAX) into
+ * [*lo, *hi); from its back, one. False when the share is empty. */
+static bool take(share *s, bool front, int64_t *lo, int64_t *hi) {
     uint64_t r = atomic_load_explicit(&s->range, memory_order_relaxed);
     for (;;) {
         const uint64_t f = r & 0xFFFFFFFFu, b = r >> 32;
-        if (f >= b) return -1;
-        const uint64_t next = front ? pack(f + 1, b) : pack(f, b - 1);
+        if (f >= b) return false;
+        uint64_t n = 1;
+        if (front) {
+            n = (b - f) / 4;
+            n = n < 1 ? 1 : n > OWNER_CHUNK_MAX ? OWNER_CHUNK_MAX : n;
+        }
+        const uint64_t next = front ? pack(f + n, b) : pack(f, b - 1);
         if (atomic_compare_exchange_weak_explicit(&s->range, &r, next, memory_order_relaxed,
-                                                  memory_order_relaxed))
-            return (int64_t)(front ? f : b - 1);
+                                                  memory_order_relaxed)) {
+            *lo = (int64_t)(front ? f : b - 1);
+            *hi = *lo + (int64_t)n;
+            return true;
+        }
     }
 }
 
-int64_t loom__workshare_next(loom_workshare *ws, int ith, loom_workshare_cursor *cur) {
+int64_t loom__workshare_claim(loom_workshare *ws, int ith, loom_workshare_cursor *cur) {
     const int n = ws->n_threads;
     for (; cur->k < n; cur->k++) {
-        const int64_t u = take(&ws->shares[(ith + cur->k) % n], cur->k == 0);
-        if (u >= 0) return u;
+        const int victim = ith + cur->k < n ? ith + cur->k : ith + cur->k - n;
+        if (take(&ws->shares[victim], cur->k == 0, &cur->lo, &cur->hi)) return cur->lo++;
     }
     return -1;
 }

@@ -43,7 +43,7 @@ void loom__workshare_reset(loom_workshare *ws, int64_t n);
 /* A thread's place in the shares: which share it is draining, and the units it has claimed
  * from its own share but not yet returned. Start each run at LOOM_WORKSHARE_CURSOR_INIT. */
 typedef struct loom_workshare_cursor {
-    int k;          /* 0: its own share, from the front; k > 0: share (ith + k) % n, from the back */
+    int k; /* 0: its own share, from the front; k > 0: share (ith + k) % n, from the back */
     int64_t lo, hi; /* claimed units lo .. hi-1 not yet returned */
 } loom_workshare_cursor;
 #define LOOM_WORKSHARE_CURSOR_INIT ((loom_workshare_cursor){0, 0, 0})

@@ -22,7 +22,10 @@
 #include "tensor/kv_desc.h"
 #include "tensor/types.h"
 
-#define LOOM_BACKEND_ABI_VERSION 1
+#define LOOM_BACKEND_ABI_VERSION 2 /* 2: matmul_multi */
+
+/* Most matmuls one matmul_multi call takes. */
+#define LOOM_MATMUL_MULTI_MAX 4
 
 typedef struct loom_buffer loom_buffer; /* opaque, backend-defined */
 
@@ -132,6 +135,14 @@ typedef struct loom_backend_ops {
     loom_status (*scale)(void *ctx, const loom_tensor *x, float s, loom_tensor *out);
     /* out[r, :] = softmax(x[r, :]); -inf entries give 0. out may alias x. */
     loom_status (*softmax)(void *ctx, const loom_tensor *x, loom_tensor *out);
+
+    /* (optional) outs[i] = x·ws[i]ᵀ for i < n, 1 <= n <= LOOM_MATMUL_MULTI_MAX: several
+     * matmuls of one activation (q, k and v; gate and up) in one op, so a backend can prepare
+     * x once and run them as one parallel pass. Each outs[i] has the bits matmul(ws[i], x,
+     * outs[i]) would give; the outs must not overlap x, any w or each other. NULL: the caller
+     * makes the n matmul calls. */
+    loom_status (*matmul_multi)(void *ctx, int n, const loom_tensor *const *ws,
+                                const loom_tensor *x, loom_tensor *const *outs);
 
     /* ---- host work between ops (optional: both NULL or both set) ---- */
     /* How many threads host_parallel runs fn on (>= 1). */

@@ -88,16 +88,22 @@ static loom_tensor per_head(const loom_tensor *t, int64_t head_dim) {
     return v;
 }
 
-/* out = x·wᵀ (+ bias when the architecture has one). */
-static loom_status linear(const loom_backend_ops *ops, void *ctx, const loom_tensor *w,
-                          const loom_tensor *bias, const loom_tensor *x, loom_tensor *out) {
-    LOOM_TRY(ops->matmul(ctx, w, x, out));
-    if (bias->data) LOOM_TRY(ops->add(ctx, out, bias, out));
+/* outs[i] = x·ws[i]ᵀ (+ biases[i] where given) for the n projections of one activation: one
+ * backend op where the backend fuses them (x prepared once, one parallel run), else n. */
+static loom_status linear_n(const loom_backend_ops *ops, void *ctx, int n,
+                            const loom_tensor *const *ws, const loom_tensor *const *biases,
+                            const loom_tensor *x, loom_tensor *const *outs) {
+    if (ops->matmul_multi != NULL)
+        LOOM_TRY(ops->matmul_multi(ctx, n, ws, x, outs));
+    else
+        for (int i = 0; i < n; i++) LOOM_TRY(ops->matmul(ctx, ws[i], x, outs[i]));
+    for (int i = 0; biases != NULL && i < n; i++)
+        if (biases[i]->data) LOOM_TRY(ops->add(ctx, outs[i], biases[i], outs[i]));
     return LOOM_OK;
 }
 
-static loom_status attention_block(const loom_model *m, loom_forward_ws *ws, int32_t il,
-                                   int64_t n, const loom_kv_desc *kv) {
+static loom_status attention_block(const loom_model *m, loom_forward_ws *ws, int32_t il, int64_t n,
+                                   const loom_kv_desc *kv) {
     const loom_backend_ops *ops = m->backend->ops;
     void *ctx = m->backend->ctx;
     const loom_model_config *c = &m->cfg;
@@ -110,9 +116,11 @@ static loom_status attention_block(const loom_model *m, loom_forward_ws *ws, int
     pos.ne[0] = n;
 
     LOOM_TRY(ops->rms_norm(ctx, &x, &w->attn_norm, c->rms_eps, &xn));
-    LOOM_TRY(linear(ops, ctx, &w->wq, &w->bq, &xn, &q));
-    LOOM_TRY(linear(ops, ctx, &w->wk, &w->bk, &xn, &k));
-    LOOM_TRY(linear(ops, ctx, &w->wv, &w->bv, &xn, &v));
+    {
+        const loom_tensor *wts[3] = {&w->wq, &w->wk, &w->wv}, *bs[3] = {&w->bq, &w->bk, &w->bv};
+        loom_tensor *outs[3] = {&q, &k, &v};
+        LOOM_TRY(linear_n(ops, ctx, 3, wts, bs, &xn, outs));
+    }
     if (w->q_norm.data) {
         loom_tensor qh = per_head(&q, c->head_dim), kh = per_head(&k, c->head_dim);
         LOOM_TRY(ops->rms_norm(ctx, &qh, &w->q_norm, c->rms_eps, &qh));
@@ -152,8 +160,11 @@ static loom_status ffn_block(const loom_model *m, loom_forward_ws *ws, int32_t i
     loom_tensor gate = rows_of(&ws->gate, n), up = rows_of(&ws->up, n);
 
     LOOM_TRY(ops->rms_norm(ctx, &x, &w->ffn_norm, c->rms_eps, &xn));
-    LOOM_TRY(ops->matmul(ctx, &w->w_gate, &xn, &gate));
-    LOOM_TRY(ops->matmul(ctx, &w->w_up, &xn, &up));
+    {
+        const loom_tensor *wts[2] = {&w->w_gate, &w->w_up};
+        loom_tensor *outs[2] = {&gate, &up};
+        LOOM_TRY(linear_n(ops, ctx, 2, wts, NULL, &xn, outs));
+    }
     LOOM_TRY(ops->glu(ctx, &gate, &up, c->glu, &gate));
     LOOM_TRY(ops->matmul(ctx, &w->w_down, &gate, &proj));
     if (w->post_ffn_norm.data) {
@@ -162,8 +173,8 @@ static loom_status ffn_block(const loom_model *m, loom_forward_ws *ws, int32_t i
     return ops->add(ctx, &x, &proj, &x);
 }
 
-static loom_status layer_forward(const loom_model *m, loom_forward_ws *ws, int32_t il,
-                                 int64_t n, const loom_kv_desc *kv) {
+static loom_status layer_forward(const loom_model *m, loom_forward_ws *ws, int32_t il, int64_t n,
+                                 const loom_kv_desc *kv) {
     LOOM_TRY(attention_block(m, ws, il, n, kv));
     return ffn_block(m, ws, il, n);
 }
@@ -184,8 +195,8 @@ static loom_status output_forward(const loom_model *m, loom_forward_ws *ws, cons
         LOOM_TRY(ops->tensor_set(ctx, ids.data, b->logit_rows + done, (size_t)r * 4));
         LOOM_TRY(ops->get_rows(ctx, &xn, &ids, &sel));
         LOOM_TRY(ops->matmul(ctx, &m->output, &sel, &out));
-        LOOM_TRY(ops->tensor_get(ctx, logits + (size_t)done * V, out.data,
-                                 (size_t)r * (size_t)V * 4));
+        LOOM_TRY(
+            ops->tensor_get(ctx, logits + (size_t)done * V, out.data, (size_t)r * (size_t)V * 4));
     }
     return LOOM_OK;
 }

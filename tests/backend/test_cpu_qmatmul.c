@@ -18,6 +18,7 @@
  *   - The backend matmul (1 and 2 threads) on T = 1, 3, 17, 53, K = 256, 512, 2304, N = 7, 33 with
  *     padded strides: every output equals loom_vec_dot_q of its row and the quantized token,
  *     bitwise; T = 1 vs T = 53 and 1 vs 2 threads bitwise; F32 weights keep the float path.
+ *   - matmul_multi (q, k, v in one op) bitwise equal to one matmul per weight.
  *   - Bad input gives a status. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -859,6 +860,124 @@ static void test_matmul_bad(void **state) {
     loom_backend_destroy(be);
 }
 
+/* matmul_multi: several weights against one x give, bitwise, what one matmul each gives —
+ * same type (one fused run over all their groups), mixed types (one matmul each), and float32
+ * activations — on 1 and 2 threads, at T = 1, 5 (token lanes), 17 and 53 (prepared F16 rows at
+ * K >= 1024; at K = 4096, 53 tokens are two blocks of them), with N of 7, 40 and 33 rows
+ * (partial groups). */
+static void test_matmul_multi(void **state) {
+    (void)state;
+    const int64_t Ts[] = {1, 5, 17, 53}, Ns[3] = {7, 40, 33}, Tmax = 53;
+    const struct {
+        uint32_t type[3];
+        int64_t K;
+        bool f32_act;
+    } cases[] = {
+        {{LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_0}, 512, false},
+        {{LOOM_TYPE_F16, LOOM_TYPE_F16, LOOM_TYPE_F16}, 1024, false},
+        {{LOOM_TYPE_F16, LOOM_TYPE_F16, LOOM_TYPE_F16}, 352, false},
+        {{LOOM_TYPE_F16, LOOM_TYPE_F16, LOOM_TYPE_F16}, 4096, false}, /* 2 blocks of tokens */
+        {{LOOM_TYPE_Q4_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q4_K}, 512, false},
+        {{LOOM_TYPE_Q4_K, LOOM_TYPE_Q6_K, LOOM_TYPE_Q4_K}, 256, false}, /* mixed: one each */
+        {{LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_0}, 256, true},  /* float path */
+    };
+    loom_backend *bes[2] = {make_backend(1, false), make_backend(2, false)};
+    loom_backend *bef = make_backend(2, true);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t K = cases[c].K;
+        const size_t x_stride = (size_t)(K + 3) * sizeof(float);
+        float *x = xmalloc((size_t)Tmax * x_stride);
+        for (int64_t r = 0; r < Tmax; r++)
+            fill_acts((float *)((uint8_t *)x + (size_t)r * x_stride), K, r % 2 ? 1.0f : 50.0f);
+        uint8_t *w[3];
+        float *want[3], *got[3];
+        loom_tensor tw[3], to[3];
+        const loom_tensor *wp[3];
+        loom_tensor *op[3];
+        for (int j = 0; j < 3; j++) {
+            const uint32_t t = cases[c].type[j];
+            w[j] = xmalloc((size_t)Ns[j] * row_bytes(t, K));
+            for (int64_t o = 0; o < Ns[j]; o++)
+                make_weight_row(t, K, w[j] + (size_t)o * row_bytes(t, K));
+            want[j] = xmalloc((size_t)(Ns[j] * Tmax) * sizeof(float));
+            got[j] = xmalloc((size_t)(Ns[j] * Tmax) * sizeof(float));
+            tw[j] = loom_tensor_2d(t, w[j], K, Ns[j], row_bytes(t, K));
+            wp[j] = &tw[j];
+            op[j] = &to[j];
+        }
+        for (int b = 0; b < 2; b++) {
+            loom_backend *be = cases[c].f32_act ? bef : bes[b];
+            for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                const int64_t T = Ts[ti];
+                loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, x, K, T, x_stride);
+                for (int j = 0; j < 3; j++) {
+                    run_matmul(be, cases[c].type[j], w[j], row_bytes(cases[c].type[j], K), Ns[j], x,
+                               x_stride, T, K, want[j]);
+                    for (int64_t i = 0; i < Ns[j] * T; i++) got[j][i] = NAN; /* poison */
+                    to[j] = loom_tensor_2d(LOOM_TYPE_F32, got[j], Ns[j], T,
+                                           (size_t)Ns[j] * sizeof(float));
+                }
+                assert_int_equal(be->ops->matmul_multi(be->ctx, 3, wp, &tx, op), LOOM_OK);
+                for (int j = 0; j < 3; j++)
+                    if (memcmp(want[j], got[j], (size_t)(Ns[j] * T) * sizeof(float)) != 0)
+                        fail_msg("case %zu T=%lld: matmul_multi's out %d differs from matmul's", c,
+                                 (long long)T, j);
+                /* n = 1 and n = 2 (gate and up) */
+                assert_int_equal(be->ops->matmul_multi(be->ctx, 2, wp + 1, &tx, op + 1), LOOM_OK);
+                assert_memory_equal(want[2], got[2], (size_t)(Ns[2] * T) * sizeof(float));
+                assert_int_equal(be->ops->matmul_multi(be->ctx, 1, wp, &tx, op), LOOM_OK);
+                assert_memory_equal(want[0], got[0], (size_t)(Ns[0] * T) * sizeof(float));
+            }
+        }
+        for (int j = 0; j < 3; j++) {
+            free(w[j]);
+            free(want[j]);
+            free(got[j]);
+        }
+        free(x);
+    }
+    loom_backend_destroy(bes[0]);
+    loom_backend_destroy(bes[1]);
+    loom_backend_destroy(bef);
+}
+
+static void test_matmul_multi_bad(void **state) {
+    (void)state;
+    loom_backend *be = make_backend(2, false);
+    uint8_t w[2][4 * 68] = {{0}};
+    float x[2 * 64] = {0}, out[4 * 16];
+    loom_tensor tw[2] = {loom_tensor_2d(LOOM_TYPE_Q8_0, w[0], 64, 4, 68),
+                         loom_tensor_2d(LOOM_TYPE_Q8_0, w[1], 64, 4, 68)};
+    loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, x, 64, 2, 64 * 4);
+    loom_tensor to[2] = {loom_tensor_2d(LOOM_TYPE_F32, out, 4, 2, 16),
+                         loom_tensor_2d(LOOM_TYPE_F32, out + 32, 4, 2, 16)};
+    const loom_tensor *wp[5] = {&tw[0], &tw[1], &tw[0], &tw[1], &tw[0]};
+    loom_tensor *op[5] = {&to[0], &to[1], &to[0], &to[1], &to[0]};
+    assert_int_equal(be->ops->matmul_multi(be->ctx, 2, wp, &tx, op), LOOM_OK);
+    assert_int_equal(be->ops->matmul_multi(be->ctx, 0, wp, &tx, op), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(be->ops->matmul_multi(be->ctx, LOOM_MATMUL_MULTI_MAX + 1, wp, &tx, op),
+                     LOOM_ERR_INVALID_ARG);
+    assert_int_equal(be->ops->matmul_multi(be->ctx, 2, NULL, &tx, op), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(be->ops->matmul_multi(be->ctx, 2, wp, &tx, NULL), LOOM_ERR_INVALID_ARG);
+    loom_tensor *op_null[2] = {&to[0], NULL};
+    assert_int_equal(be->ops->matmul_multi(be->ctx, 2, wp, &tx, op_null), LOOM_ERR_INVALID_ARG);
+    /* the same output twice, and an output on top of the other's */
+    loom_tensor *op_same[2] = {&to[0], &to[0]};
+    assert_int_equal(be->ops->matmul_multi(be->ctx, 2, wp, &tx, op_same), LOOM_ERR_INVALID_ARG);
+    loom_tensor shifted = loom_tensor_2d(LOOM_TYPE_F32, out + 4, 4, 2, 16);
+    loom_tensor *op_overlap[2] = {&to[0], &shifted};
+    assert_int_equal(be->ops->matmul_multi(be->ctx, 2, wp, &tx, op_overlap), LOOM_ERR_INVALID_ARG);
+    /* an output over another matmul's weight */
+    loom_tensor on_w = loom_tensor_2d(LOOM_TYPE_F32, (float *)(void *)w[1], 4, 2, 16);
+    loom_tensor *op_on_w[2] = {&on_w, &to[1]};
+    assert_int_equal(be->ops->matmul_multi(be->ctx, 2, wp, &tx, op_on_w), LOOM_ERR_INVALID_ARG);
+    /* a weight of another K */
+    loom_tensor w32 = loom_tensor_2d(LOOM_TYPE_Q8_0, w[1], 32, 4, 34);
+    const loom_tensor *wp_k[2] = {&tw[0], &w32};
+    assert_int_equal(be->ops->matmul_multi(be->ctx, 2, wp_k, &tx, op), LOOM_ERR_INVALID_ARG);
+    loom_backend_destroy(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vec_dot_type),
@@ -871,6 +990,8 @@ int main(void) {
         cmocka_unit_test(test_f16_simd_vs_portable),
         cmocka_unit_test(test_matmul_quantized),
         cmocka_unit_test(test_matmul_f32_weights),
+        cmocka_unit_test(test_matmul_multi),
+        cmocka_unit_test(test_matmul_multi_bad),
         cmocka_unit_test(test_matmul_bad),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

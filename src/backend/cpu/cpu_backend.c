@@ -223,6 +223,7 @@ static const loom_backend_ops cpu_ops = {
     .synchronize = cpu_synchronize,
     .get_rows = loom__cpu_get_rows,
     .matmul = loom__cpu_matmul,
+    .matmul_multi = loom__cpu_matmul_multi,
     .rms_norm = loom__cpu_rms_norm,
     .rope = loom__cpu_rope,
     .kv_store = loom__cpu_kv_store,

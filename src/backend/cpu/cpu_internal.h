@@ -90,6 +90,8 @@ loom_status loom__cpu_check_kv_desc(const char *op, const loom_kv_desc *kv, int3
 /* cpu_matmul.c */
 loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor *x,
                              loom_tensor *out);
+loom_status loom__cpu_matmul_multi(void *ctx, int n, const loom_tensor *const *ws,
+                                   const loom_tensor *x, loom_tensor *const *outs);
 
 /* cpu_elementwise.c */
 loom_status loom__cpu_get_rows(void *ctx, const loom_tensor *table, const loom_tensor *ids,

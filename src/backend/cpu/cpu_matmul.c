@@ -53,6 +53,34 @@ static loom_status mm_share(loom_cpu_ctx *c, int64_t n) {
     return LOOM_OK;
 }
 
+/* The matmuls of one call: n weights (all of one type) against the same x; their units are
+ * numbered weight after weight, and one run covers them all. */
+typedef struct mm_set {
+    int n;
+    const loom_tensor *w[LOOM_MATMUL_MULTI_MAX]; /* [N_j, K] */
+    loom_tensor *out[LOOM_MATMUL_MULTI_MAX];     /* [T, N_j] */
+    int64_t unit_end[LOOM_MATMUL_MULTI_MAX];     /* units of weights 0 .. j end here */
+} mm_set;
+
+/* Numbers the units of every weight, units_of(N_j) each, and shares them out. */
+static loom_status mm_set_share(loom_cpu_ctx *c, mm_set *s, int64_t units_per_row_group,
+                                int64_t rb) {
+    int64_t total = 0;
+    for (int j = 0; j < s->n; j++) {
+        total += (s->w[j]->ne[1] + rb - 1) / rb * units_per_row_group;
+        s->unit_end[j] = total;
+    }
+    return mm_share(c, total);
+}
+
+/* Which weight unit u belongs to, and its number among that weight's units. */
+static int mm_set_find(const mm_set *s, int64_t u, int64_t *local) {
+    int j = 0;
+    while (u >= s->unit_end[j]) j++;
+    *local = j == 0 ? u : u - s->unit_end[j - 1];
+    return j;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Float32 activations                                                                        */
 /* ------------------------------------------------------------------------------------------ */
@@ -118,9 +146,8 @@ static loom_status mm_run_f32(loom_cpu_ctx *c, const loom_tensor *w, const loom_
 
 typedef struct mmq_task {
     loom_workshare *share;      /* the groups of rows */
-    const loom_tensor *w;       /* [N, K] any type with an activation format */
+    const mm_set *set;          /* weights [N_j, K] of a type with an activation format, outs */
     const loom_tensor *x;       /* [T, K] f32 */
-    loom_tensor *out;           /* [T, N] f32 */
     loom_quantize_act_fn quant; /* f32 row -> activation format */
     loom_vec_dot_q_fn dot;      /* weight row . activation row */
     uint8_t *act;               /* [T] rounded rows, act_stride bytes apart */
@@ -140,16 +167,19 @@ static void mmq_quant_worker(void *p, int ith, int nth) {
 static void mmq_worker(void *p, int ith, int nth) {
     (void)nth;
     const mmq_task *a = p;
-    const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
+    const int64_t K = a->x->ne[0], T = a->x->ne[1], rb = a->rb;
     loom_workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
 
-    for (int64_t g; (g = loom__workshare_next(a->share, ith, &cur)) >= 0;) {
-        const int64_t o0 = g * rb;
+    for (int64_t u; (u = loom__workshare_next(a->share, ith, &cur)) >= 0;) {
+        int64_t g;
+        const int j = mm_set_find(a->set, u, &g);
+        const loom_tensor *w = a->set->w[j], *out = a->set->out[j];
+        const int64_t o0 = g * rb, N = w->ne[1];
         const int64_t nr = N - o0 < rb ? N - o0 : rb;
         for (int64_t t = 0; t < T; t++) {
             const void *xt = a->act + (size_t)t * a->act_stride;
-            float *ot = (float *)loom__cpu_row(a->out, t) + o0;
-            for (int64_t r = 0; r < nr; r++) ot[r] = a->dot(loom__cpu_row(a->w, o0 + r), xt, K);
+            float *ot = (float *)loom__cpu_row(out, t) + o0;
+            for (int64_t r = 0; r < nr; r++) ot[r] = a->dot(loom__cpu_row(w, o0 + r), xt, K);
         }
     }
 }
@@ -167,8 +197,8 @@ static void mmq_worker(void *p, int ith, int nth) {
 #define MML_MIN_TOKENS 5
 
 typedef struct mmt_task {
-    const loom_tensor *w, *x;
-    loom_tensor *out;
+    const mm_set *set; /* weights [N_j, K] of one type, outs [T, N_j] */
+    const loom_tensor *x;
     loom_cpu_ctx *c;
     const loom_qgemm_kernels *k;   /* per-pair tiles, or (k NULL) */
     bool prepared;                 /* k's tile_prepared, rows prepared in each thread's scratch */
@@ -208,15 +238,15 @@ static void mmt_prepare_worker(void *p, int ith, int nth) {
     }
 }
 
-/* Rows o0 .. o0 + nr - 1 (w, w_stride apart) against tokens t0 .. t1 - 1, a->step at a time;
- * wp: this thread's scratch where a->prepared (the first call fills it). */
-static void mmt_group(const mmt_task *a, const void *w, size_t w_stride, void *wp, int64_t o0,
-                      int nr, int64_t t0, int64_t t1) {
-    const int64_t K = a->w->ne[0], U = mmt_unit(a);
-    const size_t out_stride = a->out->row_stride / sizeof(float);
+/* Rows o0 .. o0 + nr - 1 (w, w_stride apart) against tokens t0 .. t1 - 1, a->step at a time,
+ * into out; wp: this thread's scratch where a->prepared (the first call fills it). */
+static void mmt_group(const mmt_task *a, const void *w, size_t w_stride, loom_tensor *out, void *wp,
+                      int64_t o0, int nr, int64_t t0, int64_t t1) {
+    const int64_t K = a->x->ne[0], U = mmt_unit(a);
+    const size_t out_stride = out->row_stride / sizeof(float);
     for (int64_t t = t0; t < t1; t += a->step) {
         const int nt = (int)(t1 - t < a->step ? t1 - t : a->step);
-        float *o = (float *)loom__cpu_row(a->out, t) + o0;
+        float *o = (float *)loom__cpu_row(out, t) + o0;
         const uint8_t *xt = a->xp + (size_t)(t / U) * a->x_stride;
         if (a->lanes)
             a->lanes->tile8(w, w_stride, nr, xt, nt, K, o, out_stride);
@@ -240,27 +270,28 @@ static int64_t mmt_t_block(const mmt_task *a) {
 static void mmt_worker(void *p, int ith, int nth) {
     (void)nth;
     const mmt_task *a = p;
-    const int64_t N = a->w->ne[1], T = a->x->ne[1], rb = a->rb, n_groups = (N + rb - 1) / rb;
-    const int64_t t_block = mmt_t_block(a);
+    const int64_t T = a->x->ne[1], rb = a->rb, t_block = mmt_t_block(a);
     loom_workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
     for (int64_t u; (u = loom__workshare_next(a->c->share, ith, &cur)) >= 0;) {
-        const int64_t tb = u / n_groups * t_block, o0 = u % n_groups * rb;
+        int64_t v;
+        const int j = mm_set_find(a->set, u, &v);
+        const loom_tensor *w = a->set->w[j];
+        const int64_t N = w->ne[1], n_groups = (N + rb - 1) / rb;
+        const int64_t tb = v / n_groups * t_block, o0 = v % n_groups * rb;
         const int64_t tb1 = T - tb < t_block ? T : tb + t_block;
-        mmt_group(a, loom__cpu_row(a->w, o0), a->w->row_stride, a->c->scratch[ith], o0,
+        mmt_group(a, loom__cpu_row(w, o0), w->row_stride, a->set->out[j], a->c->scratch[ith], o0,
                   (int)(N - o0 < rb ? N - o0 : rb), tb, tb1);
     }
 }
 
 /* One of k (per-pair tiles) and lanes is non-NULL. */
-static loom_status mm_run_tiles(loom_cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
-                                loom_tensor *out, const loom_qgemm_kernels *k,
-                                const loom_qgemm_lanes *lanes, uint32_t act_type, size_t act_row,
-                                size_t w_row) {
-    const int64_t K = w->ne[0], T = x->ne[1];
+static loom_status mm_run_tiles(loom_cpu_ctx *c, mm_set *set, const loom_tensor *x,
+                                const loom_qgemm_kernels *k, const loom_qgemm_lanes *lanes,
+                                uint32_t act_type, size_t act_row, size_t w_row) {
+    const int64_t K = x->ne[0], T = x->ne[1];
     const bool prepared = !lanes && k->tile_prepared && T >= k->prepare_min_tokens(K);
-    mmt_task task = {.w = w,
+    mmt_task task = {.set = set,
                      .x = x,
-                     .out = out,
                      .c = c,
                      .k = lanes ? NULL : k,
                      .prepared = prepared,
@@ -297,13 +328,14 @@ static loom_status mm_run_tiles(loom_cpu_ctx *c, const loom_tensor *w, const loo
     else
         loom__threadpool_run(c->tp, mmt_prepare_worker, &task);
     const int64_t t_block = mmt_t_block(&task);
-    LOOM_TRY(mm_share(c, (w->ne[1] + task.rb - 1) / task.rb * ((T + t_block - 1) / t_block)));
+    LOOM_TRY(mm_set_share(c, set, (T + t_block - 1) / t_block, task.rb));
     loom__threadpool_run(c->tp, mmt_worker, &task);
     return LOOM_OK;
 }
 
-static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
-                                loom_tensor *out) {
+/* The set's weights are all of one type (so of one activation format and one path). */
+static loom_status mm_run_quant(loom_cpu_ctx *c, mm_set *set, const loom_tensor *x) {
+    const loom_tensor *w = set->w[0];
     const int64_t K = w->ne[0], T = x->ne[1];
     uint32_t act_type;
     size_t act_row, w_row, stride, total;
@@ -316,10 +348,9 @@ static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loo
                    (long long)K, loom_type_name(act_type));
     const loom_qgemm_lanes *lanes = loom_qgemm_lanes_get(w->type);
     if (lanes && T >= MML_MIN_TOKENS)
-        return mm_run_tiles(c, w, x, out, NULL, lanes, act_type, act_row, w_row);
+        return mm_run_tiles(c, set, x, NULL, lanes, act_type, act_row, w_row);
     const loom_qgemm_kernels *k = loom_qgemm_get(w->type);
-    if (k && T >= k->min_tokens)
-        return mm_run_tiles(c, w, x, out, k, NULL, act_type, act_row, w_row);
+    if (k && T >= k->min_tokens) return mm_run_tiles(c, set, x, k, NULL, act_type, act_row, w_row);
 
     bool overflow = loom__add_overflow_size(act_row, MMQ_ROW_ALIGN - 1, &stride);
     stride -= stride % MMQ_ROW_ALIGN;
@@ -332,9 +363,8 @@ static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loo
     if (rb < 1) rb = 1;
     if (rb > MM_MAX_RB) rb = MM_MAX_RB;
     mmq_task task = {.share = c->share,
-                     .w = w,
+                     .set = set,
                      .x = x,
-                     .out = out,
                      .quant = loom_quantize_activations_get(act_type),
                      .dot = loom_vec_dot_q_get(w->type),
                      .act = c->act,
@@ -345,7 +375,7 @@ static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loo
         mmq_quant_worker(&task, 0, 1); /* one row: not worth waking the pool */
     else
         loom__threadpool_run(c->tp, mmq_quant_worker, &task);
-    LOOM_TRY(mm_share(c, (w->ne[1] + rb - 1) / rb));
+    LOOM_TRY(mm_set_share(c, set, 1, rb));
     loom__threadpool_run(c->tp, mmq_worker, &task);
     return LOOM_OK;
 }
@@ -354,9 +384,8 @@ static loom_status mm_run_quant(loom_cpu_ctx *c, const loom_tensor *w, const loo
 /* Entry                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
-loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor *x,
-                             loom_tensor *out) {
-    loom_cpu_ctx *c = ctx;
+/* The checks every matmul's arguments pass. */
+static loom_status mm_check(const loom_tensor *w, const loom_tensor *x, const loom_tensor *out) {
     LOOM_TRY(loom__cpu_check_weight("matmul", "w", w));
     LOOM_TRY(loom__cpu_check_f32("matmul", "x", x));
     LOOM_TRY(loom__cpu_check_f32("matmul", "out", out));
@@ -370,8 +399,54 @@ loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor 
                    (long long)w->ne[1]);
     LOOM_RETURN_IF(loom__cpu_tensors_overlap(out, x) || loom__cpu_tensors_overlap(out, w),
                    LOOM_ERR_INVALID_ARG, "matmul: out overlaps an input (no in-place matmul)");
+    return LOOM_OK;
+}
+
+loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor *x,
+                             loom_tensor *out) {
+    loom_cpu_ctx *c = ctx;
+    LOOM_TRY(mm_check(w, x, out));
     if (x->ne[1] == 0) return LOOM_OK;
 
     if (c->f32_activations || w->type == LOOM_TYPE_F32) return mm_run_f32(c, w, x, out);
-    return mm_run_quant(c, w, x, out);
+    mm_set set = {.n = 1, .w = {w}, .out = {out}};
+    return mm_run_quant(c, &set, x);
+}
+
+/* Weights of one type run as one set: x rounded and prepared once, one parallel run over all
+ * their groups. Mixed types (a Q4_K_M file's Q6_K v beside Q4_K q and k) and float32
+ * activations fall back to one matmul each. Every out gets the bits of its own matmul either
+ * way: the arithmetic per (row, token) is the same whichever set the row's group is in. */
+loom_status loom__cpu_matmul_multi(void *ctx, int n, const loom_tensor *const *ws,
+                                   const loom_tensor *x, loom_tensor *const *outs) {
+    loom_cpu_ctx *c = ctx;
+    LOOM_RETURN_IF(n < 1 || n > LOOM_MATMUL_MULTI_MAX, LOOM_ERR_INVALID_ARG,
+                   "matmul_multi: %d matmuls (1 .. %d)", n, LOOM_MATMUL_MULTI_MAX);
+    LOOM_RETURN_IF(ws == NULL || outs == NULL, LOOM_ERR_INVALID_ARG,
+                   "matmul_multi: weights or outputs are NULL");
+    bool same_type = true;
+    for (int j = 0; j < n; j++) {
+        LOOM_RETURN_IF(ws[j] == NULL || outs[j] == NULL, LOOM_ERR_INVALID_ARG,
+                       "matmul_multi: weight or output %d is NULL", j);
+        LOOM_TRY(mm_check(ws[j], x, outs[j]));
+        for (int i = 0; i < n; i++)
+            LOOM_RETURN_IF(i != j && loom__cpu_tensors_overlap(outs[j], ws[i]),
+                           LOOM_ERR_INVALID_ARG, "matmul_multi: out %d overlaps weight %d", j, i);
+        for (int i = 0; i < j; i++)
+            LOOM_RETURN_IF(loom__cpu_tensors_overlap(outs[j], outs[i]), LOOM_ERR_INVALID_ARG,
+                           "matmul_multi: outs %d and %d overlap", i, j);
+        same_type = same_type && ws[j]->type == ws[0]->type;
+    }
+    if (x->ne[1] == 0) return LOOM_OK;
+
+    if (n == 1 || !same_type || c->f32_activations || ws[0]->type == LOOM_TYPE_F32) {
+        for (int j = 0; j < n; j++) LOOM_TRY(loom__cpu_matmul(ctx, ws[j], x, outs[j]));
+        return LOOM_OK;
+    }
+    mm_set set = {.n = n};
+    for (int j = 0; j < n; j++) {
+        set.w[j] = ws[j];
+        set.out[j] = outs[j];
+    }
+    return mm_run_quant(c, &set, x);
 }

@@ -62,7 +62,8 @@ typedef struct mm_set {
     int64_t unit_end[LOOM_MATMUL_MULTI_MAX];     /* units of weights 0 .. j end here */
 } mm_set;
 
-/* Numbers the units of every weight, units_of(N_j) each, and shares them out. */
+/* Numbers the units of every weight (ceil(N_j / rb) groups of rows, times units_per_row_group
+ * blocks of tokens each) and shares them out. */
 static loom_status mm_set_share(loom_cpu_ctx *c, mm_set *s, int64_t units_per_row_group,
                                 int64_t rb) {
     int64_t total = 0;

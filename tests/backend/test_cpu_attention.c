@@ -13,7 +13,8 @@
  * different offsets, window-released blocks marked -1) gives every row bitwise as the
  * one-call batch; 1, 2 and 3 threads bitwise; bad descriptors give the right status and write
  * nothing. Gemma-like shapes (head_dim 256, 4 query heads on 1 kv head, windows crossing the
- * kernel's 64-position tiles) and odd ones (head_dim 20, 40, 72; 3 heads per kv head). The
+ * kernel's 64-position tiles) and odd ones (head_dim 20, 40, 72; 3 heads per kv head); contexts
+ * past several 256-position segments, whose decode rows spread over the threads. The
  * softmax exp is checked on its own against libm. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -558,6 +559,45 @@ static void test_attention_odd_head_dims(void **state) {
     check_scenario(&b);
 }
 
+/* Deep contexts: rows that meet several ATTN_SEG-position segments (cpu_attention.c merges
+ * the segments' softmax states in order). Decode rows and short chunks have too few items for
+ * the threads, so they run as split items, one per segment, merged by the calling thread; the
+ * batch runs whole rows per item. check_scenario then holds those bitwise equal to each other,
+ * to the 1-thread run and to the chunked prefills, and close to the double reference. */
+static void test_attention_segments(void **state) {
+    (void)state;
+    scen sc = {.n_seqs = 4,
+               .past = {600, 300, 0, 1000},
+               .n_new = {2, 1, 70, 1},
+               .block_size = 16,
+               .n_kv_heads = 2,
+               .head_dim = 64,
+               .n_head = 6,
+               .window = 0,
+               .scale = 0.125f,
+               .kv_type = LOOM_TYPE_F16};
+    check_scenario(&sc);
+}
+
+/* The same with a window (300) whose start crosses segment boundaries inside a block of rows
+ * (a row whose window starts past the block's first segment has nothing there: its first
+ * merge takes the next segment as it is), a long prefill beside a decode row, F32 pools and
+ * Gemma's head shape. */
+static void test_attention_segments_window(void **state) {
+    (void)state;
+    scen sc = {.n_seqs = 3,
+               .past = {700, 0, 511},
+               .n_new = {3, 530, 1},
+               .block_size = 8,
+               .n_kv_heads = 1,
+               .head_dim = 256,
+               .n_head = 4,
+               .window = 300,
+               .scale = 0.0625f,
+               .kv_type = LOOM_TYPE_F32};
+    check_scenario(&sc);
+}
+
 /* The softmax exp: within 2 ulp of exp over [-87, 0], exact at 0, +0 below -87 and at -inf,
  * NaN kept. (This test is compiled without -march=native, so it runs the plain-C lanes; the
  * AVX2 lanes compute the same operations.) */
@@ -765,6 +805,8 @@ int main(void) {
         cmocka_unit_test(test_attention_gemma_window_f32),
         cmocka_unit_test(test_attention_softcap_window_f16),
         cmocka_unit_test(test_attention_odd_head_dims),
+        cmocka_unit_test(test_attention_segments),
+        cmocka_unit_test(test_attention_segments_window),
         cmocka_unit_test(test_attention_window_reads),
         cmocka_unit_test(test_attention_exp),
         cmocka_unit_test(test_kv_bad),

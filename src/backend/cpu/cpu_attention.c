@@ -5,24 +5,31 @@
  * h / (n_head / n_kv_heads) through the sequence's block table. Nothing past p is read, so
  * nothing past kv_len[s] either. One (row, head) is a query vector.
  *
- * Softmax is online and single-pass over tiles of ATTN_TILE positions. Tiles sit at multiples
- * of ATTN_TILE in position space (not at lo, not at the batch's first row): a query vector
- * visits the tiles that meet lo..p, in order, and within each attends to its own lanes only.
- * Per tile it updates its running max m, sum l and accumulator exactly as described at the
- * top of cpu_attention_tile.c; the output is acc / l. Everything is float32; F16 K/V are
- * widened exactly.
+ * Softmax is online over tiles of ATTN_TILE positions, restarted at every segment of ATTN_SEG
+ * positions. Tiles and segments sit at multiples of their size in position space (not at lo,
+ * not at the batch's first row): a query vector visits the tiles that meet lo..p, in order, and
+ * within each attends to its own lanes only. Per tile it updates its running max m, sum l and
+ * accumulator exactly as described at the top of cpu_attention_tile.c; at the end of each
+ * segment after the first, that segment's state is merged into the state of the earlier ones
+ * (loom__attn_state_merge); the output is acc / l. Everything is float32; F16 K/V are widened
+ * exactly.
  *
  * Work is shared out in items: a block of up to `rows` consecutive rows (split where a
  * sequence ends) and up to `heads` query heads of one kv head. An item walks the tiles its
  * rows need, widening each tile of K and V once, and advances its query vectors over it
- * ATTN_QBLOCK at a time. Rows per item, heads per item, which vectors share a block and which
- * thread runs an item change nothing in a vector's arithmetic (cpu_attention_tile.c says why),
- * so a row's output is bitwise the same alone or batched, in one prefill call or in chunks,
- * and on any number of threads. Items go out through an atomic counter, latest rows first:
- * they see the most keys, and the cheap items left at the end even out the threads. */
+ * ATTN_QBLOCK at a time. When there are too few items to keep the threads busy (decoding a
+ * few sequences), each row's segments become items of their own ("split" items): each leaves
+ * its segment's state in a shared area, and the calling thread merges them in order after the
+ * run. A one-token decode deep in a context thus spreads over every thread even with fewer kv
+ * heads than threads. Rows per item, heads per item, split or not, which vectors share a block
+ * and which thread runs an item change nothing in a vector's arithmetic (cpu_attention_tile.c
+ * says why), so a row's output is bitwise the same alone or batched, in one prefill call or in
+ * chunks, and on any number of threads. Items go out through an atomic counter, latest rows
+ * first: they see the most keys, and the cheap items left at the end even out the threads. */
 #include "backend/cpu/cpu_attention_tile.h"
 #include "backend/cpu/cpu_internal.h"
 
+#include "core/checked.h"
 #include "core/status.h"
 #include "tensor/types.h"
 
@@ -34,6 +41,9 @@
 /* Query vectors per item when rows are plenty: they share each widened K/V tile. */
 #define ATTN_ITEM_QVECS 64
 
+/* Floats of one split item's saved state: acc[head_dim], then m and l. */
+#define ATTN_PART_FLOATS(hd) ((hd) + 2)
+
 typedef struct attn_task {
     const loom_tensor *q; /* [T, n_head*head_dim] f32 */
     loom_tensor *out;     /* [T, n_head*head_dim] f32 */
@@ -42,12 +52,16 @@ typedef struct attn_task {
     float **scratch;    /* per thread, attn_scratch_floats(rows * heads, head_dim) */
     const char *k_pool; /* [n_blocks][block_size][n_kv_heads][head_dim] of kv_type */
     const char *v_pool;
-    int32_t group;     /* query heads per kv head */
-    int32_t heads;     /* query heads per item (the last chunk of a group may have fewer) */
-    int32_t chunks;    /* items per (row block, kv head): ceil(group / heads) */
-    int32_t rows;      /* rows per block */
-    int64_t n_blocks;  /* ceil(T / rows) */
-    int64_t n_items;   /* n_blocks * n_kv_heads * chunks */
+    int32_t group;    /* query heads per kv head */
+    int32_t heads;    /* query heads per item (the last chunk of a group may have fewer) */
+    int32_t chunks;   /* items per (row block, kv head): ceil(group / heads) */
+    int32_t rows;     /* rows per block */
+    int64_t n_blocks; /* ceil(T / rows) */
+    /* Split items (rows == 1): items per (row, kv head, chunk), one per segment of the row
+     * that meets the most segments (rows meeting fewer skip the rest); 0: not split. */
+    int64_t n_segs;
+    float *parts;      /* split: [T][n_head][n_segs][ATTN_PART_FLOATS(head_dim)] */
+    int64_t n_items;   /* n_blocks * n_kv_heads * chunks (* n_segs when split) */
     atomic_llong next; /* next unclaimed item */
 } attn_task;
 
@@ -55,11 +69,16 @@ static int64_t attn_lo(const loom_attn_params *p, int64_t pos) {
     return p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
 }
 
+static int64_t attn_pos_of_row(const loom_kv_desc *kv, int32_t s, int64_t r) {
+    return (int64_t)kv->pos_start[s] + (r - kv->q_start[s]);
+}
+
 /* Per-thread scratch of a run of n query vectors: the tile, then acc [n][hd], then q packed
- * by blocks of ATTN_QBLOCK ([hd][ATTN_QBLOCK] each). */
+ * by blocks of ATTN_QBLOCK ([hd][ATTN_QBLOCK] each), then a second acc [n][hd] for the
+ * segment in progress. */
 static int64_t attn_scratch_floats(int64_t n, int64_t hd) {
     const int64_t n_packed = (n + ATTN_QBLOCK - 1) / ATTN_QBLOCK * ATTN_QBLOCK;
-    return loom__attn_tile_floats(hd) + (n + n_packed) * hd;
+    return loom__attn_tile_floats(hd) + (2 * n + n_packed) * hd;
 }
 
 /* Vector k = (row r0 + k / nh, head h0 + k % nh): its q row, a zero accumulator, m = -inf,
@@ -89,66 +108,163 @@ static void attn_qvecs_lanes(const loom_attn_params *p, attn_qvec *qv, int n, in
     }
 }
 
-/* out = acc / l for every vector. */
-static void attn_qvecs_write(const attn_task *t, const attn_qvec *qv, int n, int64_t r0, int32_t h0,
-                             int32_t nh) {
-    const int64_t hd = t->kv->head_dim;
-    for (int k = 0; k < n; k++) {
-        const int64_t r = r0 + k / nh, h = h0 + k % nh;
-        float *o = (float *)loom__cpu_row(t->out, r) + h * hd;
-        /* l >= 1 after any tile (the maximum contributes exp(0)); l == 0 only if every score
-         * was -inf, and then the output is zero rather than 0/0. */
-        const float inv = qv[k].l > 0.0f ? 1.0f / qv[k].l : 0.0f;
-        for (int64_t d = 0; d < hd; d++) o[d] = qv[k].acc[d] * inv;
-    }
+/* o = acc / l (a vector whose every score was -inf, l == 0, gives zeros rather than 0/0: l is
+ * at least 1 after any position, whose maximum contributes exp(0)). */
+static void attn_write(float *o, const float *acc, float l, int64_t hd) {
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int64_t d = 0; d < hd; d++) o[d] = acc[d] * inv;
 }
 
-/* Rows r0 .. r1-1 (all of sequence s) and query heads h0 .. h0+nh-1 of kv head kvh: the
- * tiles from the first row's lo to the last row's position, each widened once and every
- * vector advanced over it. */
-static void attn_run(const attn_task *t, int32_t s, int64_t r0, int64_t r1, int32_t kvh, int32_t h0,
-                     int32_t nh, float *scratch) {
-    const loom_kv_desc *kv = t->kv;
-    const loom_attn_params *p = t->p;
-    const int64_t hd = kv->head_dim, pos0 = (int64_t)kv->pos_start[s] + (r0 - kv->q_start[s]);
-    const int64_t pos_last = pos0 + (r1 - r0) - 1, lo_first = attn_lo(p, pos0);
-    const int n = (int)((r1 - r0) * nh);
-    attn_kv_tile tile = {.kt = scratch, .vbuf = scratch + ATTN_TILE * hd};
-    float *scores = scratch + 2 * ATTN_TILE * hd; /* [ATTN_QBLOCK][ATTN_TILE] */
-    float *acc = scratch + loom__attn_tile_floats(hd), *qt = acc + (size_t)n * (size_t)hd;
-    attn_qvec qv[ATTN_ITEM_QVECS];
-    attn_qvecs_init(t, qv, n, r0, h0, nh, acc, qt);
-    const attn_kv_src src = {kv, t->k_pool, t->v_pool, s, kvh};
-    for (int64_t j0 = lo_first / ATTN_TILE * ATTN_TILE; j0 <= pos_last; j0 += ATTN_TILE) {
-        const int64_t ia = lo_first > j0 ? lo_first - j0 : 0;
-        const int64_t ib = pos_last - j0 < ATTN_TILE - 1 ? pos_last - j0 : ATTN_TILE - 1;
-        loom__attn_tile_load(&tile, &src, j0, (int)ia, (int)ib);
+/* The n vectors of rows starting at position pos0 over the tiles that meet positions [a, b]
+ * (within one segment), each tile of sequence src->seq widened once; K/V rows up to position
+ * pf_last are asked for one tile ahead. */
+static void attn_tiles(const attn_task *t, const attn_kv_src *src, attn_kv_tile *tile,
+                       attn_qvec *qv, int n, int32_t nh, int64_t pos0, int64_t a, int64_t b,
+                       int64_t pf_last, const float *qt, float *scores) {
+    const int64_t hd = t->kv->head_dim;
+    for (int64_t j0 = a / ATTN_TILE * ATTN_TILE; j0 <= b; j0 += ATTN_TILE) {
+        const int64_t ia = a > j0 ? a - j0 : 0;
+        const int64_t ib = b - j0 < ATTN_TILE - 1 ? b - j0 : ATTN_TILE - 1;
+        loom__attn_tile_load(tile, src, j0, (int)ia, (int)ib);
         /* The next tile's rows are asked for while this one's arithmetic runs: one-token
          * decode reads each K/V row once per step from memory, row by row, and otherwise waits
          * for every one (Q8_0 decode after a 1536-token prompt: 50-56 -> 64-67 tok/s,
          * alternated runs; 512-token prompts unchanged). */
-        if (j0 + ATTN_TILE <= pos_last)
-            loom__attn_tile_prefetch(&src, j0 + ATTN_TILE, 0,
-                                     (int)(pos_last - j0 - ATTN_TILE < ATTN_TILE - 1
-                                               ? pos_last - j0 - ATTN_TILE
+        if (j0 + ATTN_TILE <= pf_last)
+            loom__attn_tile_prefetch(src, j0 + ATTN_TILE, 0,
+                                     (int)(pf_last - j0 - ATTN_TILE < ATTN_TILE - 1
+                                               ? pf_last - j0 - ATTN_TILE
                                                : ATTN_TILE - 1));
-        attn_qvecs_lanes(p, qv, n, nh, pos0, j0);
+        attn_qvecs_lanes(t->p, qv, n, nh, pos0, j0);
         for (int k = 0; k < n; k += ATTN_QBLOCK)
-            loom__attn_tile_advance(&tile, hd, p->scale, p->softcap, qv + k,
+            loom__attn_tile_advance(tile, hd, t->p->scale, t->p->softcap, qv + k,
                                     n - k < ATTN_QBLOCK ? n - k : ATTN_QBLOCK, qt + k * hd, scores);
     }
-    attn_qvecs_write(t, qv, n, r0, h0, nh);
 }
 
-/* Item -> (row block, kv head, head chunk); row blocks from the last one back. */
+/* Rows r0 .. r1-1 (all of sequence s) and query heads h0 .. h0+nh-1 of kv head kvh: the
+ * tiles from the first row's lo to the last row's position, segment by segment, each segment
+ * after the first run into acc_seg from a fresh state and then merged into acc. */
+static void attn_run(const attn_task *t, int32_t s, int64_t r0, int64_t r1, int32_t kvh, int32_t h0,
+                     int32_t nh, float *scratch) {
+    const loom_kv_desc *kv = t->kv;
+    const int64_t hd = kv->head_dim, pos0 = attn_pos_of_row(kv, s, r0);
+    const int64_t pos_last = pos0 + (r1 - r0) - 1, lo_first = attn_lo(t->p, pos0);
+    const int n = (int)((r1 - r0) * nh),
+              n_packed = (n + ATTN_QBLOCK - 1) / ATTN_QBLOCK * ATTN_QBLOCK;
+    attn_kv_tile tile = {.kt = scratch, .vbuf = scratch + ATTN_TILE * hd};
+    float *scores = scratch + 2 * ATTN_TILE * hd; /* [ATTN_QBLOCK][ATTN_TILE] */
+    float *acc = scratch + loom__attn_tile_floats(hd), *qt = acc + (size_t)n * (size_t)hd;
+    float *acc_seg = qt + (size_t)n_packed * (size_t)hd;
+    attn_qvec qv[ATTN_ITEM_QVECS];
+    float m_prev[ATTN_ITEM_QVECS], l_prev[ATTN_ITEM_QVECS];
+    attn_qvecs_init(t, qv, n, r0, h0, nh, acc, qt);
+    const attn_kv_src src = {kv, t->k_pool, t->v_pool, s, kvh};
+    for (int64_t seg = lo_first / ATTN_SEG * ATTN_SEG; seg <= pos_last; seg += ATTN_SEG) {
+        const int64_t a = lo_first > seg ? lo_first : seg;
+        const int64_t b = pos_last < seg + ATTN_SEG - 1 ? pos_last : seg + ATTN_SEG - 1;
+        const bool first = a == lo_first;
+        if (!first) { /* a fresh state for this segment */
+            for (int k = 0; k < n; k++) {
+                m_prev[k] = qv[k].m;
+                l_prev[k] = qv[k].l;
+                qv[k] = (attn_qvec){.q = qv[k].q,
+                                    .acc = acc_seg + (size_t)k * (size_t)hd,
+                                    .m = -INFINITY,
+                                    .l = 0.0f};
+            }
+            memset(acc_seg, 0, sizeof(float) * (size_t)n * (size_t)hd);
+        }
+        attn_tiles(t, &src, &tile, qv, n, nh, pos0, a, b, pos_last, qt, scores);
+        if (!first) {
+            for (int k = 0; k < n; k++) {
+                float *main_acc = acc + (size_t)k * (size_t)hd;
+                loom__attn_state_merge(&m_prev[k], &l_prev[k], main_acc, qv[k].m, qv[k].l,
+                                       qv[k].acc, hd);
+                qv[k].acc = main_acc;
+                qv[k].m = m_prev[k];
+                qv[k].l = l_prev[k];
+            }
+        }
+    }
+    for (int k = 0; k < n; k++) {
+        const int64_t r = r0 + k / nh, h = h0 + k % nh;
+        attn_write((float *)loom__cpu_row(t->out, r) + h * hd, qv[k].acc, qv[k].l, hd);
+    }
+}
+
+/* Row r's segments: first (absolute segment number) and how many. */
+static int64_t attn_row_segs(const attn_task *t, int64_t r, int64_t *first) {
+    const int32_t s = loom__cpu_seq_of_row(t->kv, r);
+    const int64_t pos = attn_pos_of_row(t->kv, s, r);
+    *first = attn_lo(t->p, pos) / ATTN_SEG;
+    return pos / ATTN_SEG - *first + 1;
+}
+
+static float *attn_part(const attn_task *t, int64_t r, int32_t h, int64_t si) {
+    const int64_t hd = t->kv->head_dim;
+    return t->parts + ((r * t->p->n_head + h) * t->n_segs + si) * ATTN_PART_FLOATS(hd);
+}
+
+/* A split item: segment si of row r for query heads h0 .. h0+nh-1 of kv head kvh, its state
+ * left in the parts area. */
+static void attn_run_part(const attn_task *t, int64_t r, int32_t kvh, int32_t h0, int32_t nh,
+                          int64_t si, float *scratch) {
+    const loom_kv_desc *kv = t->kv;
+    int64_t seg0;
+    if (si >= attn_row_segs(t, r, &seg0)) return; /* this row meets fewer segments */
+    const int32_t s = loom__cpu_seq_of_row(kv, r);
+    const int64_t hd = kv->head_dim, pos = attn_pos_of_row(kv, s, r), lo = attn_lo(t->p, pos);
+    const int64_t seg = (seg0 + si) * ATTN_SEG;
+    const int64_t a = lo > seg ? lo : seg, b = pos < seg + ATTN_SEG - 1 ? pos : seg + ATTN_SEG - 1;
+    attn_kv_tile tile = {.kt = scratch, .vbuf = scratch + ATTN_TILE * hd};
+    float *scores = scratch + 2 * ATTN_TILE * hd;
+    float *acc = scratch + loom__attn_tile_floats(hd), *qt = acc + (size_t)nh * (size_t)hd;
+    attn_qvec qv[ATTN_ITEM_QVECS];
+    attn_qvecs_init(t, qv, nh, r, h0, nh, acc, qt);
+    const attn_kv_src src = {kv, t->k_pool, t->v_pool, s, kvh};
+    attn_tiles(t, &src, &tile, qv, nh, nh, pos, a, b, b, qt, scores);
+    for (int k = 0; k < nh; k++) {
+        float *part = attn_part(t, r, h0 + k, si);
+        memcpy(part, qv[k].acc, sizeof(float) * (size_t)hd);
+        part[hd] = qv[k].m;
+        part[hd + 1] = qv[k].l;
+    }
+}
+
+/* After a split run: every vector's segments merged in order, as attn_run merges them. */
+static void attn_merge_parts(const attn_task *t, int64_t n_rows) {
+    const int64_t hd = t->kv->head_dim;
+    for (int64_t r = 0; r < n_rows; r++) {
+        int64_t seg0;
+        const int64_t n_segs = attn_row_segs(t, r, &seg0);
+        for (int32_t h = 0; h < t->p->n_head; h++) {
+            float *state = attn_part(t, r, h, 0);
+            for (int64_t si = 1; si < n_segs; si++) {
+                const float *part = attn_part(t, r, h, si);
+                loom__attn_state_merge(&state[hd], &state[hd + 1], state, part[hd], part[hd + 1],
+                                       part, hd);
+            }
+            attn_write((float *)loom__cpu_row(t->out, r) + h * hd, state, state[hd + 1], hd);
+        }
+    }
+}
+
+/* Item -> (row block, kv head, head chunk[, segment]); row blocks from the last one back. */
 static void attn_item(const attn_task *t, int64_t item, float *scratch) {
     const loom_kv_desc *kv = t->kv;
+    const int64_t si = t->n_segs > 0 ? item % t->n_segs : 0;
+    if (t->n_segs > 0) item /= t->n_segs;
     const int64_t per_block = (int64_t)kv->n_kv_heads * t->chunks;
     const int64_t b = t->n_blocks - 1 - item / per_block, rest = item % per_block;
     const int32_t kvh = (int32_t)(rest / t->chunks);
     const int32_t h0 = kvh * t->group + (int32_t)(rest % t->chunks) * t->heads;
     const int32_t h_end = (kvh + 1) * t->group;
     const int32_t nh = h_end - h0 < t->heads ? h_end - h0 : t->heads;
+    if (t->n_segs > 0) { /* rows == 1 */
+        attn_run_part(t, b, kvh, h0, nh, si, scratch);
+        return;
+    }
     const int64_t n_rows = kv->q_start[kv->n_seqs];
     int64_t r = b * t->rows;
     const int64_t r_end = r + t->rows < n_rows ? r + t->rows : n_rows;
@@ -173,20 +289,33 @@ static void attn_worker(void *arg, int ith, int nth) {
 static void attn_count(attn_task *t, int64_t n_rows, int32_t n_kv_heads) {
     t->chunks = (t->group + t->heads - 1) / t->heads;
     t->n_blocks = (n_rows + t->rows - 1) / t->rows;
-    t->n_items = t->n_blocks * n_kv_heads * t->chunks;
+    t->n_items = t->n_blocks * n_kv_heads * t->chunks * (t->n_segs > 0 ? t->n_segs : 1);
 }
 
 /* Rows and heads per item: ATTN_ITEM_QVECS vectors each; fewer rows while that leaves the
- * threads under four items each (items differ in cost), then fewer heads while some thread
- * would have none (each item widens its K/V tiles again, so heads are split only as far as
- * needed). Any choice gives the same bits. */
+ * threads under four items each (items differ in cost); then, at one row per item and still
+ * short of that, one item per segment where rows meet several; then fewer heads while some
+ * thread would have none (each item widens its K/V tiles again, so heads are split only as far
+ * as needed). Any choice gives the same bits. */
 static void attn_plan(attn_task *t, int64_t n_rows, int32_t n_kv_heads, int n_threads) {
     t->heads = t->group < ATTN_ITEM_QVECS ? t->group : ATTN_ITEM_QVECS;
     t->rows = ATTN_ITEM_QVECS / t->heads;
+    t->n_segs = 0;
     attn_count(t, n_rows, n_kv_heads);
     while (t->rows > 1 && t->n_items < 4 * (int64_t)n_threads) {
         t->rows = (t->rows + 1) / 2;
         attn_count(t, n_rows, n_kv_heads);
+    }
+    if (t->rows == 1 && n_threads > 1 && t->n_items < 4 * (int64_t)n_threads) {
+        int64_t most = 1, seg0;
+        for (int64_t r = 0; r < n_rows; r++) {
+            const int64_t n = attn_row_segs(t, r, &seg0);
+            most = n > most ? n : most;
+        }
+        if (most > 1) {
+            t->n_segs = most;
+            attn_count(t, n_rows, n_kv_heads);
+        }
     }
     while (t->heads > 1 && t->n_items < n_threads) {
         t->heads = (t->heads + 1) / 2;
@@ -241,7 +370,20 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
     LOOM_TRY(loom__cpu_reserve_scratch(
         c, (size_t)attn_scratch_floats((int64_t)t.rows * t.heads, kv->head_dim)));
     t.scratch = c->scratch;
+    if (t.n_segs > 0) {
+        size_t n_parts, n_floats;
+        LOOM_RETURN_IF(loom__mul_overflow_size((size_t)n_rows * (size_t)p->n_head, (size_t)t.n_segs,
+                                               &n_parts) ||
+                           loom__mul_overflow_size(n_parts, ATTN_PART_FLOATS((size_t)kv->head_dim),
+                                                   &n_floats) ||
+                           n_floats > SIZE_MAX / sizeof(float),
+                       LOOM_ERR_INVALID_ARG, "attention: %lld segments of %lld rows overflow",
+                       (long long)t.n_segs, (long long)n_rows);
+        LOOM_TRY(loom__cpu_reserve_attn_parts(c, n_floats * sizeof(float)));
+        t.parts = c->attn_parts;
+    }
     atomic_init(&t.next, 0);
     loom__threadpool_run(c->tp, attn_worker, &t);
+    if (t.n_segs > 0) attn_merge_parts(&t, n_rows);
     return LOOM_OK;
 }

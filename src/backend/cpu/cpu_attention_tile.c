@@ -14,6 +14,9 @@
  *   acc[d]    = acc[d] * corr, then acc[d] = fma(w(j), v_j[d], acc[d]) for its positions j in
  *              increasing order — positions it does not attend to are skipped, not multiplied
  *              by zero (0 * NaN, -0 + 0 would leak).
+ * Per segment (ATTN_SEG positions) the state starts afresh (m = -inf, l = 0, acc = 0) and the
+ * segments' states are merged in position order (loom__attn_state_merge); one segment at the
+ * start of a context is exactly the single pass above.
  * Which groups, lanes and positions it touches depend only on its own lanes [ia, ib]; the
  * other vectors of a block only widen the span of scores computed (and ignored) and decide
  * whether an update goes through the unguarded loop or the guarded one — same operation.
@@ -392,4 +395,25 @@ void loom__attn_tile_advance(const attn_kv_tile *t, int64_t hd, float scale, flo
         }
     }
     pv_run(t, &p, hd);
+}
+
+void loom__attn_state_merge(float *m, float *l, float *acc, float mb, float lb, const float *accb,
+                            int64_t hd) {
+    if (mb == -INFINITY) return; /* the later positions added nothing */
+    if (*m == -INFINITY) {       /* nor did the earlier ones */
+        *m = mb;
+        *l = lb;
+        for (int64_t d = 0; d < hd; d++) acc[d] = accb[d];
+        return;
+    }
+    float ca = 1.0f, cb = 1.0f;
+    if (mb > *m) {
+        ca = lv_exp1(*m - mb);
+        *m = mb;
+    } else {
+        cb = lv_exp1(mb - *m);
+    }
+    /* Explicit fmas: the rounding is fixed here, not left to the compiler's contraction. */
+    *l = fmaf(lb, cb, *l * ca);
+    for (int64_t d = 0; d < hd; d++) acc[d] = fmaf(accb[d], cb, acc[d] * ca);
 }

@@ -14,6 +14,11 @@
 
 #define ATTN_TILE   64 /* positions per tile; a multiple of 16 (the widest lanes) */
 #define ATTN_QBLOCK 8  /* query vectors advanced together (they share the K and V loads) */
+/* Positions per segment: a query vector's softmax runs separately over each segment it meets
+ * (segments start at multiples of ATTN_SEG in position space, like the tiles), and the
+ * segments' states are then merged in order. So the segments of one vector may be computed on
+ * different threads (long-context decode) and give the same bits as one thread walking them. */
+#define ATTN_SEG (4 * ATTN_TILE)
 
 /* Where one sequence's K and V rows of one kv head live. */
 typedef struct attn_kv_src {
@@ -63,3 +68,11 @@ void loom__attn_pack_q(const attn_qvec *qv, int n, int64_t head_dim, float *qt);
  * and acc. scores: [ATTN_QBLOCK][ATTN_TILE] scratch. */
 void loom__attn_tile_advance(const attn_kv_tile *t, int64_t head_dim, float scale, float softcap,
                              attn_qvec *qv, int n, const float *qt, float *scores);
+
+/* Merges the softmax state of the positions after a segment boundary (mb, lb, accb) into the
+ * state of the positions before it (*m, *l, acc), in place: with M = max(m, mb),
+ * l = l e^(m-M) + lb e^(mb-M) and acc = acc e^(m-M) + accb e^(mb-M) (one of the two factors
+ * is 1; a state with m = -inf holds no positions and is the identity). Every segment of a
+ * vector goes through this one function in position order, whichever thread computed it. */
+void loom__attn_state_merge(float *m, float *l, float *acc, float mb, float lb, const float *accb,
+                            int64_t head_dim);

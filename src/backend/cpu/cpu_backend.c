@@ -63,15 +63,24 @@ loom_status loom__cpu_reserve_scratch(loom_cpu_ctx *c, size_t n_floats) {
     return LOOM_OK;
 }
 
-loom_status loom__cpu_reserve_act(loom_cpu_ctx *c, size_t n_bytes) {
-    if (n_bytes <= c->act_cap && c->act != NULL) return LOOM_OK;
+/* Grows one shared area (*area, *cap bytes) to n_bytes; what names it in the error. */
+static loom_status reserve_area(void **area, size_t *cap, size_t n_bytes, const char *what) {
+    if (n_bytes <= *cap && *area != NULL) return LOOM_OK;
     void *fresh = aligned_bytes(n_bytes);
-    LOOM_RETURN_IF(fresh == NULL, LOOM_ERR_OUT_OF_MEMORY,
-                   "cpu: out of memory for %zu bytes of activation scratch", n_bytes);
-    free(c->act);
-    c->act = fresh;
-    c->act_cap = n_bytes;
+    LOOM_RETURN_IF(fresh == NULL, LOOM_ERR_OUT_OF_MEMORY, "cpu: out of memory for %zu bytes of %s",
+                   n_bytes, what);
+    free(*area);
+    *area = fresh;
+    *cap = n_bytes;
     return LOOM_OK;
+}
+
+loom_status loom__cpu_reserve_act(loom_cpu_ctx *c, size_t n_bytes) {
+    return reserve_area(&c->act, &c->act_cap, n_bytes, "activation scratch");
+}
+
+loom_status loom__cpu_reserve_attn_parts(loom_cpu_ctx *c, size_t n_bytes) {
+    return reserve_area(&c->attn_parts, &c->attn_parts_cap, n_bytes, "attention segment states");
 }
 
 static void cpu_destroy(void *ctx) {
@@ -84,6 +93,7 @@ static void cpu_destroy(void *ctx) {
         for (int i = 0; i < c->n_threads; i++) free(c->scratch[i]);
     free(c->scratch);
     free(c->act);
+    free(c->attn_parts);
     free(c);
 }
 

@@ -33,6 +33,10 @@ typedef struct loom_cpu_ctx {
      * before the dot products read them. Reserved like scratch, outside parallel regions. */
     void *act;
     size_t act_cap;
+    /* Attention's split items leave their segments' softmax states here for the calling
+     * thread to merge (cpu_attention.c): attn_parts_cap bytes, reserved like act. */
+    void *attn_parts;
+    size_t attn_parts_cap;
     /* The rope op's last cos/sin tables, made on first use (cpu_rope.c). */
     loom_cpu_rope_tables *rope;
 } loom_cpu_ctx;
@@ -44,6 +48,10 @@ loom_status loom__cpu_reserve_scratch(loom_cpu_ctx *c, size_t n_floats);
 /* Makes the shared activation area hold at least n_bytes. Errors: OUT_OF_MEMORY (the old area
  * stays valid). */
 loom_status loom__cpu_reserve_act(loom_cpu_ctx *c, size_t n_bytes);
+
+/* Makes attention's area of segment states hold at least n_bytes. Errors: OUT_OF_MEMORY (the
+ * old area stays valid). */
+loom_status loom__cpu_reserve_attn_parts(loom_cpu_ctx *c, size_t n_bytes);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Argument checks (cpu_check.c). Each names the op and the argument in its message.          */

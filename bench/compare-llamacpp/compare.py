@@ -19,7 +19,11 @@ Metrics (tokens/s, higher is better):
               unified KV) and an argmax per sequence in numpy. Aggregate generated tokens/s of
               the decode phase only: from the step after which every sequence has its first
               token to the end (the prompts' step is not counted on either side)
-  scaling     (--scaling) decode N at -t threads over decode N at 1 thread, loom and llama.cpp
+  scaling     (--scaling) decode N at -t threads over decode N at 1 thread, loom and llama.cpp;
+              and, where loom-membw is found (--membw), the machine's main-memory read rate at
+              1 and -t threads measured in the same round, against which one-token decode is
+              put: weight bytes per token x tokens/s, as a fraction of that read rate (the
+              roofline), and the memory's own -t/1 ratio beside the decode's
 
 Modes:
   compare.py [--models f16,q8_0,q4_k_m,gemma3] [--pairs 5] [-t 2] [--md FILE] [--scaling]
@@ -124,6 +128,40 @@ def git_commit():
 # ---- llama.cpp ----------------------------------------------------------------------------------
 
 _llama_log_cb = None
+
+
+def membw_default():
+    """loom-membw next to the library compare.py loads (LOOM_LIB's build/bench), if built."""
+    lib = pathlib.Path(os.environ.get("LOOM_LIB", ROOT / "build" / "libloom.so")).resolve()
+    path = lib.parent / "bench" / "loom-membw"
+    return str(path) if path.exists() else None
+
+
+def read_rates(membw, threads, mib=256, reps=3):
+    """{thread count: median GB/s} for 1 .. threads threads from one loom-membw run (a buffer
+    of mib MiB read reps times per count: far past the caches of our machines)."""
+    out = subprocess.run([membw, "-t", str(threads), "-m", str(mib), "-r", str(reps)],
+                         capture_output=True, text=True, check=True).stdout
+    rates = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*(\d+)\s+([0-9.]+)\s+([0-9.]+)", line)
+        if m:
+            rates[int(m.group(1))] = float(m.group(3))
+    if 1 not in rates or threads not in rates:
+        raise RuntimeError(f"unexpected loom-membw output: {out!r}")
+    return rates
+
+
+def weight_bytes_per_token(path):
+    """Bytes of weights one decoded token streams: every tensor of the file, except that a
+    token embedding beside a separate output matrix is read one row per token (counted as
+    none); a tied one is the output matrix and is read whole."""
+    from gguf import GGUFReader
+    sizes = {t.name: int(t.n_bytes) for t in GGUFReader(path).tensors}
+    total = sum(sizes.values())
+    if "output.weight" in sizes and "token_embd.weight" in sizes:
+        total -= sizes["token_embd.weight"]
+    return total
 
 
 def llama_quiet():
@@ -378,6 +416,7 @@ class Config:
         self.max_seqs = max(self.seqs)
         self.threads = a.threads
         self.scaling = a.scaling
+        self.membw = (a.membw or membw_default()) if a.scaling and a.threads > 1 else None
 
     def metrics(self):
         m = [f"pp {n}" for n in self.pp] + [f"decode {self.tg}"]
@@ -426,6 +465,13 @@ def run_model(name, path, cfg, log):
 
     res = {m: [] for m in cfg.metrics()}
     scal = {"loom": [], "llama.cpp": []}
+    # The roofline: weight bytes per token, and per round the read rate at 1 and -t threads
+    # and each side's decode at -t (and loom's at 1) as a fraction of the rate at that count.
+    roof = None
+    if cfg.membw:
+        scal["memory"] = []
+        roof = {"bytes": weight_bytes_per_token(path), "read": [], "read1": [], "loom": [],
+                "loom1": [], "llama.cpp": []}
     loads = []  # the 1-minute load average after each round: how busy the machine was
 
     def settled(fn, *args):
@@ -451,12 +497,27 @@ def run_model(name, path, cfg, log):
             ll.set_threads(cfg.threads)
             scal["loom"].append(tl / one)
             scal["llama.cpp"].append(tc / one_ll)
+            if roof:
+                rates = settled(read_rates, cfg.membw, cfg.threads)
+                t, b = cfg.threads, roof["bytes"]
+                scal["memory"].append(rates[t] / rates[1])
+                roof["read"].append(rates[t])
+                roof["read1"].append(rates[1])
+                roof["loom"].append(tl * b / 1e9 / rates[t])
+                roof["loom1"].append(one * b / 1e9 / rates[1])
+                roof["llama.cpp"].append(tc * b / 1e9 / rates[t])
         loads.append(loadavg().split()[0])
         log(f"  {name}: pair {pair + 1}/{cfg.pairs} done ({now() - t_start:.0f} s, "
             f"load {loads[-1]})")
     for side in sides + ([loom1] if loom1 else []):
         side.close()
+    if roof:
+        scal["roof"] = roof
     return res, (scal if cfg.scaling else None), loads, now() - t_start
+
+
+SCALING_ROWS = {"loom": "loom", "llama.cpp": "llama.cpp",
+                "memory": "memory read rate (loom-membw, same rounds)"}
 
 
 # ---- reports --------------------------------------------------------------------------------------
@@ -487,10 +548,21 @@ def text_report(name, res, scal, cfg):
         out.append(f"    median: loom {fmt(ml):>8}  llama.cpp {fmt(mc):>8}  ratio of medians "
                    f"{r:.3f}  pair ratios {lo:.3f}-{hi:.3f}  best of each {bl / bc:.3f}")
     if scal:
-        for who, xs in scal.items():
-            out.append(f"  decode scaling {cfg.threads}/1 threads, {who}: "
-                       + " ".join(f"{x:.2f}" for x in xs)
-                       + f"  median {median(xs):.2f}")
+        for who, label in SCALING_ROWS.items():
+            if who in scal:
+                xs = scal[who]
+                out.append(f"  decode scaling {cfg.threads}/1 threads, {label}: "
+                           + " ".join(f"{x:.2f}" for x in xs) + f"  median {median(xs):.2f}")
+    if scal and "roof" in scal:
+        r = scal["roof"]
+        out.append(f"  roofline: {r['bytes'] / 1e6:.1f} MB of weights per token; read rate "
+                   f"(median of rounds) {median(r['read1']):.1f} GB/s at 1 thread, "
+                   f"{median(r['read']):.1f} at {cfg.threads}")
+        for who, key in (("loom", "loom"), ("loom, 1 thread", "loom1"),
+                         ("llama.cpp", "llama.cpp")):
+            out.append(f"    {who}: decode streams "
+                       + " ".join(f"{100 * x:.0f}%" for x in r[key])
+                       + f" of the round's read rate, median {100 * median(r[key]):.0f}%")
     return "\n".join(out)
 
 
@@ -533,12 +605,33 @@ def md_report(all_res, cfg, command, started, t_models, extra_lines):
     if cfg.scaling:
         L.append("\n## Decode scaling: tokens/s at "
                  f"{cfg.threads} threads over 1 thread (decode {cfg.tg})\n")
-        L.append("| model | loom (median; pairs) | llama.cpp (median; pairs) |")
-        L.append("|---|---|---|")
+        mem = any("memory" in scal for _, (_, scal, _) in all_res.items())
+        L.append("| model | loom (median; pairs) | llama.cpp (median; pairs) |"
+                 + (" memory read rate, same rounds (median; pairs) |" if mem else ""))
+        L.append("|---|---|---|" + ("---|" if mem else ""))
         for name, (res, scal, _) in all_res.items():
             cells = [f"{median(scal[w]):.2f} ({', '.join(f'{x:.2f}' for x in scal[w])})"
-                     for w in ("loom", "llama.cpp")]
-            L.append(f"| {name} | {cells[0]} | {cells[1]} |")
+                     if w in scal else "" for w in ("loom", "llama.cpp", "memory")]
+            L.append(f"| {name} | " + " | ".join(cells[:3 if mem else 2]) + " |")
+        if mem:
+            L.append("\n## Decode against the memory's read rate (the roofline)\n")
+            L.append("Weight bytes per token (every tensor of the file; a token embedding "
+                     "beside a separate output matrix not counted) × decode tokens/s, over "
+                     "the main-memory read rate `loom-membw` measured in the same round at "
+                     "the same thread count (median GB/s of 3 reads of 256 MiB). Median of "
+                     "the rounds; each round's figure in brackets.\n")
+            L.append(f"| model | weights MB/token | read rate GB/s, 1 / {cfg.threads} threads "
+                     f"| loom at {cfg.threads} threads | loom at 1 thread "
+                     f"| llama.cpp at {cfg.threads} threads |")
+            L.append("|---|---:|---:|---|---|---|")
+            for name, (res, scal, _) in all_res.items():
+                r = scal.get("roof")
+                if not r:
+                    continue
+                cells = [f"{100 * median(r[k]):.0f}% ({', '.join(f'{100 * x:.0f}' for x in r[k])})"
+                         for k in ("loom", "loom1", "llama.cpp")]
+                L.append(f"| {name} | {r['bytes'] / 1e6:.1f} | {median(r['read1']):.1f} / "
+                         f"{median(r['read']):.1f} | " + " | ".join(cells) + " |")
     L.append("\n## Every pair (tokens/s)\n")
     L.append("| model | metric | " + " | ".join(f"pair {i + 1} loom / llama.cpp"
                                                  for i in range(cfg.pairs)) + " |")
@@ -641,6 +734,8 @@ def main():
     ap.add_argument("--batch-gen", type=int, help="tokens generated per sequence (64)")
     ap.add_argument("--scaling", action="store_true",
                     help="also decode at 1 thread: -t over 1-thread scaling")
+    ap.add_argument("--membw", help="loom-membw for the roofline of --scaling (default: "
+                    "bench/loom-membw beside $LOOM_LIB, if built; without it, no roofline)")
     ap.add_argument("--md", help="also write the tables as markdown to this file")
     ap.add_argument("--cache-dir", default=str(make_models.DEFAULT_CACHE),
                     help="where the synthetic models are written (~/.cache/loom-bench)")

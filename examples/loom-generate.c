@@ -44,6 +44,8 @@ static void usage(FILE *f) {
                "  -t THREADS  compute threads (default: all cores)\n"
                "  --numa MODE auto, off, distribute or isolate: where threads run and weights live\n"
                "              on machines with several memory nodes (default auto)\n"
+               "  --no-mmap   copy the weights into memory (huge pages where the OS gives them)\n"
+               "              instead of mapping the file: slower to load, can decode faster\n"
                "  -c CTX      context size (default: the model's, at most 4096)\n"
                "  --chat      wrap the prompt in the model's chat template and print only the\n"
                "              reply (stops at the end of the model's turn)\n"
@@ -311,6 +313,8 @@ int main(int argc, char **argv) {
             gp.n_predict = (int32_t)num_arg(argc, argv, &i);
         } else if (!strcmp(a, "-t")) {
             mp.n_threads = (int)num_arg(argc, argv, &i);
+        } else if (!strcmp(a, "--no-mmap")) {
+            mp.use_mmap = false;
         } else if (!strcmp(a, "--numa") && i + 1 < argc) {
             const char *mode = argv[++i];
             if (!strcmp(mode, "auto")) mp.numa = LOOM_NUMA_AUTO;

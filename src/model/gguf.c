@@ -162,10 +162,23 @@ uint64_t loom_gguf_alignment(const loom_gguf *g) {
 size_t loom_gguf_file_size(const loom_gguf *g) {
     return g->size;
 }
-const char *loom_gguf_image(const loom_gguf *g) { return (const char *)g->base; }
+const char *loom_gguf_image(const loom_gguf *g) {
+    return (const char *)g->base;
+}
 
 uint64_t loom_gguf_data_offset(const loom_gguf *g) {
     return g->data_offset;
+}
+
+void loom_gguf_release_data(loom_gguf *g) {
+    if (!g || !g->map) return;
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) return;
+    uint64_t start;
+    if (loom__align_up_u64(g->data_offset, (uint64_t)page, &start) || start >= g->size) return;
+    /* A private read-only file mapping: the pages go, the mapping stays, and a later read
+     * faults them back in from the file. */
+    (void)madvise((char *)g->map + start, g->size - start, MADV_DONTNEED);
 }
 
 int64_t loom_gguf_n_kv(const loom_gguf *g) {

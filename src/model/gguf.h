@@ -127,6 +127,12 @@ const char *loom_gguf_image(const loom_gguf *g);
 /* File offset of the data section (end of the tensor infos rounded up to the alignment). */
 uint64_t loom_gguf_data_offset(const loom_gguf *g);
 
+/* Drops the tensor data section's pages from this process's memory, for a reader opened from a
+ * file whose tensors were copied elsewhere (loom_model_load with use_mmap false): the
+ * metadata stays, and a later read of tensor data faults it back in from the file. A no-op
+ * for a reader over a memory image. */
+void loom_gguf_release_data(loom_gguf *g);
+
 /* ---- metadata -------------------------------------------------------------------------------- */
 
 int64_t loom_gguf_n_kv(const loom_gguf *g);

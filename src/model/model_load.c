@@ -156,6 +156,9 @@ static loom_status load_model(loom_model *m, const char *path, const loom_model_
     LOOM_TRY(loom_backend_cpu_create(&cp, &m->backend));
     LOOM_TRY(place_weights(m, p->use_mmap, p->numa));
     LOOM_TRY(loom__model_bind_weights(m));
+    /* Copied weights need the mapped ones no more (binding read the norm vectors from them). */
+    if (m->backend->ops->buffer_base(m->backend->ctx, m->weights) != loom_gguf_image(m->gguf))
+        loom_gguf_release_data(m->gguf);
 
     m->n_params = 0;
     for (int64_t i = 0; i < loom_gguf_n_tensors(m->gguf); i++) {

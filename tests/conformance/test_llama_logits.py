@@ -93,6 +93,16 @@ def check_variant(shape, tname, path, tokens, failures, rows):
     sess32 = loom.Session(exact, n_ctx=shape.n_ctx, kv_f32=True)
 
     ours32 = sess32.decode(tokens, all_logits=True)
+    # Weights copied into the backend's own (huge-page) memory instead of mapped: the same
+    # tensors, so bitwise the same logits; after the copy the file's data pages are released.
+    copied = loom.Model(path, n_threads=2, use_mmap=False)
+    s_map, s_copy = loom.Session(model, n_ctx=shape.n_ctx), loom.Session(copied, n_ctx=shape.n_ctx)
+    if not np.array_equal(s_map.decode(tokens, all_logits=True),
+                          s_copy.decode(tokens, all_logits=True)):
+        failures.append(f"{label}: logits with use_mmap=False differ from the mapped model's")
+    s_map.close()
+    s_copy.close()
+    copied.close()
     f64 = ref_llama.forward(ref_llama.load_weights(path), shape, tokens)
     e_ref = rel_err(ours32, f64)
     if e_ref > TOL_REF:

@@ -180,11 +180,12 @@ class LlamaSide:
 
     name = "llama.cpp"
 
-    def __init__(self, path, threads, n_ctx, batch_ctx, max_seqs):
+    def __init__(self, path, threads, n_ctx, batch_ctx, max_seqs, use_mmap=True):
         L = self.L = llama_quiet()
         mp = L.llama_model_default_params()
         mp.use_extra_bufts = False  # the AMX / repack buffer types SIGILL under our hypervisor
         mp.n_gpu_layers = 0
+        mp.use_mmap = use_mmap
         self.model = L.llama_model_load_from_file(os.fsencode(path), mp)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
@@ -312,11 +313,11 @@ class LoomSide:
 
     name = "loom"
 
-    def __init__(self, path, threads, n_ctx, batch_ctx, max_seqs, engine=True):
+    def __init__(self, path, threads, n_ctx, batch_ctx, max_seqs, engine=True, use_mmap=True):
         import loom
         self.loom = loom
         self.lib = loom._lib
-        self.model = loom.Model(path, n_threads=threads)
+        self.model = loom.Model(path, n_threads=threads, use_mmap=use_mmap)
         self.n_vocab = self.model.n_vocab
         self.session = loom.Session(self.model, n_ctx=n_ctx, n_batch=512)
         self.engine = None
@@ -417,6 +418,7 @@ class Config:
         self.threads = a.threads
         self.scaling = a.scaling
         self.membw = (a.membw or membw_default()) if a.scaling and a.threads > 1 else None
+        self.use_mmap = not a.no_mmap
 
     def metrics(self):
         m = [f"pp {n}" for n in self.pp] + [f"decode {self.tg}"]
@@ -439,7 +441,8 @@ def run_model(name, path, cfg, log):
     ({metric: [(loom, llama.cpp) per pair]}, {"loom"|"llama.cpp": [t-over-1-thread per pair]}
     or None, [load average after each round], seconds)."""
     t_start = now()
-    sides = [LoomSide(path, cfg.threads, cfg.n_ctx, cfg.batch_ctx, cfg.max_seqs),
+    sides = [LoomSide(path, cfg.threads, cfg.n_ctx, cfg.batch_ctx, cfg.max_seqs,
+                      use_mmap=cfg.use_mmap),
              LlamaSide(path, cfg.threads, cfg.n_ctx, cfg.batch_ctx * cfg.max_seqs,
                        cfg.max_seqs)]
     lo, ll = sides
@@ -447,7 +450,8 @@ def run_model(name, path, cfg, log):
         raise RuntimeError(f"vocab sizes differ: loom {lo.n_vocab}, llama.cpp {ll.n_vocab}")
     loom1 = None
     if cfg.scaling and cfg.threads != 1:
-        loom1 = LoomSide(path, 1, cfg.n_ctx, cfg.batch_ctx, cfg.max_seqs, engine=False)
+        loom1 = LoomSide(path, 1, cfg.n_ctx, cfg.batch_ctx, cfg.max_seqs, engine=False,
+                         use_mmap=cfg.use_mmap)
     V = lo.n_vocab
     rng = np.random.default_rng(SEED)
     pp_ids = {n: token_ids(rng, n, V) for n in cfg.pp}
@@ -588,7 +592,9 @@ def md_report(all_res, cfg, command, started, t_models, extra_lines):
     L.append("- llama.cpp: `use_extra_bufts = false` (no AMX, no weight repacking), "
              "n_batch = n_ubatch = 512, flash attention auto, F16 KV; batched context "
              f"n_seq_max {cfg.max_seqs}, unified KV. loom: defaults (F16 KV), engine with "
-             "prefix cache off")
+             "prefix cache off"
+             + ("; both sides: weights copied into memory (`--no-mmap`), not mapped"
+                if not cfg.use_mmap else ""))
     L.append(f"- llama.cpp system info: `{llama_cpp.llama_print_system_info().decode().strip()}`")
     L.append(f"- wall time per model: " + ", ".join(f"{k} {v:.0f} s" for k, v in t_models.items()))
     L.append("")
@@ -734,6 +740,9 @@ def main():
     ap.add_argument("--batch-gen", type=int, help="tokens generated per sequence (64)")
     ap.add_argument("--scaling", action="store_true",
                     help="also decode at 1 thread: -t over 1-thread scaling")
+    ap.add_argument("--no-mmap", action="store_true",
+                    help="both sides copy the weights into memory instead of mapping the file "
+                    "(loom: onto huge pages where the OS gives them)")
     ap.add_argument("--membw", help="loom-membw for the roofline of --scaling (default: "
                     "bench/loom-membw beside $LOOM_LIB, if built; without it, no roofline)")
     ap.add_argument("--md", help="also write the tables as markdown to this file")

@@ -598,6 +598,24 @@ static void test_attention_segments_window(void **state) {
     check_scenario(&sc);
 }
 
+/* Two decode rows 2500-3000 positions deep: 10-12 segments each, enough saved state that the
+ * merge after the split run goes through the pool (cpu_attention.c's ATTN_MERGE_POOL_FLOATS),
+ * on 2 and 3 threads, against the 1-thread run that has no split at all. */
+static void test_attention_segments_deep(void **state) {
+    (void)state;
+    scen sc = {.n_seqs = 2,
+               .past = {3000, 2500},
+               .n_new = {1, 1},
+               .block_size = 16,
+               .n_kv_heads = 2,
+               .head_dim = 128,
+               .n_head = 8,
+               .window = 0,
+               .scale = 0.088388f,
+               .kv_type = LOOM_TYPE_F16};
+    check_scenario(&sc);
+}
+
 /* The softmax exp: within 2 ulp of exp over [-87, 0], exact at 0, +0 below -87 and at -inf,
  * NaN kept. (This test is compiled without -march=native, so it runs the plain-C lanes; the
  * AVX2 lanes compute the same operations.) */
@@ -807,6 +825,7 @@ int main(void) {
         cmocka_unit_test(test_attention_odd_head_dims),
         cmocka_unit_test(test_attention_segments),
         cmocka_unit_test(test_attention_segments_window),
+        cmocka_unit_test(test_attention_segments_deep),
         cmocka_unit_test(test_attention_window_reads),
         cmocka_unit_test(test_attention_exp),
         cmocka_unit_test(test_kv_bad),

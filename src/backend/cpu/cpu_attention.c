@@ -43,6 +43,11 @@
 
 /* Floats of one split item's saved state: acc[head_dim], then m and l. */
 #define ATTN_PART_FLOATS(hd) ((hd) + 2)
+/* Most bytes of saved states one split run may keep (a one-token decode at 128k positions
+ * with 9 heads of 64 keeps 1.2 MB). */
+#define ATTN_PARTS_MAX_BYTES (64.0 * (1 << 20))
+/* From this many stored floats on, the merge after a split run uses the pool. */
+#define ATTN_MERGE_POOL_FLOATS ((int64_t)1 << 14)
 
 typedef struct attn_task {
     const loom_tensor *q; /* [T, n_head*head_dim] f32 */
@@ -232,22 +237,30 @@ static void attn_run_part(const attn_task *t, int64_t r, int32_t kvh, int32_t h0
     }
 }
 
-/* After a split run: every vector's segments merged in order, as attn_run merges them. */
-static void attn_merge_parts(const attn_task *t, int64_t n_rows) {
-    const int64_t hd = t->kv->head_dim;
-    for (int64_t r = 0; r < n_rows; r++) {
+/* After a split run: the segments of vectors v0 .. v1-1 (vector v = row v / n_head, head
+ * v % n_head) merged in order, as attn_run merges them, and written out. */
+static void attn_merge_parts(const attn_task *t, int64_t v0, int64_t v1) {
+    const int64_t hd = t->kv->head_dim, n_head = t->p->n_head;
+    for (int64_t v = v0; v < v1; v++) {
+        const int64_t r = v / n_head;
+        const int32_t h = (int32_t)(v % n_head);
         int64_t seg0;
         const int64_t n_segs = attn_row_segs(t, r, &seg0);
-        for (int32_t h = 0; h < t->p->n_head; h++) {
-            float *state = attn_part(t, r, h, 0);
-            for (int64_t si = 1; si < n_segs; si++) {
-                const float *part = attn_part(t, r, h, si);
-                loom__attn_state_merge(&state[hd], &state[hd + 1], state, part[hd], part[hd + 1],
-                                       part, hd);
-            }
-            attn_write((float *)loom__cpu_row(t->out, r) + h * hd, state, state[hd + 1], hd);
+        float *state = attn_part(t, r, h, 0);
+        for (int64_t si = 1; si < n_segs; si++) {
+            const float *part = attn_part(t, r, h, si);
+            loom__attn_state_merge(&state[hd], &state[hd + 1], state, part[hd], part[hd + 1], part,
+                                   hd);
         }
+        attn_write((float *)loom__cpu_row(t->out, r) + h * hd, state, state[hd + 1], hd);
     }
+}
+
+static void attn_merge_worker(void *arg, int ith, int nth) {
+    const attn_task *t = arg;
+    int64_t v0, v1;
+    loom__split_range(t->kv->q_start[t->kv->n_seqs] * t->p->n_head, ith, nth, &v0, &v1);
+    attn_merge_parts(t, v0, v1);
 }
 
 /* Item -> (row block, kv head, head chunk[, segment]); row blocks from the last one back. */
@@ -312,7 +325,11 @@ static void attn_plan(attn_task *t, int64_t n_rows, int32_t n_kv_heads, int n_th
             const int64_t n = attn_row_segs(t, r, &seg0);
             most = n > most ? n : most;
         }
-        if (most > 1) {
+        /* Every segment's state is kept until the merge: not past ATTN_PARTS_MAX_BYTES (the
+         * whole-row items give the same bits). */
+        const double bytes = (double)n_rows * t->p->n_head * (double)most *
+                             ATTN_PART_FLOATS((double)t->kv->head_dim) * sizeof(float);
+        if (most > 1 && bytes <= ATTN_PARTS_MAX_BYTES) {
             t->n_segs = most;
             attn_count(t, n_rows, n_kv_heads);
         }
@@ -384,6 +401,14 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
     }
     atomic_init(&t.next, 0);
     loom__threadpool_run(c->tp, attn_worker, &t);
-    if (t.n_segs > 0) attn_merge_parts(&t, n_rows);
+    if (t.n_segs > 0) {
+        /* Merging is a few operations per stored float: worth the pool only when there are
+         * many (a long context on many threads). */
+        const int64_t n_vecs = n_rows * p->n_head;
+        if (n_vecs * t.n_segs * kv->head_dim >= ATTN_MERGE_POOL_FLOATS)
+            loom__threadpool_run(c->tp, attn_merge_worker, &t);
+        else
+            attn_merge_parts(&t, 0, n_vecs);
+    }
     return LOOM_OK;
 }

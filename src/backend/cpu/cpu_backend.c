@@ -12,14 +12,8 @@
 
 #include <stdlib.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #define LOOM_CPU_ALIGN 64
-/* Buffers of at least this many bytes start on a 2 MiB boundary and ask for transparent huge
- * pages (see cpu_buffer_alloc). */
-#define LOOM_CPU_HUGE ((size_t)2 << 20)
 
 /* Initial per-thread scratch (floats): a 4-row matmul group for K up to 16384, and far more
  * than attention, rope or norm need for any head size loom runs. Larger shapes grow it once. */
@@ -140,22 +134,7 @@ static loom_status cpu_buffer_alloc(void *ctx, size_t bytes, loom_buffer **out) 
     LOOM_CHECK_ARG(out != NULL);
     loom_buffer *b = malloc(sizeof *b);
     LOOM_RETURN_IF(b == NULL, LOOM_ERR_OUT_OF_MEMORY, "cpu: out of memory for a buffer");
-    /* Weights, the KV pools and the workspaces are read as long streams, a 4 KiB page after
-     * another: on 4 KiB pages every page of a weight stream misses the TLB, and one-token
-     * decode's matmuls read 10-13% faster from huge pages (a decode-shaped Q8_0 harness,
-     * alternated passes over two copies of the same 143 MB, 2 threads: 16.4-17.4 -> 18.5-19.2
-     * GB/s median). Linux gives them to an aligned region marked MADV_HUGEPAGE when THP is
-     * "always" or "madvise"; elsewhere the hint is ignored and the buffer is an ordinary one. */
-    b->base = NULL;
-    size_t huge;
-    if (bytes >= LOOM_CPU_HUGE && !loom__add_overflow_size(bytes, LOOM_CPU_HUGE - 1, &huge)) {
-        huge -= huge % LOOM_CPU_HUGE;
-        b->base = aligned_alloc(LOOM_CPU_HUGE, huge);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-        if (b->base != NULL) (void)madvise(b->base, huge, MADV_HUGEPAGE);
-#endif
-    }
-    if (b->base == NULL) b->base = aligned_bytes(bytes);
+    b->base = aligned_bytes(bytes);
     if (b->base == NULL) {
         free(b);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "cpu: cannot allocate a %zu-byte buffer", bytes);

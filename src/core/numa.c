@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "core/pages.h"
 
 #if defined(LOOM_HAVE_LIBNUMA)
 #include <numa.h>
@@ -83,11 +84,8 @@ bool loom__numa_pin_worker(const loom__numa_plan *plan, int ith) {
 bool loom__numa_place(const loom__numa_plan *plan, void *addr, size_t len) {
 #if defined(LOOM_HAVE_LIBNUMA)
     if (!plan || plan->mode == LOOM_NUMA_OFF || !addr || len == 0) return false;
-    const long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0) return false;
-    uintptr_t a = (uintptr_t)addr, begin = (a + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
-    uintptr_t end = (a + len) / (uintptr_t)page * (uintptr_t)page;
-    if (end <= begin) return false;
+    uintptr_t begin, end;
+    if (!loom__whole_pages(addr, len, &begin, &end)) return false;
     if (plan->mode == LOOM_NUMA_DISTRIBUTE)
         numa_interleave_memory((void *)begin, end - begin, numa_all_nodes_ptr);
     else

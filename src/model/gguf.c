@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/checked.h"
+#include "core/pages.h"
 #include "model/gguf_impl.h"
 
 /* ---- header ---------------------------------------------------------------------------------- */
@@ -171,14 +172,14 @@ uint64_t loom_gguf_data_offset(const loom_gguf *g) {
 }
 
 void loom_gguf_release_data(loom_gguf *g) {
-    if (!g || !g->map) return;
-    long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0) return;
-    uint64_t start;
-    if (loom__align_up_u64(g->data_offset, (uint64_t)page, &start) || start >= g->size) return;
+    uintptr_t begin, end;
+    if (!g || !g->map || g->data_offset >= g->size ||
+        !loom__whole_pages((char *)g->map + g->data_offset, g->size - g->data_offset, &begin,
+                           &end))
+        return;
     /* A private read-only file mapping: the pages go, the mapping stays, and a later read
      * faults them back in from the file. */
-    (void)madvise((char *)g->map + start, g->size - start, MADV_DONTNEED);
+    (void)madvise((void *)begin, end - begin, MADV_DONTNEED);
 }
 
 int64_t loom_gguf_n_kv(const loom_gguf *g) {

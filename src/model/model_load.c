@@ -2,16 +2,12 @@
  * and the tokenizer, create the backend and place the weights in its memory. */
 #include "model/model.h"
 
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#include <unistd.h>
-#endif
 
 #include "core/log.h"
 #include "core/numa.h"
+#include "core/pages.h"
 #include "core/timer.h"
 #include "tensor/qdot.h"
 #include "tensor/quant.h"
@@ -32,27 +28,6 @@ static char *dup_gguf_str(loom_gguf_str s) {
     memcpy(out, s.ptr, s.len);
     out[s.len] = '\0';
     return out;
-}
-
-/* Asks the OS to back host memory [p, p + bytes) with huge pages (Linux transparent huge
- * pages, when THP is "always" or "madvise"), before anything touches it; elsewhere, or if
- * refused, the memory stays as it is. One-token decode streams every weight once per token, a
- * 4 KiB page after another, and each page misses the TLB: a decode-shaped Q8_0 harness (the
- * matmuls of 30 layers and the LM head, 143 MB, alternated passes over two copies of the same
- * weights, 2 threads) read 10-13% faster from huge pages. Only the weight copy asks: the KV
- * pools and workspaces showed no gain, and faulting them in on huge pages (zeroed, and
- * compacted for) made a fresh session's first prompt 50-130 ms slower. */
-static void advise_huge_pages(void *p, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    const long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0) return;
-    const uintptr_t a = (uintptr_t)p, first = (a + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
-    const uintptr_t end = (a + bytes) & ~((uintptr_t)page - 1);
-    if (end > first) (void)madvise((void *)first, end - first, MADV_HUGEPAGE);
-#else
-    (void)p;
-    (void)bytes;
-#endif
 }
 
 /* Places the weights in backend memory: zero-copy over the mapped file when the backend can
@@ -76,7 +51,13 @@ static loom_status place_weights(loom_model *m, bool use_mmap, loom_numa_mode nu
     }
     LOOM_TRY(ops->buffer_alloc(ctx, size, &m->weights));
     void *base = ops->buffer_base(ctx, m->weights);
-    advise_huge_pages(base, size);
+    /* One-token decode streams every weight once per token, a 4 KiB page after another, and
+     * each page misses the TLB: a decode-shaped Q8_0 harness (the matmuls of 30 layers and the
+     * LM head, 143 MB, alternated passes over two copies of the same weights, 2 threads) read
+     * 10-13% faster from huge pages. Only the weight copy asks: the KV pools and workspaces
+     * showed no gain, and faulting them in on huge pages (zeroed, and compacted for) made a
+     * fresh session's first prompt 50-130 ms slower. */
+    loom__advise_huge_pages(base, size);
     (void)loom__numa_place(&plan, base, size);
     return ops->tensor_set(ctx, base, image, size);
 }

@@ -6,7 +6,6 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || scripts/setup-python.sh
 PY="$PWD/.venv/bin/python"
 jobs=$(nproc)
-scripts/check-layers.sh
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON -DLOOM_PYTHON="$PY" >/dev/null
 cmake --build build -j"$jobs"

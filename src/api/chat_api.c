@@ -1,7 +1,7 @@
-/* chat.c — the public chat-template entry points: argument checks over model/chat.h, with the
+/* chat_api.c — the public chat-template entry points: argument checks over tokenizer/chat.h, with the
  * template chosen from the model's metadata on every call (a scan of a few kilobytes). */
 #include "core/status.h"
-#include "model/chat.h"
+#include "tokenizer/chat.h"
 #include "model/model.h"
 
 loom_status loom_chat_template_name(const loom_model *model, const char **out) {

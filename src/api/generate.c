@@ -10,7 +10,7 @@
 #include "api/api_internal.h"
 #include "core/status.h"
 #include "core/timer.h"
-#include "engine/text_stream.h"
+#include "tokenizer/text_stream.h"
 #include "model/model.h"
 #include "sample/sample.h"
 #include "trace/trace.h"

@@ -1,4 +1,4 @@
-/* tokenize.c — the public tokenizer entry points: argument checks over model/tokenizer.h. */
+/* tokenize.c — the public tokenizer entry points: argument checks over tokenizer/tokenizer.h. */
 #include "core/status.h"
 #include "model/model.h"
 

@@ -2,7 +2,7 @@
  * validated and copied at submit, plus each sample's progress and streamed text. */
 #pragma once
 
-#include "engine/text_stream.h"
+#include "tokenizer/text_stream.h"
 #include "model/model.h"
 #include "sample/chain.h"
 

@@ -5,8 +5,8 @@
 
 #include "backend/backend.h"
 #include "core/status.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
 
 #define LOOM_MAX_KV_GROUPS 4
 

@@ -16,7 +16,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "model/gguf.h"
+#include "gguf/gguf.h"
 #include "tensor/types.h"
 
 /* Prints bytes with quotes, backslashes and non-printable bytes escaped. */

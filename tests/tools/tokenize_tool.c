@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "loom.h"
-#include "model/gguf.h"
-#include "model/tokenizer.h"
+#include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
 
 static int hexval(int c) {
     if (c >= '0' && c <= '9') return c - '0';

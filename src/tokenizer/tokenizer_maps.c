@@ -1,0 +1,128 @@
+/* tokenizer_maps.c — open-addressing hash tables for token lookup (see tokenizer_maps.h).
+ * Both tables are sized to at most half full, so linear probing stays short. */
+#include "tokenizer/tokenizer_maps.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/status.h"
+
+static uint64_t hash_bytes(const char *s, size_t len) {
+    /* FNV-1a with a final avalanche: token texts are short, so a byte loop is cheap enough. */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 0x100000001b3ull;
+    }
+    h ^= h >> 32;
+    h *= 0xd6e8feb86659fd93ull;
+    h ^= h >> 32;
+    return h;
+}
+
+static uint64_t hash_u64(uint64_t x) {
+    /* splitmix64's finaliser. */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static size_t table_size(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    return cap;
+}
+
+/* ---- text -> id ------------------------------------------------------------------------------ */
+
+loom_status loom__textmap_init(loom__textmap *m, const char *arena, const size_t *off, size_t n) {
+    size_t cap = table_size(n);
+    m->arena = arena;
+    m->off = off;
+    m->mask = cap - 1;
+    m->slots = malloc(cap * sizeof *m->slots);
+    LOOM_RETURN_IF(!m->slots, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory (%zu slots)", cap);
+    memset(m->slots, 0xFF, cap * sizeof *m->slots); /* every slot -1 */
+    return LOOM_OK;
+}
+
+void loom__textmap_free(loom__textmap *m) {
+    free(m->slots);
+    m->slots = NULL;
+}
+
+static int text_equal(const loom__textmap *m, int32_t id, const char *s, size_t len) {
+    size_t a = m->off[id], b = m->off[id + 1];
+    return b - a == len && memcmp(m->arena + a, s, len) == 0;
+}
+
+int32_t loom__textmap_add(loom__textmap *m, int32_t id) {
+    const char *s = m->arena + m->off[id];
+    size_t len = m->off[id + 1] - m->off[id];
+    for (size_t i = hash_bytes(s, len) & m->mask;; i = (i + 1) & m->mask) {
+        int32_t cur = m->slots[i];
+        if (cur < 0) {
+            m->slots[i] = id;
+            return -1;
+        }
+        if (text_equal(m, cur, s, len)) return cur;
+    }
+}
+
+int32_t loom__textmap_find(const loom__textmap *m, const char *s, size_t len) {
+    for (size_t i = hash_bytes(s, len) & m->mask;; i = (i + 1) & m->mask) {
+        int32_t cur = m->slots[i];
+        if (cur < 0) return -1;
+        if (text_equal(m, cur, s, len)) return cur;
+    }
+}
+
+/* ---- (left, right) -> merge ------------------------------------------------------------------ */
+
+loom_status loom__pairmap_init(loom__pairmap *m, size_t n) {
+    size_t cap = table_size(n);
+    m->mask = cap - 1;
+    m->keys = malloc(cap * sizeof *m->keys);
+    m->vals = malloc(cap * sizeof *m->vals);
+    if (!m->keys || !m->vals) {
+        loom__pairmap_free(m);
+        return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory (%zu merge slots)",
+                          cap);
+    }
+    memset(m->keys, 0xFF, cap * sizeof *m->keys);
+    return LOOM_OK;
+}
+
+void loom__pairmap_free(loom__pairmap *m) {
+    free(m->keys);
+    free(m->vals);
+    m->keys = NULL;
+    m->vals = NULL;
+}
+
+static uint64_t pair_key(int32_t left, int32_t right) {
+    return ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
+}
+
+void loom__pairmap_add(loom__pairmap *m, int32_t left, int32_t right, loom__merge v) {
+    uint64_t key = pair_key(left, right);
+    for (size_t i = hash_u64(key) & m->mask;; i = (i + 1) & m->mask) {
+        if (m->keys[i] == key) return;
+        if (m->keys[i] == UINT64_MAX) {
+            m->keys[i] = key;
+            m->vals[i] = v;
+            return;
+        }
+    }
+}
+
+const loom__merge *loom__pairmap_find(const loom__pairmap *m, int32_t left, int32_t right) {
+    uint64_t key = pair_key(left, right);
+    for (size_t i = hash_u64(key) & m->mask;; i = (i + 1) & m->mask) {
+        if (m->keys[i] == key) return &m->vals[i];
+        if (m->keys[i] == UINT64_MAX) return NULL;
+    }
+}

@@ -8,7 +8,7 @@
  * REPS runs (best, not median: the question is what the code costs, not what the shared machine
  * did meanwhile) of
  *   matmul   the backend's matmul (activation rounding included) with THREADS threads, and
- *   rowdot   one thread calling loom_vec_dot_q once per (row, token) on pre-rounded rows —
+ *   rowdot   one thread calling loom__vec_dot_q once per (row, token) on pre-rounded rows —
  *            the arithmetic the matmul used before the tile kernels (tensor/qgemm.h),
  * with the weight bytes read per second and the ratio. --shape TYPE:N:K (repeatable; TYPE a
  * loom type name such as f16, q8_0, q4_K) replaces the built-in shapes, -T the token counts
@@ -57,12 +57,12 @@ static float frand(void) {
  * (K-quants) random bytes with every half-precision field of a super-block set to a small
  * normal value, so no NaN, infinity or subnormal slows the float part down. */
 static void fill_kquant(uint32_t t, uint8_t *row, int64_t K) {
-    const loom_type_traits *tr = loom_type_get_traits(t);
+    const loom__type_traits *tr = loom__type_get_traits(t);
     for (int64_t i = 0; i < (int64_t)tr->block_bytes * (K / tr->block_elems); i++)
         row[i] = (uint8_t)(frand() * 127.0f + 128.0f);
     for (int64_t b = 0; b < K / tr->block_elems; b++) {
         uint8_t *blk = row + b * tr->block_bytes;
-        uint16_t h = loom_f32_to_f16(0.001f);
+        uint16_t h = loom__f32_to_f16(0.001f);
         /* q4_K / q5_K start with d and dmin; q6_K ends with d (the benchmarked K-quants) */
         if (t == LOOM_TYPE_Q4_K || t == LOOM_TYPE_Q5_K) {
             memcpy(blk, &h, 2);
@@ -74,13 +74,13 @@ static void fill_kquant(uint32_t t, uint8_t *row, int64_t K) {
 }
 
 static uint8_t *make_weights(uint32_t t, int64_t N, int64_t K, size_t *row_bytes) {
-    if (!loom_type_row_bytes(t, K, row_bytes)) exit(1);
+    if (!loom__type_row_bytes(t, K, row_bytes)) exit(1);
     uint8_t *w = xalloc((size_t)N * *row_bytes);
     float *row = xalloc((size_t)K * sizeof(float));
     for (int64_t o = 0; o < N; o++) {
         if (o < 64) { /* quantizing 262,144 rows would dominate the run: repeat 64 of them */
             for (int64_t i = 0; i < K; i++) row[i] = 0.05f * frand();
-            if (!loom_quantize_row(t, row, w + (size_t)o * *row_bytes, K))
+            if (!loom__quantize_row(t, row, w + (size_t)o * *row_bytes, K))
                 fill_kquant(t, w + (size_t)o * *row_bytes, K);
         } else {
             memcpy(w + (size_t)o * *row_bytes, w + (size_t)(o % 64) * *row_bytes, *row_bytes);
@@ -90,10 +90,10 @@ static uint8_t *make_weights(uint32_t t, int64_t N, int64_t K, size_t *row_bytes
     return w;
 }
 
-/* A type by its loom name (loom_type_name), case-insensitive. */
+/* A type by its loom name (loom__type_name), case-insensitive. */
 static bool parse_type(const char *name, uint32_t *out) {
     for (uint32_t t = 0; t < 64; t++) {
-        const char *n = loom_type_name(t);
+        const char *n = loom__type_name(t);
         if (n && !strcasecmp(n, name)) {
             *out = t;
             return true;
@@ -166,9 +166,9 @@ int main(int argc, char **argv) {
     const size_t n_shapes = n_custom ? (size_t)n_custom : sizeof builtin / sizeof builtin[0];
     int64_t Tmax = 1;
     for (int i = 0; i < n_Ts; i++) Tmax = Ts[i] > Tmax ? Ts[i] : Tmax;
-    loom_cpu_params cp = {.n_threads = n_threads};
-    loom_backend *be = NULL;
-    if (loom_backend_cpu_create(&cp, &be) != LOOM_OK) {
+    loom__cpu_params cp = {.n_threads = n_threads};
+    loom__backend *be = NULL;
+    if (loom__backend_cpu_create(&cp, &be) != LOOM_OK) {
         fprintf(stderr, "backend: %s\n", loom_last_error());
         return 1;
     }
@@ -180,14 +180,14 @@ int main(int argc, char **argv) {
         size_t wrow, arow;
         uint8_t *w = make_weights(s->type, N, K, &wrow);
         uint32_t at;
-        if (!loom_vec_dot_type(s->type, &at) || !loom_type_row_bytes(at, K, &arow)) return 1;
+        if (!loom__vec_dot_type(s->type, &at) || !loom__type_row_bytes(at, K, &arow)) return 1;
         float *x = xalloc((size_t)(Tmax * K) * sizeof(float));
         for (int64_t i = 0; i < Tmax * K; i++) x[i] = frand();
         float *out = xalloc((size_t)(Tmax * N) * sizeof(float));
         uint8_t *xa = xalloc((size_t)Tmax * arow);
         for (int64_t t = 0; t < Tmax; t++)
-            if (!loom_quantize_activations(at, x + t * K, xa + (size_t)t * arow, K)) return 1;
-        const loom_vec_dot_q_fn dot = loom_vec_dot_q_get(s->type);
+            if (!loom__quantize_activations(at, x + t * K, xa + (size_t)t * arow, K)) return 1;
+        const loom__vec_dot_q_fn dot = loom__vec_dot_q_get(s->type);
         for (int ti = 0; ti < n_Ts; ti++) {
             const int64_t T = Ts[ti];
             if (quick && T > 16) continue;
@@ -210,7 +210,7 @@ int main(int argc, char **argv) {
                 if (t2 - t1 < best_rd) best_rd = t2 - t1;
             }
             const double gb = (double)N * (double)wrow * 1e-9;
-            printf("%-22s %-5s %4lld %10.3f %9.1f", s->what, loom_type_name(s->type),
+            printf("%-22s %-5s %4lld %10.3f %9.1f", s->what, loom__type_name(s->type),
                    (long long)T, best_mm * 1e3, gb / best_mm);
             if (rowdot)
                 printf(" %10.3f %9.1f %7.2f\n", best_rd * 1e3, gb / best_rd, best_rd / best_mm);
@@ -223,6 +223,6 @@ int main(int argc, char **argv) {
         free(out);
         free(xa);
     }
-    loom_backend_destroy(be);
+    loom__backend_destroy(be);
     return 0;
 }

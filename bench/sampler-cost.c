@@ -7,7 +7,7 @@
  * Decodes PROMPT, then 3 warm-up and DECODE_STEPS (default 30) single tokens greedily, timing
  * each loom_session_decode call. After each step it validates the chain on that step's logits
  * (greedy gives the arg max; logprob_raw and the raw top-20 agree with a float64 log-softmax)
- * and times loom_sample_chain_run on them ceil(SAMPLER_CALLS / DECODE_STEPS) times per
+ * and times loom__sample_chain_run on them ceil(SAMPLER_CALLS / DECODE_STEPS) times per
  * configuration (SAMPLER_CALLS default 200): interleaving keeps the decode and sampler timings
  * under the same load on a shared machine. Prints the median and p90 per call and the median
  * as a share of the median decode step. The sampler runs on one thread, as in the engine.
@@ -44,12 +44,12 @@ static void die(const char *what, loom_status st) {
 
 typedef struct bench_cfg {
     const char *name;
-    loom_sample_chain_config c;
+    loom__sample_chain_config c;
 } bench_cfg;
 
 /* ---- validation against float64 ---------------------------------------------------------- */
 
-static int validate(loom_sample_chain_ws *ws, const float *lg, int32_t nv) {
+static int validate(loom__sample_chain_ws *ws, const float *lg, int32_t nv) {
     double m = -INFINITY, s = 0;
     int32_t arg = 0;
     for (int32_t i = 0; i < nv; i++)
@@ -57,12 +57,12 @@ static int validate(loom_sample_chain_ws *ws, const float *lg, int32_t nv) {
     for (int32_t i = 0; i < nv; i++) s += exp((double)lg[i] - m);
     double lse = m + log(s);
 
-    loom_sample_chain_config c = loom_sample_chain_default_config();
+    loom__sample_chain_config c = loom__sample_chain_default_config();
     c.temperature = 0;
     c.n_logprobs = 20;
-    loom_sample_chain_logprob top_raw[20], top_final[20];
-    loom_sample_chain_result r = {.top_raw = top_raw, .top_final = top_final};
-    loom_status st = loom_sample_chain_run(ws, &c, lg, NULL, 0, 0, &r);
+    loom__sample_chain_logprob top_raw[20], top_final[20];
+    loom__sample_chain_result r = {.top_raw = top_raw, .top_final = top_final};
+    loom_status st = loom__sample_chain_run(ws, &c, lg, NULL, 0, 0, &r);
     if (st != LOOM_OK) die("validate", st);
     int bad = 0;
     if (r.token != arg) {
@@ -135,14 +135,14 @@ int main(int argc, char **argv) {
     if (st != LOOM_OK) die("prompt", st);
 
     /* The chain's workspace and configurations. */
-    size_t ws_size = loom_sample_chain_workspace_size(nv);
+    size_t ws_size = loom__sample_chain_workspace_size(nv);
     void *ws_mem = aligned_alloc(16, (ws_size + 15) / 16 * 16);
-    loom_sample_chain_ws *ws = NULL;
+    loom__sample_chain_ws *ws = NULL;
     if (!ws_mem) return 1;
-    st = loom_sample_chain_workspace_init(ws_mem, ws_size, nv, &ws);
+    st = loom__sample_chain_workspace_init(ws_mem, ws_size, nv, &ws);
     if (st != LOOM_OK) die("workspace", st);
     /* A penalty window of real history: the prompt's tokens. */
-    loom_sample_chain_config base = loom_sample_chain_default_config();
+    loom__sample_chain_config base = loom__sample_chain_default_config();
     base.n_logprobs = 20;
     base.repeat_penalty = 1.1f;
     base.penalty_last_n = 64;
@@ -176,7 +176,7 @@ int main(int argc, char **argv) {
     double *t_dec = malloc((size_t)n_steps * sizeof *t_dec);
     double *t_smp = malloc((size_t)n_cfg * (size_t)n_steps * (size_t)reps * sizeof *t_smp);
     if (!t_dec || !t_smp) return 1;
-    loom_sample_chain_logprob top_raw[20], top_final[20];
+    loom__sample_chain_logprob top_raw[20], top_final[20];
     volatile int32_t sink = 0;
     const float *lg = loom_session_logits(s, -1);
     for (int k = -warm; k < n_steps; k++) {
@@ -196,9 +196,9 @@ int main(int argc, char **argv) {
         t_dec[k] = t1 - t0;
         for (int ci = 0; ci < n_cfg; ci++) {
             for (int r = 0; r < reps; r++) {
-                loom_sample_chain_result res = {.top_raw = top_raw, .top_final = top_final};
+                loom__sample_chain_result res = {.top_raw = top_raw, .top_final = top_final};
                 double a = loom__now_ms();
-                st = loom_sample_chain_run(ws, &cfgs[ci].c, lg, toks, (int32_t)n_prompt,
+                st = loom__sample_chain_run(ws, &cfgs[ci].c, lg, toks, (int32_t)n_prompt,
                                            (uint64_t)(k * reps + r), &res);
                 double b = loom__now_ms();
                 if (st != LOOM_OK) die(cfgs[ci].name, st);

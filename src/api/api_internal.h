@@ -9,7 +9,7 @@ const loom_model *loom__session_model(const loom_session *s);
 int32_t loom__session_n_ctx(const loom_session *s);
 
 /* Sets (or, with on_layers NULL, clears) the layer hook every forward pass of the session's
- * decodes gets (loom_batch.on_layers: called after every `every` layers). For loom_generate's
+ * decodes gets (loom__batch.on_layers: called after every `every` layers). For loom_generate's
  * trace; the caller clears it before returning. */
 void loom__session_set_layer_hook(loom_session *s,
                                   void (*on_layers)(void *user, int32_t first, int32_t last),

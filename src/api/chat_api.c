@@ -7,7 +7,7 @@
 loom_status loom_chat_template_name(const loom_model *model, const char **out) {
     loom__clear_error();
     LOOM_CHECK_ARG(model != NULL && out != NULL);
-    loom_chat_kind kind;
+    loom__chat_kind kind;
     LOOM_TRY(loom__chat_detect_gguf(model->gguf, model->arch_name, &kind));
     *out = loom__chat_kind_name(kind);
     return LOOM_OK;
@@ -19,7 +19,7 @@ loom_status loom_chat_format(const loom_model *model, const loom_chat_message *m
     LOOM_CHECK_ARG(model != NULL && n_out != NULL);
     LOOM_CHECK_ARG(messages != NULL || n == 0);
     LOOM_CHECK_ARG(out != NULL || cap == 0);
-    loom_chat_kind kind;
+    loom__chat_kind kind;
     LOOM_TRY(loom__chat_detect_gguf(model->gguf, model->arch_name, &kind));
     return loom__chat_render(kind, messages, n, add_assistant, out, cap, n_out);
 }

@@ -93,7 +93,7 @@ static void gt_token(gen_trace *g, const loom_model *m, int32_t pos, const loom_
 }
 
 /* Streams tok's piece through ts and hands the completed text to fn. */
-static bool emit_piece(const loom_model *m, loom_text_stream *ts, loom_token tok, loom_piece_fn fn,
+static bool emit_piece(const loom_model *m, loom__text_stream *ts, loom_token tok, loom_piece_fn fn,
                        void *user) {
     char piece[256];
     size_t n = 0;
@@ -114,9 +114,9 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
     LOOM_CHECK_ARG(p.n_predict >= 0);
     const loom_model *m = loom__session_model(s);
     /* Bad sampler settings fail before any work, not after the prompt has run. */
-    loom_sample_chain_config chain;
+    loom__sample_chain_config chain;
     loom_status st = loom__sampler_to_chain(&p.sampler, &chain);
-    if (st == LOOM_OK) st = loom_sample_chain_validate(&chain, m->cfg.n_vocab);
+    if (st == LOOM_OK) st = loom__sample_chain_validate(&chain, m->cfg.n_vocab);
     if (st != LOOM_OK) {
         loom__error_prefix("generate");
         return st;
@@ -167,7 +167,7 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
 
     /* Whole UTF-8 characters only: a character split over byte tokens waits for its end. */
     char text_buf[256 + 8];
-    loom_text_stream ts = {text_buf, 0, sizeof text_buf, 0};
+    loom__text_stream ts = {text_buf, 0, sizeof text_buf, 0};
     double t1 = loom__now_ms();
     size_t n_hist = n_tok;
     for (int32_t i = 0; i < p.n_predict; i++) {
@@ -181,7 +181,7 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
         toks[n_hist++] = next;
         st_local.n_generated++;
         if (p.on_token_info) p.on_token_info(&info, p.token_info_user_data);
-        if (p.stop_at_eos && loom_tokenizer_is_eog(m->tok, next)) break;
+        if (p.stop_at_eos && loom__tokenizer_is_eog(m->tok, next)) break;
         if (!emit_piece(m, &ts, next, on_piece, user_data)) break;
         if (i + 1 == p.n_predict) break;
         gt_end(&gt);

@@ -11,10 +11,10 @@
 struct loom_session {
     loom_model *model;
     loom_session_params params;
-    loom_forward_ws ws;
+    loom__forward_ws ws;
 
-    loom_kv_pool pool;
-    loom_kv_seq seq;
+    loom__kv_pool pool;
+    loom__kv_seq seq;
     loom_buffer *kv_buf;    /* K then V pools of every layer */
     void **k_base;          /* [n_layer] */
     void **v_base;          /* [n_layer] */
@@ -53,7 +53,7 @@ static loom_status alloc_kv(loom_session *s) {
     s->block_stride = s->token_stride * (size_t)bs;
     size_t layer_bytes = s->block_stride * (size_t)n_blocks;
     size_t total = layer_bytes * 2 * (size_t)m->cfg.n_layer;
-    LOOM_TRY(loom_kv_pool_init(&s->pool, n_blocks));
+    LOOM_TRY(loom__kv_pool_init(&s->pool, n_blocks));
     LOOM_TRY(ops->buffer_alloc(m->backend->ctx, total, &s->kv_buf));
     s->k_base = calloc((size_t)m->cfg.n_layer, sizeof *s->k_base);
     s->v_base = calloc((size_t)m->cfg.n_layer, sizeof *s->v_base);
@@ -112,8 +112,8 @@ void loom_session_free(loom_session *s) {
     const loom_model *m = s->model;
     loom__forward_ws_destroy(m, &s->ws);
     if (s->kv_buf) m->backend->ops->buffer_free(m->backend->ctx, s->kv_buf);
-    loom_kv_seq_destroy(&s->seq);
-    loom_kv_pool_destroy(&s->pool);
+    loom__kv_seq_destroy(&s->seq);
+    loom__kv_pool_destroy(&s->pool);
     free(s->k_base);
     free(s->v_base);
     free(s->pos);
@@ -124,7 +124,7 @@ void loom_session_free(loom_session *s) {
 
 void loom_session_reset(loom_session *s) {
     if (!s) return;
-    loom_kv_seq_clear(&s->seq, &s->pool);
+    loom__kv_seq_clear(&s->seq, &s->pool);
     s->n_logit_rows = 0;
 }
 
@@ -136,7 +136,7 @@ typedef enum { WANT_NONE, WANT_LAST, WANT_ALL } logits_want;
 static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32_t n,
                                 logits_want want, float *logits_out, int32_t stop_after) {
     int32_t p0 = s->seq.n_pos;
-    LOOM_TRY(loom_kv_seq_reserve(&s->seq, &s->pool, p0 + n, s->params.block_size));
+    LOOM_TRY(loom__kv_seq_reserve(&s->seq, &s->pool, p0 + n, s->params.block_size));
     for (int32_t i = 0; i < n; i++) {
         s->pos[i] = p0 + i;
         s->rows[i] = i;
@@ -164,7 +164,7 @@ static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32
         .v_base = s->v_base,
         .layer_src = NULL,
     };
-    loom_batch b = {
+    loom__batch b = {
         .tokens = tokens,
         .pos = s->pos,
         .n_tokens = n,

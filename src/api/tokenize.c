@@ -10,7 +10,7 @@ loom_status loom_tokenize(const loom_model *model, const char *text, size_t len,
     LOOM_CHECK_ARG(out != NULL || cap == 0);
     LOOM_RETURN_IF(flags & ~(unsigned)(LOOM_TOKENIZE_ADD_SPECIAL | LOOM_TOKENIZE_PARSE_SPECIAL),
                    LOOM_ERR_INVALID_ARG, "tokenize: unknown flags 0x%x", flags);
-    return loom_tokenizer_encode(model->tok, text ? text : "", len, flags, out, cap, n_out);
+    return loom__tokenizer_encode(model->tok, text ? text : "", len, flags, out, cap, n_out);
 }
 
 loom_status loom_detokenize(const loom_model *model, const loom_token *tokens, size_t n_tokens,
@@ -22,7 +22,7 @@ loom_status loom_detokenize(const loom_model *model, const loom_token *tokens, s
     LOOM_RETURN_IF(flags & ~(unsigned)(LOOM_DETOKENIZE_RENDER_SPECIAL |
                                        LOOM_DETOKENIZE_STRIP_LEADING),
                    LOOM_ERR_INVALID_ARG, "detokenize: unknown flags 0x%x", flags);
-    return loom_tokenizer_decode(model->tok, tokens, n_tokens, flags, out, cap, n_out);
+    return loom__tokenizer_decode(model->tok, tokens, n_tokens, flags, out, cap, n_out);
 }
 
 loom_status loom_token_to_piece(const loom_model *model, loom_token token, unsigned flags,
@@ -30,5 +30,5 @@ loom_status loom_token_to_piece(const loom_model *model, loom_token token, unsig
     loom__clear_error();
     LOOM_CHECK_ARG(model != NULL && n_out != NULL);
     LOOM_CHECK_ARG(out != NULL || cap == 0);
-    return loom_tokenizer_piece(model->tok, token, flags, out, cap, n_out);
+    return loom__tokenizer_piece(model->tok, token, flags, out, cap, n_out);
 }

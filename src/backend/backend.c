@@ -36,7 +36,7 @@ static loom_status check_slots(const loom_backend_ops *ops) {
 }
 
 /* On failure ctx stays owned by the caller (it is not destroyed). */
-loom_status loom_backend_register(const loom_backend_ops *ops, void *ctx, loom_backend **out) {
+loom_status loom__backend_register(const loom_backend_ops *ops, void *ctx, loom__backend **out) {
     LOOM_CHECK_ARG(ops != NULL);
     LOOM_CHECK_ARG(out != NULL);
     LOOM_RETURN_IF(ops->name == NULL, LOOM_ERR_INVALID_ARG, "backend: ops table has no name");
@@ -45,7 +45,7 @@ loom_status loom_backend_register(const loom_backend_ops *ops, void *ctx, loom_b
                    (unsigned)ops->abi_version, (unsigned)LOOM_BACKEND_ABI_VERSION);
     LOOM_TRY(check_slots(ops));
 
-    loom_backend *be = malloc(sizeof *be);
+    loom__backend *be = malloc(sizeof *be);
     LOOM_RETURN_IF(be == NULL, LOOM_ERR_OUT_OF_MEMORY, "backend '%s': out of memory", ops->name);
     be->ops = ops;
     be->ctx = ctx;
@@ -53,7 +53,7 @@ loom_status loom_backend_register(const loom_backend_ops *ops, void *ctx, loom_b
     return LOOM_OK;
 }
 
-void loom_backend_destroy(loom_backend *be) {
+void loom__backend_destroy(loom__backend *be) {
     if (be == NULL) return;
     be->ops->destroy(be->ctx);
     free(be);
@@ -88,7 +88,7 @@ static bool op_slot_present(const loom_backend_ops *ops, loom_op op) {
     return false;
 }
 
-bool loom_backend_supports(const loom_backend *be, loom_op op, loom_type type) {
+bool loom__backend_supports(const loom__backend *be, loom_op op, loom_type type) {
     if (be == NULL || be->ops == NULL) return false;
     if (!op_slot_present(be->ops, op)) return false;
     return be->ops->supports(be->ctx, op, type);

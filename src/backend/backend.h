@@ -154,12 +154,12 @@ typedef struct loom_backend_ops {
     void (*host_parallel)(void *ctx, void (*fn)(void *arg, int ith, int nth), void *arg);
 } loom_backend_ops;
 
-typedef struct loom_backend {
+typedef struct loom__backend {
     const loom_backend_ops *ops;
     void *ctx;
-} loom_backend;
+} loom__backend;
 
-typedef struct loom_cpu_params {
+typedef struct loom__cpu_params {
     int n_threads; /* compute threads, the caller included; <= 0: all online cores */
     /* Matmuls over quantized or F16 weights keep activations in float32 (closest to exact
      * arithmetic) instead of rounding them per block to the weight type's activation format
@@ -167,20 +167,20 @@ typedef struct loom_cpu_params {
      * llama.cpp uses. Default false. */
     bool f32_activations;
     loom_numa_mode numa; /* worker placement (core/numa.h); default (0) LOOM_NUMA_AUTO */
-} loom_cpu_params;
+} loom__cpu_params;
 
 /* A CPU backend with params p (NULL: all cores, 8-bit activations). */
-loom_status loom_backend_cpu_create(const loom_cpu_params *p, loom_backend **out);
+loom_status loom__backend_cpu_create(const loom__cpu_params *p, loom__backend **out);
 
 /* Checks the ABI version and that every required slot is set, then wraps (ops, ctx) into a
  * backend handle that owns ctx. Errors: INVALID_ARG, UNSUPPORTED (ABI mismatch). */
-loom_status loom_backend_register(const loom_backend_ops *ops, void *ctx, loom_backend **out);
+loom_status loom__backend_register(const loom_backend_ops *ops, void *ctx, loom__backend **out);
 
 /* Destroys the backend and its context. NULL is a no-op. */
-void loom_backend_destroy(loom_backend *be);
+void loom__backend_destroy(loom__backend *be);
 
 /* Whether be runs op on type (false when the slot is NULL). */
-bool loom_backend_supports(const loom_backend *be, loom_op op, loom_type type);
+bool loom__backend_supports(const loom__backend *be, loom_op op, loom_type type);
 
 /* Helpers to make tensor views. */
 static inline loom_tensor loom_tensor_2d(loom_type type, void *data, int64_t ne0, int64_t ne1,

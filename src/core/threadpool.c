@@ -37,20 +37,20 @@
 /* More threads than this is surely a mistake (and would make the spin phase useless). */
 #define LOOM_TP_MAX_THREADS 1024
 
-typedef struct loom_tp_worker {
-    loom_threadpool *tp;
+typedef struct loom__tp_worker {
+    loom__threadpool *tp;
     int ith;
     pthread_t thread;
-} loom_tp_worker;
+} loom__tp_worker;
 
-struct loom_threadpool {
+struct loom__threadpool {
     int n_threads;           /* including the caller */
-    loom_tp_worker *workers; /* [n_threads - 1]: worker k runs ith = k + 1 */
+    loom__tp_worker *workers; /* [n_threads - 1]: worker k runs ith = k + 1 */
     int n_started;           /* workers whose thread exists (for cleanup after a failed start) */
 
     /* Published by the caller before bumping `generation` (release); read by workers after
      * seeing it (acquire). The caller rewrites them only after `pending` reached zero. */
-    loom_task_fn fn;
+    loom__task_fn fn;
     void *arg;
 
     atomic_uint generation; /* bumped once per run (and once at shutdown) */
@@ -69,7 +69,7 @@ struct loom_threadpool {
 /* ------------------------------------------------------------------------------------------ */
 
 /* Returns the first generation different from seen. */
-static unsigned tp_wait_for_work(loom_threadpool *tp, unsigned seen) {
+static unsigned tp_wait_for_work(loom__threadpool *tp, unsigned seen) {
     for (int i = 0; i < LOOM_TP_SPIN_ITERS; i++) {
         unsigned g = atomic_load_explicit(&tp->generation, memory_order_acquire);
         if (g != seen) return g;
@@ -85,7 +85,7 @@ static unsigned tp_wait_for_work(loom_threadpool *tp, unsigned seen) {
     return g;
 }
 
-static void tp_signal_done(loom_threadpool *tp) {
+static void tp_signal_done(loom__threadpool *tp) {
     /* seq_cst decrement, then the check: pairs with the caller's announce + re-check. */
     if (atomic_fetch_sub(&tp->pending, 1) != 1) return;
     if (atomic_load(&tp->caller_sleeping)) {
@@ -96,8 +96,8 @@ static void tp_signal_done(loom_threadpool *tp) {
 }
 
 static void *tp_worker_main(void *p) {
-    loom_tp_worker *w = p;
-    loom_threadpool *tp = w->tp;
+    loom__tp_worker *w = p;
+    loom__threadpool *tp = w->tp;
     unsigned seen = 0; /* the pool starts at generation 0 */
     for (;;) {
         seen = tp_wait_for_work(tp, seen);
@@ -113,7 +113,7 @@ static void *tp_worker_main(void *p) {
 /* ------------------------------------------------------------------------------------------ */
 
 /* Bumps the generation and wakes sleeping workers (only if some announced themselves). */
-static void tp_publish(loom_threadpool *tp) {
+static void tp_publish(loom__threadpool *tp) {
     atomic_fetch_add(&tp->generation, 1); /* seq_cst: pairs with the workers' announce */
     if (atomic_load(&tp->n_sleeping) > 0) {
         pthread_mutex_lock(&tp->mutex);
@@ -122,7 +122,7 @@ static void tp_publish(loom_threadpool *tp) {
     }
 }
 
-static void tp_wait_done(loom_threadpool *tp) {
+static void tp_wait_done(loom__threadpool *tp) {
     for (int i = 0; i < LOOM_TP_SPIN_ITERS; i++) {
         if (atomic_load_explicit(&tp->pending, memory_order_acquire) == 0) return;
         LOOM_CPU_PAUSE();
@@ -134,7 +134,7 @@ static void tp_wait_done(loom_threadpool *tp) {
     pthread_mutex_unlock(&tp->mutex);
 }
 
-void loom__threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *arg) {
+void loom__threadpool_run(loom__threadpool *tp, loom__task_fn fn, void *arg) {
     if (tp->n_threads == 1) {
         fn(arg, 0, 1);
         return;
@@ -147,7 +147,7 @@ void loom__threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *arg) {
     tp_wait_done(tp);
 }
 
-int loom__threadpool_size(const loom_threadpool *tp) {
+int loom__threadpool_size(const loom__threadpool *tp) {
     return tp ? tp->n_threads : 0;
 }
 
@@ -155,7 +155,7 @@ int loom__threadpool_size(const loom_threadpool *tp) {
 /* Lifetime                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
-static void tp_free(loom_threadpool *tp) {
+static void tp_free(loom__threadpool *tp) {
     pthread_cond_destroy(&tp->done_cond);
     pthread_cond_destroy(&tp->work_cond);
     pthread_mutex_destroy(&tp->mutex);
@@ -164,19 +164,19 @@ static void tp_free(loom_threadpool *tp) {
 }
 
 /* Stops and joins the started workers. */
-static void tp_shutdown(loom_threadpool *tp) {
+static void tp_shutdown(loom__threadpool *tp) {
     atomic_store_explicit(&tp->stop, true, memory_order_release);
     tp_publish(tp);
     for (int k = 0; k < tp->n_started; k++) pthread_join(tp->workers[k].thread, NULL);
     tp->n_started = 0;
 }
 
-loom_status loom__threadpool_create(int n_threads, loom_threadpool **out) {
+loom_status loom__threadpool_create(int n_threads, loom__threadpool **out) {
     LOOM_CHECK_ARG(out != NULL);
     LOOM_RETURN_IF(n_threads < 1 || n_threads > LOOM_TP_MAX_THREADS, LOOM_ERR_INVALID_ARG,
                    "threadpool: n_threads %d outside [1, %d]", n_threads, LOOM_TP_MAX_THREADS);
 
-    loom_threadpool *tp = calloc(1, sizeof *tp);
+    loom__threadpool *tp = calloc(1, sizeof *tp);
     LOOM_RETURN_IF(tp == NULL, LOOM_ERR_OUT_OF_MEMORY, "threadpool: out of memory");
     tp->n_threads = n_threads;
     atomic_init(&tp->generation, 0);
@@ -208,7 +208,7 @@ loom_status loom__threadpool_create(int n_threads, loom_threadpool **out) {
         }
     }
     for (int k = 0; k < n_threads - 1; k++) {
-        loom_tp_worker *w = &tp->workers[k];
+        loom__tp_worker *w = &tp->workers[k];
         w->tp = tp;
         w->ith = k + 1;
         int rc = pthread_create(&w->thread, NULL, tp_worker_main, w);
@@ -226,7 +226,7 @@ loom_status loom__threadpool_create(int n_threads, loom_threadpool **out) {
     return LOOM_OK;
 }
 
-void loom__threadpool_destroy(loom_threadpool *tp) {
+void loom__threadpool_destroy(loom__threadpool *tp) {
     if (tp == NULL) return;
     tp_shutdown(tp);
     tp_free(tp);

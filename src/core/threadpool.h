@@ -9,19 +9,19 @@
 
 #include "loom.h"
 
-typedef struct loom_threadpool loom_threadpool;
+typedef struct loom__threadpool loom__threadpool;
 
-typedef void (*loom_task_fn)(void *arg, int ith, int nth);
+typedef void (*loom__task_fn)(void *arg, int ith, int nth);
 
 /* n_threads >= 1 (the caller counts as one). Errors: INVALID_ARG, OUT_OF_MEMORY, INTERNAL. */
-loom_status loom__threadpool_create(int n_threads, loom_threadpool **out);
+loom_status loom__threadpool_create(int n_threads, loom__threadpool **out);
 
 /* Joins the workers. NULL is a no-op. */
-void loom__threadpool_destroy(loom_threadpool *tp);
+void loom__threadpool_destroy(loom__threadpool *tp);
 
-int loom__threadpool_size(const loom_threadpool *tp);
+int loom__threadpool_size(const loom__threadpool *tp);
 
-void loom__threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *arg);
+void loom__threadpool_run(loom__threadpool *tp, loom__task_fn fn, void *arg);
 
 /* Splits [0, n) into nth nearly equal contiguous ranges; thread ith gets [*begin, *end). */
 static inline void loom__split_range(int64_t n, int ith, int nth, int64_t *begin, int64_t *end) {

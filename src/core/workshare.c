@@ -22,7 +22,7 @@ typedef struct share {
     _Alignas(64) atomic_uint_fast64_t range; /* back << 32 | front */
 } share;
 
-struct loom_workshare {
+struct loom__workshare {
     int n_threads;
     share *shares; /* [n_threads] */
 };
@@ -31,12 +31,12 @@ static uint64_t pack(uint64_t front, uint64_t back) {
     return back << 32 | front;
 }
 
-loom_status loom__workshare_create(int n_threads, loom_workshare **out) {
+loom_status loom__workshare_create(int n_threads, loom__workshare **out) {
     LOOM_CHECK_ARG(out != NULL);
     *out = NULL;
     LOOM_RETURN_IF(n_threads < 1 || n_threads > 1024, LOOM_ERR_INVALID_ARG,
                    "workshare: %d threads (1 .. 1024)", n_threads);
-    loom_workshare *ws = calloc(1, sizeof *ws);
+    loom__workshare *ws = calloc(1, sizeof *ws);
     LOOM_RETURN_IF(ws == NULL, LOOM_ERR_OUT_OF_MEMORY, "workshare: out of memory");
     ws->shares = aligned_alloc(_Alignof(share), (size_t)n_threads * sizeof(share));
     if (ws->shares == NULL) {
@@ -50,13 +50,13 @@ loom_status loom__workshare_create(int n_threads, loom_workshare **out) {
     return LOOM_OK;
 }
 
-void loom__workshare_destroy(loom_workshare *ws) {
+void loom__workshare_destroy(loom__workshare *ws) {
     if (ws == NULL) return;
     free(ws->shares);
     free(ws);
 }
 
-void loom__workshare_reset(loom_workshare *ws, int64_t n) {
+void loom__workshare_reset(loom__workshare *ws, int64_t n) {
     for (int i = 0; i < ws->n_threads; i++) {
         int64_t b, e;
         loom__split_range(n, i, ws->n_threads, &b, &e);
@@ -90,7 +90,7 @@ static bool take(share *s, bool front, int64_t *lo, int64_t *hi) {
     }
 }
 
-int64_t loom__workshare_claim(loom_workshare *ws, int ith, loom_workshare_cursor *cur) {
+int64_t loom__workshare_claim(loom__workshare *ws, int ith, loom__workshare_cursor *cur) {
     const int n = ws->n_threads;
     for (; cur->k < n; cur->k++) {
         const int victim = ith + cur->k < n ? ith + cur->k : ith + cur->k - n;

@@ -26,37 +26,37 @@
 
 #include <stdint.h>
 
-typedef struct loom_workshare loom_workshare;
+typedef struct loom__workshare loom__workshare;
 
 /* Most units one run can share out (a share's front and back are 32-bit). */
 #define LOOM_WORKSHARE_MAX_UNITS ((int64_t)UINT32_MAX)
 
 /* For runs of n_threads threads (1 .. 1024). Errors: INVALID_ARG, OUT_OF_MEMORY. */
-loom_status loom__workshare_create(int n_threads, loom_workshare **out);
+loom_status loom__workshare_create(int n_threads, loom__workshare **out);
 
 /* NULL is a no-op. */
-void loom__workshare_destroy(loom_workshare *ws);
+void loom__workshare_destroy(loom__workshare *ws);
 
 /* Starts sharing out n units (0 <= n <= LOOM_WORKSHARE_MAX_UNITS; the caller checks). */
-void loom__workshare_reset(loom_workshare *ws, int64_t n);
+void loom__workshare_reset(loom__workshare *ws, int64_t n);
 
 /* A thread's place in the shares: which share it is draining, and the units it has claimed
  * from its own share but not yet returned. Start each run at LOOM_WORKSHARE_CURSOR_INIT. */
-typedef struct loom_workshare_cursor {
+typedef struct loom__workshare_cursor {
     int k; /* 0: its own share, from the front; k > 0: share (ith + k) % n, from the back */
     int64_t lo, hi; /* claimed units lo .. hi-1 not yet returned */
-} loom_workshare_cursor;
-#define LOOM_WORKSHARE_CURSOR_INIT ((loom_workshare_cursor){0, 0, 0})
+} loom__workshare_cursor;
+#define LOOM_WORKSHARE_CURSOR_INIT ((loom__workshare_cursor){0, 0, 0})
 
 /* Claims more units for thread ith (loom__workshare_next's slow path). */
-int64_t loom__workshare_claim(loom_workshare *ws, int ith, loom_workshare_cursor *cur);
+int64_t loom__workshare_claim(loom__workshare *ws, int ith, loom__workshare_cursor *cur);
 
 /* The next unit for thread ith (0 <= ith < n_threads), or -1 when every unit has been handed
  * out. An owner claims its own units a few at a time (a quarter of what is left of its share,
  * at most 8): a claim is a locked instruction, which waits for the loads before it to
  * complete. */
-static inline int64_t loom__workshare_next(loom_workshare *ws, int ith,
-                                           loom_workshare_cursor *cur) {
+static inline int64_t loom__workshare_next(loom__workshare *ws, int ith,
+                                           loom__workshare_cursor *cur) {
     if (cur->lo < cur->hi) return cur->lo++;
     return loom__workshare_claim(ws, ith, cur);
 }

@@ -18,25 +18,25 @@
 /* Most sampler workspaces (each holds a vocabulary's worth of scratch: 8 MiB for Gemma 3). */
 #define LOOM_ENGINE_MAX_SAMPLERS 8
 
-typedef struct loom_engine_inbox {
-    loom_req **reqs; /* submitted, not yet taken by a step */
+typedef struct loom__engine_inbox {
+    loom__req **reqs; /* submitted, not yet taken by a step */
     size_t n_reqs, cap_reqs;
     loom_request_id *cancels;
     size_t n_cancels, cap_cancels;
-} loom_engine_inbox;
+} loom__engine_inbox;
 
 /* Host memory that holds swapped-out blocks of one KV group: n_slots slots of one block each
  * (every layer of the group, K then V per layer). */
-typedef struct loom_engine_swap_area {
+typedef struct loom__engine_swap_area {
     char *mem; /* [n_slots][slot_bytes] */
     size_t slot_bytes;
     int32_t n_slots;
     int32_t *free; /* [n_slots] stack of free slots */
     int32_t n_free;
-} loom_engine_swap_area;
+} loom__engine_swap_area;
 
 /* What sizing the KV pools depends on (loom__engine_kv_plan). */
-typedef struct loom_engine_kv_shape {
+typedef struct loom__engine_kv_shape {
     int64_t budget; /* bytes for every pool together */
     int32_t n_groups;
     int32_t window[LOOM_MAX_KV_GROUPS];     /* each group's sliding window; 0: full attention */
@@ -47,7 +47,7 @@ typedef struct loom_engine_kv_shape {
     int32_t max_batched_tokens; /* tokens computed in one step, over all sequences */
     int32_t max_ctx;            /* positions one sequence may hold */
     bool prefix_cache;
-} loom_engine_kv_shape;
+} loom__engine_kv_shape;
 
 struct loom_engine {
     loom_model *model;
@@ -69,7 +69,7 @@ struct loom_engine {
     /* KV: the manager, and the storage of every layer's pools in one backend buffer. Each
      * group has its own pool size (engine_kv.c says how they are chosen); a layer's pool has
      * its group's number of blocks. */
-    loom_kv *kv;
+    loom__kv *kv;
     int32_t n_groups;
     int32_t n_blocks; /* group 0's pool: the one the scheduler counts and submit checks prompts
                          against (full attention when the model has any) */
@@ -79,10 +79,10 @@ struct loom_engine {
     size_t token_stride, block_stride;
     loom_type kv_type;
     /* Host swap areas for LOOM_PREEMPT_SWAP, one per group (their blocks differ in size). */
-    loom_engine_swap_area swap[LOOM_MAX_KV_GROUPS];
+    loom__engine_swap_area swap[LOOM_MAX_KV_GROUPS];
 
-    loom_sched *sched;
-    loom_forward_ws ws;
+    loom__sched *sched;
+    loom__forward_ws ws;
 
     /* Per-step arrays, sized at create (max_batched_tokens, max_seqs). */
     loom_token *tokens;     /* [max_batched_tokens] */
@@ -90,47 +90,47 @@ struct loom_engine {
     int32_t *logit_rows;    /* [max_seqs] */
     float *logits;          /* [max_seqs * n_vocab] */
     int32_t *seqs, *n_new;  /* [max_seqs] KV sequences of the batch, tokens each */
-    struct loom_req_sample **batch_samples; /* [max_seqs] */
+    struct loom__req_sample **batch_samples; /* [max_seqs] */
     loom_status *row_status;                /* [max_seqs] the sampler's status per entry */
     int32_t *sample_entry;                  /* [max_seqs] the entries that sample, in order */
-    loom_req **batch_reqs;                  /* [max_seqs] */
+    loom__req **batch_reqs;                  /* [max_seqs] */
     int32_t *batch_index;                   /* [max_seqs] sample index */
-    const loom_sched_entry **batch_entries; /* [max_seqs] */
+    const loom__sched_entry **batch_entries; /* [max_seqs] */
     int32_t *indptr[LOOM_MAX_KV_GROUPS];    /* [max_seqs + 1] */
     int32_t *block_ids[LOOM_MAX_KV_GROUPS]; /* [block_cap] */
     int64_t block_cap;
     int32_t *q_start, *pos_start, *kv_len; /* [max_seqs + 1] */
-    loom_kv_copy copies[LOOM_MAX_KV_GROUPS];
+    loom__kv_copy copies[LOOM_MAX_KV_GROUPS];
     loom_token *known;    /* [max_ctx] scratch: a sample's known tokens */
     /* Sampler chain workspaces (one vocabulary each, 16-byte aligned) and penalty histories
      * ([max_ctx] each), one per sampling thread: the step samples its rows in parallel on the
      * backend's host threads (backend.h host_parallel) when it has them. */
     int32_t n_samplers;
     void *sample_mem[LOOM_ENGINE_MAX_SAMPLERS];
-    loom_sample_chain_ws *sample_ws[LOOM_ENGINE_MAX_SAMPLERS];
+    loom__sample_chain_ws *sample_ws[LOOM_ENGINE_MAX_SAMPLERS];
     loom_token *sample_hist[LOOM_ENGINE_MAX_SAMPLERS];
     int32_t *swap_blocks; /* [swap list cap] */
     int32_t swap_list_cap;
-    loom_sched_result *results; /* [max_seqs] */
+    loom__sched_result *results; /* [max_seqs] */
     int32_t n_results;
 
     /* Events of the last step (grown geometrically when a step has many cancellations). */
     loom_event *events;
     size_t n_events, cap_events;
 
-    /* Requests the step thread knows (id -> loom_req) and those finished in the last step,
+    /* Requests the step thread knows (id -> loom__req) and those finished in the last step,
      * freed at the start of the next one (their events point into them). */
-    loom_id_map reqs;
-    loom_req **retired;
+    loom__id_map reqs;
+    loom__req **retired;
     size_t n_retired, cap_retired;
 
     /* Shared with submitting threads, under mu. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    loom_engine_inbox inbox;
-    loom_engine_inbox drained; /* the step's copy: swapped with inbox under mu, then read
+    loom__engine_inbox inbox;
+    loom__engine_inbox drained; /* the step's copy: swapped with inbox under mu, then read
                                   without it while submitters fill the (now empty) inbox */
-    loom_id_map live; /* ids submitted and not yet finished (for cancel's NOT_FOUND) */
+    loom__id_map live; /* ids submitted and not yet finished (for cancel's NOT_FOUND) */
     uint64_t next_id;
     loom_engine_stats stats; /* counters updated by steps (latency and rate figures are
                                 computed by get_stats from what follows) */
@@ -153,36 +153,36 @@ struct loom_engine {
 /* Blocks of each group's pool (n_blocks[n_groups]) for the shape, as engine_kv.c describes.
  * Pure: no allocation, no engine. Errors: INVALID_ARG (a bad shape), OUT_OF_MEMORY (the budget
  * cannot give some group the blocks one request of max_ctx needs; the message says which). */
-loom_status loom__engine_kv_plan(const loom_engine_kv_shape *shape, int32_t *n_blocks);
+loom_status loom__engine_kv_plan(const loom__engine_kv_shape *shape, int32_t *n_blocks);
 loom_status loom__engine_kv_create(loom_engine *e);
 void loom__engine_kv_destroy(loom_engine *e);
 /* The scheduler's view of the KV manager. */
-loom_sched_kv_iface loom__engine_kv_iface(loom_engine *e);
+loom__sched_kv_iface loom__engine_kv_iface(loom_engine *e);
 /* Copies the blocks of a copy-on-write in every layer of the group. */
-loom_status loom__engine_kv_copy(loom_engine *e, const loom_kv_copy *c);
+loom_status loom__engine_kv_copy(loom_engine *e, const loom__kv_copy *c);
 /* Preemption by swap: moves the sample's blocks to host slots / back. */
-loom_status loom__engine_swap_out(loom_engine *e, struct loom_req_sample *s);
-loom_status loom__engine_swap_in(loom_engine *e, struct loom_req_sample *s);
+loom_status loom__engine_swap_out(loom_engine *e, struct loom__req_sample *s);
+loom_status loom__engine_swap_in(loom_engine *e, struct loom__req_sample *s);
 /* Frees whatever KV or swap space the sample holds. */
-void loom__engine_release(loom_engine *e, struct loom_req_sample *s);
+void loom__engine_release(loom_engine *e, struct loom__req_sample *s);
 
 /* engine_step.c */
 loom_status loom__engine_step(loom_engine *e);
 
 /* Token at position p of a sample: the prompt, then its generated tokens. */
-static inline loom_token loom__sample_token(const loom_req *r, const loom_req_sample *s,
+static inline loom_token loom__sample_token(const loom__req *r, const loom__req_sample *s,
                                             int32_t p) {
     return p < r->n_prompt ? r->prompt[p] : s->tokens[p - r->n_prompt];
 }
 
-static inline uint64_t loom__sched_id(const loom_req *r, int32_t sample) {
+static inline uint64_t loom__sched_id(const loom__req *r, int32_t sample) {
     return r->id * LOOM_ENGINE_MAX_N + (uint64_t)sample;
 }
 
 /* Copies the first n known tokens of a sample (prompt, then generated) into e->known and
  * returns e->known (n <= max_ctx). */
-static inline const loom_token *loom__engine_known(loom_engine *e, const loom_req *r,
-                                                   const loom_req_sample *s, int32_t n) {
+static inline const loom_token *loom__engine_known(loom_engine *e, const loom__req *r,
+                                                   const loom__req_sample *s, int32_t n) {
     for (int32_t p = 0; p < n; p++) e->known[p] = loom__sample_token(r, s, p);
     return e->known;
 }

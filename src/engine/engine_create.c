@@ -88,7 +88,7 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     if (n > e->params.max_seqs) n = e->params.max_seqs;
     if (n > LOOM_ENGINE_MAX_SAMPLERS) n = LOOM_ENGINE_MAX_SAMPLERS;
     if (n < 1) n = 1;
-    size_t sz = loom_sample_chain_workspace_size(e->model->cfg.n_vocab);
+    size_t sz = loom__sample_chain_workspace_size(e->model->cfg.n_vocab);
     LOOM_RETURN_IF(sz == 0, LOOM_ERR_INVALID_ARG, "engine: vocabulary of %d tokens too large",
                    e->model->cfg.n_vocab);
     for (e->n_samplers = 0; e->n_samplers < n; e->n_samplers++) {
@@ -97,14 +97,14 @@ static loom_status alloc_step_arrays(loom_engine *e) {
         e->sample_hist[k] = malloc((size_t)e->max_ctx * sizeof *e->sample_hist[k]);
         LOOM_RETURN_IF(!e->sample_mem[k] || !e->sample_hist[k], LOOM_ERR_OUT_OF_MEMORY,
                        "engine: out of memory for sampler workspace %d (%zu bytes)", k, sz);
-        LOOM_TRY(loom_sample_chain_workspace_init(e->sample_mem[k], sz, e->model->cfg.n_vocab,
+        LOOM_TRY(loom__sample_chain_workspace_init(e->sample_mem[k], sz, e->model->cfg.n_vocab,
                                                   &e->sample_ws[k]));
     }
     return LOOM_OK;
 }
 
 static loom_status create_sched(loom_engine *e) {
-    loom_sched_config sc = loom_sched_default_config();
+    loom__sched_config sc = loom__sched_default_config();
     sc.policy = e->params.fcfs ? LOOM_SCHED_POLICY_FCFS : LOOM_SCHED_POLICY_PRIORITY;
     sc.max_batched_tokens = e->params.max_batched_tokens;
     sc.max_seqs = e->params.max_seqs;
@@ -112,8 +112,8 @@ static loom_status create_sched(loom_engine *e) {
     sc.preempt_mode = e->params.preempt == LOOM_PREEMPT_SWAP ? LOOM_SCHED_PREEMPT_SWAP
                                                              : LOOM_SCHED_PREEMPT_RECOMPUTE;
     sc.promote_age_us = (int64_t)(e->params.starvation_s * 1e6);
-    loom_sched_kv_iface kv = loom__engine_kv_iface(e);
-    return loom_sched_create(&sc, &kv, &e->sched);
+    loom__sched_kv_iface kv = loom__engine_kv_iface(e);
+    return loom__sched_create(&sc, &kv, &e->sched);
 }
 
 static void *engine_thread(void *arg);
@@ -130,7 +130,7 @@ static loom_status create_engine(loom_engine *e) {
     e->max_piece = 16;
     for (int32_t t = 0; t < e->model->cfg.n_vocab; t++) {
         size_t n = 0;
-        loom_status st = loom_tokenizer_piece(e->model->tok, t, LOOM_DETOKENIZE_RENDER_SPECIAL,
+        loom_status st = loom__tokenizer_piece(e->model->tok, t, LOOM_DETOKENIZE_RENDER_SPECIAL,
                                               buf, sizeof buf, &n);
         LOOM_RETURN_IF(st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL, st,
                        "engine: token %d has no piece", t);
@@ -199,7 +199,7 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->retired);
     loom__id_map_free(&e->reqs);
     loom__id_map_free(&e->live);
-    loom_sched_destroy(e->sched);
+    loom__sched_destroy(e->sched);
     loom__forward_ws_destroy(e->model, &e->ws);
     loom__engine_kv_destroy(e);
     free(e->tokens);

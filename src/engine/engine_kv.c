@@ -76,7 +76,7 @@ static int64_t min64(int64_t a, int64_t b) {
 /* Blocks a sliding group can have in use at once: n_seqs sequences running, n_tokens computed
  * in one step over all of them (the top of the file derives it). INT64_MAX for groups that
  * take the common count: full attention, or any group of a model without full attention. */
-static int64_t window_cap(const loom_engine_kv_shape *sh, int32_t g, int64_t n_seqs,
+static int64_t window_cap(const loom__engine_kv_shape *sh, int32_t g, int64_t n_seqs,
                           int64_t n_tokens, bool share) {
     bool any_full = false;
     for (int32_t k = 0; k < sh->n_groups; k++) any_full |= sh->window[k] == 0;
@@ -89,7 +89,7 @@ static int64_t window_cap(const loom_engine_kv_shape *sh, int32_t g, int64_t n_s
 }
 
 /* Bytes of the pools when the uncapped groups get n blocks each; INT64_MAX past that. */
-static int64_t plan_bytes(const loom_engine_kv_shape *sh, const int64_t *cap, int64_t n) {
+static int64_t plan_bytes(const loom__engine_kv_shape *sh, const int64_t *cap, int64_t n) {
     int64_t total = 0;
     for (int32_t g = 0; g < sh->n_groups; g++) {
         int64_t blocks = min64(cap[g], n), bytes = (int64_t)sh->block_bytes[g];
@@ -99,7 +99,7 @@ static int64_t plan_bytes(const loom_engine_kv_shape *sh, const int64_t *cap, in
     return total;
 }
 
-static loom_status check_shape(const loom_engine_kv_shape *sh) {
+static loom_status check_shape(const loom__engine_kv_shape *sh) {
     LOOM_RETURN_IF(sh->n_groups < 1 || sh->n_groups > LOOM_MAX_KV_GROUPS || sh->block_size < 1 ||
                        sh->max_seqs < 1 || sh->max_batched_tokens < 1 || sh->max_ctx < 1 ||
                        sh->budget < 0,
@@ -117,7 +117,7 @@ static loom_status check_shape(const loom_engine_kv_shape *sh) {
 }
 
 /* The largest common count n (at most KV_MAX_BLOCKS) whose pools fit the budget; 0 if none. */
-static int64_t common_count(const loom_engine_kv_shape *sh, const int64_t *cap) {
+static int64_t common_count(const loom__engine_kv_shape *sh, const int64_t *cap) {
     int64_t lo = 0, hi = KV_MAX_BLOCKS; /* plan_bytes grows with n */
     if (plan_bytes(sh, cap, hi) <= sh->budget) return hi;
     while (hi - lo > 1) {
@@ -130,7 +130,7 @@ static int64_t common_count(const loom_engine_kv_shape *sh, const int64_t *cap) 
     return lo;
 }
 
-loom_status loom__engine_kv_plan(const loom_engine_kv_shape *sh, int32_t *n_blocks) {
+loom_status loom__engine_kv_plan(const loom__engine_kv_shape *sh, int32_t *n_blocks) {
     LOOM_CHECK_ARG(sh != NULL && n_blocks != NULL);
     LOOM_TRY(check_shape(sh));
     int64_t cap[LOOM_MAX_KV_GROUPS];
@@ -151,13 +151,13 @@ loom_status loom__engine_kv_plan(const loom_engine_kv_shape *sh, int32_t *n_bloc
 }
 
 static loom_status size_pools(loom_engine *e) {
-    const loom_model_config *c = &e->model->cfg;
+    const loom__model_config *c = &e->model->cfg;
     const loom_engine_params *p = &e->params;
     e->kv_type = LOOM_TYPE_F16;
     e->token_stride = (size_t)c->n_head_kv * (size_t)c->head_dim * 2;
     e->block_stride = e->token_stride * (size_t)p->block_size;
     e->n_groups = c->n_kv_groups;
-    loom_engine_kv_shape sh = {
+    loom__engine_kv_shape sh = {
         .budget = p->kv_bytes,
         .n_groups = e->n_groups,
         .block_size = p->block_size,
@@ -180,7 +180,7 @@ static loom_status size_pools(loom_engine *e) {
 
 /* One backend buffer holds every layer's K pool then V pool, each of its group's size. */
 static loom_status alloc_storage(loom_engine *e) {
-    const loom_model_config *c = &e->model->cfg;
+    const loom__model_config *c = &e->model->cfg;
     size_t total = 0;
     for (int32_t il = 0; il < c->n_layer; il++)
         total += 2 * e->block_stride * (size_t)e->group_blocks[c->layers[il].kv_group];
@@ -203,7 +203,7 @@ static loom_status alloc_swap(loom_engine *e) {
     /* As many host slots per group as device blocks: every sequence can be out, and the host
      * area costs what the device pools do. */
     for (int32_t g = 0; g < e->n_groups; g++) {
-        loom_engine_swap_area *a = &e->swap[g];
+        loom__engine_swap_area *a = &e->swap[g];
         a->slot_bytes = group_block_bytes(e, g);
         a->n_slots = e->group_blocks[g];
         a->mem = malloc(a->slot_bytes * (size_t)a->n_slots);
@@ -221,12 +221,12 @@ loom_status loom__engine_kv_create(loom_engine *e) {
     LOOM_TRY(size_pools(e));
     LOOM_TRY(alloc_storage(e));
     LOOM_TRY(alloc_swap(e));
-    loom_kv_group_params groups[LOOM_MAX_KV_GROUPS];
+    loom__kv_group_params groups[LOOM_MAX_KV_GROUPS];
     for (int32_t g = 0; g < e->n_groups; g++) {
         groups[g].n_blocks = e->group_blocks[g];
         groups[g].window = e->model->cfg.kv_group_window[g];
     }
-    loom_kv_params kp = loom_kv_default_params();
+    loom__kv_params kp = loom__kv_default_params();
     kp.block_size = e->params.block_size;
     kp.n_groups = e->n_groups;
     kp.groups = groups;
@@ -236,9 +236,9 @@ loom_status loom__engine_kv_create(loom_engine *e) {
     kp.watermark = e->params.watermark;
     /* Blocks computed by one model are meaningless to another: salt with its identity. */
     const char *name = e->model->name ? e->model->name : "";
-    kp.model_salt = loom_kv_hash_bytes(name, strlen(name), (uint64_t)loom_gguf_file_size(
+    kp.model_salt = loom__kv_hash_bytes(name, strlen(name), (uint64_t)loom__gguf_file_size(
                                                                 e->model->gguf));
-    LOOM_TRY(loom_kv_create(&kp, &e->kv));
+    LOOM_TRY(loom__kv_create(&kp, &e->kv));
     for (int32_t g = 0; g < e->n_groups; g++) { /* the fixed fields; steps update the rest */
         loom_kv_group_info *gi = &e->kv_groups[g];
         gi->n_groups = e->n_groups;
@@ -249,7 +249,7 @@ loom_status loom__engine_kv_create(loom_engine *e) {
             gi->n_layers += e->model->cfg.layers[il].kv_group == g;
         gi->blocks_total = gi->blocks_free = groups[g].n_blocks;
     }
-    e->block_cap = loom_kv_desc_block_cap(e->kv, e->params.max_seqs);
+    e->block_cap = loom__kv_desc_block_cap(e->kv, e->params.max_seqs);
     e->swap_list_cap = e->n_groups * ((e->max_ctx + e->params.block_size - 1) /
                                       e->params.block_size + 1);
     e->swap_blocks = malloc((size_t)e->swap_list_cap * sizeof *e->swap_blocks);
@@ -260,7 +260,7 @@ loom_status loom__engine_kv_create(loom_engine *e) {
 }
 
 void loom__engine_kv_destroy(loom_engine *e) {
-    loom_kv_destroy(e->kv);
+    loom__kv_destroy(e->kv);
     if (e->kv_buf) e->ops->buffer_free(e->bctx, e->kv_buf);
     free(e->k_base);
     free(e->v_base);
@@ -274,8 +274,8 @@ void loom__engine_kv_destroy(loom_engine *e) {
 
 /* ---- the scheduler's view ------------------------------------------------------------------ */
 
-static loom_req_sample *sample_of(loom_engine *e, uint64_t sid, loom_req **req) {
-    loom_req *r = loom__id_map_get(&e->reqs, sid / LOOM_ENGINE_MAX_N);
+static loom__req_sample *sample_of(loom_engine *e, uint64_t sid, loom__req **req) {
+    loom__req *r = loom__id_map_get(&e->reqs, sid / LOOM_ENGINE_MAX_N);
     if (req) *req = r;
     int32_t i = (int32_t)(sid % LOOM_ENGINE_MAX_N);
     return r && i < r->n_samples ? &r->samples[i] : NULL;
@@ -283,17 +283,17 @@ static loom_req_sample *sample_of(loom_engine *e, uint64_t sid, loom_req **req) 
 
 static int32_t iface_blocks_free(void *ctx) {
     loom_engine *e = ctx;
-    return loom_kv_blocks_available(e->kv, 0);
+    return loom__kv_blocks_available(e->kv, 0);
 }
 
 static int32_t iface_blocks_needed(void *ctx, uint64_t id, int32_t n_computed, int32_t n_new) {
     loom_engine *e = ctx;
-    loom_req *r = NULL;
-    loom_req_sample *s = sample_of(e, id, &r);
+    loom__req *r = NULL;
+    loom__req_sample *s = sample_of(e, id, &r);
     if (!s) return 0;
     int32_t need[LOOM_MAX_KV_GROUPS] = {0};
     if (s->kv_seq >= 0) {
-        if (loom_kv_seq_need(e->kv, s->kv_seq, n_new, need) != LOOM_OK) return INT32_MAX / 2;
+        if (loom__kv_seq_need(e->kv, s->kv_seq, n_new, need) != LOOM_OK) return INT32_MAX / 2;
         return need[0];
     }
     /* Not admitted: what admitting its known tokens and computing up to n_computed + n_new
@@ -303,43 +303,43 @@ static int32_t iface_blocks_needed(void *ctx, uint64_t id, int32_t n_computed, i
     if (total > n_known) total = n_known;
     const loom_token *toks = loom__engine_known(e, r, s, total);
     int32_t cached = 0;
-    if (loom_kv_admit_need(e->kv, r->cache_salt, toks, total, total, need, &cached) != LOOM_OK)
+    if (loom__kv_admit_need(e->kv, r->cache_salt, toks, total, total, need, &cached) != LOOM_OK)
         return INT32_MAX / 2;
     return need[0];
 }
 
 static int32_t iface_blocks_reclaimable(void *ctx, uint64_t id) {
     loom_engine *e = ctx;
-    loom_req_sample *s = sample_of(e, id, NULL);
+    loom__req_sample *s = sample_of(e, id, NULL);
     if (!s || s->kv_seq < 0) return 0;
     const int32_t *table = NULL;
     int32_t n = 0;
-    if (loom_kv_seq_table(e->kv, s->kv_seq, 0, &table, &n) != LOOM_OK) return 0;
+    if (loom__kv_seq_table(e->kv, s->kv_seq, 0, &table, &n) != LOOM_OK) return 0;
     int32_t held = 0;
     for (int32_t i = 0; i < n; i++) held += table[i] != LOOM_KV_NO_BLOCK;
     /* Shared prompt blocks stay with their other owners: only the sample's own tail (after
      * the cached prefix) is surely reclaimed. */
-    loom_kv_seq_info info;
-    if (loom_kv_seq_get_info(e->kv, s->kv_seq, &info) != LOOM_OK) return 0;
+    loom__kv_seq_info info;
+    if (loom__kv_seq_get_info(e->kv, s->kv_seq, &info) != LOOM_OK) return 0;
     int32_t shared = info.n_cached / e->params.block_size;
     return held > shared ? held - shared : 0;
 }
 
 static int32_t iface_cached_tokens(void *ctx, uint64_t id) {
     loom_engine *e = ctx;
-    loom_req *r = NULL;
-    loom_req_sample *s = sample_of(e, id, &r);
+    loom__req *r = NULL;
+    loom__req_sample *s = sample_of(e, id, &r);
     if (!s || s->kv_seq >= 0) return 0;
     int32_t n_known = r->n_prompt + s->n_generated;
     const loom_token *toks = loom__engine_known(e, r, s, n_known);
     int32_t need[LOOM_MAX_KV_GROUPS], cached = 0;
-    if (loom_kv_admit_need(e->kv, r->cache_salt, toks, n_known, 0, need, &cached) != LOOM_OK)
+    if (loom__kv_admit_need(e->kv, r->cache_salt, toks, n_known, 0, need, &cached) != LOOM_OK)
         return 0;
     return cached;
 }
 
-loom_sched_kv_iface loom__engine_kv_iface(loom_engine *e) {
-    loom_sched_kv_iface k = {
+loom__sched_kv_iface loom__engine_kv_iface(loom_engine *e) {
+    loom__sched_kv_iface k = {
         .ctx = e,
         .blocks_free = iface_blocks_free,
         .blocks_needed = iface_blocks_needed,
@@ -351,7 +351,7 @@ loom_sched_kv_iface loom__engine_kv_iface(loom_engine *e) {
 
 /* ---- data movements ------------------------------------------------------------------------ */
 
-loom_status loom__engine_kv_copy(loom_engine *e, const loom_kv_copy *c) {
+loom_status loom__engine_kv_copy(loom_engine *e, const loom__kv_copy *c) {
     size_t src = (size_t)c->src * e->block_stride, dst = (size_t)c->dst * e->block_stride;
     for (int32_t il = 0; il < e->model->cfg.n_layer; il++) {
         if (e->model->cfg.layers[il].kv_group != c->group) continue;
@@ -364,10 +364,10 @@ loom_status loom__engine_kv_copy(loom_engine *e, const loom_kv_copy *c) {
 }
 
 /* Gives a swapped-out sample's host slots back to their groups' areas. */
-static void release_slots(loom_engine *e, loom_req_sample *s) {
+static void release_slots(loom_engine *e, loom__req_sample *s) {
     if (!s->swapped) return;
     for (int32_t g = 0; g < e->n_groups; g++) {
-        loom_engine_swap_area *a = &e->swap[g];
+        loom__engine_swap_area *a = &e->swap[g];
         for (int32_t j = s->swap_offsets[g]; j < s->swap_offsets[g + 1]; j++)
             a->free[a->n_free++] = s->swap_slots[j];
     }
@@ -399,7 +399,7 @@ static bool swap_fits(const loom_engine *e, int32_t seq) {
     for (int32_t g = 0; g < e->n_groups; g++) {
         const int32_t *table = NULL;
         int32_t n = 0, held = 0;
-        if (loom_kv_seq_table(e->kv, seq, g, &table, &n) != LOOM_OK) return false;
+        if (loom__kv_seq_table(e->kv, seq, g, &table, &n) != LOOM_OK) return false;
         for (int32_t i = 0; i < n; i++) held += table[i] != LOOM_KV_NO_BLOCK;
         if (held > e->swap[g].n_free) return false;
         total += held;
@@ -407,13 +407,13 @@ static bool swap_fits(const loom_engine *e, int32_t seq) {
     return total <= e->swap_list_cap;
 }
 
-loom_status loom__engine_swap_out(loom_engine *e, loom_req_sample *s) {
+loom_status loom__engine_swap_out(loom_engine *e, loom__req_sample *s) {
     LOOM_RETURN_IF(!swap_fits(e, s->kv_seq), LOOM_ERR_OUT_OF_MEMORY,
                    "engine: host swap space is full");
-    LOOM_TRY(loom_kv_swap_out(e->kv, s->kv_seq, e->swap_blocks, e->swap_list_cap, s->swap_offsets));
+    LOOM_TRY(loom__kv_swap_out(e->kv, s->kv_seq, e->swap_blocks, e->swap_list_cap, s->swap_offsets));
     /* Slots first, so that a failed copy still leaves every slot where release finds it. */
     for (int32_t g = 0; g < e->n_groups; g++) {
-        loom_engine_swap_area *a = &e->swap[g];
+        loom__engine_swap_area *a = &e->swap[g];
         for (int32_t j = s->swap_offsets[g]; j < s->swap_offsets[g + 1]; j++)
             s->swap_slots[j] = a->free[--a->n_free];
     }
@@ -425,9 +425,9 @@ loom_status loom__engine_swap_out(loom_engine *e, loom_req_sample *s) {
     return LOOM_OK;
 }
 
-loom_status loom__engine_swap_in(loom_engine *e, loom_req_sample *s) {
+loom_status loom__engine_swap_in(loom_engine *e, loom__req_sample *s) {
     int32_t offsets[LOOM_MAX_KV_GROUPS + 1];
-    LOOM_TRY(loom_kv_swap_in(e->kv, s->kv_seq, e->swap_blocks, e->swap_list_cap, offsets));
+    LOOM_TRY(loom__kv_swap_in(e->kv, s->kv_seq, e->swap_blocks, e->swap_list_cap, offsets));
     for (int32_t g = 0; g < e->n_groups; g++) {
         for (int32_t j = offsets[g]; j < offsets[g + 1]; j++)
             LOOM_TRY(move_block(e, g, e->swap_blocks[j], s->swap_slots[j], -1));
@@ -436,10 +436,10 @@ loom_status loom__engine_swap_in(loom_engine *e, loom_req_sample *s) {
     return LOOM_OK;
 }
 
-void loom__engine_release(loom_engine *e, loom_req_sample *s) {
+void loom__engine_release(loom_engine *e, loom__req_sample *s) {
     release_slots(e, s);
     if (s->kv_seq >= 0) {
-        (void)loom_kv_seq_free(e->kv, s->kv_seq);
+        (void)loom__kv_seq_free(e->kv, s->kv_seq);
         s->kv_seq = -1;
     }
 }

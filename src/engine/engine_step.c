@@ -22,7 +22,7 @@
 
 /* ---- events ------------------------------------------------------------------------------- */
 
-static loom_event *new_event(loom_engine *e, const loom_req *r, int32_t sample,
+static loom_event *new_event(loom_engine *e, const loom__req *r, int32_t sample,
                              loom_event_kind kind) {
     if (e->n_events == e->cap_events) {
         size_t cap = e->cap_events * 2;
@@ -47,7 +47,7 @@ static loom_event *new_event(loom_engine *e, const loom_req *r, int32_t sample,
 }
 
 /* Moves a request whose samples are all done out of the tables; it is freed next step. */
-static void retire_if_done(loom_engine *e, loom_req *r) {
+static void retire_if_done(loom_engine *e, loom__req *r) {
     for (int32_t i = 0; i < r->n_samples; i++) {
         if (!r->samples[i].finished) return;
     }
@@ -56,7 +56,7 @@ static void retire_if_done(loom_engine *e, loom_req *r) {
     /* Its latency figures (definitions in loom.h, loom_engine_stats). */
     int64_t first_ns = INT64_MAX, decode_ns = 0, decode_tokens = 0;
     for (int32_t i = 0; i < r->n_samples; i++) {
-        const loom_req_sample *s = &r->samples[i];
+        const loom__req_sample *s = &r->samples[i];
         if (s->n_generated > 0 && s->t_first_token_ns < first_ns) first_ns = s->t_first_token_ns;
         if (s->n_generated >= 2) {
             decode_ns += s->t_last_token_ns - s->t_first_token_ns;
@@ -79,7 +79,7 @@ static void retire_if_done(loom_engine *e, loom_req *r) {
     pthread_mutex_unlock(&e->mu);
     if (e->n_retired == e->cap_retired) {
         size_t cap = e->cap_retired ? e->cap_retired * 2 : 16;
-        loom_req **grown = realloc(e->retired, cap * sizeof *grown);
+        loom__req **grown = realloc(e->retired, cap * sizeof *grown);
         if (!grown) {
             loom__req_free(r); /* no event of this step refers to it after the list fails */
             return;
@@ -90,8 +90,8 @@ static void retire_if_done(loom_engine *e, loom_req *r) {
     e->retired[e->n_retired++] = r;
 }
 
-static void finish_sample(loom_engine *e, loom_req *r, int32_t i, loom_finish_reason reason) {
-    loom_req_sample *s = &r->samples[i];
+static void finish_sample(loom_engine *e, loom__req *r, int32_t i, loom_finish_reason reason) {
+    loom__req_sample *s = &r->samples[i];
     if (s->finished) return;
     s->finished = true;
     s->reason = reason;
@@ -105,12 +105,12 @@ static void finish_sample(loom_engine *e, loom_req *r, int32_t i, loom_finish_re
 
 /* Takes every unfinished sample of r out of the scheduler and the KV cache; kind FAILED (with
  * status) or FINISHED/CANCELLED. */
-static void end_request(loom_engine *e, loom_req *r, loom_status status) {
+static void end_request(loom_engine *e, loom__req *r, loom_status status) {
     for (int32_t i = 0; i < r->n_samples; i++) {
-        loom_req_sample *s = &r->samples[i];
+        loom__req_sample *s = &r->samples[i];
         if (s->finished) continue;
         if (s->in_sched) {
-            (void)loom_sched_cancel(e->sched, loom__sched_id(r, i), NULL);
+            (void)loom__sched_cancel(e->sched, loom__sched_id(r, i), NULL);
             s->in_sched = false;
         }
         if (status == LOOM_OK) {
@@ -127,8 +127,8 @@ static void end_request(loom_engine *e, loom_req *r, loom_status status) {
     retire_if_done(e, r);
 }
 
-static loom_status add_to_sched(loom_engine *e, loom_req *r, int32_t i) {
-    loom_sched_request_info info = {
+static loom_status add_to_sched(loom_engine *e, loom__req *r, int32_t i) {
+    loom__sched_request_info info = {
         .id = loom__sched_id(r, i),
         .priority = r->priority,
         .n_prompt = r->n_prompt,
@@ -140,7 +140,7 @@ static loom_status add_to_sched(loom_engine *e, loom_req *r, int32_t i) {
     int64_t now_us = loom__engine_now_us(e);
     /* An arrival_s a little in the future (submit allows a small tolerance) counts as now. */
     if (info.arrival_us > now_us) info.arrival_us = now_us;
-    LOOM_TRY(loom_sched_add(e->sched, &info, now_us));
+    LOOM_TRY(loom__sched_add(e->sched, &info, now_us));
     r->samples[i].in_sched = true;
     return LOOM_OK;
 }
@@ -151,15 +151,15 @@ static void drain_inbox(loom_engine *e) {
     /* Swap the arrays under the lock: submitters keep appending to an empty inbox while this
      * thread works through what was there, so no entry is overwritten or seen twice. */
     pthread_mutex_lock(&e->mu);
-    loom_engine_inbox in = e->inbox;
+    loom__engine_inbox in = e->inbox;
     e->inbox = e->drained;
     e->inbox.n_reqs = e->inbox.n_cancels = 0;
     e->drained = in;
     pthread_mutex_unlock(&e->mu);
 
-    loom_engine_inbox *d = &e->drained;
+    loom__engine_inbox *d = &e->drained;
     for (size_t k = 0; k < d->n_reqs; k++) {
-        loom_req *r = d->reqs[k];
+        loom__req *r = d->reqs[k];
         loom_status st = loom__id_map_put(&e->reqs, r->id, r);
         if (st != LOOM_OK) {
             pthread_mutex_lock(&e->mu);
@@ -173,7 +173,7 @@ static void drain_inbox(loom_engine *e) {
         if (st != LOOM_OK) end_request(e, r, st);
     }
     for (size_t k = 0; k < d->n_cancels; k++) {
-        loom_req *r = loom__id_map_get(&e->reqs, d->cancels[k]);
+        loom__req *r = loom__id_map_get(&e->reqs, d->cancels[k]);
         if (r && r->state == LOOM_REQ_ACTIVE) end_request(e, r, LOOM_OK);
     }
     d->n_reqs = d->n_cancels = 0;
@@ -181,8 +181,8 @@ static void drain_inbox(loom_engine *e) {
 
 /* ---- 1-2. plan and reserve ---------------------------------------------------------------- */
 
-static loom_req_sample *lookup(loom_engine *e, uint64_t sid, loom_req **req, int32_t *idx) {
-    loom_req *r = loom__id_map_get(&e->reqs, sid / LOOM_ENGINE_MAX_N);
+static loom__req_sample *lookup(loom_engine *e, uint64_t sid, loom__req **req, int32_t *idx) {
+    loom__req *r = loom__id_map_get(&e->reqs, sid / LOOM_ENGINE_MAX_N);
     int32_t i = (int32_t)(sid % LOOM_ENGINE_MAX_N);
     if (!r || r->state != LOOM_REQ_ACTIVE || i >= r->n_samples || r->samples[i].finished)
         return NULL;
@@ -191,11 +191,11 @@ static loom_req_sample *lookup(loom_engine *e, uint64_t sid, loom_req **req, int
     return &r->samples[i];
 }
 
-static void carry_out_preemptions(loom_engine *e, const loom_sched_plan *plan) {
+static void carry_out_preemptions(loom_engine *e, const loom__sched_plan *plan) {
     for (int32_t k = 0; k < plan->n_preempted; k++) {
-        loom_req *r;
+        loom__req *r;
         int32_t i;
-        loom_req_sample *s = lookup(e, plan->preempted[k], &r, &i);
+        loom__req_sample *s = lookup(e, plan->preempted[k], &r, &i);
         if (!s) continue;
         if (plan->preempt_mode == LOOM_SCHED_PREEMPT_SWAP && s->kv_seq >= 0) {
             loom_status st = loom__engine_swap_out(e, s);
@@ -208,7 +208,7 @@ static void carry_out_preemptions(loom_engine *e, const loom_sched_plan *plan) {
         pthread_mutex_unlock(&e->mu);
     }
     for (int32_t k = 0; k < plan->n_rejected; k++) {
-        loom_req *r;
+        loom__req *r;
         int32_t i;
         if (!lookup(e, plan->rejected[k], &r, &i)) continue;
         r->samples[i].in_sched = false; /* the scheduler has forgotten it */
@@ -219,12 +219,12 @@ static void carry_out_preemptions(loom_engine *e, const loom_sched_plan *plan) {
 }
 
 /* Admits the entry's sample into the KV manager with its known tokens. */
-static loom_status admit(loom_engine *e, loom_req *r, loom_req_sample *s,
-                         const loom_sched_entry *en) {
+static loom_status admit(loom_engine *e, loom__req *r, loom__req_sample *s,
+                         const loom__sched_entry *en) {
     int32_t n_known = r->n_prompt + s->n_generated;
     const loom_token *toks = loom__engine_known(e, r, s, n_known);
     int32_t cached = 0;
-    LOOM_TRY(loom_kv_seq_admit(e->kv, r->cache_salt, toks, n_known, &s->kv_seq, &cached));
+    LOOM_TRY(loom__kv_seq_admit(e->kv, r->cache_salt, toks, n_known, &s->kv_seq, &cached));
     s->cached_tokens = cached;
     LOOM_RETURN_IF(cached != en->pos_start, LOOM_ERR_INTERNAL,
                    "engine: request %llu: %d tokens cached at admission, %d planned",
@@ -233,17 +233,17 @@ static loom_status admit(loom_engine *e, loom_req *r, loom_req_sample *s,
 }
 
 /* Fills the batch from the plan; entries whose sample is gone or failed are left out. */
-static int32_t build_batch(loom_engine *e, const loom_sched_plan *plan, int32_t *n_tok,
+static int32_t build_batch(loom_engine *e, const loom__sched_plan *plan, int32_t *n_tok,
                            int32_t *n_logits) {
     int32_t n = 0;
     *n_tok = *n_logits = 0;
     /* Admissions, then swap-ins, before any reservation can evict a planned prefix. */
     for (int pass = 0; pass < 2; pass++) {
         for (int32_t k = 0; k < plan->n_entries; k++) {
-            const loom_sched_entry *en = &plan->entries[k];
-            loom_req *r;
+            const loom__sched_entry *en = &plan->entries[k];
+            loom__req *r;
             int32_t i;
-            loom_req_sample *s = lookup(e, en->id, &r, &i);
+            loom__req_sample *s = lookup(e, en->id, &r, &i);
             if (!s) continue;
             loom_status st = LOOM_OK;
             if (pass == 0 && en->admitted && s->kv_seq < 0) st = admit(e, r, s, en);
@@ -252,23 +252,23 @@ static int32_t build_batch(loom_engine *e, const loom_sched_plan *plan, int32_t 
         }
     }
     for (int32_t k = 0; k < plan->n_entries; k++) {
-        const loom_sched_entry *en = &plan->entries[k];
-        loom_req *r;
+        const loom__sched_entry *en = &plan->entries[k];
+        loom__req *r;
         int32_t i;
-        loom_req_sample *s = lookup(e, en->id, &r, &i);
+        loom__req_sample *s = lookup(e, en->id, &r, &i);
         if (!s || s->kv_seq < 0) continue;
         for (int32_t j = 0; j < en->n_tokens; j++) {
             e->tokens[*n_tok + j] = loom__sample_token(r, s, en->pos_start + j);
             e->pos[*n_tok + j] = en->pos_start + j;
         }
         int32_t n_copies = 0;
-        loom_status st = loom_kv_reserve(e->kv, s->kv_seq, en->n_tokens, e->tokens + *n_tok,
+        loom_status st = loom__kv_reserve(e->kv, s->kv_seq, en->n_tokens, e->tokens + *n_tok,
                                          e->copies, LOOM_MAX_KV_GROUPS, &n_copies);
         for (int32_t c = 0; c < n_copies && st == LOOM_OK; c++) {
             st = loom__engine_kv_copy(e, &e->copies[c]);
         }
         if (st != LOOM_OK) {
-            if (n_copies > 0) (void)loom_kv_rollback(e->kv, s->kv_seq);
+            if (n_copies > 0) (void)loom__kv_rollback(e->kv, s->kv_seq);
             end_request(e, r, st);
             continue;
         }
@@ -286,9 +286,9 @@ static int32_t build_batch(loom_engine *e, const loom_sched_plan *plan, int32_t 
 }
 
 static loom_status fill_descs(loom_engine *e, int32_t n, loom_kv_desc *kv) {
-    const loom_model_config *c = &e->model->cfg;
+    const loom__model_config *c = &e->model->cfg;
     for (int32_t g = 0; g < e->n_groups; g++) {
-        LOOM_TRY(loom_kv_fill_desc(e->kv, g, n, e->seqs, e->n_new, e->indptr[g],
+        LOOM_TRY(loom__kv_fill_desc(e->kv, g, n, e->seqs, e->n_new, e->indptr[g],
                                    e->block_ids[g], e->block_cap, g == 0 ? e->q_start : NULL,
                                    g == 0 ? e->pos_start : NULL, g == 0 ? e->kv_len : NULL));
         kv[g] = (loom_kv_desc){
@@ -317,9 +317,9 @@ static loom_status fill_descs(loom_engine *e, int32_t n, loom_kv_desc *kv) {
 /* ---- 4-5. sample and commit --------------------------------------------------------------- */
 
 /* Appends the token record of sample i's newest token (tracing on). */
-static void trace_token(loom_engine *e, const loom_req *r, int32_t i, const char *piece,
+static void trace_token(loom_engine *e, const loom__req *r, int32_t i, const char *piece,
                         size_t piece_len, int64_t now_ns) {
-    const loom_req_sample *s = &r->samples[i];
+    const loom__req_sample *s = &r->samples[i];
     const loom_token_info *in = &s->info;
     loom__trace_token k = {
         .request = r->id,
@@ -342,8 +342,8 @@ static void trace_token(loom_engine *e, const loom_req *r, int32_t i, const char
 }
 
 /* Streams tok into sample i's text and events; finishes the sample when it ends. */
-static bool accept_token(loom_engine *e, loom_req *r, int32_t i, loom_token tok) {
-    loom_req_sample *s = &r->samples[i];
+static bool accept_token(loom_engine *e, loom__req *r, int32_t i, loom_token tok) {
+    loom__req_sample *s = &r->samples[i];
     int64_t now_ns = loom__now_ns();
     if (s->n_generated == 0) s->t_first_token_ns = now_ns;
     s->t_last_token_ns = now_ns;
@@ -363,7 +363,7 @@ static bool accept_token(loom_engine *e, loom_req *r, int32_t i, loom_token tok)
     bool stop_tok = done && (reason == LOOM_FINISH_EOS || reason == LOOM_FINISH_STOP_TOKEN);
     /* A stop token adds no text, but the trace still shows its piece. */
     if ((!stop_tok || e->trace) &&
-        loom_tokenizer_piece(e->model->tok, tok, 0, piece, sizeof piece, &n) != LOOM_OK)
+        loom__tokenizer_piece(e->model->tok, tok, 0, piece, sizeof piece, &n) != LOOM_OK)
         n = 0;
     if (e->trace) trace_token(e, r, i, piece, n, now_ns);
     if (stop_tok) n = 0;
@@ -393,10 +393,10 @@ static bool accept_token(loom_engine *e, loom_req *r, int32_t i, loom_token tok)
 /* Runs the request's sampler chain on one row of logits. The penalties' history is the tail of
  * the sample's known tokens (prompt, then generated) that their window covers; the draw index
  * is the position of the token being drawn. */
-static loom_status sample_row(loom_engine *e, int32_t k, const loom_req *r, loom_req_sample *s,
+static loom_status sample_row(loom_engine *e, int32_t k, const loom__req *r, loom__req_sample *s,
                               int32_t i, const float *logits) {
     loom_token *hist = e->sample_hist[k]; /* sampler k's own: rows are sampled in parallel */
-    loom_sample_chain_config cfg = r->chain;
+    loom__sample_chain_config cfg = r->chain;
     /* Each sample draws from its own stream; sample 0 matches an n = 1 request. */
     cfg.seed = r->chain.seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
     const int32_t n_known = r->n_prompt + s->n_generated;
@@ -408,11 +408,11 @@ static loom_status sample_row(loom_engine *e, int32_t k, const loom_req *r, loom
         n_hist = cfg.penalty_last_n < 0 || cfg.penalty_last_n > n_known ? n_known
                                                                         : cfg.penalty_last_n;
     for (int32_t j = 0; j < n_hist; j++) hist[j] = loom__sample_token(r, s, n_known - n_hist + j);
-    loom_sample_chain_result res;
+    loom__sample_chain_result res;
     memset(&res, 0, sizeof res);
     res.top_raw = s->top;
     res.top_final = s->top ? s->top + cfg.n_logprobs : NULL;
-    LOOM_TRY(loom_sample_chain_run(e->sample_ws[k], &cfg, logits, hist, n_hist,
+    LOOM_TRY(loom__sample_chain_run(e->sample_ws[k], &cfg, logits, hist, n_hist,
                                    (uint64_t)n_known, &res));
     loom__sampler_info(&res, &s->info);
     return LOOM_OK;
@@ -446,11 +446,11 @@ static void sample_worker(void *p, int ith, int nth) {
 static loom_status sample_rows(loom_engine *e, int32_t n) {
     int32_t *entry = e->sample_entry, n_rows = 0;
     for (int32_t b = 0; b < n; b++) {
-        LOOM_TRY(loom_kv_commit(e->kv, e->batch_samples[b]->kv_seq));
+        LOOM_TRY(loom__kv_commit(e->kv, e->batch_samples[b]->kv_seq));
         if (e->batch_entries[b]->sample) entry[n_rows++] = b;
     }
     sample_task t = {.e = e, .n = n_rows, .entry = entry};
-    const loom_backend *be = e->model->backend;
+    const loom__backend *be = e->model->backend;
     if (e->n_samplers > 1 && n_rows > 1)
         be->ops->host_parallel(be->ctx, sample_worker, &t);
     else
@@ -464,15 +464,15 @@ static void commit_rows(loom_engine *e, int32_t n) {
     int64_t n_tokens = 0;
     e->n_results = 0;
     for (int32_t b = 0; b < n; b++) {
-        loom_req *r = e->batch_reqs[b];
-        loom_req_sample *s = e->batch_samples[b];
+        loom__req *r = e->batch_reqs[b];
+        loom__req_sample *s = e->batch_samples[b];
         int32_t i = e->batch_index[b];
-        const loom_sched_entry *en = e->batch_entries[b];
+        const loom__sched_entry *en = e->batch_entries[b];
         if (!en->sample) continue;
         /* An earlier row's failure may have ended this request (and cancelled this entry in
          * the scheduler, which then expects no result for it). */
         if (s->finished || r->state != LOOM_REQ_ACTIVE) continue;
-        loom_sched_result *res = &e->results[e->n_results++];
+        loom__sched_result *res = &e->results[e->n_results++];
         res->id = en->id;
         res->n_new_tokens = 1;
         res->finished = false;
@@ -508,31 +508,31 @@ static void commit_rows(loom_engine *e, int32_t n) {
 static void fail_batch(loom_engine *e, int32_t n, loom_status st) {
     e->n_results = 0;
     for (int32_t b = 0; b < n; b++) {
-        loom_req_sample *s = e->batch_samples[b];
-        if (s->kv_seq >= 0) (void)loom_kv_rollback(e->kv, s->kv_seq);
-        loom_sched_result *res = &e->results[e->n_results++];
+        loom__req_sample *s = e->batch_samples[b];
+        if (s->kv_seq >= 0) (void)loom__kv_rollback(e->kv, s->kv_seq);
+        loom__sched_result *res = &e->results[e->n_results++];
         res->id = e->batch_entries[b]->id;
         res->n_new_tokens = 0;
         res->finished = true;
         s->in_sched = false;
     }
     for (int32_t b = 0; b < n; b++) {
-        loom_req *r = e->batch_reqs[b];
+        loom__req *r = e->batch_reqs[b];
         if (r->state == LOOM_REQ_ACTIVE) end_request(e, r, st);
     }
 }
 
 static void update_stats(loom_engine *e) {
-    loom_sched_stats ss;
-    loom_kv_stats ks;
-    loom_sched_get_stats(e->sched, &ss);
-    if (loom_kv_get_stats(e->kv, &ks) != LOOM_OK) return;
+    loom__sched_stats ss;
+    loom__kv_stats ks;
+    loom__sched_get_stats(e->sched, &ss);
+    if (loom__kv_get_stats(e->kv, &ks) != LOOM_OK) return;
     loom_kv_group_info gi[LOOM_MAX_KV_GROUPS];
     for (int32_t g = 0; g < e->n_groups; g++) {
-        loom_kv_group_stats k;
+        loom__kv_group_stats k;
         gi[g] = e->kv_groups[g]; /* the fixed fields (only this thread writes the rest) */
-        if (loom_kv_get_group_stats(e->kv, g, &k) != LOOM_OK ||
-            loom_kv_unused_slots(e->kv, g, &gi[g].slots_unused) != LOOM_OK)
+        if (loom__kv_get_group_stats(e->kv, g, &k) != LOOM_OK ||
+            loom__kv_unused_slots(e->kv, g, &gi[g].slots_unused) != LOOM_OK)
             return;
         gi[g].blocks_total = k.n_blocks;
         gi[g].blocks_used = k.n_used;
@@ -568,8 +568,8 @@ loom_status loom__engine_step(loom_engine *e) {
     e->n_retired = 0;
     drain_inbox(e);
 
-    loom_sched_plan plan;
-    LOOM_TRY(loom_sched_schedule(e->sched, loom__engine_now_us(e), &plan));
+    loom__sched_plan plan;
+    LOOM_TRY(loom__sched_schedule(e->sched, loom__engine_now_us(e), &plan));
     carry_out_preemptions(e, &plan);
     if (plan.n_entries == 0) {
         update_stats(e);
@@ -584,7 +584,7 @@ loom_status loom__engine_step(loom_engine *e) {
         st = fill_descs(e, n, kv);
         mark(e, "schedule");
         if (st == LOOM_OK) {
-            loom_batch batch = {
+            loom__batch batch = {
                 .tokens = e->tokens,
                 .pos = e->pos,
                 .n_tokens = n_tok,
@@ -611,7 +611,7 @@ loom_status loom__engine_step(loom_engine *e) {
         e->n_results = 0;
     }
     /* Entries that were dropped (cancelled, failed) still close the plan. */
-    loom_status st2 = loom_sched_on_step_done(e->sched, e->results, e->n_results,
+    loom_status st2 = loom__sched_on_step_done(e->sched, e->results, e->n_results,
                                               loom__engine_now_us(e));
     if (st2 != LOOM_OK) LOOM_LOG_E("engine: scheduler bookkeeping: %s", loom_last_error());
     update_stats(e);

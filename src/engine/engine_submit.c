@@ -48,7 +48,7 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p,
         int64_t a = (int64_t)llround(p->arrival_s * 1e9);
         arrival_ns = a < now_ns ? a : now_ns; /* within the slack: taken as the submit time */
     }
-    loom_req *r = NULL;
+    loom__req *r = NULL;
     LOOM_TRY(loom__req_create(e->model, p, e->max_ctx, e->max_piece, &r));
     /* A prompt the whole KV pool cannot hold is refused now rather than failed later. */
     int64_t blocks = ((int64_t)r->n_prompt + e->params.block_size) / e->params.block_size;

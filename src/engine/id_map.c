@@ -16,7 +16,7 @@ static uint32_t slot_of(uint64_t id, uint32_t cap) {
     return (uint32_t)id & (cap - 1);
 }
 
-loom_status loom__id_map_init(loom_id_map *m, uint32_t cap) {
+loom_status loom__id_map_init(loom__id_map *m, uint32_t cap) {
     uint32_t c = 16;
     while (c < cap) c *= 2;
     memset(m, 0, sizeof *m);
@@ -30,14 +30,14 @@ loom_status loom__id_map_init(loom_id_map *m, uint32_t cap) {
     return LOOM_OK;
 }
 
-void loom__id_map_free(loom_id_map *m) {
+void loom__id_map_free(loom__id_map *m) {
     free(m->keys);
     free(m->vals);
     memset(m, 0, sizeof *m);
 }
 
-static loom_status rebuild(loom_id_map *m, uint32_t cap) {
-    loom_id_map n;
+static loom_status rebuild(loom__id_map *m, uint32_t cap) {
+    loom__id_map n;
     LOOM_TRY(loom__id_map_init(&n, cap));
     for (uint32_t i = 0; i < m->cap; i++) {
         uint64_t k = m->keys[i];
@@ -54,7 +54,7 @@ static loom_status rebuild(loom_id_map *m, uint32_t cap) {
     return LOOM_OK;
 }
 
-loom_status loom__id_map_put(loom_id_map *m, uint64_t id, void *val) {
+loom_status loom__id_map_put(loom__id_map *m, uint64_t id, void *val) {
     LOOM_RETURN_IF(id == 0 || id == DELETED, LOOM_ERR_INVALID_ARG, "id_map: reserved id");
     if ((m->used + 1) * 10 > m->cap * 7) {
         LOOM_TRY(rebuild(m, (m->count + 1) * 10 > m->cap * 3 ? m->cap * 2 : m->cap));
@@ -79,7 +79,7 @@ loom_status loom__id_map_put(loom_id_map *m, uint64_t id, void *val) {
     return LOOM_OK;
 }
 
-static uint32_t find(const loom_id_map *m, uint64_t id) {
+static uint32_t find(const loom__id_map *m, uint64_t id) {
     if (id == 0 || id == DELETED || m->cap == 0) return UINT32_MAX;
     uint32_t s = slot_of(id, m->cap);
     while (m->keys[s]) {
@@ -89,12 +89,12 @@ static uint32_t find(const loom_id_map *m, uint64_t id) {
     return UINT32_MAX;
 }
 
-void *loom__id_map_get(const loom_id_map *m, uint64_t id) {
+void *loom__id_map_get(const loom__id_map *m, uint64_t id) {
     uint32_t s = find(m, id);
     return s == UINT32_MAX ? NULL : m->vals[s];
 }
 
-void *loom__id_map_del(loom_id_map *m, uint64_t id) {
+void *loom__id_map_del(loom__id_map *m, uint64_t id) {
     uint32_t s = find(m, id);
     if (s == UINT32_MAX) return NULL;
     void *v = m->vals[s];

@@ -27,9 +27,9 @@ static loom_status check_params(const loom_model *m, const loom_request_params *
                    p->n);
     LOOM_RETURN_IF(p->max_tokens < 1, LOOM_ERR_INVALID_ARG, "submit: max_tokens = %d (>= 1)",
                    p->max_tokens);
-    loom_sample_chain_config chain;
+    loom__sample_chain_config chain;
     loom_status st = loom__sampler_to_chain(&p->sampler, &chain);
-    if (st == LOOM_OK) st = loom_sample_chain_validate(&chain, m->cfg.n_vocab);
+    if (st == LOOM_OK) st = loom__sample_chain_validate(&chain, m->cfg.n_vocab);
     if (st != LOOM_OK) {
         loom__error_prefix("submit");
         return st;
@@ -54,18 +54,18 @@ static loom_status check_params(const loom_model *m, const loom_request_params *
     return LOOM_OK;
 }
 
-static loom_status copy_prompt(const loom_model *m, const loom_request_params *p, loom_req *r) {
+static loom_status copy_prompt(const loom_model *m, const loom_request_params *p, loom__req *r) {
     size_t n = 0;
     if (p->prompt) {
         unsigned flags = (p->add_special ? LOOM_TOKENIZE_ADD_SPECIAL : 0) |
                          (p->parse_special ? LOOM_TOKENIZE_PARSE_SPECIAL : 0);
         size_t len = strlen(p->prompt);
-        loom_status st = loom_tokenizer_encode(m->tok, p->prompt, len, flags, NULL, 0, &n);
+        loom_status st = loom__tokenizer_encode(m->tok, p->prompt, len, flags, NULL, 0, &n);
         if (st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL) return st;
         LOOM_RETURN_IF(n == 0, LOOM_ERR_INVALID_ARG, "submit: the prompt has no tokens");
         r->prompt = malloc(n * sizeof *r->prompt);
         LOOM_RETURN_IF(!r->prompt, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
-        LOOM_TRY(loom_tokenizer_encode(m->tok, p->prompt, len, flags, r->prompt, n, &n));
+        LOOM_TRY(loom__tokenizer_encode(m->tok, p->prompt, len, flags, r->prompt, n, &n));
     } else {
         n = p->n_prompt_tokens;
         LOOM_RETURN_IF(n == 0, LOOM_ERR_INVALID_ARG, "submit: the prompt has no tokens");
@@ -83,7 +83,7 @@ static loom_status copy_prompt(const loom_model *m, const loom_request_params *p
     return LOOM_OK;
 }
 
-static loom_status copy_stops(const loom_request_params *p, loom_req *r) {
+static loom_status copy_stops(const loom_request_params *p, loom__req *r) {
     if (p->n_stop_tokens) {
         r->stop_tokens = malloc(p->n_stop_tokens * sizeof *r->stop_tokens);
         LOOM_RETURN_IF(!r->stop_tokens, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
@@ -111,7 +111,7 @@ static loom_status copy_stops(const loom_request_params *p, loom_req *r) {
 }
 
 /* The sampler settings, with a private copy of the logit-bias list. */
-static loom_status copy_sampler(const loom_request_params *p, loom_req *r) {
+static loom_status copy_sampler(const loom_request_params *p, loom__req *r) {
     LOOM_TRY(loom__sampler_to_chain(&p->sampler, &r->chain));
     if (r->chain.n_bias > 0) {
         r->bias = malloc((size_t)r->chain.n_bias * sizeof *r->bias);
@@ -122,14 +122,14 @@ static loom_status copy_sampler(const loom_request_params *p, loom_req *r) {
     return LOOM_OK;
 }
 
-static loom_status alloc_samples(size_t max_piece, loom_req *r) {
+static loom_status alloc_samples(size_t max_piece, loom__req *r) {
     r->samples = calloc((size_t)r->n_samples, sizeof *r->samples);
     LOOM_RETURN_IF(!r->samples, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
     size_t cap = r->stops.max_len + max_piece + 4;
     r->text_mem = malloc(cap * (size_t)r->n_samples);
     LOOM_RETURN_IF(!r->text_mem, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
     for (int32_t i = 0; i < r->n_samples; i++) {
-        loom_req_sample *s = &r->samples[i];
+        loom__req_sample *s = &r->samples[i];
         s->tokens = malloc((size_t)r->max_tokens * sizeof *s->tokens);
         LOOM_RETURN_IF(!s->tokens, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
         s->text.buf = r->text_mem + cap * (size_t)i;
@@ -143,9 +143,9 @@ static loom_status alloc_samples(size_t max_piece, loom_req *r) {
 }
 
 loom_status loom__req_create(const loom_model *m, const loom_request_params *p, int32_t max_ctx,
-                             size_t max_piece, loom_req **out) {
+                             size_t max_piece, loom__req **out) {
     LOOM_TRY(check_params(m, p));
-    loom_req *r = calloc(1, sizeof *r);
+    loom__req *r = calloc(1, sizeof *r);
     LOOM_RETURN_IF(!r, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
     r->user_data = p->user_data;
     r->max_tokens = p->max_tokens;
@@ -173,7 +173,7 @@ loom_status loom__req_create(const loom_model *m, const loom_request_params *p, 
     return LOOM_OK;
 }
 
-void loom__req_free(loom_req *r) {
+void loom__req_free(loom__req *r) {
     if (!r) return;
     if (r->samples) {
         for (int32_t i = 0; i < r->n_samples; i++) {
@@ -194,7 +194,7 @@ void loom__req_free(loom_req *r) {
     free(r);
 }
 
-bool loom__req_is_stop_token(const loom_req *r, const loom_model *m, loom_token tok,
+bool loom__req_is_stop_token(const loom__req *r, const loom_model *m, loom_token tok,
                              loom_finish_reason *reason) {
     for (int32_t i = 0; i < r->n_stop_tokens; i++) {
         if (r->stop_tokens[i] == tok) {
@@ -202,7 +202,7 @@ bool loom__req_is_stop_token(const loom_req *r, const loom_model *m, loom_token 
             return true;
         }
     }
-    if (!r->ignore_eos && loom_tokenizer_is_eog(m->tok, tok)) {
+    if (!r->ignore_eos && loom__tokenizer_is_eog(m->tok, tok)) {
         *reason = LOOM_FINISH_EOS;
         return true;
     }

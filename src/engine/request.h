@@ -6,13 +6,13 @@
 #include "model/model.h"
 #include "sample/chain.h"
 
-typedef enum loom_req_state {
+typedef enum loom__req_state {
     LOOM_REQ_QUEUED = 0, /* submitted, not yet seen by a step */
     LOOM_REQ_ACTIVE = 1, /* known to the scheduler (waiting, running or preempted) */
     LOOM_REQ_DONE = 2,   /* every sample finished or the request failed */
-} loom_req_state;
+} loom__req_state;
 
-typedef struct loom_req_sample {
+typedef struct loom__req_sample {
     loom_token *tokens;       /* [max_tokens] generated tokens */
     int32_t n_generated;
     int32_t kv_seq;           /* the KV manager's sequence, -1 when it holds none */
@@ -23,22 +23,22 @@ typedef struct loom_req_sample {
     int32_t swap_offsets[LOOM_MAX_KV_GROUPS + 1]; /* per-group ranges of swap_slots */
     bool finished;
     loom_finish_reason reason;
-    loom_text_stream text;    /* pending text of this sample */
+    loom__text_stream text;    /* pending text of this sample */
     int64_t t_first_token_ns; /* monotonic clock (loom__now_ns); 0 until the first token */
     int64_t t_last_token_ns;
     loom_token_info info;     /* the last sampled token's, as its TOKEN event reports it */
     loom_token_logprob *top;  /* [2 * chain.n_logprobs] info's top arrays: raw, then final */
-} loom_req_sample;
+} loom__req_sample;
 
-typedef struct loom_req {
+typedef struct loom__req {
     loom_request_id id;
     void *user_data;
-    loom_req_state state;
+    loom__req_state state;
     bool cancel_requested;
 
     loom_token *prompt; /* [n_prompt] */
     int32_t n_prompt;
-    loom_sample_chain_config chain; /* the request's sampler; bias points to the copy below */
+    loom__sample_chain_config chain; /* the request's sampler; bias points to the copy below */
     loom_logit_bias *bias;          /* [chain.n_bias] */
     int32_t max_tokens;
     int32_t n_samples;
@@ -46,7 +46,7 @@ typedef struct loom_req {
     int32_t n_stop_tokens;
     char **stop_strings;     /* [stops.n] NUL-terminated copies */
     size_t *stop_lens;
-    loom_stop_set stops;
+    loom__stop_set stops;
     bool ignore_eos;
     int32_t priority;
     double ttft_deadline_s, tpot_deadline_s;
@@ -54,9 +54,9 @@ typedef struct loom_req {
     int64_t arrival_ns; /* monotonic clock (loom__now_ns): the caller's arrival_s, or the
                            submit time */
 
-    loom_req_sample *samples; /* [n_samples] */
+    loom__req_sample *samples; /* [n_samples] */
     char *text_mem;           /* backing store of every sample's text stream */
-} loom_req;
+} loom__req;
 
 /* Validates params against the model and copies everything into a new request (id 0: the
  * engine assigns it). The prompt must leave room for one generated token within max_ctx; a
@@ -64,11 +64,11 @@ typedef struct loom_req {
  * vocabulary's longest piece in bytes (sizes the text streams). Errors: see
  * loom_engine_submit in loom.h. */
 loom_status loom__req_create(const loom_model *m, const loom_request_params *p, int32_t max_ctx,
-                             size_t max_piece, loom_req **out);
+                             size_t max_piece, loom__req **out);
 
-void loom__req_free(loom_req *r);
+void loom__req_free(loom__req *r);
 
 /* Whether tok ends a sample of r: its stop tokens, or the model's end-of-generation tokens
  * unless ignore_eos; sets *reason. */
-bool loom__req_is_stop_token(const loom_req *r, const loom_model *m, loom_token tok,
+bool loom__req_is_stop_token(const loom__req *r, const loom_model *m, loom_token tok,
                              loom_finish_reason *reason);

@@ -31,7 +31,7 @@ static loom_status check_version(uint32_t v) {
 
 /* Reads the header and returns the two counts, each bounded by what the rest of the file can
  * hold, so the allocations they size stay proportional to the file. */
-static loom_status parse_header(loom_gguf *g, loom__gguf_reader *r, int64_t *n_tensors,
+static loom_status parse_header(loom__gguf *g, loom__gguf_reader *r, int64_t *n_tensors,
                                 int64_t *n_kv) {
     const uint8_t *magic = NULL;
     uint64_t nt = 0, nkv = 0;
@@ -72,8 +72,8 @@ static loom_status parse_header(loom_gguf *g, loom__gguf_reader *r, int64_t *n_t
 
 /* ---- open / close ---------------------------------------------------------------------------- */
 
-/* Parses g->base[0..size) into g; on failure g holds whatever was built, for loom_gguf_close. */
-static loom_status parse(loom_gguf *g) {
+/* Parses g->base[0..size) into g; on failure g holds whatever was built, for loom__gguf_close. */
+static loom_status parse(loom__gguf *g) {
     loom__gguf_reader r = {g->base, g->size, 0};
     int64_t n_tensors = 0, n_kv = 0;
     LOOM_TRY(parse_header(g, &r, &n_tensors, &n_kv));
@@ -85,8 +85,8 @@ static loom_status parse(loom_gguf *g) {
 }
 
 /* Takes ownership of map (may be NULL) whatever the outcome. */
-static loom_status open_image(const void *data, size_t size, void *map, loom_gguf **out) {
-    loom_gguf *g = calloc(1, sizeof *g);
+static loom_status open_image(const void *data, size_t size, void *map, loom__gguf **out) {
+    loom__gguf *g = calloc(1, sizeof *g);
     if (!g) {
         if (map) munmap(map, size);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "gguf: out of memory");
@@ -97,21 +97,21 @@ static loom_status open_image(const void *data, size_t size, void *map, loom_ggu
     g->alignment = LOOM_GGUF_DEFAULT_ALIGNMENT;
     loom_status st = parse(g);
     if (st != LOOM_OK) {
-        loom_gguf_close(g);
+        loom__gguf_close(g);
         return st;
     }
     *out = g;
     return LOOM_OK;
 }
 
-loom_status loom_gguf_open_memory(const void *data, size_t size, loom_gguf **out) {
+loom_status loom__gguf_open_memory(const void *data, size_t size, loom__gguf **out) {
     LOOM_CHECK_ARG(out != NULL);
     LOOM_CHECK_ARG(data != NULL || size == 0);
     static const uint8_t empty[1];
     return open_image(data ? data : empty, size, NULL, out);
 }
 
-loom_status loom_gguf_open(const char *path, loom_gguf **out) {
+loom_status loom__gguf_open(const char *path, loom__gguf **out) {
     LOOM_CHECK_ARG(path != NULL);
     LOOM_CHECK_ARG(out != NULL);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -140,7 +140,7 @@ loom_status loom_gguf_open(const char *path, loom_gguf **out) {
     return open_image(map, size, map, out);
 }
 
-void loom_gguf_close(loom_gguf *g) {
+void loom__gguf_close(loom__gguf *g) {
     if (!g) return;
     for (int64_t i = 0; i < g->n_kv; i++) loom__gguf_value_free(&g->kvs[i].value);
     free(g->kvs);
@@ -154,24 +154,24 @@ void loom_gguf_close(loom_gguf *g) {
 
 /* ---- accessors ------------------------------------------------------------------------------- */
 
-uint32_t loom_gguf_version(const loom_gguf *g) {
+uint32_t loom__gguf_version(const loom__gguf *g) {
     return g->version;
 }
-uint64_t loom_gguf_alignment(const loom_gguf *g) {
+uint64_t loom__gguf_alignment(const loom__gguf *g) {
     return g->alignment;
 }
-size_t loom_gguf_file_size(const loom_gguf *g) {
+size_t loom__gguf_file_size(const loom__gguf *g) {
     return g->size;
 }
-const char *loom_gguf_image(const loom_gguf *g) {
+const char *loom__gguf_image(const loom__gguf *g) {
     return (const char *)g->base;
 }
 
-uint64_t loom_gguf_data_offset(const loom_gguf *g) {
+uint64_t loom__gguf_data_offset(const loom__gguf *g) {
     return g->data_offset;
 }
 
-void loom_gguf_release_data(loom_gguf *g) {
+void loom__gguf_release_data(loom__gguf *g) {
     uintptr_t begin, end;
     if (!g || !g->map || g->data_offset >= g->size ||
         !loom__whole_pages((char *)g->map + g->data_offset, g->size - g->data_offset, &begin,
@@ -182,29 +182,29 @@ void loom_gguf_release_data(loom_gguf *g) {
     (void)madvise((void *)begin, end - begin, MADV_DONTNEED);
 }
 
-int64_t loom_gguf_n_kv(const loom_gguf *g) {
+int64_t loom__gguf_n_kv(const loom__gguf *g) {
     return g->n_kv;
 }
 
-const loom_gguf_kv *loom_gguf_kv_at(const loom_gguf *g, int64_t i) {
+const loom__gguf_kv *loom__gguf_kv_at(const loom__gguf *g, int64_t i) {
     return i >= 0 && i < g->n_kv ? &g->kvs[i] : NULL;
 }
 
-const loom_gguf_kv *loom_gguf_find_kv(const loom_gguf *g, const char *key) {
+const loom__gguf_kv *loom__gguf_find_kv(const loom__gguf *g, const char *key) {
     if (!key) return NULL;
     int64_t i = loom__gguf_index_find(&g->kv_index, key, strlen(key));
     return i >= 0 ? &g->kvs[i] : NULL;
 }
 
-int64_t loom_gguf_n_tensors(const loom_gguf *g) {
+int64_t loom__gguf_n_tensors(const loom__gguf *g) {
     return g->n_tensors;
 }
 
-const loom_gguf_tensor *loom_gguf_tensor_at(const loom_gguf *g, int64_t i) {
+const loom__gguf_tensor *loom__gguf_tensor_at(const loom__gguf *g, int64_t i) {
     return i >= 0 && i < g->n_tensors ? &g->tensors[i] : NULL;
 }
 
-const loom_gguf_tensor *loom_gguf_find_tensor(const loom_gguf *g, const char *name) {
+const loom__gguf_tensor *loom__gguf_find_tensor(const loom__gguf *g, const char *name) {
     if (!name) return NULL;
     int64_t i = loom__gguf_index_find(&g->tensor_index, name, strlen(name));
     return i >= 0 ? &g->tensors[i] : NULL;

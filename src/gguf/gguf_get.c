@@ -7,7 +7,7 @@
 
 #define KEY_QUOTE_MAX 200
 
-const char *loom_gguf_vtype_name(uint32_t t) {
+const char *loom__gguf_vtype_name(uint32_t t) {
     static const char *const names[] = {
         "uint8", "int8",   "uint16", "int16",  "uint32", "int32",   "float32",
         "bool",  "string", "array",  "uint64", "int64",  "float64",
@@ -15,40 +15,40 @@ const char *loom_gguf_vtype_name(uint32_t t) {
     return t < sizeof names / sizeof names[0] ? names[t] : "unknown";
 }
 
-bool loom_gguf_str_eq(loom_gguf_str s, const char *cstr) {
+bool loom__gguf_str_eq(loom__gguf_str s, const char *cstr) {
     size_t n = strlen(cstr);
     return s.len == n && (n == 0 || memcmp(s.ptr, cstr, n) == 0);
 }
 
 /* ---- getters --------------------------------------------------------------------------------- */
 
-static bool is_unsigned(loom_gguf_vtype t) {
+static bool is_unsigned(loom__gguf_vtype t) {
     return t == LOOM_GGUF_U8 || t == LOOM_GGUF_U16 || t == LOOM_GGUF_U32 || t == LOOM_GGUF_U64;
 }
-static bool is_signed(loom_gguf_vtype t) {
+static bool is_signed(loom__gguf_vtype t) {
     return t == LOOM_GGUF_I8 || t == LOOM_GGUF_I16 || t == LOOM_GGUF_I32 || t == LOOM_GGUF_I64;
 }
 
 /* Looks key up: *kv = NULL and LOOM_OK when absent and optional. */
-static loom_status lookup(const loom_gguf *g, const char *key, bool required,
-                          const loom_gguf_kv **kv) {
+static loom_status lookup(const loom__gguf *g, const char *key, bool required,
+                          const loom__gguf_kv **kv) {
     LOOM_CHECK_ARG(g != NULL && key != NULL);
-    *kv = loom_gguf_find_kv(g, key);
+    *kv = loom__gguf_find_kv(g, key);
     LOOM_RETURN_IF(!*kv && required, LOOM_ERR_BAD_MODEL, "gguf: required key '%.*s' missing",
                    KEY_QUOTE_MAX, key);
     return LOOM_OK;
 }
 
-static loom_status wrong_type(const char *key, loom_gguf_vtype found, const char *expected) {
+static loom_status wrong_type(const char *key, loom__gguf_vtype found, const char *expected) {
     return loom__fail(LOOM_ERR_BAD_MODEL, "gguf: key '%.*s' has type %s, expected %s",
-                      KEY_QUOTE_MAX, key, loom_gguf_vtype_name(found), expected);
+                      KEY_QUOTE_MAX, key, loom__gguf_vtype_name(found), expected);
 }
 
 /* The integer value of kv as a (sign, magnitude-ish) pair that covers both int64 and uint64:
  * exactly one of *neg (value < 0, in *i) or !*neg (value >= 0, in *u) holds. */
-static loom_status integer_of(const char *key, const loom_gguf_kv *kv, bool *neg, int64_t *i,
+static loom_status integer_of(const char *key, const loom__gguf_kv *kv, bool *neg, int64_t *i,
                               uint64_t *u) {
-    loom_gguf_vtype t = kv->value.type;
+    loom__gguf_vtype t = kv->value.type;
     if (is_unsigned(t)) {
         *neg = false;
         *u = kv->value.u64;
@@ -63,9 +63,9 @@ static loom_status integer_of(const char *key, const loom_gguf_kv *kv, bool *neg
     return wrong_type(key, t, "an integer");
 }
 
-loom_status loom_gguf_get_u32(const loom_gguf *g, const char *key, bool required, uint32_t def,
+loom_status loom__gguf_get_u32(const loom__gguf *g, const char *key, bool required, uint32_t def,
                               uint32_t *out) {
-    const loom_gguf_kv *kv = NULL;
+    const loom__gguf_kv *kv = NULL;
     bool neg = false;
     int64_t i = 0;
     uint64_t u = 0;
@@ -77,17 +77,17 @@ loom_status loom_gguf_get_u32(const loom_gguf *g, const char *key, bool required
     LOOM_TRY(integer_of(key, kv, &neg, &i, &u));
     LOOM_RETURN_IF(neg, LOOM_ERR_BAD_MODEL,
                    "gguf: key '%.*s': value %" PRId64 " (%s) out of range for uint32",
-                   KEY_QUOTE_MAX, key, i, loom_gguf_vtype_name(kv->value.type));
+                   KEY_QUOTE_MAX, key, i, loom__gguf_vtype_name(kv->value.type));
     LOOM_RETURN_IF(u > UINT32_MAX, LOOM_ERR_BAD_MODEL,
                    "gguf: key '%.*s': value %" PRIu64 " (%s) out of range for uint32",
-                   KEY_QUOTE_MAX, key, u, loom_gguf_vtype_name(kv->value.type));
+                   KEY_QUOTE_MAX, key, u, loom__gguf_vtype_name(kv->value.type));
     *out = (uint32_t)u;
     return LOOM_OK;
 }
 
-loom_status loom_gguf_get_i64(const loom_gguf *g, const char *key, bool required, int64_t def,
+loom_status loom__gguf_get_i64(const loom__gguf *g, const char *key, bool required, int64_t def,
                               int64_t *out) {
-    const loom_gguf_kv *kv = NULL;
+    const loom__gguf_kv *kv = NULL;
     bool neg = false;
     int64_t i = 0;
     uint64_t u = 0;
@@ -103,20 +103,20 @@ loom_status loom_gguf_get_i64(const loom_gguf *g, const char *key, bool required
     }
     LOOM_RETURN_IF(u > (uint64_t)INT64_MAX, LOOM_ERR_BAD_MODEL,
                    "gguf: key '%.*s': value %" PRIu64 " (%s) out of range for int64", KEY_QUOTE_MAX,
-                   key, u, loom_gguf_vtype_name(kv->value.type));
+                   key, u, loom__gguf_vtype_name(kv->value.type));
     *out = (int64_t)u;
     return LOOM_OK;
 }
 
-loom_status loom_gguf_get_f32(const loom_gguf *g, const char *key, bool required, float def,
+loom_status loom__gguf_get_f32(const loom__gguf *g, const char *key, bool required, float def,
                               float *out) {
-    const loom_gguf_kv *kv = NULL;
+    const loom__gguf_kv *kv = NULL;
     LOOM_TRY(lookup(g, key, required, &kv));
     if (!kv) {
         *out = def;
         return LOOM_OK;
     }
-    loom_gguf_vtype t = kv->value.type;
+    loom__gguf_vtype t = kv->value.type;
     if (is_unsigned(t)) {
         *out = (float)kv->value.u64;
         return LOOM_OK;
@@ -130,14 +130,14 @@ loom_status loom_gguf_get_f32(const loom_gguf *g, const char *key, bool required
     /* Infinities and NaN pass through as they are; only finite values too big for float fail. */
     LOOM_RETURN_IF(isfinite(d) && fabs(d) > FLT_MAX, LOOM_ERR_BAD_MODEL,
                    "gguf: key '%.*s': value %g (%s) out of range for float32", KEY_QUOTE_MAX, key,
-                   d, loom_gguf_vtype_name(t));
+                   d, loom__gguf_vtype_name(t));
     *out = (float)d;
     return LOOM_OK;
 }
 
-loom_status loom_gguf_get_bool(const loom_gguf *g, const char *key, bool required, bool def,
+loom_status loom__gguf_get_bool(const loom__gguf *g, const char *key, bool required, bool def,
                                bool *out) {
-    const loom_gguf_kv *kv = NULL;
+    const loom__gguf_kv *kv = NULL;
     LOOM_TRY(lookup(g, key, required, &kv));
     if (!kv) {
         *out = def;
@@ -148,9 +148,9 @@ loom_status loom_gguf_get_bool(const loom_gguf *g, const char *key, bool require
     return LOOM_OK;
 }
 
-loom_status loom_gguf_get_str(const loom_gguf *g, const char *key, bool required,
-                              loom_gguf_str *out) {
-    const loom_gguf_kv *kv = NULL;
+loom_status loom__gguf_get_str(const loom__gguf *g, const char *key, bool required,
+                              loom__gguf_str *out) {
+    const loom__gguf_kv *kv = NULL;
     LOOM_TRY(lookup(g, key, required, &kv));
     if (!kv) {
         out->ptr = "";
@@ -162,9 +162,9 @@ loom_status loom_gguf_get_str(const loom_gguf *g, const char *key, bool required
     return LOOM_OK;
 }
 
-loom_status loom_gguf_get_arr(const loom_gguf *g, const char *key, loom_gguf_vtype elem_type,
-                              bool required, const loom_gguf_value **out) {
-    const loom_gguf_kv *kv = NULL;
+loom_status loom__gguf_get_arr(const loom__gguf *g, const char *key, loom__gguf_vtype elem_type,
+                              bool required, const loom__gguf_value **out) {
+    const loom__gguf_kv *kv = NULL;
     LOOM_TRY(lookup(g, key, required, &kv));
     if (!kv) {
         *out = NULL;
@@ -173,8 +173,8 @@ loom_status loom_gguf_get_arr(const loom_gguf *g, const char *key, loom_gguf_vty
     if (kv->value.type != LOOM_GGUF_ARR) return wrong_type(key, kv->value.type, "array");
     LOOM_RETURN_IF(kv->value.arr.elem_type != elem_type, LOOM_ERR_BAD_MODEL,
                    "gguf: key '%.*s' is an array of %s, expected an array of %s", KEY_QUOTE_MAX,
-                   key, loom_gguf_vtype_name(kv->value.arr.elem_type),
-                   loom_gguf_vtype_name(elem_type));
+                   key, loom__gguf_vtype_name(kv->value.arr.elem_type),
+                   loom__gguf_vtype_name(elem_type));
     *out = &kv->value;
     return LOOM_OK;
 }
@@ -183,7 +183,7 @@ loom_status loom_gguf_get_arr(const loom_gguf *g, const char *key, loom_gguf_vty
 
 /* Decodes element i of a fixed-size numeric array as a value of its element type. Returns false
  * when there is no such element. */
-static bool element(const loom_gguf_value *arr, uint64_t i, loom_gguf_value *v) {
+static bool element(const loom__gguf_value *arr, uint64_t i, loom__gguf_value *v) {
     if (!arr || arr->type != LOOM_GGUF_ARR || i >= arr->arr.n || !arr->arr.raw) return false;
     uint64_t esize = loom__gguf_vtype_size(arr->arr.elem_type);
     if (esize == 0) return false;
@@ -198,16 +198,16 @@ static bool element(const loom_gguf_value *arr, uint64_t i, loom_gguf_value *v) 
     return true;
 }
 
-float loom_gguf_arr_f32(const loom_gguf_value *arr, uint64_t i) {
-    loom_gguf_value v;
+float loom__gguf_arr_f32(const loom__gguf_value *arr, uint64_t i) {
+    loom__gguf_value v;
     if (!element(arr, i, &v)) return 0.0f;
     if (is_unsigned(v.type)) return (float)v.u64;
     if (is_signed(v.type)) return (float)v.i64;
     return (float)v.f64;
 }
 
-int64_t loom_gguf_arr_i64(const loom_gguf_value *arr, uint64_t i) {
-    loom_gguf_value v;
+int64_t loom__gguf_arr_i64(const loom__gguf_value *arr, uint64_t i) {
+    loom__gguf_value v;
     if (!element(arr, i, &v)) return 0;
     if (is_unsigned(v.type)) return v.u64 > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)v.u64;
     if (is_signed(v.type)) return v.i64;

@@ -1,4 +1,4 @@
-/* gguf_impl.h — internals shared by the gguf_*.c files: the loom_gguf object, the bounds-checked
+/* gguf_impl.h — internals shared by the gguf_*.c files: the loom__gguf object, the bounds-checked
  * little-endian cursor every parse step reads through, and the name index (hash table).
  * Not for use outside src/gguf/gguf*.c. */
 #pragma once
@@ -44,21 +44,21 @@ int64_t loom__gguf_index_insert(loom__gguf_index *ix, const char *ptr, uint64_t 
 int64_t loom__gguf_index_find(const loom__gguf_index *ix, const char *ptr, uint64_t len);
 
 /* ---- the object ------------------------------------------------------------------------------ */
-struct loom_gguf {
+struct loom__gguf {
     const uint8_t *base; /* the image: base[0..size) */
     size_t size;
-    void *map; /* the mapping when loom_gguf_open mapped the file (length size), else NULL */
+    void *map; /* the mapping when loom__gguf_open mapped the file (length size), else NULL */
 
     uint32_t version;
     uint64_t alignment;
     uint64_t data_offset; /* file offset of the data section */
 
     int64_t n_kv;
-    loom_gguf_kv *kvs; /* [n_kv], zero-initialised so a half-parsed array frees cleanly */
+    loom__gguf_kv *kvs; /* [n_kv], zero-initialised so a half-parsed array frees cleanly */
     loom__gguf_index kv_index;
 
     int64_t n_tensors;
-    loom_gguf_tensor *tensors; /* [n_tensors] */
+    loom__gguf_tensor *tensors; /* [n_tensors] */
     loom__gguf_index tensor_index;
 };
 
@@ -116,7 +116,7 @@ static inline loom_status loom__gguf_read_u64(loom__gguf_reader *r, const char *
 
 /* Reads a length-prefixed string; what names it in messages ("key", "string", "name"). */
 static inline loom_status loom__gguf_read_str(loom__gguf_reader *r, const char *what,
-                                              loom_gguf_str *out) {
+                                              loom__gguf_str *out) {
     uint64_t len;
     const uint8_t *p;
     /* Constant returns, as in loom__gguf_take, so *out is visibly set on LOOM_OK. */
@@ -164,23 +164,23 @@ static inline uint64_t loom__gguf_vtype_size(uint32_t t) {
     }
 }
 
-/* ---- parse steps (each leaves g in a state loom_gguf_close can free, even on failure) -------- */
+/* ---- parse steps (each leaves g in a state loom__gguf_close can free, even on failure) -------- */
 
 /* Reads n_kv key/values at r (allocates g->kvs, fills g->kv_index), then applies
  * general.alignment. Errors: LOOM_ERR_BAD_MODEL, LOOM_ERR_OUT_OF_MEMORY. */
-loom_status loom__gguf_parse_kvs(loom_gguf *g, loom__gguf_reader *r, int64_t n_kv);
+loom_status loom__gguf_parse_kvs(loom__gguf *g, loom__gguf_reader *r, int64_t n_kv);
 
 /* Releases what a parsed (or half-parsed) value owns; the value itself is not freed. */
-void loom__gguf_value_free(loom_gguf_value *v);
+void loom__gguf_value_free(loom__gguf_value *v);
 
 /* Reads n_tensors tensor infos at r and checks everything that does not depend on where the
  * data section starts. Errors: LOOM_ERR_BAD_MODEL, LOOM_ERR_UNSUPPORTED (tensor type),
  * LOOM_ERR_OUT_OF_MEMORY. */
-loom_status loom__gguf_parse_tensor_infos(loom_gguf *g, loom__gguf_reader *r, int64_t n_tensors);
+loom_status loom__gguf_parse_tensor_infos(loom__gguf *g, loom__gguf_reader *r, int64_t n_tensors);
 
 /* With g->data_offset known: checks each tensor's offset (alignment, bounds) and sets data. */
-loom_status loom__gguf_place_tensors(loom_gguf *g);
+loom_status loom__gguf_place_tensors(loom__gguf *g);
 
 /* Decodes one fixed-size scalar of type t (not STR or ARR) from the little-endian bytes at p
  * into v's union member for that type (gguf_meta.c). */
-void loom__gguf_decode_scalar(uint32_t t, const uint8_t *p, loom_gguf_value *v);
+void loom__gguf_decode_scalar(uint32_t t, const uint8_t *p, loom__gguf_value *v);

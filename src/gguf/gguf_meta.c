@@ -17,12 +17,12 @@ static int quote_len(uint64_t len) {
     return len > KEY_QUOTE_MAX ? KEY_QUOTE_MAX : (int)len;
 }
 
-void loom__gguf_value_free(loom_gguf_value *v) {
+void loom__gguf_value_free(loom__gguf_value *v) {
     if (v->type != LOOM_GGUF_ARR) return;
     if (v->arr.elem_type == LOOM_GGUF_STR) {
         free((void *)v->arr.strs);
     } else if (v->arr.elem_type == LOOM_GGUF_ARR && v->arr.items) {
-        loom_gguf_value *items = (loom_gguf_value *)v->arr.items;
+        loom__gguf_value *items = (loom__gguf_value *)v->arr.items;
         /* Items past the point a parse failed are still zero (type U8): nothing to free. */
         for (uint64_t i = 0; i < v->arr.n; i++) loom__gguf_value_free(&items[i]);
         free(items);
@@ -46,7 +46,7 @@ static loom_status check_bools(const uint8_t *p, uint64_t n, bool in_array) {
     return LOOM_OK;
 }
 
-void loom__gguf_decode_scalar(uint32_t t, const uint8_t *p, loom_gguf_value *v) {
+void loom__gguf_decode_scalar(uint32_t t, const uint8_t *p, loom__gguf_value *v) {
     uint32_t bits32;
     uint64_t bits64;
     float f;
@@ -96,7 +96,7 @@ void loom__gguf_decode_scalar(uint32_t t, const uint8_t *p, loom_gguf_value *v) 
 
 /* Reads an array body (element type, count, elements) into v. depth counts the array levels,
  * this one included. */
-static loom_status parse_array(loom__gguf_reader *r, loom_gguf_value *v, int depth) {
+static loom_status parse_array(loom__gguf_reader *r, loom__gguf_value *v, int depth) {
     uint32_t et;
     uint64_t n;
     LOOM_RETURN_IF(depth > LOOM_GGUF_MAX_DEPTH, LOOM_ERR_BAD_MODEL,
@@ -106,7 +106,7 @@ static loom_status parse_array(loom__gguf_reader *r, loom_gguf_value *v, int dep
     LOOM_RETURN_IF(et > LOOM_GGUF_F64, LOOM_ERR_BAD_MODEL, "array element type %" PRIu32 " unknown",
                    et);
     v->type = LOOM_GGUF_ARR;
-    v->arr.elem_type = (loom_gguf_vtype)et;
+    v->arr.elem_type = (loom__gguf_vtype)et;
     v->arr.n = n;
     v->arr.raw = NULL;
     v->arr.strs = NULL;
@@ -119,7 +119,7 @@ static loom_status parse_array(loom__gguf_reader *r, loom_gguf_value *v, int dep
         LOOM_RETURN_IF(n > left / esize, LOOM_ERR_BAD_MODEL,
                        "array count %" PRIu64 " of %s (%" PRIu64 " bytes each) past end of file "
                        "(at offset %zu, %" PRIu64 " bytes remain)",
-                       n, loom_gguf_vtype_name(et), esize, r->pos, left);
+                       n, loom__gguf_vtype_name(et), esize, r->pos, left);
         LOOM_TRY(loom__gguf_take(r, n * esize, "array data", &p));
         if (et == LOOM_GGUF_BOOL) LOOM_TRY(check_bools(p, n, true));
         v->arr.raw = p;
@@ -130,10 +130,10 @@ static loom_status parse_array(loom__gguf_reader *r, loom_gguf_value *v, int dep
     LOOM_RETURN_IF(n > left / min_elem, LOOM_ERR_BAD_MODEL,
                    "array count %" PRIu64 " of %s past end of file (each needs at least %" PRIu64
                    " bytes, %" PRIu64 " remain)",
-                   n, loom_gguf_vtype_name(et), min_elem, left);
+                   n, loom__gguf_vtype_name(et), min_elem, left);
     if (n == 0) return LOOM_OK;
     if (et == LOOM_GGUF_STR) {
-        loom_gguf_str *strs = calloc((size_t)n, sizeof *strs);
+        loom__gguf_str *strs = calloc((size_t)n, sizeof *strs);
         LOOM_RETURN_IF(!strs, LOOM_ERR_OUT_OF_MEMORY, "out of memory for %" PRIu64 " strings", n);
         v->arr.strs = strs; /* owned by v from here on, also on failure */
         for (uint64_t i = 0; i < n; i++) {
@@ -147,7 +147,7 @@ static loom_status parse_array(loom__gguf_reader *r, loom_gguf_value *v, int dep
     }
     LOOM_RETURN_IF(depth + 1 > LOOM_GGUF_MAX_DEPTH, LOOM_ERR_BAD_MODEL,
                    "arrays nested deeper than %d levels", LOOM_GGUF_MAX_DEPTH);
-    loom_gguf_value *items = calloc((size_t)n, sizeof *items);
+    loom__gguf_value *items = calloc((size_t)n, sizeof *items);
     LOOM_RETURN_IF(!items, LOOM_ERR_OUT_OF_MEMORY, "out of memory for %" PRIu64 " arrays", n);
     v->arr.items = items;
     for (uint64_t i = 0; i < n; i++) {
@@ -162,7 +162,7 @@ static loom_status parse_array(loom__gguf_reader *r, loom_gguf_value *v, int dep
 
 /* ---- values and kvs -------------------------------------------------------------------------- */
 
-static loom_status parse_value(loom__gguf_reader *r, uint32_t type, loom_gguf_value *v) {
+static loom_status parse_value(loom__gguf_reader *r, uint32_t type, loom__gguf_value *v) {
     LOOM_RETURN_IF(type > LOOM_GGUF_F64, LOOM_ERR_BAD_MODEL, "value type %" PRIu32 " unknown",
                    type);
     if (type == LOOM_GGUF_STR) {
@@ -171,15 +171,15 @@ static loom_status parse_value(loom__gguf_reader *r, uint32_t type, loom_gguf_va
     }
     if (type == LOOM_GGUF_ARR) return parse_array(r, v, 1);
     const uint8_t *p;
-    LOOM_TRY(loom__gguf_take(r, loom__gguf_vtype_size(type), loom_gguf_vtype_name(type), &p));
+    LOOM_TRY(loom__gguf_take(r, loom__gguf_vtype_size(type), loom__gguf_vtype_name(type), &p));
     if (type == LOOM_GGUF_BOOL) LOOM_TRY(check_bools(p, 1, false));
-    v->type = (loom_gguf_vtype)type;
+    v->type = (loom__gguf_vtype)type;
     loom__gguf_decode_scalar(type, p, v);
     return LOOM_OK;
 }
 
 /* Reads and checks kv #i's key; the message carries no prefix yet. */
-static loom_status parse_key(loom__gguf_reader *r, loom_gguf_str *key) {
+static loom_status parse_key(loom__gguf_reader *r, loom__gguf_str *key) {
     LOOM_TRY(loom__gguf_read_str(r, "key", key));
     LOOM_RETURN_IF(key->len == 0, LOOM_ERR_BAD_MODEL, "empty key");
     LOOM_RETURN_IF(key->len > LOOM_GGUF_MAX_KEY_LEN, LOOM_ERR_BAD_MODEL,
@@ -190,8 +190,8 @@ static loom_status parse_key(loom__gguf_reader *r, loom_gguf_str *key) {
     return LOOM_OK;
 }
 
-static loom_status parse_kv(loom_gguf *g, loom__gguf_reader *r, int64_t i) {
-    loom_gguf_kv *kv = &g->kvs[i];
+static loom_status parse_kv(loom__gguf *g, loom__gguf_reader *r, int64_t i) {
+    loom__gguf_kv *kv = &g->kvs[i];
     uint32_t type;
     loom_status st = parse_key(r, &kv->key);
     if (st != LOOM_OK) {
@@ -212,13 +212,13 @@ static loom_status parse_kv(loom_gguf *g, loom__gguf_reader *r, int64_t i) {
 }
 
 /* general.alignment: a uint32, nonzero power of two (the format's rule); default 32. */
-static loom_status apply_alignment(loom_gguf *g) {
+static loom_status apply_alignment(loom__gguf *g) {
     g->alignment = LOOM_GGUF_DEFAULT_ALIGNMENT;
-    const loom_gguf_kv *kv = loom_gguf_find_kv(g, "general.alignment");
+    const loom__gguf_kv *kv = loom__gguf_find_kv(g, "general.alignment");
     if (!kv) return LOOM_OK;
     LOOM_RETURN_IF(kv->value.type != LOOM_GGUF_U32, LOOM_ERR_BAD_MODEL,
                    "gguf: key 'general.alignment' has type %s, expected uint32",
-                   loom_gguf_vtype_name(kv->value.type));
+                   loom__gguf_vtype_name(kv->value.type));
     uint64_t a = kv->value.u64;
     LOOM_RETURN_IF(a == 0 || (a & (a - 1)) != 0, LOOM_ERR_BAD_MODEL,
                    "gguf: key 'general.alignment' = %" PRIu64 " is not a nonzero power of two", a);
@@ -226,7 +226,7 @@ static loom_status apply_alignment(loom_gguf *g) {
     return LOOM_OK;
 }
 
-loom_status loom__gguf_parse_kvs(loom_gguf *g, loom__gguf_reader *r, int64_t n_kv) {
+loom_status loom__gguf_parse_kvs(loom__gguf *g, loom__gguf_reader *r, int64_t n_kv) {
     LOOM_TRY(loom__gguf_index_init(&g->kv_index, n_kv));
     if (n_kv > 0) {
         g->kvs = calloc((size_t)n_kv, sizeof *g->kvs);

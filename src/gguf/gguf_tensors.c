@@ -14,8 +14,8 @@
 #define NAME_QUOTE_MAX 200
 
 /* Reads the name of tensor #i into an owned NUL-terminated copy. */
-static loom_status parse_name(loom__gguf_reader *r, loom_gguf_tensor *t) {
-    loom_gguf_str s = {NULL, 0};
+static loom_status parse_name(loom__gguf_reader *r, loom__gguf_tensor *t) {
+    loom__gguf_str s = {NULL, 0};
     LOOM_TRY(loom__gguf_read_str(r, "name", &s));
     LOOM_RETURN_IF(s.len == 0, LOOM_ERR_BAD_MODEL, "empty name");
     LOOM_RETURN_IF(s.len > LOOM_GGUF_MAX_KEY_LEN, LOOM_ERR_BAD_MODEL,
@@ -31,7 +31,7 @@ static loom_status parse_name(loom__gguf_reader *r, loom_gguf_tensor *t) {
 }
 
 /* Reads dims, type and offset of a named tensor and checks its shape, type and size. */
-static loom_status parse_shape(loom__gguf_reader *r, loom_gguf_tensor *t) {
+static loom_status parse_shape(loom__gguf_reader *r, loom__gguf_tensor *t) {
     LOOM_TRY(loom__gguf_read_u32(r, "n_dims", &t->n_dims));
     LOOM_RETURN_IF(t->n_dims < 1 || t->n_dims > 4, LOOM_ERR_BAD_MODEL,
                    "n_dims %" PRIu32 " out of range 1..4", t->n_dims);
@@ -57,14 +57,14 @@ static loom_status parse_shape(loom__gguf_reader *r, loom_gguf_tensor *t) {
                        t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
     }
 
-    const loom_type_traits *tr = loom_type_get_traits(t->type);
+    const loom__type_traits *tr = loom__type_get_traits(t->type);
     LOOM_RETURN_IF(!tr || !tr->name || tr->block_elems == 0, LOOM_ERR_UNSUPPORTED,
                    "type id %" PRIu32 " unknown", t->type);
     LOOM_RETURN_IF(t->ne[0] % tr->block_elems != 0, LOOM_ERR_BAD_MODEL,
                    "ne[0] = %" PRId64 " is not a multiple of the %s block size %" PRIu32, t->ne[0],
                    tr->name, tr->block_elems);
     size_t row;
-    LOOM_RETURN_IF(!loom_type_row_bytes(t->type, t->ne[0], &row), LOOM_ERR_BAD_MODEL,
+    LOOM_RETURN_IF(!loom__type_row_bytes(t->type, t->ne[0], &row), LOOM_ERR_BAD_MODEL,
                    "row of %" PRId64 " %s elements: byte size overflows", t->ne[0], tr->name);
     /* The rows' product cannot overflow: it divides the element count checked above (or is 0). */
     uint64_t rows = (uint64_t)t->ne[1] * (uint64_t)t->ne[2] * (uint64_t)t->ne[3];
@@ -74,7 +74,7 @@ static loom_status parse_shape(loom__gguf_reader *r, loom_gguf_tensor *t) {
     return LOOM_OK;
 }
 
-loom_status loom__gguf_parse_tensor_infos(loom_gguf *g, loom__gguf_reader *r, int64_t n_tensors) {
+loom_status loom__gguf_parse_tensor_infos(loom__gguf *g, loom__gguf_reader *r, int64_t n_tensors) {
     LOOM_TRY(loom__gguf_index_init(&g->tensor_index, n_tensors));
     if (n_tensors > 0) {
         g->tensors = calloc((size_t)n_tensors, sizeof *g->tensors);
@@ -83,7 +83,7 @@ loom_status loom__gguf_parse_tensor_infos(loom_gguf *g, loom__gguf_reader *r, in
     }
     g->n_tensors = n_tensors; /* names are freed up to the first NULL one */
     for (int64_t i = 0; i < n_tensors; i++) {
-        loom_gguf_tensor *t = &g->tensors[i];
+        loom__gguf_tensor *t = &g->tensors[i];
         loom_status st = parse_name(r, t);
         if (st != LOOM_OK) {
             loom__error_prefix("gguf: tensor #%" PRId64, i);
@@ -104,7 +104,7 @@ loom_status loom__gguf_parse_tensor_infos(loom_gguf *g, loom__gguf_reader *r, in
     return LOOM_OK;
 }
 
-loom_status loom__gguf_place_tensors(loom_gguf *g) {
+loom_status loom__gguf_place_tensors(loom__gguf *g) {
     if (g->n_tensors == 0) return LOOM_OK;
     LOOM_RETURN_IF(g->data_offset > g->size, LOOM_ERR_BAD_MODEL,
                    "gguf: data section offset %" PRIu64 " (alignment %" PRIu64
@@ -112,7 +112,7 @@ loom_status loom__gguf_place_tensors(loom_gguf *g) {
                    g->data_offset, g->alignment, g->size);
     uint64_t data_size = g->size - g->data_offset;
     for (int64_t i = 0; i < g->n_tensors; i++) {
-        loom_gguf_tensor *t = &g->tensors[i];
+        loom__gguf_tensor *t = &g->tensors[i];
         uint64_t end;
         LOOM_RETURN_IF(t->offset % g->alignment != 0, LOOM_ERR_BAD_MODEL,
                        "gguf: tensor #%" PRId64 " '%.*s': data offset %" PRIu64

@@ -1,4 +1,4 @@
-/* kv_check.c — loom_kv_check: recounts everything the KV manager keeps incrementally (reference
+/* kv_check.c — loom__kv_check: recounts everything the KV manager keeps incrementally (reference
  * counts, pins, free stack, LRU list, hash index, sequence tables) and reports the first
  * disagreement. A debugging aid for tests; it allocates scratch counters on each call. */
 #include "kv/kv_internal.h"
@@ -20,7 +20,7 @@ typedef struct check_counts {
 
 /* One sequence's rows in one group: shape, references and pins (the writers are checked once
  * every pinner is counted, in check_writes). */
-static loom_status check_seq_group(const loom_kv *kv, int32_t seq, int32_t gi, check_counts *c) {
+static loom_status check_seq_group(const loom__kv *kv, int32_t seq, int32_t gi, check_counts *c) {
     const loom__kv_group *g = &kv->groups[gi];
     const loom__kv_seq *s = &kv->seqs[seq];
     const int32_t *table = loom__kv_table(kv, gi, seq);
@@ -62,7 +62,7 @@ static loom_status check_seq_group(const loom_kv *kv, int32_t seq, int32_t gi, c
 
 /* The blocks a pending step writes: one owner, not indexed (an indexed block is frozen), and
  * not below the committed fill of a pending copy-on-write that may roll back into it. */
-static loom_status check_writes(const loom_kv *kv, int32_t seq, int32_t gi, const check_counts *c) {
+static loom_status check_writes(const loom__kv *kv, int32_t seq, int32_t gi, const check_counts *c) {
     const loom__kv_group *g = &kv->groups[gi];
     const loom__kv_seq *s = &kv->seqs[seq];
     const int32_t *table = loom__kv_table(kv, gi, seq);
@@ -81,7 +81,7 @@ static loom_status check_writes(const loom_kv *kv, int32_t seq, int32_t gi, cons
     return LOOM_OK;
 }
 
-static loom_status check_seqs(const loom_kv *kv) {
+static loom_status check_seqs(const loom__kv *kv) {
     int32_t n_live = 0;
     for (int32_t i = 0; i < kv->n_free_seqs; i++) {
         int32_t seq = kv->free_seqs[i];
@@ -109,7 +109,7 @@ static loom_status check_seqs(const loom_kv *kv) {
 }
 
 /* A group's blocks against the recount, the free stack, the LRU list and the index. */
-static loom_status check_group(const loom_kv *kv, int32_t gi, check_counts *c) {
+static loom_status check_group(const loom__kv *kv, int32_t gi, check_counts *c) {
     const loom__kv_group *g = &kv->groups[gi];
     int32_t n_free = 0, n_cached = 0, n_hashed = 0;
     for (int32_t b = 0; b < g->n_blocks; b++) {
@@ -170,7 +170,7 @@ static loom_status check_group(const loom_kv *kv, int32_t gi, check_counts *c) {
     return LOOM_OK;
 }
 
-loom_status loom_kv_check(const loom_kv *kv) {
+loom_status loom__kv_check(const loom__kv *kv) {
     LOOM_CHECK_ARG(kv != NULL);
     LOOM_TRY(check_seqs(kv));
     int32_t max_nb = 1;

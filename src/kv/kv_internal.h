@@ -41,7 +41,7 @@ typedef struct loom__kv_group {
 
     int32_t *tables; /* [max_seqs][max_blocks] block ids, LOOM_KV_NO_BLOCK where none */
 
-    /* loom_kv_unused_slots' scratch, [n_blocks]: a block's fill is valid while its stamp is
+    /* loom__kv_unused_slots' scratch, [n_blocks]: a block's fill is valid while its stamp is
      * the current pass's (no clearing of the arrays per pass) */
     int32_t *fill;
     uint32_t *stamp;
@@ -50,7 +50,7 @@ typedef struct loom__kv_group {
     int64_t evictions, cow_copies, window_releases, swapped_out, swapped_in;
 } loom__kv_group;
 
-/* One sequence slot. Its per-group and per-block arrays live in loom_kv (flat, by slot). */
+/* One sequence slot. Its per-group and per-block arrays live in loom__kv (flat, by slot). */
 typedef struct loom__kv_seq {
     bool live;
     bool swapped;
@@ -66,7 +66,7 @@ typedef struct loom__kv_seq {
     uint64_t res_state; /* the same after the pending step's tokens */
 } loom__kv_seq;
 
-struct loom_kv {
+struct loom__kv {
     int32_t block_size;
     int32_t n_groups;
     int32_t max_seqs;
@@ -89,14 +89,14 @@ struct loom_kv {
 
 /* ---- small accessors ------------------------------------------------------------------------ */
 
-static inline int32_t *loom__kv_table(const loom_kv *kv, int32_t g, int32_t seq) {
+static inline int32_t *loom__kv_table(const loom__kv *kv, int32_t g, int32_t seq) {
     return kv->groups[g].tables + (size_t)seq * (size_t)kv->max_blocks;
 }
-static inline int32_t loom__kv_blocks_for(const loom_kv *kv, int64_t n_pos) {
+static inline int32_t loom__kv_blocks_for(const loom__kv *kv, int64_t n_pos) {
     return (int32_t)((n_pos + kv->block_size - 1) / kv->block_size);
 }
 /* First table entry a window group still needs when the next query is at n_pos. */
-static inline int32_t loom__kv_window_lo(const loom_kv *kv, int32_t window, int32_t n_pos) {
+static inline int32_t loom__kv_window_lo(const loom__kv *kv, int32_t window, int32_t n_pos) {
     if (window <= 0) return 0;
     int64_t first = (int64_t)n_pos - window + 1;
     return first > 0 ? (int32_t)(first / kv->block_size) : 0;
@@ -105,22 +105,22 @@ static inline int32_t loom__kv_available(const loom__kv_group *g) {
     return g->n_free + g->n_cached;
 }
 
-static inline int32_t *loom__kv_seq_lo(const loom_kv *kv, int32_t seq) {
+static inline int32_t *loom__kv_seq_lo(const loom__kv *kv, int32_t seq) {
     return kv->seq_lo + (size_t)seq * (size_t)kv->n_groups;
 }
-static inline int32_t *loom__kv_seq_cow(const loom_kv *kv, int32_t seq) {
+static inline int32_t *loom__kv_seq_cow(const loom__kv *kv, int32_t seq) {
     return kv->seq_cow + (size_t)seq * (size_t)kv->n_groups;
 }
-static inline uint64_t *loom__kv_seq_hash(const loom_kv *kv, int32_t seq) {
+static inline uint64_t *loom__kv_seq_hash(const loom__kv *kv, int32_t seq) {
     return kv->seq_hash + (size_t)seq * (size_t)kv->max_blocks;
 }
 
 /* Checks seq names a live slot; sets the error message otherwise. */
-loom_status loom__kv_seq_valid(const loom_kv *kv, int32_t seq);
+loom_status loom__kv_seq_valid(const loom__kv *kv, int32_t seq);
 
 /* Blocks group g must hand out for a resident, unreserved sequence's next n tokens: new
  * table entries plus a copy-on-write of its last block (kv_manager.c). */
-int32_t loom__kv_step_need(const loom_kv *kv, int32_t seq, int32_t g, int32_t n);
+int32_t loom__kv_step_need(const loom__kv *kv, int32_t seq, int32_t g, int32_t n);
 
 /* ---- kv_blocks.c: pools --------------------------------------------------------------------- */
 
@@ -150,5 +150,5 @@ void loom__kv_index_remove(loom__kv_group *g, int32_t b);
 /* The admission match: hashes the prompt's full blocks into kv->scratch and finds the tokens
  * L < n_prompt to reuse; *n_take = ceil(L / block_size) table entries, of which entries below
  * loom__kv_window_lo(window, L) are skipped in window groups. */
-void loom__kv_prefix_match(const loom_kv *kv, uint64_t root, const int32_t *prompt,
+void loom__kv_prefix_match(const loom__kv *kv, uint64_t root, const int32_t *prompt,
                            int32_t n_prompt, int32_t *n_reuse, int32_t *n_take);

@@ -11,8 +11,8 @@
 
 /* ==== creation ================================================================================ */
 
-loom_kv_params loom_kv_default_params(void) {
-    loom_kv_params p;
+loom__kv_params loom__kv_default_params(void) {
+    loom__kv_params p;
     memset(&p, 0, sizeof p);
     p.block_size = LOOM_KV_DEFAULT_BLOCK_SIZE;
     p.max_seqs = 256;
@@ -22,7 +22,7 @@ loom_kv_params loom_kv_default_params(void) {
     return p;
 }
 
-static loom_status check_params(const loom_kv_params *p) {
+static loom_status check_params(const loom__kv_params *p) {
     LOOM_RETURN_IF(p->block_size < 1 || p->block_size > 65536, LOOM_ERR_INVALID_ARG,
                    "kv: block_size %d outside [1, 65536]", p->block_size);
     LOOM_RETURN_IF(p->n_groups < 1 || p->n_groups > 64 || p->groups == NULL, LOOM_ERR_INVALID_ARG,
@@ -38,12 +38,12 @@ static loom_status check_params(const loom_kv_params *p) {
     return LOOM_OK;
 }
 
-loom_status loom_kv_create(const loom_kv_params *p, loom_kv **out) {
+loom_status loom__kv_create(const loom__kv_params *p, loom__kv **out) {
     LOOM_CHECK_ARG(p != NULL && out != NULL);
     *out = NULL;
     LOOM_TRY(check_params(p));
 
-    loom_kv *kv = calloc(1, sizeof *kv);
+    loom__kv *kv = calloc(1, sizeof *kv);
     LOOM_RETURN_IF(!kv, LOOM_ERR_OUT_OF_MEMORY, "kv: cannot allocate the manager");
     kv->block_size = p->block_size;
     kv->n_groups = p->n_groups;
@@ -84,11 +84,11 @@ loom_status loom_kv_create(const loom_kv_params *p, loom_kv **out) {
     *out = kv;
     return LOOM_OK;
 fail:
-    loom_kv_destroy(kv);
+    loom__kv_destroy(kv);
     return st;
 }
 
-void loom_kv_destroy(loom_kv *kv) {
+void loom__kv_destroy(loom__kv *kv) {
     if (!kv) return;
     if (kv->groups)
         for (int32_t g = 0; g < kv->n_groups; g++) loom__kv_group_free(&kv->groups[g]);
@@ -102,13 +102,13 @@ void loom_kv_destroy(loom_kv *kv) {
     free(kv);
 }
 
-loom_status loom__kv_seq_valid(const loom_kv *kv, int32_t seq) {
+loom_status loom__kv_seq_valid(const loom__kv *kv, int32_t seq) {
     LOOM_RETURN_IF(seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].live, LOOM_ERR_INVALID_ARG,
                    "kv: unknown sequence %d", seq);
     return LOOM_OK;
 }
 
-static int32_t take_slot(loom_kv *kv) {
+static int32_t take_slot(loom__kv *kv) {
     int32_t seq = kv->free_seqs[--kv->n_free_seqs];
     loom__kv_seq *s = &kv->seqs[seq];
     memset(s, 0, sizeof *s);
@@ -120,7 +120,7 @@ static int32_t take_slot(loom_kv *kv) {
 
 /* ==== admission, fork, free =================================================================== */
 
-loom_status loom_kv_seq_admit(loom_kv *kv, uint64_t cache_salt, const int32_t *prompt,
+loom_status loom__kv_seq_admit(loom__kv *kv, uint64_t cache_salt, const int32_t *prompt,
                               int32_t n_prompt, int32_t *out_seq, int32_t *out_n_cached) {
     LOOM_CHECK_ARG(kv != NULL && prompt != NULL && out_seq != NULL && n_prompt >= 1);
     LOOM_RETURN_IF(n_prompt > kv->max_seq_len, LOOM_ERR_CONTEXT_FULL,
@@ -167,7 +167,7 @@ loom_status loom_kv_seq_admit(loom_kv *kv, uint64_t cache_salt, const int32_t *p
     return LOOM_OK;
 }
 
-loom_status loom_kv_seq_fork(loom_kv *kv, int32_t parent, int32_t *out_child) {
+loom_status loom__kv_seq_fork(loom__kv *kv, int32_t parent, int32_t *out_child) {
     LOOM_CHECK_ARG(kv != NULL && out_child != NULL);
     LOOM_TRY(loom__kv_seq_valid(kv, parent));
     const loom__kv_seq *ps = &kv->seqs[parent];
@@ -198,9 +198,9 @@ loom_status loom_kv_seq_fork(loom_kv *kv, int32_t parent, int32_t *out_child) {
     return LOOM_OK;
 }
 
-static void rollback_reservation(loom_kv *kv, int32_t seq);
+static void rollback_reservation(loom__kv *kv, int32_t seq);
 
-loom_status loom_kv_seq_free(loom_kv *kv, int32_t seq) {
+loom_status loom__kv_seq_free(loom__kv *kv, int32_t seq) {
     LOOM_CHECK_ARG(kv != NULL);
     LOOM_TRY(loom__kv_seq_valid(kv, seq));
     loom__kv_seq *s = &kv->seqs[seq];
@@ -231,7 +231,7 @@ loom_status loom_kv_seq_free(loom_kv *kv, int32_t seq) {
  *    has (sharers' fills differ after one committed and the other rolled back): that
  *    sequence's rollback returns it here and needs those slots intact. With equal fills (a
  *    fork) the in-place write only touches slots the pinner never committed. */
-static int32_t cow_source(const loom_kv *kv, int32_t seq, int32_t gi, int32_t n) {
+static int32_t cow_source(const loom__kv *kv, int32_t seq, int32_t gi, int32_t n) {
     const loom__kv_seq *s = &kv->seqs[seq];
     const int32_t fill = s->n_pos % kv->block_size;
     if (n == 0 || fill == 0) return -1;
@@ -241,14 +241,14 @@ static int32_t cow_source(const loom_kv *kv, int32_t seq, int32_t gi, int32_t n)
     return in_place ? -1 : b;
 }
 
-int32_t loom__kv_step_need(const loom_kv *kv, int32_t seq, int32_t gi, int32_t n) {
+int32_t loom__kv_step_need(const loom__kv *kv, int32_t seq, int32_t gi, int32_t n) {
     const loom__kv_seq *s = &kv->seqs[seq];
     return loom__kv_blocks_for(kv, (int64_t)s->n_pos + n) - s->n_table +
            (cow_source(kv, seq, gi, n) >= 0 ? 1 : 0);
 }
 
-loom_status loom_kv_reserve(loom_kv *kv, int32_t seq, int32_t n, const int32_t *tokens,
-                            loom_kv_copy *copies, int32_t copies_cap, int32_t *n_copies) {
+loom_status loom__kv_reserve(loom__kv *kv, int32_t seq, int32_t n, const int32_t *tokens,
+                            loom__kv_copy *copies, int32_t copies_cap, int32_t *n_copies) {
     LOOM_CHECK_ARG(kv != NULL && n_copies != NULL && n >= 0 && (tokens != NULL || n == 0) &&
                    (copies != NULL || copies_cap == 0));
     LOOM_TRY(loom__kv_seq_valid(kv, seq));
@@ -290,7 +290,7 @@ loom_status loom_kv_reserve(loom_kv *kv, int32_t seq, int32_t n, const int32_t *
             loom__kv_block_unref(g, src);
             table[s->n_pos / kv->block_size] = dst;
             loom__kv_seq_cow(kv, seq)[gi] = src;
-            copies[(*n_copies)++] = (loom_kv_copy){.group = gi, .src = src, .dst = dst};
+            copies[(*n_copies)++] = (loom__kv_copy){.group = gi, .src = src, .dst = dst};
             g->cow_copies++;
         }
         for (int32_t i = s->n_table; i < n_table; i++) table[i] = loom__kv_block_alloc(g);
@@ -315,7 +315,7 @@ loom_status loom_kv_reserve(loom_kv *kv, int32_t seq, int32_t n, const int32_t *
     return LOOM_OK;
 }
 
-loom_status loom_kv_commit(loom_kv *kv, int32_t seq) {
+loom_status loom__kv_commit(loom__kv *kv, int32_t seq) {
     LOOM_CHECK_ARG(kv != NULL);
     LOOM_TRY(loom__kv_seq_valid(kv, seq));
     loom__kv_seq *s = &kv->seqs[seq];
@@ -351,7 +351,7 @@ loom_status loom_kv_commit(loom_kv *kv, int32_t seq) {
     return LOOM_OK;
 }
 
-static void rollback_reservation(loom_kv *kv, int32_t seq) {
+static void rollback_reservation(loom__kv *kv, int32_t seq) {
     loom__kv_seq *s = &kv->seqs[seq];
     const int32_t n_table = loom__kv_blocks_for(kv, s->n_pos);
     for (int32_t gi = 0; gi < kv->n_groups; gi++) {
@@ -378,7 +378,7 @@ static void rollback_reservation(loom_kv *kv, int32_t seq) {
     s->reserved = false;
 }
 
-loom_status loom_kv_rollback(loom_kv *kv, int32_t seq) {
+loom_status loom__kv_rollback(loom__kv *kv, int32_t seq) {
     LOOM_CHECK_ARG(kv != NULL);
     LOOM_TRY(loom__kv_seq_valid(kv, seq));
     LOOM_RETURN_IF(!kv->seqs[seq].reserved, LOOM_ERR_INVALID_ARG,

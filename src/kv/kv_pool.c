@@ -6,7 +6,7 @@
 
 #include "core/status.h"
 
-loom_status loom_kv_pool_init(loom_kv_pool *pool, int32_t n_blocks) {
+loom_status loom__kv_pool_init(loom__kv_pool *pool, int32_t n_blocks) {
     LOOM_CHECK_ARG(pool != NULL && n_blocks > 0);
     memset(pool, 0, sizeof *pool);
     pool->free_ids = malloc((size_t)n_blocks * sizeof *pool->free_ids);
@@ -19,13 +19,13 @@ loom_status loom_kv_pool_init(loom_kv_pool *pool, int32_t n_blocks) {
     return LOOM_OK;
 }
 
-void loom_kv_pool_destroy(loom_kv_pool *pool) {
+void loom__kv_pool_destroy(loom__kv_pool *pool) {
     if (!pool) return;
     free(pool->free_ids);
     memset(pool, 0, sizeof *pool);
 }
 
-loom_status loom_kv_seq_reserve(loom_kv_seq *seq, loom_kv_pool *pool, int32_t n_pos,
+loom_status loom__kv_seq_reserve(loom__kv_seq *seq, loom__kv_pool *pool, int32_t n_pos,
                                 int32_t block_size) {
     LOOM_CHECK_ARG(seq && pool && n_pos >= 0 && block_size > 0);
     int32_t need = (int32_t)(((int64_t)n_pos + block_size - 1) / block_size);
@@ -46,12 +46,12 @@ loom_status loom_kv_seq_reserve(loom_kv_seq *seq, loom_kv_pool *pool, int32_t n_
     return LOOM_OK;
 }
 
-void loom_kv_seq_clear(loom_kv_seq *seq, loom_kv_pool *pool) {
+void loom__kv_seq_clear(loom__kv_seq *seq, loom__kv_pool *pool) {
     while (seq->n_blocks > 0) pool->free_ids[pool->n_free++] = seq->blocks[--seq->n_blocks];
     seq->n_pos = 0;
 }
 
-void loom_kv_seq_destroy(loom_kv_seq *seq) {
+void loom__kv_seq_destroy(loom__kv_seq *seq) {
     if (!seq) return;
     free(seq->blocks);
     memset(seq, 0, sizeof *seq);

@@ -8,30 +8,30 @@
 
 #include "loom.h"
 
-typedef struct loom_kv_pool {
+typedef struct loom__kv_pool {
     int32_t n_blocks;
     int32_t n_free;
     int32_t *free_ids; /* [n_blocks] stack of free block ids */
-} loom_kv_pool;
+} loom__kv_pool;
 
-typedef struct loom_kv_seq {
+typedef struct loom__kv_seq {
     int32_t *blocks;  /* [cap] physical block ids in position order */
     int32_t n_blocks; /* blocks held */
     int32_t cap;
     int32_t n_pos;    /* positions stored */
-} loom_kv_seq;
+} loom__kv_seq;
 
-loom_status loom_kv_pool_init(loom_kv_pool *pool, int32_t n_blocks);
-void loom_kv_pool_destroy(loom_kv_pool *pool);
+loom_status loom__kv_pool_init(loom__kv_pool *pool, int32_t n_blocks);
+void loom__kv_pool_destroy(loom__kv_pool *pool);
 
 /* Makes seq hold enough blocks for n_pos positions (block_size tokens each), taking blocks from
  * pool. On failure (LOOM_ERR_CONTEXT_FULL when the pool is empty, OUT_OF_MEMORY) seq is
  * unchanged. Does not change seq->n_pos: the caller commits positions after the forward. */
-loom_status loom_kv_seq_reserve(loom_kv_seq *seq, loom_kv_pool *pool, int32_t n_pos,
+loom_status loom__kv_seq_reserve(loom__kv_seq *seq, loom__kv_pool *pool, int32_t n_pos,
                                 int32_t block_size);
 
 /* Returns every block of seq to pool and empties it (keeps its table's memory). */
-void loom_kv_seq_clear(loom_kv_seq *seq, loom_kv_pool *pool);
+void loom__kv_seq_clear(loom__kv_seq *seq, loom__kv_pool *pool);
 
-/* Frees the table's memory (after loom_kv_seq_clear). */
-void loom_kv_seq_destroy(loom_kv_seq *seq);
+/* Frees the table's memory (after loom__kv_seq_clear). */
+void loom__kv_seq_destroy(loom__kv_seq *seq);

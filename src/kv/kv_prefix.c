@@ -34,7 +34,7 @@ uint64_t loom__kv_hash_finish(uint64_t state) {
     return mix64(state ^ 0xb10cb10cb10cb10cULL);
 }
 
-uint64_t loom_kv_hash_bytes(const void *data, size_t n, uint64_t seed) {
+uint64_t loom__kv_hash_bytes(const void *data, size_t n, uint64_t seed) {
     const unsigned char *p = data;
     uint64_t h = mix64(seed ^ 0x8a5cd789635d2dffULL ^ (uint64_t)n);
     size_t i = 0;
@@ -98,7 +98,7 @@ void loom__kv_index_remove(loom__kv_group *g, int32_t b) {
 
 /* Whether every window group holds the blocks the first query at L reads: entries
  * [lo(L), take) with hashes h[]. */
-static bool window_groups_hit(const loom_kv *kv, const uint64_t *h, int32_t reuse, int32_t take) {
+static bool window_groups_hit(const loom__kv *kv, const uint64_t *h, int32_t reuse, int32_t take) {
     for (int32_t gi = 0; gi < kv->n_groups; gi++) {
         const loom__kv_group *g = &kv->groups[gi];
         if (g->window == 0) continue;
@@ -108,7 +108,7 @@ static bool window_groups_hit(const loom_kv *kv, const uint64_t *h, int32_t reus
     return true;
 }
 
-void loom__kv_prefix_match(const loom_kv *kv, uint64_t root, const int32_t *prompt,
+void loom__kv_prefix_match(const loom__kv *kv, uint64_t root, const int32_t *prompt,
                            int32_t n_prompt, int32_t *n_reuse, int32_t *n_take) {
     const int32_t bs = kv->block_size;
     const int32_t n_full = n_prompt / bs;

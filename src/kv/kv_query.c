@@ -9,12 +9,12 @@
 
 /* ==== the descriptor ========================================================================== */
 
-int64_t loom_kv_desc_block_cap(const loom_kv *kv, int32_t n_seqs) {
+int64_t loom__kv_desc_block_cap(const loom__kv *kv, int32_t n_seqs) {
     if (!kv || n_seqs < 0) return 0;
     return (int64_t)n_seqs * kv->max_blocks;
 }
 
-loom_status loom_kv_fill_desc(const loom_kv *kv, int32_t group, int32_t n_seqs, const int32_t *seqs,
+loom_status loom__kv_fill_desc(const loom__kv *kv, int32_t group, int32_t n_seqs, const int32_t *seqs,
                               const int32_t *n_new, int32_t *indptr, int32_t *block_ids,
                               int64_t block_cap, int32_t *q_start, int32_t *pos_start,
                               int32_t *kv_len) {
@@ -62,19 +62,19 @@ loom_status loom_kv_fill_desc(const loom_kv *kv, int32_t group, int32_t n_seqs, 
 
 /* ==== capacity ================================================================================ */
 
-int32_t loom_kv_n_groups(const loom_kv *kv) {
+int32_t loom__kv_n_groups(const loom__kv *kv) {
     return kv ? kv->n_groups : 0;
 }
-int32_t loom_kv_block_size(const loom_kv *kv) {
+int32_t loom__kv_block_size(const loom__kv *kv) {
     return kv ? kv->block_size : 0;
 }
 
-int32_t loom_kv_blocks_available(const loom_kv *kv, int32_t group) {
+int32_t loom__kv_blocks_available(const loom__kv *kv, int32_t group) {
     if (!kv || group < 0 || group >= kv->n_groups) return -1;
     return loom__kv_available(&kv->groups[group]);
 }
 
-loom_status loom_kv_seq_need(const loom_kv *kv, int32_t seq, int32_t n, int32_t *need) {
+loom_status loom__kv_seq_need(const loom__kv *kv, int32_t seq, int32_t n, int32_t *need) {
     LOOM_CHECK_ARG(kv != NULL && need != NULL && n >= 0);
     LOOM_TRY(loom__kv_seq_valid(kv, seq));
     const loom__kv_seq *s = &kv->seqs[seq];
@@ -92,7 +92,7 @@ loom_status loom_kv_seq_need(const loom_kv *kv, int32_t seq, int32_t n, int32_t 
     return LOOM_OK;
 }
 
-loom_status loom_kv_admit_need(const loom_kv *kv, uint64_t cache_salt, const int32_t *prompt,
+loom_status loom__kv_admit_need(const loom__kv *kv, uint64_t cache_salt, const int32_t *prompt,
                                int32_t n_prompt, int32_t n_first, int32_t *need,
                                int32_t *n_cached) {
     LOOM_CHECK_ARG(kv != NULL && prompt != NULL && need != NULL && n_prompt >= 1 && n_first >= 0);
@@ -117,7 +117,7 @@ loom_status loom_kv_admit_need(const loom_kv *kv, uint64_t cache_salt, const int
     return LOOM_OK;
 }
 
-bool loom_kv_fits(const loom_kv *kv, const int32_t *need, bool keep_watermark) {
+bool loom__kv_fits(const loom__kv *kv, const int32_t *need, bool keep_watermark) {
     if (!kv || !need) return false;
     for (int32_t gi = 0; gi < kv->n_groups; gi++) {
         const loom__kv_group *g = &kv->groups[gi];
@@ -129,7 +129,7 @@ bool loom_kv_fits(const loom_kv *kv, const int32_t *need, bool keep_watermark) {
 
 /* ==== inspection ============================================================================== */
 
-loom_status loom_kv_get_group_stats(const loom_kv *kv, int32_t group, loom_kv_group_stats *out) {
+loom_status loom__kv_get_group_stats(const loom__kv *kv, int32_t group, loom__kv_group_stats *out) {
     LOOM_CHECK_ARG(kv != NULL && out != NULL);
     LOOM_RETURN_IF(group < 0 || group >= kv->n_groups, LOOM_ERR_INVALID_ARG,
                    "kv: group %d outside [0, %d)", group, kv->n_groups);
@@ -162,7 +162,7 @@ static void raise_fill(loom__kv_group *g, int32_t b, int32_t f, int32_t bs, int6
     }
 }
 
-loom_status loom_kv_unused_slots(loom_kv *kv, int32_t group, int64_t *out) {
+loom_status loom__kv_unused_slots(loom__kv *kv, int32_t group, int64_t *out) {
     LOOM_CHECK_ARG(kv != NULL && out != NULL);
     LOOM_RETURN_IF(group < 0 || group >= kv->n_groups, LOOM_ERR_INVALID_ARG,
                    "kv: group %d outside [0, %d)", group, kv->n_groups);
@@ -189,7 +189,7 @@ loom_status loom_kv_unused_slots(loom_kv *kv, int32_t group, int64_t *out) {
     return LOOM_OK;
 }
 
-loom_status loom_kv_get_stats(const loom_kv *kv, loom_kv_stats *out) {
+loom_status loom__kv_get_stats(const loom__kv *kv, loom__kv_stats *out) {
     LOOM_CHECK_ARG(kv != NULL && out != NULL);
     memset(out, 0, sizeof *out);
     out->n_groups = kv->n_groups;
@@ -209,7 +209,7 @@ loom_status loom_kv_get_stats(const loom_kv *kv, loom_kv_stats *out) {
     return LOOM_OK;
 }
 
-loom_status loom_kv_seq_get_info(const loom_kv *kv, int32_t seq, loom_kv_seq_info *out) {
+loom_status loom__kv_seq_get_info(const loom__kv *kv, int32_t seq, loom__kv_seq_info *out) {
     LOOM_CHECK_ARG(kv != NULL && out != NULL);
     LOOM_TRY(loom__kv_seq_valid(kv, seq));
     const loom__kv_seq *s = &kv->seqs[seq];
@@ -225,7 +225,7 @@ loom_status loom_kv_seq_get_info(const loom_kv *kv, int32_t seq, loom_kv_seq_inf
     return LOOM_OK;
 }
 
-loom_status loom_kv_seq_table(const loom_kv *kv, int32_t seq, int32_t group, const int32_t **table,
+loom_status loom__kv_seq_table(const loom__kv *kv, int32_t seq, int32_t group, const int32_t **table,
                               int32_t *n) {
     LOOM_CHECK_ARG(kv != NULL && table != NULL && n != NULL);
     LOOM_TRY(loom__kv_seq_valid(kv, seq));

@@ -6,14 +6,14 @@
 #include "core/status.h"
 
 /* Table entries the sequence holds (resident) or will hold again (swapped out), all groups. */
-static int32_t held_blocks(const loom_kv *kv, int32_t seq) {
+static int32_t held_blocks(const loom__kv *kv, int32_t seq) {
     int32_t n = 0;
     for (int32_t g = 0; g < kv->n_groups; g++)
         n += kv->seqs[seq].n_table - loom__kv_seq_lo(kv, seq)[g];
     return n;
 }
 
-loom_status loom_kv_swap_out(loom_kv *kv, int32_t seq, int32_t *blocks, int32_t cap,
+loom_status loom__kv_swap_out(loom__kv *kv, int32_t seq, int32_t *blocks, int32_t cap,
                              int32_t *offsets) {
     LOOM_CHECK_ARG(kv != NULL && offsets != NULL && (blocks != NULL || cap == 0));
     LOOM_TRY(loom__kv_seq_valid(kv, seq));
@@ -32,7 +32,7 @@ loom_status loom_kv_swap_out(loom_kv *kv, int32_t seq, int32_t *blocks, int32_t 
         const int32_t lo = loom__kv_seq_lo(kv, seq)[gi];
         offsets[gi] = k;
         for (int32_t i = lo; i < s->n_table; i++) blocks[k++] = table[i];
-        /* Released last-first, as loom_kv_seq_free does, for the same LRU reason. The blocks
+        /* Released last-first, as loom__kv_seq_free does, for the same LRU reason. The blocks
          * keep their contents until something allocates, which is after the engine's copies. */
         for (int32_t i = s->n_table - 1; i >= lo; i--) {
             loom__kv_block_unref(g, table[i]);
@@ -46,7 +46,7 @@ loom_status loom_kv_swap_out(loom_kv *kv, int32_t seq, int32_t *blocks, int32_t 
     return LOOM_OK;
 }
 
-loom_status loom_kv_swap_in(loom_kv *kv, int32_t seq, int32_t *blocks, int32_t cap,
+loom_status loom__kv_swap_in(loom__kv *kv, int32_t seq, int32_t *blocks, int32_t cap,
                             int32_t *offsets) {
     LOOM_CHECK_ARG(kv != NULL && offsets != NULL && (blocks != NULL || cap == 0));
     LOOM_TRY(loom__kv_seq_valid(kv, seq));

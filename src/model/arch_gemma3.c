@@ -18,16 +18,16 @@
 #define GEMMA3_PATTERN_PERIOD 6
 
 /* Marks which layers are local (sliding window) from the metadata or the published pattern. */
-static loom_status read_layer_pattern(const loom_gguf *g, loom_model_config *c) {
-    const loom_gguf_kv *kv = loom_gguf_find_kv(g, "gemma3.attention.sliding_window_pattern");
+static loom_status read_layer_pattern(const loom__gguf *g, loom__model_config *c) {
+    const loom__gguf_kv *kv = loom__gguf_find_kv(g, "gemma3.attention.sliding_window_pattern");
     if (kv && kv->value.type == LOOM_GGUF_ARR) {
-        const loom_gguf_value *a = &kv->value;
+        const loom__gguf_value *a = &kv->value;
         LOOM_RETURN_IF(a->arr.elem_type != LOOM_GGUF_BOOL || a->arr.n != (uint64_t)c->n_layer,
                        LOOM_ERR_BAD_MODEL,
                        "model: gemma3.attention.sliding_window_pattern must be %d bools",
                        c->n_layer);
         for (int32_t il = 0; il < c->n_layer; il++) {
-            c->layers[il].window = loom_gguf_arr_i64(a, (uint64_t)il) ? c->n_swa : 0;
+            c->layers[il].window = loom__gguf_arr_i64(a, (uint64_t)il) ? c->n_swa : 0;
         }
         return LOOM_OK;
     }
@@ -44,13 +44,13 @@ static loom_status read_layer_pattern(const loom_gguf *g, loom_model_config *c) 
     return LOOM_OK;
 }
 
-loom_status loom__gemma3_read_config(const loom_gguf *g, loom_model_config *c) {
+loom_status loom__gemma3_read_config(const loom__gguf *g, loom__model_config *c) {
     LOOM_TRY(loom__hparams_common(g, "gemma3", c));
     LOOM_TRY(loom__hparam_dim(g, "gemma3", "attention.sliding_window", true, 0, &c->n_swa));
     LOOM_RETURN_IF(c->n_swa < 1, LOOM_ERR_BAD_MODEL,
                    "model: gemma3.attention.sliding_window must be positive");
     float local_base = GEMMA3_LOCAL_ROPE_BASE;
-    LOOM_TRY(loom_gguf_get_f32(g, "gemma3.rope.freq_base_swa", false, GEMMA3_LOCAL_ROPE_BASE,
+    LOOM_TRY(loom__gguf_get_f32(g, "gemma3.rope.freq_base_swa", false, GEMMA3_LOCAL_ROPE_BASE,
                                &local_base));
     LOOM_RETURN_IF(!(local_base > 0) || !isfinite(local_base), LOOM_ERR_BAD_MODEL,
                    "model: gemma3.rope.freq_base_swa must be positive");

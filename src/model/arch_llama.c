@@ -4,7 +4,7 @@
  * set. */
 #include "model/model.h"
 
-loom_status loom__llama_read_config(const loom_gguf *g, const char *arch, loom_model_config *c) {
+loom_status loom__llama_read_config(const loom__gguf *g, const char *arch, loom__model_config *c) {
     LOOM_TRY(loom__hparams_common(g, arch, c));
     bool qwen2 = c->arch == LOOM_ARCH_QWEN2;
     LOOM_TRY(loom__hparam_dim(g, arch, "attention.sliding_window", false, 0, &c->n_swa));

@@ -31,8 +31,8 @@ static loom_tensor carve(char *base, size_t *offset, loom_type type, int64_t col
     return t;
 }
 
-static size_t layout_ws(const loom_model *m, char *base, loom_forward_ws *ws) {
-    const loom_model_config *c = &m->cfg;
+static size_t layout_ws(const loom_model *m, char *base, loom__forward_ws *ws) {
+    const loom__model_config *c = &m->cfg;
     int64_t t = ws->n_batch, d = c->n_embd, q = (int64_t)c->n_head * c->head_dim;
     int64_t kv = (int64_t)c->n_head_kv * c->head_dim, f = c->n_ff, r = ws->n_logit_rows;
     size_t off = 0;
@@ -53,7 +53,7 @@ static size_t layout_ws(const loom_model *m, char *base, loom_forward_ws *ws) {
     return off;
 }
 
-loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom_forward_ws *ws) {
+loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom__forward_ws *ws) {
     LOOM_CHECK_ARG(m && ws && n_batch > 0);
     memset(ws, 0, sizeof *ws);
     ws->n_batch = n_batch;
@@ -67,7 +67,7 @@ loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom_f
     return LOOM_OK;
 }
 
-void loom__forward_ws_destroy(const loom_model *m, loom_forward_ws *ws) {
+void loom__forward_ws_destroy(const loom_model *m, loom__forward_ws *ws) {
     if (ws && ws->buf) m->backend->ops->buffer_free(m->backend->ctx, ws->buf);
     if (ws) memset(ws, 0, sizeof *ws);
 }
@@ -102,13 +102,13 @@ static loom_status linear_n(const loom_backend_ops *ops, void *ctx, int n,
     return LOOM_OK;
 }
 
-static loom_status attention_block(const loom_model *m, loom_forward_ws *ws, int32_t il, int64_t n,
+static loom_status attention_block(const loom_model *m, loom__forward_ws *ws, int32_t il, int64_t n,
                                    const loom_kv_desc *kv) {
     const loom_backend_ops *ops = m->backend->ops;
     void *ctx = m->backend->ctx;
-    const loom_model_config *c = &m->cfg;
-    const loom_layer_config *lc = &c->layers[il];
-    const loom_layer_weights *w = &m->layers[il];
+    const loom__model_config *c = &m->cfg;
+    const loom__layer_config *lc = &c->layers[il];
+    const loom__layer_weights *w = &m->layers[il];
     loom_tensor x = rows_of(&ws->x, n), xn = rows_of(&ws->xn, n);
     loom_tensor q = rows_of(&ws->q, n), k = rows_of(&ws->k, n), v = rows_of(&ws->v, n);
     loom_tensor att = rows_of(&ws->att, n), proj = rows_of(&ws->proj, n);
@@ -151,11 +151,11 @@ static loom_status attention_block(const loom_model *m, loom_forward_ws *ws, int
     return ops->add(ctx, &x, &proj, &x);
 }
 
-static loom_status ffn_block(const loom_model *m, loom_forward_ws *ws, int32_t il, int64_t n) {
+static loom_status ffn_block(const loom_model *m, loom__forward_ws *ws, int32_t il, int64_t n) {
     const loom_backend_ops *ops = m->backend->ops;
     void *ctx = m->backend->ctx;
-    const loom_model_config *c = &m->cfg;
-    const loom_layer_weights *w = &m->layers[il];
+    const loom__model_config *c = &m->cfg;
+    const loom__layer_weights *w = &m->layers[il];
     loom_tensor x = rows_of(&ws->x, n), xn = rows_of(&ws->xn, n), proj = rows_of(&ws->proj, n);
     loom_tensor gate = rows_of(&ws->gate, n), up = rows_of(&ws->up, n);
 
@@ -173,14 +173,14 @@ static loom_status ffn_block(const loom_model *m, loom_forward_ws *ws, int32_t i
     return ops->add(ctx, &x, &proj, &x);
 }
 
-static loom_status layer_forward(const loom_model *m, loom_forward_ws *ws, int32_t il, int64_t n,
+static loom_status layer_forward(const loom_model *m, loom__forward_ws *ws, int32_t il, int64_t n,
                                  const loom_kv_desc *kv) {
     LOOM_TRY(attention_block(m, ws, il, n, kv));
     return ffn_block(m, ws, il, n);
 }
 
 /* Final norm, then logits for the wanted rows, n_logit_rows at a time. */
-static loom_status output_forward(const loom_model *m, loom_forward_ws *ws, const loom_batch *b,
+static loom_status output_forward(const loom_model *m, loom__forward_ws *ws, const loom__batch *b,
                                   float *logits) {
     const loom_backend_ops *ops = m->backend->ops;
     void *ctx = m->backend->ctx;
@@ -201,7 +201,7 @@ static loom_status output_forward(const loom_model *m, loom_forward_ws *ws, cons
     return LOOM_OK;
 }
 
-loom_status loom__model_forward(const loom_model *m, loom_forward_ws *ws, const loom_batch *b,
+loom_status loom__model_forward(const loom_model *m, loom__forward_ws *ws, const loom__batch *b,
                                 const loom_kv_desc *kv, float *logits) {
     LOOM_CHECK_ARG(m && ws && b && kv);
     LOOM_CHECK_ARG(b->n_tokens > 0 && b->n_tokens <= ws->n_batch);

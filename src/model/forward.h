@@ -5,7 +5,7 @@
 #include "model/model.h"
 
 /* Activation buffers in backend memory for up to n_batch tokens. */
-typedef struct loom_forward_ws {
+typedef struct loom__forward_ws {
     loom_buffer *buf;
     int32_t n_batch;
     int32_t n_logit_rows; /* rows of logits computed per output matmul (bounds its buffer) */
@@ -23,10 +23,10 @@ typedef struct loom_forward_ws {
     loom_tensor out_ids;  /* I32 [n_logit_rows] rows that get logits */
     loom_tensor sel;      /* [n_logit_rows, D] gathered rows */
     loom_tensor logits;   /* [n_logit_rows, V] */
-} loom_forward_ws;
+} loom__forward_ws;
 
 /* The tokens of one step: rows in the order the kv descriptor's q_start describes. */
-typedef struct loom_batch {
+typedef struct loom__batch {
     const loom_token *tokens;  /* [n_tokens] ids, checked < n_vocab by the caller */
     const int32_t *pos;        /* [n_tokens] positions */
     int32_t n_tokens;
@@ -45,13 +45,13 @@ typedef struct loom_batch {
     void (*on_layers)(void *hook_user, int32_t first_layer, int32_t last_layer);
     void *hook_user;
     int32_t hook_every; /* >= 1 when on_layers is set */
-} loom_batch;
+} loom__batch;
 
-loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom_forward_ws *ws);
-void loom__forward_ws_destroy(const loom_model *m, loom_forward_ws *ws);
+loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom__forward_ws *ws);
+void loom__forward_ws_destroy(const loom_model *m, loom__forward_ws *ws);
 
 /* Runs the model over batch, storing K/V through kv[g] for the layers of KV group g
  * (kv has cfg.n_kv_groups descriptors: the same batch, each group's own block tables), and
  * writes n_logits rows of n_vocab logits to the host array logits. */
-loom_status loom__model_forward(const loom_model *m, loom_forward_ws *ws, const loom_batch *b,
+loom_status loom__model_forward(const loom_model *m, loom__forward_ws *ws, const loom__batch *b,
                                 const loom_kv_desc *kv, float *logits);

@@ -7,42 +7,42 @@
 
 #include "model/model.h"
 
-loom_status loom__hparam_dim(const loom_gguf *g, const char *arch, const char *key,
+loom_status loom__hparam_dim(const loom__gguf *g, const char *arch, const char *key,
                              bool required, uint32_t def, int32_t *out) {
     char full[128];
     snprintf(full, sizeof full, "%s.%s", arch, key);
     uint32_t v = 0;
-    LOOM_TRY(loom_gguf_get_u32(g, full, required, def, &v));
+    LOOM_TRY(loom__gguf_get_u32(g, full, required, def, &v));
     /* Dimensions beyond 2^24 are not a real model; refusing them keeps products in range. */
     LOOM_RETURN_IF(v > (1u << 24), LOOM_ERR_BAD_MODEL, "model: %s = %u is out of range", full, v);
     *out = (int32_t)v;
     return LOOM_OK;
 }
 
-static loom_status hparam_f32(const loom_gguf *g, const char *arch, const char *key,
+static loom_status hparam_f32(const loom__gguf *g, const char *arch, const char *key,
                               bool required, float def, float *out) {
     char full[128];
     snprintf(full, sizeof full, "%s.%s", arch, key);
-    LOOM_TRY(loom_gguf_get_f32(g, full, required, def, out));
+    LOOM_TRY(loom__gguf_get_f32(g, full, required, def, out));
     LOOM_RETURN_IF(!isfinite(*out), LOOM_ERR_BAD_MODEL, "model: %s is not finite", full);
     return LOOM_OK;
 }
 
 /* Linear rope scaling: freq_scale = 1 / factor. Other kinds are refused by name. */
-static loom_status read_rope_scaling(const loom_gguf *g, const char *arch, float *freq_scale) {
+static loom_status read_rope_scaling(const loom__gguf *g, const char *arch, float *freq_scale) {
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    loom_gguf_str kind;
-    LOOM_TRY(loom_gguf_get_str(g, key, false, &kind));
+    loom__gguf_str kind;
+    LOOM_TRY(loom__gguf_get_str(g, key, false, &kind));
     float factor = 0.0f;
     LOOM_TRY(hparam_f32(g, arch, "rope.scaling.factor", false, 0.0f, &factor));
     *freq_scale = 1.0f;
-    if (kind.len == 0 || loom_gguf_str_eq(kind, "none")) {
+    if (kind.len == 0 || loom__gguf_str_eq(kind, "none")) {
         /* Older files give only the factor; "none" with a factor means no scaling. */
         if (kind.len == 0 && factor > 0) *freq_scale = 1.0f / factor;
         return LOOM_OK;
     }
-    if (loom_gguf_str_eq(kind, "linear")) {
+    if (loom__gguf_str_eq(kind, "linear")) {
         LOOM_RETURN_IF(!(factor > 0), LOOM_ERR_BAD_MODEL,
                        "model: linear rope scaling needs %s.rope.scaling.factor > 0", arch);
         *freq_scale = 1.0f / factor;
@@ -52,7 +52,7 @@ static loom_status read_rope_scaling(const loom_gguf *g, const char *arch, float
                       (int)kind.len, kind.ptr);
 }
 
-loom_status loom__model_assign_kv_groups(loom_model_config *c) {
+loom_status loom__model_assign_kv_groups(loom__model_config *c) {
     c->n_kv_groups = 0;
     /* Full attention first (group 0), so a model with any global layer has its largest pool
      * at index 0. */
@@ -74,7 +74,7 @@ loom_status loom__model_assign_kv_groups(loom_model_config *c) {
     return LOOM_OK;
 }
 
-loom_status loom__hparams_common(const loom_gguf *g, const char *arch, loom_model_config *c) {
+loom_status loom__hparams_common(const loom__gguf *g, const char *arch, loom__model_config *c) {
     LOOM_TRY(loom__hparam_dim(g, arch, "context_length", true, 0, &c->n_ctx_train));
     LOOM_TRY(loom__hparam_dim(g, arch, "embedding_length", true, 0, &c->n_embd));
     LOOM_TRY(loom__hparam_dim(g, arch, "block_count", true, 0, &c->n_layer));

@@ -10,22 +10,22 @@
 
 #define LOOM_MAX_KV_GROUPS 4
 
-typedef enum loom_arch {
+typedef enum loom__arch {
     LOOM_ARCH_LLAMA = 0,
     LOOM_ARCH_QWEN2 = 1,
     LOOM_ARCH_GEMMA3 = 2,
-} loom_arch;
+} loom__arch;
 
 /* What differs from layer to layer (gemma3 interleaves sliding-window and global layers). */
-typedef struct loom_layer_config {
+typedef struct loom__layer_config {
     int32_t window;        /* sliding window in positions; 0: global attention */
     int32_t kv_group;      /* KV group: layers with the same window share block tables */
     loom_rope_params rope; /* n_head/head_dim left 0: the forward sets them per tensor */
-} loom_layer_config;
+} loom__layer_config;
 
 /* Everything the forward pass needs to know about the network's shape. */
-typedef struct loom_model_config {
-    loom_arch arch;
+typedef struct loom__model_config {
+    loom__arch arch;
     int32_t n_vocab;
     int32_t n_embd;    /* model width D */
     int32_t n_layer;
@@ -39,12 +39,12 @@ typedef struct loom_model_config {
     float attn_scale;   /* multiplies q·k (1/sqrt(head_dim) unless the architecture says) */
     loom_glu_kind glu;  /* feed-forward activation */
     int32_t n_swa;      /* sliding window of the local layers (0: none) */
-    loom_layer_config *layers; /* [n_layer], owned by the model */
+    loom__layer_config *layers; /* [n_layer], owned by the model */
     int32_t n_kv_groups;       /* distinct windows among the layers (1 or 2 here) */
     int32_t kv_group_window[LOOM_MAX_KV_GROUPS]; /* window of each group (0: full) */
-} loom_model_config;
+} loom__model_config;
 
-typedef struct loom_layer_weights {
+typedef struct loom__layer_weights {
     loom_tensor attn_norm;      /* F32 [D] */
     loom_tensor wq;             /* [H*hd, D] */
     loom_tensor wk;             /* [Hkv*hd, D] */
@@ -58,18 +58,18 @@ typedef struct loom_layer_weights {
     loom_tensor w_up;           /* [F, D] */
     loom_tensor w_down;         /* [D, F] */
     loom_tensor post_ffn_norm;  /* F32 [D] norm of the feed-forward output (gemma3), or NULL */
-} loom_layer_weights;
+} loom__layer_weights;
 
 struct loom_model {
-    loom_gguf *gguf; /* the open file; tensors of a mapped CPU model point into it */
-    loom_tokenizer *tok;
-    loom_model_config cfg;
+    loom__gguf *gguf; /* the open file; tensors of a mapped CPU model point into it */
+    loom__tokenizer *tok;
+    loom__model_config cfg;
     bool vocab_only;
     char *arch_name; /* NUL-terminated copies of metadata strings */
     char *name;
     int64_t n_params;
 
-    loom_backend *backend;  /* NULL when vocab_only */
+    loom__backend *backend;  /* NULL when vocab_only */
     loom_buffer *weights;   /* the file wrapped (mmap) or a copy in backend memory */
     loom_buffer **extra;    /* [n_extra] small buffers: vectors converted to F32 at load */
     int32_t n_extra;
@@ -78,26 +78,26 @@ struct loom_model {
     loom_tensor tok_embd;       /* [V, D] */
     loom_tensor output_norm;    /* F32 [D] */
     loom_tensor output;         /* [V, D]; the embedding table when tied */
-    loom_layer_weights *layers; /* [n_layer] */
+    loom__layer_weights *layers; /* [n_layer] */
 };
 
 /* ---- shared by the architecture files (hparams.c) ---- */
 
 /* Reads "<arch>.<key>" as a dimension (a non-negative count below 2^24). */
-loom_status loom__hparam_dim(const loom_gguf *g, const char *arch, const char *key,
+loom_status loom__hparam_dim(const loom__gguf *g, const char *arch, const char *key,
                              bool required, uint32_t def, int32_t *out);
 
 /* Reads the hyper-parameters every decoder here shares: context, widths, heads, head_dim,
  * rms eps, rope base / dimension / linear scaling (into every layer's rope, normal mode) and
  * the vocabulary size. Allocates cfg->layers. */
-loom_status loom__hparams_common(const loom_gguf *g, const char *arch, loom_model_config *cfg);
+loom_status loom__hparams_common(const loom__gguf *g, const char *arch, loom__model_config *cfg);
 
 /* ---- per architecture ---- */
-loom_status loom__llama_read_config(const loom_gguf *g, const char *arch, loom_model_config *cfg);
-loom_status loom__gemma3_read_config(const loom_gguf *g, loom_model_config *cfg);
+loom_status loom__llama_read_config(const loom__gguf *g, const char *arch, loom__model_config *cfg);
+loom_status loom__gemma3_read_config(const loom__gguf *g, loom__model_config *cfg);
 
 /* Groups the layers by window into KV groups (full-attention layers first). */
-loom_status loom__model_assign_kv_groups(loom_model_config *cfg);
+loom_status loom__model_assign_kv_groups(loom__model_config *cfg);
 
 /* Binds every weight tensor of the configured architecture (shapes checked against cfg). */
 loom_status loom__model_bind_weights(loom_model *model);

@@ -22,7 +22,7 @@ loom_model_params loom_model_default_params(void) {
     return p;
 }
 
-static char *dup_gguf_str(loom_gguf_str s) {
+static char *dup_gguf_str(loom__gguf_str s) {
     char *out = malloc(s.len + 1);
     if (!out) return NULL;
     memcpy(out, s.ptr, s.len);
@@ -36,8 +36,8 @@ static char *dup_gguf_str(loom_gguf_str s) {
 static loom_status place_weights(loom_model *m, bool use_mmap, loom_numa_mode numa) {
     const loom_backend_ops *ops = m->backend->ops;
     void *ctx = m->backend->ctx;
-    size_t size = loom_gguf_file_size(m->gguf);
-    void *image = (void *)loom_gguf_image(m->gguf);
+    size_t size = loom__gguf_file_size(m->gguf);
+    void *image = (void *)loom__gguf_image(m->gguf);
     /* The backend is the CPU one (loom_model_load), whose memory is host memory: weight pages
      * follow its NUMA plan (core/numa.h), before the copy below touches them, or as the
      * mapping faults them in. */
@@ -74,7 +74,7 @@ static loom_status add_extra_buffer(loom_model *m, size_t bytes, loom_buffer **o
 loom_status loom__model_tensor(loom_model *m, const char *name, int64_t ne0, int64_t ne1,
                                bool required, loom_tensor *out) {
     memset(out, 0, sizeof *out);
-    const loom_gguf_tensor *t = loom_gguf_find_tensor(m->gguf, name);
+    const loom__gguf_tensor *t = loom__gguf_find_tensor(m->gguf, name);
     if (!t) {
         LOOM_RETURN_IF(required, LOOM_ERR_BAD_MODEL, "model: missing tensor '%s'", name);
         return LOOM_OK;
@@ -84,23 +84,23 @@ loom_status loom__model_tensor(loom_model *m, const char *name, int64_t ne0, int
     LOOM_RETURN_IF(t->ne[0] != ne0 || rows != ne1, LOOM_ERR_BAD_MODEL,
                    "model: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
                    (long long)t->ne[0], (long long)rows, (long long)ne0, (long long)ne1);
-    const loom_type_traits *tr = loom_type_get_traits(t->type);
+    const loom__type_traits *tr = loom__type_get_traits(t->type);
     LOOM_RETURN_IF(!tr || !tr->can_dequantize, LOOM_ERR_UNSUPPORTED,
                    "model: tensor '%s' has type %s, which loom cannot compute with", name,
-                   loom_type_name(t->type));
+                   loom__type_name(t->type));
     size_t row_bytes = 0;
-    LOOM_RETURN_IF(!loom_type_row_bytes(t->type, ne0, &row_bytes), LOOM_ERR_BAD_MODEL,
+    LOOM_RETURN_IF(!loom__type_row_bytes(t->type, ne0, &row_bytes), LOOM_ERR_BAD_MODEL,
                    "model: tensor '%s': bad row size", name);
 
     const loom_backend_ops *ops = m->backend->ops;
     char *base = ops->buffer_base(m->backend->ctx, m->weights);
-    const char *image = loom_gguf_image(m->gguf);
+    const char *image = loom__gguf_image(m->gguf);
     if (ne1 == 1 && t->type != LOOM_TYPE_F32) {
         /* Vectors (norm weights) are consumed as F32 by every op: convert once at load. */
         float *tmp = malloc((size_t)ne0 * sizeof(float));
         LOOM_RETURN_IF(!tmp, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
         loom_status st = LOOM_OK;
-        if (!loom_dequantize_row(t->type, t->data, tmp, ne0)) {
+        if (!loom__dequantize_row(t->type, t->data, tmp, ne0)) {
             st = loom__fail(LOOM_ERR_UNSUPPORTED, "model: cannot convert '%s'", name);
         }
         loom_buffer *buf = NULL;
@@ -119,9 +119,9 @@ loom_status loom__model_tensor(loom_model *m, const char *name, int64_t ne0, int
 }
 
 static loom_status read_general(loom_model *m) {
-    loom_gguf_str arch, name;
-    LOOM_TRY(loom_gguf_get_str(m->gguf, "general.architecture", true, &arch));
-    LOOM_TRY(loom_gguf_get_str(m->gguf, "general.name", false, &name));
+    loom__gguf_str arch, name;
+    LOOM_TRY(loom__gguf_get_str(m->gguf, "general.architecture", true, &arch));
+    LOOM_TRY(loom__gguf_get_str(m->gguf, "general.name", false, &name));
     m->arch_name = dup_gguf_str(arch);
     m->name = dup_gguf_str(name);
     LOOM_RETURN_IF(!m->arch_name || !m->name, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
@@ -129,9 +129,9 @@ static loom_status read_general(loom_model *m) {
 }
 
 static loom_status load_model(loom_model *m, const char *path, const loom_model_params *p) {
-    LOOM_TRY(loom_gguf_open(path, &m->gguf));
+    LOOM_TRY(loom__gguf_open(path, &m->gguf));
     LOOM_TRY(read_general(m));
-    LOOM_TRY(loom_tokenizer_load(m->gguf, &m->tok));
+    LOOM_TRY(loom__tokenizer_load(m->gguf, &m->tok));
 
     if (strcmp(m->arch_name, "llama") == 0) {
         m->cfg.arch = LOOM_ARCH_LLAMA;
@@ -147,7 +147,7 @@ static loom_status load_model(loom_model *m, const char *path, const loom_model_
                           m->arch_name);
     }
     LOOM_TRY(loom__model_assign_kv_groups(&m->cfg));
-    int32_t n_tok = loom_tokenizer_n_vocab(m->tok);
+    int32_t n_tok = loom__tokenizer_n_vocab(m->tok);
     if (m->cfg.n_vocab == 0) m->cfg.n_vocab = n_tok;
     LOOM_RETURN_IF(m->cfg.n_vocab != n_tok, LOOM_ERR_BAD_MODEL,
                    "model: vocab_size %d differs from the tokenizer's %d tokens", m->cfg.n_vocab,
@@ -159,18 +159,18 @@ static loom_status load_model(loom_model *m, const char *path, const loom_model_
 
     LOOM_RETURN_IF(p->backend != LOOM_BACKEND_CPU, LOOM_ERR_UNSUPPORTED,
                    "model: backend %d is not built into this library", (int)p->backend);
-    loom_cpu_params cp = {
+    loom__cpu_params cp = {
         .n_threads = p->n_threads, .f32_activations = p->f32_activations, .numa = p->numa};
-    LOOM_TRY(loom_backend_cpu_create(&cp, &m->backend));
+    LOOM_TRY(loom__backend_cpu_create(&cp, &m->backend));
     LOOM_TRY(place_weights(m, p->use_mmap, p->numa));
     LOOM_TRY(loom__model_bind_weights(m));
     /* Copied weights need the mapped ones no more (binding read the norm vectors from them). */
-    if (m->backend->ops->buffer_base(m->backend->ctx, m->weights) != loom_gguf_image(m->gguf))
-        loom_gguf_release_data(m->gguf);
+    if (m->backend->ops->buffer_base(m->backend->ctx, m->weights) != loom__gguf_image(m->gguf))
+        loom__gguf_release_data(m->gguf);
 
     m->n_params = 0;
-    for (int64_t i = 0; i < loom_gguf_n_tensors(m->gguf); i++) {
-        const loom_gguf_tensor *t = loom_gguf_tensor_at(m->gguf, i);
+    for (int64_t i = 0; i < loom__gguf_n_tensors(m->gguf); i++) {
+        const loom__gguf_tensor *t = loom__gguf_tensor_at(m->gguf, i);
         int64_t n = 1;
         for (uint32_t d = 0; d < t->n_dims; d++) n *= t->ne[d];
         m->n_params += n;
@@ -208,7 +208,7 @@ void loom_model_free(loom_model *m) {
             m->backend->ops->buffer_free(m->backend->ctx, m->extra[i]);
         }
         if (m->weights) m->backend->ops->buffer_free(m->backend->ctx, m->weights);
-        loom_backend_destroy(m->backend);
+        loom__backend_destroy(m->backend);
     }
     free(m->extra);
     free(m->layers);
@@ -216,8 +216,8 @@ void loom_model_free(loom_model *m) {
     free(m->rope_freq_factors);
     free(m->arch_name);
     free(m->name);
-    loom_tokenizer_free(m->tok);
-    loom_gguf_close(m->gguf);
+    loom__tokenizer_free(m->tok);
+    loom__gguf_close(m->gguf);
     free(m);
 }
 
@@ -236,9 +236,9 @@ loom_status loom_model_get_info(const loom_model *m, loom_model_info *out) {
     out->n_head_kv = m->cfg.n_head_kv;
     out->head_dim = m->cfg.head_dim;
     out->n_params = m->n_params;
-    out->file_bytes = (int64_t)loom_gguf_file_size(m->gguf);
-    out->bos = loom_tokenizer_bos(m->tok);
-    out->eos = loom_tokenizer_eos(m->tok);
+    out->file_bytes = (int64_t)loom__gguf_file_size(m->gguf);
+    out->bos = loom__tokenizer_bos(m->tok);
+    out->eos = loom__tokenizer_eos(m->tok);
     out->cpu_kernels = loom__qdot_simd_name();
     return LOOM_OK;
 }

@@ -13,7 +13,7 @@ typedef struct arch_tensors {
     bool post_norms; /* gemma3: post_attention_norm, post_ffw_norm */
 } arch_tensors;
 
-static arch_tensors tensors_of(loom_arch a) {
+static arch_tensors tensors_of(loom__arch a) {
     arch_tensors t = {false, false, false};
     if (a == LOOM_ARCH_QWEN2) t.qkv_bias = true;
     if (a == LOOM_ARCH_GEMMA3) t.qk_norm = t.post_norms = true;
@@ -27,8 +27,8 @@ static loom_status bind(loom_model *m, int32_t il, const char *suffix, int64_t n
     return loom__model_tensor(m, name, ne0, ne1, required, out);
 }
 
-static loom_status bind_layer(loom_model *m, int32_t il, loom_layer_weights *w) {
-    const loom_model_config *c = &m->cfg;
+static loom_status bind_layer(loom_model *m, int32_t il, loom__layer_weights *w) {
+    const loom__model_config *c = &m->cfg;
     arch_tensors at = tensors_of(c->arch);
     int64_t d = c->n_embd, hd = c->head_dim, f = c->n_ff;
     int64_t q_dim = (int64_t)c->n_head * hd, kv_dim = (int64_t)c->n_head_kv * hd;
@@ -53,7 +53,7 @@ static loom_status bind_layer(loom_model *m, int32_t il, loom_layer_weights *w) 
 
 /* llama3-style per-frequency rope divisors, applied to every layer. */
 static loom_status bind_rope_factors(loom_model *m) {
-    const loom_gguf_tensor *t = loom_gguf_find_tensor(m->gguf, "rope_freqs.weight");
+    const loom__gguf_tensor *t = loom__gguf_find_tensor(m->gguf, "rope_freqs.weight");
     if (!t) return LOOM_OK;
     int32_t half = m->cfg.layers[0].rope.n_rot / 2;
     LOOM_RETURN_IF(t->ne[0] != half || t->n_dims != 1, LOOM_ERR_BAD_MODEL,
@@ -61,9 +61,9 @@ static loom_status bind_rope_factors(loom_model *m) {
                    half);
     m->rope_freq_factors = malloc((size_t)half * sizeof(float));
     LOOM_RETURN_IF(!m->rope_freq_factors, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
-    LOOM_RETURN_IF(!loom_dequantize_row(t->type, t->data, m->rope_freq_factors, half),
+    LOOM_RETURN_IF(!loom__dequantize_row(t->type, t->data, m->rope_freq_factors, half),
                    LOOM_ERR_UNSUPPORTED, "model: rope_freqs.weight has type %s",
-                   loom_type_name(t->type));
+                   loom__type_name(t->type));
     for (int32_t il = 0; il < m->cfg.n_layer; il++) {
         m->cfg.layers[il].rope.freq_factors = m->rope_freq_factors;
     }
@@ -71,7 +71,7 @@ static loom_status bind_rope_factors(loom_model *m) {
 }
 
 loom_status loom__model_bind_weights(loom_model *m) {
-    const loom_model_config *c = &m->cfg;
+    const loom__model_config *c = &m->cfg;
     LOOM_TRY(loom__model_tensor(m, "token_embd.weight", c->n_embd, c->n_vocab, true,
                                 &m->tok_embd));
     LOOM_TRY(loom__model_tensor(m, "output_norm.weight", c->n_embd, 1, true, &m->output_norm));

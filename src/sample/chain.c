@@ -26,7 +26,7 @@ typedef struct chain_key { /* typical-p sort key */
     loom_token id;
 } chain_key;
 
-struct loom_sample_chain_ws {
+struct loom__sample_chain_ws {
     int32_t n_vocab;
     float *x;          /* [n_vocab] logits after bias and penalties */
     chain_cand *cand;  /* [n_vocab] candidates (also the raw top-n heap before filtering) */
@@ -44,27 +44,27 @@ struct loom_sample_chain_ws {
 
 static size_t align_up(size_t v) { return (v + CHAIN_ALIGN - 1) & ~(size_t)(CHAIN_ALIGN - 1); }
 
-size_t loom_sample_chain_workspace_size(int32_t n_vocab) {
+size_t loom__sample_chain_workspace_size(int32_t n_vocab) {
     if (n_vocab <= 0 || (uint64_t)n_vocab > SIZE_MAX / 64) return 0;
     size_t n = (size_t)n_vocab, nb = (n + CHAIN_BLOCK - 1) / CHAIN_BLOCK;
-    return align_up(sizeof(loom_sample_chain_ws)) + align_up(n * sizeof(float)) +
+    return align_up(sizeof(loom__sample_chain_ws)) + align_up(n * sizeof(float)) +
            align_up(n * sizeof(chain_cand)) + align_up(n * sizeof(chain_key)) +
            align_up(n * sizeof(int32_t)) + 2 * align_up(nb * sizeof(float));
 }
 
-loom_status loom_sample_chain_workspace_init(void *mem, size_t size, int32_t n_vocab,
-                                             loom_sample_chain_ws **out) {
+loom_status loom__sample_chain_workspace_init(void *mem, size_t size, int32_t n_vocab,
+                                             loom__sample_chain_ws **out) {
     LOOM_CHECK_ARG(mem != NULL && out != NULL && n_vocab > 0);
     LOOM_RETURN_IF(((uintptr_t)mem % CHAIN_ALIGN) != 0, LOOM_ERR_INVALID_ARG,
                    "sample chain: workspace must be %d-byte aligned", CHAIN_ALIGN);
-    size_t need = loom_sample_chain_workspace_size(n_vocab);
+    size_t need = loom__sample_chain_workspace_size(n_vocab);
     LOOM_RETURN_IF(need == 0, LOOM_ERR_INVALID_ARG, "sample chain: n_vocab %d too large",
                    n_vocab);
     LOOM_RETURN_IF(size < need, LOOM_ERR_BUFFER_TOO_SMALL,
                    "sample chain: workspace of %zu bytes, %zu needed", size, need);
     size_t n = (size_t)n_vocab;
     char *p = mem;
-    loom_sample_chain_ws *ws = (loom_sample_chain_ws *)(void *)p;
+    loom__sample_chain_ws *ws = (loom__sample_chain_ws *)(void *)p;
     p += align_up(sizeof *ws);
     ws->n_vocab = n_vocab;
     ws->x = (float *)(void *)p;
@@ -87,8 +87,8 @@ loom_status loom_sample_chain_workspace_init(void *mem, size_t size, int32_t n_v
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
-loom_sample_chain_config loom_sample_chain_default_config(void) {
-    loom_sample_chain_config c;
+loom__sample_chain_config loom__sample_chain_default_config(void) {
+    loom__sample_chain_config c;
     memset(&c, 0, sizeof c);
     c.penalty_last_n = 64;
     c.repeat_penalty = 1.0f;
@@ -111,7 +111,7 @@ loom_sample_chain_config loom_sample_chain_default_config(void) {
 
 #define BAD_CFG(cond, ...) LOOM_RETURN_IF(cond, LOOM_ERR_INVALID_ARG, "sample chain: " __VA_ARGS__)
 
-loom_status loom_sample_chain_validate(const loom_sample_chain_config *c, int32_t n_vocab) {
+loom_status loom__sample_chain_validate(const loom__sample_chain_config *c, int32_t n_vocab) {
     LOOM_CHECK_ARG(c != NULL && n_vocab > 0);
     BAD_CFG(!(c->temperature >= 0) || !isfinite(c->temperature),
             "temperature %g must be finite and >= 0", (double)c->temperature);
@@ -323,7 +323,7 @@ typedef struct chain_scan {
 /* Copies the logits into x with NaN as -inf, a block at a time: each block's maximum goes to
  * ws->bmax_raw, finite entries are counted, and +inf is only noted (no early exit, so the loop
  * vectorizes). Returns whether some logit is +inf. */
-static bool copy_scan(loom_sample_chain_ws *ws, const float *logits, int32_t *n_finite) {
+static bool copy_scan(loom__sample_chain_ws *ws, const float *logits, int32_t *n_finite) {
     const int32_t n = ws->n_vocab;
     float *x = ws->x;
     const loom__v8f ninf = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
@@ -370,7 +370,7 @@ static bool copy_scan(loom_sample_chain_ws *ws, const float *logits, int32_t *n_
 
 /* One edit of x[t] (bias or penalty): keeps the finite count, and x's block maxima in
  * ws->bmax_x (a copy of bmax_raw made before the first edit) up to date. */
-static void edited(loom_sample_chain_ws *ws, loom_token t, bool was_finite, int32_t *n_finite) {
+static void edited(loom__sample_chain_ws *ws, loom_token t, bool was_finite, int32_t *n_finite) {
     *n_finite += (ws->x[t] > -INFINITY) - was_finite;
     int32_t b = t / CHAIN_BLOCK, e = (b + 1) * CHAIN_BLOCK;
     ws->bmax_x[b] = block_max(ws->x + (size_t)b * CHAIN_BLOCK,
@@ -379,7 +379,7 @@ static void edited(loom_sample_chain_ws *ws, loom_token t, bool was_finite, int3
 
 /* Copies logits, applies bias and penalties; fills *scan and ws->bmax. Returns BAD_INPUT on
  * +inf. */
-static loom_status chain_prepare(loom_sample_chain_ws *ws, const loom_sample_chain_config *c,
+static loom_status chain_prepare(loom__sample_chain_ws *ws, const loom__sample_chain_config *c,
                                  const float *logits, const loom_token *hist, int32_t n_hist,
                                  bool *modified, chain_scan *scan) {
     const int32_t n = ws->n_vocab;
@@ -446,7 +446,7 @@ static loom_status chain_prepare(loom_sample_chain_ws *ws, const loom_sample_cha
 }
 
 /* The effective temperature from the mode (0 = greedy). */
-static double chain_temperature(const loom_sample_chain_config *c, const loom__logit_stats *st) {
+static double chain_temperature(const loom__sample_chain_config *c, const loom__logit_stats *st) {
     double t0 = c->temperature, h = st->entropy, t;
     if (t0 == 0) return 0;
     switch (c->entropy_mode) {
@@ -539,7 +539,7 @@ static float lowest_in(double s, double xmax, double cut, int32_t last) {
 
 /* Keeps the nucleus of top_p in ws->cand (tokens of the buckets before the edge in id order,
  * then the edge bucket's in rank order); returns its size. */
-static int32_t nucleus(loom_sample_chain_ws *ws, double s, double xmax, double top_p,
+static int32_t nucleus(loom__sample_chain_ws *ws, double s, double xmax, double top_p,
                        int32_t n_finite) {
     enum { L = LOOM__VL };
     const int32_t nv = ws->n_vocab;
@@ -617,7 +617,7 @@ static int32_t nucleus(loom_sample_chain_ws *ws, double s, double xmax, double t
 
 /* Steps 5-8 on the scaled distribution w = exp(s (x - xmax)); leaves survivors in ws->cand and
  * returns their count; *by_prob says whether they are sorted best first. */
-static int32_t chain_filter(loom_sample_chain_ws *ws, const loom_sample_chain_config *c,
+static int32_t chain_filter(loom__sample_chain_ws *ws, const loom__sample_chain_config *c,
                             double s, const loom__logit_stats *st, bool *by_prob) {
     const int32_t nv = ws->n_vocab;
     const float *x = ws->x;
@@ -705,7 +705,7 @@ static int32_t chain_filter(loom_sample_chain_ws *ws, const loom_sample_chain_co
  * and penalties left alone were summed there (same, relative to st->max); the few they changed
  * (found among the bias ids and the history, each once) are added here. A positive bias large
  * enough to underflow the untouched entries' weights falls back to a full pass. */
-static double raw_lse(loom_sample_chain_ws *ws, const loom_sample_chain_config *c,
+static double raw_lse(loom__sample_chain_ws *ws, const loom__sample_chain_config *c,
                       const float *logits, const loom_token *hist, int32_t n_hist,
                       const loom__logit_stats *st, double same, float raw_max) {
     if (!(raw_max > -INFINITY)) return INFINITY;
@@ -735,13 +735,13 @@ static double raw_lse(loom_sample_chain_ws *ws, const loom_sample_chain_config *
     return mr + log(sum);
 }
 
-loom_status loom_sample_chain_run(loom_sample_chain_ws *ws, const loom_sample_chain_config *c,
+loom_status loom__sample_chain_run(loom__sample_chain_ws *ws, const loom__sample_chain_config *c,
                                   const float *logits, const loom_token *history,
                                   int32_t n_history, uint64_t draw_index,
-                                  loom_sample_chain_result *out) {
+                                  loom__sample_chain_result *out) {
     LOOM_CHECK_ARG(ws != NULL && c != NULL && logits != NULL && out != NULL);
     LOOM_CHECK_ARG(n_history >= 0 && (n_history == 0 || history != NULL));
-    LOOM_TRY(loom_sample_chain_validate(c, ws->n_vocab));
+    LOOM_TRY(loom__sample_chain_validate(c, ws->n_vocab));
     LOOM_RETURN_IF(c->n_logprobs > 0 && (out->top_raw == NULL || out->top_final == NULL),
                    LOOM_ERR_INVALID_ARG,
                    "sample chain: n_logprobs %d needs top_raw and top_final buffers",
@@ -775,7 +775,7 @@ loom_status loom_sample_chain_run(loom_sample_chain_ws *ws, const loom_sample_ch
     if (c->n_logprobs > 0) {
         int32_t m = select_best(logits, ws->bmax_raw, nv, c->n_logprobs, ws->cand);
         for (int32_t i = 0; i < m; i++)
-            out->top_raw[i] = (loom_sample_chain_logprob){
+            out->top_raw[i] = (loom__sample_chain_logprob){
                 ws->cand[i].id, (float)((double)ws->cand[i].x - lse_raw)};
         out->n_top_raw = m;
     }
@@ -791,7 +791,7 @@ loom_status loom_sample_chain_run(loom_sample_chain_ws *ws, const loom_sample_ch
         out->temperature = 0;
         out->n_candidates = 1;
         if (c->n_logprobs > 0) {
-            out->top_final[0] = (loom_sample_chain_logprob){tok, 0.0f};
+            out->top_final[0] = (loom__sample_chain_logprob){tok, 0.0f};
             out->n_top_final = 1;
         }
     } else {
@@ -836,7 +836,7 @@ loom_status loom_sample_chain_run(loom_sample_chain_ws *ws, const loom_sample_ch
                 best = h;
             }
             for (int32_t i = 0; i < m; i++)
-                out->top_final[i] = (loom_sample_chain_logprob){
+                out->top_final[i] = (loom__sample_chain_logprob){
                     best[i].id, (float)(s * ((double)best[i].x - xmax) - lzf)};
             out->n_top_final = m;
         }

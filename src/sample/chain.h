@@ -60,7 +60,7 @@
 
 #define LOOM_SAMPLE_CHAIN_DEFAULT_LOGPROBS_MAX 20 /* what the engine allows without asking */
 
-typedef struct loom_sample_chain_config {
+typedef struct loom__sample_chain_config {
     /* 1. bias */
     const loom_logit_bias *bias; /* n_bias entries, borrowed; duplicates add up */
     int32_t n_bias;
@@ -87,22 +87,22 @@ typedef struct loom_sample_chain_config {
     uint64_t seed; /* default 0x5EED */
     /* outputs */
     int32_t n_logprobs; /* top-n alternatives to report, [0, n_vocab]; default 0 */
-} loom_sample_chain_config;
+} loom__sample_chain_config;
 
 /* The public pair, so result arrays can be handed out as loom_token_info's top arrays. */
-typedef loom_token_logprob loom_sample_chain_logprob;
+typedef loom_token_logprob loom__sample_chain_logprob;
 
 /* What one step produced. top_raw / top_final are caller-owned arrays of at least
  * cfg->n_logprobs entries (may be NULL when n_logprobs == 0); the rest is filled by the call.
  * "raw" = log softmax of the logits as given (the model's distribution); "final" = the
  * distribution actually drawn from (after every step; renormalized over the survivors; a greedy
  * step is a point mass). */
-typedef struct loom_sample_chain_result {
+typedef struct loom__sample_chain_result {
     loom_token token;
     float logprob_raw;
     float logprob_final;
-    loom_sample_chain_logprob *top_raw;   /* [n_logprobs] in: buffer; out: best first */
-    loom_sample_chain_logprob *top_final; /* [n_logprobs] in: buffer; out: best first */
+    loom__sample_chain_logprob *top_raw;   /* [n_logprobs] in: buffer; out: best first */
+    loom__sample_chain_logprob *top_final; /* [n_logprobs] in: buffer; out: best first */
     int32_t n_top_raw;   /* entries written to top_raw (min(n_logprobs, finite raw tokens)) */
     int32_t n_top_final; /* entries written to top_final (min(n_logprobs, survivors)) */
     double entropy;      /* H of softmax after bias and penalties (what the correction sees) */
@@ -110,10 +110,10 @@ typedef struct loom_sample_chain_result {
     double entropy_final; /* H of the final distribution */
     double temperature;   /* effective temperature 1 / s (0 when greedy) */
     int32_t n_candidates; /* size of the final support */
-} loom_sample_chain_result;
+} loom__sample_chain_result;
 
 /* The documented defaults (matching loom_sampler_default_params for the shared fields). */
-loom_sample_chain_config loom_sample_chain_default_config(void);
+loom__sample_chain_config loom__sample_chain_default_config(void);
 
 /* Checks cfg for a vocabulary of n_vocab tokens (call at submit time). Errors:
  * LOOM_ERR_INVALID_ARG with a message naming the field (negative or non-finite temperature,
@@ -121,19 +121,19 @@ loom_sample_chain_config loom_sample_chain_default_config(void);
  * or a +inf/NaN bias, repeat_penalty <= 0, non-finite presence/frequency, penalty_last_n < -1,
  * negative beta/theta/exponent, edt_n outside (0, 1], edt_h_min <= 0, a bad dynatemp range,
  * an unknown mode, n_logprobs outside [0, n_vocab]). Thread-safe. */
-loom_status loom_sample_chain_validate(const loom_sample_chain_config *cfg, int32_t n_vocab);
+loom_status loom__sample_chain_validate(const loom__sample_chain_config *cfg, int32_t n_vocab);
 
-typedef struct loom_sample_chain_ws loom_sample_chain_ws;
+typedef struct loom__sample_chain_ws loom__sample_chain_ws;
 
 /* Bytes of workspace for n_vocab tokens (0 when n_vocab <= 0 or the size overflows). */
-size_t loom_sample_chain_workspace_size(int32_t n_vocab);
+size_t loom__sample_chain_workspace_size(int32_t n_vocab);
 
 /* Lays a workspace out in caller memory mem[0..size) (16-byte aligned, size from
- * loom_sample_chain_workspace_size); *out points into mem and stays valid as long as mem.
+ * loom__sample_chain_workspace_size); *out points into mem and stays valid as long as mem.
  * Nothing to free. One workspace serves one thread at a time.
  * Errors: LOOM_ERR_INVALID_ARG (NULL, misaligned, n_vocab <= 0), LOOM_ERR_BUFFER_TOO_SMALL. */
-loom_status loom_sample_chain_workspace_init(void *mem, size_t size, int32_t n_vocab,
-                                             loom_sample_chain_ws **out);
+loom_status loom__sample_chain_workspace_init(void *mem, size_t size, int32_t n_vocab,
+                                             loom__sample_chain_ws **out);
 
 /* Runs the chain on logits[0..n_vocab) (n_vocab fixed by the workspace; logits not modified)
  * with the request's previous tokens history[0..n_history) (oldest first; the penalty window
@@ -141,7 +141,7 @@ loom_status loom_sample_chain_workspace_init(void *mem, size_t size, int32_t n_v
  * Errors: LOOM_ERR_INVALID_ARG (NULL, bad cfg, NULL result buffers with n_logprobs > 0),
  *   LOOM_ERR_BAD_INPUT (a history id out of range, a +inf logit after bias/penalties, or no
  *   finite logit left; NaN logits are treated as -inf). */
-loom_status loom_sample_chain_run(loom_sample_chain_ws *ws, const loom_sample_chain_config *cfg,
+loom_status loom__sample_chain_run(loom__sample_chain_ws *ws, const loom__sample_chain_config *cfg,
                                   const float *logits, const loom_token *history,
                                   int32_t n_history, uint64_t draw_index,
-                                  loom_sample_chain_result *out);
+                                  loom__sample_chain_result *out);

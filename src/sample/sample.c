@@ -12,7 +12,7 @@
 
 loom_sampler_params loom_sampler_default_params(void) {
     /* The chain's defaults are the documented ones: copy them so the two cannot drift. */
-    loom_sample_chain_config c = loom_sample_chain_default_config();
+    loom__sample_chain_config c = loom__sample_chain_default_config();
     loom_sampler_params p;
     memset(&p, 0, sizeof p);
     p.temperature = c.temperature;
@@ -39,12 +39,12 @@ loom_sampler_params loom_sampler_default_params(void) {
     return p;
 }
 
-loom_status loom__sampler_to_chain(const loom_sampler_params *p, loom_sample_chain_config *out) {
+loom_status loom__sampler_to_chain(const loom_sampler_params *p, loom__sample_chain_config *out) {
     LOOM_RETURN_IF(p->n_logit_bias > 0 && p->logit_bias == NULL, LOOM_ERR_INVALID_ARG,
                    "sampler: logit_bias is NULL with n_logit_bias %zu", p->n_logit_bias);
     LOOM_RETURN_IF(p->n_logit_bias > INT32_MAX, LOOM_ERR_INVALID_ARG,
                    "sampler: n_logit_bias %zu is too large", p->n_logit_bias);
-    loom_sample_chain_config c;
+    loom__sample_chain_config c;
     memset(&c, 0, sizeof c);
     c.bias = p->logit_bias;
     c.n_bias = (int32_t)p->n_logit_bias;
@@ -71,7 +71,7 @@ loom_status loom__sampler_to_chain(const loom_sampler_params *p, loom_sample_cha
     return LOOM_OK;
 }
 
-void loom__sampler_info(const loom_sample_chain_result *r, loom_token_info *out) {
+void loom__sampler_info(const loom__sample_chain_result *r, loom_token_info *out) {
     out->token = r->token;
     out->logprob_raw = r->logprob_raw;
     out->logprob_final = r->logprob_final;
@@ -91,14 +91,14 @@ void loom__sampler_info(const loom_sample_chain_result *r, loom_token_info *out)
 struct loom_sampler {
     int32_t n_vocab;
     void *mem; /* the chain workspace's memory (16-byte aligned) */
-    loom_sample_chain_ws *ws;
+    loom__sample_chain_ws *ws;
     loom_token_logprob *top; /* [2 * cap_top]: raw alternatives, then final ones */
     int32_t cap_top;
 };
 
 /* Chain workspace memory for n_vocab tokens, or NULL (size 0: too large). */
 static void *alloc_workspace(int32_t n_vocab, size_t *size) {
-    size_t sz = loom_sample_chain_workspace_size(n_vocab);
+    size_t sz = loom__sample_chain_workspace_size(n_vocab);
     *size = sz;
     if (sz == 0) return NULL;
     return aligned_alloc(16, (sz + 15) / 16 * 16); /* C11: a multiple of the alignment */
@@ -118,7 +118,7 @@ loom_status loom_sampler_create(int32_t n_vocab, loom_sampler **out) {
             return loom__fail(LOOM_ERR_INVALID_ARG, "sampler: n_vocab %d is too large", n_vocab);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "sampler: out of memory for %zu bytes", sz);
     }
-    loom_status st = loom_sample_chain_workspace_init(s->mem, sz, n_vocab, &s->ws);
+    loom_status st = loom__sample_chain_workspace_init(s->mem, sz, n_vocab, &s->ws);
     if (st != LOOM_OK) {
         loom_sampler_free(s);
         return st;
@@ -142,10 +142,10 @@ loom_status loom_sampler_run(loom_sampler *s, const float *logits,
     LOOM_CHECK_ARG(n_history == 0 || history != NULL);
     LOOM_RETURN_IF(n_history > INT32_MAX, LOOM_ERR_INVALID_ARG,
                    "sampler: a history of %zu tokens is too long", n_history);
-    loom_sample_chain_config c;
+    loom__sample_chain_config c;
     LOOM_TRY(loom__sampler_to_chain(params, &c));
     /* Validate before growing, so a bad n_logprobs never turns into a huge allocation. */
-    LOOM_TRY(loom_sample_chain_validate(&c, s->n_vocab));
+    LOOM_TRY(loom__sample_chain_validate(&c, s->n_vocab));
     if (c.n_logprobs > s->cap_top) {
         loom_token_logprob *grown = realloc(s->top, 2 * (size_t)c.n_logprobs * sizeof *grown);
         LOOM_RETURN_IF(!grown, LOOM_ERR_OUT_OF_MEMORY, "sampler: out of memory for %d logprobs",
@@ -153,11 +153,11 @@ loom_status loom_sampler_run(loom_sampler *s, const float *logits,
         s->top = grown;
         s->cap_top = c.n_logprobs;
     }
-    loom_sample_chain_result r;
+    loom__sample_chain_result r;
     memset(&r, 0, sizeof r);
     r.top_raw = s->top;
     r.top_final = s->top ? s->top + c.n_logprobs : NULL;
-    LOOM_TRY(loom_sample_chain_run(s->ws, &c, logits, history, (int32_t)n_history, draw_index,
+    LOOM_TRY(loom__sample_chain_run(s->ws, &c, logits, history, (int32_t)n_history, draw_index,
                                    &r));
     loom__sampler_info(&r, out);
     return LOOM_OK;
@@ -169,20 +169,20 @@ loom_status loom_sample(const float *logits, int32_t n_vocab, const loom_sampler
                         uint64_t draw_index, loom_token *out) {
     loom__clear_error();
     LOOM_CHECK_ARG(logits != NULL && p != NULL && out != NULL && n_vocab > 0);
-    loom_sample_chain_config c;
+    loom__sample_chain_config c;
     LOOM_TRY(loom__sampler_to_chain(p, &c));
     c.n_logprobs = 0; /* nothing to return them in */
-    LOOM_TRY(loom_sample_chain_validate(&c, n_vocab));
+    LOOM_TRY(loom__sample_chain_validate(&c, n_vocab));
     size_t sz = 0;
     void *mem = alloc_workspace(n_vocab, &sz);
     LOOM_RETURN_IF(!mem && sz == 0, LOOM_ERR_INVALID_ARG, "sample: n_vocab %d is too large",
                    n_vocab);
     LOOM_RETURN_IF(!mem, LOOM_ERR_OUT_OF_MEMORY, "sample: out of memory for %zu bytes", sz);
-    loom_sample_chain_ws *ws = NULL;
-    loom_sample_chain_result r;
+    loom__sample_chain_ws *ws = NULL;
+    loom__sample_chain_result r;
     memset(&r, 0, sizeof r);
-    loom_status st = loom_sample_chain_workspace_init(mem, sz, n_vocab, &ws);
-    if (st == LOOM_OK) st = loom_sample_chain_run(ws, &c, logits, NULL, 0, draw_index, &r);
+    loom_status st = loom__sample_chain_workspace_init(mem, sz, n_vocab, &ws);
+    if (st == LOOM_OK) st = loom__sample_chain_run(ws, &c, logits, NULL, 0, draw_index, &r);
     free(mem);
     if (st == LOOM_OK) *out = r.token;
     return st;

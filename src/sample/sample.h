@@ -9,8 +9,8 @@
 
 /* Maps p onto a chain configuration; the logit-bias list stays borrowed from p. Checks only
  * what the mapping itself needs (a list when n_logit_bias > 0, a count that fits int32_t);
- * loom_sample_chain_validate checks the values. Errors: INVALID_ARG. */
-loom_status loom__sampler_to_chain(const loom_sampler_params *p, loom_sample_chain_config *out);
+ * loom__sample_chain_validate checks the values. Errors: INVALID_ARG. */
+loom_status loom__sampler_to_chain(const loom_sampler_params *p, loom__sample_chain_config *out);
 
 /* The public view of a chain result; the top arrays are shared with r, not copied. */
-void loom__sampler_info(const loom_sample_chain_result *r, loom_token_info *out);
+void loom__sampler_info(const loom__sample_chain_result *r, loom_token_info *out);

@@ -7,7 +7,7 @@
  *   2. then prefill chunks of running requests and first chunks of newly admitted ones, in
  *      order of importance, each chunk at most the budget left (chunked prefill);
  * under a token budget (max_batched_tokens) and a sequence limit (max_seqs). It asks the KV
- * manager about capacity only through loom_sched_kv_iface (sched never includes kv/): the
+ * manager about capacity only through loom__sched_kv_iface (sched never includes kv/): the
  * engine wires the two together.
  *
  * Time: every call takes `now_us`, monotonic microseconds chosen by the caller (the scheduler
@@ -15,7 +15,7 @@
  *
  * Order of importance (policy PRIORITY):
  *   effective priority (higher first), then deadline (earlier first; none = last), then arrival
- *   (earlier first), then the order of loom_sched_add (a total order: plans are deterministic).
+ *   (earlier first), then the order of loom__sched_add (a total order: plans are deterministic).
  *   - Deadline of a request with no token yet: arrival_us + ttft_us (TTFT is relative to the
  *     request's arrival). Of a request with tokens: first_token + n_generated * tpot_us, the
  *     time its next token is due if it keeps its mean time-per-output-token under tpot_us; a
@@ -55,14 +55,14 @@
  * running the watermark is waived, and a request that cannot fit even then is rejected
  * (plan.rejected: the engine fails it, e.g. with LOOM_ERR_CONTEXT_FULL).
  *
- * Protocol, per step: loom_sched_schedule -> the engine carries out the plan (preempts, reserves
- * KV, runs the forward, samples) -> loom_sched_on_step_done with what was sampled and what
- * finished. loom_sched_add and loom_sched_cancel may be called between steps and between
+ * Protocol, per step: loom__sched_schedule -> the engine carries out the plan (preempts, reserves
+ * KV, runs the forward, samples) -> loom__sched_on_step_done with what was sampled and what
+ * finished. loom__sched_add and loom__sched_cancel may be called between steps and between
  * schedule and on_step_done.
  *
  * Threads: not thread-safe; all calls come from the engine's step thread.
- * Memory: everything a step needs is allocated at create time or grown by loom_sched_add;
- * loom_sched_schedule and loom_sched_on_step_done never allocate.
+ * Memory: everything a step needs is allocated at create time or grown by loom__sched_add;
+ * loom__sched_schedule and loom__sched_on_step_done never allocate.
  * Errors: LOOM_ERR_INVALID_ARG for bad arguments and misuse (duplicate or unknown id, calls out
  * of protocol, time going back), LOOM_ERR_OUT_OF_MEMORY; the message says which. On failure the
  * scheduler is unchanged. */
@@ -74,23 +74,23 @@
 /* Configuration                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef enum loom_sched_policy {
+typedef enum loom__sched_policy {
     LOOM_SCHED_POLICY_PRIORITY = 0, /* priorities, deadlines, promotion (the default) */
     LOOM_SCHED_POLICY_FCFS = 1,     /* plain first-come-first-served, for comparison */
-} loom_sched_policy;
+} loom__sched_policy;
 
-typedef enum loom_sched_preempt_mode {
+typedef enum loom__sched_preempt_mode {
     LOOM_SCHED_PREEMPT_RECOMPUTE = 0, /* drop the victim's KV; it re-prefills later */
     LOOM_SCHED_PREEMPT_SWAP = 1,      /* move the victim's KV to host memory; swap it in later */
-} loom_sched_preempt_mode;
+} loom__sched_preempt_mode;
 
-typedef struct loom_sched_config {
-    loom_sched_policy policy;
+typedef struct loom__sched_config {
+    loom__sched_policy policy;
     int32_t max_batched_tokens; /* token budget per step; >= max_seqs (so decodes always fit) */
     int32_t max_seqs;           /* sequences per step = most requests running at once; >= 1 */
     int32_t max_prefill_chunk;  /* per-request chunk cap in tokens; 0 = only the budget */
     int32_t watermark_blocks;   /* admission leaves at least this many KV blocks free; >= 0 */
-    loom_sched_preempt_mode preempt_mode;
+    loom__sched_preempt_mode preempt_mode;
     int64_t promote_age_us;   /* waiting time after which a request is promoted; 0 = never */
     int32_t initial_capacity; /* requests held before the first growth; 0 = a default */
     /* TPOT-aware budget (PRIORITY policy; both 0 = off): the engine's estimate of a step's time,
@@ -100,11 +100,11 @@ typedef struct loom_sched_config {
      * prefill throughput for decode deadlines exactly when they would be missed. */
     int64_t step_base_us;
     int64_t step_per_token_us;
-} loom_sched_config;
+} loom__sched_config;
 
 /* Defaults: PRIORITY, 2048 tokens, 64 seqs, no chunk cap, watermark 0, RECOMPUTE, promotion
  * after 10 s, step cost model off. */
-loom_sched_config loom_sched_default_config(void);
+loom__sched_config loom__sched_default_config(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* The KV interface the engine provides                                                      */
@@ -114,7 +114,7 @@ loom_sched_config loom_sched_default_config(void);
  * start of the step (before the engine carries out the plan); the scheduler does the step's
  * bookkeeping itself (it subtracts what it plans, adds back what it preempts), so the engine
  * needs no reserve/release hooks. A negative answer is treated as 0. */
-typedef struct loom_sched_kv_iface {
+typedef struct loom__sched_kv_iface {
     void *ctx; /* passed to every call; owned by the engine */
 
     /* Blocks that can be handed out now: free blocks plus evictable cached ones. */
@@ -136,13 +136,13 @@ typedef struct loom_sched_kv_iface {
      * when it is about to be admitted holding nothing. Its first chunk then starts there
      * (entry.pos_start); the scheduler keeps at least one token to compute. */
     int32_t (*cached_tokens)(void *ctx, uint64_t id);
-} loom_sched_kv_iface;
+} loom__sched_kv_iface;
 
 /* ------------------------------------------------------------------------------------------ */
 /* Requests                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct loom_sched_request_info {
+typedef struct loom__sched_request_info {
     uint64_t id;            /* the engine's id; unique among requests the scheduler holds */
     int32_t priority;       /* higher = more important; 0 is the usual default */
     int32_t n_prompt;       /* prompt tokens, >= 1 */
@@ -150,30 +150,30 @@ typedef struct loom_sched_request_info {
     int64_t arrival_us;     /* when it arrived (<= now); waiting time counts from here */
     int64_t ttft_us;        /* time-to-first-token deadline relative to arrival; 0 = none */
     int64_t tpot_us;        /* mean time-per-output-token deadline; 0 = none */
-} loom_sched_request_info;
+} loom__sched_request_info;
 
-typedef enum loom_sched_state {
+typedef enum loom__sched_state {
     LOOM_SCHED_STATE_WAITING = 0,   /* never admitted */
     LOOM_SCHED_STATE_RUNNING = 1,   /* admitted: holds (or is about to hold) KV */
     LOOM_SCHED_STATE_PREEMPTED = 2, /* back in the waiting queue after preemption */
-} loom_sched_state;
+} loom__sched_state;
 
 /* What a cancelled request leaves for the engine to free (after the engine has carried out the
  * pending plan, if any). */
-typedef enum loom_sched_holds {
+typedef enum loom__sched_holds {
     LOOM_SCHED_HOLDS_NOTHING = 0, /* waiting, or preempted with RECOMPUTE */
     LOOM_SCHED_HOLDS_KV = 1,      /* running: free its KV sequence */
     LOOM_SCHED_HOLDS_SWAP = 2,    /* preempted with SWAP: free its host copy */
-} loom_sched_holds;
+} loom__sched_holds;
 
-typedef struct loom_sched_request_view {
-    loom_sched_state state;
+typedef struct loom__sched_request_view {
+    loom__sched_state state;
     int32_t n_computed;         /* positions whose KV it holds (or has swapped out) */
     int32_t n_generated;        /* tokens sampled so far (never lost by preemption) */
     int64_t effective_priority; /* priority, or LOOM_SCHED_PROMOTED_PRIORITY once promoted */
     bool promoted;
     bool swapped; /* preempted with SWAP and not yet swapped back in */
-} loom_sched_request_view;
+} loom__sched_request_view;
 
 /* A promoted request's effective priority: above every int32_t priority. */
 #define LOOM_SCHED_PROMOTED_PRIORITY ((int64_t)INT32_MAX + 1)
@@ -182,7 +182,7 @@ typedef struct loom_sched_request_view {
 /* The plan                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct loom_sched_entry {
+typedef struct loom__sched_entry {
     uint64_t id;
     int32_t pos_start; /* first position computed this step (= n_computed before it) */
     int32_t n_tokens;  /* tokens computed this step, >= 1: positions [pos_start, +n_tokens) */
@@ -191,35 +191,35 @@ typedef struct loom_sched_entry {
     bool admitted;     /* admitted this step: set up its sequence (claiming pos_start cached
                           tokens from the prefix cache) before reserving */
     bool swap_in;      /* resumed after SWAP preemption: swap its KV in before computing */
-} loom_sched_entry;
+} loom__sched_entry;
 
-/* Filled by loom_sched_schedule; the arrays point into memory owned by the scheduler, valid
- * until the next loom_sched_schedule or loom_sched_destroy. The engine carries out, in order:
+/* Filled by loom__sched_schedule; the arrays point into memory owned by the scheduler, valid
+ * until the next loom__sched_schedule or loom__sched_destroy. The engine carries out, in order:
  * preemptions (preempt_mode), rejections, then the entries. */
-typedef struct loom_sched_plan {
-    const loom_sched_entry *entries; /* [n_entries]: running decodes first, then chunks in
+typedef struct loom__sched_plan {
+    const loom__sched_entry *entries; /* [n_entries]: running decodes first, then chunks in
                                         order of importance */
     int32_t n_entries;               /* <= max_seqs */
     int32_t n_tokens;                /* sum of entries' n_tokens, <= max_batched_tokens */
     int32_t n_decode;                /* entries that are decodes */
     const uint64_t *preempted;       /* [n_preempted] running requests to preempt now */
     int32_t n_preempted;
-    loom_sched_preempt_mode preempt_mode;
+    loom__sched_preempt_mode preempt_mode;
     const uint64_t *rejected; /* [n_rejected] requests that can never fit in the KV cache; the
                                  scheduler has forgotten them; the engine fails them and frees
                                  what they hold (a rejected running request holds KV) */
     int32_t n_rejected;
-} loom_sched_plan;
+} loom__sched_plan;
 
 /* What the engine reports for one entry of the last plan. */
-typedef struct loom_sched_result {
+typedef struct loom__sched_result {
     uint64_t id;
     int32_t n_new_tokens; /* tokens sampled this step (0 unless the entry had `sample`) */
     bool finished;        /* the request is done (stop, error, ...): the scheduler forgets it,
                              the engine frees its KV */
-} loom_sched_result;
+} loom__sched_result;
 
-typedef struct loom_sched_stats {
+typedef struct loom__sched_stats {
     int32_t n_waiting; /* never admitted */
     int32_t n_running;
     int32_t n_preempted; /* preempted, waiting to resume */
@@ -229,33 +229,33 @@ typedef struct loom_sched_stats {
     int64_t n_prefill_tokens, n_decode_tokens; /* planned and committed */
     int64_t n_ttft_met, n_ttft_missed;         /* first tokens of requests with a TTFT deadline */
     int64_t n_tpot_met, n_tpot_missed;         /* later tokens of requests with a TPOT deadline */
-} loom_sched_stats;
+} loom__sched_stats;
 
 /* ------------------------------------------------------------------------------------------ */
 /* Functions                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct loom_sched loom_sched;
+typedef struct loom__sched loom__sched;
 
 /* Creates a scheduler. cfg and kv are copied (kv->ctx must outlive the scheduler). Errors:
  * INVALID_ARG (NULL, max_seqs < 1, max_batched_tokens < max_seqs, negative chunk cap, watermark
  * or age, unknown policy or mode, a required kv function missing), OUT_OF_MEMORY. */
-loom_status loom_sched_create(const loom_sched_config *cfg, const loom_sched_kv_iface *kv,
-                              loom_sched **out);
+loom_status loom__sched_create(const loom__sched_config *cfg, const loom__sched_kv_iface *kv,
+                              loom__sched **out);
 
 /* Frees the scheduler and its plan memory. NULL is a no-op. */
-void loom_sched_destroy(loom_sched *s);
+void loom__sched_destroy(loom__sched *s);
 
 /* Adds a waiting request. May grow the scheduler's tables (the only call that allocates).
  * Errors: INVALID_ARG (NULL, duplicate id, n_prompt or max_new_tokens < 1, negative deadline,
  * arrival after now, now before an earlier call's), OUT_OF_MEMORY. */
-loom_status loom_sched_add(loom_sched *s, const loom_sched_request_info *info, int64_t now_us);
+loom_status loom__sched_add(loom__sched *s, const loom__sched_request_info *info, int64_t now_us);
 
-/* Builds the next step's plan into *plan (see loom_sched_plan for ownership). Preemptions and
- * admissions take effect at once; progress is committed by loom_sched_on_step_done. A plan
+/* Builds the next step's plan into *plan (see loom__sched_plan for ownership). Preemptions and
+ * admissions take effect at once; progress is committed by loom__sched_on_step_done. A plan
  * with no entries needs no on_step_done. Errors: INVALID_ARG (NULL, time going back, the last
  * plan with entries not yet committed). */
-loom_status loom_sched_schedule(loom_sched *s, int64_t now_us, loom_sched_plan *plan);
+loom_status loom__sched_schedule(loom__sched *s, int64_t now_us, loom__sched_plan *plan);
 
 /* Commits the last plan: every entry's n_tokens become computed, results add sampled tokens
  * (a request that reaches max_new_tokens finishes, whether or not `finished` is set) and
@@ -265,21 +265,21 @@ loom_status loom_sched_schedule(loom_sched *s, int64_t now_us, loom_sched_plan *
  * INVALID_ARG (NULL with n_results > 0, no plan pending, an id not in the plan, a repeated id,
  * tokens for an entry without `sample`, a sampling entry without a result, time going back);
  * nothing is committed then. */
-loom_status loom_sched_on_step_done(loom_sched *s, const loom_sched_result *results,
+loom_status loom__sched_on_step_done(loom__sched *s, const loom__sched_result *results,
                                     int32_t n_results, int64_t now_us);
 
 /* Removes request id in whatever state it is; *holds (may be NULL) says what the engine must
  * free. If it is in the pending plan, the engine drops its entry (if it has not run yet) and
  * on_step_done ignores it. Errors: INVALID_ARG (NULL s, unknown id). */
-loom_status loom_sched_cancel(loom_sched *s, uint64_t id, loom_sched_holds *holds);
+loom_status loom__sched_cancel(loom__sched *s, uint64_t id, loom__sched_holds *holds);
 
 /* The state and counters of request id. Errors: INVALID_ARG (NULL, unknown id). */
-loom_status loom_sched_get(const loom_sched *s, uint64_t id, loom_sched_request_view *out);
+loom_status loom__sched_get(const loom__sched *s, uint64_t id, loom__sched_request_view *out);
 
 /* Counters since create. Never fails for non-NULL arguments (NULL: zeroes / no-op). */
-void loom_sched_get_stats(const loom_sched *s, loom_sched_stats *out);
+void loom__sched_get_stats(const loom__sched *s, loom__sched_stats *out);
 
 /* Checks the scheduler's internal invariants (every request in exactly one queue, the id index,
  * running <= max_seqs, counters in range). For tests and debug builds. Errors: INTERNAL with
  * the broken invariant in the message. */
-loom_status loom_sched_validate(const loom_sched *s);
+loom_status loom__sched_validate(const loom__sched *s);

@@ -17,8 +17,8 @@
 /* Configuration, create, destroy                                                             */
 /* ------------------------------------------------------------------------------------------ */
 
-loom_sched_config loom_sched_default_config(void) {
-    loom_sched_config c;
+loom__sched_config loom__sched_default_config(void) {
+    loom__sched_config c;
     memset(&c, 0, sizeof c);
     c.policy = LOOM_SCHED_POLICY_PRIORITY;
     c.max_batched_tokens = 2048;
@@ -28,7 +28,7 @@ loom_sched_config loom_sched_default_config(void) {
     return c;
 }
 
-static loom_status check_config(const loom_sched_config *c) {
+static loom_status check_config(const loom__sched_config *c) {
     LOOM_RETURN_IF(c->policy != LOOM_SCHED_POLICY_PRIORITY && c->policy != LOOM_SCHED_POLICY_FCFS,
                    LOOM_ERR_INVALID_ARG, "sched: unknown policy %d", (int)c->policy);
     LOOM_RETURN_IF(c->preempt_mode != LOOM_SCHED_PREEMPT_RECOMPUTE &&
@@ -48,7 +48,7 @@ static loom_status check_config(const loom_sched_config *c) {
     return LOOM_OK;
 }
 
-void loom_sched_destroy(loom_sched *s) {
+void loom__sched_destroy(loom__sched *s) {
     if (!s) return;
     free(s->reqs);
     free(s->free_slots);
@@ -64,8 +64,8 @@ void loom_sched_destroy(loom_sched *s) {
     free(s);
 }
 
-loom_status loom_sched_create(const loom_sched_config *cfg, const loom_sched_kv_iface *kv,
-                              loom_sched **out) {
+loom_status loom__sched_create(const loom__sched_config *cfg, const loom__sched_kv_iface *kv,
+                              loom__sched **out) {
     LOOM_CHECK_ARG(cfg && kv && out);
     LOOM_TRY(check_config(cfg));
     LOOM_RETURN_IF(!kv->blocks_free || !kv->blocks_needed || !kv->blocks_reclaimable,
@@ -74,7 +74,7 @@ loom_status loom_sched_create(const loom_sched_config *cfg, const loom_sched_kv_
     if (cap > SCHED_MAX_REQUESTS) cap = SCHED_MAX_REQUESTS;
     size_t ns = (size_t)cfg->max_seqs;
 
-    loom_sched *s = calloc(1, sizeof *s);
+    loom__sched *s = calloc(1, sizeof *s);
     LOOM_RETURN_IF(!s, LOOM_ERR_OUT_OF_MEMORY, "sched: scheduler");
     s->cfg = *cfg;
     s->kv = *kv;
@@ -92,7 +92,7 @@ loom_status loom_sched_create(const loom_sched_config *cfg, const loom_sched_kv_
     if (!s->reqs || !s->free_slots || !s->waiting || !s->order || !s->running || !s->entries ||
         !s->entry_slot || !s->entry_seen || !s->preempted || !s->rejected ||
         loom__sched_index_init(&s->index, cap) != LOOM_OK) {
-        loom_sched_destroy(s);
+        loom__sched_destroy(s);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "sched: tables for %d requests, %d seqs", cap,
                           cfg->max_seqs);
     }
@@ -108,31 +108,31 @@ loom_status loom_sched_create(const loom_sched_config *cfg, const loom_sched_kv_
 /* Queues                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-void loom__sched_waiting_push(loom_sched *s, int32_t slot) {
+void loom__sched_waiting_push(loom__sched *s, int32_t slot) {
     s->reqs[slot].state = SCHED_WAITING;
     s->reqs[slot].list_idx = s->n_waiting;
     s->waiting[s->n_waiting++] = slot;
 }
 
-void loom__sched_waiting_remove(loom_sched *s, int32_t slot) {
+void loom__sched_waiting_remove(loom__sched *s, int32_t slot) {
     int32_t i = s->reqs[slot].list_idx, last = s->waiting[--s->n_waiting];
     s->waiting[i] = last;
     s->reqs[last].list_idx = i;
 }
 
-void loom__sched_running_push(loom_sched *s, int32_t slot) {
+void loom__sched_running_push(loom__sched *s, int32_t slot) {
     s->reqs[slot].state = SCHED_RUNNING;
     s->reqs[slot].list_idx = s->n_running;
     s->running[s->n_running++] = slot;
 }
 
-void loom__sched_running_remove(loom_sched *s, int32_t slot) {
+void loom__sched_running_remove(loom__sched *s, int32_t slot) {
     int32_t i = s->reqs[slot].list_idx, last = s->running[--s->n_running];
     s->running[i] = last;
     s->reqs[last].list_idx = i;
 }
 
-void loom__sched_release(loom_sched *s, int32_t slot) {
+void loom__sched_release(loom__sched *s, int32_t slot) {
     loom__sched_index_del(&s->index, s->reqs[slot].id);
     memset(&s->reqs[slot], 0, sizeof s->reqs[slot]);
     s->reqs[slot].state = SCHED_FREE;
@@ -140,7 +140,7 @@ void loom__sched_release(loom_sched *s, int32_t slot) {
     s->free_slots[s->n_free++] = slot;
 }
 
-static loom_status check_now(loom_sched *s, int64_t now_us, const char *fn) {
+static loom_status check_now(loom__sched *s, int64_t now_us, const char *fn) {
     LOOM_RETURN_IF(now_us < s->last_now_us, LOOM_ERR_INVALID_ARG,
                    "%s: now %lld before an earlier call's %lld (the clock must be monotonic)", fn,
                    (long long)now_us, (long long)s->last_now_us);
@@ -154,7 +154,7 @@ static loom_status check_now(loom_sched *s, int64_t now_us, const char *fn) {
 /* Doubles the request tables. Each realloc that succeeds leaves a larger buffer behind even if
  * a later one fails; s->cap only changes once all succeeded, so a failure changes nothing the
  * scheduler relies on. */
-static loom_status grow(loom_sched *s) {
+static loom_status grow(loom__sched *s) {
     LOOM_RETURN_IF(s->cap >= SCHED_MAX_REQUESTS, LOOM_ERR_OUT_OF_MEMORY,
                    "sched: more than %d requests", SCHED_MAX_REQUESTS);
     int32_t cap = s->cap * 2 > SCHED_MAX_REQUESTS ? SCHED_MAX_REQUESTS : s->cap * 2;
@@ -176,22 +176,22 @@ static loom_status grow(loom_sched *s) {
     return LOOM_OK;
 }
 
-loom_status loom_sched_add(loom_sched *s, const loom_sched_request_info *info, int64_t now_us) {
+loom_status loom__sched_add(loom__sched *s, const loom__sched_request_info *info, int64_t now_us) {
     LOOM_CHECK_ARG(s && info);
     LOOM_TRY(check_now(s, now_us, __func__));
     LOOM_RETURN_IF(loom__sched_index_find(&s->index, info->id) >= 0, LOOM_ERR_INVALID_ARG,
-                   "loom_sched_add: request id %llu already present", (unsigned long long)info->id);
+                   "loom__sched_add: request id %llu already present", (unsigned long long)info->id);
     LOOM_RETURN_IF(info->n_prompt < 1 || info->max_new_tokens < 1, LOOM_ERR_INVALID_ARG,
-                   "loom_sched_add: request %llu: n_prompt %d and max_new_tokens %d must be >= 1",
+                   "loom__sched_add: request %llu: n_prompt %d and max_new_tokens %d must be >= 1",
                    (unsigned long long)info->id, info->n_prompt, info->max_new_tokens);
     /* The sum of known tokens must stay an int32_t position. */
     LOOM_RETURN_IF(info->n_prompt > INT32_MAX - info->max_new_tokens, LOOM_ERR_INVALID_ARG,
-                   "loom_sched_add: request %llu: n_prompt + max_new_tokens overflows",
+                   "loom__sched_add: request %llu: n_prompt + max_new_tokens overflows",
                    (unsigned long long)info->id);
     LOOM_RETURN_IF(info->ttft_us < 0 || info->tpot_us < 0, LOOM_ERR_INVALID_ARG,
-                   "loom_sched_add: request %llu: negative deadline", (unsigned long long)info->id);
+                   "loom__sched_add: request %llu: negative deadline", (unsigned long long)info->id);
     LOOM_RETURN_IF(info->arrival_us > now_us, LOOM_ERR_INVALID_ARG,
-                   "loom_sched_add: request %llu arrives at %lld, after now %lld",
+                   "loom__sched_add: request %llu arrives at %lld, after now %lld",
                    (unsigned long long)info->id, (long long)info->arrival_us, (long long)now_us);
     if (s->n_free == 0) LOOM_TRY(grow(s));
 
@@ -221,7 +221,7 @@ loom_status loom_sched_add(loom_sched *s, const loom_sched_request_info *info, i
 
 /* The entry of the pending plan a result names: >= 0 for a live entry; -1 for an entry cancelled
  * since the plan (its result is ignored); -2 if the id is not in the plan. */
-static int32_t result_entry(const loom_sched *s, uint64_t id) {
+static int32_t result_entry(const loom__sched *s, uint64_t id) {
     int32_t slot = loom__sched_index_find(&s->index, id);
     if (slot >= 0 && s->reqs[slot].entry >= 0) return s->reqs[slot].entry;
     for (int32_t k = 0; k < s->n_pending; k++)
@@ -229,37 +229,37 @@ static int32_t result_entry(const loom_sched *s, uint64_t id) {
     return -2;
 }
 
-static loom_status check_results(loom_sched *s, const loom_sched_result *res, int32_t n) {
+static loom_status check_results(loom__sched *s, const loom__sched_result *res, int32_t n) {
     memset(s->entry_seen, 0, (size_t)s->n_pending * sizeof *s->entry_seen);
     for (int32_t i = 0; i < n; i++) {
         unsigned long long id = (unsigned long long)res[i].id;
         int32_t k = result_entry(s, res[i].id);
         LOOM_RETURN_IF(k == -2, LOOM_ERR_INVALID_ARG,
-                       "loom_sched_on_step_done: request %llu is not in the last plan", id);
+                       "loom__sched_on_step_done: request %llu is not in the last plan", id);
         if (k < 0) continue;
         LOOM_RETURN_IF(s->entry_seen[k], LOOM_ERR_INVALID_ARG,
-                       "loom_sched_on_step_done: request %llu reported twice", id);
+                       "loom__sched_on_step_done: request %llu reported twice", id);
         s->entry_seen[k] = true;
         LOOM_RETURN_IF(res[i].n_new_tokens < 0 ||
                            (res[i].n_new_tokens > 0 && !s->entries[k].sample),
                        LOOM_ERR_INVALID_ARG,
-                       "loom_sched_on_step_done: request %llu: %d tokens from an entry that %s", id,
+                       "loom__sched_on_step_done: request %llu: %d tokens from an entry that %s", id,
                        res[i].n_new_tokens, s->entries[k].sample ? "samples" : "does not sample");
         LOOM_RETURN_IF(s->entries[k].sample && res[i].n_new_tokens == 0 && !res[i].finished,
                        LOOM_ERR_INVALID_ARG,
-                       "loom_sched_on_step_done: request %llu sampled no token and did not finish",
+                       "loom__sched_on_step_done: request %llu sampled no token and did not finish",
                        id);
     }
     for (int32_t k = 0; k < s->n_pending; k++)
         LOOM_RETURN_IF(s->entry_slot[k] >= 0 && s->entries[k].sample && !s->entry_seen[k],
                        LOOM_ERR_INVALID_ARG,
-                       "loom_sched_on_step_done: no result for sampling request %llu",
+                       "loom__sched_on_step_done: no result for sampling request %llu",
                        (unsigned long long)s->entries[k].id);
     return LOOM_OK;
 }
 
 /* Deadline attainment for n new tokens of r arriving at now (before n_generated is updated). */
-static void count_deadlines(loom_sched *s, const sched_req *r, int32_t n, int64_t now_us) {
+static void count_deadlines(loom__sched *s, const sched_req *r, int32_t n, int64_t now_us) {
     int32_t later = n;
     if (r->n_generated == 0 && n > 0) {
         later--;
@@ -281,19 +281,19 @@ static void count_deadlines(loom_sched *s, const sched_req *r, int32_t n, int64_
     }
 }
 
-static void finish(loom_sched *s, int32_t slot) {
+static void finish(loom__sched *s, int32_t slot) {
     loom__sched_running_remove(s, slot);
     loom__sched_release(s, slot);
     s->stats.n_finished++;
 }
 
-loom_status loom_sched_on_step_done(loom_sched *s, const loom_sched_result *results,
+loom_status loom__sched_on_step_done(loom__sched *s, const loom__sched_result *results,
                                     int32_t n_results, int64_t now_us) {
     LOOM_CHECK_ARG(s && n_results >= 0 && (results || n_results == 0));
     LOOM_TRY(check_now(s, now_us, __func__));
     if (!s->pending) {
         LOOM_RETURN_IF(n_results > 0, LOOM_ERR_INVALID_ARG,
-                       "loom_sched_on_step_done: results but no plan pending");
+                       "loom__sched_on_step_done: results but no plan pending");
         s->last_now_us = now_us;
         return LOOM_OK;
     }
@@ -333,13 +333,13 @@ loom_status loom_sched_on_step_done(loom_sched *s, const loom_sched_result *resu
 /* Cancellation and queries                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
-loom_status loom_sched_cancel(loom_sched *s, uint64_t id, loom_sched_holds *holds) {
+loom_status loom__sched_cancel(loom__sched *s, uint64_t id, loom__sched_holds *holds) {
     LOOM_CHECK_ARG(s);
     int32_t slot = loom__sched_index_find(&s->index, id);
-    LOOM_RETURN_IF(slot < 0, LOOM_ERR_INVALID_ARG, "loom_sched_cancel: unknown request %llu",
+    LOOM_RETURN_IF(slot < 0, LOOM_ERR_INVALID_ARG, "loom__sched_cancel: unknown request %llu",
                    (unsigned long long)id);
     sched_req *r = &s->reqs[slot];
-    loom_sched_holds h;
+    loom__sched_holds h;
     if (r->state == SCHED_RUNNING) {
         h = LOOM_SCHED_HOLDS_KV;
         if (r->entry >= 0) s->entry_slot[r->entry] = -1; /* on_step_done skips it */
@@ -354,10 +354,10 @@ loom_status loom_sched_cancel(loom_sched *s, uint64_t id, loom_sched_holds *hold
     return LOOM_OK;
 }
 
-loom_status loom_sched_get(const loom_sched *s, uint64_t id, loom_sched_request_view *out) {
+loom_status loom__sched_get(const loom__sched *s, uint64_t id, loom__sched_request_view *out) {
     LOOM_CHECK_ARG(s && out);
     int32_t slot = loom__sched_index_find(&s->index, id);
-    LOOM_RETURN_IF(slot < 0, LOOM_ERR_INVALID_ARG, "loom_sched_get: unknown request %llu",
+    LOOM_RETURN_IF(slot < 0, LOOM_ERR_INVALID_ARG, "loom__sched_get: unknown request %llu",
                    (unsigned long long)id);
     const sched_req *r = &s->reqs[slot];
     out->state = r->state == SCHED_RUNNING ? LOOM_SCHED_STATE_RUNNING
@@ -371,7 +371,7 @@ loom_status loom_sched_get(const loom_sched *s, uint64_t id, loom_sched_request_
     return LOOM_OK;
 }
 
-void loom_sched_get_stats(const loom_sched *s, loom_sched_stats *out) {
+void loom__sched_get_stats(const loom__sched *s, loom__sched_stats *out) {
     if (!out) return;
     if (!s) {
         memset(out, 0, sizeof *out);
@@ -391,7 +391,7 @@ void loom_sched_get_stats(const loom_sched *s, loom_sched_stats *out) {
 
 #define SCHED_CHECK(cond, ...) LOOM_RETURN_IF(!(cond), LOOM_ERR_INTERNAL, __VA_ARGS__)
 
-static loom_status check_request(const loom_sched *s, int32_t slot) {
+static loom_status check_request(const loom__sched *s, int32_t slot) {
     const sched_req *r = &s->reqs[slot];
     unsigned long long id = (unsigned long long)r->id;
     SCHED_CHECK(loom__sched_index_find(&s->index, r->id) == slot, "sched: %llu not indexed", id);
@@ -422,7 +422,7 @@ static loom_status check_request(const loom_sched *s, int32_t slot) {
     return LOOM_OK;
 }
 
-loom_status loom_sched_validate(const loom_sched *s) {
+loom_status loom__sched_validate(const loom__sched *s) {
     LOOM_CHECK_ARG(s);
     SCHED_CHECK(s->n_running <= s->cfg.max_seqs, "sched: %d running > max_seqs %d", s->n_running,
                 s->cfg.max_seqs);

@@ -42,7 +42,7 @@ typedef struct sched_req {
     int32_t list_idx;       /* index in s->waiting or s->running */
     int32_t entry;          /* index in the pending plan's entries, -1 if none */
 
-    /* per-step scratch, reset by every loom_sched_schedule */
+    /* per-step scratch, reset by every loom__sched_schedule */
     int64_t key_prio;     /* effective priority */
     int64_t key_deadline; /* INT64_MAX = none */
     int32_t step_blocks;  /* blocks counted against this step for its entry */
@@ -72,9 +72,9 @@ typedef struct sched_key {
     int32_t slot;
 } sched_key;
 
-struct loom_sched {
-    loom_sched_config cfg;
-    loom_sched_kv_iface kv;
+struct loom__sched {
+    loom__sched_config cfg;
+    loom__sched_kv_iface kv;
 
     sched_req *reqs; /* [cap] slots */
     int32_t cap;
@@ -89,7 +89,7 @@ struct loom_sched {
     sched_key *order; /* [cap] scratch: live requests sorted for a step */
 
     /* the plan, sized at create time */
-    loom_sched_entry *entries; /* [max_seqs] */
+    loom__sched_entry *entries; /* [max_seqs] */
     int32_t *entry_slot;       /* [max_seqs] slot of each entry; -1 once cancelled */
     bool *entry_seen;          /* [max_seqs] scratch for on_step_done's duplicate check */
     uint64_t *preempted;       /* [max_seqs] */
@@ -99,7 +99,7 @@ struct loom_sched {
 
     uint64_t next_seq;
     int64_t last_now_us;
-    loom_sched_stats stats; /* the n_waiting/n_running/n_preempted fields are filled on demand */
+    loom__sched_stats stats; /* the n_waiting/n_running/n_preempted fields are filled on demand */
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -117,13 +117,13 @@ void loom__sched_index_del(sched_index *ix, uint64_t id);
 loom_status loom__sched_index_grow(sched_index *ix, int32_t n_items);
 
 /* Queue moves (O(1): swap-remove with list_idx fix-up). */
-void loom__sched_waiting_push(loom_sched *s, int32_t slot);
-void loom__sched_waiting_remove(loom_sched *s, int32_t slot);
-void loom__sched_running_push(loom_sched *s, int32_t slot);
-void loom__sched_running_remove(loom_sched *s, int32_t slot);
+void loom__sched_waiting_push(loom__sched *s, int32_t slot);
+void loom__sched_waiting_remove(loom__sched *s, int32_t slot);
+void loom__sched_running_push(loom__sched *s, int32_t slot);
+void loom__sched_running_remove(loom__sched *s, int32_t slot);
 
 /* Frees a request's slot and forgets its id (it must be in no queue). */
-void loom__sched_release(loom_sched *s, int32_t slot);
+void loom__sched_release(loom__sched *s, int32_t slot);
 
 /* Tokens the request knows (prompt + generated); what remains to compute is this - n_computed. */
 static inline int32_t loom__sched_total(const sched_req *r) {

@@ -10,7 +10,7 @@
 
 /* One step's running accounts. Blocks are int64_t: sums of the engine's int32_t answers. */
 typedef struct step {
-    loom_sched *s;
+    loom__sched *s;
     int64_t now;
     int64_t avail;    /* blocks this step can still hand out (planned needs subtracted) */
     int64_t promised; /* blocks reserved for the rest of running requests' prefills */
@@ -23,25 +23,25 @@ typedef struct step {
 /* The KV interface, with the engine's answers clamped to sense                               */
 /* ------------------------------------------------------------------------------------------ */
 
-static int64_t kv_free(const loom_sched *s) {
+static int64_t kv_free(const loom__sched *s) {
     int32_t n = s->kv.blocks_free(s->kv.ctx);
     return n > 0 ? n : 0;
 }
 
-static int64_t kv_needed(const loom_sched *s, const sched_req *r, int32_t n_computed,
+static int64_t kv_needed(const loom__sched *s, const sched_req *r, int32_t n_computed,
                          int32_t n_new) {
     int32_t n = s->kv.blocks_needed(s->kv.ctx, r->id, n_computed, n_new);
     return n > 0 ? n : 0;
 }
 
-static int64_t kv_reclaimable(const loom_sched *s, const sched_req *r) {
+static int64_t kv_reclaimable(const loom__sched *s, const sched_req *r) {
     int32_t n = s->kv.blocks_reclaimable(s->kv.ctx, r->id);
     return n > 0 ? n : 0;
 }
 
 /* Where a request that holds nothing starts: after its cached prefix, keeping one token to
  * compute so the step yields logits to sample from. */
-static int32_t start_position(const loom_sched *s, const sched_req *r) {
+static int32_t start_position(const loom__sched *s, const sched_req *r) {
     if (r->swapped) return r->n_computed;
     int32_t n = s->kv.cached_tokens ? s->kv.cached_tokens(s->kv.ctx, r->id) : 0;
     int32_t max = loom__sched_total(r) - 1;
@@ -52,7 +52,7 @@ static int32_t start_position(const loom_sched *s, const sched_req *r) {
 /* Order                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
-static bool is_fcfs(const loom_sched *s) {
+static bool is_fcfs(const loom__sched *s) {
     return s->cfg.policy == LOOM_SCHED_POLICY_FCFS;
 }
 
@@ -73,7 +73,7 @@ static int64_t next_due(const sched_req *r) {
     return add_sat(r->first_token_us, r->tpot_us * r->n_generated);
 }
 
-static void set_keys(const loom_sched *s, sched_req *r) {
+static void set_keys(const loom__sched *s, sched_req *r) {
     if (is_fcfs(s)) {
         r->key_prio = 0;
         r->key_deadline = 0;
@@ -111,13 +111,13 @@ static bool victim_before(const sched_req *v, const sched_req *r) {
  * that ranks after it as a victim; a waiting r (strict = true) only from strictly lower
  * effective priority, so equal priorities never trade places by preemption. Requests admitted in
  * this plan are never victims: the engine has not even set them up yet. */
-static bool may_preempt(const loom_sched *s, const sched_req *v, const sched_req *r, bool strict) {
+static bool may_preempt(const loom__sched *s, const sched_req *v, const sched_req *r, bool strict) {
     if (v == r || v->admitted_now || v->state != SCHED_RUNNING) return false;
     if (strict) return !is_fcfs(s) && v->key_prio < r->key_prio;
     return victim_before(v, r);
 }
 
-static void promote(loom_sched *s, int64_t now) {
+static void promote(loom__sched *s, int64_t now) {
     int64_t age = s->cfg.promote_age_us;
     if (is_fcfs(s) || age <= 0) return;
     for (int32_t i = 0; i < s->n_waiting; i++) {
@@ -132,7 +132,7 @@ static void promote(loom_sched *s, int64_t now) {
 
 /* Resets the step scratch, computes keys, and sorts every live request into s->order.
  * Returns how many. */
-static int32_t build_order(loom_sched *s) {
+static int32_t build_order(loom__sched *s) {
     int32_t n = 0;
     for (int32_t q = 0; q < 2; q++) {
         const int32_t *list = q ? s->waiting : s->running;
@@ -156,11 +156,11 @@ static int32_t build_order(loom_sched *s) {
 
 static void plan_entry(step *st, int32_t slot, int32_t pos_start, int32_t n_tokens, int64_t blocks,
                        bool admitted, bool swap_in) {
-    loom_sched *s = st->s;
+    loom__sched *s = st->s;
     sched_req *r = &s->reqs[slot];
     int32_t k = st->n_entries++;
     bool decode = r->n_generated > 0 && pos_start == loom__sched_total(r) - 1;
-    s->entries[k] = (loom_sched_entry){
+    s->entries[k] = (loom__sched_entry){
         .id = r->id,
         .pos_start = pos_start,
         .n_tokens = n_tokens,
@@ -180,7 +180,7 @@ static void plan_entry(step *st, int32_t slot, int32_t pos_start, int32_t n_toke
 
 /* Takes r's entry back out of the plan (r is being preempted), returning its tokens and blocks. */
 static void unplan(step *st, sched_req *r) {
-    loom_sched *s = st->s;
+    loom__sched *s = st->s;
     int32_t k = r->entry;
     st->budget += s->entries[k].n_tokens;
     st->n_tokens -= s->entries[k].n_tokens;
@@ -197,7 +197,7 @@ static void unplan(step *st, sched_req *r) {
 }
 
 static void preempt(step *st, int32_t slot) {
-    loom_sched *s = st->s;
+    loom__sched *s = st->s;
     sched_req *v = &s->reqs[slot];
     if (v->entry >= 0) unplan(st, v);
     st->avail += kv_reclaimable(s, v);
@@ -218,7 +218,7 @@ static void preempt(step *st, int32_t slot) {
 
 /* Forgets a request that can never fit in the KV cache; the engine fails it. */
 static void reject(step *st, int32_t slot) {
-    loom_sched *s = st->s;
+    loom__sched *s = st->s;
     sched_req *r = &s->reqs[slot];
     if (r->state == SCHED_RUNNING) {
         st->promised -= r->promise;
@@ -242,7 +242,7 @@ static void reject(step *st, int32_t slot) {
 static bool room_for(const step *st, bool admission, int64_t need, int64_t avail, int64_t promised,
                      int32_t n_running) {
     if (!admission) return need <= avail;
-    const loom_sched_config *c = &st->s->cfg;
+    const loom__sched_config *c = &st->s->cfg;
     int64_t wm = n_running == 0 ? 0 : c->watermark_blocks;
     return n_running < c->max_seqs && need + promised + wm <= avail;
 }
@@ -252,7 +252,7 @@ static bool room_now(const step *st, bool admission, int64_t need) {
 }
 
 /* The best victim for r: lowest effective priority, then latest arrival. -1 if none may go. */
-static int32_t pick_victim(const loom_sched *s, const sched_req *r, bool strict) {
+static int32_t pick_victim(const loom__sched *s, const sched_req *r, bool strict) {
     int32_t best = -1;
     for (int32_t i = 0; i < s->n_running; i++) {
         const sched_req *v = &s->reqs[s->running[i]];
@@ -266,7 +266,7 @@ static int32_t pick_victim(const loom_sched *s, const sched_req *r, bool strict)
  * preempting every allowed candidate would be enough, so no request is preempted for nothing.
  * Returns whether there is room. */
 static bool make_room(step *st, int32_t slot, bool admission, int64_t need) {
-    loom_sched *s = st->s;
+    loom__sched *s = st->s;
     const sched_req *r = &s->reqs[slot];
     if (room_now(st, admission, need)) return true;
     int64_t avail = st->avail, promised = st->promised;
@@ -300,7 +300,7 @@ static void stuck(step *st, int32_t slot) {
 
 /* Largest chunk in [1, max] whose blocks fit in `limit` (0 if none), by bisection: the
  * engine's block count does not decrease as the chunk grows. *blocks gets its need. */
-static int32_t fit_chunk(const loom_sched *s, const sched_req *r, int32_t max, int64_t limit,
+static int32_t fit_chunk(const loom__sched *s, const sched_req *r, int32_t max, int64_t limit,
                          int64_t *blocks) {
     int64_t need = kv_needed(s, r, r->n_computed, max);
     if (need <= limit) {
@@ -342,7 +342,7 @@ static void schedule_decode(step *st, int32_t slot) {
 }
 
 static void schedule_prefill(step *st, int32_t slot) {
-    loom_sched *s = st->s;
+    loom__sched *s = st->s;
     sched_req *r = &s->reqs[slot];
     int32_t remaining = loom__sched_total(r) - r->n_computed;
     int64_t blocks = 0;
@@ -364,7 +364,7 @@ static void schedule_prefill(step *st, int32_t slot) {
 }
 
 static void schedule_admission(step *st, int32_t slot) {
-    loom_sched *s = st->s;
+    loom__sched *s = st->s;
     sched_req *r = &s->reqs[slot];
     int32_t start = start_position(s, r);
     int32_t remaining = loom__sched_total(r) - start;
@@ -398,8 +398,8 @@ static void schedule_admission(step *st, int32_t slot) {
 /* The step's token budget: max_batched_tokens, cut (PRIORITY with a step cost model) so the
  * step ends before the earliest due token among running decodes that can still make it, but
  * never below the number of running decodes (decodes always run). */
-static int32_t step_budget(const loom_sched *s, int64_t now) {
-    const loom_sched_config *c = &s->cfg;
+static int32_t step_budget(const loom__sched *s, int64_t now) {
+    const loom__sched_config *c = &s->cfg;
     int32_t budget = c->max_batched_tokens, n_decode = 0;
     for (int32_t i = 0; i < s->n_running; i++) n_decode += is_decode(&s->reqs[s->running[i]]);
     if (is_fcfs(s) || c->step_per_token_us <= 0) return budget;
@@ -418,16 +418,16 @@ static int32_t step_budget(const loom_sched *s, int64_t now) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* loom_sched_schedule                                                                        */
+/* loom__sched_schedule                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
-loom_status loom_sched_schedule(loom_sched *s, int64_t now_us, loom_sched_plan *plan) {
+loom_status loom__sched_schedule(loom__sched *s, int64_t now_us, loom__sched_plan *plan) {
     LOOM_CHECK_ARG(s && plan);
     LOOM_RETURN_IF(now_us < s->last_now_us, LOOM_ERR_INVALID_ARG,
-                   "loom_sched_schedule: now %lld before an earlier call's %lld", (long long)now_us,
+                   "loom__sched_schedule: now %lld before an earlier call's %lld", (long long)now_us,
                    (long long)s->last_now_us);
     LOOM_RETURN_IF(s->pending, LOOM_ERR_INVALID_ARG,
-                   "loom_sched_schedule: the last plan awaits loom_sched_on_step_done");
+                   "loom__sched_schedule: the last plan awaits loom__sched_on_step_done");
     s->last_now_us = now_us;
 
     promote(s, now_us);

@@ -3,7 +3,7 @@
  * Integer bit manipulation only: the results do not depend on the floating-point environment
  * (rounding mode, flush-to-zero / denormals-are-zero set by a host application), and the
  * half -> float direction is written with selects rather than branches so loops over it
- * auto-vectorise. quant.h exports these as loom_f16_to_f32 etc.; kernels in this layer call the
+ * auto-vectorise. quant.h exports these as loom__f16_to_f32 etc.; kernels in this layer call the
  * inline forms directly. */
 #pragma once
 

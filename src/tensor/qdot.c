@@ -69,7 +69,7 @@ static inline int32_t quant_block_8bit(const float *x, int8_t qs[32], uint16_t *
 }
 
 static void quant_q8_0_portable(const float *x, void *dst, int64_t n) {
-    loom_block_q8_0 *y = (loom_block_q8_0 *)dst;
+    loom__block_q8_0 *y = (loom__block_q8_0 *)dst;
     for (int64_t b = 0; b < n / LOOM_QK_LEGACY; b++) {
         float d;
         (void)quant_block_8bit(x + b * LOOM_QK_LEGACY, y[b].qs, &y[b].d, &d);
@@ -77,7 +77,7 @@ static void quant_q8_0_portable(const float *x, void *dst, int64_t n) {
 }
 
 static void quant_q8_1_portable(const float *x, void *dst, int64_t n) {
-    loom_block_q8_1 *y = (loom_block_q8_1 *)dst;
+    loom__block_q8_1 *y = (loom__block_q8_1 *)dst;
     for (int64_t b = 0; b < n / LOOM_QK_LEGACY; b++) {
         float d;
         int32_t sum = quant_block_8bit(x + b * LOOM_QK_LEGACY, y[b].qs, &y[b].d, &d);
@@ -88,7 +88,7 @@ static void quant_q8_1_portable(const float *x, void *dst, int64_t n) {
 /* q8_K block: max = the first value of largest magnitude, codes rne(x * (-127 / max)) capped at
  * 127, d = 1 / (-127 / max); an all-zero block is all zeros. */
 static void quant_q8_K_portable(const float *x, void *dst, int64_t n) {
-    loom_block_q8_K *y = (loom_block_q8_K *)dst;
+    loom__block_q8_K *y = (loom__block_q8_K *)dst;
     for (int64_t b = 0; b < n / LOOM_QK_K; b++, x += LOOM_QK_K) {
         float amax = 0.0f, max = 0.0f;
         for (int j = 0; j < LOOM_QK_K; j++) {
@@ -161,7 +161,7 @@ static inline void q8K_codes32_avx2(const float *x, __m256 iscale, int8_t qs[32]
 }
 
 static void quant_q8_K_avx2(const float *x, void *dst, int64_t n) {
-    loom_block_q8_K *y = (loom_block_q8_K *)dst;
+    loom__block_q8_K *y = (loom__block_q8_K *)dst;
     for (int64_t b = 0; b < n / LOOM_QK_K; b++, x += LOOM_QK_K) {
         const float amax = q8K_abs_max_avx2(x);
         if (amax == 0.0f) {
@@ -265,7 +265,7 @@ static inline int32_t quant_block_8bit_avx2(const float *x, int8_t qs[32], uint1
 }
 
 static void quant_q8_0_avx2(const float *x, void *dst, int64_t n) {
-    loom_block_q8_0 *y = (loom_block_q8_0 *)dst;
+    loom__block_q8_0 *y = (loom__block_q8_0 *)dst;
     for (int64_t b = 0; b < n / LOOM_QK_LEGACY; b++) {
         float d;
         (void)quant_block_8bit_avx2(x + b * LOOM_QK_LEGACY, y[b].qs, &y[b].d, &d);
@@ -273,7 +273,7 @@ static void quant_q8_0_avx2(const float *x, void *dst, int64_t n) {
 }
 
 static void quant_q8_1_avx2(const float *x, void *dst, int64_t n) {
-    loom_block_q8_1 *y = (loom_block_q8_1 *)dst;
+    loom__block_q8_1 *y = (loom__block_q8_1 *)dst;
     for (int64_t b = 0; b < n / LOOM_QK_LEGACY; b++) {
         float d;
         int32_t sum = quant_block_8bit_avx2(x + b * LOOM_QK_LEGACY, y[b].qs, &y[b].d, &d);
@@ -432,8 +432,8 @@ static const loom__qdot_entry *dot_entry(uint32_t weight_type) {
 }
 
 typedef struct quant_entry {
-    loom_quantize_act_fn portable;
-    loom_quantize_act_fn simd; /* NULL: the portable one */
+    loom__quantize_act_fn portable;
+    loom__quantize_act_fn simd; /* NULL: the portable one */
 } quant_entry;
 
 static const quant_entry *quant_entry_of(uint32_t act_type) {
@@ -475,12 +475,12 @@ static const quant_entry *quant_entry_of(uint32_t act_type) {
 #define ISA_NAME "portable"
 #endif
 
-static loom_vec_dot_q_fn isa_dot(uint32_t weight_type) {
+static loom__vec_dot_q_fn isa_dot(uint32_t weight_type) {
     const loom__qdot_entry *e = dot_entry(weight_type);
     return e ? (e->simd ? e->simd : e->portable) : NULL;
 }
 
-static loom_vec_dot_q_fn isa_dot_portable(uint32_t weight_type) {
+static loom__vec_dot_q_fn isa_dot_portable(uint32_t weight_type) {
     const loom__qdot_entry *e = dot_entry(weight_type);
     return e ? e->portable : NULL;
 }
@@ -491,24 +491,24 @@ static bool isa_act_type(uint32_t weight_type, uint32_t *act_type) {
     return e != NULL;
 }
 
-static loom_quantize_act_fn isa_quant(uint32_t act_type) {
+static loom__quantize_act_fn isa_quant(uint32_t act_type) {
     const quant_entry *e = quant_entry_of(act_type);
     return e ? (e->simd ? e->simd : e->portable) : NULL;
 }
 
-static loom_quantize_act_fn isa_quant_portable(uint32_t act_type) {
+static loom__quantize_act_fn isa_quant_portable(uint32_t act_type) {
     const quant_entry *e = quant_entry_of(act_type);
     return e ? e->portable : NULL;
 }
 
-static const loom_qgemm_kernels *isa_qgemm(uint32_t weight_type) {
-    const loom_qgemm_kernels *k = LOOM_ISA_SYM(loom__qgemm_legacy)(weight_type);
+static const loom__qgemm_kernels *isa_qgemm(uint32_t weight_type) {
+    const loom__qgemm_kernels *k = LOOM_ISA_SYM(loom__qgemm_legacy)(weight_type);
     if (!k) k = LOOM_ISA_SYM(loom__qgemm_kquant)(weight_type);
     return k ? k : LOOM_ISA_SYM(loom__qgemm_float)(weight_type);
 }
 
-static const loom_qgemm_lanes *isa_lanes(uint32_t weight_type) {
-    const loom_qgemm_lanes *k = LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(weight_type);
+static const loom__qgemm_lanes *isa_lanes(uint32_t weight_type) {
+    const loom__qgemm_lanes *k = LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(weight_type);
     return k ? k : LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(weight_type);
 }
 

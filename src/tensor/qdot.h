@@ -6,7 +6,7 @@
  * multiplies integer codes block by block, applying the scales once per block. loom does the
  * same here, so that its logits agree with llama.cpp's and its matmuls run on integer SIMD:
  *
- *   weight type                activation format   (loom_vec_dot_type)
+ *   weight type                activation format   (loom__vec_dot_type)
  *   q4_0, q5_0, q8_0          -> q8_0               32 values, f16 d = amax / 127
  *   q4_1, q5_1                -> q8_1               q8_0 plus s = f16(d * sum(codes))
  *   q2_K, q3_K, q4_K, q5_K,
@@ -15,18 +15,18 @@
  *   bf16                      -> bf16
  *   f32                       -> f32                (no rounding)
  *
- * Activation rounding (loom_quantize_activations) reproduces llama.cpp's x86 build bit for bit:
+ * Activation rounding (loom__quantize_activations) reproduces llama.cpp's x86 build bit for bit:
  * q8_0 / q8_1 codes are round-to-nearest-even(x * (127 / amax)) (its AVX path: the scale's
  * inverse is 127 / amax, not 1 / (amax / 127), and ties go to even, not away from zero as in its
- * scalar reference and in loom_quantize_row); q8_K codes are min(127, nearest-even(x * (-127 /
+ * scalar reference and in loom__quantize_row); q8_K codes are min(127, nearest-even(x * (-127 /
  * max))) with max the first value of largest magnitude, d = 1 / (-127 / max) (its reference
- * quantize_row_q8_K_ref, which the x86 build calls; loom_quantize_row's q8_K still uses the
+ * quantize_row_q8_K_ref, which the x86 build calls; loom__quantize_row's q8_K still uses the
  * older -128 scaling). f16 and bf16 round to nearest even.
  *
  * How often the x86 rules matter, measured on Gemma 3 270M's matmul inputs (512 tokens, 5.8e7
  * codes): 2.7e-5 of the codes are exact .5 ties; ties-to-even instead of ties-away changes
  * 1.5e-5 of them, 127 / amax instead of 1 / d another 4.6e-6; together 1.8e-5 of the codes
- * (5.3e-4 of the blocks) differ from loom_quantize_row's q8_0. Rare, but each flip moves a dot
+ * (5.3e-4 of the blocks) differ from loom__quantize_row's q8_0. Rare, but each flip moves a dot
  * by a whole code step, so loom follows the x86 build, the reference its conformance tests run.
  *
  * Non-finite inputs give defined blocks (a NaN code becomes 0, codes are clamped to
@@ -34,7 +34,7 @@
  * a q8_0 / q8_1 block whose amax exceeds ~8.3e6, or a q8_1 block whose |d * sum(codes)| exceeds
  * 65504, stores an infinity.
  *
- * Dot products (loom_vec_dot_q) compute the integer part of every block exactly (int32) and
+ * Dot products (loom__vec_dot_q) compute the integer part of every block exactly (int32) and
  * combine the blocks in float32 in one fixed order (documented with each family in
  * qdot_legacy.c, qdot_k.c, qdot.c), so a result depends only on (weight row, activation row):
  * batch invariance holds by construction. The float part differs from llama.cpp's kernels
@@ -53,30 +53,30 @@
 
 /* The activation format weight_type's dot products take (table above). Returns false if
  * weight_type is not a weight type loom can dot (unknown, or not dequantizable). */
-bool loom_vec_dot_type(uint32_t weight_type, uint32_t *act_type);
+bool loom__vec_dot_type(uint32_t weight_type, uint32_t *act_type);
 
-/* Rounds n floats x[n] into activation format act_type at dst (loom_type_row_bytes(act_type, n)
+/* Rounds n floats x[n] into activation format act_type at dst (loom__type_row_bytes(act_type, n)
  * bytes; q8_K rows must be 4-byte aligned, the others 2-byte aligned). act_type is one of
  * Q8_0, Q8_1, Q8_K (n a whole number of its blocks), F16, BF16, F32 (a copy). Returns false
  * for another type, a bad n, or a NULL pointer with n > 0. */
-bool loom_quantize_activations(uint32_t act_type, const float *x, void *dst, int64_t n);
+bool loom__quantize_activations(uint32_t act_type, const float *x, void *dst, int64_t n);
 
 /* Dot of one weight row w_row of weight_type (n values, a whole number of blocks) with an
- * activation row x_act of n values in loom_vec_dot_type(weight_type)'s format. Returns NaN if
+ * activation row x_act of n values in loom__vec_dot_type(weight_type)'s format. Returns NaN if
  * weight_type has no activation format, n is negative or not a whole number of blocks, or a
  * pointer is NULL with n > 0 (callers validate shapes, so NaN marks a bug). */
-float loom_vec_dot_q(uint32_t weight_type, const void *w_row, const void *x_act, int64_t n);
+float loom__vec_dot_q(uint32_t weight_type, const void *w_row, const void *x_act, int64_t n);
 
-/* The row kernel loom_vec_dot_q dispatches to, for inner loops that call it once per weight
+/* The row kernel loom__vec_dot_q dispatches to, for inner loops that call it once per weight
  * row: fn(w_row, x_act, n), n a whole number of blocks (not checked). NULL if weight_type has
  * no activation format. */
-typedef float (*loom_vec_dot_q_fn)(const void *w_row, const void *x_act, int64_t n);
-loom_vec_dot_q_fn loom_vec_dot_q_get(uint32_t weight_type);
+typedef float (*loom__vec_dot_q_fn)(const void *w_row, const void *x_act, int64_t n);
+loom__vec_dot_q_fn loom__vec_dot_q_get(uint32_t weight_type);
 
-/* The row quantizer loom_quantize_activations dispatches to: fn(x, dst, n), n valid (not
+/* The row quantizer loom__quantize_activations dispatches to: fn(x, dst, n), n valid (not
  * checked). NULL for a type that is not an activation format. */
-typedef void (*loom_quantize_act_fn)(const float *x, void *dst, int64_t n);
-loom_quantize_act_fn loom_quantize_activations_get(uint32_t act_type);
+typedef void (*loom__quantize_act_fn)(const float *x, void *dst, int64_t n);
+loom__quantize_act_fn loom__quantize_activations_get(uint32_t act_type);
 
 /* ---- for tests ------------------------------------------------------------------------------
  * The portable C kernels, compiled in every build so tests can compare the SIMD path with them

@@ -80,24 +80,24 @@ const char *loom__qdot_simd_name(void) {
 
 /* n is a valid count of values for rows of type t: >= 0 and a whole number of blocks. */
 static bool whole_blocks(uint32_t t, int64_t n) {
-    const loom_type_traits *tr = loom_type_get_traits(t);
+    const loom__type_traits *tr = loom__type_get_traits(t);
     return tr && n >= 0 && n % tr->block_elems == 0;
 }
 
-bool loom_vec_dot_type(uint32_t weight_type, uint32_t *act_type) {
+bool loom__vec_dot_type(uint32_t weight_type, uint32_t *act_type) {
     return act_type && isa()->act_type(weight_type, act_type);
 }
 
-loom_vec_dot_q_fn loom_vec_dot_q_get(uint32_t weight_type) {
+loom__vec_dot_q_fn loom__vec_dot_q_get(uint32_t weight_type) {
     return isa()->dot(weight_type);
 }
 
-loom_quantize_act_fn loom_quantize_activations_get(uint32_t act_type) {
+loom__quantize_act_fn loom__quantize_activations_get(uint32_t act_type) {
     return isa()->quant(act_type);
 }
 
 static float vec_dot_q(uint32_t weight_type, const void *w_row, const void *x_act, int64_t n,
-                       loom_vec_dot_q_fn fn) {
+                       loom__vec_dot_q_fn fn) {
     if (!fn || !whole_blocks(weight_type, n)) return NAN;
     if (n == 0) return 0.0f;
     if (!w_row || !x_act) return NAN;
@@ -105,7 +105,7 @@ static float vec_dot_q(uint32_t weight_type, const void *w_row, const void *x_ac
 }
 
 static bool quantize_activations(uint32_t act_type, const float *x, void *dst, int64_t n,
-                                 loom_quantize_act_fn fn) {
+                                 loom__quantize_act_fn fn) {
     if (!fn || !whole_blocks(act_type, n)) return false;
     if (n == 0) return true;
     if (!x || !dst) return false;
@@ -113,11 +113,11 @@ static bool quantize_activations(uint32_t act_type, const float *x, void *dst, i
     return true;
 }
 
-float loom_vec_dot_q(uint32_t weight_type, const void *w_row, const void *x_act, int64_t n) {
+float loom__vec_dot_q(uint32_t weight_type, const void *w_row, const void *x_act, int64_t n) {
     return vec_dot_q(weight_type, w_row, x_act, n, isa()->dot(weight_type));
 }
 
-bool loom_quantize_activations(uint32_t act_type, const float *x, void *dst, int64_t n) {
+bool loom__quantize_activations(uint32_t act_type, const float *x, void *dst, int64_t n) {
     return quantize_activations(act_type, x, dst, n, isa()->quant(act_type));
 }
 
@@ -134,10 +134,10 @@ bool loom__quantize_activations_portable(uint32_t act_type, const float *x, void
 /* qgemm.h                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-const loom_qgemm_kernels *loom_qgemm_get(uint32_t weight_type) {
+const loom__qgemm_kernels *loom__qgemm_get(uint32_t weight_type) {
     return isa()->qgemm(weight_type);
 }
 
-const loom_qgemm_lanes *loom_qgemm_lanes_get(uint32_t weight_type) {
+const loom__qgemm_lanes *loom__qgemm_lanes_get(uint32_t weight_type) {
     return isa()->lanes(weight_type);
 }

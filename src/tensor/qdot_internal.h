@@ -42,8 +42,8 @@
  * kernel, and the SIMD row kernel of this build (NULL: the portable one is used). */
 typedef struct loom__qdot_entry {
     uint32_t act_type;
-    loom_vec_dot_q_fn portable;
-    loom_vec_dot_q_fn simd;
+    loom__vec_dot_q_fn portable;
+    loom__vec_dot_q_fn simd;
 } loom__qdot_entry;
 
 /* One instruction-set variant's kernels. The variant sources (qdot.c, qdot_legacy.c,
@@ -51,17 +51,17 @@ typedef struct loom__qdot_entry {
  * LOOM_ISA_SUFFIX (_portable, _avx2, _avx2vnni, _avx512; CMakeLists.txt), which LOOM_ISA_SYM
  * appends to their external names; qdot_dispatch.c asks the CPU which variants it can run and
  * serves qdot.h / qgemm.h from the best one. */
-struct loom_qgemm_kernels;
-struct loom_qgemm_lanes;
+struct loom__qgemm_kernels;
+struct loom__qgemm_lanes;
 typedef struct loom__qdot_isa {
     const char *name; /* "portable", "avx2", "avx2-vnni", "avx512" */
     bool (*act_type)(uint32_t weight_type, uint32_t *act_type);
-    loom_vec_dot_q_fn (*dot)(uint32_t weight_type);          /* NULL: no kernel for the type */
-    loom_vec_dot_q_fn (*dot_portable)(uint32_t weight_type); /* the portable C kernel */
-    loom_quantize_act_fn (*quant)(uint32_t act_type);
-    loom_quantize_act_fn (*quant_portable)(uint32_t act_type);
-    const struct loom_qgemm_kernels *(*qgemm)(uint32_t weight_type); /* NULL: none */
-    const struct loom_qgemm_lanes *(*lanes)(uint32_t weight_type);   /* NULL: none */
+    loom__vec_dot_q_fn (*dot)(uint32_t weight_type);          /* NULL: no kernel for the type */
+    loom__vec_dot_q_fn (*dot_portable)(uint32_t weight_type); /* the portable C kernel */
+    loom__quantize_act_fn (*quant)(uint32_t act_type);
+    loom__quantize_act_fn (*quant_portable)(uint32_t act_type);
+    const struct loom__qgemm_kernels *(*qgemm)(uint32_t weight_type); /* NULL: none */
+    const struct loom__qgemm_lanes *(*lanes)(uint32_t weight_type);   /* NULL: none */
 } loom__qdot_isa;
 
 /* The variants this CPU can run, best first (qdot_dispatch.c); returns how many (>= 1: the
@@ -79,11 +79,11 @@ const loom__qdot_isa *LOOM_ISA_SYM(loom__qdot_isa)(void);
 const loom__qdot_entry *LOOM_ISA_SYM(loom__qdot_legacy)(uint32_t weight_type); /* q4_0 .. q8_0 */
 const loom__qdot_entry *LOOM_ISA_SYM(loom__qdot_kquant)(uint32_t weight_type); /* q2_K .. q6_K */
 /* The tile kernels of qgemm.h per family (NULL for other types, or without VNNI; f16: AVX2). */
-const struct loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_legacy)(uint32_t weight_type);
-const struct loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_kquant)(uint32_t weight_type);
-const struct loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_float)(uint32_t weight_type); /* f16 */
-const struct loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(uint32_t weight_type);
-const struct loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t weight_type);
+const struct loom__qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_legacy)(uint32_t weight_type);
+const struct loom__qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_kquant)(uint32_t weight_type);
+const struct loom__qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_float)(uint32_t weight_type); /* f16 */
+const struct loom__qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(uint32_t weight_type);
+const struct loom__qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t weight_type);
 #endif
 
 /* ---- scalar helpers --------------------------------------------------------------------- */

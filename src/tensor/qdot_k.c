@@ -77,7 +77,7 @@ LOOM__QINLINE void unpack_q3_K_scales(const uint8_t p[12], int32_t sc[16]) {
 }
 
 /* Sum of the codes of 16-value sub-block i of an activation block. */
-LOOM__QINLINE int32_t bsum16(const loom_block_q8_K *x, int i) {
+LOOM__QINLINE int32_t bsum16(const loom__block_q8_K *x, int i) {
     return x->bsums[i];
 }
 
@@ -109,7 +109,7 @@ LOOM__QINLINE int32_t scaled_sum32(const int8_t *q, const int8_t *x, const int32
 
 /* q2_K: value v = 128h + 32s + l is bits 2s..2s+1 of qs[32h + l]; sub-block v / 16 has scale
  * scales[i] & 15 and min scales[i] >> 4. */
-LOOM__QINLINE void isum_q2_K_portable(const loom_block_q2_K *w, const loom_block_q8_K *x,
+LOOM__QINLINE void isum_q2_K_portable(const loom__block_q2_K *w, const loom__block_q8_K *x,
                                       int32_t *isum, int32_t *msum) {
     int8_t q[LOOM_QK_K];
     int32_t sc[16];
@@ -127,7 +127,7 @@ LOOM__QINLINE void isum_q2_K_portable(const loom_block_q2_K *w, const loom_block
 }
 
 /* q3_K: low bits as q2_K, high bit (v / 32) of hmask[v % 32]; a clear high bit subtracts 4. */
-LOOM__QINLINE void isum_q3_K_portable(const loom_block_q3_K *w, const loom_block_q8_K *x,
+LOOM__QINLINE void isum_q3_K_portable(const loom__block_q3_K *w, const loom__block_q8_K *x,
                                       int32_t *isum, int32_t *msum) {
     int8_t q[LOOM_QK_K];
     int32_t sc[16];
@@ -145,7 +145,7 @@ LOOM__QINLINE void isum_q3_K_portable(const loom_block_q3_K *w, const loom_block
 
 /* The common end of q4_K and q5_K: the unpacked codes q dotted with x per 32-value sub-block
  * and scaled, and the sub-block minimums against x's 16-value sums. */
-LOOM__QINLINE void k4_sums(const int8_t *q, const uint8_t *scales, const loom_block_q8_K *x,
+LOOM__QINLINE void k4_sums(const int8_t *q, const uint8_t *scales, const loom__block_q8_K *x,
                            int32_t *isum, int32_t *msum) {
     int32_t sc[8], mn[8];
     unpack_k4_scales(scales, sc, mn);
@@ -156,7 +156,7 @@ LOOM__QINLINE void k4_sums(const int8_t *q, const uint8_t *scales, const loom_bl
 }
 
 /* q4_K: sub-blocks 2c and 2c+1 are the low and high nibbles of qs[32c .. 32c+32). */
-LOOM__QINLINE void isum_q4_K_portable(const loom_block_q4_K *w, const loom_block_q8_K *x,
+LOOM__QINLINE void isum_q4_K_portable(const loom__block_q4_K *w, const loom__block_q8_K *x,
                                       int32_t *isum, int32_t *msum) {
     int8_t q[LOOM_QK_K];
     for (int c = 0; c < 4; c++)
@@ -168,7 +168,7 @@ LOOM__QINLINE void isum_q4_K_portable(const loom_block_q4_K *w, const loom_block
 }
 
 /* q5_K: as q4_K with bit 4 of value v's code at bit v / 32 of qh[v % 32]. */
-LOOM__QINLINE void isum_q5_K_portable(const loom_block_q5_K *w, const loom_block_q8_K *x,
+LOOM__QINLINE void isum_q5_K_portable(const loom__block_q5_K *w, const loom__block_q8_K *x,
                                       int32_t *isum, int32_t *msum) {
     int8_t q[LOOM_QK_K];
     for (int c = 0; c < 4; c++)
@@ -182,7 +182,7 @@ LOOM__QINLINE void isum_q5_K_portable(const loom_block_q5_K *w, const loom_block
 
 /* q6_K: value v = 128h + 32s + l: low nibble (s / 2) of ql[64h + 32(s % 2) + l], high two bits
  * at 2s of qh[32h + l]; code minus 32; sub-block v / 16 has the signed scale scales[v / 16]. */
-LOOM__QINLINE void isum_q6_K_portable(const loom_block_q6_K *w, const loom_block_q8_K *x,
+LOOM__QINLINE void isum_q6_K_portable(const loom__block_q6_K *w, const loom__block_q8_K *x,
                                       int32_t *isum, int32_t *msum) {
     int8_t q[LOOM_QK_K];
     int32_t sc[16];
@@ -242,24 +242,24 @@ LOOM__QINLINE __m256i scale_pair(__m128i sc8, int p) {
 }
 
 /* sum_i sc8[i] * bsums[i] over the 16 sub-blocks (int8 scales). */
-LOOM__QINLINE int32_t scales_dot_bsums(__m128i sc8, const loom_block_q8_K *x) {
+LOOM__QINLINE int32_t scales_dot_bsums(__m128i sc8, const loom__block_q8_K *x) {
     __m256i b = _mm256_loadu_si256((const __m256i *)x->bsums);
     return loom__qd_hsum_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), b));
 }
 
-LOOM__QINLINE __m256i xq_256(const loom_block_q8_K *x, int v) {
+LOOM__QINLINE __m256i xq_256(const loom__block_q8_K *x, int v) {
     return _mm256_loadu_si256((const __m256i *)(x->qs + v));
 }
 
 /* Shared by q2_K, q3_K, q6_K: acc + 32 unsigned codes u of values v0..v0+32 (16-value
  * sub-blocks 2p and 2p+1) times their activation codes and int8 scales. */
-LOOM__QINLINE __m256i sub16_pair(__m256i acc, __m256i u, const loom_block_q8_K *x, int v0,
+LOOM__QINLINE __m256i sub16_pair(__m256i acc, __m256i u, const loom__block_q8_K *x, int v0,
                                  __m128i sc8, int p) {
     __m256i prod = _mm256_maddubs_epi16(u, xq_256(x, v0)); /* |pair| <= 2 * 63 * 128 */
     return add_scaled(acc, prod, scale_pair(sc8, p));
 }
 
-LOOM__QINLINE void isum_q2_K_avx2(const loom_block_q2_K *w, const loom_block_q8_K *x, int32_t *isum,
+LOOM__QINLINE void isum_q2_K_avx2(const loom__block_q2_K *w, const loom__block_q8_K *x, int32_t *isum,
                                   int32_t *msum) {
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i raw = _mm_loadu_si128((const __m128i *)w->scales), m4 = _mm_set1_epi8(15);
@@ -277,7 +277,7 @@ LOOM__QINLINE void isum_q2_K_avx2(const loom_block_q2_K *w, const loom_block_q8_
     *msum = scales_dot_bsums(mn8, x);
 }
 
-LOOM__QINLINE void isum_q3_K_avx2(const loom_block_q3_K *w, const loom_block_q8_K *x, int32_t *isum,
+LOOM__QINLINE void isum_q3_K_avx2(const loom__block_q3_K *w, const loom__block_q8_K *x, int32_t *isum,
                                   int32_t *msum) {
     const __m256i m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
     int8_t sc[16];
@@ -301,7 +301,7 @@ LOOM__QINLINE void isum_q3_K_avx2(const loom_block_q3_K *w, const loom_block_q8_
 }
 
 /* q4_K / q5_K: 4 pairs of 32-value sub-blocks with scales sc[8]; qh (q5_K) supplies bit 4. */
-LOOM__QINLINE int32_t isum_k4_avx2(const uint8_t *qs, const uint8_t *qh, const loom_block_q8_K *x,
+LOOM__QINLINE int32_t isum_k4_avx2(const uint8_t *qs, const uint8_t *qh, const loom__block_q8_K *x,
                                    const uint8_t sc[8]) {
     const __m256i m4 = _mm256_set1_epi8(15), m1 = _mm256_set1_epi8(1);
     const __m256i sc16 =
@@ -329,7 +329,7 @@ LOOM__QINLINE int32_t isum_k4_avx2(const uint8_t *qs, const uint8_t *qh, const l
 }
 
 /* sum_j mn[j] * (bsums[2j] + bsums[2j+1]) for the 8 mins of q4_K / q5_K. */
-LOOM__QINLINE int32_t mins_dot_bsums(const uint8_t mn[8], const loom_block_q8_K *x) {
+LOOM__QINLINE int32_t mins_dot_bsums(const uint8_t mn[8], const loom__block_q8_K *x) {
     __m256i b = _mm256_loadu_si256((const __m256i *)x->bsums);
     __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
     __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
@@ -339,7 +339,7 @@ LOOM__QINLINE int32_t mins_dot_bsums(const uint8_t mn[8], const loom_block_q8_K 
     return _mm_cvtsi128_si32(p);
 }
 
-LOOM__QINLINE void isum_q4_K_avx2(const loom_block_q4_K *w, const loom_block_q8_K *x, int32_t *isum,
+LOOM__QINLINE void isum_q4_K_avx2(const loom__block_q4_K *w, const loom__block_q8_K *x, int32_t *isum,
                                   int32_t *msum) {
     uint8_t sc[8], mn[8];
     unpack_k4_scales8(w->scales, sc, mn);
@@ -347,7 +347,7 @@ LOOM__QINLINE void isum_q4_K_avx2(const loom_block_q4_K *w, const loom_block_q8_
     *msum = mins_dot_bsums(mn, x);
 }
 
-LOOM__QINLINE void isum_q5_K_avx2(const loom_block_q5_K *w, const loom_block_q8_K *x, int32_t *isum,
+LOOM__QINLINE void isum_q5_K_avx2(const loom__block_q5_K *w, const loom__block_q8_K *x, int32_t *isum,
                                   int32_t *msum) {
     uint8_t sc[8], mn[8];
     unpack_k4_scales8(w->scales, sc, mn);
@@ -355,7 +355,7 @@ LOOM__QINLINE void isum_q5_K_avx2(const loom_block_q5_K *w, const loom_block_q8_
     *msum = mins_dot_bsums(mn, x);
 }
 
-LOOM__QINLINE void isum_q6_K_avx2(const loom_block_q6_K *w, const loom_block_q8_K *x, int32_t *isum,
+LOOM__QINLINE void isum_q6_K_avx2(const loom__block_q6_K *w, const loom__block_q8_K *x, int32_t *isum,
                                   int32_t *msum) {
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
     const __m128i sc8 = _mm_loadu_si128((const __m128i *)w->scales);
@@ -401,8 +401,8 @@ LOOM__QINLINE float kq_term(float dx, float d, float dmin, int32_t isum, int32_t
 
 #define KQ_ROW(fmt, path, has_min, dmin_field)                                                     \
     static float dot_##fmt##_##path(const void *w_row, const void *x_act, int64_t n) {             \
-        const loom_block_##fmt *w = (const loom_block_##fmt *)w_row;                               \
-        const loom_block_q8_K *x = (const loom_block_q8_K *)x_act;                                 \
+        const loom__block_##fmt *w = (const loom__block_##fmt *)w_row;                               \
+        const loom__block_q8_K *x = (const loom__block_q8_K *)x_act;                                 \
         float sum = 0.0f;                                                                          \
         for (int64_t b = 0; b < n / LOOM_QK_K; b++) {                                              \
             KQ_PREFETCH_##path(&w[b], sizeof w[b]);                                                \

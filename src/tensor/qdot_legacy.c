@@ -36,7 +36,7 @@ static inline uint32_t qh_bits(const uint8_t qh[4]) {
  * from bit j of qh. */
 
 LOOM__QINLINE int32_t isum_q4_0(const void *blk, const int8_t *x) {
-    const loom_block_q4_0 *b = (const loom_block_q4_0 *)blk;
+    const loom__block_q4_0 *b = (const loom__block_q4_0 *)blk;
     int32_t s = 0;
     for (int j = 0; j < 16; j++) {
         s += ((int32_t)(b->qs[j] & 15u) - 8) * x[j];
@@ -46,7 +46,7 @@ LOOM__QINLINE int32_t isum_q4_0(const void *blk, const int8_t *x) {
 }
 
 LOOM__QINLINE int32_t isum_q4_1(const void *blk, const int8_t *x) {
-    const loom_block_q4_1 *b = (const loom_block_q4_1 *)blk;
+    const loom__block_q4_1 *b = (const loom__block_q4_1 *)blk;
     int32_t s = 0;
     for (int j = 0; j < 16; j++) {
         s += (int32_t)(b->qs[j] & 15u) * x[j];
@@ -56,7 +56,7 @@ LOOM__QINLINE int32_t isum_q4_1(const void *blk, const int8_t *x) {
 }
 
 LOOM__QINLINE int32_t isum_q5_0(const void *blk, const int8_t *x) {
-    const loom_block_q5_0 *b = (const loom_block_q5_0 *)blk;
+    const loom__block_q5_0 *b = (const loom__block_q5_0 *)blk;
     uint32_t qh = qh_bits(b->qh);
     int32_t s = 0;
     for (int j = 0; j < 16; j++) {
@@ -68,7 +68,7 @@ LOOM__QINLINE int32_t isum_q5_0(const void *blk, const int8_t *x) {
 }
 
 LOOM__QINLINE int32_t isum_q5_1(const void *blk, const int8_t *x) {
-    const loom_block_q5_1 *b = (const loom_block_q5_1 *)blk;
+    const loom__block_q5_1 *b = (const loom__block_q5_1 *)blk;
     uint32_t qh = qh_bits(b->qh);
     int32_t s = 0;
     for (int j = 0; j < 16; j++) {
@@ -80,7 +80,7 @@ LOOM__QINLINE int32_t isum_q5_1(const void *blk, const int8_t *x) {
 }
 
 LOOM__QINLINE int32_t isum_q8_0(const void *blk, const int8_t *x) {
-    const loom_block_q8_0 *b = (const loom_block_q8_0 *)blk;
+    const loom__block_q8_0 *b = (const loom__block_q8_0 *)blk;
     int32_t s = 0;
     for (int j = 0; j < 32; j++) s += (int32_t)b->qs[j] * x[j];
     return s;
@@ -95,8 +95,8 @@ LOOM__QINLINE int32_t isum_q8_0(const void *blk, const int8_t *x) {
 LOOM__QINLINE float legacy_dot_portable(const void *w_row, const void *x_act, int64_t n,
                                         size_t w_bytes, bool with_min,
                                         int32_t (*isum)(const void *, const int8_t *)) {
-    const size_t x_bytes = with_min ? sizeof(loom_block_q8_1) : sizeof(loom_block_q8_0);
-    const size_t x_codes = with_min ? offsetof(loom_block_q8_1, qs) : offsetof(loom_block_q8_0, qs);
+    const size_t x_bytes = with_min ? sizeof(loom__block_q8_1) : sizeof(loom__block_q8_0);
+    const size_t x_codes = with_min ? offsetof(loom__block_q8_1, qs) : offsetof(loom__block_q8_0, qs);
     const uint8_t *w = (const uint8_t *)w_row, *x = (const uint8_t *)x_act;
     float acc[8] = {0};
     for (int64_t b = 0; b < n / LOOM_QK_LEGACY; b++, w += w_bytes, x += x_bytes) {
@@ -123,30 +123,30 @@ LOOM__QINLINE __m256i x_codes_256(const int8_t *x) {
 }
 
 LOOM__QINLINE __m256i vsum_q4_0(const void *blk, const int8_t *x) {
-    const loom_block_q4_0 *b = (const loom_block_q4_0 *)blk;
+    const loom__block_q4_0 *b = (const loom__block_q4_0 *)blk;
     __m256i w = _mm256_sub_epi8(loom__qd_nibbles(b->qs), _mm256_set1_epi8(8));
     return loom__qd_dot_s8(w, x_codes_256(x));
 }
 
 LOOM__QINLINE __m256i vsum_q4_1(const void *blk, const int8_t *x) {
-    const loom_block_q4_1 *b = (const loom_block_q4_1 *)blk;
+    const loom__block_q4_1 *b = (const loom__block_q4_1 *)blk;
     return loom__qd_dpbusd(_mm256_setzero_si256(), loom__qd_nibbles(b->qs), x_codes_256(x));
 }
 
 LOOM__QINLINE __m256i vsum_q5_0(const void *blk, const int8_t *x) {
-    const loom_block_q5_0 *b = (const loom_block_q5_0 *)blk;
+    const loom__block_q5_0 *b = (const loom__block_q5_0 *)blk;
     __m256i u = _mm256_or_si256(loom__qd_nibbles(b->qs), loom__qd_fifth_bits(b->qh));
     return loom__qd_dot_s8(_mm256_sub_epi8(u, _mm256_set1_epi8(16)), x_codes_256(x));
 }
 
 LOOM__QINLINE __m256i vsum_q5_1(const void *blk, const int8_t *x) {
-    const loom_block_q5_1 *b = (const loom_block_q5_1 *)blk;
+    const loom__block_q5_1 *b = (const loom__block_q5_1 *)blk;
     __m256i u = _mm256_or_si256(loom__qd_nibbles(b->qs), loom__qd_fifth_bits(b->qh));
     return loom__qd_dpbusd(_mm256_setzero_si256(), u, x_codes_256(x));
 }
 
 LOOM__QINLINE __m256i vsum_q8_0(const void *blk, const int8_t *x) {
-    const loom_block_q8_0 *b = (const loom_block_q8_0 *)blk;
+    const loom__block_q8_0 *b = (const loom__block_q8_0 *)blk;
     return loom__qd_dot_s8(_mm256_loadu_si256((const __m256i *)b->qs), x_codes_256(x));
 }
 
@@ -155,9 +155,9 @@ LOOM__QINLINE __m256i vsum_q8_0(const void *blk, const int8_t *x) {
  * +0.0 and only ever adds is never -0.0). */
 LOOM__QINLINE float legacy_dot_avx2(const void *w_row, const void *x_act, int64_t n, int w_bytes,
                                     bool with_min, __m256i (*vsum)(const void *, const int8_t *)) {
-    const int x_bytes = with_min ? (int)sizeof(loom_block_q8_1) : (int)sizeof(loom_block_q8_0);
+    const int x_bytes = with_min ? (int)sizeof(loom__block_q8_1) : (int)sizeof(loom__block_q8_0);
     const int x_codes =
-        with_min ? (int)offsetof(loom_block_q8_1, qs) : (int)offsetof(loom_block_q8_0, qs);
+        with_min ? (int)offsetof(loom__block_q8_1, qs) : (int)offsetof(loom__block_q8_0, qs);
     const uint8_t *w = (const uint8_t *)w_row, *x = (const uint8_t *)x_act;
     const int64_t nb = n / LOOM_QK_LEGACY;
     __m256 acc = _mm256_setzero_ps();
@@ -196,7 +196,7 @@ LOOM__QINLINE float legacy_dot_avx2(const void *w_row, const void *x_act, int64_
 
 #define LEGACY_PORTABLE(fmt, with_min)                                                             \
     static float dot_##fmt##_portable(const void *w, const void *x, int64_t n) {                   \
-        return legacy_dot_portable(w, x, n, sizeof(loom_block_##fmt), with_min, isum_##fmt);       \
+        return legacy_dot_portable(w, x, n, sizeof(loom__block_##fmt), with_min, isum_##fmt);       \
     }
 
 LEGACY_PORTABLE(q4_0, false)
@@ -208,7 +208,7 @@ LEGACY_PORTABLE(q8_0, false)
 #if defined(LOOM_QDOT_AVX2)
 #define LEGACY_AVX2(fmt, with_min)                                                                 \
     static float dot_##fmt##_avx2(const void *w, const void *x, int64_t n) {                       \
-        return legacy_dot_avx2(w, x, n, (int)sizeof(loom_block_##fmt), with_min, vsum_##fmt);      \
+        return legacy_dot_avx2(w, x, n, (int)sizeof(loom__block_##fmt), with_min, vsum_##fmt);      \
     }
 LEGACY_AVX2(q4_0, false)
 LEGACY_AVX2(q4_1, true)

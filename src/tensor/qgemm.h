@@ -1,7 +1,7 @@
 /* qgemm.h — quantized matrix products over a tile of weight rows and a tile of tokens, for the
  * CPU matmul: each weight row is unpacked once per call instead of once per token.
  *
- * loom_vec_dot_q (qdot.h) takes one weight row and one activation row and unpacks the weight's
+ * loom__vec_dot_q (qdot.h) takes one weight row and one activation row and unpacks the weight's
  * codes and scales every time. With T tokens in a step that unpacking, and the sign tricks the
  * one-row kernels need, are repeated T times. Here a matmul:
  *   1. prepares each activation row once (prepare_x: the row in the activation format of
@@ -12,7 +12,7 @@
  *      multiplied with several tokens, leaving per pair only the integer dot products
  *      (vpdpbusd, or vpmaddubsw + vpdpwssd) and the float combination.
  *
- * Results are bit-identical to loom_vec_dot_q(weight_type, w_row, act_row, K): the integer block
+ * Results are bit-identical to loom__vec_dot_q(weight_type, w_row, act_row, K): the integer block
  * sums are exact whatever their order, and the float operations on them are the same ones in
  * the same order (qdot_legacy.c, qdot_k.c document them). Batch invariance therefore carries
  * over: out[t, o] does not depend on which other rows or tokens share the tile.
@@ -22,21 +22,21 @@
  * 16-value sums (K-quants): sum(w x) = sum(u x) - off * sum(x), exactly, in int32.
  *
  * Only built where the integer dot instructions make it pay (AVX-512 VNNI or AVX-VNNI);
- * loom_qgemm_get returns NULL otherwise, and for weight types without a tile kernel (the
- * matmul then calls loom_vec_dot_q per pair). Thread-safe, allocation-free. */
+ * loom__qgemm_get returns NULL otherwise, and for weight types without a tile kernel (the
+ * matmul then calls loom__vec_dot_q per pair). Thread-safe, allocation-free. */
 #pragma once
 
 #include <stddef.h>
 #include <stdint.h>
 
-/* out[t * out_stride + r] = loom_vec_dot_q(weight_type, row r, token t, K) for r < nr, t < nt:
+/* out[t * out_stride + r] = loom__vec_dot_q(weight_type, row r, token t, K) for r < nr, t < nt:
  * weight rows w_stride bytes apart, prepared token rows x_stride bytes apart (64-byte
  * aligned). */
-typedef void (*loom_qgemm_tile_fn)(const void *w, size_t w_stride, int nr, const void *x,
+typedef void (*loom__qgemm_tile_fn)(const void *w, size_t w_stride, int nr, const void *x,
                                    size_t x_stride, int nt, int64_t K, float *out,
                                    size_t out_stride);
 
-typedef struct loom_qgemm_kernels {
+typedef struct loom__qgemm_kernels {
     /* Fewest tokens for which the tile beats the one-row kernels (loom-kernel-bench): 1 for the
      * legacy formats (their one-row kernels spend more on sign tricks than the tile on
      * unpacking), 2 for q4_K / q5_K (unpacking scales costs as much as one row's dot). */
@@ -44,11 +44,11 @@ typedef struct loom_qgemm_kernels {
     /* Bytes of one prepared activation row of K values (K a whole number of the weight type's
      * blocks); a multiple of 64. */
     size_t (*x_row_bytes)(int64_t K);
-    /* act: one row in loom_vec_dot_type(weight_type)'s format (qdot.h); x: x_row_bytes(K)
+    /* act: one row in loom__vec_dot_type(weight_type)'s format (qdot.h); x: x_row_bytes(K)
      * bytes, 64-byte aligned. */
     void (*prepare_x)(const void *act, void *x, int64_t K);
     /* The weight rows in place (the type's blocks). */
-    loom_qgemm_tile_fn tile;
+    loom__qgemm_tile_fn tile;
     /* Optional (NULL / 0 where there is none): a second tile kernel over weight rows that it
      * prepares itself into wp (64-byte aligned, nr rows w_row_bytes(K) bytes apart, a multiple
      * of 64), prepared_tokens_per_call tokens per call at most, for steps of at least
@@ -61,10 +61,10 @@ typedef struct loom_qgemm_kernels {
                           size_t x_stride, int nt, int64_t K, float *out, size_t out_stride);
     int (*prepare_min_tokens)(int64_t K);
     int prepared_tokens_per_call;
-} loom_qgemm_kernels;
+} loom__qgemm_kernels;
 
 /* The tile kernels for weight_type in this build, or NULL. */
-const loom_qgemm_kernels *loom_qgemm_get(uint32_t weight_type);
+const loom__qgemm_kernels *loom__qgemm_get(uint32_t weight_type);
 
 /* Token-lane kernels, for steps with many tokens (prefill, batched decode): `width` tokens (16
  * with AVX-512, else 8) are prepared together, interleaved so that one register holds 4 codes
@@ -72,19 +72,19 @@ const loom_qgemm_kernels *loom_qgemm_get(uint32_t weight_type);
  * accumulates one token's block sum and no horizontal reduction is needed. The float
  * combination runs on vectors of tokens, one accumulator per block lane (b % 8 for the legacy
  * formats), folded in loom__qd_fold8's order: per (row, token) the same operations as
- * loom_vec_dot_q, bit for bit, so a token's result does not depend on which kernel served it. */
-typedef struct loom_qgemm_lanes {
+ * loom__vec_dot_q, bit for bit, so a token's result does not depend on which kernel served it. */
+typedef struct loom__qgemm_lanes {
     int width; /* tokens per prepared group: 8 or 16 */
     /* Bytes of one prepared group of `width` tokens of K values; a multiple of 64. */
     size_t (*x8_bytes)(int64_t K);
     /* act: n (1..width) rows in the activation format, act_stride bytes apart; x8:
      * x8_bytes(K) bytes, 64-byte aligned; tokens n..width-1 are zero. */
     void (*prepare_x8)(const void *act, size_t act_stride, int n, void *x8, int64_t K);
-    /* out[t * out_stride + r] = loom_vec_dot_q(weight_type, row r, token t, K) for r < nr,
+    /* out[t * out_stride + r] = loom__vec_dot_q(weight_type, row r, token t, K) for r < nr,
      * t < nt (<= width) of the prepared group x8. */
     void (*tile8)(const void *w, size_t w_stride, int nr, const void *x8, int nt, int64_t K,
                   float *out, size_t out_stride);
-} loom_qgemm_lanes;
+} loom__qgemm_lanes;
 
 /* The token-lane kernels for weight_type in this build, or NULL. */
-const loom_qgemm_lanes *loom_qgemm_lanes_get(uint32_t weight_type);
+const loom__qgemm_lanes *loom__qgemm_lanes_get(uint32_t weight_type);

@@ -342,7 +342,7 @@ static int prepare_min_tokens_f16(int64_t K) {
 
 /* One token gains nothing: the row's conversion is not shared (loom-kernel-bench). Prepared
  * rows 24 tokens per call (four blocks of NT_BLK). */
-static const loom_qgemm_kernels kernels_f16 = {
+static const loom__qgemm_kernels kernels_f16 = {
     .min_tokens = 2,
     .x_row_bytes = x_row_bytes,
     .prepare_x = prepare_f16,
@@ -355,13 +355,13 @@ static const loom_qgemm_kernels kernels_f16 = {
 #endif
 };
 
-const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_float)(uint32_t weight_type) {
+const loom__qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_float)(uint32_t weight_type) {
     return weight_type == LOOM_TYPE_F16 ? &kernels_f16 : NULL;
 }
 
 #else /* no AVX2: the one-row kernels */
 
-const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_float)(uint32_t weight_type) {
+const loom__qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_float)(uint32_t weight_type) {
     (void)weight_type;
     return NULL;
 }

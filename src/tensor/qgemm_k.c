@@ -24,12 +24,12 @@
 #if defined(LOOM_QDOT_VNNI)
 
 static size_t x_row_bytes(int64_t K) {
-    const size_t n = (size_t)(K / LOOM_QK_K) * sizeof(loom_block_q8_K);
+    const size_t n = (size_t)(K / LOOM_QK_K) * sizeof(loom__block_q8_K);
     return (n + 63) & ~(size_t)63;
 }
 
 static void prepare_q8_K(const void *act, void *x, int64_t K) {
-    memcpy(x, act, (size_t)(K / LOOM_QK_K) * sizeof(loom_block_q8_K));
+    memcpy(x, act, (size_t)(K / LOOM_QK_K) * sizeof(loom__block_q8_K));
 }
 
 /* acc + the int16 pair sums p times the int16 scales c, pairwise summed into int32 lanes. */
@@ -58,14 +58,14 @@ LOOM__QINLINE void row_tokens(const uint8_t *w, const uint8_t *x0, size_t x_stri
         for (int k = 0; k < 8; k++) {
             const __m256i u = chunk_codes(blk, k, fmt), sc = chunk_scales(&m, k);
             for (int j = 0; j < NT; j++) {
-                const loom_block_q8_K *x = (const loom_block_q8_K *)(x0 + (size_t)j * x_stride) + b;
+                const loom__block_q8_K *x = (const loom__block_q8_K *)(x0 + (size_t)j * x_stride) + b;
                 __m256i p =
                     _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(x->qs + 32 * k)));
                 acc[j] = add_scaled(acc[j], p, sc);
             }
         }
         for (int j = 0; j < NT; j++) {
-            const loom_block_q8_K *x = (const loom_block_q8_K *)(x0 + (size_t)j * x_stride) + b;
+            const loom__block_q8_K *x = (const loom__block_q8_K *)(x0 + (size_t)j * x_stride) + b;
             const int32_t isum = loom__qd_hsum_epi32(acc[j]);
             const int32_t msum = loom__qd_hsum_epi32(
                 _mm256_madd_epi16(m.m16, _mm256_loadu_si256((const __m256i *)x->bsums)));
@@ -108,7 +108,7 @@ LOOM__QINLINE void tile_k(const void *w, size_t w_stride, int nr, const void *x,
                            int64_t K, float *out, size_t os) {                                     \
         tile_k(w, ws, nr, x, xs, nt, K, out, os, FMT);                                             \
     }                                                                                              \
-    static const loom_qgemm_kernels kernels_##fmt = {.min_tokens = 2,                              \
+    static const loom__qgemm_kernels kernels_##fmt = {.min_tokens = 2,                              \
                                                      .x_row_bytes = x_row_bytes,                   \
                                                      .prepare_x = prepare_q8_K,                    \
                                                      .tile = tile_##fmt};
@@ -117,7 +117,7 @@ K_TILE(q5_K, FMT_Q5_K)
 /* No q6_K here: its two scales per chunk cost more to spread per row than the one-row kernel
  * spends (loom-kernel-bench, T = 4: 0.67x); q6_K takes the token lanes from 5 tokens on. */
 
-const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_kquant)(uint32_t weight_type) {
+const loom__qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_kquant)(uint32_t weight_type) {
     switch (weight_type) {
     case LOOM_TYPE_Q4_K:
         return &kernels_q4_K;
@@ -130,7 +130,7 @@ const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_kquant)(uint32_t weight_type)
 
 #else /* no integer dot instructions: the matmul keeps the one-row kernels */
 
-const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_kquant)(uint32_t weight_type) {
+const loom__qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_kquant)(uint32_t weight_type) {
     (void)weight_type;
     return NULL;
 }

@@ -36,8 +36,8 @@ static size_t x8_bytes(int64_t K) {
 static void prepare_x8(const void *act, size_t act_stride, int n, void *x8, int64_t K) {
     memset(x8, 0, x8_bytes(K));
     for (int j = 0; j < n; j++) {
-        const loom_block_q8_K *a =
-            (const loom_block_q8_K *)((const uint8_t *)act + (size_t)j * act_stride);
+        const loom__block_q8_K *a =
+            (const loom__block_q8_K *)((const uint8_t *)act + (size_t)j * act_stride);
         for (int64_t b = 0; b < K / LOOM_QK_K; b++) {
             uint8_t *xb = (uint8_t *)x8 + (size_t)b * XK;
             for (int c = 0; c < 64; c++) memcpy(xb + 4 * LW * c + 4 * j, a[b].qs + 4 * c, 4);
@@ -114,12 +114,12 @@ LOOM__QINLINE void tile8_k(const void *w, size_t w_stride, int nr, const void *x
                             float *out, size_t os) {                                               \
         tile8_k(w, ws, nr, x8, nt, K, out, os, FMT);                                               \
     }                                                                                              \
-    static const loom_qgemm_lanes lanes_##fmt = {LW, x8_bytes, prepare_x8, tile8_##fmt};
+    static const loom__qgemm_lanes lanes_##fmt = {LW, x8_bytes, prepare_x8, tile8_##fmt};
 LANES_TILE(q4_K, FMT_Q4_K)
 LANES_TILE(q5_K, FMT_Q5_K)
 LANES_TILE(q6_K, FMT_Q6_K)
 
-const loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t weight_type) {
+const loom__qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t weight_type) {
     switch (weight_type) {
     case LOOM_TYPE_Q4_K:
         return &lanes_q4_K;
@@ -134,7 +134,7 @@ const loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t weight_t
 
 #else /* no integer dot instructions */
 
-const loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t weight_type) {
+const loom__qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_kquant)(uint32_t weight_type) {
     (void)weight_type;
     return NULL;
 }

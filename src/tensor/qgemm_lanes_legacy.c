@@ -39,8 +39,8 @@ static size_t x8_bytes(int64_t K) {
 /* act: n rows of q8_0 (with_s false) or q8_1 blocks. */
 LOOM__QINLINE void prepare_lanes(const void *act, size_t act_stride, int n, void *x8, int64_t K,
                                  bool with_s, int off) {
-    const size_t bytes = with_s ? sizeof(loom_block_q8_1) : sizeof(loom_block_q8_0);
-    const size_t codes = with_s ? offsetof(loom_block_q8_1, qs) : offsetof(loom_block_q8_0, qs);
+    const size_t bytes = with_s ? sizeof(loom__block_q8_1) : sizeof(loom__block_q8_0);
+    const size_t codes = with_s ? offsetof(loom__block_q8_1, qs) : offsetof(loom__block_q8_0, qs);
     memset(x8, 0, x8_bytes(K));
     for (int j = 0; j < n; j++) {
         const uint8_t *a = (const uint8_t *)act + (size_t)j * act_stride;
@@ -73,7 +73,7 @@ LOOM__QINLINE vf block_term(const uint8_t *blk, const uint8_t *xb, legacy_fmt fm
     vi s = V_ZERO_SI();
     if (fmt == FMT_Q8_0) {
         /* the codes are bytes already: broadcast them from the block, flip the top bits */
-        const int8_t *qs = ((const loom_block_q8_0 *)blk)->qs;
+        const int8_t *qs = ((const loom__block_q8_0 *)blk)->qs;
         const vi flip = V_SET1_EPI32((int32_t)0x80808080u);
         for (int c = 0; c < 8; c++) {
             int32_t chunk;
@@ -138,14 +138,14 @@ LOOM__QINLINE void tile8_legacy(const void *w, size_t w_stride, int nr, const vo
                             float *out, size_t os) {                                               \
         tile8_legacy(w, ws, nr, x8, nt, K, out, os, FMT, with_min);                                \
     }                                                                                              \
-    static const loom_qgemm_lanes lanes_##fmt = {LW, x8_bytes, prep, tile8_##fmt};
+    static const loom__qgemm_lanes lanes_##fmt = {LW, x8_bytes, prep, tile8_##fmt};
 LANES_TILE(q4_0, FMT_Q4_0, false, prepare_off8)
 LANES_TILE(q4_1, FMT_Q4_1, true, prepare_q8_1)
 LANES_TILE(q5_0, FMT_Q5_0, false, prepare_off16)
 LANES_TILE(q5_1, FMT_Q5_1, true, prepare_q8_1)
 LANES_TILE(q8_0, FMT_Q8_0, false, prepare_off128)
 
-const loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(uint32_t weight_type) {
+const loom__qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(uint32_t weight_type) {
     switch (weight_type) {
     case LOOM_TYPE_Q4_0:
         return &lanes_q4_0;
@@ -164,7 +164,7 @@ const loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(uint32_t weight_t
 
 #else /* no integer dot instructions */
 
-const loom_qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(uint32_t weight_type) {
+const loom__qgemm_lanes *LOOM_ISA_SYM(loom__qgemm_lanes_legacy)(uint32_t weight_type) {
     (void)weight_type;
     return NULL;
 }

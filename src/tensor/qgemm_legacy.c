@@ -48,8 +48,8 @@ static size_t x_row_bytes(int64_t K) {
  * 32 codes. */
 LOOM__QINLINE void prepare_legacy(const void *act, void *xrow, int64_t K, bool with_s, int off) {
     const int64_t nb = K / LQ, nbp = padded_blocks(K);
-    const size_t bytes = with_s ? sizeof(loom_block_q8_1) : sizeof(loom_block_q8_0);
-    const size_t codes = with_s ? offsetof(loom_block_q8_1, qs) : offsetof(loom_block_q8_0, qs);
+    const size_t bytes = with_s ? sizeof(loom__block_q8_1) : sizeof(loom__block_q8_0);
+    const size_t codes = with_s ? offsetof(loom__block_q8_1, qs) : offsetof(loom__block_q8_0, qs);
     int8_t *x = (int8_t *)xrow;
     float *dx = (float *)(x + nbp * LQ), *sx = dx + nbp;
     int32_t *xoff = (int32_t *)(sx + nbp);
@@ -166,7 +166,7 @@ LEGACY_TILE(q5_1, FMT_Q5_1, true)
 LEGACY_TILE(q8_0, FMT_Q8_0, false)
 
 #define LEGACY_KERNELS(fmt, prep)                                                                  \
-    static const loom_qgemm_kernels kernels_##fmt = {                                              \
+    static const loom__qgemm_kernels kernels_##fmt = {                                              \
         .min_tokens = 1, .x_row_bytes = x_row_bytes, .prepare_x = prep, .tile = tile_##fmt};
 LEGACY_KERNELS(q4_0, prepare_q8_0_off8)
 LEGACY_KERNELS(q4_1, prepare_q8_1_off0)
@@ -174,7 +174,7 @@ LEGACY_KERNELS(q5_0, prepare_q8_0_off16)
 LEGACY_KERNELS(q5_1, prepare_q8_1_off0)
 LEGACY_KERNELS(q8_0, prepare_q8_0_off128)
 
-const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_legacy)(uint32_t weight_type) {
+const loom__qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_legacy)(uint32_t weight_type) {
     switch (weight_type) {
     case LOOM_TYPE_Q4_0:
         return &kernels_q4_0;
@@ -193,7 +193,7 @@ const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_legacy)(uint32_t weight_type)
 
 #else /* no integer dot instructions: the matmul keeps the one-row kernels */
 
-const loom_qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_legacy)(uint32_t weight_type) {
+const loom__qgemm_kernels *LOOM_ISA_SYM(loom__qgemm_legacy)(uint32_t weight_type) {
     (void)weight_type;
     return NULL;
 }

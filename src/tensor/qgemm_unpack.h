@@ -16,15 +16,15 @@ typedef enum { FMT_Q4_0, FMT_Q4_1, FMT_Q5_0, FMT_Q5_1, FMT_Q8_0 } legacy_fmt;
 LOOM__QINLINE size_t legacy_block_bytes(legacy_fmt fmt) {
     switch (fmt) {
     case FMT_Q4_0:
-        return sizeof(loom_block_q4_0);
+        return sizeof(loom__block_q4_0);
     case FMT_Q4_1:
-        return sizeof(loom_block_q4_1);
+        return sizeof(loom__block_q4_1);
     case FMT_Q5_0:
-        return sizeof(loom_block_q5_0);
+        return sizeof(loom__block_q5_0);
     case FMT_Q5_1:
-        return sizeof(loom_block_q5_1);
+        return sizeof(loom__block_q5_1);
     default:
-        return sizeof(loom_block_q8_0);
+        return sizeof(loom__block_q8_0);
     }
 }
 
@@ -32,19 +32,19 @@ LOOM__QINLINE size_t legacy_block_bytes(legacy_fmt fmt) {
 LOOM__QINLINE __m256i block_codes(const uint8_t *blk, legacy_fmt fmt) {
     switch (fmt) {
     case FMT_Q4_0:
-        return loom__qd_nibbles(((const loom_block_q4_0 *)blk)->qs);
+        return loom__qd_nibbles(((const loom__block_q4_0 *)blk)->qs);
     case FMT_Q4_1:
-        return loom__qd_nibbles(((const loom_block_q4_1 *)blk)->qs);
+        return loom__qd_nibbles(((const loom__block_q4_1 *)blk)->qs);
     case FMT_Q5_0: {
-        const loom_block_q5_0 *b = (const loom_block_q5_0 *)blk;
+        const loom__block_q5_0 *b = (const loom__block_q5_0 *)blk;
         return _mm256_or_si256(loom__qd_nibbles(b->qs), loom__qd_fifth_bits(b->qh));
     }
     case FMT_Q5_1: {
-        const loom_block_q5_1 *b = (const loom_block_q5_1 *)blk;
+        const loom__block_q5_1 *b = (const loom__block_q5_1 *)blk;
         return _mm256_or_si256(loom__qd_nibbles(b->qs), loom__qd_fifth_bits(b->qh));
     }
     default: /* q8_0: signed codes + 128 = their bytes with the top bit flipped */
-        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((const loom_block_q8_0 *)blk)->qs),
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((const loom__block_q8_0 *)blk)->qs),
                                 _mm256_set1_epi8((char)0x80));
     }
 }
@@ -111,7 +111,7 @@ LOOM__QINLINE __m256i chunk_codes(const void *blk, int k, k_fmt fmt) {
     if (fmt == FMT_Q6_K) {
         /* value v = 128h + 32s + l: low nibble (s / 2) of ql[64h + 32(s % 2) + l], high two
          * bits at 2s of qh[32h + l] */
-        const loom_block_q6_K *b = (const loom_block_q6_K *)blk;
+        const loom__block_q6_K *b = (const loom__block_q6_K *)blk;
         const int h = k / 4, s = k % 4;
         __m256i ql = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32 * (s % 2)));
         __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
@@ -121,13 +121,13 @@ LOOM__QINLINE __m256i chunk_codes(const void *blk, int k, k_fmt fmt) {
     }
     /* q4_K: chunk 2c = low nibbles of qs[32c .. 32c+32), chunk 2c+1 their high nibbles; q5_K
      * adds bit 4 of value v from bit v / 32 of qh[v % 32] */
-    const uint8_t *qs = fmt == FMT_Q4_K ? ((const loom_block_q4_K *)blk)->qs
-                                        : ((const loom_block_q5_K *)blk)->qs;
+    const uint8_t *qs = fmt == FMT_Q4_K ? ((const loom__block_q4_K *)blk)->qs
+                                        : ((const loom__block_q5_K *)blk)->qs;
     const int c = k / 2;
     __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
     __m256i u = _mm256_and_si256(k % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
     if (fmt == FMT_Q5_K) {
-        __m256i qh = _mm256_loadu_si256((const __m256i *)((const loom_block_q5_K *)blk)->qh);
+        __m256i qh = _mm256_loadu_si256((const __m256i *)((const loom__block_q5_K *)blk)->qh);
         __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, k), _mm256_set1_epi8(1));
         u = _mm256_or_si256(u, _mm256_slli_epi16(bit, 4));
     }
@@ -137,23 +137,23 @@ LOOM__QINLINE __m256i chunk_codes(const void *blk, int k, k_fmt fmt) {
 LOOM__QINLINE sb_meta block_meta(const void *blk, k_fmt fmt) {
     switch (fmt) {
     case FMT_Q4_K: {
-        const loom_block_q4_K *b = (const loom_block_q4_K *)blk;
+        const loom__block_q4_K *b = (const loom__block_q4_K *)blk;
         return meta_k4(b->scales, b->d, b->dmin);
     }
     case FMT_Q5_K: {
-        const loom_block_q5_K *b = (const loom_block_q5_K *)blk;
+        const loom__block_q5_K *b = (const loom__block_q5_K *)blk;
         return meta_k4(b->scales, b->d, b->dmin);
     }
     default: {
-        const loom_block_q6_K *b = (const loom_block_q6_K *)blk;
+        const loom__block_q6_K *b = (const loom__block_q6_K *)blk;
         return meta_q6_K(b->scales, b->d);
     }
     }
 }
 
 LOOM__QINLINE size_t k_block_bytes(k_fmt fmt) {
-    return fmt == FMT_Q4_K ? sizeof(loom_block_q4_K)
-                           : fmt == FMT_Q5_K ? sizeof(loom_block_q5_K) : sizeof(loom_block_q6_K);
+    return fmt == FMT_Q4_K ? sizeof(loom__block_q4_K)
+                           : fmt == FMT_Q5_K ? sizeof(loom__block_q5_K) : sizeof(loom__block_q6_K);
 }
 
 #endif /* LOOM_QDOT_VNNI */

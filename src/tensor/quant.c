@@ -1,26 +1,10 @@
-/* quant.c — the entry points of quant.h: scalar half/bfloat16 conversions, and row dequantize,
- * quantize and dot, which check their arguments and dispatch to the per-format kernels
- * (quant_float.c, quant_legacy.c, quant_k.c). */
+/* quant.c — the entry points of quant.h: row dequantize, quantize and dot, which check their
+ * arguments and dispatch to the per-format kernels (quant_float.c, quant_legacy.c, quant_k.c). */
 #include "tensor/quant.h"
 
 #include <math.h>
 
 #include "tensor/quant_internal.h"
-
-/* ---- scalar conversions ------------------------------------------------------------------- */
-
-float loom_f16_to_f32(uint16_t h) {
-    return loom__f16_to_f32(h);
-}
-uint16_t loom_f32_to_f16(float f) {
-    return loom__f32_to_f16(f);
-}
-float loom_bf16_to_f32(uint16_t h) {
-    return loom__bf16_to_f32(h);
-}
-uint16_t loom_f32_to_bf16(float f) {
-    return loom__f32_to_bf16(f);
-}
 
 /* ---- dispatch ----------------------------------------------------------------------------- */
 
@@ -33,12 +17,12 @@ static const loom__qkernels *kernels_of(uint32_t t) {
 
 /* True if n is a valid value count for a row of t (>= 0, whole blocks). */
 static bool whole_blocks(uint32_t t, int64_t n) {
-    const loom_type_traits *tr = loom_type_get_traits(t);
+    const loom__type_traits *tr = loom__type_get_traits(t);
     return tr && n >= 0 && n % tr->block_elems == 0;
 }
 
-bool loom_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n) {
-    const loom_type_traits *tr = loom_type_get_traits(t);
+bool loom__dequantize_row(uint32_t t, const void *src, float *dst, int64_t n) {
+    const loom__type_traits *tr = loom__type_get_traits(t);
     const loom__qkernels *k = kernels_of(t);
     if (!tr || !tr->can_dequantize || !k || !k->dequant_row || !whole_blocks(t, n)) return false;
     if (n == 0) return true;
@@ -47,7 +31,7 @@ bool loom_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n) {
     return true;
 }
 
-bool loom_quantize_row(uint32_t t, const float *src, void *dst, int64_t n) {
+bool loom__quantize_row(uint32_t t, const float *src, void *dst, int64_t n) {
     const loom__qkernels *k = kernels_of(t);
     if (!k || !k->quant_row || !whole_blocks(t, n)) return false;
     if (n == 0) return true;
@@ -56,15 +40,15 @@ bool loom_quantize_row(uint32_t t, const float *src, void *dst, int64_t n) {
     return true;
 }
 
-loom_vec_dot_fn loom_vec_dot_get(uint32_t t) {
-    const loom_type_traits *tr = loom_type_get_traits(t);
+loom__vec_dot_fn loom__vec_dot_get(uint32_t t) {
+    const loom__type_traits *tr = loom__type_get_traits(t);
     const loom__qkernels *k = kernels_of(t);
     if (!tr || !tr->can_dequantize || !k) return NULL;
     return k->dot;
 }
 
-float loom_vec_dot_f32(const void *w_row, uint32_t t, const float *x, int64_t n) {
-    loom_vec_dot_fn dot = loom_vec_dot_get(t);
+float loom__vec_dot_f32(const void *w_row, uint32_t t, const float *x, int64_t n) {
+    loom__vec_dot_fn dot = loom__vec_dot_get(t);
     if (!dot || !whole_blocks(t, n)) return NAN;
     if (n == 0) return 0.0f;
     if (!w_row || !x) return NAN;

@@ -5,33 +5,28 @@
  * validated against it. */
 #pragma once
 
+#include "tensor/fp16.h" /* half and bfloat16 <-> float (inline) */
 #include "tensor/types.h"
-
-/* half and bfloat16 <-> float, bit-exact with IEEE round-to-nearest-even. */
-float loom_f16_to_f32(uint16_t h);
-uint16_t loom_f32_to_f16(float f);
-float loom_bf16_to_f32(uint16_t h);
-uint16_t loom_f32_to_bf16(float f);
 
 /* Dequantizes n values (a multiple of the type's block size) of type t from src into dst.
  * Returns false if t cannot be dequantized or n is not a whole number of blocks. */
-bool loom_dequantize_row(uint32_t t, const void *src, float *dst, int64_t n);
+bool loom__dequantize_row(uint32_t t, const void *src, float *dst, int64_t n);
 
 /* Quantizes n floats into type t (reference rounding). Supported for F32, F16, BF16, Q8_0,
  * Q4_0, Q4_1, Q5_0, Q5_1 and Q8_K (activation format); returns false otherwise. */
-bool loom_quantize_row(uint32_t t, const float *src, void *dst, int64_t n);
+bool loom__quantize_row(uint32_t t, const float *src, void *dst, int64_t n);
 
 /* Dot product of one weight row of type t (n values, a whole number of blocks) with the float32
  * vector x[n], computed block by block without materialising the dequantized row. The result
- * equals the dot of loom_dequantize_row's output with x, summed in a fixed order (lane i % 32
+ * equals the dot of loom__dequantize_row's output with x, summed in a fixed order (lane i % 32
  * of 32 float accumulators, sequential per lane, lanes folded pairwise), so it depends only on
  * the inputs. Returns NaN if t cannot be dequantized, n is negative or not a whole number of
  * blocks, or a pointer is NULL (callers check the type when a model loads, so NaN marks a bug,
  * not a runtime condition). Thread-safe. */
-float loom_vec_dot_f32(const void *w_row, uint32_t t, const float *x, int64_t n);
+float loom__vec_dot_f32(const void *w_row, uint32_t t, const float *x, int64_t n);
 
-/* The row kernel loom_vec_dot_f32 dispatches to for type t, for inner loops that call it once
+/* The row kernel loom__vec_dot_f32 dispatches to for type t, for inner loops that call it once
  * per row: fn(w_row, x, n) with n a whole number of blocks (not checked). NULL if t cannot be
  * dequantized. */
-typedef float (*loom_vec_dot_fn)(const void *w_row, const float *x, int64_t n);
-loom_vec_dot_fn loom_vec_dot_get(uint32_t t);
+typedef float (*loom__vec_dot_fn)(const void *w_row, const float *x, int64_t n);
+loom__vec_dot_fn loom__vec_dot_get(uint32_t t);

@@ -19,7 +19,7 @@
 /* ---- q2_K --------------------------------------------------------------------------------- */
 
 LOOM__INLINE void decode_q2_K(const void *blk, float *y) {
-    const loom_block_q2_K *b = (const loom_block_q2_K *)blk;
+    const loom__block_q2_K *b = (const loom__block_q2_K *)blk;
     float d = loom__f16_to_f32(b->d);
     float dmin = loom__f16_to_f32(b->dmin);
     /* Value v = 128h + 32s + l sits in bits 2s of qs[32h + l]; sub-block v / 16. */
@@ -49,7 +49,7 @@ static void unpack_scales_q3_K(const uint8_t packed[12], int sc[16]) {
 }
 
 LOOM__INLINE void decode_q3_K(const void *blk, float *y) {
-    const loom_block_q3_K *b = (const loom_block_q3_K *)blk;
+    const loom__block_q3_K *b = (const loom__block_q3_K *)blk;
     float d = loom__f16_to_f32(b->d);
     int sc[16];
     unpack_scales_q3_K(b->scales, sc);
@@ -86,7 +86,7 @@ static void unpack_scales_mins_k4(const uint8_t p[LOOM_K_SCALE_BYTES], uint8_t s
 }
 
 LOOM__INLINE void decode_q4_K(const void *blk, float *y) {
-    const loom_block_q4_K *b = (const loom_block_q4_K *)blk;
+    const loom__block_q4_K *b = (const loom__block_q4_K *)blk;
     float d = loom__f16_to_f32(b->d);
     float dmin = loom__f16_to_f32(b->dmin);
     uint8_t sc[8], mn[8];
@@ -103,7 +103,7 @@ LOOM__INLINE void decode_q4_K(const void *blk, float *y) {
 }
 
 LOOM__INLINE void decode_q5_K(const void *blk, float *y) {
-    const loom_block_q5_K *b = (const loom_block_q5_K *)blk;
+    const loom__block_q5_K *b = (const loom__block_q5_K *)blk;
     float d = loom__f16_to_f32(b->d);
     float dmin = loom__f16_to_f32(b->dmin);
     uint8_t sc[8], mn[8];
@@ -128,7 +128,7 @@ LOOM__INLINE void decode_q5_K(const void *blk, float *y) {
 /* ---- q6_K --------------------------------------------------------------------------------- */
 
 LOOM__INLINE void decode_q6_K(const void *blk, float *y) {
-    const loom_block_q6_K *b = (const loom_block_q6_K *)blk;
+    const loom__block_q6_K *b = (const loom__block_q6_K *)blk;
     float d = loom__f16_to_f32(b->d);
     /* Value v = 128h + 32s + l: low nibble (s / 2) of ql[64h + 32(s % 2) + l], high two bits at
      * 2s of qh[32h + l]; sub-block v / 16. One pass over l produces the four values (s = 0..3)
@@ -159,7 +159,7 @@ LOOM__INLINE void decode_q6_K(const void *blk, float *y) {
  * nearest code, ties away from zero, clamped to [-128, 127]. bsums hold the sums of each group
  * of 16 codes. Non-finite input gives a defined block (NaN codes become 0), never UB. */
 
-static void quant_block_q8_K(const float *x, loom_block_q8_K *b) {
+static void quant_block_q8_K(const float *x, loom__block_q8_K *b) {
     int imax = 0;
     for (int j = 1; j < LOOM_QK_K; j++)
         if (fabsf(x[j]) > fabsf(x[imax])) imax = j;
@@ -193,7 +193,7 @@ static void quant_block_q8_K(const float *x, loom_block_q8_K *b) {
 }
 
 static void quant_row_q8_K(const float *src, void *dst, int64_t n) {
-    loom_block_q8_K *b = (loom_block_q8_K *)dst;
+    loom__block_q8_K *b = (loom__block_q8_K *)dst;
     for (int64_t i = 0; i < n / LOOM_QK_K; i++) quant_block_q8_K(src + i * LOOM_QK_K, &b[i]);
 }
 
@@ -201,10 +201,10 @@ static void quant_row_q8_K(const float *src, void *dst, int64_t n) {
 
 #define K_ROW_KERNELS(fmt)                                                                         \
     static void dequant_row_##fmt(const void *src, float *dst, int64_t n) {                        \
-        loom__dequant_blocks(src, dst, n, sizeof(loom_block_##fmt), LOOM_QK_K, decode_##fmt);      \
+        loom__dequant_blocks(src, dst, n, sizeof(loom__block_##fmt), LOOM_QK_K, decode_##fmt);      \
     }                                                                                              \
     static float dot_##fmt(const void *w, const float *x, int64_t n) {                             \
-        return loom__dot_blocks(w, x, n, sizeof(loom_block_##fmt), LOOM_QK_K, decode_##fmt);       \
+        return loom__dot_blocks(w, x, n, sizeof(loom__block_##fmt), LOOM_QK_K, decode_##fmt);       \
     }                                                                                              \
     static const loom__qkernels kernels_##fmt = {                                                  \
         .dequant_row = dequant_row_##fmt, .quant_row = NULL, .dot = dot_##fmt};

@@ -82,7 +82,7 @@ static inline uint32_t qh_word(const uint8_t qh[4]) {
 /* ---- q4_0 --------------------------------------------------------------------------------- */
 
 LOOM__INLINE void decode_q4_0(const void *blk, float *y) {
-    const loom_block_q4_0 *b = (const loom_block_q4_0 *)blk;
+    const loom__block_q4_0 *b = (const loom__block_q4_0 *)blk;
     float d = loom__f16_to_f32(b->d);
     for (int j = 0; j < 16; j++) {
         y[j] = d * (float)((int)(b->qs[j] & 15u) - 8);
@@ -90,7 +90,7 @@ LOOM__INLINE void decode_q4_0(const void *blk, float *y) {
     }
 }
 
-static void quant_block_q4_0(const float *x, loom_block_q4_0 *b) {
+static void quant_block_q4_0(const float *x, loom__block_q4_0 *b) {
     /* The value of largest magnitude maps to code 0 (-8 * d), keeping its sign in d. */
     float d = x[first_absmax(x, LOOM_QK_LEGACY)] / -8.0f;
     float id = inverse_or_zero(d);
@@ -103,7 +103,7 @@ static void quant_block_q4_0(const float *x, loom_block_q4_0 *b) {
 /* ---- q4_1 --------------------------------------------------------------------------------- */
 
 LOOM__INLINE void decode_q4_1(const void *blk, float *y) {
-    const loom_block_q4_1 *b = (const loom_block_q4_1 *)blk;
+    const loom__block_q4_1 *b = (const loom__block_q4_1 *)blk;
     float d = loom__f16_to_f32(b->d);
     float m = loom__f16_to_f32(b->m);
     for (int j = 0; j < 16; j++) {
@@ -112,7 +112,7 @@ LOOM__INLINE void decode_q4_1(const void *blk, float *y) {
     }
 }
 
-static void quant_block_q4_1(const float *x, loom_block_q4_1 *b) {
+static void quant_block_q4_1(const float *x, loom__block_q4_1 *b) {
     float mn, mx;
     min_max(x, LOOM_QK_LEGACY, &mn, &mx);
     float d = (mx - mn) / 15.0f;
@@ -127,7 +127,7 @@ static void quant_block_q4_1(const float *x, loom_block_q4_1 *b) {
 /* ---- q5_0 --------------------------------------------------------------------------------- */
 
 LOOM__INLINE void decode_q5_0(const void *blk, float *y) {
-    const loom_block_q5_0 *b = (const loom_block_q5_0 *)blk;
+    const loom__block_q5_0 *b = (const loom__block_q5_0 *)blk;
     float d = loom__f16_to_f32(b->d);
     uint32_t qh = qh_word(b->qh);
     for (int j = 0; j < 16; j++) {
@@ -138,7 +138,7 @@ LOOM__INLINE void decode_q5_0(const void *blk, float *y) {
     }
 }
 
-static void quant_block_q5_0(const float *x, loom_block_q5_0 *b) {
+static void quant_block_q5_0(const float *x, loom__block_q5_0 *b) {
     float d = x[first_absmax(x, LOOM_QK_LEGACY)] / -16.0f;
     float id = inverse_or_zero(d);
     uint8_t q[LOOM_QK_LEGACY];
@@ -150,7 +150,7 @@ static void quant_block_q5_0(const float *x, loom_block_q5_0 *b) {
 /* ---- q5_1 --------------------------------------------------------------------------------- */
 
 LOOM__INLINE void decode_q5_1(const void *blk, float *y) {
-    const loom_block_q5_1 *b = (const loom_block_q5_1 *)blk;
+    const loom__block_q5_1 *b = (const loom__block_q5_1 *)blk;
     float d = loom__f16_to_f32(b->d);
     float m = loom__f16_to_f32(b->m);
     uint32_t qh = qh_word(b->qh);
@@ -162,7 +162,7 @@ LOOM__INLINE void decode_q5_1(const void *blk, float *y) {
     }
 }
 
-static void quant_block_q5_1(const float *x, loom_block_q5_1 *b) {
+static void quant_block_q5_1(const float *x, loom__block_q5_1 *b) {
     float mn, mx;
     min_max(x, LOOM_QK_LEGACY, &mn, &mx);
     float d = (mx - mn) / 31.0f;
@@ -177,12 +177,12 @@ static void quant_block_q5_1(const float *x, loom_block_q5_1 *b) {
 /* ---- q8_0 --------------------------------------------------------------------------------- */
 
 LOOM__INLINE void decode_q8_0(const void *blk, float *y) {
-    const loom_block_q8_0 *b = (const loom_block_q8_0 *)blk;
+    const loom__block_q8_0 *b = (const loom__block_q8_0 *)blk;
     float d = loom__f16_to_f32(b->d);
     for (int j = 0; j < LOOM_QK_LEGACY; j++) y[j] = (float)b->qs[j] * d;
 }
 
-static void quant_block_q8_0(const float *x, loom_block_q8_0 *b) {
+static void quant_block_q8_0(const float *x, loom__block_q8_0 *b) {
     float amax = fabsf(x[first_absmax(x, LOOM_QK_LEGACY)]);
     float d = amax / 127.0f;
     float id = inverse_or_zero(d);
@@ -196,13 +196,13 @@ static void quant_block_q8_0(const float *x, loom_block_q8_0 *b) {
  * direct calls by the constant decoder. */
 #define LEGACY_ROW_KERNELS(fmt)                                                                    \
     static void dequant_row_##fmt(const void *src, float *dst, int64_t n) {                        \
-        loom__dequant_blocks(src, dst, n, sizeof(loom_block_##fmt), LOOM_QK_LEGACY, decode_##fmt); \
+        loom__dequant_blocks(src, dst, n, sizeof(loom__block_##fmt), LOOM_QK_LEGACY, decode_##fmt); \
     }                                                                                              \
     static float dot_##fmt(const void *w, const float *x, int64_t n) {                             \
-        return loom__dot_blocks(w, x, n, sizeof(loom_block_##fmt), LOOM_QK_LEGACY, decode_##fmt);  \
+        return loom__dot_blocks(w, x, n, sizeof(loom__block_##fmt), LOOM_QK_LEGACY, decode_##fmt);  \
     }                                                                                              \
     static void quant_row_##fmt(const float *src, void *dst, int64_t n) {                          \
-        loom_block_##fmt *b = (loom_block_##fmt *)dst;                                             \
+        loom__block_##fmt *b = (loom__block_##fmt *)dst;                                             \
         for (int64_t i = 0; i < n / LOOM_QK_LEGACY; i++)                                           \
             quant_block_##fmt(src + i * LOOM_QK_LEGACY, &b[i]);                                    \
     }                                                                                              \

@@ -22,23 +22,23 @@
         .can_dequantize = deq                                                                      \
     }
 
-static const loom_type_traits type_traits[LOOM_TYPE_COUNT_] = {
+static const loom__type_traits type_traits[LOOM_TYPE_COUNT_] = {
     [LOOM_TYPE_F32] = PLAIN("f32", 4, true),
     [LOOM_TYPE_F16] = PLAIN("f16", 2, true),
-    [LOOM_TYPE_Q4_0] = BLOCK("q4_0", LOOM_QK_LEGACY, loom_block_q4_0, true),
-    [LOOM_TYPE_Q4_1] = BLOCK("q4_1", LOOM_QK_LEGACY, loom_block_q4_1, true),
-    [LOOM_TYPE_Q5_0] = BLOCK("q5_0", LOOM_QK_LEGACY, loom_block_q5_0, true),
-    [LOOM_TYPE_Q5_1] = BLOCK("q5_1", LOOM_QK_LEGACY, loom_block_q5_1, true),
-    [LOOM_TYPE_Q8_0] = BLOCK("q8_0", LOOM_QK_LEGACY, loom_block_q8_0, true),
+    [LOOM_TYPE_Q4_0] = BLOCK("q4_0", LOOM_QK_LEGACY, loom__block_q4_0, true),
+    [LOOM_TYPE_Q4_1] = BLOCK("q4_1", LOOM_QK_LEGACY, loom__block_q4_1, true),
+    [LOOM_TYPE_Q5_0] = BLOCK("q5_0", LOOM_QK_LEGACY, loom__block_q5_0, true),
+    [LOOM_TYPE_Q5_1] = BLOCK("q5_1", LOOM_QK_LEGACY, loom__block_q5_1, true),
+    [LOOM_TYPE_Q8_0] = BLOCK("q8_0", LOOM_QK_LEGACY, loom__block_q8_0, true),
     /* q8_1 and q8_K are activation formats (the other operand of integer dot products), never
      * weights in a model file loom runs, so loom does not dequantize them. */
-    [LOOM_TYPE_Q8_1] = BLOCK("q8_1", LOOM_QK_LEGACY, loom_block_q8_1, false),
-    [LOOM_TYPE_Q2_K] = BLOCK("q2_K", LOOM_QK_K, loom_block_q2_K, true),
-    [LOOM_TYPE_Q3_K] = BLOCK("q3_K", LOOM_QK_K, loom_block_q3_K, true),
-    [LOOM_TYPE_Q4_K] = BLOCK("q4_K", LOOM_QK_K, loom_block_q4_K, true),
-    [LOOM_TYPE_Q5_K] = BLOCK("q5_K", LOOM_QK_K, loom_block_q5_K, true),
-    [LOOM_TYPE_Q6_K] = BLOCK("q6_K", LOOM_QK_K, loom_block_q6_K, true),
-    [LOOM_TYPE_Q8_K] = BLOCK("q8_K", LOOM_QK_K, loom_block_q8_K, false),
+    [LOOM_TYPE_Q8_1] = BLOCK("q8_1", LOOM_QK_LEGACY, loom__block_q8_1, false),
+    [LOOM_TYPE_Q2_K] = BLOCK("q2_K", LOOM_QK_K, loom__block_q2_K, true),
+    [LOOM_TYPE_Q3_K] = BLOCK("q3_K", LOOM_QK_K, loom__block_q3_K, true),
+    [LOOM_TYPE_Q4_K] = BLOCK("q4_K", LOOM_QK_K, loom__block_q4_K, true),
+    [LOOM_TYPE_Q5_K] = BLOCK("q5_K", LOOM_QK_K, loom__block_q5_K, true),
+    [LOOM_TYPE_Q6_K] = BLOCK("q6_K", LOOM_QK_K, loom__block_q6_K, true),
+    [LOOM_TYPE_Q8_K] = BLOCK("q8_K", LOOM_QK_K, loom__block_q8_K, false),
     [LOOM_TYPE_I8] = PLAIN("i8", 1, false),
     [LOOM_TYPE_I16] = PLAIN("i16", 2, false),
     [LOOM_TYPE_I32] = PLAIN("i32", 4, false),
@@ -48,7 +48,7 @@ static const loom_type_traits type_traits[LOOM_TYPE_COUNT_] = {
 };
 
 /* GGUF ids of formats loom does not implement, named only so that "unsupported type iq2_xxs"
- * reads better than a number. They have no traits: loom_type_get_traits returns NULL. */
+ * reads better than a number. They have no traits: loom__type_get_traits returns NULL. */
 static const char *const foreign_names[LOOM_TYPE_COUNT_] = {
     [4] = "q4_2",   [5] = "q4_3",        [16] = "iq2_xxs",    [17] = "iq2_xs",     [18] = "iq3_xxs",
     [19] = "iq1_s", [20] = "iq4_nl",     [21] = "iq3_s",      [22] = "iq2_s",      [23] = "iq4_xs",
@@ -58,22 +58,22 @@ static const char *const foreign_names[LOOM_TYPE_COUNT_] = {
 
 /* ---- lookups ------------------------------------------------------------------------------ */
 
-const loom_type_traits *loom_type_get_traits(uint32_t t) {
+const loom__type_traits *loom__type_get_traits(uint32_t t) {
     if (t >= LOOM_TYPE_COUNT_ || type_traits[t].name == NULL) return NULL;
     return &type_traits[t];
 }
 
-const char *loom_type_name(uint32_t t) {
+const char *loom__type_name(uint32_t t) {
     static _Thread_local char unknown[32];
-    const loom_type_traits *tr = loom_type_get_traits(t);
+    const loom__type_traits *tr = loom__type_get_traits(t);
     if (tr) return tr->name;
     if (t < LOOM_TYPE_COUNT_ && foreign_names[t]) return foreign_names[t];
     snprintf(unknown, sizeof unknown, "unknown(%u)", (unsigned)t);
     return unknown;
 }
 
-bool loom_type_row_bytes(uint32_t t, int64_t n, size_t *out) {
-    const loom_type_traits *tr = loom_type_get_traits(t);
+bool loom__type_row_bytes(uint32_t t, int64_t n, size_t *out) {
+    const loom__type_traits *tr = loom__type_get_traits(t);
     if (!tr || !out || n < 0 || n % tr->block_elems != 0) return false;
     uint64_t blocks = (uint64_t)n / tr->block_elems;
     size_t bytes;

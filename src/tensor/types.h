@@ -33,21 +33,21 @@ typedef enum loom_type {
     LOOM_TYPE_COUNT_ = 40, /* upper bound of the id space (not a type) */
 } loom_type;
 
-typedef struct loom_type_traits {
+typedef struct loom__type_traits {
     const char *name;     /* "q4_K", as GGUF tools print it; NULL for an id loom does not know */
     uint32_t block_elems; /* values per block (1 for plain types) */
     uint32_t block_bytes; /* bytes per block */
     bool quantized;
     bool can_dequantize; /* loom can turn it into float32 (weights of this type are runnable) */
-} loom_type_traits;
+} loom__type_traits;
 
 /* Traits of t, or NULL if t is not a known type id (ids come from files: check them). */
-const loom_type_traits *loom_type_get_traits(uint32_t t);
+const loom__type_traits *loom__type_get_traits(uint32_t t);
 
 /* Name of a type id for messages: "q4_K"; for GGUF ids loom has no traits for, their GGUF name
  * ("iq2_xxs"); otherwise "unknown(45)" in a static thread-local buffer. Never NULL. */
-const char *loom_type_name(uint32_t t);
+const char *loom__type_name(uint32_t t);
 
 /* Bytes of a row of n elements of type t. Returns false if n is not a multiple of the block
  * size, t is unknown, or the size overflows. */
-bool loom_type_row_bytes(uint32_t t, int64_t n, size_t *out);
+bool loom__type_row_bytes(uint32_t t, int64_t n, size_t *out);

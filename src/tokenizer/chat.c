@@ -7,7 +7,7 @@
 
 #include "core/status.h"
 
-const char *loom__chat_kind_name(loom_chat_kind kind) {
+const char *loom__chat_kind_name(loom__chat_kind kind) {
     switch (kind) {
     case LOOM_CHAT_CHATML:
         return "chatml";
@@ -39,7 +39,7 @@ enum { KIND_OTHER = -1 }; /* a format loom recognises but does not render */
 typedef struct chat_rule {
     const char *marker[2];
     bool at_start;
-    int kind; /* a loom_chat_kind, or KIND_OTHER */
+    int kind; /* a loom__chat_kind, or KIND_OTHER */
     const char *format;
 } chat_rule;
 
@@ -89,10 +89,10 @@ static void template_excerpt(const char *t, size_t n, char *buf, size_t cap) {
     }
 }
 
-loom_status loom__chat_detect_text(const char *tmpl, size_t len, loom_chat_kind *out) {
+loom_status loom__chat_detect_text(const char *tmpl, size_t len, loom__chat_kind *out) {
     LOOM_CHECK_ARG((tmpl != NULL || len == 0) && out != NULL);
     /* A format's own name, as llama.cpp accepts in place of a template. */
-    static const loom_chat_kind named[] = {LOOM_CHAT_CHATML, LOOM_CHAT_GEMMA, LOOM_CHAT_LLAMA3};
+    static const loom__chat_kind named[] = {LOOM_CHAT_CHATML, LOOM_CHAT_GEMMA, LOOM_CHAT_LLAMA3};
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++) {
         const char *name = loom__chat_kind_name(named[i]);
         if (len == strlen(name) && memcmp(tmpl, name, len) == 0) {
@@ -110,7 +110,7 @@ loom_status loom__chat_detect_text(const char *tmpl, size_t len, loom_chat_kind 
                               r->format, r->marker[0], r->marker[1] ? " and \"" : "",
                               r->marker[1] ? r->marker[1] : "", r->marker[1] ? "\"" : "");
         }
-        *out = (loom_chat_kind)r->kind;
+        *out = (loom__chat_kind)r->kind;
         return LOOM_OK;
     }
     char excerpt[64];
@@ -121,13 +121,13 @@ loom_status loom__chat_detect_text(const char *tmpl, size_t len, loom_chat_kind 
                       len, excerpt);
 }
 
-loom_status loom__chat_detect_gguf(const loom_gguf *g, const char *arch_name, loom_chat_kind *out) {
+loom_status loom__chat_detect_gguf(const loom__gguf *g, const char *arch_name, loom__chat_kind *out) {
     LOOM_CHECK_ARG(g != NULL && arch_name != NULL && out != NULL);
-    const loom_gguf_kv *kv = loom_gguf_find_kv(g, "tokenizer.chat_template");
+    const loom__gguf_kv *kv = loom__gguf_find_kv(g, "tokenizer.chat_template");
     if (kv) {
         LOOM_RETURN_IF(kv->value.type != LOOM_GGUF_STR, LOOM_ERR_BAD_MODEL,
                        "tokenizer.chat_template: expected a string, found %s",
-                       loom_gguf_vtype_name(kv->value.type));
+                       loom__gguf_vtype_name(kv->value.type));
         loom_status st = loom__chat_detect_text(kv->value.str.ptr, (size_t)kv->value.str.len, out);
         if (st != LOOM_OK) loom__error_prefix("tokenizer.chat_template");
         return st;
@@ -284,7 +284,7 @@ static loom_status check_message(const loom_chat_message *msgs, size_t i) {
     return LOOM_OK;
 }
 
-loom_status loom__chat_render(loom_chat_kind kind, const loom_chat_message *msgs, size_t n,
+loom_status loom__chat_render(loom__chat_kind kind, const loom_chat_message *msgs, size_t n,
                               bool add_assistant, char *out, size_t cap, size_t *n_out) {
     LOOM_CHECK_ARG(n_out != NULL);
     LOOM_CHECK_ARG(msgs != NULL || n == 0);

@@ -36,25 +36,25 @@
 #include "loom.h"
 #include "gguf/gguf.h"
 
-typedef enum loom_chat_kind {
+typedef enum loom__chat_kind {
     LOOM_CHAT_CHATML = 0,
     LOOM_CHAT_GEMMA = 1,
     LOOM_CHAT_LLAMA3 = 2,
-} loom_chat_kind;
+} loom__chat_kind;
 
 /* "chatml", "gemma" or "llama3"; "unknown" for values outside the enum. Static string. */
-const char *loom__chat_kind_name(loom_chat_kind kind);
+const char *loom__chat_kind_name(loom__chat_kind kind);
 
 /* Recognises template text tmpl[0..len) (any bytes; a Jinja template or a format name such as
  * "chatml") by its turn markers. Errors: LOOM_ERR_UNSUPPORTED (no known format, or markers of
  * a format loom does not render; the message says what was found). */
-loom_status loom__chat_detect_text(const char *tmpl, size_t len, loom_chat_kind *out);
+loom_status loom__chat_detect_text(const char *tmpl, size_t len, loom__chat_kind *out);
 
 /* The template of a model file: tokenizer.chat_template of g when present (detected as above),
  * otherwise by architecture name ("gemma3" → gemma, "qwen2" → chatml).
  * Errors: LOOM_ERR_UNSUPPORTED (the message names what the file has), LOOM_ERR_BAD_MODEL
  * (tokenizer.chat_template is not a string). */
-loom_status loom__chat_detect_gguf(const loom_gguf *g, const char *arch_name, loom_chat_kind *out);
+loom_status loom__chat_detect_gguf(const loom__gguf *g, const char *arch_name, loom__chat_kind *out);
 
 /* Renders msgs[0..n) (msgs may be NULL when n is 0) in format kind. Writes at most cap bytes to
  * out (no NUL; out may be NULL when cap is 0) and sets *n_out to the length of the whole text.
@@ -62,5 +62,5 @@ loom_status loom__chat_detect_gguf(const loom_gguf *g, const char *arch_name, lo
  * Errors: LOOM_ERR_INVALID_ARG (NULL role or content, unknown role, unknown kind; the message
  *   gives the message index), LOOM_ERR_BUFFER_TOO_SMALL (*n_out > cap; out holds the first cap
  *   bytes). */
-loom_status loom__chat_render(loom_chat_kind kind, const loom_chat_message *msgs, size_t n,
+loom_status loom__chat_render(loom__chat_kind kind, const loom_chat_message *msgs, size_t n,
                               bool add_assistant, char *out, size_t cap, size_t *n_out);

@@ -19,7 +19,7 @@ static size_t utf8_complete_prefix(const char *s, size_t n) {
 }
 
 /* The longest suffix of s[0..n) that is a proper prefix of some stop string. */
-static size_t stop_prefix_suffix(const char *s, size_t n, const loom_stop_set *stops) {
+static size_t stop_prefix_suffix(const char *s, size_t n, const loom__stop_set *stops) {
     size_t best = 0;
     for (size_t k = 0; k < stops->n; k++) {
         if (stops->len[k] == 0) continue; /* submit refuses empty stop strings */
@@ -35,7 +35,7 @@ static size_t stop_prefix_suffix(const char *s, size_t n, const loom_stop_set *s
 }
 
 /* Earliest position in s[from..n) where a stop string starts and fits; n when none. */
-static size_t find_stop(const char *s, size_t n, size_t from, const loom_stop_set *stops) {
+static size_t find_stop(const char *s, size_t n, size_t from, const loom__stop_set *stops) {
     size_t best = n;
     for (size_t k = 0; k < stops->n; k++) {
         size_t L = stops->len[k];
@@ -50,7 +50,7 @@ static size_t find_stop(const char *s, size_t n, size_t from, const loom_stop_se
     return best;
 }
 
-bool loom__text_stream_push(loom_text_stream *ts, const loom_stop_set *stops, const char *piece,
+bool loom__text_stream_push(loom__text_stream *ts, const loom__stop_set *stops, const char *piece,
                             size_t n, const char **out, size_t *out_len, bool *stopped) {
     if (ts->released) {
         memmove(ts->buf, ts->buf + ts->released, ts->len - ts->released);
@@ -86,7 +86,7 @@ bool loom__text_stream_push(loom_text_stream *ts, const loom_stop_set *stops, co
     return true;
 }
 
-void loom__text_stream_flush(loom_text_stream *ts, const char **out, size_t *out_len) {
+void loom__text_stream_flush(loom__text_stream *ts, const char **out, size_t *out_len) {
     if (ts->released) {
         memmove(ts->buf, ts->buf + ts->released, ts->len - ts->released);
         ts->len -= ts->released;
@@ -97,7 +97,7 @@ void loom__text_stream_flush(loom_text_stream *ts, const char **out, size_t *out
     ts->released = ts->len;
 }
 
-bool loom__text_stream_push_final(loom_text_stream *ts, const loom_stop_set *stops,
+bool loom__text_stream_push_final(loom__text_stream *ts, const loom__stop_set *stops,
                                   const char *piece, size_t n, const char **out,
                                   size_t *out_len, bool *stopped) {
     if (!loom__text_stream_push(ts, stops, piece, n, out, out_len, stopped)) return false;

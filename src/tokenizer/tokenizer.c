@@ -1,4 +1,4 @@
-/* tokenizer.c — building a tokenizer from a loom_tokenizer_spec: validation, defaults, the
+/* tokenizer.c — building a tokenizer from a loom__tokenizer_spec: validation, defaults, the
  * copied vocabulary and its lookup tables; the small accessors. */
 #include "tokenizer/tokenizer_impl.h"
 
@@ -17,7 +17,7 @@
 #define K_TYPES  "tokenizer.ggml.token_type"
 #define K_MERGES "tokenizer.ggml.merges"
 
-void loom_tokenizer_free(loom_tokenizer *t) {
+void loom__tokenizer_free(loom__tokenizer *t) {
     if (!t) return;
     free(t->text);
     free(t->text_off);
@@ -39,11 +39,11 @@ static size_t empty_name(char *buf, size_t cap, size_t id) {
     return (size_t)snprintf(buf, cap, "[EMPTY_%zu]", id);
 }
 
-static loom_status copy_texts(loom_tokenizer *t, const loom_tokenizer_spec *spec) {
+static loom_status copy_texts(loom__tokenizer *t, const loom__tokenizer_spec *spec) {
     size_t n = spec->n_vocab, total = 0;
     char name[48];
     for (size_t i = 0; i < n; i++) {
-        const loom_tokenizer_text *s = &spec->tokens[i];
+        const loom__tokenizer_text *s = &spec->tokens[i];
         LOOM_RETURN_IF(s->len > 0 && !s->ptr, LOOM_ERR_INVALID_ARG, K_TOKENS "[%zu]: NULL text", i);
         size_t len = s->len ? s->len : empty_name(name, sizeof name, i);
         LOOM_RETURN_IF(loom__add_overflow_size(total, len, &total), LOOM_ERR_BAD_MODEL,
@@ -55,7 +55,7 @@ static loom_status copy_texts(loom_tokenizer *t, const loom_tokenizer_spec *spec
                    "tokenizer: out of memory (%zu bytes of token text)", total);
     size_t at = 0;
     for (size_t i = 0; i < n; i++) {
-        const loom_tokenizer_text *s = &spec->tokens[i];
+        const loom__tokenizer_text *s = &spec->tokens[i];
         t->text_off[i] = at;
         if (s->len) {
             memcpy(t->text + at, s->ptr, s->len);
@@ -75,7 +75,7 @@ static bool is_hex(char c) {
     return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F') || (c >= 'a' && c <= 'f');
 }
 
-static loom_status copy_scores_and_types(loom_tokenizer *t, const loom_tokenizer_spec *spec) {
+static loom_status copy_scores_and_types(loom__tokenizer *t, const loom__tokenizer_spec *spec) {
     size_t n = spec->n_vocab;
     t->scores = calloc(n, sizeof *t->scores);
     t->attr = calloc(n, sizeof *t->attr);
@@ -111,7 +111,7 @@ static loom_status copy_scores_and_types(loom_tokenizer *t, const loom_tokenizer
     return LOOM_OK;
 }
 
-static loom_status index_texts(loom_tokenizer *t) {
+static loom_status index_texts(loom__tokenizer *t) {
     LOOM_TRY(loom__textmap_init(&t->by_text, t->text, t->text_off, (size_t)t->n_vocab));
     for (int32_t i = 0; i < t->n_vocab; i++) {
         int32_t dup = loom__textmap_add(&t->by_text, i);
@@ -128,7 +128,7 @@ static loom_status index_texts(loom_tokenizer *t) {
 /* ---- special ids and flags ------------------------------------------------------------------- */
 
 /* A key's id if present (it must be in range), else def when def is in range, else -1. */
-static loom_status resolve_id(const loom_tokenizer *t, loom_tokenizer_opt_id v, int64_t def,
+static loom_status resolve_id(const loom__tokenizer *t, loom__tokenizer_opt_id v, int64_t def,
                               const char *key, loom_token *out) {
     if (v.present) {
         LOOM_RETURN_IF(v.value < 0 || v.value >= t->n_vocab, LOOM_ERR_BAD_MODEL,
@@ -141,7 +141,7 @@ static loom_status resolve_id(const loom_tokenizer *t, loom_tokenizer_opt_id v, 
     return LOOM_OK;
 }
 
-static loom_status resolve_specials(loom_tokenizer *t, const loom_tokenizer_spec *spec,
+static loom_status resolve_specials(loom__tokenizer *t, const loom__tokenizer_spec *spec,
                                     bool pre_add_bos) {
     bool spm = t->kind == LOOM_TOKENIZER_SPM;
     /* llama.cpp's defaults for files without the keys: LLaMA's <unk> <s> </s> = 0 1 2 for
@@ -172,7 +172,7 @@ static loom_status resolve_specials(loom_tokenizer *t, const loom_tokenizer_spec
 
 /* ---- BPE merges ------------------------------------------------------------------------------ */
 
-static loom_status read_merges(loom_tokenizer *t, const loom_tokenizer_spec *spec) {
+static loom_status read_merges(loom__tokenizer *t, const loom__tokenizer_spec *spec) {
     LOOM_RETURN_IF(!spec->has_merges, LOOM_ERR_BAD_MODEL,
                    K_MERGES " is required for a gpt2 (BPE) tokenizer");
     LOOM_RETURN_IF(spec->n_merges > INT32_MAX, LOOM_ERR_BAD_MODEL, K_MERGES ": %zu merges",
@@ -184,7 +184,7 @@ static loom_status read_merges(loom_tokenizer *t, const loom_tokenizer_spec *spe
     size_t buf_cap = 0;
     loom_status st = LOOM_OK;
     for (size_t i = 0; i < spec->n_merges; i++) {
-        const loom_tokenizer_text *m = &spec->merges[i];
+        const loom__tokenizer_text *m = &spec->merges[i];
         if (m->len > 0 && !m->ptr) {
             st = loom__fail(LOOM_ERR_INVALID_ARG, K_MERGES "[%zu]: NULL text", i);
             break;
@@ -227,7 +227,7 @@ static loom_status read_merges(loom_tokenizer *t, const loom_tokenizer_spec *spe
 
 /* ---- byte tables ----------------------------------------------------------------------------- */
 
-static void build_byte_tables(loom_tokenizer *t) {
+static void build_byte_tables(loom__tokenizer *t) {
     static const char hex[] = "0123456789ABCDEF";
     for (int b = 0; b < 256; b++) {
         char s[6] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>'};
@@ -245,7 +245,7 @@ static void build_byte_tables(loom_tokenizer *t) {
 
 /* ---- create ---------------------------------------------------------------------------------- */
 
-static loom_status build(loom_tokenizer *t, const loom_tokenizer_spec *spec) {
+static loom_status build(loom__tokenizer *t, const loom__tokenizer_spec *spec) {
     LOOM_RETURN_IF(spec->kind != LOOM_TOKENIZER_SPM && spec->kind != LOOM_TOKENIZER_BPE,
                    LOOM_ERR_INVALID_ARG, "tokenizer: unknown kind %d", (int)spec->kind);
     LOOM_RETURN_IF(spec->n_vocab == 0 || spec->n_vocab > INT32_MAX, LOOM_ERR_BAD_MODEL,
@@ -283,13 +283,13 @@ static loom_status build(loom_tokenizer *t, const loom_tokenizer_spec *spec) {
     return LOOM_OK;
 }
 
-loom_status loom_tokenizer_create(const loom_tokenizer_spec *spec, loom_tokenizer **out) {
+loom_status loom__tokenizer_create(const loom__tokenizer_spec *spec, loom__tokenizer **out) {
     LOOM_CHECK_ARG(spec != NULL && out != NULL);
-    loom_tokenizer *t = calloc(1, sizeof *t);
+    loom__tokenizer *t = calloc(1, sizeof *t);
     LOOM_RETURN_IF(!t, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
     loom_status st = build(t, spec);
     if (st != LOOM_OK) {
-        loom_tokenizer_free(t);
+        loom__tokenizer_free(t);
         return st;
     }
     *out = t;
@@ -298,21 +298,21 @@ loom_status loom_tokenizer_create(const loom_tokenizer_spec *spec, loom_tokenize
 
 /* ---- accessors ------------------------------------------------------------------------------- */
 
-int32_t loom_tokenizer_n_vocab(const loom_tokenizer *t) {
+int32_t loom__tokenizer_n_vocab(const loom__tokenizer *t) {
     return t ? t->n_vocab : 0;
 }
-loom_token loom_tokenizer_bos(const loom_tokenizer *t) {
+loom_token loom__tokenizer_bos(const loom__tokenizer *t) {
     return t ? t->bos : -1;
 }
-loom_token loom_tokenizer_eos(const loom_tokenizer *t) {
+loom_token loom__tokenizer_eos(const loom__tokenizer *t) {
     return t ? t->eos : -1;
 }
 
-bool loom_tokenizer_is_eog(const loom_tokenizer *t, loom_token id) {
+bool loom__tokenizer_is_eog(const loom__tokenizer *t, loom_token id) {
     return t && id >= 0 && id < t->n_vocab && (t->attr[id] & LOOM__ATTR_EOG);
 }
 
-bool loom_tokenizer_is_control(const loom_tokenizer *t, loom_token id) {
+bool loom__tokenizer_is_control(const loom__tokenizer *t, loom_token id) {
     return t && id >= 0 && id < t->n_vocab && (t->attr[id] & LOOM__ATTR_CONTROL);
 }
 

@@ -28,7 +28,7 @@
  * pieces, as llama.cpp's streaming output does). Equal-length special tokens that overlap in
  * the text are tried in id order (llama.cpp's order there is its sort's).
  *
- * Thread-safety: a loom_tokenizer is immutable after creation; encode/decode/piece may run
+ * Thread-safety: a loom__tokenizer is immutable after creation; encode/decode/piece may run
  * concurrently from any number of threads (each call allocates its own scratch).
  */
 #pragma once
@@ -40,7 +40,7 @@
 #include "loom.h"
 #include "gguf/gguf.h"
 
-typedef struct loom_tokenizer loom_tokenizer;
+typedef struct loom__tokenizer loom__tokenizer;
 
 /* Reads the tokenizer.ggml.* keys of g and builds a tokenizer. Everything is copied: the
  * tokenizer does not keep pointers into g, which may be closed afterwards.
@@ -48,25 +48,25 @@ typedef struct loom_tokenizer loom_tokenizer;
  *   of different lengths, an id out of range, a duplicate token, a merge naming an unknown
  *   token, ... — the message names the key), LOOM_ERR_UNSUPPORTED (tokenizer model or
  *   pre-tokenizer loom does not implement; the message names it), LOOM_ERR_OUT_OF_MEMORY. */
-loom_status loom_tokenizer_load(const loom_gguf *g, loom_tokenizer **out);
+loom_status loom__tokenizer_load(const loom__gguf *g, loom__tokenizer **out);
 
 /* Releases t. NULL is a no-op. */
-void loom_tokenizer_free(loom_tokenizer *t);
+void loom__tokenizer_free(loom__tokenizer *t);
 
-int32_t loom_tokenizer_n_vocab(const loom_tokenizer *t);
-loom_token loom_tokenizer_bos(const loom_tokenizer *t); /* -1 if none */
-loom_token loom_tokenizer_eos(const loom_tokenizer *t); /* -1 if none */
+int32_t loom__tokenizer_n_vocab(const loom__tokenizer *t);
+loom_token loom__tokenizer_bos(const loom__tokenizer *t); /* -1 if none */
+loom_token loom__tokenizer_eos(const loom__tokenizer *t); /* -1 if none */
 /* True for the tokens that end generation: EOS, EOT, EOM and tokens named like them. */
-bool loom_tokenizer_is_eog(const loom_tokenizer *t, loom_token id);
+bool loom__tokenizer_is_eog(const loom__tokenizer *t, loom_token id);
 /* True for control tokens (BOS, EOS, <start_of_turn>, ...); false for ids out of range. */
-bool loom_tokenizer_is_control(const loom_tokenizer *t, loom_token id);
+bool loom__tokenizer_is_control(const loom__tokenizer *t, loom_token id);
 
 /* Encodes text[0..len) with LOOM_TOKENIZE_* flags; the buffer contract of loom_tokenize:
  * writes at most cap ids, always sets *n_out to the full count.
  * Errors: LOOM_ERR_INVALID_ARG, LOOM_ERR_BAD_INPUT (invalid UTF-8, with the byte offset; a
  *   character that a vocabulary without byte tokens and without an unknown token cannot
  *   encode), LOOM_ERR_BUFFER_TOO_SMALL, LOOM_ERR_OUT_OF_MEMORY. */
-loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, size_t len,
+loom_status loom__tokenizer_encode(const loom__tokenizer *t, const char *text, size_t len,
                                   unsigned flags, loom_token *out, size_t cap, size_t *n_out);
 
 /* Decodes toks[0..n) with LOOM_DETOKENIZE_* flags into out (no NUL added); writes at most cap
@@ -75,23 +75,23 @@ loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, siz
  * when the tokenizer adds a space prefix (SentencePiece models with add_space_prefix).
  * Errors: LOOM_ERR_INVALID_ARG, LOOM_ERR_BAD_INPUT (id out of range; the message gives its
  *   index), LOOM_ERR_BUFFER_TOO_SMALL. */
-loom_status loom_tokenizer_decode(const loom_tokenizer *t, const loom_token *toks, size_t n,
+loom_status loom__tokenizer_decode(const loom__tokenizer *t, const loom_token *toks, size_t n,
                                   unsigned flags, char *out, size_t cap, size_t *n_out);
 
 /* The piece of one token (LOOM_DETOKENIZE_RENDER_SPECIAL decides whether control tokens show
- * their text); same buffer contract and errors as loom_tokenizer_decode. */
-loom_status loom_tokenizer_piece(const loom_tokenizer *t, loom_token id, unsigned flags, char *out,
+ * their text); same buffer contract and errors as loom__tokenizer_decode. */
+loom_status loom__tokenizer_piece(const loom__tokenizer *t, loom_token id, unsigned flags, char *out,
                                  size_t cap, size_t *n_out);
 
-/* ---- building from memory (tests, and what loom_tokenizer_load uses) ------------------------- */
+/* ---- building from memory (tests, and what loom__tokenizer_load uses) ------------------------- */
 
-typedef enum loom_tokenizer_kind {
+typedef enum loom__tokenizer_kind {
     LOOM_TOKENIZER_SPM = 0, /* tokenizer.ggml.model "llama" */
     LOOM_TOKENIZER_BPE = 1, /* tokenizer.ggml.model "gpt2" */
-} loom_tokenizer_kind;
+} loom__tokenizer_kind;
 
 /* tokenizer.ggml.token_type values. */
-typedef enum loom_token_type {
+typedef enum loom__token_type {
     LOOM_TOKEN_TYPE_UNDEFINED = 0,
     LOOM_TOKEN_TYPE_NORMAL = 1,
     LOOM_TOKEN_TYPE_UNKNOWN = 2,
@@ -99,46 +99,46 @@ typedef enum loom_token_type {
     LOOM_TOKEN_TYPE_USER_DEFINED = 4,
     LOOM_TOKEN_TYPE_UNUSED = 5,
     LOOM_TOKEN_TYPE_BYTE = 6,
-} loom_token_type;
+} loom__token_type;
 
 /* A byte string (not NUL-terminated). */
-typedef struct loom_tokenizer_text {
+typedef struct loom__tokenizer_text {
     const char *ptr;
     size_t len;
-} loom_tokenizer_text;
+} loom__tokenizer_text;
 
 /* A metadata id that may be absent. */
-typedef struct loom_tokenizer_opt_id {
+typedef struct loom__tokenizer_opt_id {
     bool present;
     int64_t value; /* checked against the vocabulary size */
-} loom_tokenizer_opt_id;
+} loom__tokenizer_opt_id;
 
-typedef struct loom_tokenizer_opt_bool {
+typedef struct loom__tokenizer_opt_bool {
     bool present;
     bool value;
-} loom_tokenizer_opt_bool;
+} loom__tokenizer_opt_bool;
 
-/* Everything loom_tokenizer_create reads; the fields mirror the GGUF keys. Absent optional
+/* Everything loom__tokenizer_create reads; the fields mirror the GGUF keys. Absent optional
  * values take llama.cpp's defaults: SPM bos 1, eos 2, unk 0 (when in range), add_bos true,
  * add_space_prefix true; BPE bos = eos = 11 (when in range; GGUF files written for llama.cpp
  * normally carry both ids), add_bos true only for the Llama-3 pre-tokenizer family;
  * add_eos false. Every field is copied. */
-typedef struct loom_tokenizer_spec {
-    loom_tokenizer_kind kind;
-    loom_tokenizer_text pre; /* tokenizer.ggml.pre; ptr NULL when absent */
+typedef struct loom__tokenizer_spec {
+    loom__tokenizer_kind kind;
+    loom__tokenizer_text pre; /* tokenizer.ggml.pre; ptr NULL when absent */
     size_t n_vocab;
-    const loom_tokenizer_text *tokens; /* [n_vocab] tokenizer.ggml.tokens */
+    const loom__tokenizer_text *tokens; /* [n_vocab] tokenizer.ggml.tokens */
     const float *scores;               /* [n_vocab] tokenizer.ggml.scores, or NULL (all 0) */
     const int32_t *types;              /* [n_vocab] tokenizer.ggml.token_type, or NULL (normal) */
     size_t n_merges;
-    const loom_tokenizer_text *merges; /* [n_merges] "left right"; required for BPE */
+    const loom__tokenizer_text *merges; /* [n_merges] "left right"; required for BPE */
     bool has_merges;                   /* tokenizer.ggml.merges present (BPE requires it) */
-    loom_tokenizer_opt_id bos, eos, unk, pad, eot, eom; /* tokenizer.ggml.*_token_id */
+    loom__tokenizer_opt_id bos, eos, unk, pad, eot, eom; /* tokenizer.ggml.*_token_id */
     /* fill-in-the-middle markers: pad/rep/sep end generation; all are control tokens */
-    loom_tokenizer_opt_id fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
-    loom_tokenizer_opt_bool add_bos, add_eos, add_space_prefix;
-} loom_tokenizer_spec;
+    loom__tokenizer_opt_id fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
+    loom__tokenizer_opt_bool add_bos, add_eos, add_space_prefix;
+} loom__tokenizer_spec;
 
-/* Builds a tokenizer from spec (validated as loom_tokenizer_load validates a file; messages
- * name the corresponding GGUF keys). Errors as loom_tokenizer_load. */
-loom_status loom_tokenizer_create(const loom_tokenizer_spec *spec, loom_tokenizer **out);
+/* Builds a tokenizer from spec (validated as loom__tokenizer_load validates a file; messages
+ * name the corresponding GGUF keys). Errors as loom__tokenizer_load. */
+loom_status loom__tokenizer_create(const loom__tokenizer_spec *spec, loom__tokenizer **out);

@@ -31,7 +31,7 @@ typedef struct bpe_scratch {
     loom__merge_heap heap; /* reused from word to word */
 } bpe_scratch;
 
-static loom_status try_pair(const loom_tokenizer *t, const bpe_sym *sym, loom__merge_heap *h,
+static loom_status try_pair(const loom__tokenizer *t, const bpe_sym *sym, loom__merge_heap *h,
                             int32_t left, int32_t right) {
     if (left < 0 || right < 0 || sym[left].id < 0 || sym[right].id < 0) return LOOM_OK;
     const loom__merge *m = loom__pairmap_find(&t->merges, sym[left].id, sym[right].id);
@@ -41,7 +41,7 @@ static loom_status try_pair(const loom_tokenizer *t, const bpe_sym *sym, loom__m
 }
 
 /* Encodes one word w[0..n) (n >= 1) and appends its ids. */
-static loom_status encode_word(const loom_tokenizer *t, const unsigned char *w, size_t n,
+static loom_status encode_word(const loom__tokenizer *t, const unsigned char *w, size_t n,
                                bpe_scratch *sc, loom__tokvec *out) {
     if (t->ignore_merges) {
         size_t k = 0;
@@ -94,7 +94,7 @@ static void free_scratch(bpe_scratch *sc) {
     free(sc->heap.v);
 }
 
-loom_status loom__bpe_encode(const loom_tokenizer *t, const char *text, size_t len,
+loom_status loom__bpe_encode(const loom__tokenizer *t, const char *text, size_t len,
                              loom__tokvec *out) {
     if (len == 0) return LOOM_OK;
     bpe_scratch sc = {0};

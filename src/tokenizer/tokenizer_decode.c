@@ -90,7 +90,7 @@ static int hex_val(char c) {
     return c - 'A' + 10;
 }
 
-static loom_status put_piece(const loom_tokenizer *t, int32_t id, strbuf *b) {
+static loom_status put_piece(const loom__tokenizer *t, int32_t id, strbuf *b) {
     size_t len;
     const char *s = loom__tok_text(t, id, &len);
     uint8_t a = t->attr[id];
@@ -107,7 +107,7 @@ static loom_status put_piece(const loom_tokenizer *t, int32_t id, strbuf *b) {
     return LOOM_OK; /* unused and undefined tokens decode to nothing */
 }
 
-loom_status loom__tokenizer_build_pieces(loom_tokenizer *t) {
+loom_status loom__tokenizer_build_pieces(loom__tokenizer *t) {
     strbuf b = {0};
     t->piece_off = malloc(((size_t)t->n_vocab + 1) * sizeof *t->piece_off);
     LOOM_RETURN_IF(!t->piece_off, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
@@ -128,7 +128,7 @@ loom_status loom__tokenizer_build_pieces(loom_tokenizer *t) {
 /* ---- decode ---------------------------------------------------------------------------------- */
 
 /* The piece of id as flags show it. */
-static const char *piece_of(const loom_tokenizer *t, int32_t id, unsigned flags, size_t *len) {
+static const char *piece_of(const loom__tokenizer *t, int32_t id, unsigned flags, size_t *len) {
     if (!(flags & LOOM_DETOKENIZE_RENDER_SPECIAL) &&
         (t->attr[id] & (LOOM__ATTR_UNKNOWN | LOOM__ATTR_CONTROL))) {
         *len = 0;
@@ -138,7 +138,7 @@ static const char *piece_of(const loom_tokenizer *t, int32_t id, unsigned flags,
     return t->piece + t->piece_off[id];
 }
 
-loom_status loom_tokenizer_decode(const loom_tokenizer *t, const loom_token *toks, size_t n,
+loom_status loom__tokenizer_decode(const loom__tokenizer *t, const loom_token *toks, size_t n,
                                   unsigned flags, char *out, size_t cap, size_t *n_out) {
     LOOM_CHECK_ARG(t != NULL && n_out != NULL);
     LOOM_CHECK_ARG(toks != NULL || n == 0);
@@ -174,7 +174,7 @@ loom_status loom_tokenizer_decode(const loom_tokenizer *t, const loom_token *tok
     return LOOM_OK;
 }
 
-loom_status loom_tokenizer_piece(const loom_tokenizer *t, loom_token id, unsigned flags, char *out,
+loom_status loom__tokenizer_piece(const loom__tokenizer *t, loom_token id, unsigned flags, char *out,
                                  size_t cap, size_t *n_out) {
     LOOM_CHECK_ARG(t != NULL && n_out != NULL);
     LOOM_CHECK_ARG(out != NULL || cap == 0);

@@ -59,7 +59,7 @@ static loom_status cut_token(const char *text, const char *tok, size_t tok_len, 
 
 /* Splits text into fragments: special tokens (longest first; control and unknown ones only
  * with parse_special, user-defined ones always) and the text between them. */
-static loom_status partition(const loom_tokenizer *t, const char *text, size_t len,
+static loom_status partition(const loom__tokenizer *t, const char *text, size_t len,
                              bool parse_special, frag_list *out) {
     out->n = 0;
     if (len == 0) return LOOM_OK;
@@ -88,7 +88,7 @@ static loom_status partition(const loom_tokenizer *t, const char *text, size_t l
     return st;
 }
 
-loom_status loom_tokenizer_encode(const loom_tokenizer *t, const char *text, size_t len,
+loom_status loom__tokenizer_encode(const loom__tokenizer *t, const char *text, size_t len,
                                   unsigned flags, loom_token *out, size_t cap, size_t *n_out) {
     LOOM_CHECK_ARG(t != NULL && n_out != NULL);
     LOOM_CHECK_ARG(text != NULL || len == 0);

@@ -17,8 +17,8 @@ enum {
     LOOM__ATTR_EOG = 1 << 6, /* ends generation (loom's own bit) */
 };
 
-struct loom_tokenizer {
-    loom_tokenizer_kind kind;
+struct loom__tokenizer {
+    loom__tokenizer_kind kind;
     loom__pretok pre;      /* BPE only */
     bool ignore_merges;    /* BPE: a word that is itself a token is taken whole */
     bool add_bos, add_eos; /* what LOOM_TOKENIZE_ADD_SPECIAL adds */
@@ -47,7 +47,7 @@ struct loom_tokenizer {
 };
 
 /* Text of token id. */
-static inline const char *loom__tok_text(const loom_tokenizer *t, int32_t id, size_t *len) {
+static inline const char *loom__tok_text(const loom__tokenizer *t, int32_t id, size_t *len) {
     *len = t->text_off[id + 1] - t->text_off[id];
     return t->text + t->text_off[id];
 }
@@ -62,15 +62,15 @@ loom_status loom__tokvec_push(loom__tokvec *v, loom_token id);
 
 /* Encodes one text fragment (no special tokens inside) and appends the ids to out.
  * SPM: add_prefix says whether to put a space before it. text is valid UTF-8. */
-loom_status loom__spm_encode(const loom_tokenizer *t, const char *text, size_t len, bool add_prefix,
+loom_status loom__spm_encode(const loom__tokenizer *t, const char *text, size_t len, bool add_prefix,
                              loom__tokvec *out);
-loom_status loom__bpe_encode(const loom_tokenizer *t, const char *text, size_t len,
+loom_status loom__bpe_encode(const loom__tokenizer *t, const char *text, size_t len,
                              loom__tokvec *out);
 
 /* tokenizer_special.c: after types and texts are in place, marks end-of-generation tokens
  * (and the control tokens llama.cpp recognises by name), then lists the special tokens in
  * matching order. */
-loom_status loom__tokenizer_find_specials(loom_tokenizer *t, const loom_tokenizer_spec *spec);
+loom_status loom__tokenizer_find_specials(loom__tokenizer *t, const loom__tokenizer_spec *spec);
 
 /* tokenizer_decode.c: fills piece / piece_off from the texts and attributes. */
-loom_status loom__tokenizer_build_pieces(loom_tokenizer *t);
+loom_status loom__tokenizer_build_pieces(loom__tokenizer *t);

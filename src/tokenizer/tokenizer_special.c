@@ -87,13 +87,13 @@ static const char *const k_eog[] = {"<|eot_id|>",
                                     "[e~[",
                                     NULL};
 
-static int32_t find_name(const loom_tokenizer *t, const char *name) {
+static int32_t find_name(const loom__tokenizer *t, const char *name) {
     return loom__textmap_find(&t->by_text, name, strlen(name));
 }
 
 /* The id of the key when present; otherwise the lowest id named in names (made a control
  * token), or -1. */
-static int32_t key_or_name(loom_tokenizer *t, loom_tokenizer_opt_id key, const char *const *names) {
+static int32_t key_or_name(loom__tokenizer *t, loom__tokenizer_opt_id key, const char *const *names) {
     if (key.present) return (int32_t)key.value;
     int32_t best = -1;
     for (size_t i = 0; names[i]; i++) {
@@ -104,7 +104,7 @@ static int32_t key_or_name(loom_tokenizer *t, loom_tokenizer_opt_id key, const c
     return best;
 }
 
-static loom_status check_key(const loom_tokenizer *t, loom_tokenizer_opt_id v, const char *key) {
+static loom_status check_key(const loom__tokenizer *t, loom__tokenizer_opt_id v, const char *key) {
     LOOM_RETURN_IF(v.present && (v.value < 0 || v.value >= t->n_vocab), LOOM_ERR_BAD_MODEL,
                    "tokenizer.ggml.%s = %lld is outside the vocabulary (%d tokens)", key,
                    (long long)v.value, (int)t->n_vocab);
@@ -122,7 +122,7 @@ static int by_len_desc(const void *pa, const void *pb) {
     return (a->id > b->id) - (a->id < b->id);
 }
 
-loom_status loom__tokenizer_find_specials(loom_tokenizer *t, const loom_tokenizer_spec *spec) {
+loom_status loom__tokenizer_find_specials(loom__tokenizer *t, const loom__tokenizer_spec *spec) {
     LOOM_TRY(check_key(t, spec->fim_pre, "fim_pre_token_id"));
     LOOM_TRY(check_key(t, spec->fim_suf, "fim_suf_token_id"));
     LOOM_TRY(check_key(t, spec->fim_mid, "fim_mid_token_id"));
@@ -131,8 +131,8 @@ loom_status loom__tokenizer_find_specials(loom_tokenizer *t, const loom_tokenize
     LOOM_TRY(check_key(t, spec->fim_sep, "fim_sep_token_id"));
 
     /* eot/eom were resolved from their keys; without a key they are found by name. */
-    if (t->eot < 0) t->eot = key_or_name(t, (loom_tokenizer_opt_id){0}, k_eot);
-    if (t->eom < 0) t->eom = key_or_name(t, (loom_tokenizer_opt_id){0}, k_eom);
+    if (t->eot < 0) t->eot = key_or_name(t, (loom__tokenizer_opt_id){0}, k_eot);
+    if (t->eom < 0) t->eom = key_or_name(t, (loom__tokenizer_opt_id){0}, k_eom);
     key_or_name(t, spec->fim_pre, k_fim_pre);
     key_or_name(t, spec->fim_suf, k_fim_suf);
     key_or_name(t, spec->fim_mid, k_fim_mid);

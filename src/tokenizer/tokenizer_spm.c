@@ -22,7 +22,7 @@ typedef struct spm_sym {
 } spm_sym;
 
 typedef struct spm_state {
-    const loom_tokenizer *t;
+    const loom__tokenizer *t;
     const char *s; /* the escaped text */
     spm_sym *sym;
     loom__merge_heap heap;
@@ -39,7 +39,7 @@ static loom_status try_pair(spm_state *st, int32_t left, int32_t right) {
 }
 
 /* Appends the ids of one leftover symbol: its token, else its bytes' tokens, else <unk>. */
-static loom_status emit_symbol(const loom_tokenizer *t, const char *s, size_t len,
+static loom_status emit_symbol(const loom__tokenizer *t, const char *s, size_t len,
                                loom__tokvec *out) {
     int32_t id = loom__textmap_find(&t->by_text, s, len);
     if (id >= 0) return loom__tokvec_push(out, id);
@@ -61,7 +61,7 @@ static loom_status emit_symbol(const loom_tokenizer *t, const char *s, size_t le
                       (unsigned)loom__utf8_next(s, &i));
 }
 
-loom_status loom__spm_encode(const loom_tokenizer *t, const char *text, size_t len, bool add_prefix,
+loom_status loom__spm_encode(const loom__tokenizer *t, const char *text, size_t len, bool add_prefix,
                              loom__tokvec *out) {
     /* Escape: every space (and the prefix) becomes the 3-byte U+2581. */
     size_t n_spaces = add_prefix, n_chars = add_prefix;

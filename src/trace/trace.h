@@ -124,6 +124,6 @@ typedef struct loom__trace_layer_hook {
     const loom__trace_layers *layers;
 } loom__trace_layer_hook;
 
-/* The on_layers hook of loom_batch (model/forward.h): closes the phase named after the group
+/* The on_layers hook of loom__batch (model/forward.h): closes the phase named after the group
  * that ends at last_layer, at the current time. user is a loom__trace_layer_hook. */
 void loom__trace_on_layers(void *user, int32_t first_layer, int32_t last_layer);

@@ -11,21 +11,21 @@
 #include "backend/backend.h"
 
 /* Backends under test: [0] one thread, [1] two threads. Results must match bitwise. */
-static loom_backend *g_be[2];
+static loom__backend *g_be[2];
 
 static inline int cpu_group_setup(void **state) {
     (void)state;
-    loom_cpu_params p1 = {.n_threads = 1, .f32_activations = true};
-    loom_cpu_params p2 = {.n_threads = 2, .f32_activations = true};
-    if (loom_backend_cpu_create(&p1, &g_be[0]) != LOOM_OK) return -1;
-    if (loom_backend_cpu_create(&p2, &g_be[1]) != LOOM_OK) return -1;
+    loom__cpu_params p1 = {.n_threads = 1, .f32_activations = true};
+    loom__cpu_params p2 = {.n_threads = 2, .f32_activations = true};
+    if (loom__backend_cpu_create(&p1, &g_be[0]) != LOOM_OK) return -1;
+    if (loom__backend_cpu_create(&p2, &g_be[1]) != LOOM_OK) return -1;
     return 0;
 }
 
 static inline int cpu_group_teardown(void **state) {
     (void)state;
-    loom_backend_destroy(g_be[0]);
-    loom_backend_destroy(g_be[1]);
+    loom__backend_destroy(g_be[0]);
+    loom__backend_destroy(g_be[1]);
     return 0;
 }
 

@@ -55,7 +55,7 @@ static const uint32_t weight_types[] = {
 
 static inline size_t row_bytes(uint32_t t, int64_t n) {
     size_t b = 0;
-    assert_true(loom_type_row_bytes(t, n, &b));
+    assert_true(loom__type_row_bytes(t, n, &b));
     return b;
 }
 
@@ -69,8 +69,8 @@ static inline void set_f16(uint8_t *p, float v) {
 static inline void make_weight_row(uint32_t t, int64_t K, uint8_t *row) {
     float *src = xmalloc((size_t)K * sizeof(float));
     for (int64_t i = 0; i < K; i++) src[i] = rng_f();
-    if (!loom_quantize_row(t, src, row, K)) {
-        const loom_type_traits *tr = loom_type_get_traits(t);
+    if (!loom__quantize_row(t, src, row, K)) {
+        const loom__type_traits *tr = loom__type_get_traits(t);
         size_t nbytes = row_bytes(t, K);
         for (size_t b = 0; b < nbytes; b++) row[b] = (uint8_t)rng_u64();
         for (int64_t blk = 0; blk < K / tr->block_elems; blk++) {
@@ -78,25 +78,25 @@ static inline void make_weight_row(uint32_t t, int64_t K, uint8_t *row) {
             float d = 0.01f + 0.02f * (float)(rng_u64() % 100) / 100.0f;
             switch (t) {
             case LOOM_TYPE_Q2_K:
-                set_f16(bp + offsetof(loom_block_q2_K, d), d);
-                set_f16(bp + offsetof(loom_block_q2_K, dmin), d * 0.5f);
+                set_f16(bp + offsetof(loom__block_q2_K, d), d);
+                set_f16(bp + offsetof(loom__block_q2_K, dmin), d * 0.5f);
                 break;
             case LOOM_TYPE_Q3_K:
-                set_f16(bp + offsetof(loom_block_q3_K, d), d);
+                set_f16(bp + offsetof(loom__block_q3_K, d), d);
                 break;
             case LOOM_TYPE_Q4_K:
-                set_f16(bp + offsetof(loom_block_q4_K, d), d);
-                set_f16(bp + offsetof(loom_block_q4_K, dmin), d * 0.5f);
+                set_f16(bp + offsetof(loom__block_q4_K, d), d);
+                set_f16(bp + offsetof(loom__block_q4_K, dmin), d * 0.5f);
                 break;
             case LOOM_TYPE_Q5_K:
-                set_f16(bp + offsetof(loom_block_q5_K, d), d);
-                set_f16(bp + offsetof(loom_block_q5_K, dmin), d * 0.5f);
+                set_f16(bp + offsetof(loom__block_q5_K, d), d);
+                set_f16(bp + offsetof(loom__block_q5_K, dmin), d * 0.5f);
                 break;
             case LOOM_TYPE_Q6_K:
-                set_f16(bp + offsetof(loom_block_q6_K, d), d);
+                set_f16(bp + offsetof(loom__block_q6_K, d), d);
                 break;
             default:
-                fail_msg("no generator for type %s", loom_type_name(t));
+                fail_msg("no generator for type %s", loom__type_name(t));
             }
         }
     }

@@ -30,7 +30,7 @@
 #define MAX_SEQS 8
 
 /* A third backend, so a thread count that divides nothing evenly is covered too. */
-static loom_backend *g_be3;
+static loom__backend *g_be3;
 
 typedef struct scen {
     int n_seqs;
@@ -117,8 +117,8 @@ static void kvtest_init(kvtest *kt, const scen *sc) {
     fill_rand(kt->v_raw, nv, 1.0f);
     for (size_t i = 0; i < nv; i++) {
         bool f16 = sc->kv_type == LOOM_TYPE_F16;
-        kt->k_val[i] = f16 ? loom_f16_to_f32(loom_f32_to_f16(kt->k_raw[i])) : kt->k_raw[i];
-        kt->v_val[i] = f16 ? loom_f16_to_f32(loom_f32_to_f16(kt->v_raw[i])) : kt->v_raw[i];
+        kt->k_val[i] = f16 ? loom__f16_to_f32(loom__f32_to_f16(kt->k_raw[i])) : kt->k_raw[i];
+        kt->v_val[i] = f16 ? loom__f16_to_f32(loom__f32_to_f16(kt->v_raw[i])) : kt->v_raw[i];
     }
     size_t nq = (size_t)kt->T * (size_t)(sc->n_head * sc->head_dim);
     kt->q = falloc(nq ? nq : 1);
@@ -176,7 +176,7 @@ static float *gather_rows(const kvtest *kt, const float *src, const int32_t *fro
 }
 
 /* Stores the history then the step's rows into layer 1 through backend be. */
-static void kvtest_store(kvtest *kt, loom_backend *be) {
+static void kvtest_store(kvtest *kt, loom__backend *be) {
     int32_t zero[MAX_SEQS] = {0};
     const int32_t *counts[2] = {kt->sc.past, kt->sc.n_new};
     const int32_t *from[2] = {zero, kt->sc.past};
@@ -213,7 +213,7 @@ static void kvtest_check_pools(const kvtest *kt) {
                     } else {
                         uint16_t h;
                         memcpy(&h, slot + 2 * e, 2);
-                        assert_int_equal(h, loom_f32_to_f16(raw[e]));
+                        assert_int_equal(h, loom__f32_to_f16(raw[e]));
                     }
                 }
             }
@@ -221,7 +221,7 @@ static void kvtest_check_pools(const kvtest *kt) {
     }
 }
 
-static loom_status run_attention(loom_backend *be, kvtest *kt, const loom_kv_desc *d,
+static loom_status run_attention(loom__backend *be, kvtest *kt, const loom_kv_desc *d,
                                  const float *q, int64_t T, float *out, int32_t layer) {
     const int64_t W = (int64_t)kt->sc.n_head * kt->sc.head_dim;
     loom_tensor tq = loom_tensor_2d(LOOM_TYPE_F32, (void *)q, W, T, (size_t)W * 4);
@@ -277,7 +277,7 @@ static void ref_attention(const kvtest *kt, double *ref) {
  * earlier rows' K/V already in the pools as a chunked prefill leaves them. With a window, the
  * block-table entries wholly before the window of a sequence's first row are released (-1), as
  * the KV manager does. Every row must be bitwise the row of the one-call batch `want`. */
-static void check_chunked(kvtest *kt, const float *want, const int32_t *chunk, loom_backend *be) {
+static void check_chunked(kvtest *kt, const float *want, const int32_t *chunk, loom__backend *be) {
     const scen *sc = &kt->sc;
     const int64_t W = (int64_t)sc->n_head * sc->head_dim;
     const size_t n_ids = (size_t)kt->indptr[sc->n_seqs];
@@ -357,7 +357,7 @@ static void check_scenario(const scen *sc) {
     for (size_t c = 0; c < sizeof chunk_base / sizeof chunk_base[0]; c++) {
         int32_t chunk[MAX_SEQS];
         for (int s = 0; s < sc->n_seqs; s++) chunk[s] = chunk_base[c] + (c ? 3 * s : 0);
-        loom_backend *be = c % 3 == 0 ? g_be[0] : c % 3 == 1 ? g_be[1] : g_be3;
+        loom__backend *be = c % 3 == 0 ? g_be[0] : c % 3 == 1 ? g_be[1] : g_be3;
         check_chunked(&kt, out[0], chunk, be);
     }
 
@@ -678,7 +678,7 @@ static void test_attention_window_reads(void **state) {
 
 static void test_kv_bad(void **state) {
     (void)state;
-    loom_backend *be = g_be[1];
+    loom__backend *be = g_be[1];
     scen sc = {.n_seqs = 2,
                .past = {0, 0},
                .n_new = {5, 9},
@@ -804,12 +804,12 @@ static void test_kv_bad(void **state) {
 
 static int group_setup(void **state) {
     if (cpu_group_setup(state) != 0) return -1;
-    loom_cpu_params p3 = {.n_threads = 3, .f32_activations = true};
-    return loom_backend_cpu_create(&p3, &g_be3) == LOOM_OK ? 0 : -1;
+    loom__cpu_params p3 = {.n_threads = 3, .f32_activations = true};
+    return loom__backend_cpu_create(&p3, &g_be3) == LOOM_OK ? 0 : -1;
 }
 
 static int group_teardown(void **state) {
-    loom_backend_destroy(g_be3);
+    loom__backend_destroy(g_be3);
     return cpu_group_teardown(state);
 }
 

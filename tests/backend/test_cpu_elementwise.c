@@ -75,7 +75,7 @@ static void test_rms_norm(void **state) {
 
 static void test_rms_norm_bad(void **state) {
     (void)state;
-    loom_backend *be = g_be[0];
+    loom__backend *be = g_be[0];
     float x[2 * 8], w[8], out[2 * 8];
     fill_rand(x, 16, 1.0f);
     fill_rand(w, 8, 1.0f);
@@ -170,7 +170,7 @@ static void test_rope(void **state) {
 
 /* Rotates T rows of random values with p at pos on backend b and checks them against the
  * float64 reference. */
-static void check_rope_call(loom_backend *be, const loom_rope_params *p, const int32_t *pos,
+static void check_rope_call(loom__backend *be, const loom_rope_params *p, const int32_t *pos,
                             int64_t T) {
     const int64_t W = (int64_t)p->n_head * p->head_dim;
     float *x = falloc((size_t)(T * W)), *y = falloc((size_t)(T * W));
@@ -206,7 +206,7 @@ static void test_rope_tables(void **state) {
     const loom_rope_params F = {LOOM_ROPE_NORMAL, 1, 64, 64, 500000.0f, 1.0f, ff};
     const loom_rope_params N = {LOOM_ROPE_NEOX, 3, 4, 2, 10000.0f, 1.0f, NULL};
     for (int b = 0; b < 2; b++) {
-        loom_backend *be = g_be[b];
+        loom__backend *be = g_be[b];
         check_rope_call(be, &A, pos, 16);
         check_rope_call(be, &B, pos, 16);
         check_rope_call(be, &A, pos, 16); /* kept */
@@ -246,7 +246,7 @@ static void test_rope_layout(void **state) {
 
 static void test_rope_bad(void **state) {
     (void)state;
-    loom_backend *be = g_be[0];
+    loom__backend *be = g_be[0];
     float x[2 * 16];
     int32_t pos[2] = {0, 1};
     fill_rand(x, 32, 1.0f);

@@ -2,7 +2,7 @@
  * false) and its fused form, matmul_multi.
  *
  *   - matmul (1 and 2 threads) on T = 1, 3, 17, 53, K = 256, 512, 2304, 352, N = 7, 33 with
- *     padded strides, every weight type: every output equals loom_vec_dot_q of its row and the
+ *     padded strides, every weight type: every output equals loom__vec_dot_q of its row and the
  *     quantized token, bitwise; T = 1 vs T = 53 and 1 vs 2 threads bitwise; F32 weights keep
  *     the float path.
  *   - matmul_multi (q, k, v in one op) bitwise equal to one matmul per weight.
@@ -18,14 +18,14 @@
 /* The backend matmul                                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
-static loom_backend *make_backend(int n_threads, bool f32_act) {
-    loom_cpu_params p = {.n_threads = n_threads, .f32_activations = f32_act};
-    loom_backend *be = NULL;
-    assert_int_equal(loom_backend_cpu_create(&p, &be), LOOM_OK);
+static loom__backend *make_backend(int n_threads, bool f32_act) {
+    loom__cpu_params p = {.n_threads = n_threads, .f32_activations = f32_act};
+    loom__backend *be = NULL;
+    assert_int_equal(loom__backend_cpu_create(&p, &be), LOOM_OK);
     return be;
 }
 
-static void run_matmul(loom_backend *be, uint32_t t, const uint8_t *w, size_t w_stride, int64_t N,
+static void run_matmul(loom__backend *be, uint32_t t, const uint8_t *w, size_t w_stride, int64_t N,
                        const float *x, size_t x_stride, int64_t T, int64_t K, float *out) {
     loom_tensor tw = loom_tensor_2d(t, (void *)w, K, N, w_stride);
     loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, (void *)x, K, T, x_stride);
@@ -36,18 +36,18 @@ static void run_matmul(loom_backend *be, uint32_t t, const uint8_t *w, size_t w_
 
 static void test_matmul_quantized(void **state) {
     (void)state;
-    loom_backend *be1 = make_backend(1, false), *be2 = make_backend(2, false);
+    loom__backend *be1 = make_backend(1, false), *be2 = make_backend(2, false);
     /* K = 352: 11 legacy blocks, a partial group of 8 (K-quants skip it); N = 33 > one group of
      * rows; T = 17 > one tile of tokens. */
     const int64_t Ts[] = {1, 3, 17, 53}, Ks[] = {256, 512, 2304, 352}, Ns[] = {7, 33};
     for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         const uint32_t t = weight_types[ti];
         uint32_t at;
-        assert_true(loom_vec_dot_type(t, &at));
+        assert_true(loom__vec_dot_type(t, &at));
         for (size_t ki = 0; ki < 4; ki++)
             for (size_t ni = 0; ni < 2; ni++) {
                 const int64_t K = Ks[ki], N = Ns[ni], Tmax = 53;
-                if (K % (int64_t)loom_type_get_traits(t)->block_elems != 0) continue;
+                if (K % (int64_t)loom__type_get_traits(t)->block_elems != 0) continue;
                 const size_t w_stride = row_bytes(t, K) + 6; /* padded, still 2-aligned */
                 const size_t x_stride = (size_t)(K + 5) * sizeof(float);
                 uint8_t *w = xmalloc((size_t)N * w_stride);
@@ -67,12 +67,12 @@ static void test_matmul_quantized(void **state) {
                     for (int64_t r = 0; r < T; r++) {
                         const float *xr =
                             (const float *)((const uint8_t *)x + (size_t)r * x_stride);
-                        assert_true(loom_quantize_activations(at, xr, xa, K));
+                        assert_true(loom__quantize_activations(at, xr, xa, K));
                         for (int64_t o = 0; o < N; o++) {
-                            float want = loom_vec_dot_q(t, w + (size_t)o * w_stride, xa, K);
+                            float want = loom__vec_dot_q(t, w + (size_t)o * w_stride, xa, K);
                             if (memcmp(&want, &o1[r * N + o], sizeof want) != 0)
                                 fail_msg("%s K=%lld N=%lld T=%lld: out[%lld,%lld] %.9g vs %.9g",
-                                         loom_type_name(t), (long long)K, (long long)N,
+                                         loom__type_name(t), (long long)K, (long long)N,
                                          (long long)T, (long long)r, (long long)o,
                                          (double)o1[r * N + o], (double)want);
                         }
@@ -91,14 +91,14 @@ static void test_matmul_quantized(void **state) {
                 free(xa);
             }
     }
-    loom_backend_destroy(be1);
-    loom_backend_destroy(be2);
+    loom__backend_destroy(be1);
+    loom__backend_destroy(be2);
 }
 
 /* F32 weights stay on the float path whatever f32_activations says. */
 static void test_matmul_f32_weights(void **state) {
     (void)state;
-    loom_backend *bq = make_backend(2, false), *bf = make_backend(2, true);
+    loom__backend *bq = make_backend(2, false), *bf = make_backend(2, true);
     const int64_t K = 300, N = 9, T = 4;
     float *w = xmalloc((size_t)(N * K) * sizeof(float)), *x = xmalloc((size_t)(T * K) * 4);
     float *o1 = xmalloc((size_t)(N * T) * 4), *o2 = xmalloc((size_t)(N * T) * 4);
@@ -111,13 +111,13 @@ static void test_matmul_f32_weights(void **state) {
     free(x);
     free(o1);
     free(o2);
-    loom_backend_destroy(bq);
-    loom_backend_destroy(bf);
+    loom__backend_destroy(bq);
+    loom__backend_destroy(bf);
 }
 
 static void test_matmul_bad(void **state) {
     (void)state;
-    loom_backend *be = make_backend(2, false);
+    loom__backend *be = make_backend(2, false);
     uint8_t w[4096] = {0};
     float x[1024] = {0}, out[64];
     /* K = 48 is not a whole number of q4_0 blocks */
@@ -141,7 +141,7 @@ static void test_matmul_bad(void **state) {
     tx = loom_tensor_2d(LOOM_TYPE_F32, x, 64, 0, 64 * 4);
     to = loom_tensor_2d(LOOM_TYPE_F32, out, 2, 0, 8);
     assert_int_equal(be->ops->matmul(be->ctx, &tw, &tx, &to), LOOM_OK);
-    loom_backend_destroy(be);
+    loom__backend_destroy(be);
 }
 
 /* matmul_multi: several weights against one x give, bitwise, what one matmul each gives —
@@ -165,8 +165,8 @@ static void test_matmul_multi(void **state) {
         {{LOOM_TYPE_Q4_K, LOOM_TYPE_Q6_K, LOOM_TYPE_Q4_K}, 256, false}, /* mixed: one each */
         {{LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_0}, 256, true},  /* float path */
     };
-    loom_backend *bes[2] = {make_backend(1, false), make_backend(2, false)};
-    loom_backend *bef = make_backend(2, true);
+    loom__backend *bes[2] = {make_backend(1, false), make_backend(2, false)};
+    loom__backend *bef = make_backend(2, true);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t K = cases[c].K;
         const size_t x_stride = (size_t)(K + 3) * sizeof(float);
@@ -190,7 +190,7 @@ static void test_matmul_multi(void **state) {
             op[j] = &to[j];
         }
         for (int b = 0; b < 2; b++) {
-            loom_backend *be = cases[c].f32_act ? bef : bes[b];
+            loom__backend *be = cases[c].f32_act ? bef : bes[b];
             for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
                 const int64_t T = Ts[ti];
                 loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, x, K, T, x_stride);
@@ -220,14 +220,14 @@ static void test_matmul_multi(void **state) {
         }
         free(x);
     }
-    loom_backend_destroy(bes[0]);
-    loom_backend_destroy(bes[1]);
-    loom_backend_destroy(bef);
+    loom__backend_destroy(bes[0]);
+    loom__backend_destroy(bes[1]);
+    loom__backend_destroy(bef);
 }
 
 static void test_matmul_multi_bad(void **state) {
     (void)state;
-    loom_backend *be = make_backend(2, false);
+    loom__backend *be = make_backend(2, false);
     uint8_t w[2][4 * 68] = {{0}};
     float x[2 * 64] = {0}, out[4 * 16];
     loom_tensor tw[2] = {loom_tensor_2d(LOOM_TYPE_Q8_0, w[0], 64, 4, 68),
@@ -259,7 +259,7 @@ static void test_matmul_multi_bad(void **state) {
     loom_tensor w32 = loom_tensor_2d(LOOM_TYPE_Q8_0, w[1], 32, 4, 34);
     const loom_tensor *wp_k[2] = {&tw[0], &w32};
     assert_int_equal(be->ops->matmul_multi(be->ctx, 2, wp_k, &tx, op), LOOM_ERR_INVALID_ARG);
-    loom_backend_destroy(be);
+    loom__backend_destroy(be);
 }
 
 int main(void) {

@@ -3,7 +3,7 @@
  * bad input gives the right status.
  *
  * Tolerance of matmul: |got - ref| <= 1e-5 * sum_k |w[o,k] x[t,k]| + 1e-6, ref computed in
- * double from the very weights the kernel sees (loom_dequantize_row's output); a float32 sum
+ * double from the very weights the kernel sees (loom__dequantize_row's output); a float32 sum
  * over 32 lanes of K/32 terms each stays well inside that for the K used here. get_rows is
  * exact (it is dequantization). */
 #include <setjmp.h>
@@ -43,17 +43,17 @@ static void set_f16_field(uint8_t *block, size_t offset, float v) {
 static test_weight make_weight(uint32_t t, int64_t N, int64_t K, size_t pad) {
     test_weight w;
     size_t row_bytes;
-    assert_true(loom_type_row_bytes(t, K, &row_bytes));
+    assert_true(loom__type_row_bytes(t, K, &row_bytes));
     w.row_stride = row_bytes + pad;
     w.data = malloc((size_t)N * w.row_stride + 1);
     w.wf = falloc((size_t)(N * K));
     assert_non_null(w.data);
     float *src = falloc((size_t)K);
-    const loom_type_traits *tr = loom_type_get_traits(t);
+    const loom__type_traits *tr = loom__type_get_traits(t);
     for (int64_t o = 0; o < N; o++) {
         uint8_t *row = w.data + (size_t)o * w.row_stride;
         fill_rand(src, (size_t)K, 1.0f);
-        if (loom_quantize_row(t, src, row, K)) {
+        if (loom__quantize_row(t, src, row, K)) {
             /* quantized from floats */
         } else {
             for (size_t b = 0; b < row_bytes; b++) row[b] = (uint8_t)rng_u64();
@@ -61,29 +61,29 @@ static test_weight make_weight(uint32_t t, int64_t N, int64_t K, size_t pad) {
                 uint8_t *bp = row + (size_t)blk * tr->block_bytes;
                 switch (t) {
                 case LOOM_TYPE_Q2_K:
-                    set_f16_field(bp, offsetof(loom_block_q2_K, d), 0.02f);
-                    set_f16_field(bp, offsetof(loom_block_q2_K, dmin), 0.01f);
+                    set_f16_field(bp, offsetof(loom__block_q2_K, d), 0.02f);
+                    set_f16_field(bp, offsetof(loom__block_q2_K, dmin), 0.01f);
                     break;
                 case LOOM_TYPE_Q3_K:
-                    set_f16_field(bp, offsetof(loom_block_q3_K, d), 0.02f);
+                    set_f16_field(bp, offsetof(loom__block_q3_K, d), 0.02f);
                     break;
                 case LOOM_TYPE_Q4_K:
-                    set_f16_field(bp, offsetof(loom_block_q4_K, d), 0.02f);
-                    set_f16_field(bp, offsetof(loom_block_q4_K, dmin), 0.01f);
+                    set_f16_field(bp, offsetof(loom__block_q4_K, d), 0.02f);
+                    set_f16_field(bp, offsetof(loom__block_q4_K, dmin), 0.01f);
                     break;
                 case LOOM_TYPE_Q5_K:
-                    set_f16_field(bp, offsetof(loom_block_q5_K, d), 0.02f);
-                    set_f16_field(bp, offsetof(loom_block_q5_K, dmin), 0.01f);
+                    set_f16_field(bp, offsetof(loom__block_q5_K, d), 0.02f);
+                    set_f16_field(bp, offsetof(loom__block_q5_K, dmin), 0.01f);
                     break;
                 case LOOM_TYPE_Q6_K:
-                    set_f16_field(bp, offsetof(loom_block_q6_K, d), 0.01f);
+                    set_f16_field(bp, offsetof(loom__block_q6_K, d), 0.01f);
                     break;
                 default:
-                    fail_msg("no generator for type %s", loom_type_name(t));
+                    fail_msg("no generator for type %s", loom__type_name(t));
                 }
             }
         }
-        assert_true(loom_dequantize_row(t, row, w.wf + o * K, K));
+        assert_true(loom__dequantize_row(t, row, w.wf + o * K, K));
         for (int64_t k = 0; k < K; k++) assert_true(isfinite(w.wf[o * K + k]));
     }
     free(src);
@@ -106,7 +106,7 @@ typedef struct mm_case {
     int64_t x_pad; /* floats added to each x / out row's stride */
 } mm_case;
 
-static loom_status run_matmul(loom_backend *be, const test_weight *w, const mm_case *c,
+static loom_status run_matmul(loom__backend *be, const test_weight *w, const mm_case *c,
                               const float *x, int64_t T, float *out) {
     loom_tensor tw = loom_tensor_2d(c->type, w->data, c->K, c->N, w->row_stride);
     loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, (void *)x, c->K, T,
@@ -144,7 +144,7 @@ static void check_matmul_case(const mm_case *c) {
         }
     }
     char what[96];
-    snprintf(what, sizeof what, "matmul %s T=%lld K=%lld N=%lld", loom_type_name(c->type),
+    snprintf(what, sizeof what, "matmul %s T=%lld K=%lld N=%lld", loom__type_name(c->type),
              (long long)c->T, (long long)c->K, (long long)c->N);
     assert_true(close_enough(got, ref, mag, (size_t)(c->T * c->N), 1e-5, 1e-6, what));
     /* 1 vs 2 threads (the padding between rows stays poisoned in both). */
@@ -194,7 +194,7 @@ static void test_matmul_quant(void **state) {
 
 static void test_matmul_bad(void **state) {
     (void)state;
-    loom_backend *be = g_be[1];
+    loom__backend *be = g_be[1];
     float w[6 * 64], x[3 * 64], out[3 * 6];
     fill_rand(w, 6 * 64, 1.0f);
     fill_rand(x, 3 * 64, 1.0f);
@@ -312,7 +312,7 @@ static void test_get_rows(void **state) {
 
 static void test_get_rows_bad(void **state) {
     (void)state;
-    loom_backend *be = g_be[1];
+    loom__backend *be = g_be[1];
     float table[4 * 8], out[3 * 8];
     fill_rand(table, 32, 1.0f);
     int32_t ids[3] = {0, 3, 1};
@@ -355,62 +355,62 @@ static void counting_destroy(void *ctx) {
 
 static void test_registry(void **state) {
     (void)state;
-    loom_backend *be = NULL;
+    loom__backend *be = NULL;
     loom_backend_ops ops = *g_be[0]->ops;
     ops.destroy = counting_destroy;
     int dummy;
 
-    assert_int_equal(loom_backend_register(&ops, &dummy, &be), LOOM_OK);
+    assert_int_equal(loom__backend_register(&ops, &dummy, &be), LOOM_OK);
     assert_non_null(be);
-    loom_backend_destroy(be);
+    loom__backend_destroy(be);
     assert_int_equal(g_destroyed, 1);
-    loom_backend_destroy(NULL);
+    loom__backend_destroy(NULL);
 
     be = NULL;
     ops.buffer_wrap_host = NULL; /* optional */
-    assert_int_equal(loom_backend_register(&ops, &dummy, &be), LOOM_OK);
-    loom_backend_destroy(be);
+    assert_int_equal(loom__backend_register(&ops, &dummy, &be), LOOM_OK);
+    loom__backend_destroy(be);
 
     loom_backend_ops bad = ops;
     bad.abi_version = LOOM_BACKEND_ABI_VERSION + 1;
     be = NULL;
-    assert_int_equal(loom_backend_register(&bad, &dummy, &be), LOOM_ERR_UNSUPPORTED);
+    assert_int_equal(loom__backend_register(&bad, &dummy, &be), LOOM_ERR_UNSUPPORTED);
     assert_null(be);
     bad = ops;
     bad.attention = NULL;
-    assert_int_equal(loom_backend_register(&bad, &dummy, &be), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__backend_register(&bad, &dummy, &be), LOOM_ERR_INVALID_ARG);
     assert_non_null(strstr(loom_last_error(), "attention"));
     assert_null(be);
     bad = ops;
     bad.tensor_get = NULL;
-    assert_int_equal(loom_backend_register(&bad, &dummy, &be), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_backend_register(NULL, &dummy, &be), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_backend_register(&ops, &dummy, NULL), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__backend_register(&bad, &dummy, &be), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__backend_register(NULL, &dummy, &be), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__backend_register(&ops, &dummy, NULL), LOOM_ERR_INVALID_ARG);
     assert_int_equal(g_destroyed, 2); /* failed registrations do not destroy ctx */
-    assert_int_equal(loom_backend_cpu_create(NULL, NULL), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__backend_cpu_create(NULL, NULL), LOOM_ERR_INVALID_ARG);
 }
 
 static void test_supports(void **state) {
     (void)state;
-    const loom_backend *be = g_be[0];
-    assert_true(loom_backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_F32));
-    assert_true(loom_backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_Q4_K));
-    assert_true(loom_backend_supports(be, LOOM_OP_GET_ROWS, LOOM_TYPE_Q6_K));
-    assert_false(loom_backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_I32));
-    assert_false(loom_backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_Q8_K));
-    assert_false(loom_backend_supports(be, LOOM_OP_MATMUL, (loom_type)37));
-    assert_true(loom_backend_supports(be, LOOM_OP_ATTENTION, LOOM_TYPE_F16));
-    assert_true(loom_backend_supports(be, LOOM_OP_KV_STORE, LOOM_TYPE_F32));
-    assert_false(loom_backend_supports(be, LOOM_OP_KV_STORE, LOOM_TYPE_BF16));
-    assert_true(loom_backend_supports(be, LOOM_OP_ROPE, LOOM_TYPE_F32));
-    assert_false(loom_backend_supports(be, LOOM_OP_ADD, LOOM_TYPE_F16));
-    assert_false(loom_backend_supports(be, LOOM_OP_COUNT_, LOOM_TYPE_F32));
-    assert_false(loom_backend_supports(NULL, LOOM_OP_ADD, LOOM_TYPE_F32));
+    const loom__backend *be = g_be[0];
+    assert_true(loom__backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_F32));
+    assert_true(loom__backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_Q4_K));
+    assert_true(loom__backend_supports(be, LOOM_OP_GET_ROWS, LOOM_TYPE_Q6_K));
+    assert_false(loom__backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_I32));
+    assert_false(loom__backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_Q8_K));
+    assert_false(loom__backend_supports(be, LOOM_OP_MATMUL, (loom_type)37));
+    assert_true(loom__backend_supports(be, LOOM_OP_ATTENTION, LOOM_TYPE_F16));
+    assert_true(loom__backend_supports(be, LOOM_OP_KV_STORE, LOOM_TYPE_F32));
+    assert_false(loom__backend_supports(be, LOOM_OP_KV_STORE, LOOM_TYPE_BF16));
+    assert_true(loom__backend_supports(be, LOOM_OP_ROPE, LOOM_TYPE_F32));
+    assert_false(loom__backend_supports(be, LOOM_OP_ADD, LOOM_TYPE_F16));
+    assert_false(loom__backend_supports(be, LOOM_OP_COUNT_, LOOM_TYPE_F32));
+    assert_false(loom__backend_supports(NULL, LOOM_OP_ADD, LOOM_TYPE_F32));
 }
 
 static void test_buffers(void **state) {
     (void)state;
-    loom_backend *be = g_be[1];
+    loom__backend *be = g_be[1];
     void *ctx = be->ctx;
     const size_t sizes[] = {0, 1, 63, 64, 100, 4096};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {

@@ -1,12 +1,12 @@
 /* test_cpu_qmatmul.c — integer-activation dot products (tensor/qdot.h): the kernels the CPU
  * matmul uses (f32_activations = false; the matmul itself: test_cpu_matmul.c).
  *
- *   - loom_vec_dot_type maps every weight type to llama.cpp's activation format.
+ *   - loom__vec_dot_type maps every weight type to llama.cpp's activation format.
  *   - The activation quantizers against an independent reference written here (llama.cpp's x86
  *     arithmetic: q8_0/q8_1 codes rint(x * (127 / amax)), q8_K codes rint(x * (-127 / max)),
- *     ties to even), bitwise; q8_0 against loom_quantize_row where the two rounding rules
+ *     ties to even), bitwise; q8_0 against loom__quantize_row where the two rounding rules
  *     coincide (no ties, 127 / amax == 1 / (amax / 127)); non-finite input gives defined codes.
- *   - loom_vec_dot_q for every weight type against a double-precision dot of the dequantized
+ *   - loom__vec_dot_q for every weight type against a double-precision dot of the dequantized
  *     weight row with the dequantized activation row: |err| <= 1e-5 * sum |w x| + 1e-30 (the
  *     kernel's integer block sums are exact; what remains is float32 rounding of the per-block
  *     scale products and of the running sum). For q4_1 / q5_1 the reference uses the block's
@@ -47,8 +47,8 @@ static int ref_rint(float v) {
     return (int)rintf(v);
 }
 
-static void ref_q8_0(const float *x, loom_block_q8_0 *y, int64_t n, bool with_s,
-                     loom_block_q8_1 *y1) {
+static void ref_q8_0(const float *x, loom__block_q8_0 *y, int64_t n, bool with_s,
+                     loom__block_q8_1 *y1) {
     for (int64_t b = 0; b < n / 32; b++) {
         const float *xb = x + 32 * b;
         float amax = 0.0f;
@@ -62,17 +62,17 @@ static void ref_q8_0(const float *x, loom_block_q8_0 *y, int64_t n, bool with_s,
             sum += qs[j];
         }
         if (with_s) {
-            y1[b].d = loom_f32_to_f16(d);
-            y1[b].s = loom_f32_to_f16((float)sum * d);
+            y1[b].d = loom__f32_to_f16(d);
+            y1[b].s = loom__f32_to_f16((float)sum * d);
             memcpy(y1[b].qs, qs, 32);
         } else {
-            y[b].d = loom_f32_to_f16(d);
+            y[b].d = loom__f32_to_f16(d);
             memcpy(y[b].qs, qs, 32);
         }
     }
 }
 
-static void ref_q8_K(const float *x, loom_block_q8_K *y, int64_t n) {
+static void ref_q8_K(const float *x, loom__block_q8_K *y, int64_t n) {
     for (int64_t b = 0; b < n / 256; b++) {
         const float *xb = x + 256 * b;
         int imax = 0;
@@ -95,34 +95,34 @@ static void dequant_act(uint32_t at, const void *xa, double *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         switch (at) {
         case LOOM_TYPE_Q8_0: {
-            const loom_block_q8_0 *b = (const loom_block_q8_0 *)xa + i / 32;
-            out[i] = (double)loom_f16_to_f32(b->d) * b->qs[i % 32];
+            const loom__block_q8_0 *b = (const loom__block_q8_0 *)xa + i / 32;
+            out[i] = (double)loom__f16_to_f32(b->d) * b->qs[i % 32];
             break;
         }
         case LOOM_TYPE_Q8_1: {
-            const loom_block_q8_1 *b = (const loom_block_q8_1 *)xa + i / 32;
-            out[i] = (double)loom_f16_to_f32(b->d) * b->qs[i % 32];
+            const loom__block_q8_1 *b = (const loom__block_q8_1 *)xa + i / 32;
+            out[i] = (double)loom__f16_to_f32(b->d) * b->qs[i % 32];
             break;
         }
         case LOOM_TYPE_Q8_K: {
-            const loom_block_q8_K *b = (const loom_block_q8_K *)xa + i / 256;
+            const loom__block_q8_K *b = (const loom__block_q8_K *)xa + i / 256;
             out[i] = (double)b->d * b->qs[i % 256];
             break;
         }
         case LOOM_TYPE_F16:
-            out[i] = loom_f16_to_f32(((const uint16_t *)xa)[i]);
+            out[i] = loom__f16_to_f32(((const uint16_t *)xa)[i]);
             break;
         case LOOM_TYPE_BF16:
-            out[i] = loom_bf16_to_f32(((const uint16_t *)xa)[i]);
+            out[i] = loom__bf16_to_f32(((const uint16_t *)xa)[i]);
             break;
         default:
-            fail_msg("no activation dequantizer for %s", loom_type_name(at));
+            fail_msg("no activation dequantizer for %s", loom__type_name(at));
         }
     }
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* loom_vec_dot_type                                                                          */
+/* loom__vec_dot_type                                                                          */
 /* ------------------------------------------------------------------------------------------ */
 
 static void test_vec_dot_type(void **state) {
@@ -137,20 +137,20 @@ static void test_vec_dot_type(void **state) {
         {LOOM_TYPE_F32, LOOM_TYPE_F32}};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         uint32_t at = 999;
-        assert_true(loom_vec_dot_type(want[i][0], &at));
+        assert_true(loom__vec_dot_type(want[i][0], &at));
         assert_int_equal(at, want[i][1]);
-        assert_non_null(loom_vec_dot_q_get(want[i][0]));
-        assert_non_null(loom_quantize_activations_get(at));
+        assert_non_null(loom__vec_dot_q_get(want[i][0]));
+        assert_non_null(loom__quantize_activations_get(at));
     }
     uint32_t at;
-    assert_false(loom_vec_dot_type(LOOM_TYPE_Q8_K, &at)); /* activation formats are not weights */
-    assert_false(loom_vec_dot_type(LOOM_TYPE_Q8_1, &at));
-    assert_false(loom_vec_dot_type(LOOM_TYPE_I32, &at));
-    assert_false(loom_vec_dot_type(17, &at)); /* iq2_xs: unknown to loom */
-    assert_false(loom_vec_dot_type(12345, &at));
-    assert_false(loom_vec_dot_type(LOOM_TYPE_Q4_0, NULL));
-    assert_null(loom_vec_dot_q_get(LOOM_TYPE_I8));
-    assert_null(loom_quantize_activations_get(LOOM_TYPE_Q4_0));
+    assert_false(loom__vec_dot_type(LOOM_TYPE_Q8_K, &at)); /* activation formats are not weights */
+    assert_false(loom__vec_dot_type(LOOM_TYPE_Q8_1, &at));
+    assert_false(loom__vec_dot_type(LOOM_TYPE_I32, &at));
+    assert_false(loom__vec_dot_type(17, &at)); /* iq2_xs: unknown to loom */
+    assert_false(loom__vec_dot_type(12345, &at));
+    assert_false(loom__vec_dot_type(LOOM_TYPE_Q4_0, NULL));
+    assert_null(loom__vec_dot_q_get(LOOM_TYPE_I8));
+    assert_null(loom__quantize_activations_get(LOOM_TYPE_Q4_0));
     printf("qdot SIMD path: %s\n", loom__qdot_simd_name());
 }
 
@@ -196,37 +196,37 @@ static void test_quantizers_reference(void **state) {
 
     /* q8_0 */
     size_t nb = row_bytes(LOOM_TYPE_Q8_0, n);
-    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_0, x, got, n));
-    ref_q8_0(x, (loom_block_q8_0 *)want, n, false, NULL);
+    assert_true(loom__quantize_activations(LOOM_TYPE_Q8_0, x, got, n));
+    ref_q8_0(x, (loom__block_q8_0 *)want, n, false, NULL);
     assert_memory_equal(got, want, nb);
     assert_true(loom__quantize_activations_portable(LOOM_TYPE_Q8_0, x, port, n));
     assert_memory_equal(got, port, nb);
     /* q8_1 */
     nb = row_bytes(LOOM_TYPE_Q8_1, n);
-    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_1, x, got, n));
-    ref_q8_0(x, NULL, n, true, (loom_block_q8_1 *)want);
+    assert_true(loom__quantize_activations(LOOM_TYPE_Q8_1, x, got, n));
+    ref_q8_0(x, NULL, n, true, (loom__block_q8_1 *)want);
     assert_memory_equal(got, want, nb);
     assert_true(loom__quantize_activations_portable(LOOM_TYPE_Q8_1, x, port, n));
     assert_memory_equal(got, port, nb);
     /* q8_K */
     nb = row_bytes(LOOM_TYPE_Q8_K, n);
-    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_K, x, got, n));
-    ref_q8_K(x, (loom_block_q8_K *)want, n);
+    assert_true(loom__quantize_activations(LOOM_TYPE_Q8_K, x, got, n));
+    ref_q8_K(x, (loom__block_q8_K *)want, n);
     assert_memory_equal(got, want, nb);
     assert_true(loom__quantize_activations_portable(LOOM_TYPE_Q8_K, x, port, n));
     assert_memory_equal(got, port, nb);
     /* f16, bf16, f32: element conversions */
-    assert_true(loom_quantize_activations(LOOM_TYPE_F16, x, got, n));
-    for (int64_t i = 0; i < n; i++) assert_int_equal(((uint16_t *)got)[i], loom_f32_to_f16(x[i]));
-    assert_true(loom_quantize_activations(LOOM_TYPE_BF16, x, got, n));
-    for (int64_t i = 0; i < n; i++) assert_int_equal(((uint16_t *)got)[i], loom_f32_to_bf16(x[i]));
-    assert_true(loom_quantize_activations(LOOM_TYPE_F32, x, got, n));
+    assert_true(loom__quantize_activations(LOOM_TYPE_F16, x, got, n));
+    for (int64_t i = 0; i < n; i++) assert_int_equal(((uint16_t *)got)[i], loom__f32_to_f16(x[i]));
+    assert_true(loom__quantize_activations(LOOM_TYPE_BF16, x, got, n));
+    for (int64_t i = 0; i < n; i++) assert_int_equal(((uint16_t *)got)[i], loom__f32_to_bf16(x[i]));
+    assert_true(loom__quantize_activations(LOOM_TYPE_F32, x, got, n));
     assert_memory_equal(got, x, (size_t)n * sizeof(float));
 
     /* Ties go to even: block 0 has amax 127, so id = 1 and x = k + 0.5 rounds to even k. */
-    const loom_block_q8_0 *b0 = NULL;
-    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_0, x, got, n));
-    b0 = (const loom_block_q8_0 *)got;
+    const loom__block_q8_0 *b0 = NULL;
+    assert_true(loom__quantize_activations(LOOM_TYPE_Q8_0, x, got, n));
+    b0 = (const loom__block_q8_0 *)got;
     for (int j = 0; j < 32; j++) {
         float v = x[j];
         int q = b0->qs[j];
@@ -235,12 +235,12 @@ static void test_quantizers_reference(void **state) {
     }
 
     /* Bad input. */
-    assert_false(loom_quantize_activations(LOOM_TYPE_Q8_0, x, got, 31));
-    assert_false(loom_quantize_activations(LOOM_TYPE_Q8_K, x, got, 128));
-    assert_false(loom_quantize_activations(LOOM_TYPE_Q4_0, x, got, 32));
-    assert_false(loom_quantize_activations(LOOM_TYPE_Q8_0, NULL, got, 32));
-    assert_false(loom_quantize_activations(LOOM_TYPE_Q8_0, x, got, -32));
-    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_0, NULL, NULL, 0));
+    assert_false(loom__quantize_activations(LOOM_TYPE_Q8_0, x, got, 31));
+    assert_false(loom__quantize_activations(LOOM_TYPE_Q8_K, x, got, 128));
+    assert_false(loom__quantize_activations(LOOM_TYPE_Q4_0, x, got, 32));
+    assert_false(loom__quantize_activations(LOOM_TYPE_Q8_0, NULL, got, 32));
+    assert_false(loom__quantize_activations(LOOM_TYPE_Q8_0, x, got, -32));
+    assert_true(loom__quantize_activations(LOOM_TYPE_Q8_0, NULL, NULL, 0));
     free(x);
     free(got);
     free(want);
@@ -248,13 +248,13 @@ static void test_quantizers_reference(void **state) {
 }
 
 /* Where the rules coincide (no ties, 127 / amax == 1 / (amax / 127)), q8_0 activations equal
- * loom_quantize_row's q8_0 (the gguf package's rounding: id = 1 / d, ties away from zero). */
+ * loom__quantize_row's q8_0 (the gguf package's rounding: id = 1 / d, ties away from zero). */
 static void test_quantizer_vs_quantize_row(void **state) {
     (void)state;
     const int64_t n = 32 * 64;
     float *x = xmalloc((size_t)n * sizeof(float));
     size_t nb = row_bytes(LOOM_TYPE_Q8_0, n);
-    loom_block_q8_0 *a = xmalloc(nb), *r = xmalloc(nb);
+    loom__block_q8_0 *a = xmalloc(nb), *r = xmalloc(nb);
     int compared = 0, tie_blocks = 0;
     for (int64_t b = 0; b < n / 32; b++) {
         /* amax a power of two times 127: both inverses are exact powers of two. */
@@ -262,8 +262,8 @@ static void test_quantizer_vs_quantize_row(void **state) {
         for (int j = 0; j < 32; j++) x[32 * b + j] = rng_f() * scale;
         x[32 * b + (b % 32)] = b % 2 ? scale : -scale;
     }
-    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_0, x, a, n));
-    assert_true(loom_quantize_row(LOOM_TYPE_Q8_0, x, r, n));
+    assert_true(loom__quantize_activations(LOOM_TYPE_Q8_0, x, a, n));
+    assert_true(loom__quantize_row(LOOM_TYPE_Q8_0, x, r, n));
     for (int64_t b = 0; b < n / 32; b++) {
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j]));
@@ -293,13 +293,13 @@ static void test_quantizer_vs_quantize_row(void **state) {
     for (size_t i = 0; i < 5; i++) {
         memset(g1, 0x5a, kb);
         memset(g2, 0x5a, kb);
-        assert_true(loom_quantize_activations(ats[i], x, g1, n));
+        assert_true(loom__quantize_activations(ats[i], x, g1, n));
         assert_true(loom__quantize_activations_portable(ats[i], x, g2, n));
         assert_memory_equal(g1, g2, row_bytes(ats[i], n));
     }
-    assert_true(loom_quantize_activations(LOOM_TYPE_Q8_0, x, g1, n));
-    assert_int_equal(((loom_block_q8_0 *)g1)[0].qs[3], 0);
-    assert_int_equal(((loom_block_q8_0 *)g1)[0].qs[4], 127);
+    assert_true(loom__quantize_activations(LOOM_TYPE_Q8_0, x, g1, n));
+    assert_int_equal(((loom__block_q8_0 *)g1)[0].qs[3], 0);
+    assert_int_equal(((loom__block_q8_0 *)g1)[0].qs[4], 127);
     free(x);
     free(a);
     free(r);
@@ -315,10 +315,10 @@ static void test_quantizer_vs_quantize_row(void **state) {
  * q4_1 / q5_1 the offset term m * sum(x) uses the stored s. Also returns sum |w x|. */
 static double ref_dot(uint32_t t, const uint8_t *w, const void *xa, int64_t K, double *mag) {
     uint32_t at;
-    assert_true(loom_vec_dot_type(t, &at));
+    assert_true(loom__vec_dot_type(t, &at));
     float *wf = xmalloc((size_t)K * sizeof(float));
     double *xf = xmalloc((size_t)K * sizeof(double));
-    assert_true(loom_dequantize_row(t, w, wf, K));
+    assert_true(loom__dequantize_row(t, w, wf, K));
     dequant_act(at, xa, xf, K);
     double s = 0.0, m = 0.0;
     for (int64_t k = 0; k < K; k++) {
@@ -326,15 +326,15 @@ static double ref_dot(uint32_t t, const uint8_t *w, const void *xa, int64_t K, d
         m += fabs((double)wf[k] * xf[k]);
     }
     if (at == LOOM_TYPE_Q8_1) {
-        size_t wb = loom_type_get_traits(t)->block_bytes;
-        const loom_block_q8_1 *xb = xa;
+        size_t wb = loom__type_get_traits(t)->block_bytes;
+        const loom__block_q8_1 *xb = xa;
         for (int64_t b = 0; b < K / 32; b++) {
             uint16_t mh;
             memcpy(&mh, w + (size_t)b * wb + 2, sizeof mh); /* m follows d in q4_1 / q5_1 */
-            double mw = loom_f16_to_f32(mh), sum_x = 0.0;
+            double mw = loom__f16_to_f32(mh), sum_x = 0.0;
             for (int j = 0; j < 32; j++) sum_x += xf[32 * b + j];
-            s += mw * ((double)loom_f16_to_f32(xb[b].s) - sum_x);
-            m += fabs(mw * loom_f16_to_f32(xb[b].s));
+            s += mw * ((double)loom__f16_to_f32(xb[b].s) - sum_x);
+            m += fabs(mw * loom__f16_to_f32(xb[b].s));
         }
     }
     free(wf);
@@ -349,7 +349,7 @@ static void test_vec_dot_vs_reference(void **state) {
     const float scales[] = {1.0f, 2.5e4f, 1e-3f};
     for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         uint32_t t = weight_types[ti], at;
-        assert_true(loom_vec_dot_type(t, &at));
+        assert_true(loom__vec_dot_type(t, &at));
         for (size_t ki = 0; ki < 3; ki++) {
             const int64_t K = Ks[ki];
             uint8_t *w = xmalloc(row_bytes(t, K));
@@ -363,13 +363,13 @@ static void test_vec_dot_vs_reference(void **state) {
                 if (at == LOOM_TYPE_Q8_1 && sc > 10.0f) sc = 10.0f;
                 if (at == LOOM_TYPE_F16 && sc > 300.0f) sc = 300.0f;
                 fill_acts(x, K, sc);
-                assert_true(loom_quantize_activations(at, x, xa, K));
+                assert_true(loom__quantize_activations(at, x, xa, K));
                 double mag, want = ref_dot(t, w, xa, K, &mag);
-                float got = loom_vec_dot_q(t, w, xa, K);
+                float got = loom__vec_dot_q(t, w, xa, K);
                 double err = fabs((double)got - want);
                 if (!(err <= 1e-5 * mag + 1e-30))
                     fail_msg("%s K=%lld: got %.9g want %.9g (err %.3g, sum|wx| %.3g)",
-                             loom_type_name(t), (long long)K, (double)got, want, err, mag);
+                             loom__type_name(t), (long long)K, (double)got, want, err, mag);
             }
             free(w);
             free(xa);
@@ -378,20 +378,20 @@ static void test_vec_dot_vs_reference(void **state) {
     }
     /* Bad arguments give NaN. */
     uint8_t buf[1024] = {0};
-    assert_true(isnan(loom_vec_dot_q(LOOM_TYPE_Q4_0, buf, buf, 31)));
-    assert_true(isnan(loom_vec_dot_q(LOOM_TYPE_Q4_K, buf, buf, 32)));
-    assert_true(isnan(loom_vec_dot_q(LOOM_TYPE_Q8_K, buf, buf, 256)));
-    assert_true(isnan(loom_vec_dot_q(LOOM_TYPE_Q8_0, NULL, buf, 32)));
-    assert_true(isnan(loom_vec_dot_q(LOOM_TYPE_Q8_0, buf, buf, -32)));
-    assert_true(loom_vec_dot_q(LOOM_TYPE_Q8_0, NULL, NULL, 0) == 0.0f);
+    assert_true(isnan(loom__vec_dot_q(LOOM_TYPE_Q4_0, buf, buf, 31)));
+    assert_true(isnan(loom__vec_dot_q(LOOM_TYPE_Q4_K, buf, buf, 32)));
+    assert_true(isnan(loom__vec_dot_q(LOOM_TYPE_Q8_K, buf, buf, 256)));
+    assert_true(isnan(loom__vec_dot_q(LOOM_TYPE_Q8_0, NULL, buf, 32)));
+    assert_true(isnan(loom__vec_dot_q(LOOM_TYPE_Q8_0, buf, buf, -32)));
+    assert_true(loom__vec_dot_q(LOOM_TYPE_Q8_0, NULL, NULL, 0) == 0.0f);
 }
 
 static void test_simd_vs_portable(void **state) {
     (void)state;
     for (size_t ti = 0; ti < N_WEIGHT_TYPES; ti++) {
         uint32_t t = weight_types[ti], at;
-        assert_true(loom_vec_dot_type(t, &at));
-        const int64_t be = loom_type_get_traits(t)->block_elems;
+        assert_true(loom__vec_dot_type(t, &at));
+        const int64_t be = loom__type_get_traits(t)->block_elems;
         const int64_t unit = be == 1 ? 1 : be;
         /* block counts 1..17 (float types: lengths 1..17 and multiples of 32 plus a tail) */
         for (int64_t nblk = 1; nblk <= 17; nblk++) {
@@ -402,11 +402,11 @@ static void test_simd_vs_portable(void **state) {
             for (int rep = 0; rep < 3; rep++) {
                 make_weight_row(t, K, w);
                 fill_acts(x, K, rep == 2 ? 3e4f : 1.0f);
-                assert_true(loom_quantize_activations(at, x, xa, K));
-                float a = loom_vec_dot_q(t, w, xa, K);
+                assert_true(loom__quantize_activations(at, x, xa, K));
+                float a = loom__vec_dot_q(t, w, xa, K);
                 float b = loom__vec_dot_q_portable(t, w, xa, K);
                 if (memcmp(&a, &b, sizeof a) != 0)
-                    fail_msg("%s K=%lld: simd %.9g portable %.9g", loom_type_name(t), (long long)K,
+                    fail_msg("%s K=%lld: simd %.9g portable %.9g", loom__type_name(t), (long long)K,
                              (double)a, (double)b);
             }
             free(w);
@@ -432,7 +432,7 @@ static void test_isa_variants_agree(void **state) {
             const uint32_t t = weight_types[ti];
             uint32_t at;
             assert_true(isa->act_type(t, &at));
-            const int64_t be = loom_type_get_traits(t)->block_elems;
+            const int64_t be = loom__type_get_traits(t)->block_elems;
             for (int64_t nblk = 1; nblk <= 17; nblk += 4) {
                 const int64_t K = be == 1 ? nblk * 37 : nblk * be, T = 19;
                 const size_t wb = row_bytes(t, K), ab = row_bytes(at, K);
@@ -451,7 +451,7 @@ static void test_isa_variants_agree(void **state) {
                         assert_memory_equal(&a, &want[r][j], sizeof a);
                     }
                 }
-                const loom_qgemm_kernels *qk = isa->qgemm(t);
+                const loom__qgemm_kernels *qk = isa->qgemm(t);
                 if (qk) { /* 3 rows x 19 tokens */
                     uint8_t *xr = aligned_alloc(64, (size_t)T * qk->x_row_bytes(K));
                     assert_non_null(xr);
@@ -494,7 +494,7 @@ static void test_isa_variants_agree(void **state) {
                     free(wp);
                     free(xr);
                 }
-                const loom_qgemm_lanes *lk = isa->lanes(t);
+                const loom__qgemm_lanes *lk = isa->lanes(t);
                 if (lk) { /* groups of width tokens, the last one partial */
                     uint8_t *x8 = aligned_alloc(64, lk->x8_bytes(K));
                     assert_non_null(x8);
@@ -574,12 +574,12 @@ static void test_q8K_simd_vs_portable(void **state) {
     const loom__qdot_isa *isas[4];
     const int n_isa = loom__qdot_isa_list(isas);
     const loom__qdot_isa *port = isas[n_isa - 1];
-    const size_t bb = sizeof(loom_block_q8_K);
+    const size_t bb = sizeof(loom__block_q8_K);
     float *x = xmalloc(6 * 256 * sizeof(float));
     uint8_t *got = xmalloc(6 * bb), *want = xmalloc(6 * bb);
     for (int v = 0; v < n_isa; v++) {
         const loom__qdot_isa *isa = isas[v];
-        const loom_quantize_act_fn q = isa->quant(LOOM_TYPE_Q8_K);
+        const loom__quantize_act_fn q = isa->quant(LOOM_TYPE_Q8_K);
         if (v < n_isa - 1) assert_true(q != isa->quant_portable(LOOM_TYPE_Q8_K));
         for (int rep = 0; rep < 400; rep++) {
             const int nblk = 1 + rep % 6;
@@ -617,7 +617,7 @@ static void test_f16_simd_vs_portable(void **state) {
     float *x = xmalloc(N * sizeof(float));
     uint16_t got[N], want[N];
     for (int v = 0; v < n_isa; v++) {
-        const loom_quantize_act_fn q = isas[v]->quant(LOOM_TYPE_F16);
+        const loom__quantize_act_fn q = isas[v]->quant(LOOM_TYPE_F16);
         for (uint64_t base = 0; base < (1ull << 32); base += (uint64_t)N * 4099u) {
             for (int i = 0; i < N; i++) {
                 uint32_t b = (uint32_t)(base + (uint64_t)i * 4099u);

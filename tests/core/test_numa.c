@@ -134,21 +134,21 @@ static void test_fallback(void **state) {
 /* The same matmul, pinned and in the fallback: the placement changes nothing computed. */
 static void matmul_with(loom_numa_mode mode, bool unavailable, float *out) {
     loom__numa_force_unavailable(unavailable);
-    loom_cpu_params cp = {.n_threads = 3, .numa = mode};
-    loom_backend *be = NULL;
-    assert_int_equal(loom_backend_cpu_create(&cp, &be), LOOM_OK);
+    loom__cpu_params cp = {.n_threads = 3, .numa = mode};
+    loom__backend *be = NULL;
+    assert_int_equal(loom__backend_cpu_create(&cp, &be), LOOM_OK);
     enum { K = 256, N = 24, T = 9 };
     static float wf[N * K], x[T * K];
     static uint8_t w[N * (K / 32) * 34];
     for (int i = 0; i < N * K; i++) wf[i] = (float)((i * 37) % 101 - 50) / 400.0f;
     for (int i = 0; i < T * K; i++) x[i] = (float)((i * 53) % 89 - 44) / 30.0f;
     for (int r = 0; r < N; r++)
-        assert_true(loom_quantize_row(LOOM_TYPE_Q8_0, wf + r * K, w + r * (K / 32) * 34, K));
+        assert_true(loom__quantize_row(LOOM_TYPE_Q8_0, wf + r * K, w + r * (K / 32) * 34, K));
     loom_tensor tw = loom_tensor_2d(LOOM_TYPE_Q8_0, w, K, N, (K / 32) * 34);
     loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, x, K, T, K * sizeof(float));
     loom_tensor to = loom_tensor_2d(LOOM_TYPE_F32, out, N, T, N * sizeof(float));
     assert_int_equal(be->ops->matmul(be->ctx, &tw, &tx, &to), LOOM_OK);
-    loom_backend_destroy(be);
+    loom__backend_destroy(be);
     loom__numa_force_unavailable(false);
 }
 

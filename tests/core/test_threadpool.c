@@ -35,7 +35,7 @@ static void count_task(void *p, int ith, int nth) {
 }
 
 static void check_runs(int n_threads, int n_runs) {
-    loom_threadpool *tp = NULL;
+    loom__threadpool *tp = NULL;
     assert_int_equal(loom__threadpool_create(n_threads, &tp), LOOM_OK);
     assert_non_null(tp);
     assert_int_equal(loom__threadpool_size(tp), n_threads);
@@ -86,7 +86,7 @@ static void test_results(void **state) {
         expect += v[i];
     }
     for (int n = 1; n <= 4; n++) {
-        loom_threadpool *tp = NULL;
+        loom__threadpool *tp = NULL;
         assert_int_equal(loom__threadpool_create(n, &tp), LOOM_OK);
         for (int r = 0; r < 2000; r++) {
             sum_arg a = {.v = v, .n = N - (r % 50)};
@@ -105,7 +105,7 @@ static void test_results(void **state) {
  * wake-up path (not only the spin path) is exercised. */
 static void test_sleep_wake(void **state) {
     (void)state;
-    loom_threadpool *tp = NULL;
+    loom__threadpool *tp = NULL;
     assert_int_equal(loom__threadpool_create(3, &tp), LOOM_OK);
     count_arg a;
     for (int r = 0; r < 20; r++) {
@@ -130,7 +130,7 @@ static void slow_task(void *p, int ith, int nth) {
 
 static void test_caller_waits(void **state) {
     (void)state;
-    loom_threadpool *tp = NULL;
+    loom__threadpool *tp = NULL;
     assert_int_equal(loom__threadpool_create(2, &tp), LOOM_OK);
     count_arg a;
     for (int r = 0; r < 10; r++) {
@@ -149,7 +149,7 @@ static void test_caller_waits(void **state) {
 
 static void test_bad_args(void **state) {
     (void)state;
-    loom_threadpool *tp = NULL;
+    loom__threadpool *tp = NULL;
     assert_int_equal(loom__threadpool_create(0, &tp), LOOM_ERR_INVALID_ARG);
     assert_null(tp);
     assert_int_equal(loom__threadpool_create(-3, &tp), LOOM_ERR_INVALID_ARG);
@@ -165,7 +165,7 @@ static void test_bad_args(void **state) {
 static void test_create_destroy_many(void **state) {
     (void)state;
     for (int r = 0; r < 200; r++) {
-        loom_threadpool *tp = NULL;
+        loom__threadpool *tp = NULL;
         assert_int_equal(loom__threadpool_create(1 + r % 4, &tp), LOOM_OK);
         if (r % 2 == 0) { /* half the pools never run anything */
             count_arg a;

@@ -30,12 +30,12 @@ static void sleep_ms(int ms) {
 
 static void test_one_thread_in_order(void **state) {
     (void)state;
-    loom_workshare *ws = NULL;
+    loom__workshare *ws = NULL;
     assert_int_equal(loom__workshare_create(1, &ws), LOOM_OK);
     const int64_t sizes[] = {0, 1, 2, 17, 1000};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         loom__workshare_reset(ws, sizes[s]);
-        loom_workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
+        loom__workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
         for (int64_t u = 0; u < sizes[s]; u++)
             assert_int_equal(loom__workshare_next(ws, 0, &cur), u);
         assert_int_equal(loom__workshare_next(ws, 0, &cur), -1);
@@ -49,7 +49,7 @@ static void test_one_thread_in_order(void **state) {
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct order_arg {
-    loom_workshare *ws;
+    loom__workshare *ws;
     int64_t taken0[64]; /* thread 0's units, in the order it got them */
     int n0;
     atomic_int done0;
@@ -59,7 +59,7 @@ typedef struct order_arg {
 static void order_task(void *p, int ith, int nth) {
     order_arg *a = p;
     (void)nth;
-    loom_workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
+    loom__workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
     if (ith == 0) {
         for (int64_t u; (u = loom__workshare_next(a->ws, 0, &cur)) >= 0 && a->n0 < 64;)
             a->taken0[a->n0++] = u;
@@ -72,8 +72,8 @@ static void order_task(void *p, int ith, int nth) {
 
 static void test_steal_order(void **state) {
     (void)state;
-    loom_threadpool *tp = NULL;
-    loom_workshare *ws = NULL;
+    loom__threadpool *tp = NULL;
+    loom__workshare *ws = NULL;
     assert_int_equal(loom__threadpool_create(2, &tp), LOOM_OK);
     assert_int_equal(loom__workshare_create(2, &ws), LOOM_OK);
     order_arg a;
@@ -95,7 +95,7 @@ static void test_steal_order(void **state) {
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct count_arg {
-    loom_workshare *ws;
+    loom__workshare *ws;
     atomic_int hits[MAX_UNITS];
     atomic_int by_other; /* units of the slow thread's share taken by another thread */
     int64_t slow_begin, slow_end;
@@ -109,7 +109,7 @@ static void count_task(void *p, int ith, int nth) {
      * which a working share-out never needs): the others must come for it. */
     if (ith == a->slow && a->slow_end > a->slow_begin)
         for (int ms = 0; ms < 10000 && atomic_load(&a->by_other) == 0; ms++) sleep_ms(1);
-    loom_workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
+    loom__workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
     for (int64_t u; (u = loom__workshare_next(a->ws, ith, &cur)) >= 0;) {
         if (u >= MAX_UNITS) continue; /* counted as missing below */
         atomic_fetch_add(&a->hits[u], 1);
@@ -120,8 +120,8 @@ static void count_task(void *p, int ith, int nth) {
 }
 
 static void check_counts(int n_threads, int64_t n, int slow) {
-    loom_threadpool *tp = NULL;
-    loom_workshare *ws = NULL;
+    loom__threadpool *tp = NULL;
+    loom__workshare *ws = NULL;
     assert_int_equal(loom__threadpool_create(n_threads, &tp), LOOM_OK);
     assert_int_equal(loom__workshare_create(n_threads, &ws), LOOM_OK);
     count_arg *a = calloc(1, sizeof *a);
@@ -153,8 +153,8 @@ static void test_each_unit_once(void **state) {
 /* The same object serves run after run, with any count. */
 static void test_reuse(void **state) {
     (void)state;
-    loom_threadpool *tp = NULL;
-    loom_workshare *ws = NULL;
+    loom__threadpool *tp = NULL;
+    loom__workshare *ws = NULL;
     assert_int_equal(loom__threadpool_create(3, &tp), LOOM_OK);
     assert_int_equal(loom__workshare_create(3, &ws), LOOM_OK);
     count_arg *a = calloc(1, sizeof *a);
@@ -175,7 +175,7 @@ static void test_reuse(void **state) {
 
 static void test_bad_args(void **state) {
     (void)state;
-    loom_workshare *ws = (loom_workshare *)0x1;
+    loom__workshare *ws = (loom__workshare *)0x1;
     assert_int_equal(loom__workshare_create(0, &ws), LOOM_ERR_INVALID_ARG);
     assert_null(ws); /* cleared on failure */
     assert_int_equal(loom__workshare_create(-3, &ws), LOOM_ERR_INVALID_ARG);
@@ -185,7 +185,7 @@ static void test_bad_args(void **state) {
     /* The largest count fits the 32-bit front and back. */
     assert_int_equal(loom__workshare_create(2, &ws), LOOM_OK);
     loom__workshare_reset(ws, LOOM_WORKSHARE_MAX_UNITS);
-    loom_workshare_cursor c0 = LOOM_WORKSHARE_CURSOR_INIT, c1 = LOOM_WORKSHARE_CURSOR_INIT;
+    loom__workshare_cursor c0 = LOOM_WORKSHARE_CURSOR_INIT, c1 = LOOM_WORKSHARE_CURSOR_INIT;
     assert_int_equal(loom__workshare_next(ws, 0, &c0), 0);
     int64_t b, e;
     loom__split_range(LOOM_WORKSHARE_MAX_UNITS, 1, 2, &b, &e);

@@ -28,7 +28,7 @@ static int64_t min2(int64_t a, int64_t b) {
 }
 
 /* engine_kv.c's cap for a sliding group of a model that also has full attention. */
-static int64_t expect_cap(const loom_engine_kv_shape *sh, int32_t w) {
+static int64_t expect_cap(const loom__engine_kv_shape *sh, int32_t w) {
     int64_t bs = sh->block_size, S = sh->max_seqs, T = sh->max_batched_tokens;
     int64_t table = ceil_div(sh->max_ctx, bs), span = w + 2 * bs - 3;
     int64_t held = min2((S * span + T) / bs, S * table);
@@ -37,9 +37,9 @@ static int64_t expect_cap(const loom_engine_kv_shape *sh, int32_t w) {
 }
 
 /* Gemma 3 270M: 18 layers, 3 global and 15 local (window 512), one KV head of 256. */
-static loom_engine_kv_shape gemma3_270m(int64_t budget, int32_t max_seqs, int32_t max_ctx) {
+static loom__engine_kv_shape gemma3_270m(int64_t budget, int32_t max_seqs, int32_t max_ctx) {
     const size_t block = 1 * 256 * 2 * 16; /* heads * head_dim * f16 * block_size */
-    loom_engine_kv_shape sh = {
+    loom__engine_kv_shape sh = {
         .budget = budget,
         .n_groups = 2,
         .window = {0, 512},
@@ -53,7 +53,7 @@ static loom_engine_kv_shape gemma3_270m(int64_t budget, int32_t max_seqs, int32_
     return sh;
 }
 
-static void plan_ok(const loom_engine_kv_shape *sh, int32_t *n) {
+static void plan_ok(const loom__engine_kv_shape *sh, int32_t *n) {
     loom_status st = loom__engine_kv_plan(sh, n);
     if (st != LOOM_OK) fail_msg("plan: %s (%s)", loom_status_str(st), loom_last_error());
 }
@@ -65,7 +65,7 @@ static void test_gemma3_counts(void **state) {
     int32_t n[2];
     /* 64 MiB with the default 64 sequences: 64 windows of 512 do not fit, so both groups keep
      * the equal count they always had (64 MiB / (49152 + 245760) bytes). */
-    loom_engine_kv_shape sh = gemma3_270m(64 << 20, 64, 2048);
+    loom__engine_kv_shape sh = gemma3_270m(64 << 20, 64, 2048);
     plan_ok(&sh, n);
     assert_int_equal(n[0], 227);
     assert_int_equal(n[1], 227);
@@ -99,7 +99,7 @@ static void test_one_group_and_sliding_only(void **state) {
     (void)state;
     int32_t n[3];
     /* One full-attention group (llama): budget / block bytes, as before. */
-    loom_engine_kv_shape sh = {.budget = 10000000,
+    loom__engine_kv_shape sh = {.budget = 10000000,
                                .n_groups = 1,
                                .window = {0},
                                .block_bytes = {65536},
@@ -122,7 +122,7 @@ static void test_one_group_and_sliding_only(void **state) {
     assert_int_equal(n[0], 10000000 / (4 * 65536));
     assert_int_equal(n[1], n[0]);
     /* Two full groups and a sliding one: the full groups always share one count. */
-    sh = (loom_engine_kv_shape){.budget = 1 << 30,
+    sh = (loom__engine_kv_shape){.budget = 1 << 30,
                                 .n_groups = 3,
                                 .window = {0, 0, 32},
                                 .block_bytes = {4096, 8192, 40960},
@@ -141,7 +141,7 @@ static void test_one_group_and_sliding_only(void **state) {
 static void test_smallest_budget(void **state) {
     (void)state;
     int32_t n[2];
-    loom_engine_kv_shape sh = gemma3_270m(0, 4, 2048);
+    loom__engine_kv_shape sh = gemma3_270m(0, 4, 2048);
     const int64_t need = 2048 / 16 + 1;
     sh.budget = need * 49152 + min2(expect_cap(&sh, 512), need) * 245760;
     plan_ok(&sh, n);
@@ -159,7 +159,7 @@ static void test_smallest_budget(void **state) {
 static void test_bad_shapes(void **state) {
     (void)state;
     int32_t n[LOOM_MAX_KV_GROUPS];
-    loom_engine_kv_shape ok = gemma3_270m(64 << 20, 4, 2048), sh = ok;
+    loom__engine_kv_shape ok = gemma3_270m(64 << 20, 4, 2048), sh = ok;
     assert_int_equal(loom__engine_kv_plan(NULL, n), LOOM_ERR_INVALID_ARG);
     assert_int_equal(loom__engine_kv_plan(&sh, NULL), LOOM_ERR_INVALID_ARG);
     sh.n_groups = 0;
@@ -189,8 +189,8 @@ typedef struct sim_seq {
 } sim_seq;
 
 typedef struct sim {
-    loom_kv *kv;
-    loom_engine_kv_shape sh;
+    loom__kv *kv;
+    loom__engine_kv_shape sh;
     int32_t n_resident;
     sim_seq seqs[SIM_MAX_SEQS + SIM_SWAPPED];
     int32_t prefixes[SIM_PREFIXES][SIM_MAX_CTX];
@@ -216,7 +216,7 @@ static void sim_admit(sim *s, sim_seq *q) {
     for (int32_t i = 0; i < n; i++)
         q->toks[i] = i < shared ? prefix[i] : 1000 + (int32_t)rnd(s, 500);
     int32_t cached = 0;
-    KV_OK(loom_kv_seq_admit(s->kv, 0, q->toks, n, &q->id, &cached));
+    KV_OK(loom__kv_seq_admit(s->kv, 0, q->toks, n, &q->id, &cached));
     q->live = true;
     q->swapped = false;
     q->n_known = n;
@@ -226,19 +226,19 @@ static void sim_admit(sim *s, sim_seq *q) {
 
 /* Recompute preemption: free, then re-admitted with what it knows. */
 static void sim_recompute(sim *s, sim_seq *q) {
-    KV_OK(loom_kv_seq_free(s->kv, q->id));
+    KV_OK(loom__kv_seq_free(s->kv, q->id));
     int32_t cached = 0;
-    KV_OK(loom_kv_seq_admit(s->kv, 0, q->toks, q->n_known, &q->id, &cached));
+    KV_OK(loom__kv_seq_admit(s->kv, 0, q->toks, q->n_known, &q->id, &cached));
     q->n_pos = cached;
 }
 
 static void sim_swap(sim *s, sim_seq *q, bool out) {
     int32_t blocks[2 * SIM_MAX_CTX], offsets[3];
     if (out) {
-        KV_OK(loom_kv_swap_out(s->kv, q->id, blocks, 2 * SIM_MAX_CTX, offsets));
+        KV_OK(loom__kv_swap_out(s->kv, q->id, blocks, 2 * SIM_MAX_CTX, offsets));
         s->n_resident--;
     } else {
-        KV_OK(loom_kv_swap_in(s->kv, q->id, blocks, 2 * SIM_MAX_CTX, offsets));
+        KV_OK(loom__kv_swap_in(s->kv, q->id, blocks, 2 * SIM_MAX_CTX, offsets));
         s->n_resident++;
     }
     q->swapped = out;
@@ -251,7 +251,7 @@ static void sim_churn(sim *s) {
         sim_seq *q = &s->seqs[k];
         uint32_t r = rnd(s, 100);
         if (q->live && !q->swapped && (r < 2 || q->n_known >= s->sh.max_ctx - 1)) {
-            KV_OK(loom_kv_seq_free(s->kv, q->id));
+            KV_OK(loom__kv_seq_free(s->kv, q->id));
             q->live = false;
             s->n_resident--;
         } else if (q->live && !q->swapped && r < 4) {
@@ -289,9 +289,9 @@ static void sim_step(sim *s) {
         int32_t left = q->n_known - q->n_pos;
         int32_t c = rnd(s, 3) ? left : 1 + (int32_t)rnd(s, (uint32_t)left);
         if (c > budget) c = budget;
-        loom_kv_copy copies[4];
+        loom__kv_copy copies[4];
         int32_t n_copies = 0;
-        loom_status st = loom_kv_reserve(s->kv, q->id, c, q->toks + q->n_pos, copies, 4, &n_copies);
+        loom_status st = loom__kv_reserve(s->kv, q->id, c, q->toks + q->n_pos, copies, 4, &n_copies);
         if (st != LOOM_OK)
             fail_msg("reserve of %d tokens at %d: %s (%s)", c, q->n_pos, loom_status_str(st),
                      loom_last_error());
@@ -300,17 +300,17 @@ static void sim_step(sim *s) {
         budget -= c;
         batch[n_batch++] = order[i];
     }
-    loom_kv_group_stats gs = gstats(s->kv, 1);
+    loom__kv_group_stats gs = gstats(s->kv, 1);
     if (gs.n_used > s->peak_sliding) s->peak_sliding = gs.n_used;
     CHECK(s->kv);
     for (int32_t b = 0; b < n_batch; b++) {
         sim_seq *q = &s->seqs[batch[b]];
-        loom_kv_seq_info info;
-        KV_OK(loom_kv_seq_get_info(s->kv, q->id, &info));
+        loom__kv_seq_info info;
+        KV_OK(loom__kv_seq_get_info(s->kv, q->id, &info));
         if (rnd(s, 20) == 0) {
-            KV_OK(loom_kv_rollback(s->kv, q->id));
+            KV_OK(loom__kv_rollback(s->kv, q->id));
         } else {
-            KV_OK(loom_kv_commit(s->kv, q->id));
+            KV_OK(loom__kv_commit(s->kv, q->id));
             q->n_pos += info.n_reserved;
         }
     }
@@ -324,7 +324,7 @@ static void run_sim(int32_t bs, int32_t window, int32_t max_seqs, int32_t tokens
     s->rng = seed;
     /* The sliding pool as planned without the prefix-cache share (which is for hits, not for
      * safety), with the budget large enough for the cap to bind. */
-    s->sh = (loom_engine_kv_shape){.budget = 1LL << 40,
+    s->sh = (loom__engine_kv_shape){.budget = 1LL << 40,
                                    .n_groups = 2,
                                    .window = {0, window},
                                    .block_bytes = {1024, 4096},
@@ -345,7 +345,7 @@ static void run_sim(int32_t bs, int32_t window, int32_t max_seqs, int32_t tokens
         sim_churn(s);
         sim_step(s);
     }
-    loom_kv_stats ks = stats(s->kv);
+    loom__kv_stats ks = stats(s->kv);
     printf("bs %d, window %d, %d seqs, %d tokens a step: %lld reservations, %lld copies, "
            "%lld window releases, prefix hits %lld/%lld; sliding pool %d, peak %lld\n",
            bs, window, max_seqs, tokens, (long long)s->n_reserves, (long long)s->n_copies,
@@ -354,7 +354,7 @@ static void run_sim(int32_t bs, int32_t window, int32_t max_seqs, int32_t tokens
     if (bs > 1) assert_true(s->n_copies > 0); /* one-token blocks are never partly filled */
     if (window < max_ctx - 1) assert_true(ks.window_releases > 0);
     assert_true(3 * s->peak_sliding > planned[1]); /* the workload did press on the pool */
-    loom_kv_destroy(s->kv);
+    loom__kv_destroy(s->kv);
     free(s);
 }
 
@@ -366,7 +366,7 @@ static void run_sim(int32_t bs, int32_t window, int32_t max_seqs, int32_t tokens
  * once. */
 static void test_bound_reached(void **state) {
     (void)state;
-    loom_engine_kv_shape sh = {.budget = 1LL << 40,
+    loom__engine_kv_shape sh = {.budget = 1LL << 40,
                                .n_groups = 2,
                                .window = {0, 32},
                                .block_bytes = {1024, 4096},
@@ -378,45 +378,45 @@ static void test_bound_reached(void **state) {
     plan_ok(&sh, planned);
     assert_int_equal(planned[1], 34 + 8);
     int32_t pools[2] = {200, planned[1]}, windows[2] = {0, 32}, seqs[8], toks[128];
-    loom_kv *kv = make_kv(16, 2, pools, windows, 8, 256);
+    loom__kv *kv = make_kv(16, 2, pools, windows, 8, 256);
     for (int32_t k = 0; k < 8; k++) {
         for (int32_t i = 0; i < 128; i++) toks[i] = 100 * k + i;
         int32_t P = 46 + 16 * (k % 3);
         seqs[k] = run_prompt(kv, 0, toks, P, NULL);
     }
     for (int32_t k = 0; k < 8; k++) {
-        loom_kv_copy c[4];
+        loom__kv_copy c[4];
         int32_t nc = 0, n = k < 2 ? 19 : 3;
         for (int32_t i = 0; i < n; i++) toks[i] = 5000 + i;
-        KV_OK(loom_kv_reserve(kv, seqs[k], n, toks, c, 4, &nc));
+        KV_OK(loom__kv_reserve(kv, seqs[k], n, toks, c, 4, &nc));
     }
     assert_int_equal(gstats(kv, 1).n_used, 34);
     CHECK(kv);
-    loom_kv_destroy(kv);
+    loom__kv_destroy(kv);
 
     /* Copy-on-write on top: eight whole-prompt hits (64 tokens: 63 reused, the last block
      * copied) computing 2 tokens each hold 3 blocks and pin their copy's source, 4 apiece. */
     kv = make_kv(16, 2, pools, windows, 8, 256);
     for (int32_t k = 0; k < 8; k++) {
         for (int32_t i = 0; i < 64; i++) toks[i] = 100 * k + i;
-        KV_OK(loom_kv_seq_free(kv, run_prompt(kv, 0, toks, 64, NULL)));
+        KV_OK(loom__kv_seq_free(kv, run_prompt(kv, 0, toks, 64, NULL)));
     }
     for (int32_t k = 0; k < 8; k++) {
         for (int32_t i = 0; i < 64; i++) toks[i] = 100 * k + i;
         int32_t cached = 0;
-        KV_OK(loom_kv_seq_admit(kv, 0, toks, 64, &seqs[k], &cached));
+        KV_OK(loom__kv_seq_admit(kv, 0, toks, 64, &seqs[k], &cached));
         assert_int_equal(cached, 63);
     }
     for (int32_t k = 0; k < 8; k++) {
-        loom_kv_copy c[4];
+        loom__kv_copy c[4];
         int32_t nc = 0;
         toks[64] = 7;
-        KV_OK(loom_kv_reserve(kv, seqs[k], 2, toks + 63, c, 4, &nc));
+        KV_OK(loom__kv_reserve(kv, seqs[k], 2, toks + 63, c, 4, &nc));
         assert_int_equal(nc, 2); /* both groups copy */
     }
     assert_int_equal(gstats(kv, 1).n_used, 8 * (3 + 1));
     CHECK(kv);
-    loom_kv_destroy(kv);
+    loom__kv_destroy(kv);
 }
 
 static void test_sliding_pool_never_short(void **state) {

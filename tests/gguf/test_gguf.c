@@ -19,10 +19,10 @@
 #include "gguf/gguf_writer.h"
 #include "tensor/types.h"
 
-static loom_gguf *open_ok(const tbuf *b, uint8_t **copy) {
-    loom_gguf *g = NULL;
+static loom__gguf *open_ok(const tbuf *b, uint8_t **copy) {
+    loom__gguf *g = NULL;
     *copy = exact_copy(b->p, b->n);
-    loom_status st = loom_gguf_open_memory(*copy, b->n, &g);
+    loom_status st = loom__gguf_open_memory(*copy, b->n, &g);
     if (st != LOOM_OK) fail_msg("open failed: %s: %s", loom_status_str(st), loom_last_error());
     assert_non_null(g);
     return g;
@@ -30,14 +30,14 @@ static loom_gguf *open_ok(const tbuf *b, uint8_t **copy) {
 
 /* ---- valid files ----------------------------------------------------------------------------- */
 
-static void check_tensors(const loom_gguf *g, const layout *L, const uint8_t *base) {
-    assert_int_equal(loom_gguf_n_tensors(g), N_TENSORS);
-    assert_int_equal(loom_gguf_data_offset(g), L->data_start);
-    assert_int_equal(L->data_start % loom_gguf_alignment(g), 0);
+static void check_tensors(const loom__gguf *g, const layout *L, const uint8_t *base) {
+    assert_int_equal(loom__gguf_n_tensors(g), N_TENSORS);
+    assert_int_equal(loom__gguf_data_offset(g), L->data_start);
+    assert_int_equal(L->data_start % loom__gguf_alignment(g), 0);
     for (int i = 0; i < N_TENSORS; i++) {
-        const loom_gguf_tensor *t = loom_gguf_tensor_at(g, i);
+        const loom__gguf_tensor *t = loom__gguf_tensor_at(g, i);
         assert_non_null(t);
-        assert_ptr_equal(loom_gguf_find_tensor(g, k_tensors[i].name), t);
+        assert_ptr_equal(loom__gguf_find_tensor(g, k_tensors[i].name), t);
         assert_string_equal(t->name, k_tensors[i].name);
         assert_int_equal(t->n_dims, k_tensors[i].n_dims);
         for (int d = 0; d < 4; d++)
@@ -45,27 +45,27 @@ static void check_tensors(const loom_gguf *g, const layout *L, const uint8_t *ba
         assert_int_equal(t->type, k_tensors[i].type);
         assert_int_equal(t->offset, L->offsets[i]);
         assert_int_equal(t->bytes, k_tensors[i].bytes);
-        assert_int_equal(t->offset % loom_gguf_alignment(g), 0);
+        assert_int_equal(t->offset % loom__gguf_alignment(g), 0);
         assert_ptr_equal(t->data, base + L->data_start + t->offset);
         const uint8_t *d = t->data;
         for (size_t k = 0; k < t->bytes; k++) assert_int_equal(d[k], tb_pattern(t->offset + k));
     }
-    assert_null(loom_gguf_tensor_at(g, -1));
-    assert_null(loom_gguf_tensor_at(g, N_TENSORS));
-    assert_null(loom_gguf_find_tensor(g, "tok_embd.weigh"));
-    assert_null(loom_gguf_find_tensor(g, "missing"));
+    assert_null(loom__gguf_tensor_at(g, -1));
+    assert_null(loom__gguf_tensor_at(g, N_TENSORS));
+    assert_null(loom__gguf_find_tensor(g, "tok_embd.weigh"));
+    assert_null(loom__gguf_find_tensor(g, "missing"));
 }
 
-static const loom_gguf_value *val(const loom_gguf *g, const char *key, loom_gguf_vtype type) {
-    const loom_gguf_kv *kv = loom_gguf_find_kv(g, key);
+static const loom__gguf_value *val(const loom__gguf *g, const char *key, loom__gguf_vtype type) {
+    const loom__gguf_kv *kv = loom__gguf_find_kv(g, key);
     if (!kv) fail_msg("key %s missing", key);
-    assert_true(loom_gguf_str_eq(kv->key, key));
+    assert_true(loom__gguf_str_eq(kv->key, key));
     assert_int_equal(kv->value.type, type);
     return &kv->value;
 }
 
-static void check_values(const loom_gguf *g) {
-    assert_true(loom_gguf_str_eq(val(g, "general.architecture", LOOM_GGUF_STR)->str, "llama"));
+static void check_values(const loom__gguf *g) {
+    assert_true(loom__gguf_str_eq(val(g, "general.architecture", LOOM_GGUF_STR)->str, "llama"));
     assert_int_equal(val(g, "t.u8", LOOM_GGUF_U8)->u64, 200);
     assert_int_equal(val(g, "t.i8", LOOM_GGUF_I8)->i64, -100);
     assert_int_equal(val(g, "t.u16", LOOM_GGUF_U16)->u64, 60000);
@@ -77,36 +77,36 @@ static void check_values(const loom_gguf *g) {
     assert_int_equal(val(g, "t.u64", LOOM_GGUF_U64)->u64, (1ull << 40) + 5);
     assert_int_equal(val(g, "t.i64", LOOM_GGUF_I64)->i64, -(1ll << 40));
     assert_true(val(g, "t.f64", LOOM_GGUF_F64)->f64 == 0.1);
-    loom_gguf_str s = val(g, "t.str_nul", LOOM_GGUF_STR)->str;
+    loom__gguf_str s = val(g, "t.str_nul", LOOM_GGUF_STR)->str;
     assert_int_equal(s.len, 3);
     assert_memory_equal(s.ptr, "a\0b", 3);
-    assert_false(loom_gguf_str_eq(s, "a"));
+    assert_false(loom__gguf_str_eq(s, "a"));
 
-    const loom_gguf_value *a = val(g, "t.arr_u8", LOOM_GGUF_ARR);
+    const loom__gguf_value *a = val(g, "t.arr_u8", LOOM_GGUF_ARR);
     assert_int_equal(a->arr.elem_type, LOOM_GGUF_U8);
     assert_int_equal(a->arr.n, 3);
     assert_memory_equal(a->arr.raw, "\x01\x02\xfa", 3);
-    assert_int_equal(loom_gguf_arr_i64(a, 2), 250);
-    assert_int_equal(loom_gguf_arr_i64(a, 3), 0); /* past the end */
+    assert_int_equal(loom__gguf_arr_i64(a, 2), 250);
+    assert_int_equal(loom__gguf_arr_i64(a, 3), 0); /* past the end */
     a = val(g, "t.arr_f32", LOOM_GGUF_ARR);
-    assert_true(loom_gguf_arr_f32(a, 0) == 1.5f);
-    assert_true(loom_gguf_arr_f32(a, 1) == -2.25f);
-    assert_true(loom_gguf_arr_f32(a, 2) == 1e30f);
-    assert_int_equal(loom_gguf_arr_i64(a, 1), -2);        /* truncated toward zero */
-    assert_int_equal(loom_gguf_arr_i64(a, 2), INT64_MAX); /* saturated */
+    assert_true(loom__gguf_arr_f32(a, 0) == 1.5f);
+    assert_true(loom__gguf_arr_f32(a, 1) == -2.25f);
+    assert_true(loom__gguf_arr_f32(a, 2) == 1e30f);
+    assert_int_equal(loom__gguf_arr_i64(a, 1), -2);        /* truncated toward zero */
+    assert_int_equal(loom__gguf_arr_i64(a, 2), INT64_MAX); /* saturated */
     a = val(g, "t.arr_str", LOOM_GGUF_ARR);
     assert_int_equal(a->arr.n, 3);
     assert_null(a->arr.raw);
-    assert_true(loom_gguf_str_eq(a->arr.strs[0], "x"));
-    assert_true(loom_gguf_str_eq(a->arr.strs[1], "yz"));
-    assert_true(loom_gguf_str_eq(a->arr.strs[2], ""));
-    assert_true(loom_gguf_arr_f32(a, 0) == 0.0f); /* not numeric */
+    assert_true(loom__gguf_str_eq(a->arr.strs[0], "x"));
+    assert_true(loom__gguf_str_eq(a->arr.strs[1], "yz"));
+    assert_true(loom__gguf_str_eq(a->arr.strs[2], ""));
+    assert_true(loom__gguf_arr_f32(a, 0) == 0.0f); /* not numeric */
     a = val(g, "t.arr_i64", LOOM_GGUF_ARR);
-    assert_int_equal(loom_gguf_arr_i64(a, 0), -1);
-    assert_int_equal(loom_gguf_arr_i64(a, 1), INT64_MAX);
+    assert_int_equal(loom__gguf_arr_i64(a, 0), -1);
+    assert_int_equal(loom__gguf_arr_i64(a, 1), INT64_MAX);
     a = val(g, "t.arr_bool", LOOM_GGUF_ARR);
-    assert_int_equal(loom_gguf_arr_i64(a, 0), 1);
-    assert_int_equal(loom_gguf_arr_i64(a, 1), 0);
+    assert_int_equal(loom__gguf_arr_i64(a, 0), 1);
+    assert_int_equal(loom__gguf_arr_i64(a, 1), 0);
 
     a = val(g, "t.arr_nested", LOOM_GGUF_ARR);
     assert_int_equal(a->arr.elem_type, LOOM_GGUF_ARR);
@@ -114,32 +114,32 @@ static void check_values(const loom_gguf *g) {
     assert_int_equal(a->arr.items[0].type, LOOM_GGUF_ARR);
     assert_int_equal(a->arr.items[0].arr.elem_type, LOOM_GGUF_I32);
     assert_int_equal(a->arr.items[0].arr.n, 2);
-    assert_int_equal(loom_gguf_arr_i64(&a->arr.items[0], 0), 1);
-    assert_int_equal(loom_gguf_arr_i64(&a->arr.items[0], 1), 2);
+    assert_int_equal(loom__gguf_arr_i64(&a->arr.items[0], 0), 1);
+    assert_int_equal(loom__gguf_arr_i64(&a->arr.items[0], 1), 2);
     assert_int_equal(a->arr.items[1].arr.n, 1);
-    assert_int_equal(loom_gguf_arr_i64(&a->arr.items[1], 0), -3);
+    assert_int_equal(loom__gguf_arr_i64(&a->arr.items[1], 0), -3);
     a = val(g, "t.arr_deep", LOOM_GGUF_ARR);
-    const loom_gguf_value *inner = &a->arr.items[0].arr.items[0];
+    const loom__gguf_value *inner = &a->arr.items[0].arr.items[0];
     assert_int_equal(inner->arr.elem_type, LOOM_GGUF_STR);
-    assert_true(loom_gguf_str_eq(inner->arr.strs[0], "a"));
+    assert_true(loom__gguf_str_eq(inner->arr.strs[0], "a"));
     assert_int_equal(a->arr.items[1].arr.elem_type, LOOM_GGUF_STR);
     assert_int_equal(a->arr.items[1].arr.n, 0);
     a = val(g, "t.arr_empty", LOOM_GGUF_ARR);
     assert_int_equal(a->arr.n, 0);
     assert_int_equal(a->arr.elem_type, LOOM_GGUF_U32);
 
-    assert_int_equal(loom_gguf_arr_i64(val(g, "t.arr_i8", LOOM_GGUF_ARR), 0), -5);
-    assert_int_equal(loom_gguf_arr_i64(val(g, "t.arr_u16", LOOM_GGUF_ARR), 0), 65535);
-    assert_int_equal(loom_gguf_arr_i64(val(g, "t.arr_i16", LOOM_GGUF_ARR), 0), -32768);
-    assert_int_equal(loom_gguf_arr_i64(val(g, "t.arr_u32", LOOM_GGUF_ARR), 0), UINT32_MAX);
-    assert_int_equal(loom_gguf_arr_i64(val(g, "t.arr_i32", LOOM_GGUF_ARR), 0), -7);
-    assert_int_equal(loom_gguf_arr_i64(val(g, "t.arr_u64", LOOM_GGUF_ARR), 0), INT64_MAX);
-    assert_true(loom_gguf_arr_f32(val(g, "t.arr_u64", LOOM_GGUF_ARR), 0) ==
+    assert_int_equal(loom__gguf_arr_i64(val(g, "t.arr_i8", LOOM_GGUF_ARR), 0), -5);
+    assert_int_equal(loom__gguf_arr_i64(val(g, "t.arr_u16", LOOM_GGUF_ARR), 0), 65535);
+    assert_int_equal(loom__gguf_arr_i64(val(g, "t.arr_i16", LOOM_GGUF_ARR), 0), -32768);
+    assert_int_equal(loom__gguf_arr_i64(val(g, "t.arr_u32", LOOM_GGUF_ARR), 0), UINT32_MAX);
+    assert_int_equal(loom__gguf_arr_i64(val(g, "t.arr_i32", LOOM_GGUF_ARR), 0), -7);
+    assert_int_equal(loom__gguf_arr_i64(val(g, "t.arr_u64", LOOM_GGUF_ARR), 0), INT64_MAX);
+    assert_true(loom__gguf_arr_f32(val(g, "t.arr_u64", LOOM_GGUF_ARR), 0) ==
                 18446744073709551616.0f);
-    assert_true(loom_gguf_arr_f32(val(g, "t.arr_f64", LOOM_GGUF_ARR), 0) == 0.25f);
-    assert_true(loom_gguf_str_eq(val(g, "t.last", LOOM_GGUF_STR)->str, "end"));
-    assert_null(loom_gguf_find_kv(g, "t.missing"));
-    assert_null(loom_gguf_find_kv(g, "t.u"));
+    assert_true(loom__gguf_arr_f32(val(g, "t.arr_f64", LOOM_GGUF_ARR), 0) == 0.25f);
+    assert_true(loom__gguf_str_eq(val(g, "t.last", LOOM_GGUF_STR)->str, "end"));
+    assert_null(loom__gguf_find_kv(g, "t.missing"));
+    assert_null(loom__gguf_find_kv(g, "t.u"));
 }
 
 static void test_valid_v3(void **state) {
@@ -148,26 +148,26 @@ static void test_valid_v3(void **state) {
     layout L;
     uint8_t *copy;
     build_model(&b, 3, 0, &L);
-    loom_gguf *g = open_ok(&b, &copy);
-    assert_int_equal(loom_gguf_version(g), 3);
-    assert_int_equal(loom_gguf_alignment(g), 32);
-    assert_int_equal(loom_gguf_file_size(g), b.n);
-    assert_int_equal(loom_gguf_n_kv(g), L.n_kv);
+    loom__gguf *g = open_ok(&b, &copy);
+    assert_int_equal(loom__gguf_version(g), 3);
+    assert_int_equal(loom__gguf_alignment(g), 32);
+    assert_int_equal(loom__gguf_file_size(g), b.n);
+    assert_int_equal(loom__gguf_n_kv(g), L.n_kv);
     /* kv_at follows file order; find_kv agrees with it */
     for (int64_t i = 0; i < L.n_kv; i++) {
-        const loom_gguf_kv *kv = loom_gguf_kv_at(g, i);
+        const loom__gguf_kv *kv = loom__gguf_kv_at(g, i);
         assert_non_null(kv);
         char key[64];
         snprintf(key, sizeof key, "%.*s", (int)kv->key.len, kv->key.ptr);
-        assert_ptr_equal(loom_gguf_find_kv(g, key), kv);
+        assert_ptr_equal(loom__gguf_find_kv(g, key), kv);
     }
-    assert_null(loom_gguf_kv_at(g, L.n_kv));
-    assert_null(loom_gguf_kv_at(g, -1));
-    assert_true(loom_gguf_str_eq(loom_gguf_kv_at(g, 0)->key, "general.architecture"));
+    assert_null(loom__gguf_kv_at(g, L.n_kv));
+    assert_null(loom__gguf_kv_at(g, -1));
+    assert_true(loom__gguf_str_eq(loom__gguf_kv_at(g, 0)->key, "general.architecture"));
     check_values(g);
     check_tensors(g, &L, copy);
-    loom_gguf_close(g);
-    loom_gguf_close(NULL);
+    loom__gguf_close(g);
+    loom__gguf_close(NULL);
     free(copy);
     tb_free(&b);
 }
@@ -178,11 +178,11 @@ static void test_valid_v2(void **state) {
     layout L;
     uint8_t *copy;
     build_model(&b, 2, 0, &L);
-    loom_gguf *g = open_ok(&b, &copy);
-    assert_int_equal(loom_gguf_version(g), 2);
+    loom__gguf *g = open_ok(&b, &copy);
+    assert_int_equal(loom__gguf_version(g), 2);
     check_values(g);
     check_tensors(g, &L, copy);
-    loom_gguf_close(g);
+    loom__gguf_close(g);
     free(copy);
     tb_free(&b);
 }
@@ -195,11 +195,11 @@ static void test_alignment_64(void **state) {
     build_model(&b, 3, 64, &L);
     assert_int_equal(L.offsets[1], 64);
     assert_int_equal(L.offsets[2], 256); /* 64 + 136 rounded up to 64, not to 32 */
-    loom_gguf *g = open_ok(&b, &copy);
-    assert_int_equal(loom_gguf_alignment(g), 64);
-    assert_int_equal(loom_gguf_data_offset(g) % 64, 0);
+    loom__gguf *g = open_ok(&b, &copy);
+    assert_int_equal(loom__gguf_alignment(g), 64);
+    assert_int_equal(loom__gguf_data_offset(g) % 64, 0);
     check_tensors(g, &L, copy);
-    loom_gguf_close(g);
+    loom__gguf_close(g);
     free(copy);
     tb_free(&b);
 }
@@ -220,15 +220,15 @@ static void test_many_tensors(void **state) {
     tb_pad(&b, 32);
     size_t data_start = b.n;
     tb_data(&b, data_start, (size_t)N * 32);
-    loom_gguf *g = open_ok(&b, &copy);
+    loom__gguf *g = open_ok(&b, &copy);
     for (int i = 0; i < N; i++) {
         snprintf(name, sizeof name, "blk.%d.w", i);
-        const loom_gguf_tensor *t = loom_gguf_find_tensor(g, name);
+        const loom__gguf_tensor *t = loom__gguf_find_tensor(g, name);
         assert_non_null(t);
-        assert_ptr_equal(t, loom_gguf_tensor_at(g, i));
+        assert_ptr_equal(t, loom__gguf_tensor_at(g, i));
         assert_ptr_equal(t->data, copy + data_start + (size_t)i * 32);
     }
-    loom_gguf_close(g);
+    loom__gguf_close(g);
     free(copy);
     tb_free(&b);
 }
@@ -242,19 +242,19 @@ static void test_edge_shapes(void **state) {
     tb_header(&b, 3, 1, 0);
     tb_tensor(&b, "empty", 2, ne, LOOM_TYPE_Q8_0, 0);
     tb_pad(&b, 32);
-    loom_gguf *g = open_ok(&b, &copy);
-    assert_int_equal(loom_gguf_tensor_at(g, 0)->bytes, 0);
-    assert_int_equal(loom_gguf_tensor_at(g, 0)->ne[1], 5);
-    loom_gguf_close(g);
+    loom__gguf *g = open_ok(&b, &copy);
+    assert_int_equal(loom__gguf_tensor_at(g, 0)->bytes, 0);
+    assert_int_equal(loom__gguf_tensor_at(g, 0)->ne[1], 5);
+    loom__gguf_close(g);
     free(copy);
     tb_free(&b);
 
     tb_header(&b, 3, 0, 0);
     g = open_ok(&b, &copy);
-    assert_int_equal(loom_gguf_n_kv(g), 0);
-    assert_int_equal(loom_gguf_n_tensors(g), 0);
-    assert_null(loom_gguf_find_kv(g, "general.architecture"));
-    loom_gguf_close(g);
+    assert_int_equal(loom__gguf_n_kv(g), 0);
+    assert_int_equal(loom__gguf_n_tensors(g), 0);
+    assert_null(loom__gguf_find_kv(g, "general.architecture"));
+    loom__gguf_close(g);
     free(copy);
     tb_free(&b);
 }
@@ -274,37 +274,37 @@ static void test_open_file(void **state) {
     assert_int_equal(write(fd, b.p, b.n), (ssize_t)b.n);
     close(fd);
 
-    loom_gguf *g = NULL;
-    assert_int_equal(loom_gguf_open(path, &g), LOOM_OK);
-    assert_int_equal(loom_gguf_file_size(g), b.n);
+    loom__gguf *g = NULL;
+    assert_int_equal(loom__gguf_open(path, &g), LOOM_OK);
+    assert_int_equal(loom__gguf_file_size(g), b.n);
     check_values(g);
-    const loom_gguf_tensor *t = loom_gguf_tensor_at(g, 0);
+    const loom__gguf_tensor *t = loom__gguf_tensor_at(g, 0);
     const uint8_t *d = t->data;
     assert_int_equal(d[0], tb_pattern(0));
     assert_memory_equal(t->data, b.p + L.data_start, t->bytes);
-    loom_gguf_close(g);
+    loom__gguf_close(g);
 
     /* a truncated file on disk fails the same way as in memory */
     assert_int_equal(truncate(path, (off_t)(b.n - 1)), 0);
     g = NULL;
-    assert_int_equal(loom_gguf_open(path, &g), LOOM_ERR_BAD_MODEL);
+    assert_int_equal(loom__gguf_open(path, &g), LOOM_ERR_BAD_MODEL);
     assert_non_null(strstr(loom_last_error(), "past end of file"));
     assert_null(g);
     assert_int_equal(truncate(path, 0), 0);
-    assert_int_equal(loom_gguf_open(path, &g), LOOM_ERR_BAD_MODEL);
+    assert_int_equal(loom__gguf_open(path, &g), LOOM_ERR_BAD_MODEL);
     assert_non_null(strstr(loom_last_error(), "file too small"));
     unlink(path);
     tb_free(&b);
 
-    assert_int_equal(loom_gguf_open("/nonexistent/dir/model.gguf", &g), LOOM_ERR_IO);
+    assert_int_equal(loom__gguf_open("/nonexistent/dir/model.gguf", &g), LOOM_ERR_IO);
     assert_non_null(strstr(loom_last_error(), "No such file"));
     assert_non_null(strstr(loom_last_error(), "/nonexistent/dir/model.gguf"));
-    assert_int_equal(loom_gguf_open(dir && *dir ? dir : "/tmp", &g), LOOM_ERR_IO);
+    assert_int_equal(loom__gguf_open(dir && *dir ? dir : "/tmp", &g), LOOM_ERR_IO);
     assert_non_null(strstr(loom_last_error(), "not a regular file"));
     assert_null(g);
-    assert_int_equal(loom_gguf_open(NULL, &g), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_gguf_open_memory(NULL, 10, &g), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_gguf_open_memory("GGUF", 4, NULL), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__gguf_open(NULL, &g), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__gguf_open_memory(NULL, 10, &g), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__gguf_open_memory("GGUF", 4, NULL), LOOM_ERR_INVALID_ARG);
 }
 
 /* ---- typed getters --------------------------------------------------------------------------- */
@@ -324,92 +324,92 @@ static void test_getters(void **state) {
     layout L;
     uint8_t *copy;
     build_model(&b, 3, 0, &L);
-    loom_gguf *g = open_ok(&b, &copy);
+    loom__gguf *g = open_ok(&b, &copy);
     uint32_t u32 = 7;
     int64_t i64 = 7;
     float f = 7;
     bool flag = false;
-    loom_gguf_str s;
-    const loom_gguf_value *arr;
+    loom__gguf_str s;
+    const loom__gguf_value *arr;
 
     /* integers: any integer type whose value fits */
-    assert_int_equal(loom_gguf_get_u32(g, "t.u8", true, 0, &u32), LOOM_OK);
+    assert_int_equal(loom__gguf_get_u32(g, "t.u8", true, 0, &u32), LOOM_OK);
     assert_int_equal(u32, 200);
-    assert_int_equal(loom_gguf_get_u32(g, "t.u32", true, 0, &u32), LOOM_OK);
+    assert_int_equal(loom__gguf_get_u32(g, "t.u32", true, 0, &u32), LOOM_OK);
     assert_int_equal(u32, 4000000000u);
-    assert_int_equal(loom_gguf_get_i64(g, "t.i16", true, 0, &i64), LOOM_OK);
+    assert_int_equal(loom__gguf_get_i64(g, "t.i16", true, 0, &i64), LOOM_OK);
     assert_int_equal(i64, -30000);
-    assert_int_equal(loom_gguf_get_i64(g, "t.u64", true, 0, &i64), LOOM_OK);
+    assert_int_equal(loom__gguf_get_i64(g, "t.u64", true, 0, &i64), LOOM_OK);
     assert_int_equal(i64, (1ll << 40) + 5);
-    assert_int_equal(loom_gguf_get_i64(g, "t.i64", true, 0, &i64), LOOM_OK);
+    assert_int_equal(loom__gguf_get_i64(g, "t.i64", true, 0, &i64), LOOM_OK);
     assert_int_equal(i64, -(1ll << 40));
     u32 = 9;
-    EXPECT_STATUS(loom_gguf_get_u32(g, "t.u64", true, 0, &u32), LOOM_ERR_BAD_MODEL,
+    EXPECT_STATUS(loom__gguf_get_u32(g, "t.u64", true, 0, &u32), LOOM_ERR_BAD_MODEL,
                   "key 't.u64': value 1099511627781 (uint64) out of range for uint32");
-    EXPECT_STATUS(loom_gguf_get_u32(g, "t.i8", true, 0, &u32), LOOM_ERR_BAD_MODEL,
+    EXPECT_STATUS(loom__gguf_get_u32(g, "t.i8", true, 0, &u32), LOOM_ERR_BAD_MODEL,
                   "key 't.i8': value -100 (int8) out of range for uint32");
     assert_int_equal(u32, 9); /* untouched on failure */
-    EXPECT_STATUS(loom_gguf_get_u32(g, "t.f32", true, 0, &u32), LOOM_ERR_BAD_MODEL,
+    EXPECT_STATUS(loom__gguf_get_u32(g, "t.f32", true, 0, &u32), LOOM_ERR_BAD_MODEL,
                   "key 't.f32' has type float32, expected an integer");
-    EXPECT_STATUS(loom_gguf_get_i64(g, "general.architecture", true, 0, &i64), LOOM_ERR_BAD_MODEL,
+    EXPECT_STATUS(loom__gguf_get_i64(g, "general.architecture", true, 0, &i64), LOOM_ERR_BAD_MODEL,
                   "key 'general.architecture' has type string, expected an integer");
-    EXPECT_STATUS(loom_gguf_get_u32(g, "t.bool", true, 0, &u32), LOOM_ERR_BAD_MODEL,
+    EXPECT_STATUS(loom__gguf_get_u32(g, "t.bool", true, 0, &u32), LOOM_ERR_BAD_MODEL,
                   "has type bool");
 
     /* absent: default when optional, an error naming the key when required */
-    assert_int_equal(loom_gguf_get_u32(g, "t.nope", false, 42, &u32), LOOM_OK);
+    assert_int_equal(loom__gguf_get_u32(g, "t.nope", false, 42, &u32), LOOM_OK);
     assert_int_equal(u32, 42);
-    assert_int_equal(loom_gguf_get_i64(g, "t.nope", false, -4, &i64), LOOM_OK);
+    assert_int_equal(loom__gguf_get_i64(g, "t.nope", false, -4, &i64), LOOM_OK);
     assert_int_equal(i64, -4);
-    EXPECT_STATUS(loom_gguf_get_u32(g, "llama.block_count", true, 0, &u32), LOOM_ERR_BAD_MODEL,
+    EXPECT_STATUS(loom__gguf_get_u32(g, "llama.block_count", true, 0, &u32), LOOM_ERR_BAD_MODEL,
                   "required key 'llama.block_count' missing");
-    EXPECT_STATUS(loom_gguf_get_arr(g, "tokenizer.ggml.tokens", LOOM_GGUF_STR, true, &arr),
+    EXPECT_STATUS(loom__gguf_get_arr(g, "tokenizer.ggml.tokens", LOOM_GGUF_STR, true, &arr),
                   LOOM_ERR_BAD_MODEL, "required key 'tokenizer.ggml.tokens' missing");
 
     /* floats: F32, F64 and integers */
-    assert_int_equal(loom_gguf_get_f32(g, "t.f32", true, 0, &f), LOOM_OK);
+    assert_int_equal(loom__gguf_get_f32(g, "t.f32", true, 0, &f), LOOM_OK);
     assert_true(f == 3.5f);
-    assert_int_equal(loom_gguf_get_f32(g, "t.f64", true, 0, &f), LOOM_OK);
+    assert_int_equal(loom__gguf_get_f32(g, "t.f64", true, 0, &f), LOOM_OK);
     assert_true(f == 0.1f);
-    assert_int_equal(loom_gguf_get_f32(g, "t.i8", true, 0, &f), LOOM_OK);
+    assert_int_equal(loom__gguf_get_f32(g, "t.i8", true, 0, &f), LOOM_OK);
     assert_true(f == -100.0f);
-    assert_int_equal(loom_gguf_get_f32(g, "t.nope", false, 0.5f, &f), LOOM_OK);
+    assert_int_equal(loom__gguf_get_f32(g, "t.nope", false, 0.5f, &f), LOOM_OK);
     assert_true(f == 0.5f);
-    EXPECT_STATUS(loom_gguf_get_f32(g, "t.arr_f32", true, 0, &f), LOOM_ERR_BAD_MODEL,
+    EXPECT_STATUS(loom__gguf_get_f32(g, "t.arr_f32", true, 0, &f), LOOM_ERR_BAD_MODEL,
                   "key 't.arr_f32' has type array, expected a float");
 
     /* bool and string */
-    assert_int_equal(loom_gguf_get_bool(g, "t.bool", true, false, &flag), LOOM_OK);
+    assert_int_equal(loom__gguf_get_bool(g, "t.bool", true, false, &flag), LOOM_OK);
     assert_true(flag);
-    assert_int_equal(loom_gguf_get_bool(g, "t.nope", false, false, &flag), LOOM_OK);
+    assert_int_equal(loom__gguf_get_bool(g, "t.nope", false, false, &flag), LOOM_OK);
     assert_false(flag);
-    EXPECT_STATUS(loom_gguf_get_bool(g, "t.u8", true, false, &flag), LOOM_ERR_BAD_MODEL,
+    EXPECT_STATUS(loom__gguf_get_bool(g, "t.u8", true, false, &flag), LOOM_ERR_BAD_MODEL,
                   "key 't.u8' has type uint8, expected bool");
-    assert_int_equal(loom_gguf_get_str(g, "general.architecture", true, &s), LOOM_OK);
-    assert_true(loom_gguf_str_eq(s, "llama"));
-    assert_int_equal(loom_gguf_get_str(g, "general.name", false, &s), LOOM_OK);
+    assert_int_equal(loom__gguf_get_str(g, "general.architecture", true, &s), LOOM_OK);
+    assert_true(loom__gguf_str_eq(s, "llama"));
+    assert_int_equal(loom__gguf_get_str(g, "general.name", false, &s), LOOM_OK);
     assert_int_equal(s.len, 0);
     assert_non_null(s.ptr);
-    EXPECT_STATUS(loom_gguf_get_str(g, "t.u32", true, &s), LOOM_ERR_BAD_MODEL,
+    EXPECT_STATUS(loom__gguf_get_str(g, "t.u32", true, &s), LOOM_ERR_BAD_MODEL,
                   "key 't.u32' has type uint32, expected string");
 
     /* arrays: the element type must match */
-    assert_int_equal(loom_gguf_get_arr(g, "t.arr_str", LOOM_GGUF_STR, true, &arr), LOOM_OK);
+    assert_int_equal(loom__gguf_get_arr(g, "t.arr_str", LOOM_GGUF_STR, true, &arr), LOOM_OK);
     assert_int_equal(arr->arr.n, 3);
-    assert_int_equal(loom_gguf_get_arr(g, "t.nope", LOOM_GGUF_STR, false, &arr), LOOM_OK);
+    assert_int_equal(loom__gguf_get_arr(g, "t.nope", LOOM_GGUF_STR, false, &arr), LOOM_OK);
     assert_null(arr);
-    EXPECT_STATUS(loom_gguf_get_arr(g, "t.arr_f32", LOOM_GGUF_I32, true, &arr), LOOM_ERR_BAD_MODEL,
+    EXPECT_STATUS(loom__gguf_get_arr(g, "t.arr_f32", LOOM_GGUF_I32, true, &arr), LOOM_ERR_BAD_MODEL,
                   "key 't.arr_f32' is an array of float32, expected an array "
                   "of int32");
-    EXPECT_STATUS(loom_gguf_get_arr(g, "t.u8", LOOM_GGUF_U8, true, &arr), LOOM_ERR_BAD_MODEL,
+    EXPECT_STATUS(loom__gguf_get_arr(g, "t.u8", LOOM_GGUF_U8, true, &arr), LOOM_ERR_BAD_MODEL,
                   "key 't.u8' has type uint8, expected array");
 
-    assert_int_equal(loom_gguf_get_u32(NULL, "x", true, 0, &u32), LOOM_ERR_INVALID_ARG);
-    assert_string_equal(loom_gguf_vtype_name(LOOM_GGUF_F64), "float64");
-    assert_string_equal(loom_gguf_vtype_name(13), "unknown");
-    assert_true(loom_gguf_arr_f32(NULL, 0) == 0.0f);
-    assert_int_equal(loom_gguf_arr_i64(NULL, 0), 0);
-    loom_gguf_close(g);
+    assert_int_equal(loom__gguf_get_u32(NULL, "x", true, 0, &u32), LOOM_ERR_INVALID_ARG);
+    assert_string_equal(loom__gguf_vtype_name(LOOM_GGUF_F64), "float64");
+    assert_string_equal(loom__gguf_vtype_name(13), "unknown");
+    assert_true(loom__gguf_arr_f32(NULL, 0) == 0.0f);
+    assert_int_equal(loom__gguf_arr_i64(NULL, 0), 0);
+    loom__gguf_close(g);
     free(copy);
     tb_free(&b);
 }

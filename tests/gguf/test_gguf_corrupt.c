@@ -22,9 +22,9 @@
 static void expect_fail_at(const uint8_t *p, size_t n, loom_status want, const char *needle,
                            int line) {
     uint8_t *c = exact_copy(p, n);
-    loom_gguf *g = (loom_gguf *)&g; /* a sentinel that must stay untouched */
-    loom_gguf *const sentinel = g;
-    loom_status st = loom_gguf_open_memory(c, n, &g);
+    loom__gguf *g = (loom__gguf *)&g; /* a sentinel that must stay untouched */
+    loom__gguf *const sentinel = g;
+    loom_status st = loom__gguf_open_memory(c, n, &g);
     if (st != want || !strstr(loom_last_error(), needle))
         fail_msg("line %d, %zu bytes: want %s with '%s'; got %s: '%s'", line, n,
                  loom_status_str(want), needle, loom_status_str(st), loom_last_error());
@@ -64,8 +64,8 @@ static void test_truncate_every_prefix(void **state) {
     build_model(&b, 3, 0, &L);
     for (size_t n = 0; n < b.n; n++) {
         uint8_t *c = exact_copy(b.p, n);
-        loom_gguf *g = NULL;
-        loom_status st = loom_gguf_open_memory(c, n, &g);
+        loom__gguf *g = NULL;
+        loom_status st = loom__gguf_open_memory(c, n, &g);
         const char *e = loom_last_error();
         if (st != LOOM_ERR_BAD_MODEL || strncmp(e, "gguf: ", 6) != 0 ||
             !(strstr(e, "past end of file") || strstr(e, "too small") ||
@@ -241,13 +241,13 @@ static void test_bad_arrays(void **state) {
     nested(&b, LOOM_GGUF_MAX_DEPTH);
     {
         uint8_t *c = exact_copy(b.p, b.n);
-        loom_gguf *g = NULL;
-        assert_int_equal(loom_gguf_open_memory(c, b.n, &g), LOOM_OK);
-        const loom_gguf_value *v = &loom_gguf_find_kv(g, "k")->value;
+        loom__gguf *g = NULL;
+        assert_int_equal(loom__gguf_open_memory(c, b.n, &g), LOOM_OK);
+        const loom__gguf_value *v = &loom__gguf_find_kv(g, "k")->value;
         for (int d = 1; d < LOOM_GGUF_MAX_DEPTH; d++) v = &v->arr.items[0];
         assert_int_equal(v->arr.elem_type, LOOM_GGUF_U8);
-        assert_int_equal(loom_gguf_arr_i64(v, 0), 9);
-        loom_gguf_close(g);
+        assert_int_equal(loom__gguf_arr_i64(v, 0), 9);
+        loom__gguf_close(g);
         free(c);
         tb_free(&b);
     }
@@ -362,18 +362,18 @@ static uint64_t rnd(void) { /* xorshift64*: fixed seed, reproducible */
 }
 
 /* Reads every byte a parsed value points at, so ASan flags any view outside the image. */
-static unsigned walk_value(const loom_gguf_value *v) {
+static unsigned walk_value(const loom__gguf_value *v) {
     unsigned sum = 0;
     if (v->type == LOOM_GGUF_STR) return v->str.len ? (unsigned char)v->str.ptr[v->str.len - 1] : 0;
     if (v->type != LOOM_GGUF_ARR) return 0;
     for (uint64_t i = 0; i < v->arr.n; i++) {
         if (v->arr.elem_type == LOOM_GGUF_STR) {
-            loom_gguf_str s = v->arr.strs[i];
+            loom__gguf_str s = v->arr.strs[i];
             if (s.len) sum += (unsigned char)s.ptr[0] + (unsigned char)s.ptr[s.len - 1];
         } else if (v->arr.elem_type == LOOM_GGUF_ARR) {
             sum += walk_value(&v->arr.items[i]);
         } else {
-            sum += (unsigned)loom_gguf_arr_i64(v, i) + (unsigned)loom_gguf_arr_f32(v, i);
+            sum += (unsigned)loom__gguf_arr_i64(v, i) + (unsigned)loom__gguf_arr_f32(v, i);
         }
     }
     return sum;
@@ -419,21 +419,21 @@ static void test_fuzz(void **state) {
             }
             if (rnd() % 8 == 0) n = rnd() % n;
         }
-        loom_gguf *g = NULL;
-        loom_status st = loom_gguf_open_memory(c, n, &g);
+        loom__gguf *g = NULL;
+        loom_status st = loom__gguf_open_memory(c, n, &g);
         if (st == LOOM_OK) {
             n_ok++;
             unsigned sum = 0;
-            for (int64_t i = 0; i < loom_gguf_n_kv(g); i++)
-                sum += walk_value(&loom_gguf_kv_at(g, i)->value);
-            for (int64_t i = 0; i < loom_gguf_n_tensors(g); i++) {
-                const loom_gguf_tensor *t = loom_gguf_tensor_at(g, i);
-                assert_ptr_equal(loom_gguf_find_tensor(g, t->name), t);
+            for (int64_t i = 0; i < loom__gguf_n_kv(g); i++)
+                sum += walk_value(&loom__gguf_kv_at(g, i)->value);
+            for (int64_t i = 0; i < loom__gguf_n_tensors(g); i++) {
+                const loom__gguf_tensor *t = loom__gguf_tensor_at(g, i);
+                assert_ptr_equal(loom__gguf_find_tensor(g, t->name), t);
                 assert_true((const uint8_t *)t->data + t->bytes <= c + n);
                 if (t->bytes) sum += ((const uint8_t *)t->data)[t->bytes - 1];
             }
             (void)sum;
-            loom_gguf_close(g);
+            loom__gguf_close(g);
         } else {
             n_bad++;
             if (!(st == LOOM_ERR_BAD_MODEL || st == LOOM_ERR_UNSUPPORTED) ||

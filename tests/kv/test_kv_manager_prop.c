@@ -1,7 +1,7 @@
 /* test_kv_manager_prop.c — a property test of the paged KV manager: thousands of random
  * operations (admissions from shared prefixes, batched steps with commit or rollback, forks,
  * frees with or without a pending reservation, recompute preemption, swap out/in, eviction under
- * pressure, sliding-window progress) against a simulated KV store, with loom_kv_check and a
+ * pressure, sliding-window progress) against a simulated KV store, with loom__kv_check and a
  * read-back of every sequence's visible KV after each one, on four pool shapes. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,7 +19,7 @@
  * A simulated engine: store[g][block * bs + slot] holds the token whose KV was written there.
  * (Its KV depends on the whole prefix, so the store holds a fingerprint of the tokens up to
  * that position.) Every operation goes through the manager and mirrors the data movement it asks
- * for (copies, writes, swap copies); afterwards loom_kv_check must pass and every resident sequence
+ * for (copies, writes, swap copies); afterwards loom__kv_check must pass and every resident sequence
  * must read its own tokens at every position its next query can see. A wrong prefix hit, a missed
  * copy-on-write, a block reused while still readable, or a scrambled swap shows up as a wrong
  * token. */
@@ -38,7 +38,7 @@ typedef struct psim_seq {
 } psim_seq;
 
 typedef struct psim {
-    loom_kv *kv;
+    loom__kv *kv;
     int32_t bs, n_groups, max_len;
     int32_t window[4], n_blocks[4];
     int32_t *store[4];
@@ -62,7 +62,7 @@ static int32_t fingerprint(const int32_t *toks, int32_t p) {
     return (int32_t)(h & 0x7fffffff);
 }
 
-/* loom_kv_unused_slots against a recount from the public tables: with no step pending, every
+/* loom__kv_unused_slots against a recount from the public tables: with no step pending, every
  * owned block is in some resident table, filled to the furthest computed position any of them
  * has in it. */
 static void psim_verify_unused(psim *sm) {
@@ -73,8 +73,8 @@ static void psim_verify_unused(psim *sm) {
         for (int32_t k = 0; k < P_MAX_SEQS; k++) {
             psim_seq *q = &sm->seqs[k];
             if (!q->used || q->swapped) continue;
-            loom_kv_seq_info info;
-            KV_OK(loom_kv_seq_get_info(sm->kv, q->id, &info));
+            loom__kv_seq_info info;
+            KV_OK(loom__kv_seq_get_info(sm->kv, q->id, &info));
             int32_t n;
             const int32_t *t = table_of(sm->kv, q->id, g, &n);
             for (int32_t i = 0; i < n; i++) {
@@ -90,7 +90,7 @@ static void psim_verify_unused(psim *sm) {
             if (fill[b] >= 0) want += sm->bs - fill[b], owned++;
         assert_int_equal(owned, gstats(sm->kv, g).n_used);
         int64_t got = -1;
-        KV_OK(loom_kv_unused_slots(sm->kv, g, &got));
+        KV_OK(loom__kv_unused_slots(sm->kv, g, &got));
         if (got != want)
             fail_msg("group %d: %lld unused slots, recount %lld", g, (long long)got,
                      (long long)want);
@@ -104,8 +104,8 @@ static void psim_verify(psim *sm) {
     for (int32_t k = 0; k < P_MAX_SEQS; k++) {
         psim_seq *q = &sm->seqs[k];
         if (!q->used || q->swapped) continue;
-        loom_kv_seq_info info;
-        KV_OK(loom_kv_seq_get_info(sm->kv, q->id, &info));
+        loom__kv_seq_info info;
+        KV_OK(loom__kv_seq_get_info(sm->kv, q->id, &info));
         for (int32_t g = 0; g < sm->n_groups; g++) {
             int32_t n;
             const int32_t *t = table_of(sm->kv, q->id, g, &n);
@@ -145,9 +145,9 @@ static void psim_admit(psim *sm, const int32_t *toks, int32_t n, uint64_t salt) 
     psim_seq *q = psim_slot(sm);
     if (!q) return;
     int32_t need[4], predicted, used0[4], cached;
-    KV_OK(loom_kv_admit_need(sm->kv, salt, toks, n, 0, need, &predicted));
+    KV_OK(loom__kv_admit_need(sm->kv, salt, toks, n, 0, need, &predicted));
     for (int32_t g = 0; g < sm->n_groups; g++) used0[g] = gstats(sm->kv, g).n_used;
-    loom_status st = loom_kv_seq_admit(sm->kv, salt, toks, n, &q->id, &cached);
+    loom_status st = loom__kv_seq_admit(sm->kv, salt, toks, n, &q->id, &cached);
     if (st == LOOM_ERR_CONTEXT_FULL) return;
     KV_OK(st);
     assert_int_equal(cached, predicted);
@@ -164,13 +164,13 @@ static void psim_admit(psim *sm, const int32_t *toks, int32_t n, uint64_t salt) 
 static void psim_step(psim *sm) {
     psim_seq *batch[4];
     int32_t n_new[4], n_batch = 0;
-    loom_kv_copy copies[16];
+    loom__kv_copy copies[16];
     int32_t n_copies = 0;
     for (int32_t tries = 0; tries < 4; tries++) {
         psim_seq *q = psim_pick(sm, true);
         if (!q) break;
-        loom_kv_seq_info info;
-        KV_OK(loom_kv_seq_get_info(sm->kv, q->id, &info));
+        loom__kv_seq_info info;
+        KV_OK(loom__kv_seq_get_info(sm->kv, q->id, &info));
         if (info.reserved) continue; /* already in this batch */
         int32_t rest = q->n_known - info.n_pos, n;
         if (rest > 0)
@@ -181,12 +181,12 @@ static void psim_step(psim *sm) {
         if (n == 0) continue;
         while (q->n_known < info.n_pos + n) q->toks[q->n_known++] = (int32_t)prand(sm, P_VOCAB);
         int32_t need[4], used0[4], nc;
-        KV_OK(loom_kv_seq_need(sm->kv, q->id, n, need));
+        KV_OK(loom__kv_seq_need(sm->kv, q->id, n, need));
         for (int32_t g = 0; g < sm->n_groups; g++) used0[g] = gstats(sm->kv, g).n_used;
         loom_status st =
-            loom_kv_reserve(sm->kv, q->id, n, q->toks + info.n_pos, copies + n_copies, 4, &nc);
+            loom__kv_reserve(sm->kv, q->id, n, q->toks + info.n_pos, copies + n_copies, 4, &nc);
         if (st == LOOM_ERR_CONTEXT_FULL) {
-            assert_false(loom_kv_fits(sm->kv, need, false)); /* the query agreed */
+            assert_false(loom__kv_fits(sm->kv, need, false)); /* the query agreed */
             for (int32_t g = 0; g < sm->n_groups; g++)
                 assert_int_equal(gstats(sm->kv, g).n_used, used0[g]);
             continue;
@@ -200,13 +200,13 @@ static void psim_step(psim *sm) {
     }
     CHECK(sm->kv);
     for (int32_t c = 0; c < n_copies; c++) { /* before the forward, in order */
-        const loom_kv_copy *cp = &copies[c];
+        const loom__kv_copy *cp = &copies[c];
         memcpy(sm->store[cp->group] + cp->dst * sm->bs, sm->store[cp->group] + cp->src * sm->bs,
                (size_t)sm->bs * sizeof(int32_t));
     }
     for (int32_t i = 0; i < n_batch; i++) { /* the forward writes the new positions */
-        loom_kv_seq_info info;
-        KV_OK(loom_kv_seq_get_info(sm->kv, batch[i]->id, &info));
+        loom__kv_seq_info info;
+        KV_OK(loom__kv_seq_get_info(sm->kv, batch[i]->id, &info));
         for (int32_t g = 0; g < sm->n_groups; g++) {
             int32_t n;
             const int32_t *t = table_of(sm->kv, batch[i]->id, g, &n);
@@ -216,16 +216,16 @@ static void psim_step(psim *sm) {
     }
     for (int32_t i = 0; i < n_batch; i++) {
         if (prand(sm, 10) == 0)
-            KV_OK(loom_kv_rollback(sm->kv, batch[i]->id));
+            KV_OK(loom__kv_rollback(sm->kv, batch[i]->id));
         else
-            KV_OK(loom_kv_commit(sm->kv, batch[i]->id));
+            KV_OK(loom__kv_commit(sm->kv, batch[i]->id));
     }
 }
 
 static void psim_swap_out(psim *sm, psim_seq *q) {
-    loom_kv_seq_info info;
-    KV_OK(loom_kv_seq_get_info(sm->kv, q->id, &info));
-    KV_OK(loom_kv_swap_out(sm->kv, q->id, q->host_blocks, 64, q->host_offs));
+    loom__kv_seq_info info;
+    KV_OK(loom__kv_seq_get_info(sm->kv, q->id, &info));
+    KV_OK(loom__kv_swap_out(sm->kv, q->id, q->host_blocks, 64, q->host_offs));
     q->host = malloc((size_t)(info.n_held ? info.n_held : 1) * (size_t)sm->bs * sizeof(int32_t));
     assert_non_null(q->host);
     for (int32_t g = 0; g < sm->n_groups; g++)
@@ -236,7 +236,7 @@ static void psim_swap_out(psim *sm, psim_seq *q) {
 }
 
 static void psim_swap_in(psim *sm, psim_seq *q) {
-    loom_status st = loom_kv_swap_in(sm->kv, q->id, q->host_blocks, 64, q->host_offs);
+    loom_status st = loom__kv_swap_in(sm->kv, q->id, q->host_blocks, 64, q->host_offs);
     if (st == LOOM_ERR_CONTEXT_FULL) return;
     KV_OK(st);
     for (int32_t g = 0; g < sm->n_groups; g++)
@@ -263,7 +263,7 @@ static void psim_op(psim *sm) {
     } else if (r < 76 && (q = psim_pick(sm, true)) != NULL) { /* fork (parallel sampling) */
         psim_seq *c = psim_slot(sm);
         if (!c) return;
-        loom_status st = loom_kv_seq_fork(sm->kv, q->id, &c->id);
+        loom_status st = loom__kv_seq_fork(sm->kv, q->id, &c->id);
         if (st == LOOM_ERR_CONTEXT_FULL) return;
         KV_OK(st);
         int32_t id = c->id;
@@ -272,16 +272,16 @@ static void psim_op(psim *sm) {
         c->host = NULL;
     } else if (r < 82 && (q = psim_pick(sm, false)) != NULL) { /* finish */
         if (!q->swapped && prand(sm, 3) == 0) {                /* with a reservation pending */
-            loom_kv_copy cp[4];
+            loom__kv_copy cp[4];
             int32_t nc, zero = 0;
-            (void)loom_kv_reserve(sm->kv, q->id, 0, &zero, cp, 4, &nc);
+            (void)loom__kv_reserve(sm->kv, q->id, 0, &zero, cp, 4, &nc);
         }
-        KV_OK(loom_kv_seq_free(sm->kv, q->id));
+        KV_OK(loom__kv_seq_free(sm->kv, q->id));
         psim_drop(q);
     } else if (r < 88 && (q = psim_pick(sm, true)) != NULL) { /* preempt by recompute */
         int32_t toks[P_MAX_LEN], n = q->n_known;
         memcpy(toks, q->toks, (size_t)n * sizeof *toks);
-        KV_OK(loom_kv_seq_free(sm->kv, q->id));
+        KV_OK(loom__kv_seq_free(sm->kv, q->id));
         psim_drop(q);
         psim_admit(sm, toks, n, 0);
     } else if (r < 94 && (q = psim_pick(sm, true)) != NULL) {
@@ -312,7 +312,7 @@ static void run_property(uint64_t seed, int32_t bs, int32_t n_groups, const int3
         psim_op(sm);
         psim_verify(sm);
     }
-    loom_kv_stats s = stats(sm->kv);
+    loom__kv_stats s = stats(sm->kv);
     int64_t releases = 0;
     for (int32_t g = 0; g < n_groups; g++) releases += gstats(sm->kv, g).window_releases;
     printf("    bs %d, %d groups: %lld admissions, %lld/%lld hit tokens, %lld evictions, %lld "
@@ -330,18 +330,18 @@ static void run_property(uint64_t seed, int32_t bs, int32_t n_groups, const int3
     /* Freeing everything returns every block: free or cached, nothing used. */
     for (int32_t k = 0; k < P_MAX_SEQS; k++) {
         if (!sm->seqs[k].used) continue;
-        KV_OK(loom_kv_seq_free(sm->kv, sm->seqs[k].id));
+        KV_OK(loom__kv_seq_free(sm->kv, sm->seqs[k].id));
         psim_drop(&sm->seqs[k]);
     }
     CHECK(sm->kv);
     for (int32_t g = 0; g < n_groups; g++) {
-        loom_kv_group_stats gs = gstats(sm->kv, g);
+        loom__kv_group_stats gs = gstats(sm->kv, g);
         assert_int_equal(gs.n_used, 0);
         assert_int_equal(gs.n_free + gs.n_cached, n_blocks[g]);
         free(sm->store[g]);
     }
     assert_int_equal(stats(sm->kv).n_seqs, 0);
-    loom_kv_destroy(sm->kv);
+    loom__kv_destroy(sm->kv);
     free(sm);
 }
 

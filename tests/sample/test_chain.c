@@ -28,19 +28,19 @@ static double frand(void) { /* xorshift64*, test-local */
 }
 
 static void *ws_mem;
-static loom_sample_chain_ws *make_ws(int32_t n_vocab) {
-    size_t sz = loom_sample_chain_workspace_size(n_vocab);
+static loom__sample_chain_ws *make_ws(int32_t n_vocab) {
+    size_t sz = loom__sample_chain_workspace_size(n_vocab);
     assert_true(sz > 0);
     free(ws_mem);
     ws_mem = aligned_alloc(16, (sz + 15) / 16 * 16);
     assert_non_null(ws_mem);
-    loom_sample_chain_ws *ws = NULL;
-    assert_int_equal(loom_sample_chain_workspace_init(ws_mem, sz, n_vocab, &ws), LOOM_OK);
+    loom__sample_chain_ws *ws = NULL;
+    assert_int_equal(loom__sample_chain_workspace_init(ws_mem, sz, n_vocab, &ws), LOOM_OK);
     return ws;
 }
 
-static loom_sample_chain_config no_filters(void) {
-    loom_sample_chain_config c = loom_sample_chain_default_config();
+static loom__sample_chain_config no_filters(void) {
+    loom__sample_chain_config c = loom__sample_chain_default_config();
     c.top_k = 0;
     c.top_p = 1.0f;
     c.temperature = 1.0f;
@@ -177,28 +177,28 @@ static void test_entropy_edge_cases(void **state) {
  * temperature (not 0 / 0, not greedy unless it underflows). */
 static void test_edt_floor(void **state) {
     (void)state;
-    loom_sample_chain_ws *ws = make_ws(3);
+    loom__sample_chain_ws *ws = make_ws(3);
     const float lg[3] = {0.0f, -30.0f, -31.0f}; /* H ~ 1e-11 nats */
-    loom_sample_chain_config c = no_filters();
+    loom__sample_chain_config c = no_filters();
     c.entropy_mode = LOOM_ENTROPY_EDT;
     c.temperature = 0.9f;
     c.edt_theta = 0.01f;
     c.edt_h_min = 1e-3f;
-    loom_sample_chain_result r = {0};
-    assert_int_equal(loom_sample_chain_run(ws, &c, lg, NULL, 0, 0, &r), LOOM_OK);
+    loom__sample_chain_result r = {0};
+    assert_int_equal(loom__sample_chain_run(ws, &c, lg, NULL, 0, 0, &r), LOOM_OK);
     assert_true(r.entropy < 1e-3);
     double want = (double)c.temperature * pow((double)c.edt_n, (double)c.edt_theta / c.edt_h_min);
     check_close(r.temperature, want, 1e-9, "EDT floored temperature");
     assert_int_equal(r.token, 0);
     c.edt_theta = 1.0f; /* 0.9 * 0.8^1000 underflows the 1e-30 guard: greedy */
-    assert_int_equal(loom_sample_chain_run(ws, &c, lg, NULL, 0, 0, &r), LOOM_OK);
+    assert_int_equal(loom__sample_chain_run(ws, &c, lg, NULL, 0, 0, &r), LOOM_OK);
     assert_true(r.temperature == 0 && r.n_candidates == 1 && r.token == 0);
 }
 
 /* ---- correction modes against the reference -------------------------------------------- */
 
 /* The temperature each mode should produce from H (entropy after bias/penalties). */
-static double ref_mode_temperature(const loom_sample_chain_config *c, double h, int n_finite) {
+static double ref_mode_temperature(const loom__sample_chain_config *c, double h, int n_finite) {
     switch (c->entropy_mode) {
     case LOOM_ENTROPY_EXP: return c->temperature / exp(-(double)c->exp_beta * h);
     case LOOM_ENTROPY_EDT: {
@@ -218,20 +218,20 @@ static void test_correction_modes_match_reference(void **state) {
     (void)state;
     float x[200];
     double logp[200];
-    loom_sample_chain_logprob top_raw[200], top_fin[200];
-    loom_sample_chain_ws *ws = make_ws(200);
+    loom__sample_chain_logprob top_raw[200], top_fin[200];
+    loom__sample_chain_ws *ws = make_ws(200);
     for (int mode = 0; mode < 4; mode++) {
         for (int kind = 0; kind < N_CASES; kind++) {
             int n = make_case(kind, x);
-            loom_sample_chain_config c = no_filters();
+            loom__sample_chain_config c = no_filters();
             c.entropy_mode = (loom_entropy_mode)mode;
             c.temperature = 0.9f;
             c.exp_beta = 0.3f;
             c.edt_theta = 0.7f;
             c.dyn_t_min = 0.2f, c.dyn_t_max = 1.8f, c.dyn_exponent = 0.8f;
             c.n_logprobs = n;
-            loom_sample_chain_result r = {.top_raw = top_raw, .top_final = top_fin};
-            assert_int_equal(loom_sample_chain_run(ws, &c, x, NULL, 0, 5, &r), LOOM_OK);
+            loom__sample_chain_result r = {.top_raw = top_raw, .top_final = top_fin};
+            assert_int_equal(loom__sample_chain_run(ws, &c, x, NULL, 0, 5, &r), LOOM_OK);
             ref_stats rs = ref_compute(x, n, 1.0, NULL);
             int n_finite = 0;
             for (int i = 0; i < n; i++) n_finite += x[i] > -INFINITY;
@@ -309,12 +309,12 @@ static void ref_target(double t, int top_k, double top_p, double min_p, double t
 }
 
 #define N_DRAWS 100000
-static void draw_counts(const loom_sample_chain_config *c, long *counts) {
-    loom_sample_chain_ws *ws = make_ws(NV);
+static void draw_counts(const loom__sample_chain_config *c, long *counts) {
+    loom__sample_chain_ws *ws = make_ws(NV);
     memset(counts, 0, NV * sizeof *counts);
     for (uint64_t d = 0; d < N_DRAWS; d++) {
-        loom_sample_chain_result r = {0};
-        assert_int_equal(loom_sample_chain_run(ws, c, DIST_LOGITS, NULL, 0, d, &r), LOOM_OK);
+        loom__sample_chain_result r = {0};
+        assert_int_equal(loom__sample_chain_run(ws, c, DIST_LOGITS, NULL, 0, d, &r), LOOM_OK);
         counts[r.token]++;
     }
 }
@@ -337,7 +337,7 @@ static double chi2(const long *counts, const double *p, int *df) {
     return stat;
 }
 
-static void expect_fit(const char *name, const loom_sample_chain_config *c, const double *p) {
+static void expect_fit(const char *name, const loom__sample_chain_config *c, const double *p) {
     long counts[NV];
     draw_counts(c, counts);
     int df = 0;
@@ -351,7 +351,7 @@ static void expect_fit(const char *name, const loom_sample_chain_config *c, cons
 static void test_distributions(void **state) {
     (void)state;
     double p[NV];
-    loom_sample_chain_config c;
+    loom__sample_chain_config c;
 
     c = no_filters(), c.temperature = 0.7f;
     ref_target(0.7, 0, 1, 0, 1, p);
@@ -393,7 +393,7 @@ static void test_distributions(void **state) {
 
 static void test_chi2_detects_an_off_by_one_top_k(void **state) {
     (void)state;
-    loom_sample_chain_config c = no_filters();
+    loom__sample_chain_config c = no_filters();
     c.top_k = 3;
     long counts[NV];
     draw_counts(&c, counts);
@@ -418,17 +418,17 @@ static void test_chi2_detects_an_off_by_one_top_k(void **state) {
 
 static void test_determinism(void **state) {
     (void)state;
-    loom_sample_chain_ws *ws = make_ws(NV);
-    loom_sample_chain_config c = no_filters();
+    loom__sample_chain_ws *ws = make_ws(NV);
+    loom__sample_chain_config c = no_filters();
     c.temperature = 2.0f;
     loom_token a[256], b[256];
     int differ = 0;
     for (uint64_t d = 0; d < 256; d++) {
-        loom_sample_chain_result r1 = {0}, r2 = {0}, r3 = {0};
-        assert_int_equal(loom_sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, d, &r1), LOOM_OK);
-        assert_int_equal(loom_sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, d, &r2), LOOM_OK);
+        loom__sample_chain_result r1 = {0}, r2 = {0}, r3 = {0};
+        assert_int_equal(loom__sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, d, &r1), LOOM_OK);
+        assert_int_equal(loom__sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, d, &r2), LOOM_OK);
         assert_int_equal(r1.token, r2.token);
-        assert_int_equal(loom_sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, d + 256, &r3),
+        assert_int_equal(loom__sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, d + 256, &r3),
                          LOOM_OK);
         a[d] = r1.token, b[d] = r3.token;
         differ += a[d] != b[d];
@@ -437,8 +437,8 @@ static void test_determinism(void **state) {
     c.seed = 99;
     differ = 0;
     for (uint64_t d = 0; d < 256; d++) {
-        loom_sample_chain_result r = {0};
-        assert_int_equal(loom_sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, d, &r), LOOM_OK);
+        loom__sample_chain_result r = {0};
+        assert_int_equal(loom__sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, d, &r), LOOM_OK);
         differ += r.token != a[d];
     }
     assert_true(differ > 64);
@@ -446,16 +446,16 @@ static void test_determinism(void **state) {
 
 static void test_greedy(void **state) {
     (void)state;
-    loom_sample_chain_ws *ws = make_ws(6);
+    loom__sample_chain_ws *ws = make_ws(6);
     float lg[6] = {0.5f, -INFINITY, 3.0f, 2.9f, NAN, 3.0f};
-    loom_sample_chain_config c = loom_sample_chain_default_config();
+    loom__sample_chain_config c = loom__sample_chain_default_config();
     c.temperature = 0;
     c.entropy_mode = LOOM_ENTROPY_EDT;
     c.n_logprobs = 3;
-    loom_sample_chain_logprob tr[3], tf[3];
-    loom_sample_chain_result r = {.top_raw = tr, .top_final = tf};
+    loom__sample_chain_logprob tr[3], tf[3];
+    loom__sample_chain_result r = {.top_raw = tr, .top_final = tf};
     for (uint64_t d = 0; d < 50; d++) {
-        assert_int_equal(loom_sample_chain_run(ws, &c, lg, NULL, 0, d, &r), LOOM_OK);
+        assert_int_equal(loom__sample_chain_run(ws, &c, lg, NULL, 0, d, &r), LOOM_OK);
         assert_int_equal(r.token, 2);
         assert_true(r.logprob_final == 0 && r.n_top_final == 1 && tf[0].id == 2);
     }
@@ -468,7 +468,7 @@ static void test_greedy(void **state) {
     for (int mode = 0; mode < 4; mode++) {
         c = no_filters();
         c.entropy_mode = (loom_entropy_mode)mode;
-        assert_int_equal(loom_sample_chain_run(ws, &c, one, NULL, 0, 3, &r), LOOM_OK);
+        assert_int_equal(loom__sample_chain_run(ws, &c, one, NULL, 0, 3, &r), LOOM_OK);
         assert_int_equal(r.token, 3);
         assert_true(fabs(r.logprob_raw) < 1e-6);
     }
@@ -478,11 +478,11 @@ static void test_greedy(void **state) {
 
 static void test_penalties_and_bias(void **state) {
     (void)state;
-    loom_sample_chain_ws *ws = make_ws(5);
+    loom__sample_chain_ws *ws = make_ws(5);
     const float lg[5] = {1.0f, -1.0f, 2.0f, 0.5f, 0.25f};
     const loom_token hist[5] = {2, 0, 1, 0, 0}; /* window 4: token 0 x3, token 1 x1 */
     const loom_logit_bias bias[3] = {{3, 1.0f}, {4, -INFINITY}, {3, 0.5f}};
-    loom_sample_chain_config c = no_filters();
+    loom__sample_chain_config c = no_filters();
     c.penalty_last_n = 4;
     c.repeat_penalty = 2.0f, c.presence_penalty = 0.5f, c.frequency_penalty = 0.25f;
     c.bias = bias, c.n_bias = 3;
@@ -493,9 +493,9 @@ static void test_penalties_and_bias(void **state) {
     double z = 0;
     for (int i = 0; i < 4; i++) z += exp(want[i]);
     for (int rep = 0; rep < 2; rep++) { /* twice: the count scratch must be reset */
-        loom_sample_chain_logprob tr[5], tf[5];
-        loom_sample_chain_result r = {.top_raw = tr, .top_final = tf};
-        assert_int_equal(loom_sample_chain_run(ws, &c, lg, hist, 5, 11, &r), LOOM_OK);
+        loom__sample_chain_logprob tr[5], tf[5];
+        loom__sample_chain_result r = {.top_raw = tr, .top_final = tf};
+        assert_int_equal(loom__sample_chain_run(ws, &c, lg, hist, 5, 11, &r), LOOM_OK);
         assert_int_equal(r.n_top_final, 4);
         assert_int_equal(tf[0].id, 2); /* tie with 3 goes to the lower id */
         assert_int_equal(tf[1].id, 3);
@@ -509,12 +509,12 @@ static void test_penalties_and_bias(void **state) {
     c.penalty_last_n = -1;
     c.temperature = 0;
     c.n_logprobs = 0;
-    loom_sample_chain_result r = {0};
-    assert_int_equal(loom_sample_chain_run(ws, &c, lg, hist, 5, 0, &r), LOOM_OK);
+    loom__sample_chain_result r = {0};
+    assert_int_equal(loom__sample_chain_run(ws, &c, lg, hist, 5, 0, &r), LOOM_OK);
     assert_int_equal(r.token, 3);
     /* Window 0: penalties off, bias on: 2 and 3 tie at 2.0, lower id wins. */
     c.penalty_last_n = 0;
-    assert_int_equal(loom_sample_chain_run(ws, &c, lg, hist, 5, 0, &r), LOOM_OK);
+    assert_int_equal(loom__sample_chain_run(ws, &c, lg, hist, 5, 0, &r), LOOM_OK);
     assert_int_equal(r.token, 2);
 }
 
@@ -527,20 +527,20 @@ static void test_logprobs(void **state) {
     static double lp[V];
     for (int i = 0; i < V; i++) lg[i] = (float)(frand() * 10 - 5);
     lg[17] = -INFINITY;
-    loom_sample_chain_ws *ws = make_ws(V);
+    loom__sample_chain_ws *ws = make_ws(V);
     ref_stats rs = ref_compute(lg, V, 1.0, lp);
     const int tops[3][3] = {{50, 0, 0}, {0, 1, 0}, {0, 0, 1}}; /* top-k / top-p / typical */
     for (int cfgi = 0; cfgi < 3; cfgi++) {
-        loom_sample_chain_config c = no_filters();
+        loom__sample_chain_config c = no_filters();
         c.top_k = tops[cfgi][0];
         if (tops[cfgi][1]) c.top_p = 0.9f;
         if (tops[cfgi][2]) c.typical_p = 0.5f;
         c.n_logprobs = 20;
         c.entropy_mode = LOOM_ENTROPY_EXP;
-        loom_sample_chain_logprob tr[20], tf[20];
+        loom__sample_chain_logprob tr[20], tf[20];
         for (uint64_t d = 0; d < 20; d++) {
-            loom_sample_chain_result r = {.top_raw = tr, .top_final = tf};
-            assert_int_equal(loom_sample_chain_run(ws, &c, lg, NULL, 0, d, &r), LOOM_OK);
+            loom__sample_chain_result r = {.top_raw = tr, .top_final = tf};
+            assert_int_equal(loom__sample_chain_run(ws, &c, lg, NULL, 0, d, &r), LOOM_OK);
             check_close(r.entropy, rs.h, 1e-9, "entropy");
             check_close(r.varentropy, rs.v, 1e-7, "varentropy");
             check_close(r.logprob_raw, lp[r.token], 1e-5, "chosen raw logprob");
@@ -572,15 +572,15 @@ static void test_logprobs(void **state) {
 
 static void test_bad_input(void **state) {
     (void)state;
-    loom_sample_chain_ws *ws = make_ws(NV);
+    loom__sample_chain_ws *ws = make_ws(NV);
     loom_logit_bias bad_id = {NV, 1.0f}, bad_val = {1, INFINITY};
-    loom_sample_chain_result r = {0};
+    loom__sample_chain_result r = {0};
 #define EXPECT_BAD(field_set)                                                                      \
     do {                                                                                           \
-        loom_sample_chain_config c = loom_sample_chain_default_config();                           \
+        loom__sample_chain_config c = loom__sample_chain_default_config();                           \
         field_set;                                                                                 \
-        assert_int_equal(loom_sample_chain_validate(&c, NV), LOOM_ERR_INVALID_ARG);                \
-        assert_int_equal(loom_sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, 0, &r),               \
+        assert_int_equal(loom__sample_chain_validate(&c, NV), LOOM_ERR_INVALID_ARG);                \
+        assert_int_equal(loom__sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, 0, &r),               \
                          LOOM_ERR_INVALID_ARG);                                                    \
         assert_non_null(strstr(loom_last_error(), "sample chain"));                                \
     } while (0)
@@ -604,41 +604,41 @@ static void test_bad_input(void **state) {
     EXPECT_BAD(c.entropy_mode = (loom_entropy_mode)9);
     EXPECT_BAD(c.n_logprobs = NV + 1);
 #undef EXPECT_BAD
-    loom_sample_chain_config c = loom_sample_chain_default_config();
+    loom__sample_chain_config c = loom__sample_chain_default_config();
     c.n_logprobs = 2; /* valid, but run needs result buffers */
-    assert_int_equal(loom_sample_chain_validate(&c, NV), LOOM_OK);
-    assert_int_equal(loom_sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, 0, &r),
+    assert_int_equal(loom__sample_chain_validate(&c, NV), LOOM_OK);
+    assert_int_equal(loom__sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, 0, &r),
                      LOOM_ERR_INVALID_ARG);
 }
 
 static void test_bad_input_run(void **state) {
     (void)state;
-    loom_sample_chain_ws *ws = make_ws(NV);
-    loom_sample_chain_config c = loom_sample_chain_default_config();
-    loom_sample_chain_result r = {0};
+    loom__sample_chain_ws *ws = make_ws(NV);
+    loom__sample_chain_config c = loom__sample_chain_default_config();
+    loom__sample_chain_result r = {0};
     loom_token hist[2] = {1, NV};
-    assert_int_equal(loom_sample_chain_run(ws, &c, DIST_LOGITS, hist, 2, 0, &r),
+    assert_int_equal(loom__sample_chain_run(ws, &c, DIST_LOGITS, hist, 2, 0, &r),
                      LOOM_ERR_BAD_INPUT);
     float all_inf[NV], pinf[NV];
     for (int i = 0; i < NV; i++) all_inf[i] = -INFINITY, pinf[i] = 0;
     pinf[3] = INFINITY;
-    assert_int_equal(loom_sample_chain_run(ws, &c, all_inf, NULL, 0, 0, &r), LOOM_ERR_BAD_INPUT);
-    assert_int_equal(loom_sample_chain_run(ws, &c, pinf, NULL, 0, 0, &r), LOOM_ERR_BAD_INPUT);
+    assert_int_equal(loom__sample_chain_run(ws, &c, all_inf, NULL, 0, 0, &r), LOOM_ERR_BAD_INPUT);
+    assert_int_equal(loom__sample_chain_run(ws, &c, pinf, NULL, 0, 0, &r), LOOM_ERR_BAD_INPUT);
     loom_logit_bias big = {2, 3e38f};
     float near[NV] = {0, 0, 3e38f, 0, 0, 0, 0, 0};
     c.bias = &big, c.n_bias = 1;
-    assert_int_equal(loom_sample_chain_run(ws, &c, near, NULL, 0, 0, &r), LOOM_ERR_BAD_INPUT);
-    c = loom_sample_chain_default_config();
-    assert_int_equal(loom_sample_chain_run(NULL, &c, DIST_LOGITS, NULL, 0, 0, &r),
+    assert_int_equal(loom__sample_chain_run(ws, &c, near, NULL, 0, 0, &r), LOOM_ERR_BAD_INPUT);
+    c = loom__sample_chain_default_config();
+    assert_int_equal(loom__sample_chain_run(NULL, &c, DIST_LOGITS, NULL, 0, 0, &r),
                      LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_sample_chain_run(ws, &c, DIST_LOGITS, NULL, 1, 0, &r),
+    assert_int_equal(loom__sample_chain_run(ws, &c, DIST_LOGITS, NULL, 1, 0, &r),
                      LOOM_ERR_INVALID_ARG);
     /* workspace init */
-    loom_sample_chain_ws *w2;
-    assert_int_equal(loom_sample_chain_workspace_size(0), 0);
-    assert_int_equal(loom_sample_chain_workspace_init(ws_mem, 16, NV, &w2),
+    loom__sample_chain_ws *w2;
+    assert_int_equal(loom__sample_chain_workspace_size(0), 0);
+    assert_int_equal(loom__sample_chain_workspace_init(ws_mem, 16, NV, &w2),
                      LOOM_ERR_BUFFER_TOO_SMALL);
-    assert_int_equal(loom_sample_chain_workspace_init((char *)ws_mem + 4, 1 << 20, NV, &w2),
+    assert_int_equal(loom__sample_chain_workspace_init((char *)ws_mem + 4, 1 << 20, NV, &w2),
                      LOOM_ERR_INVALID_ARG);
 }
 
@@ -647,13 +647,13 @@ static void test_large_vocab(void **state) { /* 262,144 tokens, all filters, san
     enum { V = 262144 };
     static float lg[V];
     for (int i = 0; i < V; i++) lg[i] = (float)(frand() * 20 - 10);
-    loom_sample_chain_ws *ws = make_ws(V);
-    loom_sample_chain_config c = loom_sample_chain_default_config();
+    loom__sample_chain_ws *ws = make_ws(V);
+    loom__sample_chain_config c = loom__sample_chain_default_config();
     c.top_k = 0, c.top_p = 0.9f, c.min_p = 0.01f, c.entropy_mode = LOOM_ENTROPY_EDT;
     c.n_logprobs = 20;
-    loom_sample_chain_logprob tr[20], tf[20];
-    loom_sample_chain_result r = {.top_raw = tr, .top_final = tf};
-    assert_int_equal(loom_sample_chain_run(ws, &c, lg, NULL, 0, 1, &r), LOOM_OK);
+    loom__sample_chain_logprob tr[20], tf[20];
+    loom__sample_chain_result r = {.top_raw = tr, .top_final = tf};
+    assert_int_equal(loom__sample_chain_run(ws, &c, lg, NULL, 0, 1, &r), LOOM_OK);
     assert_true(r.token >= 0 && r.token < V && lg[r.token] > -10 + 20 * 0.5);
     assert_true(r.n_candidates > 0 && r.n_candidates < V);
 }

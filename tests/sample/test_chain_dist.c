@@ -137,8 +137,8 @@ static target_cfg plain(double temperature) {
 }
 
 /* The same settings as the chain sees them. */
-static loom_sample_chain_config chain_cfg(const target_cfg *t) {
-    loom_sample_chain_config c = loom_sample_chain_default_config();
+static loom__sample_chain_config chain_cfg(const target_cfg *t) {
+    loom__sample_chain_config c = loom__sample_chain_default_config();
     c.bias = t->bias;
     c.n_bias = t->n_bias;
     c.penalty_last_n = t->penalty_last_n;
@@ -302,14 +302,14 @@ static double ref_target(const target_cfg *t, double *p, double *temperature_out
 /* ---- draws and the goodness of fit ------------------------------------------------------- */
 
 static void *ws_mem;
-static loom_sample_chain_ws *ws;
+static loom__sample_chain_ws *ws;
 
 static int setup(void **state) {
     (void)state;
-    size_t sz = loom_sample_chain_workspace_size(NV);
+    size_t sz = loom__sample_chain_workspace_size(NV);
     ws_mem = aligned_alloc(16, (sz + 15) / 16 * 16);
     if (!ws_mem) return -1;
-    return loom_sample_chain_workspace_init(ws_mem, sz, NV, &ws) == LOOM_OK ? 0 : -1;
+    return loom__sample_chain_workspace_init(ws_mem, sz, NV, &ws) == LOOM_OK ? 0 : -1;
 }
 
 static int teardown(void **state) {
@@ -324,12 +324,12 @@ static double fit(const char *name, const target_cfg *t) {
     double margin = ref_target(t, p, &temp);
     /* A threshold within float rounding of a decision would make the target ambiguous. */
     if (!(margin > 1e-4)) fail_msg("%s: a filter boundary is too close to call (%g)", name, margin);
-    loom_sample_chain_config c = chain_cfg(t);
+    loom__sample_chain_config c = chain_cfg(t);
     long counts[NV] = {0};
     for (uint64_t d = 0; d < N_DRAWS; d++) {
-        loom_sample_chain_result r;
+        loom__sample_chain_result r;
         memset(&r, 0, sizeof r);
-        loom_status st = loom_sample_chain_run(ws, &c, LOGITS, t->history, t->n_history, d, &r);
+        loom_status st = loom__sample_chain_run(ws, &c, LOGITS, t->history, t->n_history, d, &r);
         if (st != LOOM_OK)
             fail_msg("%s: draw %llu: %s", name, (unsigned long long)d, loom_last_error());
         counts[r.token]++;

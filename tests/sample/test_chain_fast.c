@@ -34,13 +34,13 @@ static double gauss(void) {
 }
 
 static void *ws_mem;
-static loom_sample_chain_ws *make_ws(int32_t n_vocab) {
-    size_t sz = loom_sample_chain_workspace_size(n_vocab);
+static loom__sample_chain_ws *make_ws(int32_t n_vocab) {
+    size_t sz = loom__sample_chain_workspace_size(n_vocab);
     free(ws_mem);
     ws_mem = aligned_alloc(16, (sz + 15) / 16 * 16);
     assert_non_null(ws_mem);
-    loom_sample_chain_ws *ws = NULL;
-    assert_int_equal(loom_sample_chain_workspace_init(ws_mem, sz, n_vocab, &ws), LOOM_OK);
+    loom__sample_chain_ws *ws = NULL;
+    assert_int_equal(loom__sample_chain_workspace_init(ws_mem, sz, n_vocab, &ws), LOOM_OK);
     return ws;
 }
 
@@ -147,7 +147,7 @@ static void test_raw_logprobs_after_edits(void **state) {
     (void)state;
     enum { V = 50021 };
     static float lg[V];
-    loom_sample_chain_ws *ws = make_ws(V);
+    loom__sample_chain_ws *ws = make_ws(V);
     for (int i = 0; i < V; i++) lg[i] = (float)(gauss() * 3);
     lg[77] = 25.0f; /* the raw maximum, banned below */
     lg[78] = NAN;   /* a NaN the chain reads as -inf */
@@ -157,7 +157,7 @@ static void test_raw_logprobs_after_edits(void **state) {
         {77, -INFINITY}, {9, 0.0f}, {1000, 7.5f}, {1000, 0.5f}, {40000, -3.0f}};
     const double lse = ref_lse(lg, V);
     for (int variant = 0; variant < 4; variant++) {
-        loom_sample_chain_config c = loom_sample_chain_default_config();
+        loom__sample_chain_config c = loom__sample_chain_default_config();
         c.n_logprobs = 20;
         c.entropy_mode = LOOM_ENTROPY_EDT;
         c.bias = bias;
@@ -169,10 +169,10 @@ static void test_raw_logprobs_after_edits(void **state) {
         if (variant == 1) c.n_bias = 0; /* penalties alone */
         if (variant == 2) c.repeat_penalty = 1, c.presence_penalty = 0, c.frequency_penalty = 0;
         if (variant == 3) bias[2].bias = 700.0f; /* beyond the reuse: full pass */
-        loom_sample_chain_logprob tr[20], tf[20];
+        loom__sample_chain_logprob tr[20], tf[20];
         for (uint64_t d = 0; d < 4; d++) {
-            loom_sample_chain_result r = {.top_raw = tr, .top_final = tf};
-            assert_int_equal(loom_sample_chain_run(ws, &c, lg, hist, 12, d, &r), LOOM_OK);
+            loom__sample_chain_result r = {.top_raw = tr, .top_final = tf};
+            assert_int_equal(loom__sample_chain_run(ws, &c, lg, hist, 12, d, &r), LOOM_OK);
             check_close(r.logprob_raw, (double)lg[r.token] - lse, 1e-5, "chosen raw logprob");
             assert_int_equal(r.n_top_raw, 20);
             assert_int_equal(tr[0].id, 77); /* raw top is of the unedited logits */
@@ -214,23 +214,23 @@ static int ref_nucleus(const float *x, int n, double t, double top_p, int32_t *i
 static void check_top_p(int32_t V, double sigma, float temp, float top_p) {
     float *lg = malloc((size_t)V * sizeof *lg);
     int32_t *ids = malloc((size_t)V * sizeof *ids);
-    loom_sample_chain_logprob *tf = malloc((size_t)V * sizeof *tf);
-    loom_sample_chain_logprob *tr = malloc((size_t)V * sizeof *tr);
+    loom__sample_chain_logprob *tf = malloc((size_t)V * sizeof *tf);
+    loom__sample_chain_logprob *tr = malloc((size_t)V * sizeof *tr);
     char *in = calloc((size_t)V, 1);
     assert_true(lg && ids && tf && tr && in);
     rng_state = 0x5EEDull + (uint64_t)V; /* the same data whatever ran before */
     for (int i = 0; i < V; i++) lg[i] = (float)(gauss() * sigma);
     for (int i = 3; i < V; i += 101) lg[i] = -INFINITY;
     for (int i = 10; i < V; i += 1009) lg[i] = lg[i - 1]; /* ties across ids */
-    loom_sample_chain_ws *ws = make_ws(V);
-    loom_sample_chain_config c = loom_sample_chain_default_config();
+    loom__sample_chain_ws *ws = make_ws(V);
+    loom__sample_chain_config c = loom__sample_chain_default_config();
     c.top_k = 0, c.top_p = top_p, c.temperature = temp;
     c.n_logprobs = V;
     int k = ref_nucleus(lg, V, temp, top_p, ids);
     for (int i = 0; i < k; i++) in[ids[i]] = 1;
     for (uint64_t d = 0; d < 8; d++) {
-        loom_sample_chain_result r = {.top_raw = tr, .top_final = tf};
-        assert_int_equal(loom_sample_chain_run(ws, &c, lg, NULL, 0, d, &r), LOOM_OK);
+        loom__sample_chain_result r = {.top_raw = tr, .top_final = tf};
+        assert_int_equal(loom__sample_chain_run(ws, &c, lg, NULL, 0, d, &r), LOOM_OK);
         assert_int_equal(r.n_candidates, k);
         assert_int_equal(r.n_top_final, k);
         for (int i = 0; i < k; i++) assert_int_equal(tf[i].id, ids[i]); /* best first */
@@ -276,13 +276,13 @@ static void test_top_p_draws(void **state) {
         p_cell[cell] += p;
         cum += p;
     }
-    loom_sample_chain_ws *ws = make_ws(V);
-    loom_sample_chain_config c = loom_sample_chain_default_config();
+    loom__sample_chain_ws *ws = make_ws(V);
+    loom__sample_chain_config c = loom__sample_chain_default_config();
     c.top_k = 0, c.top_p = (float)top_p, c.temperature = (float)temp;
     long count[CELLS] = {0};
     for (uint64_t d = 0; d < DRAWS; d++) {
-        loom_sample_chain_result r = {0};
-        assert_int_equal(loom_sample_chain_run(ws, &c, lg, NULL, 0, d, &r), LOOM_OK);
+        loom__sample_chain_result r = {0};
+        assert_int_equal(loom__sample_chain_run(ws, &c, lg, NULL, 0, d, &r), LOOM_OK);
         assert_true(cell_of[r.token] >= 0); /* in the nucleus */
         count[cell_of[r.token]]++;
     }
@@ -313,7 +313,7 @@ static void test_top_k_blocks(void **state) {
     enum { V = 70001 };
     static float lg[V];
     static ranked r[V];
-    loom_sample_chain_ws *ws = make_ws(V);
+    loom__sample_chain_ws *ws = make_ws(V);
     for (int rep = 0; rep < 3; rep++) {
         for (int i = 0; i < V; i++) lg[i] = (float)(gauss() * 2);
         if (rep == 1) /* rising logits: every block beats the heap */
@@ -323,11 +323,11 @@ static void test_top_k_blocks(void **state) {
         int m = 0;
         for (int i = 0; i < V; i++) r[m++] = (ranked){lg[i], i};
         qsort(r, (size_t)m, sizeof *r, ranked_cmp);
-        loom_sample_chain_config c = loom_sample_chain_default_config();
+        loom__sample_chain_config c = loom__sample_chain_default_config();
         c.top_k = 57, c.top_p = 1.0f, c.n_logprobs = 57, c.temperature = 0.7f;
-        loom_sample_chain_logprob tr[57], tf[57];
-        loom_sample_chain_result res = {.top_raw = tr, .top_final = tf};
-        assert_int_equal(loom_sample_chain_run(ws, &c, lg, NULL, 0, 1, &res), LOOM_OK);
+        loom__sample_chain_logprob tr[57], tf[57];
+        loom__sample_chain_result res = {.top_raw = tr, .top_final = tf};
+        assert_int_equal(loom__sample_chain_run(ws, &c, lg, NULL, 0, 1, &res), LOOM_OK);
         assert_int_equal(res.n_top_raw, 57);
         assert_int_equal(res.n_top_final, 57);
         for (int i = 0; i < 57; i++) {

@@ -83,8 +83,8 @@ static inline void fake_kv_free(fake_kv *kv) {
     free(kv->seqs);
 }
 
-static inline loom_sched_kv_iface fake_iface(fake_kv *kv) {
-    loom_sched_kv_iface it = {
+static inline loom__sched_kv_iface fake_iface(fake_kv *kv) {
+    loom__sched_kv_iface it = {
         .ctx = kv,
         .blocks_free = fake_blocks_free,
         .blocks_needed = fake_blocks_needed,
@@ -103,7 +103,7 @@ static inline void fake_release(fake_kv *kv, uint64_t id) {
 }
 
 /* Carries out a plan's preemptions, rejections and reservations. */
-static inline void fake_apply(fake_kv *kv, const loom_sched_plan *p) {
+static inline void fake_apply(fake_kv *kv, const loom__sched_plan *p) {
     for (int32_t i = 0; i < p->n_preempted; i++) {
         fake_seq *q = fake_seq_of(kv, p->preempted[i]);
         assert_true(q->held > 0 || q->swapped == 0);
@@ -113,7 +113,7 @@ static inline void fake_apply(fake_kv *kv, const loom_sched_plan *p) {
     }
     for (int32_t i = 0; i < p->n_rejected; i++) fake_release(kv, p->rejected[i]);
     for (int32_t i = 0; i < p->n_entries; i++) {
-        const loom_sched_entry *e = &p->entries[i];
+        const loom__sched_entry *e = &p->entries[i];
         fake_seq *q = fake_seq_of(kv, e->id);
         if (e->admitted && !e->swap_in) assert_int_equal(q->held, 0);
         if (e->swap_in) {
@@ -132,13 +132,13 @@ static inline void fake_apply(fake_kv *kv, const loom_sched_plan *p) {
 
 /* Checks what every plan promises: budget, sequence limit, decodes of running requests first,
  * sane entries, no id twice. */
-static inline void check_plan_shape(const loom_sched_plan *p, const loom_sched_config *cfg) {
+static inline void check_plan_shape(const loom__sched_plan *p, const loom__sched_config *cfg) {
     assert_true(p->n_entries >= 0 && p->n_entries <= cfg->max_seqs);
     assert_true(p->n_preempted >= 0 && p->n_preempted <= cfg->max_seqs);
     int32_t sum = 0, n_decode = 0;
     bool seen_other = false;
     for (int32_t i = 0; i < p->n_entries; i++) {
-        const loom_sched_entry *e = &p->entries[i];
+        const loom__sched_entry *e = &p->entries[i];
         assert_true(e->n_tokens >= 1 && e->pos_start >= 0);
         if (!e->is_prefill) {
             assert_int_equal(e->n_tokens, 1);

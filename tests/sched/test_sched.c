@@ -16,7 +16,7 @@ static void test_chunked_prefill(void **state) {
     add_req(&f, 1, 0, 100, 3);
     static const int32_t chunks[] = {32, 32, 32, 4};
     for (int i = 0; i < 4; i++) {
-        const loom_sched_plan *p = run_step(&f);
+        const loom__sched_plan *p = run_step(&f);
         assert_int_equal(p->n_entries, 1);
         assert_int_equal(p->entries[0].pos_start, 32 * i);
         assert_int_equal(p->entries[0].n_tokens, chunks[i]);
@@ -26,14 +26,14 @@ static void test_chunked_prefill(void **state) {
     }
     assert_int_equal(view_of(&f, 1).n_generated, 1);
     for (int i = 0; i < 2; i++) {
-        const loom_sched_plan *p = run_step(&f);
+        const loom__sched_plan *p = run_step(&f);
         assert_int_equal(p->n_decode, 1);
         assert_int_equal(p->entries[0].pos_start, 100 + i);
         assert_false(p->entries[0].is_prefill);
     }
     assert_false(known(&f, 1)); /* max_new_tokens reached */
-    loom_sched_stats st;
-    loom_sched_get_stats(f.s, &st);
+    loom__sched_stats st;
+    loom__sched_get_stats(f.s, &st);
     assert_int_equal(st.n_prefill_tokens, 100);
     assert_int_equal(st.n_decode_tokens, 2);
     assert_int_equal(st.n_finished, 1);
@@ -50,10 +50,10 @@ static void test_decodes_continue_during_prefill(void **state) {
     add_req(&f, 3, 9, 200, 100); /* a long, important prompt must not stall the decodes */
     int32_t done = 0;
     for (int step = 0; done < 200; step++) {
-        const loom_sched_plan *p = run_step(&f);
+        const loom__sched_plan *p = run_step(&f);
         assert_int_equal(p->n_decode, 2);
         assert_true(!p->entries[0].is_prefill && !p->entries[1].is_prefill);
-        const loom_sched_entry *e = entry_of(p, 3);
+        const loom__sched_entry *e = entry_of(p, 3);
         assert_non_null(e);
         assert_int_equal(e->pos_start, done);
         assert_int_equal(e->n_tokens, 200 - done < 30 ? 200 - done : 30);
@@ -67,13 +67,13 @@ static void test_decodes_continue_during_prefill(void **state) {
 
 static void test_chunk_cap(void **state) {
     (void)state;
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.max_prefill_chunk = 8;
     fx f;
     fx_open(&f, c, 1000, 16);
     add_req(&f, 1, 0, 20, 5);
     add_req(&f, 2, 0, 20, 5);
-    const loom_sched_plan *p = run_step(&f);
+    const loom__sched_plan *p = run_step(&f);
     assert_int_equal(p->n_entries, 2);
     assert_int_equal(p->entries[0].n_tokens, 8);
     assert_int_equal(p->entries[1].n_tokens, 8);
@@ -91,7 +91,7 @@ static void test_chunk_cap(void **state) {
 
 static void test_priority_order(void **state) {
     (void)state;
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.max_seqs = 1;
     fx f;
     fx_open(&f, c, 1000, 16);
@@ -99,7 +99,7 @@ static void test_priority_order(void **state) {
     add_req(&f, 2, 5, 4, 1);
     add_req(&f, 3, 1, 4, 1);
     /* Priority beats a deadline. */
-    add_info(&f, (loom_sched_request_info){.id = 4,
+    add_info(&f, (loom__sched_request_info){.id = 4,
                                            .priority = 0,
                                            .n_prompt = 4,
                                            .max_new_tokens = 1,
@@ -112,26 +112,26 @@ static void test_priority_order(void **state) {
 
 static void test_deadline_order(void **state) {
     (void)state;
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.max_seqs = 1;
     fx f;
     fx_open(&f, c, 1000, 16);
     f.now = 100;
     add_req(&f, 1, 0, 4, 1); /* no deadline: last */
     add_info(&f,
-             (loom_sched_request_info){
+             (loom__sched_request_info){
                  .id = 2, .n_prompt = 4, .max_new_tokens = 1, .arrival_us = 0, .ttft_us = 500000});
     add_info(&f,
-             (loom_sched_request_info){
+             (loom__sched_request_info){
                  .id = 3, .n_prompt = 4, .max_new_tokens = 1, .arrival_us = 0, .ttft_us = 100000});
     /* Arrived later but due earlier (TTFT is relative to arrival). */
     add_info(&f,
-             (loom_sched_request_info){
+             (loom__sched_request_info){
                  .id = 4, .n_prompt = 4, .max_new_tokens = 1, .arrival_us = 50, .ttft_us = 60000});
     static const uint64_t order[] = {4, 3, 2, 1};
     expect_service_order(&f, order, 4);
-    loom_sched_stats st;
-    loom_sched_get_stats(f.s, &st);
+    loom__sched_stats st;
+    loom__sched_get_stats(f.s, &st);
     assert_int_equal(st.n_ttft_met, 3);
     assert_int_equal(st.n_ttft_missed, 0);
     fx_close(&f);
@@ -139,14 +139,14 @@ static void test_deadline_order(void **state) {
 
 static void test_arrival_order(void **state) {
     (void)state;
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.max_seqs = 1;
     fx f;
     fx_open(&f, c, 1000, 16);
     f.now = 100;
     static const int64_t arrival[] = {30, 10, 20};
     for (int i = 0; i < 3; i++)
-        add_info(&f, (loom_sched_request_info){.id = (uint64_t)i + 1,
+        add_info(&f, (loom__sched_request_info){.id = (uint64_t)i + 1,
                                                .n_prompt = 4,
                                                .max_new_tokens = 1,
                                                .arrival_us = arrival[i]});
@@ -159,7 +159,7 @@ static void test_arrival_order(void **state) {
  * the shortfall. */
 static void test_running_order(void **state) {
     (void)state;
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.max_batched_tokens = 24;
     c.max_prefill_chunk = 8;
     fx f;
@@ -169,11 +169,11 @@ static void test_running_order(void **state) {
     add_req(&f, 1, 0, 50, 1);
     add_info(
         &f,
-        (loom_sched_request_info){
+        (loom__sched_request_info){
             .id = 2, .n_prompt = 50, .max_new_tokens = 1, .arrival_us = f.now, .ttft_us = 100000});
     add_req(&f, 3, 1, 50, 1);
     for (int step = 0; step < 2; step++) {
-        const loom_sched_plan *p = run_step(&f);
+        const loom__sched_plan *p = run_step(&f);
         assert_int_equal(p->n_entries, 4);
         assert_int_equal(p->entries[0].id, 9); /* the decode */
         assert_int_equal(p->entries[1].id, 3);
@@ -190,8 +190,8 @@ static void test_running_order(void **state) {
 /* ------------------------------------------------------------------------------------------ */
 
 /* Three 7-token prompts fill 6 blocks of 4; the third decode (position 8) needs new blocks. */
-static void fill_for_preemption(fx *f, loom_sched_preempt_mode mode) {
-    loom_sched_config c = small_cfg();
+static void fill_for_preemption(fx *f, loom__sched_preempt_mode mode) {
+    loom__sched_config c = small_cfg();
     c.preempt_mode = mode;
     fx_open(f, c, 6, 4);
     add_req(f, 1, 1, 7, 100);
@@ -208,7 +208,7 @@ static void test_preempt_victim_and_resume_recompute(void **state) {
     (void)state;
     fx f;
     fill_for_preemption(&f, LOOM_SCHED_PREEMPT_RECOMPUTE);
-    const loom_sched_plan *p = plan_step(&f);
+    const loom__sched_plan *p = plan_step(&f);
     /* 1 needs a block: the victim is the lowest priority, latest arrival: 3. Then 2 takes the
      * block 3 left over. */
     assert_int_equal(p->n_preempted, 1);
@@ -217,7 +217,7 @@ static void test_preempt_victim_and_resume_recompute(void **state) {
     assert_int_equal(p->n_decode, 2);
     assert_null(entry_of(p, 3));
     done_step(&f, NULL, 0);
-    loom_sched_request_view v = view_of(&f, 3);
+    loom__sched_request_view v = view_of(&f, 3);
     assert_int_equal(v.state, LOOM_SCHED_STATE_PREEMPTED);
     assert_int_equal(v.n_generated, 2); /* produced tokens are kept */
     assert_int_equal(v.n_computed, 0);
@@ -226,7 +226,7 @@ static void test_preempt_victim_and_resume_recompute(void **state) {
     plan_step(&f);
     done_step(&f, fin, 2);
     p = run_step(&f);
-    const loom_sched_entry *e = entry_of(p, 3);
+    const loom__sched_entry *e = entry_of(p, 3);
     assert_non_null(e);
     assert_true(e->admitted && e->is_prefill && e->sample && !e->swap_in);
     assert_int_equal(e->pos_start, 0);
@@ -235,8 +235,8 @@ static void test_preempt_victim_and_resume_recompute(void **state) {
     assert_int_equal(v.state, LOOM_SCHED_STATE_RUNNING);
     assert_int_equal(v.n_generated, 3);
     assert_int_equal(v.n_computed, 9);
-    loom_sched_stats st;
-    loom_sched_get_stats(f.s, &st);
+    loom__sched_stats st;
+    loom__sched_get_stats(f.s, &st);
     assert_int_equal(st.n_preemptions, 1);
     fx_close(&f);
 }
@@ -245,12 +245,12 @@ static void test_preempt_swap_resume(void **state) {
     (void)state;
     fx f;
     fill_for_preemption(&f, LOOM_SCHED_PREEMPT_SWAP);
-    const loom_sched_plan *p = plan_step(&f);
+    const loom__sched_plan *p = plan_step(&f);
     assert_int_equal(p->n_preempted, 1);
     assert_int_equal(p->preempted[0], 3);
     assert_int_equal(f.kv.seqs[3].swapped, 2);
     done_step(&f, NULL, 0);
-    loom_sched_request_view v = view_of(&f, 3);
+    loom__sched_request_view v = view_of(&f, 3);
     assert_true(v.swapped);
     assert_int_equal(v.n_computed, 8);
     assert_int_equal(v.n_generated, 2);
@@ -258,7 +258,7 @@ static void test_preempt_swap_resume(void **state) {
     plan_step(&f);
     done_step(&f, fin, 2);
     p = run_step(&f);
-    const loom_sched_entry *e = entry_of(p, 3);
+    const loom__sched_entry *e = entry_of(p, 3);
     assert_non_null(e);
     assert_true(e->admitted && e->swap_in && !e->is_prefill && e->sample);
     assert_int_equal(e->pos_start, 8);
@@ -282,7 +282,7 @@ static void test_blocks_accounted_within_step(void **state) {
     run_step(&f);
     run_step(&f);
     assert_int_equal(f.kv.used, 6);
-    const loom_sched_plan *p = plan_step(&f);
+    const loom__sched_plan *p = plan_step(&f);
     assert_int_equal(p->n_decode, 2);
     assert_int_equal(p->n_preempted, 1);
     assert_int_equal(p->preempted[0], 3);
@@ -293,7 +293,7 @@ static void test_blocks_accounted_within_step(void **state) {
 
 static void test_never_preempt_for_lower(void **state) {
     (void)state;
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.max_seqs = 2;
     fx f;
     fx_open(&f, c, 4, 4);
@@ -301,7 +301,7 @@ static void test_never_preempt_for_lower(void **state) {
     add_req(&f, 2, 0, 7, 100); /* position 8 (third step) needs one */
     run_step(&f);
     run_step(&f);
-    const loom_sched_plan *p = run_step(&f);
+    const loom__sched_plan *p = run_step(&f);
     assert_int_equal(p->n_preempted, 0); /* 2 is stuck rather than preempting 1 */
     assert_int_equal(p->n_entries, 1);
     assert_int_equal(p->entries[0].id, 1);
@@ -334,7 +334,7 @@ static void test_never_preempt_for_lower(void **state) {
 /* ------------------------------------------------------------------------------------------ */
 
 static void run_promotion(bool promote) {
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.max_seqs = 1;
     c.promote_age_us = promote ? 10 * STEP_US : 0;
     fx f;
@@ -344,7 +344,7 @@ static void run_promotion(bool promote) {
     int served_at = -1;
     for (int step = 0; step < 30 && served_at < 0; step++) {
         add_req(&f, 10 + (uint64_t)step, 9, 4, 1); /* and a stream of important requests */
-        const loom_sched_plan *p = run_step(&f);
+        const loom__sched_plan *p = run_step(&f);
         if (entry_of(p, 1)) {
             served_at = step;
             assert_true(was_preempted(p, 2)); /* promoted ranks above every priority */
@@ -357,8 +357,8 @@ static void run_promotion(bool promote) {
         assert_false(view_of(&f, 1).promoted);
     } else {
         assert_int_equal(served_at, 10); /* waited 10 steps at the start of step 10 */
-        loom_sched_stats st;
-        loom_sched_get_stats(f.s, &st);
+        loom__sched_stats st;
+        loom__sched_get_stats(f.s, &st);
         assert_true(st.n_promotions >= 1);
     }
     fx_close(&f);
@@ -372,7 +372,7 @@ static void test_promotion(void **state) {
 
 static void test_promoted_view(void **state) {
     (void)state;
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.max_seqs = 1;
     c.promote_age_us = 5 * STEP_US;
     fx f;
@@ -382,7 +382,7 @@ static void test_promoted_view(void **state) {
     for (int i = 0; i < 5; i++) run_step(&f);
     assert_false(view_of(&f, 2).promoted);
     run_step(&f);
-    loom_sched_request_view v = view_of(&f, 2);
+    loom__sched_request_view v = view_of(&f, 2);
     assert_true(v.promoted);
     assert_true(v.effective_priority == LOOM_SCHED_PROMOTED_PRIORITY);
     assert_int_equal(v.state, LOOM_SCHED_STATE_RUNNING);
@@ -393,7 +393,7 @@ static void test_promoted_view(void **state) {
 
 static void test_watermark(void **state) {
     (void)state;
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.watermark_blocks = 3;
     fx f;
     fx_open(&f, c, 10, 4);
@@ -402,13 +402,13 @@ static void test_watermark(void **state) {
     add_req(&f, 2, 0, 16, 100); /* 4 + watermark 3 > 6 free */
     add_req(&f, 3, 0, 4, 100);  /* would fit, but does not overtake 2 */
     for (int i = 0; i < 3; i++) assert_int_equal(run_step(&f)->n_entries, 1);
-    loom_sched_stats st;
-    loom_sched_get_stats(f.s, &st);
+    loom__sched_stats st;
+    loom__sched_get_stats(f.s, &st);
     assert_int_equal(st.n_waiting, 2);
     static const uint64_t fin[] = {1};
     plan_step(&f);
     done_step(&f, fin, 1);
-    const loom_sched_plan *p = run_step(&f);
+    const loom__sched_plan *p = run_step(&f);
     assert_non_null(entry_of(p, 2)); /* alone now: admitted */
     assert_non_null(entry_of(p, 3)); /* 1 block + 3 watermark <= 6 free */
     fx_close(&f);
@@ -418,14 +418,14 @@ static void test_watermark(void **state) {
  * them and force a preemption halfway through the prompt. */
 static void test_prefill_promise(void **state) {
     (void)state;
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.max_prefill_chunk = 4;
     fx f;
     fx_open(&f, c, 10, 4);
     add_req(&f, 1, 0, 24, 100); /* 6 blocks, 4 tokens a step */
     add_req(&f, 2, 0, 20, 100); /* 5 blocks: fits the 9 free, not beside 1's remaining 5 */
     for (int i = 0; i < 6; i++) {
-        const loom_sched_plan *p = run_step(&f);
+        const loom__sched_plan *p = run_step(&f);
         assert_int_equal(p->n_entries, 1);
         assert_int_equal(p->entries[0].id, 1);
         assert_int_equal(p->entries[0].pos_start, 4 * i);
@@ -441,7 +441,7 @@ static void test_reject_too_big(void **state) {
     fx_open(&f, small_cfg(), 4, 4);
     add_req(&f, 1, 0, 17, 10); /* 5 blocks of 4 > 4 */
     add_req(&f, 2, 0, 15, 10); /* fits; then outgrows the cache at position 16 */
-    const loom_sched_plan *p = run_step(&f);
+    const loom__sched_plan *p = run_step(&f);
     assert_int_equal(p->n_rejected, 1);
     assert_int_equal(p->rejected[0], 1);
     assert_non_null(entry_of(p, 2));
@@ -452,8 +452,8 @@ static void test_reject_too_big(void **state) {
     assert_int_equal(p->n_rejected, 1);
     assert_int_equal(p->rejected[0], 2);
     assert_int_equal(f.kv.used, 0);
-    loom_sched_stats st;
-    loom_sched_get_stats(f.s, &st);
+    loom__sched_stats st;
+    loom__sched_get_stats(f.s, &st);
     assert_int_equal(st.n_rejected, 2);
     fx_close(&f);
 }
@@ -464,19 +464,19 @@ static void test_reject_too_big(void **state) {
 
 /* Cancels id, checks what it held and that it left no trace: unknown, in no later plan, and
  * its id free to reuse. */
-static void cancel_and_check(fx *f, uint64_t id, loom_sched_holds expect) {
-    loom_sched_holds h;
-    assert_int_equal(loom_sched_cancel(f->s, id, &h), LOOM_OK);
+static void cancel_and_check(fx *f, uint64_t id, loom__sched_holds expect) {
+    loom__sched_holds h;
+    assert_int_equal(loom__sched_cancel(f->s, id, &h), LOOM_OK);
     assert_int_equal(h, expect);
     fake_release(&f->kv, id);
     assert_false(known(f, id));
-    assert_int_equal(loom_sched_validate(f->s), LOOM_OK);
-    assert_int_equal(loom_sched_cancel(f->s, id, NULL), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_validate(f->s), LOOM_OK);
+    assert_int_equal(loom__sched_cancel(f->s, id, NULL), LOOM_ERR_INVALID_ARG);
 }
 
 static void expect_gone(fx *f, uint64_t id) {
     for (int i = 0; i < 3; i++) {
-        const loom_sched_plan *p = run_step(f);
+        const loom__sched_plan *p = run_step(f);
         assert_null(entry_of(p, id));
         assert_false(was_preempted(p, id));
     }
@@ -511,8 +511,8 @@ static void test_cancel_waiting_and_running(void **state) {
     assert_non_null(entry_of(&f.plan, 4));
     cancel_and_check(&f, 4, LOOM_SCHED_HOLDS_KV);
     add_req(&f, 4, 0, 8, 100);
-    loom_sched_result res[2] = {{4, 0, false}, {5, 1, false}};
-    assert_int_equal(loom_sched_on_step_done(f.s, res, 2, f.now), LOOM_OK);
+    loom__sched_result res[2] = {{4, 0, false}, {5, 1, false}};
+    assert_int_equal(loom__sched_on_step_done(f.s, res, 2, f.now), LOOM_OK);
     assert_int_equal(view_of(&f, 5).n_generated, 1);
     assert_int_equal(view_of(&f, 4).state, LOOM_SCHED_STATE_WAITING);
     assert_int_equal(view_of(&f, 4).n_computed, 0);
@@ -520,8 +520,8 @@ static void test_cancel_waiting_and_running(void **state) {
     cancel_and_check(&f, 4, LOOM_SCHED_HOLDS_NOTHING);
     expect_gone(&f, 4);
 
-    loom_sched_stats st;
-    loom_sched_get_stats(f.s, &st);
+    loom__sched_stats st;
+    loom__sched_get_stats(f.s, &st);
     assert_int_equal(st.n_cancelled, 5);
     fx_close(&f);
 }
@@ -530,7 +530,7 @@ static void test_cancel_preempted(void **state) {
     (void)state;
     for (int mode = 0; mode < 2; mode++) {
         fx f;
-        fill_for_preemption(&f, (loom_sched_preempt_mode)mode);
+        fill_for_preemption(&f, (loom__sched_preempt_mode)mode);
         plan_step(&f);
         assert_true(was_preempted(&f.plan, 3));
         done_step(&f, NULL, 0);
@@ -553,18 +553,18 @@ static void test_cancel_preempted(void **state) {
 
 static void test_fcfs(void **state) {
     (void)state;
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.max_seqs = 1;
     c.policy = LOOM_SCHED_POLICY_FCFS;
     c.promote_age_us = 1; /* ignored */
     fx f;
     fx_open(&f, c, 1000, 16);
     f.now = 10;
-    add_info(&f, (loom_sched_request_info){
+    add_info(&f, (loom__sched_request_info){
                      .id = 1, .priority = 0, .n_prompt = 4, .max_new_tokens = 1, .arrival_us = 1});
-    add_info(&f, (loom_sched_request_info){
+    add_info(&f, (loom__sched_request_info){
                      .id = 2, .priority = 9, .n_prompt = 4, .max_new_tokens = 1, .arrival_us = 2});
-    add_info(&f, (loom_sched_request_info){.id = 3,
+    add_info(&f, (loom__sched_request_info){.id = 3,
                                            .priority = 5,
                                            .n_prompt = 4,
                                            .max_new_tokens = 1,
@@ -575,7 +575,7 @@ static void test_fcfs(void **state) {
     add_req(&f, 4, 0, 4, 100);
     run_step(&f);
     add_req(&f, 5, 99, 4, 1); /* no preemption in favour of a priority */
-    const loom_sched_plan *p = run_step(&f);
+    const loom__sched_plan *p = run_step(&f);
     assert_int_equal(p->n_preempted, 0);
     assert_int_equal(p->entries[0].id, 4);
     fx_close(&f);
@@ -589,7 +589,7 @@ static void test_cached_prefix(void **state) {
     f.kv.seqs[2].cached = 20; /* the whole prompt: one token is still computed */
     add_req(&f, 1, 0, 20, 5);
     add_req(&f, 2, 0, 20, 5);
-    const loom_sched_plan *p = run_step(&f);
+    const loom__sched_plan *p = run_step(&f);
     assert_int_equal(entry_of(p, 1)->pos_start, 8);
     assert_int_equal(entry_of(p, 1)->n_tokens, 12);
     assert_int_equal(entry_of(p, 2)->pos_start, 19);
@@ -601,19 +601,19 @@ static void test_cached_prefix(void **state) {
 
 static void test_tpot_budget(void **state) {
     (void)state;
-    loom_sched_config c = small_cfg();
+    loom__sched_config c = small_cfg();
     c.max_batched_tokens = 4096;
     c.step_base_us = 1000;
     c.step_per_token_us = 10;
     fx f;
     fx_open(&f, c, 100000, 16);
     add_info(&f,
-             (loom_sched_request_info){
+             (loom__sched_request_info){
                  .id = 1, .n_prompt = 1, .max_new_tokens = 1000, .arrival_us = 0, .tpot_us = 3000});
     run_step(&f); /* first token at t = 0 */
     add_req(&f, 2, 0, 10000, 10);
     /* t = 1000; token 2 due at 3000: 2000 us of slack = 1000 base + 100 tokens. */
-    const loom_sched_plan *p = run_step(&f);
+    const loom__sched_plan *p = run_step(&f);
     assert_int_equal(p->n_tokens, 100);
     assert_int_equal(entry_of(p, 2)->n_tokens, 99);
     /* A decode already too late to save does not throttle prefills. */
@@ -631,29 +631,29 @@ static void test_bad_config(void **state) {
     (void)state;
     fake_kv kv;
     fake_kv_init(&kv, 10, 4, 10);
-    loom_sched_kv_iface it = fake_iface(&kv);
-    loom_sched *s = NULL;
-    loom_sched_config c = small_cfg();
-    assert_int_equal(loom_sched_create(NULL, &it, &s), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_sched_create(&c, NULL, &s), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_sched_create(&c, &it, NULL), LOOM_ERR_INVALID_ARG);
-    loom_sched_config bad[7];
+    loom__sched_kv_iface it = fake_iface(&kv);
+    loom__sched *s = NULL;
+    loom__sched_config c = small_cfg();
+    assert_int_equal(loom__sched_create(NULL, &it, &s), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_create(&c, NULL, &s), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_create(&c, &it, NULL), LOOM_ERR_INVALID_ARG);
+    loom__sched_config bad[7];
     for (int i = 0; i < 7; i++) bad[i] = c;
     bad[0].max_batched_tokens = 0; /* zero budget */
     bad[1].max_seqs = 0;
     bad[2].max_batched_tokens = c.max_seqs - 1;
     bad[3].watermark_blocks = -1;
-    bad[4].policy = (loom_sched_policy)7;
-    bad[5].preempt_mode = (loom_sched_preempt_mode)7;
+    bad[4].policy = (loom__sched_policy)7;
+    bad[5].preempt_mode = (loom__sched_preempt_mode)7;
     bad[6].promote_age_us = -1;
     for (int i = 0; i < 7; i++) {
-        assert_int_equal(loom_sched_create(&bad[i], &it, &s), LOOM_ERR_INVALID_ARG);
+        assert_int_equal(loom__sched_create(&bad[i], &it, &s), LOOM_ERR_INVALID_ARG);
         assert_null(s);
     }
     it.blocks_needed = NULL;
-    assert_int_equal(loom_sched_create(&c, &it, &s), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_create(&c, &it, &s), LOOM_ERR_INVALID_ARG);
     assert_null(s);
-    loom_sched_destroy(NULL);
+    loom__sched_destroy(NULL);
     fake_kv_free(&kv);
 }
 
@@ -663,38 +663,38 @@ static void test_bad_input(void **state) {
     fx_open(&f, small_cfg(), 1000, 16);
     f.now = 1000;
     add_req(&f, 1, 0, 4, 10);
-    loom_sched_request_info dup = {
+    loom__sched_request_info dup = {
         .id = 1, .n_prompt = 4, .max_new_tokens = 1, .arrival_us = f.now};
-    assert_int_equal(loom_sched_add(f.s, &dup, f.now), LOOM_ERR_INVALID_ARG);
-    loom_sched_request_info bad = dup;
+    assert_int_equal(loom__sched_add(f.s, &dup, f.now), LOOM_ERR_INVALID_ARG);
+    loom__sched_request_info bad = dup;
     bad.id = 2;
     bad.n_prompt = 0;
-    assert_int_equal(loom_sched_add(f.s, &bad, f.now), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_add(f.s, &bad, f.now), LOOM_ERR_INVALID_ARG);
     bad.n_prompt = 4;
     bad.max_new_tokens = 0;
-    assert_int_equal(loom_sched_add(f.s, &bad, f.now), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_add(f.s, &bad, f.now), LOOM_ERR_INVALID_ARG);
     bad.max_new_tokens = 1;
     bad.arrival_us = f.now + 1;
-    assert_int_equal(loom_sched_add(f.s, &bad, f.now), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_add(f.s, &bad, f.now), LOOM_ERR_INVALID_ARG);
     bad.arrival_us = f.now;
     bad.ttft_us = -5;
-    assert_int_equal(loom_sched_add(f.s, &bad, f.now), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_add(f.s, &bad, f.now), LOOM_ERR_INVALID_ARG);
     bad.ttft_us = 0;
     bad.arrival_us = f.now - 1;
-    assert_int_equal(loom_sched_add(f.s, &bad, f.now - 1), LOOM_ERR_INVALID_ARG); /* time */
-    assert_int_equal(loom_sched_add(f.s, NULL, f.now), LOOM_ERR_INVALID_ARG);
-    loom_sched_request_view v;
-    assert_int_equal(loom_sched_get(f.s, 99, &v), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_sched_cancel(f.s, 99, NULL), LOOM_ERR_INVALID_ARG);
-    loom_sched_result r1 = {1, 1, false};
-    assert_int_equal(loom_sched_on_step_done(f.s, &r1, 1, f.now), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_sched_on_step_done(f.s, NULL, 1, f.now), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_sched_on_step_done(f.s, NULL, 0, f.now), LOOM_OK); /* no plan: no-op */
-    assert_int_equal(loom_sched_schedule(f.s, f.now - 1, &f.plan), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_add(f.s, &bad, f.now - 1), LOOM_ERR_INVALID_ARG); /* time */
+    assert_int_equal(loom__sched_add(f.s, NULL, f.now), LOOM_ERR_INVALID_ARG);
+    loom__sched_request_view v;
+    assert_int_equal(loom__sched_get(f.s, 99, &v), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_cancel(f.s, 99, NULL), LOOM_ERR_INVALID_ARG);
+    loom__sched_result r1 = {1, 1, false};
+    assert_int_equal(loom__sched_on_step_done(f.s, &r1, 1, f.now), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_on_step_done(f.s, NULL, 1, f.now), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_on_step_done(f.s, NULL, 0, f.now), LOOM_OK); /* no plan: no-op */
+    assert_int_equal(loom__sched_schedule(f.s, f.now - 1, &f.plan), LOOM_ERR_INVALID_ARG);
 
     plan_step(&f); /* 1 samples this step */
-    assert_int_equal(loom_sched_schedule(f.s, f.now, &f.plan), LOOM_ERR_INVALID_ARG);
-    loom_sched_result bad_res[][2] = {
+    assert_int_equal(loom__sched_schedule(f.s, f.now, &f.plan), LOOM_ERR_INVALID_ARG);
+    loom__sched_result bad_res[][2] = {
         {{99, 0, false}, {1, 1, false}}, /* not in the plan */
         {{1, 1, false}, {1, 1, false}},  /* twice */
         {{1, 0, false}, {1, 0, false}},  /* sampled nothing, not finished (2nd ignored) */
@@ -702,9 +702,9 @@ static void test_bad_input(void **state) {
     };
     int32_t bad_n[] = {2, 2, 1, 1};
     for (int i = 0; i < 4; i++)
-        assert_int_equal(loom_sched_on_step_done(f.s, bad_res[i], bad_n[i], f.now),
+        assert_int_equal(loom__sched_on_step_done(f.s, bad_res[i], bad_n[i], f.now),
                          LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_sched_on_step_done(f.s, NULL, 0, f.now), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sched_on_step_done(f.s, NULL, 0, f.now), LOOM_ERR_INVALID_ARG);
     assert_int_equal(view_of(&f, 1).n_computed, 0); /* nothing was committed */
     done_step(&f, NULL, 0);
     assert_int_equal(view_of(&f, 1).n_computed, 4);
@@ -713,8 +713,8 @@ static void test_bad_input(void **state) {
     /* Tokens from an entry that does not sample. */
     add_req(&f, 2, 0, 100, 10);
     plan_step(&f);
-    loom_sched_result r2[2] = {{1, 1, false}, {2, 1, false}};
-    assert_int_equal(loom_sched_on_step_done(f.s, r2, 2, f.now), LOOM_ERR_INVALID_ARG);
+    loom__sched_result r2[2] = {{1, 1, false}, {2, 1, false}};
+    assert_int_equal(loom__sched_on_step_done(f.s, r2, 2, f.now), LOOM_ERR_INVALID_ARG);
     done_step(&f, NULL, 0);
     fx_close(&f);
 }

@@ -24,8 +24,8 @@ typedef struct m_req {
 
 typedef struct sim_params {
     uint64_t seed;
-    loom_sched_policy policy;
-    loom_sched_preempt_mode mode;
+    loom__sched_policy policy;
+    loom__sched_preempt_mode mode;
     int32_t n_steps;
     int32_t max_prefill_chunk;
     int64_t promote_age_us;
@@ -48,9 +48,9 @@ typedef struct sim_result {
 
 typedef struct sim {
     sim_params p;
-    loom_sched_config cfg;
+    loom__sched_config cfg;
     fake_kv kv;
-    loom_sched *s;
+    loom__sched *s;
     m_req *m; /* [max_id + 1] */
     uint64_t max_id, next_id;
     uint64_t *live; /* ids not yet gone (compacted lazily) */
@@ -98,7 +98,7 @@ static void add_wait(m_req *r, int64_t now) {
 
 static uint64_t submit(sim *x, int32_t prio) {
     uint64_t id = x->next_id++;
-    loom_sched_request_info info = {
+    loom__sched_request_info info = {
         .id = id,
         .priority = prio,
         .n_prompt = rnd_in(x, 1, 64),
@@ -109,7 +109,7 @@ static uint64_t submit(sim *x, int32_t prio) {
     };
     if (info.arrival_us < 0) info.arrival_us = 0;
     x->kv.seqs[id].cached = chance(x, 0.3) ? rnd_in(x, 0, info.n_prompt + 4) : 0;
-    assert_int_equal(loom_sched_add(x->s, &info, x->now), LOOM_OK);
+    assert_int_equal(loom__sched_add(x->s, &info, x->now), LOOM_OK);
     x->m[id] = (m_req){.state = M_WAITING,
                        .n_prompt = info.n_prompt,
                        .max_new = info.max_new_tokens,
@@ -138,9 +138,9 @@ static void cancel_random(sim *x) {
     if (x->n_live == 0) return;
     uint64_t id = x->live[rnd(x) % (uint64_t)x->n_live];
     m_req *r = &x->m[id];
-    loom_sched_holds h;
-    assert_int_equal(loom_sched_cancel(x->s, id, &h), LOOM_OK);
-    loom_sched_holds expect = r->state == M_RUNNING ? LOOM_SCHED_HOLDS_KV
+    loom__sched_holds h;
+    assert_int_equal(loom__sched_cancel(x->s, id, &h), LOOM_OK);
+    loom__sched_holds expect = r->state == M_RUNNING ? LOOM_SCHED_HOLDS_KV
                               : r->swapped          ? LOOM_SCHED_HOLDS_SWAP
                                                     : LOOM_SCHED_HOLDS_NOTHING;
     assert_int_equal(h, expect);
@@ -149,7 +149,7 @@ static void cancel_random(sim *x) {
 }
 
 /* Checks the plan against the model and moves the model along with it. */
-static void follow_plan(sim *x, const loom_sched_plan *p) {
+static void follow_plan(sim *x, const loom__sched_plan *p) {
     for (int32_t i = 0; i < p->n_preempted; i++) {
         m_req *r = &x->m[p->preempted[i]];
         assert_int_equal(r->state, M_RUNNING);
@@ -167,7 +167,7 @@ static void follow_plan(sim *x, const loom_sched_plan *p) {
         x->out.rejected++;
     }
     for (int32_t i = 0; i < p->n_entries; i++) {
-        const loom_sched_entry *e = &p->entries[i];
+        const loom__sched_entry *e = &p->entries[i];
         m_req *r = &x->m[e->id];
         int32_t total = r->n_prompt + r->n_generated;
         if (e->admitted) {
@@ -197,9 +197,9 @@ static void check_states(sim *x, int64_t wait_bound_us) {
     for (int32_t i = 0; i < x->n_live; i++) {
         uint64_t id = x->live[i];
         m_req *r = &x->m[id];
-        loom_sched_request_view v;
-        assert_int_equal(loom_sched_get(x->s, id, &v), LOOM_OK);
-        static const loom_sched_state want[] = {
+        loom__sched_request_view v;
+        assert_int_equal(loom__sched_get(x->s, id, &v), LOOM_OK);
+        static const loom__sched_state want[] = {
             0, LOOM_SCHED_STATE_WAITING, LOOM_SCHED_STATE_RUNNING, LOOM_SCHED_STATE_PREEMPTED};
         assert_int_equal(v.state, want[r->state]);
         assert_int_equal(v.n_generated, r->n_generated);
@@ -214,8 +214,8 @@ static void check_states(sim *x, int64_t wait_bound_us) {
                          (long long)w, (long long)wait_bound_us);
         }
     }
-    loom_sched_stats st;
-    loom_sched_get_stats(x->s, &st);
+    loom__sched_stats st;
+    loom__sched_get_stats(x->s, &st);
     assert_int_equal(st.n_waiting, n[M_WAITING]);
     assert_int_equal(st.n_running, n[M_RUNNING]);
     assert_int_equal(st.n_preempted, n[M_PREEMPTED]);
@@ -227,40 +227,40 @@ static void step(sim *x, bool traffic, int64_t wait_bound_us) {
         arrive(x);
         if (chance(x, x->p.p_cancel)) cancel_random(x);
     }
-    loom_sched_plan plan;
-    assert_int_equal(loom_sched_schedule(x->s, x->now, &plan), LOOM_OK);
+    loom__sched_plan plan;
+    assert_int_equal(loom__sched_schedule(x->s, x->now, &plan), LOOM_OK);
     check_plan_shape(&plan, &x->cfg);
     follow_plan(x, &plan);
     fake_apply(&x->kv, &plan);
-    assert_int_equal(loom_sched_validate(x->s), LOOM_OK);
+    assert_int_equal(loom__sched_validate(x->s), LOOM_OK);
 
     /* Sometimes the engine cancels a request after the forward ran, before reporting. */
     if (traffic && chance(x, x->p.p_cancel / 2)) cancel_random(x);
 
-    loom_sched_result res[64];
+    loom__sched_result res[64];
     int32_t n = 0;
     for (int32_t i = 0; i < plan.n_entries; i++) {
-        const loom_sched_entry *e = &plan.entries[i];
+        const loom__sched_entry *e = &plan.entries[i];
         m_req *r = &x->m[e->id];
         if (r->state == M_GONE) { /* cancelled mid-plan: a result is allowed and ignored */
-            if (chance(x, 0.5)) res[n++] = (loom_sched_result){e->id, e->sample ? 1 : 0, false};
+            if (chance(x, 0.5)) res[n++] = (loom__sched_result){e->id, e->sample ? 1 : 0, false};
             continue;
         }
         r->n_computed += e->n_tokens;
         bool fail = chance(x, 0.002); /* a failure that touched this request */
         if (e->sample) {
             bool eos = chance(x, x->p.p_eos);
-            res[n++] = (loom_sched_result){e->id, fail ? 0 : 1, eos || fail};
+            res[n++] = (loom__sched_result){e->id, fail ? 0 : 1, eos || fail};
             r->n_generated += fail ? 0 : 1;
             if (eos || fail || r->n_generated >= r->max_new) gone(x, e->id), x->out.finished++;
         } else if (fail) {
-            res[n++] = (loom_sched_result){e->id, 0, true};
+            res[n++] = (loom__sched_result){e->id, 0, true};
             gone(x, e->id);
             x->out.finished++;
         }
     }
-    assert_int_equal(loom_sched_on_step_done(x->s, res, n, x->now), LOOM_OK);
-    assert_int_equal(loom_sched_validate(x->s), LOOM_OK);
+    assert_int_equal(loom__sched_on_step_done(x->s, res, n, x->now), LOOM_OK);
+    assert_int_equal(loom__sched_validate(x->s), LOOM_OK);
     check_states(x, wait_bound_us);
     x->now += SIM_STEP_US;
 }
@@ -281,7 +281,7 @@ static sim_result run_sim(const sim_params *p, int64_t wait_bound_us) {
     x.client_req = calloc((size_t)p->n_clients + 1, sizeof *x.client_req);
     assert_true(x.m && x.live && x.client_req);
     fake_kv_init(&x.kv, SIM_BLOCKS, SIM_BLOCK_SIZE, x.max_id);
-    x.cfg = loom_sched_default_config();
+    x.cfg = loom__sched_default_config();
     x.cfg.policy = p->policy;
     x.cfg.preempt_mode = p->mode;
     x.cfg.max_batched_tokens = 64;
@@ -290,8 +290,8 @@ static sim_result run_sim(const sim_params *p, int64_t wait_bound_us) {
     x.cfg.watermark_blocks = 2;
     x.cfg.promote_age_us = p->promote_age_us;
     x.cfg.initial_capacity = 4; /* exercise growth */
-    loom_sched_kv_iface it = fake_iface(&x.kv);
-    assert_int_equal(loom_sched_create(&x.cfg, &it, &x.s), LOOM_OK);
+    loom__sched_kv_iface it = fake_iface(&x.kv);
+    assert_int_equal(loom__sched_create(&x.cfg, &it, &x.s), LOOM_OK);
 
     for (int32_t i = 0; i < p->n_steps; i++) step(&x, true, wait_bound_us);
     /* Drain: with no new traffic everything finishes (max_new_tokens bounds each request). */
@@ -303,8 +303,8 @@ static sim_result run_sim(const sim_params *p, int64_t wait_bound_us) {
     compact_live(&x);
     assert_int_equal(x.n_live, 0);
     assert_int_equal(x.kv.used, 0);
-    loom_sched_stats st;
-    loom_sched_get_stats(x.s, &st);
+    loom__sched_stats st;
+    loom__sched_get_stats(x.s, &st);
     assert_int_equal(st.n_added, x.out.added);
     assert_int_equal(st.n_added, st.n_finished + st.n_cancelled + st.n_rejected);
     assert_int_equal(st.n_cancelled, x.out.cancelled);
@@ -312,7 +312,7 @@ static sim_result run_sim(const sim_params *p, int64_t wait_bound_us) {
     assert_int_equal(st.n_preemptions, x.out.preemptions);
     x.out.finished = st.n_finished;
     x.out.promotions = st.n_promotions;
-    loom_sched_destroy(x.s);
+    loom__sched_destroy(x.s);
     fake_kv_free(&x.kv);
     free(x.m);
     free(x.live);

@@ -75,10 +75,10 @@ static void test_traits_table(void **state) {
     };
     size_t n_known = sizeof want / sizeof want[0];
     for (size_t i = 0; i < n_known; i++) {
-        const loom_type_traits *tr = loom_type_get_traits(want[i].id);
+        const loom__type_traits *tr = loom__type_get_traits(want[i].id);
         assert_non_null(tr);
         assert_string_equal(tr->name, want[i].name);
-        assert_string_equal(loom_type_name(want[i].id), want[i].name);
+        assert_string_equal(loom__type_name(want[i].id), want[i].name);
         assert_int_equal(tr->block_elems, want[i].elems);
         assert_int_equal(tr->block_bytes, want[i].bytes);
         assert_int_equal(tr->quantized, want[i].quantized);
@@ -87,66 +87,66 @@ static void test_traits_table(void **state) {
     /* Every other id in the id space (and beyond) has no traits. */
     size_t known = 0;
     for (uint32_t id = 0; id < 64; id++)
-        if (loom_type_get_traits(id)) known++;
+        if (loom__type_get_traits(id)) known++;
     assert_int_equal(known, n_known);
-    assert_null(loom_type_get_traits(4));
-    assert_null(loom_type_get_traits(16));
-    assert_null(loom_type_get_traits(LOOM_TYPE_COUNT_));
-    assert_null(loom_type_get_traits(UINT32_MAX));
+    assert_null(loom__type_get_traits(4));
+    assert_null(loom__type_get_traits(16));
+    assert_null(loom__type_get_traits(LOOM_TYPE_COUNT_));
+    assert_null(loom__type_get_traits(UINT32_MAX));
     /* Names for messages: GGUF types loom lacks keep their name, the rest are numbered. */
-    assert_string_equal(loom_type_name(16), "iq2_xxs");
-    assert_string_equal(loom_type_name(39), "mxfp4");
-    assert_string_equal(loom_type_name(1000), "unknown(1000)");
-    assert_string_equal(loom_type_name(UINT32_MAX), "unknown(4294967295)");
+    assert_string_equal(loom__type_name(16), "iq2_xxs");
+    assert_string_equal(loom__type_name(39), "mxfp4");
+    assert_string_equal(loom__type_name(1000), "unknown(1000)");
+    assert_string_equal(loom__type_name(UINT32_MAX), "unknown(4294967295)");
 }
 
 static void test_layout_offsets(void **state) {
     (void)state;
     /* Field offsets are format facts; the Python conformance test relies on them too. */
-    assert_int_equal(offsetof(loom_block_q4_1, qs), 4);
-    assert_int_equal(offsetof(loom_block_q5_0, qs), 6);
-    assert_int_equal(offsetof(loom_block_q5_1, qh), 4);
-    assert_int_equal(offsetof(loom_block_q5_1, qs), 8);
-    assert_int_equal(offsetof(loom_block_q2_K, d), 80);
-    assert_int_equal(offsetof(loom_block_q3_K, scales), 96);
-    assert_int_equal(offsetof(loom_block_q3_K, d), 108);
-    assert_int_equal(offsetof(loom_block_q4_K, qs), 16);
-    assert_int_equal(offsetof(loom_block_q5_K, qh), 16);
-    assert_int_equal(offsetof(loom_block_q5_K, qs), 48);
-    assert_int_equal(offsetof(loom_block_q6_K, scales), 192);
-    assert_int_equal(offsetof(loom_block_q6_K, d), 208);
-    assert_int_equal(offsetof(loom_block_q8_K, bsums), 260);
+    assert_int_equal(offsetof(loom__block_q4_1, qs), 4);
+    assert_int_equal(offsetof(loom__block_q5_0, qs), 6);
+    assert_int_equal(offsetof(loom__block_q5_1, qh), 4);
+    assert_int_equal(offsetof(loom__block_q5_1, qs), 8);
+    assert_int_equal(offsetof(loom__block_q2_K, d), 80);
+    assert_int_equal(offsetof(loom__block_q3_K, scales), 96);
+    assert_int_equal(offsetof(loom__block_q3_K, d), 108);
+    assert_int_equal(offsetof(loom__block_q4_K, qs), 16);
+    assert_int_equal(offsetof(loom__block_q5_K, qh), 16);
+    assert_int_equal(offsetof(loom__block_q5_K, qs), 48);
+    assert_int_equal(offsetof(loom__block_q6_K, scales), 192);
+    assert_int_equal(offsetof(loom__block_q6_K, d), 208);
+    assert_int_equal(offsetof(loom__block_q8_K, bsums), 260);
 }
 
 static void test_row_bytes(void **state) {
     (void)state;
     size_t bytes = 12345;
-    assert_true(loom_type_row_bytes(LOOM_TYPE_Q4_0, 64, &bytes));
+    assert_true(loom__type_row_bytes(LOOM_TYPE_Q4_0, 64, &bytes));
     assert_int_equal(bytes, 36);
-    assert_true(loom_type_row_bytes(LOOM_TYPE_Q6_K, 4096, &bytes));
+    assert_true(loom__type_row_bytes(LOOM_TYPE_Q6_K, 4096, &bytes));
     assert_int_equal(bytes, 16 * 210);
-    assert_true(loom_type_row_bytes(LOOM_TYPE_F32, 7, &bytes));
+    assert_true(loom__type_row_bytes(LOOM_TYPE_F32, 7, &bytes));
     assert_int_equal(bytes, 28);
-    assert_true(loom_type_row_bytes(LOOM_TYPE_Q8_K, 0, &bytes));
+    assert_true(loom__type_row_bytes(LOOM_TYPE_Q8_K, 0, &bytes));
     assert_int_equal(bytes, 0);
-    assert_true(loom_type_row_bytes(LOOM_TYPE_I8, INT64_MAX, &bytes));
+    assert_true(loom__type_row_bytes(LOOM_TYPE_I8, INT64_MAX, &bytes));
     assert_int_equal(bytes, (size_t)INT64_MAX);
-    assert_true(loom_type_row_bytes(LOOM_TYPE_F16, INT64_C(1) << 62, &bytes));
+    assert_true(loom__type_row_bytes(LOOM_TYPE_F16, INT64_C(1) << 62, &bytes));
     assert_int_equal(bytes, (size_t)1 << 63);
 
     bytes = 777;
-    assert_false(loom_type_row_bytes(LOOM_TYPE_Q4_0, 33, &bytes));  /* not whole blocks */
-    assert_false(loom_type_row_bytes(LOOM_TYPE_Q4_K, 128, &bytes)); /* half a super-block */
-    assert_false(loom_type_row_bytes(LOOM_TYPE_F32, -4, &bytes));   /* negative */
-    assert_false(loom_type_row_bytes(LOOM_TYPE_Q4_0, -32, &bytes));
-    assert_false(loom_type_row_bytes(4, 32, &bytes)); /* unknown ids */
-    assert_false(loom_type_row_bytes(LOOM_TYPE_COUNT_, 32, &bytes));
-    assert_false(loom_type_row_bytes(UINT32_MAX, 1, &bytes));
-    assert_false(loom_type_row_bytes(LOOM_TYPE_F32, INT64_MAX, &bytes)); /* 4 * 2^63 overflows */
-    assert_false(loom_type_row_bytes(LOOM_TYPE_F64, INT64_C(1) << 61, &bytes));
-    assert_false(loom_type_row_bytes(LOOM_TYPE_I64, INT64_C(1) << 61, &bytes));
-    assert_false(loom_type_row_bytes(LOOM_TYPE_I32, INT64_MAX, &bytes));
-    assert_false(loom_type_row_bytes(LOOM_TYPE_Q4_0, 64, NULL));
+    assert_false(loom__type_row_bytes(LOOM_TYPE_Q4_0, 33, &bytes));  /* not whole blocks */
+    assert_false(loom__type_row_bytes(LOOM_TYPE_Q4_K, 128, &bytes)); /* half a super-block */
+    assert_false(loom__type_row_bytes(LOOM_TYPE_F32, -4, &bytes));   /* negative */
+    assert_false(loom__type_row_bytes(LOOM_TYPE_Q4_0, -32, &bytes));
+    assert_false(loom__type_row_bytes(4, 32, &bytes)); /* unknown ids */
+    assert_false(loom__type_row_bytes(LOOM_TYPE_COUNT_, 32, &bytes));
+    assert_false(loom__type_row_bytes(UINT32_MAX, 1, &bytes));
+    assert_false(loom__type_row_bytes(LOOM_TYPE_F32, INT64_MAX, &bytes)); /* 4 * 2^63 overflows */
+    assert_false(loom__type_row_bytes(LOOM_TYPE_F64, INT64_C(1) << 61, &bytes));
+    assert_false(loom__type_row_bytes(LOOM_TYPE_I64, INT64_C(1) << 61, &bytes));
+    assert_false(loom__type_row_bytes(LOOM_TYPE_I32, INT64_MAX, &bytes));
+    assert_false(loom__type_row_bytes(LOOM_TYPE_Q4_0, 64, NULL));
     assert_int_equal(bytes, 777); /* untouched on failure */
 }
 
@@ -163,7 +163,7 @@ static void test_f16_to_f32_exhaustive(void **state) {
     (void)state;
     for (uint32_t i = 0; i < 65536; i++) {
         uint16_t h = (uint16_t)i;
-        float f = loom_f16_to_f32(h);
+        float f = loom__f16_to_f32(h);
         int e = (h >> 10) & 31, m = h & 1023;
         bool negative = h >> 15;
         assert_int_equal(signbit(f) != 0, negative);
@@ -171,7 +171,7 @@ static void test_f16_to_f32_exhaustive(void **state) {
             assert_true(isnan(f));
             assert_int_equal(bits_of(f),
                              (uint32_t)negative << 31 | 0x7f800000u | (uint32_t)m << 13);
-            uint16_t back = loom_f32_to_f16(f);
+            uint16_t back = loom__f32_to_f16(f);
             assert_int_equal(back, h | 0x0200); /* quiet bit set, rest kept */
             continue;
         }
@@ -180,7 +180,7 @@ static void test_f16_to_f32_exhaustive(void **state) {
         } else {
             assert_true((double)f == half_value(h));
         }
-        assert_int_equal(loom_f32_to_f16(f), h); /* identity round trip */
+        assert_int_equal(loom__f32_to_f16(f), h); /* identity round trip */
 #ifdef __FLT16_MAX__
         _Float16 hw;
         memcpy(&hw, &h, sizeof hw);
@@ -213,7 +213,7 @@ static uint16_t ref_f32_to_f16(float f) {
 }
 
 static void check_f32_to_f16(float f) {
-    uint16_t got = loom_f32_to_f16(f), want = ref_f32_to_f16(f);
+    uint16_t got = loom__f32_to_f16(f), want = ref_f32_to_f16(f);
     if (got != want) fail_msg("f32_to_f16(%a) = 0x%04x, want 0x%04x", (double)f, got, want);
 #ifdef __FLT16_MAX__
     _Float16 hw = (_Float16)f;
@@ -247,16 +247,16 @@ static void test_f32_to_f16_reference(void **state) {
         check_f32_to_f16(edges[i]);
         check_f32_to_f16(-edges[i]);
     }
-    assert_int_equal(loom_f32_to_f16(65519.996f), 0x7bff);
-    assert_int_equal(loom_f32_to_f16(65520.0f), 0x7c00);
-    assert_int_equal(loom_f32_to_f16(0x1p-25f), 0x0000);         /* tie with 0 -> even (0) */
-    assert_int_equal(loom_f32_to_f16(0x1.8p-24f), 0x0002);       /* 1.5 ulp: tie -> even (2) */
-    assert_int_equal(loom_f32_to_f16(-0x1.000002p-25f), 0x8001); /* just past the tie */
+    assert_int_equal(loom__f32_to_f16(65519.996f), 0x7bff);
+    assert_int_equal(loom__f32_to_f16(65520.0f), 0x7c00);
+    assert_int_equal(loom__f32_to_f16(0x1p-25f), 0x0000);         /* tie with 0 -> even (0) */
+    assert_int_equal(loom__f32_to_f16(0x1.8p-24f), 0x0002);       /* 1.5 ulp: tie -> even (2) */
+    assert_int_equal(loom__f32_to_f16(-0x1.000002p-25f), 0x8001); /* just past the tie */
     /* A million random bit patterns cover every float exponent. */
     for (int i = 0; i < 1000000; i++) {
         float f = float_of((uint32_t)rng_next());
         if (isnan(f)) {
-            uint16_t h = loom_f32_to_f16(f);
+            uint16_t h = loom__f32_to_f16(f);
             assert_true((h & 0x7c00) == 0x7c00 && (h & 0x03ff) != 0); /* still a NaN */
             assert_int_equal(h >> 15, bits_of(f) >> 31);
             continue;
@@ -264,8 +264,8 @@ static void test_f32_to_f16_reference(void **state) {
         check_f32_to_f16(f);
     }
     /* A NaN whose payload lives only in the dropped bits stays a NaN. */
-    assert_int_equal(loom_f32_to_f16(float_of(0x7f800001u)), 0x7e00);
-    assert_int_equal(loom_f32_to_f16(float_of(0xff800fffu)), 0xfe00);
+    assert_int_equal(loom__f32_to_f16(float_of(0x7f800001u)), 0x7e00);
+    assert_int_equal(loom__f32_to_f16(float_of(0xff800fffu)), 0xfe00);
 }
 
 /* ---- bfloat16 ----------------------------------------------------------------------------- */
@@ -287,29 +287,29 @@ static uint16_t ref_f32_to_bf16(float f) {
 static void test_bf16(void **state) {
     (void)state;
     for (uint32_t i = 0; i < 65536; i++) { /* widening is exact; narrowing it back is identity */
-        float f = loom_bf16_to_f32((uint16_t)i);
+        float f = loom__bf16_to_f32((uint16_t)i);
         assert_int_equal(bits_of(f), i << 16);
         if (!isnan(f))
-            assert_int_equal(loom_f32_to_bf16(f), i);
+            assert_int_equal(loom__f32_to_bf16(f), i);
         else
-            assert_int_equal(loom_f32_to_bf16(f), i | 0x0040);
+            assert_int_equal(loom__f32_to_bf16(f), i | 0x0040);
     }
-    assert_int_equal(loom_f32_to_bf16(1.0f), 0x3f80);
-    assert_int_equal(loom_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);        /* tie -> even */
-    assert_int_equal(loom_f32_to_bf16(1.0f + 0x3p-8f), 0x3f82);        /* tie -> even (up) */
-    assert_int_equal(loom_f32_to_bf16(float_of(0x3f808001u)), 0x3f81); /* past the tie */
-    assert_int_equal(loom_f32_to_bf16(-0.0f), 0x8000);
-    assert_int_equal(loom_f32_to_bf16(INFINITY), 0x7f80);
-    assert_int_equal(loom_f32_to_bf16(-INFINITY), 0xff80);
-    assert_int_equal(loom_f32_to_bf16(FLT_MAX), 0x7f80);               /* rounds to infinity */
-    assert_int_equal(loom_f32_to_bf16(float_of(0x7f7f7fffu)), 0x7f7f); /* stays finite */
-    assert_int_equal(loom_f32_to_bf16(float_of(0x7f800001u)), 0x7fc0); /* NaN stays NaN */
-    assert_int_equal(loom_f32_to_bf16(float_of(0xffc12345u)), 0xffc1); /* sign, payload kept */
-    assert_int_equal(loom_f32_to_bf16(FLT_TRUE_MIN), 0x0000);
+    assert_int_equal(loom__f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(loom__f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);        /* tie -> even */
+    assert_int_equal(loom__f32_to_bf16(1.0f + 0x3p-8f), 0x3f82);        /* tie -> even (up) */
+    assert_int_equal(loom__f32_to_bf16(float_of(0x3f808001u)), 0x3f81); /* past the tie */
+    assert_int_equal(loom__f32_to_bf16(-0.0f), 0x8000);
+    assert_int_equal(loom__f32_to_bf16(INFINITY), 0x7f80);
+    assert_int_equal(loom__f32_to_bf16(-INFINITY), 0xff80);
+    assert_int_equal(loom__f32_to_bf16(FLT_MAX), 0x7f80);               /* rounds to infinity */
+    assert_int_equal(loom__f32_to_bf16(float_of(0x7f7f7fffu)), 0x7f7f); /* stays finite */
+    assert_int_equal(loom__f32_to_bf16(float_of(0x7f800001u)), 0x7fc0); /* NaN stays NaN */
+    assert_int_equal(loom__f32_to_bf16(float_of(0xffc12345u)), 0xffc1); /* sign, payload kept */
+    assert_int_equal(loom__f32_to_bf16(FLT_TRUE_MIN), 0x0000);
     for (int i = 0; i < 1000000; i++) {
         float f = float_of((uint32_t)rng_next());
         if (isnan(f)) continue;
-        uint16_t got = loom_f32_to_bf16(f), want = ref_f32_to_bf16(f);
+        uint16_t got = loom__f32_to_bf16(f), want = ref_f32_to_bf16(f);
         if (got != want) fail_msg("f32_to_bf16(%a) = 0x%04x, want 0x%04x", (double)f, got, want);
     }
 }
@@ -321,45 +321,45 @@ static void test_row_functions_bad_input(void **state) {
     float x[256] = {0}, y[256];
     uint8_t blk[512] = {0};
     /* Types loom cannot dequantize: activation formats, integers, unknown ids. */
-    assert_false(loom_dequantize_row(LOOM_TYPE_Q8_K, blk, y, 256));
-    assert_false(loom_dequantize_row(LOOM_TYPE_Q8_1, blk, y, 32));
-    assert_false(loom_dequantize_row(LOOM_TYPE_I32, blk, y, 4));
-    assert_false(loom_dequantize_row(4, blk, y, 32));
-    assert_false(loom_dequantize_row(UINT32_MAX, blk, y, 32));
+    assert_false(loom__dequantize_row(LOOM_TYPE_Q8_K, blk, y, 256));
+    assert_false(loom__dequantize_row(LOOM_TYPE_Q8_1, blk, y, 32));
+    assert_false(loom__dequantize_row(LOOM_TYPE_I32, blk, y, 4));
+    assert_false(loom__dequantize_row(4, blk, y, 32));
+    assert_false(loom__dequantize_row(UINT32_MAX, blk, y, 32));
     /* Partial blocks, negative counts, NULL buffers. */
-    assert_false(loom_dequantize_row(LOOM_TYPE_Q4_0, blk, y, 31));
-    assert_false(loom_dequantize_row(LOOM_TYPE_Q4_K, blk, y, 32));
-    assert_false(loom_dequantize_row(LOOM_TYPE_F32, blk, y, -1));
-    assert_false(loom_dequantize_row(LOOM_TYPE_Q8_0, NULL, y, 32));
-    assert_false(loom_dequantize_row(LOOM_TYPE_Q8_0, blk, NULL, 32));
-    assert_true(loom_dequantize_row(LOOM_TYPE_Q8_0, NULL, NULL, 0)); /* nothing to do */
+    assert_false(loom__dequantize_row(LOOM_TYPE_Q4_0, blk, y, 31));
+    assert_false(loom__dequantize_row(LOOM_TYPE_Q4_K, blk, y, 32));
+    assert_false(loom__dequantize_row(LOOM_TYPE_F32, blk, y, -1));
+    assert_false(loom__dequantize_row(LOOM_TYPE_Q8_0, NULL, y, 32));
+    assert_false(loom__dequantize_row(LOOM_TYPE_Q8_0, blk, NULL, 32));
+    assert_true(loom__dequantize_row(LOOM_TYPE_Q8_0, NULL, NULL, 0)); /* nothing to do */
 
     /* Quantization exists only for the reference formats. */
-    assert_false(loom_quantize_row(LOOM_TYPE_Q4_K, x, blk, 256));
-    assert_false(loom_quantize_row(LOOM_TYPE_Q6_K, x, blk, 256));
-    assert_false(loom_quantize_row(LOOM_TYPE_Q8_1, x, blk, 32));
-    assert_false(loom_quantize_row(LOOM_TYPE_I8, x, blk, 8));
-    assert_false(loom_quantize_row(7777, x, blk, 32));
-    assert_false(loom_quantize_row(LOOM_TYPE_Q8_0, x, blk, 48));
-    assert_false(loom_quantize_row(LOOM_TYPE_Q8_K, x, blk, 128));
-    assert_false(loom_quantize_row(LOOM_TYPE_Q4_0, x, blk, -32));
-    assert_false(loom_quantize_row(LOOM_TYPE_Q4_0, NULL, blk, 32));
-    assert_true(loom_quantize_row(LOOM_TYPE_Q8_K, x, blk, 256));
+    assert_false(loom__quantize_row(LOOM_TYPE_Q4_K, x, blk, 256));
+    assert_false(loom__quantize_row(LOOM_TYPE_Q6_K, x, blk, 256));
+    assert_false(loom__quantize_row(LOOM_TYPE_Q8_1, x, blk, 32));
+    assert_false(loom__quantize_row(LOOM_TYPE_I8, x, blk, 8));
+    assert_false(loom__quantize_row(7777, x, blk, 32));
+    assert_false(loom__quantize_row(LOOM_TYPE_Q8_0, x, blk, 48));
+    assert_false(loom__quantize_row(LOOM_TYPE_Q8_K, x, blk, 128));
+    assert_false(loom__quantize_row(LOOM_TYPE_Q4_0, x, blk, -32));
+    assert_false(loom__quantize_row(LOOM_TYPE_Q4_0, NULL, blk, 32));
+    assert_true(loom__quantize_row(LOOM_TYPE_Q8_K, x, blk, 256));
 
     /* The dot product signals misuse with NaN. */
-    assert_true(isnan(loom_vec_dot_f32(blk, LOOM_TYPE_Q8_K, x, 256)));
-    assert_true(isnan(loom_vec_dot_f32(blk, LOOM_TYPE_I16, x, 4)));
-    assert_true(isnan(loom_vec_dot_f32(blk, 5, x, 32)));
-    assert_true(isnan(loom_vec_dot_f32(blk, LOOM_TYPE_Q4_0, x, 40)));
-    assert_true(isnan(loom_vec_dot_f32(blk, LOOM_TYPE_F32, x, -3)));
-    assert_true(isnan(loom_vec_dot_f32(NULL, LOOM_TYPE_F32, x, 3)));
-    assert_true(isnan(loom_vec_dot_f32(blk, LOOM_TYPE_F32, NULL, 3)));
-    assert_true(loom_vec_dot_f32(NULL, LOOM_TYPE_Q4_K, NULL, 0) == 0.0f);
-    assert_null(loom_vec_dot_get(LOOM_TYPE_Q8_K));
-    assert_null(loom_vec_dot_get(LOOM_TYPE_Q8_1));
-    assert_null(loom_vec_dot_get(LOOM_TYPE_F64));
-    assert_null(loom_vec_dot_get(99));
-    assert_non_null(loom_vec_dot_get(LOOM_TYPE_Q6_K));
+    assert_true(isnan(loom__vec_dot_f32(blk, LOOM_TYPE_Q8_K, x, 256)));
+    assert_true(isnan(loom__vec_dot_f32(blk, LOOM_TYPE_I16, x, 4)));
+    assert_true(isnan(loom__vec_dot_f32(blk, 5, x, 32)));
+    assert_true(isnan(loom__vec_dot_f32(blk, LOOM_TYPE_Q4_0, x, 40)));
+    assert_true(isnan(loom__vec_dot_f32(blk, LOOM_TYPE_F32, x, -3)));
+    assert_true(isnan(loom__vec_dot_f32(NULL, LOOM_TYPE_F32, x, 3)));
+    assert_true(isnan(loom__vec_dot_f32(blk, LOOM_TYPE_F32, NULL, 3)));
+    assert_true(loom__vec_dot_f32(NULL, LOOM_TYPE_Q4_K, NULL, 0) == 0.0f);
+    assert_null(loom__vec_dot_get(LOOM_TYPE_Q8_K));
+    assert_null(loom__vec_dot_get(LOOM_TYPE_Q8_1));
+    assert_null(loom__vec_dot_get(LOOM_TYPE_F64));
+    assert_null(loom__vec_dot_get(99));
+    assert_non_null(loom__vec_dot_get(LOOM_TYPE_Q6_K));
 }
 
 int main(void) {

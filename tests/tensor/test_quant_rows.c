@@ -1,6 +1,6 @@
 /* test_quant_rows.c — the row kernels: decoding of every block format against a second,
  * value-by-value reading of the format written from its byte offsets; quantize -> dequantize
- * error bounds per format; the q8_K activation quantizer; and loom_vec_dot_f32 against a
+ * error bounds per format; the q8_K activation quantizer; and loom__vec_dot_f32 against a
  * double-precision dot of the dequantized row (with a stated rounding bound) and against the
  * documented summation order (exactly). The byte-exact comparison with the `gguf` package is in
  * tests/conformance/test_quant_gguf.py. */
@@ -83,21 +83,21 @@ static int f16_fields(uint32_t t, int off[2]) {
 
 /* Random bytes, with the f16 fields set to finite values of random sign and magnitude. */
 static void random_blocks(uint32_t t, uint8_t *buf, size_t n_blocks) {
-    const loom_type_traits *tr = loom_type_get_traits(t);
+    const loom__type_traits *tr = loom__type_get_traits(t);
     for (size_t i = 0; i < n_blocks * tr->block_bytes; i++) buf[i] = (uint8_t)rng_next();
     int off[2];
     int nf = f16_fields(t, off);
     for (size_t b = 0; b < n_blocks; b++)
         for (int k = 0; k < nf; k++)
             wr16(buf + b * tr->block_bytes + off[k],
-                 loom_f32_to_f16(rng_normal() * (float)ldexp(1.0, (int)(rng_next() % 12) - 8)));
+                 loom__f32_to_f16(rng_normal() * (float)ldexp(1.0, (int)(rng_next() % 12) - 8)));
 }
 
 /* ---- a value-by-value reading of each format ---------------------------------------------- *
  * Written from the byte offsets and bit positions of the format (not sharing code with the
  * library), with the same float operation order, so the results must match bit for bit. */
 static float h2f(const uint8_t *p) {
-    return loom_f16_to_f32(rd16(p));
+    return loom__f16_to_f32(rd16(p));
 }
 
 static void k4_scale_min(const uint8_t *s, int i, int *sc, int *mn) {
@@ -165,9 +165,9 @@ static void test_decode_matches_format(void **state) {
     assert_non_null(y);
     for (size_t ti = 0; ti < N_BLOCK_TYPES; ti++) {
         uint32_t t = block_types[ti];
-        const loom_type_traits *tr = loom_type_get_traits(t);
+        const loom__type_traits *tr = loom__type_get_traits(t);
         random_blocks(t, buf, BLOCKS);
-        assert_true(loom_dequantize_row(t, buf, y, (int64_t)BLOCKS * tr->block_elems));
+        assert_true(loom__dequantize_row(t, buf, y, (int64_t)BLOCKS * tr->block_elems));
         for (int b = 0; b < BLOCKS; b++) {
             for (uint32_t v = 0; v < tr->block_elems; v++) {
                 float want = ref_value(t, buf + (size_t)b * tr->block_bytes, (int)v);
@@ -185,16 +185,16 @@ static void test_decode_matches_format(void **state) {
 static void test_decode_known_block(void **state) {
     (void)state;
     /* q4_0 with d = 1: codes j in the low nibbles and 15 - j in the high ones. */
-    loom_block_q4_0 b4 = {.d = 0x3c00};
+    loom__block_q4_0 b4 = {.d = 0x3c00};
     for (int j = 0; j < 16; j++) b4.qs[j] = (uint8_t)(j | (15 - j) << 4);
     float y[256];
-    assert_true(loom_dequantize_row(LOOM_TYPE_Q4_0, &b4, y, 32));
+    assert_true(loom__dequantize_row(LOOM_TYPE_Q4_0, &b4, y, 32));
     for (int j = 0; j < 16; j++) {
         assert_true(y[j] == (float)(j - 8));
         assert_true(y[j + 16] == (float)(7 - j));
     }
     /* q6_K with d = 0.5 and every scale 2: value v decodes to q(v) - 32 with q = v % 64. */
-    loom_block_q6_K b6;
+    loom__block_q6_K b6;
     memset(&b6, 0, sizeof b6);
     b6.d = 0x3800;
     for (int i = 0; i < 16; i++) b6.scales[i] = 2;
@@ -203,7 +203,7 @@ static void test_decode_known_block(void **state) {
         b6.ql[64 * h + 32 * (s % 2) + l] |= (uint8_t)((q & 15) << (4 * (s / 2)));
         b6.qh[32 * h + l] |= (uint8_t)((q >> 4) << (2 * s));
     }
-    assert_true(loom_dequantize_row(LOOM_TYPE_Q6_K, &b6, y, 256));
+    assert_true(loom__dequantize_row(LOOM_TYPE_Q6_K, &b6, y, 256));
     for (int v = 0; v < 256; v++) assert_true(y[v] == (float)(v % 64 - 32));
 }
 
@@ -290,9 +290,9 @@ static void test_quantize_roundtrip(void **state) {
         }
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
             uint32_t t = types[ti];
-            const loom_type_traits *tr = loom_type_get_traits(t);
-            assert_true(loom_quantize_row(t, x, q, N));
-            assert_true(loom_dequantize_row(t, q, y, N));
+            const loom__type_traits *tr = loom__type_get_traits(t);
+            assert_true(loom__quantize_row(t, x, q, N));
+            assert_true(loom__dequantize_row(t, q, y, N));
             double err2 = 0, sig2 = 0;
             for (int b = 0; b < N / 32; b++) {
                 double bound = error_bound(t, x + 32 * b, 32);
@@ -324,13 +324,13 @@ static void test_quantize_q8_K(void **state) {
     (void)state;
     enum { NB = 16 };
     float x[NB * 256];
-    loom_block_q8_K blocks[NB];
+    loom__block_q8_K blocks[NB];
     for (int i = 0; i < NB * 256; i++) x[i] = rng_normal() * (float)(1 + i / 256);
     for (int i = 256; i < 512; i++) x[i] = 0.0f; /* block 1: all zero */
     x[2 * 256 + 77] = 50.0f;                     /* block 2: a positive outlier */
-    assert_true(loom_quantize_row(LOOM_TYPE_Q8_K, x, blocks, NB * 256));
+    assert_true(loom__quantize_row(LOOM_TYPE_Q8_K, x, blocks, NB * 256));
     for (int b = 0; b < NB; b++) {
-        const loom_block_q8_K *k = &blocks[b];
+        const loom__block_q8_K *k = &blocks[b];
         const float *xb = x + 256 * b;
         int imax = 0;
         for (int j = 1; j < 256; j++)
@@ -370,14 +370,14 @@ static float ordered_dot(const float *w, const float *x, int64_t n) {
 }
 
 static void check_dot(uint32_t t, const void *w, int64_t n, float *wf, const float *x) {
-    const loom_type_traits *tr = loom_type_get_traits(t);
-    assert_true(loom_dequantize_row(t, w, wf, n));
+    const loom__type_traits *tr = loom__type_get_traits(t);
+    assert_true(loom__dequantize_row(t, w, wf, n));
     double ref = 0, mag = 0;
     for (int64_t i = 0; i < n; i++) {
         ref += (double)wf[i] * x[i]; /* exact products; double sum error is negligible here */
         mag += fabs((double)wf[i] * x[i]);
     }
-    float got = loom_vec_dot_f32(w, t, x, n);
+    float got = loom__vec_dot_f32(w, t, x, n);
     /* Float rounding of each product and of each add along a lane's chain (n / 32 adds) and
      * the 5 folds: |error| <= (n/32 + 7) * 2^-24 * sum |w x|. */
     double bound = ((double)(n + 31) / 32 + 7) * 0x1p-24 * mag + 1e-30;
@@ -386,7 +386,7 @@ static void check_dot(uint32_t t, const void *w, int64_t n, float *wf, const flo
                  (double)got, ref, fabs(got - ref), bound);
     /* The fixed order, exactly; the same through the per-type kernel; the same again. */
     float ordered = ordered_dot(wf, x, n);
-    float again = loom_vec_dot_get(t)(w, x, n);
+    float again = loom__vec_dot_get(t)(w, x, n);
     if (memcmp(&got, &ordered, sizeof got) != 0)
         fail_msg("%s n=%lld: dot %a differs from the documented order %a", tr->name, (long long)n,
                  (double)got, (double)ordered);
@@ -406,7 +406,7 @@ static void test_vec_dot(void **state) {
     for (size_t ti = 0; ti < 3; ti++) {
         for (size_t k = 0; k < sizeof plain_n / sizeof plain_n[0]; k++) {
             for (int64_t i = 0; i < plain_n[k]; i++) wf[i] = rng_normal();
-            assert_true(loom_quantize_row(plain[ti], wf, w, plain_n[k]));
+            assert_true(loom__quantize_row(plain[ti], wf, w, plain_n[k]));
             check_dot(plain[ti], w, plain_n[k], wf, x);
         }
     }
@@ -414,7 +414,7 @@ static void test_vec_dot(void **state) {
     static const int64_t n_blocks[] = {1, 2, 3, 5, 17};
     for (size_t ti = 0; ti < N_BLOCK_TYPES; ti++) {
         uint32_t t = block_types[ti];
-        const loom_type_traits *tr = loom_type_get_traits(t);
+        const loom__type_traits *tr = loom__type_get_traits(t);
         for (size_t k = 0; k < sizeof n_blocks / sizeof n_blocks[0]; k++) {
             random_blocks(t, w, (size_t)n_blocks[k]);
             check_dot(t, w, n_blocks[k] * tr->block_elems, wf, x);

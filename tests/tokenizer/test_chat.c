@@ -35,13 +35,13 @@ static const char k_llama3_tmpl[] =
     "{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
 
-static loom_status detect(const char *t, loom_chat_kind *k) {
+static loom_status detect(const char *t, loom__chat_kind *k) {
     return loom__chat_detect_text(t, strlen(t), k);
 }
 
 static void test_detect_text(void **state) {
     (void)state;
-    loom_chat_kind k = (loom_chat_kind)99;
+    loom__chat_kind k = (loom__chat_kind)99;
     assert_int_equal(detect(k_chatml_tmpl, &k), LOOM_OK);
     assert_int_equal(k, LOOM_CHAT_CHATML);
     assert_int_equal(detect(k_gemma_tmpl, &k), LOOM_OK);
@@ -58,12 +58,12 @@ static void test_detect_text(void **state) {
     assert_string_equal(loom__chat_kind_name(LOOM_CHAT_CHATML), "chatml");
     assert_string_equal(loom__chat_kind_name(LOOM_CHAT_GEMMA), "gemma");
     assert_string_equal(loom__chat_kind_name(LOOM_CHAT_LLAMA3), "llama3");
-    assert_string_equal(loom__chat_kind_name((loom_chat_kind)7), "unknown");
+    assert_string_equal(loom__chat_kind_name((loom__chat_kind)7), "unknown");
 }
 
 static void test_detect_precedence(void **state) {
     (void)state;
-    loom_chat_kind k;
+    loom__chat_kind k;
     /* llama.cpp reads these as chatml, gemma and gemma: the earlier rule wins */
     assert_int_equal(detect("<|im_start|> <start_of_turn>", &k), LOOM_OK);
     assert_int_equal(k, LOOM_CHAT_CHATML);
@@ -79,7 +79,7 @@ static void test_detect_precedence(void **state) {
 
 static void test_detect_unsupported(void **state) {
     (void)state;
-    loom_chat_kind k = LOOM_CHAT_LLAMA3;
+    loom__chat_kind k = LOOM_CHAT_LLAMA3;
     /* phi-4 shares <|im_start|> but is another format */
     assert_int_equal(detect("{{'<|im_start|>' + role + '<|im_sep|>'}}", &k), LOOM_ERR_UNSUPPORTED);
     assert_non_null(strstr(loom_last_error(), "phi-4"));
@@ -121,20 +121,20 @@ static void build_meta(tbuf *b, const char *arch, uint32_t tmpl_type, const char
 }
 
 static loom_status detect_meta(const char *arch, uint32_t tmpl_type, const char *tmpl,
-                               loom_chat_kind *k) {
+                               loom__chat_kind *k) {
     tbuf b = {0};
     build_meta(&b, arch, tmpl_type, tmpl);
-    loom_gguf *g = NULL;
-    assert_int_equal(loom_gguf_open_memory(b.p, b.n, &g), LOOM_OK);
+    loom__gguf *g = NULL;
+    assert_int_equal(loom__gguf_open_memory(b.p, b.n, &g), LOOM_OK);
     loom_status st = loom__chat_detect_gguf(g, arch, k);
-    loom_gguf_close(g);
+    loom__gguf_close(g);
     tb_free(&b);
     return st;
 }
 
 static void test_detect_gguf(void **state) {
     (void)state;
-    loom_chat_kind k;
+    loom__chat_kind k;
     /* no template: by architecture */
     assert_int_equal(detect_meta("gemma3", 0, NULL, &k), LOOM_OK);
     assert_int_equal(k, LOOM_CHAT_GEMMA);
@@ -160,7 +160,7 @@ static void test_detect_gguf(void **state) {
 
 /* Renders into a poisoned buffer and checks the exact text, the size query, and that the byte
  * after the text is untouched. */
-static void expect_render(loom_chat_kind kind, const loom_chat_message *m, size_t n, bool add,
+static void expect_render(loom__chat_kind kind, const loom_chat_message *m, size_t n, bool add,
                           const char *want) {
     size_t want_len = strlen(want), n_out = 12345;
     assert_int_equal(loom__chat_render(kind, m, n, add, NULL, 0, &n_out),
@@ -296,7 +296,7 @@ static void test_render_bad_input(void **state) {
                      LOOM_ERR_INVALID_ARG);
     assert_int_equal(loom__chat_render(LOOM_CHAT_GEMMA, ok, 1, true, buf, sizeof buf, NULL),
                      LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom__chat_render((loom_chat_kind)9, ok, 1, true, buf, sizeof buf, &n_out),
+    assert_int_equal(loom__chat_render((loom__chat_kind)9, ok, 1, true, buf, sizeof buf, &n_out),
                      LOOM_ERR_INVALID_ARG);
 }
 

@@ -17,9 +17,9 @@ typedef struct run {
 } run;
 
 /* Pushes pieces in order and collects what the stream releases. */
-static void push_all(const char *const *pieces, size_t n, const loom_stop_set *stops, run *r) {
+static void push_all(const char *const *pieces, size_t n, const loom__stop_set *stops, run *r) {
     char buf[64];
-    loom_text_stream ts = {buf, 0, sizeof buf, 0};
+    loom__text_stream ts = {buf, 0, sizeof buf, 0};
     r->len = 0;
     r->stopped = false;
     for (size_t i = 0; i < n && !r->stopped; i++) {
@@ -53,7 +53,7 @@ static void test_split_utf8_is_held_until_complete(void **state) {
     (void)state;
     /* "é" = C3 A9 and "€" = E2 82 AC arriving byte by byte (byte-fallback tokens). */
     char buf[32];
-    loom_text_stream ts = {buf, 0, sizeof buf, 0};
+    loom__text_stream ts = {buf, 0, sizeof buf, 0};
     const char *o;
     size_t ol;
     bool st;
@@ -72,7 +72,7 @@ static void test_stop_string_across_pieces_is_cut(void **state) {
     (void)state;
     const char *stop[] = {"###", "\n\nUser:"};
     size_t len[] = {3, 7};
-    loom_stop_set stops = {stop, len, 2, 7};
+    loom__stop_set stops = {stop, len, 2, 7};
     const char *p[] = {"The answer", " is 4.", "\n", "\nUs", "er: more"};
     run r;
     push_all(p, 5, &stops, &r);
@@ -88,7 +88,7 @@ static void test_partial_stop_prefix_is_released_at_the_end(void **state) {
     (void)state;
     const char *stop[] = {"STOP"};
     size_t len[] = {4};
-    loom_stop_set stops = {stop, len, 1, 4};
+    loom__stop_set stops = {stop, len, 1, 4};
     const char *p[] = {"go ST", "ILL", " ST"};
     run r;
     push_all(p, 3, &stops, &r);
@@ -99,7 +99,7 @@ static void test_partial_stop_prefix_is_released_at_the_end(void **state) {
 static void test_piece_too_long_is_refused(void **state) {
     (void)state;
     char buf[4];
-    loom_text_stream ts = {buf, 0, sizeof buf, 0};
+    loom__text_stream ts = {buf, 0, sizeof buf, 0};
     const char *o;
     size_t ol;
     bool st;

@@ -24,17 +24,17 @@
 /* ---- building vocabularies ------------------------------------------------------------------- */
 
 typedef struct vocab {
-    loom_tokenizer_text tok[600];
+    loom__tokenizer_text tok[600];
     float score[600];
     int32_t type[600];
     size_t n;
-    loom_tokenizer_text merge[64];
+    loom__tokenizer_text merge[64];
     size_t n_merges;
     char bytes[600][8]; /* storage for generated texts */
 } vocab;
 
 static int32_t add_n(vocab *v, const char *s, size_t len, float score, int32_t type) {
-    v->tok[v->n] = (loom_tokenizer_text){s, len};
+    v->tok[v->n] = (loom__tokenizer_text){s, len};
     v->score[v->n] = score;
     v->type[v->n] = type;
     return (int32_t)v->n++;
@@ -45,7 +45,7 @@ static int32_t add(vocab *v, const char *s, float score, int32_t type) {
 }
 
 static void add_merge(vocab *v, const char *s) {
-    v->merge[v->n_merges++] = (loom_tokenizer_text){s, strlen(s)};
+    v->merge[v->n_merges++] = (loom__tokenizer_text){s, strlen(s)};
 }
 
 /* <unk> <s> </s> first (ids 0 1 2, the SentencePiece defaults). */
@@ -72,10 +72,10 @@ static void bpe_base(vocab *v) {
     }
 }
 
-static loom_tokenizer_spec spec_of(vocab *v, loom_tokenizer_kind kind, const char *pre) {
-    loom_tokenizer_spec s = {0};
+static loom__tokenizer_spec spec_of(vocab *v, loom__tokenizer_kind kind, const char *pre) {
+    loom__tokenizer_spec s = {0};
     s.kind = kind;
-    if (pre) s.pre = (loom_tokenizer_text){pre, strlen(pre)};
+    if (pre) s.pre = (loom__tokenizer_text){pre, strlen(pre)};
     s.n_vocab = v->n;
     s.tokens = v->tok;
     s.scores = v->score;
@@ -86,19 +86,19 @@ static loom_tokenizer_spec spec_of(vocab *v, loom_tokenizer_kind kind, const cha
     return s;
 }
 
-static loom_tokenizer *make(const loom_tokenizer_spec *s) {
-    loom_tokenizer *t = NULL;
-    loom_status st = loom_tokenizer_create(s, &t);
+static loom__tokenizer *make(const loom__tokenizer_spec *s) {
+    loom__tokenizer *t = NULL;
+    loom_status st = loom__tokenizer_create(s, &t);
     if (st != LOOM_OK) fail_msg("create: %s", loom_last_error());
     return t;
 }
 
 /* Encodes s and compares with the n expected ids. */
-static void expect_ids(const loom_tokenizer *t, const char *s, unsigned flags,
+static void expect_ids(const loom__tokenizer *t, const char *s, unsigned flags,
                        const loom_token *want, size_t n) {
     loom_token got[256];
     size_t n_got = 0;
-    loom_status st = loom_tokenizer_encode(t, s, strlen(s), flags, got, 256, &n_got);
+    loom_status st = loom__tokenizer_encode(t, s, strlen(s), flags, got, 256, &n_got);
     if (st != LOOM_OK) fail_msg("encode '%s': %s", s, loom_last_error());
     if (n_got != n || memcmp(got, want, n * sizeof *want) != 0) {
         char buf[1024];
@@ -116,18 +116,18 @@ static void expect_ids(const loom_tokenizer *t, const char *s, unsigned flags,
         expect_ids((t), (s), (flags), want_, sizeof want_ / sizeof want_[0]);                      \
     } while (0)
 
-static void expect_none(const loom_tokenizer *t, const char *s, unsigned flags) {
+static void expect_none(const loom__tokenizer *t, const char *s, unsigned flags) {
     size_t n = 99;
-    assert_int_equal(loom_tokenizer_encode(t, s, strlen(s), flags, NULL, 0, &n), LOOM_OK);
+    assert_int_equal(loom__tokenizer_encode(t, s, strlen(s), flags, NULL, 0, &n), LOOM_OK);
     assert_int_equal(n, 0);
 }
 
 /* Decodes ids and compares with text. */
-static void expect_text(const loom_tokenizer *t, const loom_token *ids, size_t n, unsigned flags,
+static void expect_text(const loom__tokenizer *t, const loom_token *ids, size_t n, unsigned flags,
                         const char *want) {
     char out[1024];
     size_t n_out = 0;
-    assert_int_equal(loom_tokenizer_decode(t, ids, n, flags, out, sizeof out, &n_out), LOOM_OK);
+    assert_int_equal(loom__tokenizer_decode(t, ids, n, flags, out, sizeof out, &n_out), LOOM_OK);
     if (n_out != strlen(want) || memcmp(out, want, n_out) != 0) {
         fail_msg("decode: got '%.*s' want '%s'", (int)n_out, out, want);
     }
@@ -145,31 +145,31 @@ static void test_spm_merges_by_score(void **state) {
     int32_t bc = add(&v, "bc", -2, 1);
     int32_t abc = add(&v, "abc", -3, 1);
     add(&v, SP "a", -5, 1);
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
-    s.add_space_prefix = (loom_tokenizer_opt_bool){true, false};
-    loom_tokenizer *t = make(&s);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
+    s.add_space_prefix = (loom__tokenizer_opt_bool){true, false};
+    loom__tokenizer *t = make(&s);
     /* "ab" (-1) beats "bc" (-2), then "abc" (-3) forms from ab + c */
     EXPECT(t, "abc", 0, abc);
     EXPECT(t, "cab", 0, c, ab);
     EXPECT(t, "bca", 0, bc, a);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 
     /* "bc" first now: a + bc, whose concatenation is again the token "abc" */
     v.score[bc] = 0;
     t = make(&s);
     EXPECT(t, "abc", 0, abc);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
     /* without "abc" the order decides the pieces */
-    v.tok[abc] = (loom_tokenizer_text){"zzz", 3};
+    v.tok[abc] = (loom__tokenizer_text){"zzz", 3};
     t = make(&s);
     EXPECT(t, "abc", 0, a, bc);
     v.score[bc] = -2;
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
     t = make(&s);
     EXPECT(t, "abc", 0, ab, c);
     /* spaces are U+2581 pieces; with the prefix on, "a" at the start is "▁a" */
     EXPECT(t, " b", 0, sp, b);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 }
 
 static void test_spm_tie_leftmost(void **state) {
@@ -178,13 +178,13 @@ static void test_spm_tie_leftmost(void **state) {
     spm_base(&v);
     int32_t a = add(&v, "a", -10, 1);
     int32_t aa = add(&v, "aa", -1, 1);
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
-    s.add_space_prefix = (loom_tokenizer_opt_bool){true, false};
-    loom_tokenizer *t = make(&s);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
+    s.add_space_prefix = (loom__tokenizer_opt_bool){true, false};
+    loom__tokenizer *t = make(&s);
     EXPECT(t, "aaa", 0, aa, a);
     EXPECT(t, "aaaa", 0, aa, aa);
     EXPECT(t, "aaaaa", 0, aa, aa, a);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 }
 
 static void test_spm_byte_fallback(void **state) {
@@ -194,15 +194,15 @@ static void test_spm_byte_fallback(void **state) {
     add_byte_tokens(&v); /* <0x00> is id 3 */
     int32_t sp = add(&v, SP, -1, 1);
     int32_t x = add(&v, "x", -1, 1);
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
-    loom_tokenizer *t = make(&s);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
+    loom__tokenizer *t = make(&s);
     /* é = C3 A9 is no token: its bytes' tokens */
     EXPECT(t, "x\xc3\xa9", 0, sp, x, 3 + 0xC3, 3 + 0xA9);
     EXPECT(t, "\n", 0, sp, 3 + 0x0A);
     const loom_token ids[] = {sp, x, 3 + 0xC3, 3 + 0xA9};
     expect_text(t, ids, 4, 0, " x\xc3\xa9");
     expect_text(t, ids, 4, LOOM_DETOKENIZE_STRIP_LEADING, "x\xc3\xa9");
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 
     /* no byte tokens: the unknown token (id 0 unless the file says otherwise), one per
      * character */
@@ -210,10 +210,10 @@ static void test_spm_byte_fallback(void **state) {
     add(&v, SP, -1, 1);
     x = add(&v, "x", -1, 1);
     s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
-    s.add_space_prefix = (loom_tokenizer_opt_bool){true, false};
+    s.add_space_prefix = (loom__tokenizer_opt_bool){true, false};
     t = make(&s);
     EXPECT(t, "x\xc3\xa9\xc3\xa9x", 0, x, 0, 0, x);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 }
 
 static void test_spm_space_prefix(void **state) {
@@ -225,8 +225,8 @@ static void test_spm_space_prefix(void **state) {
     int32_t hi = add(&v, "hi", -1, 1);
     int32_t sphi = add(&v, SP "hi", -0.5f, 1);
     int32_t sot = add(&v, "<start_of_turn>", 0, LOOM_TOKEN_TYPE_CONTROL);
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
-    loom_tokenizer *t = make(&s); /* add_space_prefix defaults to true for SentencePiece */
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
+    loom__tokenizer *t = make(&s); /* add_space_prefix defaults to true for SentencePiece */
     EXPECT(t, "hi", 0, sphi);
     EXPECT(t, "hi hi", 0, sphi, sphi);
     EXPECT(t, " hi", 0, sp, sphi);
@@ -240,16 +240,16 @@ static void test_spm_space_prefix(void **state) {
     expect_text(t, ids, 3, LOOM_DETOKENIZE_STRIP_LEADING | LOOM_DETOKENIZE_RENDER_SPECIAL,
                 "<s>hi hi");
     expect_text(t, ids + 1, 2, LOOM_DETOKENIZE_STRIP_LEADING, "hi hi");
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 
-    s.add_space_prefix = (loom_tokenizer_opt_bool){true, false};
+    s.add_space_prefix = (loom__tokenizer_opt_bool){true, false};
     t = make(&s);
     EXPECT(t, "hi", 0, hi);
     EXPECT(t, " hi", 0, sphi);
     /* no prefix rule: STRIP_LEADING keeps the text as it is */
     const loom_token ids2[] = {sphi};
     expect_text(t, ids2, 1, LOOM_DETOKENIZE_STRIP_LEADING, " hi");
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 }
 
 static void test_bos_eos(void **state) {
@@ -258,36 +258,36 @@ static void test_bos_eos(void **state) {
     spm_base(&v);
     add_byte_tokens(&v);
     int32_t spx = add(&v, SP "x", -1, 1);
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
-    loom_tokenizer *t = make(&s);
-    assert_int_equal(loom_tokenizer_bos(t), 1);
-    assert_int_equal(loom_tokenizer_eos(t), 2);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
+    loom__tokenizer *t = make(&s);
+    assert_int_equal(loom__tokenizer_bos(t), 1);
+    assert_int_equal(loom__tokenizer_eos(t), 2);
     EXPECT(t, "x", LOOM_TOKENIZE_ADD_SPECIAL, 1, spx);
     EXPECT(t, "x", 0, spx);
     EXPECT(t, "", LOOM_TOKENIZE_ADD_SPECIAL, 1);
     expect_none(t, "", 0);
-    assert_true(loom_tokenizer_is_eog(t, 2));
-    assert_false(loom_tokenizer_is_eog(t, 1));
-    assert_true(loom_tokenizer_is_control(t, 1));
-    assert_false(loom_tokenizer_is_control(t, spx));
-    assert_false(loom_tokenizer_is_control(t, -1));
-    assert_false(loom_tokenizer_is_eog(t, 1 << 20));
-    loom_tokenizer_free(t);
+    assert_true(loom__tokenizer_is_eog(t, 2));
+    assert_false(loom__tokenizer_is_eog(t, 1));
+    assert_true(loom__tokenizer_is_control(t, 1));
+    assert_false(loom__tokenizer_is_control(t, spx));
+    assert_false(loom__tokenizer_is_control(t, -1));
+    assert_false(loom__tokenizer_is_eog(t, 1 << 20));
+    loom__tokenizer_free(t);
 
-    s.add_bos = (loom_tokenizer_opt_bool){true, false};
-    s.add_eos = (loom_tokenizer_opt_bool){true, true};
+    s.add_bos = (loom__tokenizer_opt_bool){true, false};
+    s.add_eos = (loom__tokenizer_opt_bool){true, true};
     t = make(&s);
     EXPECT(t, "x", LOOM_TOKENIZE_ADD_SPECIAL, spx, 2);
     EXPECT(t, "", LOOM_TOKENIZE_ADD_SPECIAL, 2);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 
     /* ids from metadata */
-    s.bos = (loom_tokenizer_opt_id){true, 2};
-    s.eos = (loom_tokenizer_opt_id){true, 1};
-    s.add_bos = (loom_tokenizer_opt_bool){false, false};
+    s.bos = (loom__tokenizer_opt_id){true, 2};
+    s.eos = (loom__tokenizer_opt_id){true, 1};
+    s.add_bos = (loom__tokenizer_opt_bool){false, false};
     t = make(&s);
     EXPECT(t, "x", LOOM_TOKENIZE_ADD_SPECIAL, 2, spx, 1);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 }
 
 /* ---- BPE ------------------------------------------------------------------------------------- */
@@ -301,32 +301,32 @@ static void test_bpe_merges_by_rank(void **state) {
     add_merge(&v, "a b");
     add_merge(&v, "b c");
     add_merge(&v, "ab c");
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "gpt-2");
-    loom_tokenizer *t = make(&s);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "gpt-2");
+    loom__tokenizer *t = make(&s);
     EXPECT(t, "abc", 0, abc);
     EXPECT(t, "abcb", 0, abc, 'b');
     EXPECT(t, "bcab", 0, bc, ab);
-    assert_int_equal(loom_tokenizer_bos(t), 11); /* llama.cpp's default for BPE */
-    loom_tokenizer_free(t);
+    assert_int_equal(loom__tokenizer_bos(t), 11); /* llama.cpp's default for BPE */
+    loom__tokenizer_free(t);
 
     /* "b c" first now: a + bc, and no merge joins them */
-    v.merge[0] = (loom_tokenizer_text){"b c", 3};
-    v.merge[1] = (loom_tokenizer_text){"a b", 3};
+    v.merge[0] = (loom__tokenizer_text){"b c", 3};
+    v.merge[1] = (loom__tokenizer_text){"a b", 3};
     t = make(&s);
     EXPECT(t, "abc", 0, 'a', bc);
     EXPECT(t, "ab", 0, ab);
     /* words are merged separately: " ab" is one word (space, a, b) */
     EXPECT(t, "ab ab", 0, ab, ' ', ab);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 }
 
 static void test_bpe_byte_round_trip(void **state) {
     (void)state;
     vocab v;
     bpe_base(&v);
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "llama-bpe");
-    s.add_bos = (loom_tokenizer_opt_bool){true, false};
-    loom_tokenizer *t = make(&s);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "llama-bpe");
+    s.add_bos = (loom__tokenizer_opt_bool){true, false};
+    loom__tokenizer *t = make(&s);
     /* every ASCII byte, NUL included, and multi-byte characters */
     char text[256];
     size_t n = 0;
@@ -336,23 +336,23 @@ static void test_bpe_byte_round_trip(void **state) {
     n += strlen(more);
     loom_token ids[512];
     size_t n_ids = 0;
-    assert_int_equal(loom_tokenizer_encode(t, text, n, 0, ids, 512, &n_ids), LOOM_OK);
+    assert_int_equal(loom__tokenizer_encode(t, text, n, 0, ids, 512, &n_ids), LOOM_OK);
     assert_int_equal(n_ids, n); /* no merges: one token per byte, id = byte */
     for (size_t i = 0; i < n; i++) assert_int_equal(ids[i], (unsigned char)text[i]);
     char out[512];
     size_t n_out = 0;
-    assert_int_equal(loom_tokenizer_decode(t, ids, n_ids, 0, out, sizeof out, &n_out), LOOM_OK);
+    assert_int_equal(loom__tokenizer_decode(t, ids, n_ids, 0, out, sizeof out, &n_out), LOOM_OK);
     assert_int_equal(n_out, n);
     assert_memory_equal(out, text, n);
     /* each alphabet token decodes to its byte */
     for (int b = 0; b < 256; b++) {
         char c;
         size_t k = 0;
-        assert_int_equal(loom_tokenizer_piece(t, b, 0, &c, 1, &k), LOOM_OK);
+        assert_int_equal(loom__tokenizer_piece(t, b, 0, &c, 1, &k), LOOM_OK);
         assert_int_equal(k, 1);
         assert_int_equal((unsigned char)c, b);
     }
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 }
 
 static void test_bpe_ignore_merges(void **state) {
@@ -362,16 +362,16 @@ static void test_bpe_ignore_merges(void **state) {
     int32_t bc = add(&v, "bc", 0, 1);
     int32_t abc = add(&v, "abc", 0, 1);
     add_merge(&v, "b c");
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "llama-bpe");
-    loom_tokenizer *t = make(&s);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "llama-bpe");
+    loom__tokenizer *t = make(&s);
     EXPECT(t, "abc", 0, abc); /* a whole-word token skips the merges */
     EXPECT(t, "abcc", 0, 'a', bc, 'c');
-    assert_int_equal(loom_tokenizer_bos(t), 11);
-    loom_tokenizer_free(t);
+    assert_int_equal(loom__tokenizer_bos(t), 11);
+    loom__tokenizer_free(t);
     s = spec_of(&v, LOOM_TOKENIZER_BPE, "gpt-2");
     t = make(&s);
     EXPECT(t, "abc", 0, 'a', bc);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 }
 
 /* ---- pre-tokenizers -------------------------------------------------------------------------- */
@@ -468,8 +468,8 @@ static void test_special_tokens(void **state) {
                          0, 1);
     int32_t fim_pad = add(&v, "<|fim_pad|>", 0, LOOM_TOKEN_TYPE_NORMAL);
     int32_t fim_pre = add(&v, "<|fim_prefix|>", 0, LOOM_TOKEN_TYPE_NORMAL);
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "gpt-2");
-    loom_tokenizer *t = make(&s);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "gpt-2");
+    loom__tokenizer *t = make(&s);
     /* control text is plain text unless parse_special */
     EXPECT(t, "x<ctl>", 0, 'x', '<', 'c', 't', 'l', '>');
     EXPECT(t, "x<ctl>", LOOM_TOKENIZE_PARSE_SPECIAL, 'x', ctl);
@@ -478,18 +478,18 @@ static void test_special_tokens(void **state) {
     /* longest first */
     EXPECT(t, "abcab", LOOM_TOKENIZE_PARSE_SPECIAL, abc, ab);
     /* an end-of-turn name makes a control, end-of-generation token */
-    assert_true(loom_tokenizer_is_control(t, eot));
-    assert_true(loom_tokenizer_is_eog(t, eot));
+    assert_true(loom__tokenizer_is_control(t, eot));
+    assert_true(loom__tokenizer_is_eog(t, eot));
     EXPECT(t, "<end_of_turn>", LOOM_TOKENIZE_PARSE_SPECIAL, eot);
-    assert_true(loom_tokenizer_is_eog(t, eos_ds));
-    assert_true(loom_tokenizer_is_eog(t, fim_pad));
-    assert_true(loom_tokenizer_is_control(t, fim_pre)); /* a control token ... */
-    assert_false(loom_tokenizer_is_eog(t, fim_pre));    /* ... that does not end generation */
+    assert_true(loom__tokenizer_is_eog(t, eos_ds));
+    assert_true(loom__tokenizer_is_eog(t, fim_pad));
+    assert_true(loom__tokenizer_is_control(t, fim_pre)); /* a control token ... */
+    assert_false(loom__tokenizer_is_eog(t, fim_pre));    /* ... that does not end generation */
     /* pieces: control text only when rendered */
     const loom_token ids[] = {'x', ctl, ud};
     expect_text(t, ids, 3, 0, "x<ud>");
     expect_text(t, ids, 3, LOOM_DETOKENIZE_RENDER_SPECIAL, "x<ctl><ud>");
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 }
 
 /* ---- bad input ------------------------------------------------------------------------------- */
@@ -498,8 +498,8 @@ static void test_invalid_utf8(void **state) {
     (void)state;
     vocab v;
     bpe_base(&v);
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "qwen2");
-    loom_tokenizer *t = make(&s);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "qwen2");
+    loom__tokenizer *t = make(&s);
     static const struct {
         const char *s;
         size_t len, off;
@@ -518,7 +518,7 @@ static void test_invalid_utf8(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         size_t n = 0;
-        assert_int_equal(loom_tokenizer_encode(t, cases[i].s, cases[i].len, 0, NULL, 0, &n),
+        assert_int_equal(loom__tokenizer_encode(t, cases[i].s, cases[i].len, 0, NULL, 0, &n),
                          LOOM_ERR_BAD_INPUT);
         char want[64];
         snprintf(want, sizeof want, "offset %zu ", cases[i].off);
@@ -528,54 +528,54 @@ static void test_invalid_utf8(void **state) {
     }
     /* the largest code point and U+FFFF are fine */
     size_t n = 0;
-    assert_int_equal(loom_tokenizer_encode(t, "\xf4\x8f\xbf\xbf\xef\xbf\xbf", 7, 0, NULL, 0, &n),
+    assert_int_equal(loom__tokenizer_encode(t, "\xf4\x8f\xbf\xbf\xef\xbf\xbf", 7, 0, NULL, 0, &n),
                      LOOM_ERR_BUFFER_TOO_SMALL);
     assert_int_equal(n, 7);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 }
 
 static void test_buffer_contract(void **state) {
     (void)state;
     vocab v;
     bpe_base(&v);
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "gpt-2");
-    loom_tokenizer *t = make(&s);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "gpt-2");
+    loom__tokenizer *t = make(&s);
     loom_token ids[8] = {-7, -7, -7, -7, -7, -7, -7, -7};
     size_t n = 0;
-    assert_int_equal(loom_tokenizer_encode(t, "hello", 5, 0, ids, 3, &n),
+    assert_int_equal(loom__tokenizer_encode(t, "hello", 5, 0, ids, 3, &n),
                      LOOM_ERR_BUFFER_TOO_SMALL);
     assert_int_equal(n, 5);
     assert_int_equal(ids[0], 'h');
     assert_int_equal(ids[2], 'l');
     assert_int_equal(ids[3], -7); /* nothing past cap */
-    assert_int_equal(loom_tokenizer_encode(t, "hello", 5, 0, ids, 5, &n), LOOM_OK);
+    assert_int_equal(loom__tokenizer_encode(t, "hello", 5, 0, ids, 5, &n), LOOM_OK);
 
     char out[8] = "#######";
-    assert_int_equal(loom_tokenizer_decode(t, ids, 5, 0, out, 2, &n), LOOM_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(loom__tokenizer_decode(t, ids, 5, 0, out, 2, &n), LOOM_ERR_BUFFER_TOO_SMALL);
     assert_int_equal(n, 5);
     assert_memory_equal(out, "he#", 3);
-    assert_int_equal(loom_tokenizer_decode(t, ids, 5, 0, NULL, 0, &n), LOOM_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(loom__tokenizer_decode(t, ids, 5, 0, NULL, 0, &n), LOOM_ERR_BUFFER_TOO_SMALL);
     assert_int_equal(n, 5);
-    assert_int_equal(loom_tokenizer_piece(t, 'h', 0, NULL, 0, &n), LOOM_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(loom__tokenizer_piece(t, 'h', 0, NULL, 0, &n), LOOM_ERR_BUFFER_TOO_SMALL);
     assert_int_equal(n, 1);
 
     /* ids out of range */
     const loom_token bad[] = {1, 256, 2};
-    assert_int_equal(loom_tokenizer_decode(t, bad, 3, 0, out, 8, &n), LOOM_ERR_BAD_INPUT);
+    assert_int_equal(loom__tokenizer_decode(t, bad, 3, 0, out, 8, &n), LOOM_ERR_BAD_INPUT);
     assert_non_null(strstr(loom_last_error(), "#1"));
-    assert_int_equal(loom_tokenizer_piece(t, -1, 0, out, 8, &n), LOOM_ERR_BAD_INPUT);
+    assert_int_equal(loom__tokenizer_piece(t, -1, 0, out, 8, &n), LOOM_ERR_BAD_INPUT);
     /* NULL arguments */
-    assert_int_equal(loom_tokenizer_encode(t, NULL, 3, 0, ids, 8, &n), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_tokenizer_encode(t, "a", 1, 0, ids, 8, NULL), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom_tokenizer_encode(t, "a", 1, 0, NULL, 8, &n), LOOM_ERR_INVALID_ARG);
-    loom_tokenizer_free(t);
+    assert_int_equal(loom__tokenizer_encode(t, NULL, 3, 0, ids, 8, &n), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__tokenizer_encode(t, "a", 1, 0, ids, 8, NULL), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__tokenizer_encode(t, "a", 1, 0, NULL, 8, &n), LOOM_ERR_INVALID_ARG);
+    loom__tokenizer_free(t);
 }
 
 /* ---- bad metadata ---------------------------------------------------------------------------- */
 
-static void expect_create_fails(const loom_tokenizer_spec *s, loom_status st, const char *needle) {
-    loom_tokenizer *t = NULL;
-    assert_int_equal(loom_tokenizer_create(s, &t), st);
+static void expect_create_fails(const loom__tokenizer_spec *s, loom_status st, const char *needle) {
+    loom__tokenizer *t = NULL;
+    assert_int_equal(loom__tokenizer_create(s, &t), st);
     assert_null(t);
     if (!strstr(loom_last_error(), needle)) {
         fail_msg("error '%s' lacks '%s'", loom_last_error(), needle);
@@ -588,32 +588,32 @@ static void test_bad_spec(void **state) {
     bpe_base(&v);
     add(&v, "ab", 0, 1);
     add_merge(&v, "a b");
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "gpt-2");
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "gpt-2");
 
-    s.pre = (loom_tokenizer_text){"mystery", 7};
+    s.pre = (loom__tokenizer_text){"mystery", 7};
     expect_create_fails(&s, LOOM_ERR_UNSUPPORTED, "mystery");
-    s.pre = (loom_tokenizer_text){"gpt-2", 5};
+    s.pre = (loom__tokenizer_text){"gpt-2", 5};
 
     s.has_merges = false;
     expect_create_fails(&s, LOOM_ERR_BAD_MODEL, "tokenizer.ggml.merges");
     s.has_merges = true;
 
-    v.merge[0] = (loom_tokenizer_text){"a q", 3}; /* "q" is a token but "aq" is not */
+    v.merge[0] = (loom__tokenizer_text){"a q", 3}; /* "q" is a token but "aq" is not */
     expect_create_fails(&s, LOOM_ERR_BAD_MODEL, "result");
-    v.merge[0] = (loom_tokenizer_text){"a \xff", 3};
+    v.merge[0] = (loom__tokenizer_text){"a \xff", 3};
     expect_create_fails(&s, LOOM_ERR_BAD_MODEL, "right part");
-    v.merge[0] = (loom_tokenizer_text){"ab", 2};
+    v.merge[0] = (loom__tokenizer_text){"ab", 2};
     expect_create_fails(&s, LOOM_ERR_BAD_MODEL, "left right");
-    v.merge[0] = (loom_tokenizer_text){"a b", 3};
+    v.merge[0] = (loom__tokenizer_text){"a b", 3};
 
-    s.bos = (loom_tokenizer_opt_id){true, 257};
+    s.bos = (loom__tokenizer_opt_id){true, 257};
     expect_create_fails(&s, LOOM_ERR_BAD_MODEL, "bos_token_id");
-    s.bos = (loom_tokenizer_opt_id){true, -1};
+    s.bos = (loom__tokenizer_opt_id){true, -1};
     expect_create_fails(&s, LOOM_ERR_BAD_MODEL, "bos_token_id");
-    s.bos = (loom_tokenizer_opt_id){false, 0};
-    s.eot = (loom_tokenizer_opt_id){true, 1000};
+    s.bos = (loom__tokenizer_opt_id){false, 0};
+    s.eot = (loom__tokenizer_opt_id){true, 1000};
     expect_create_fails(&s, LOOM_ERR_BAD_MODEL, "eot_token_id");
-    s.eot = (loom_tokenizer_opt_id){false, 0};
+    s.eot = (loom__tokenizer_opt_id){false, 0};
 
     v.type[5] = 9;
     expect_create_fails(&s, LOOM_ERR_BAD_MODEL, "token_type[5]");
@@ -623,7 +623,7 @@ static void test_bad_spec(void **state) {
 
     v.tok[7] = v.tok[3];
     expect_create_fails(&s, LOOM_ERR_BAD_MODEL, "duplicates token 3");
-    v.tok[7] = (loom_tokenizer_text){v.bytes[7], strlen(v.bytes[7])};
+    v.tok[7] = (loom__tokenizer_text){v.bytes[7], strlen(v.bytes[7])};
 
     v.score[2] = NAN;
     s.kind = LOOM_TOKENIZER_SPM;
@@ -635,9 +635,9 @@ static void test_bad_spec(void **state) {
 
     /* the repaired spec builds */
     s = spec_of(&v, LOOM_TOKENIZER_BPE, "gpt-2");
-    loom_tokenizer *t = make(&s);
-    loom_tokenizer_free(t);
-    assert_int_equal(loom_tokenizer_create(NULL, &t), LOOM_ERR_INVALID_ARG);
+    loom__tokenizer *t = make(&s);
+    loom__tokenizer_free(t);
+    assert_int_equal(loom__tokenizer_create(NULL, &t), LOOM_ERR_INVALID_ARG);
 }
 
 /* ---- loading from GGUF ----------------------------------------------------------------------- */
@@ -672,13 +672,13 @@ static void build_gguf(tbuf *b, gguf_opts o) {
     tb_free(&kv);
 }
 
-static loom_status load_from(gguf_opts o, loom_tokenizer **t) {
+static loom_status load_from(gguf_opts o, loom__tokenizer **t) {
     tbuf b = {0};
     build_gguf(&b, o);
-    loom_gguf *g = NULL;
-    loom_status st = loom_gguf_open_memory(b.p, b.n, &g);
-    if (st == LOOM_OK) st = loom_tokenizer_load(g, t);
-    loom_gguf_close(g); /* the tokenizer keeps nothing of the file */
+    loom__gguf *g = NULL;
+    loom_status st = loom__gguf_open_memory(b.p, b.n, &g);
+    if (st == LOOM_OK) st = loom__tokenizer_load(g, t);
+    loom__gguf_close(g); /* the tokenizer keeps nothing of the file */
     tb_free(&b);
     return st;
 }
@@ -686,11 +686,11 @@ static loom_status load_from(gguf_opts o, loom_tokenizer **t) {
 static void test_load_gguf(void **state) {
     (void)state;
     gguf_opts good = {"llama", 4, LOOM_GGUF_I32, true};
-    loom_tokenizer *t = NULL;
+    loom__tokenizer *t = NULL;
     assert_int_equal(load_from(good, &t), LOOM_OK);
-    assert_int_equal(loom_tokenizer_n_vocab(t), 4);
+    assert_int_equal(loom__tokenizer_n_vocab(t), 4);
     EXPECT(t, "a", LOOM_TOKENIZE_ADD_SPECIAL, 1, 3);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
     t = NULL;
 
     gguf_opts o = good;
@@ -722,19 +722,19 @@ static void test_long_input(void **state) {
     add(&v, "a", -10, 1);
     add(&v, "aa", -1, 1);
     add(&v, "aaaa", -2, 1);
-    loom_tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
-    s.add_space_prefix = (loom_tokenizer_opt_bool){true, false};
-    loom_tokenizer *t = make(&s);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_SPM, NULL);
+    s.add_space_prefix = (loom__tokenizer_opt_bool){true, false};
+    loom__tokenizer *t = make(&s);
     size_t len = 200000;
     char *text = malloc(len);
     assert_non_null(text);
     memset(text, 'a', len);
     size_t n = 0;
-    assert_int_equal(loom_tokenizer_encode(t, text, len, 0, NULL, 0, &n),
+    assert_int_equal(loom__tokenizer_encode(t, text, len, 0, NULL, 0, &n),
                      LOOM_ERR_BUFFER_TOO_SMALL);
     assert_int_equal(n, len / 4);
     free(text);
-    loom_tokenizer_free(t);
+    loom__tokenizer_free(t);
 }
 
 int main(void) {

@@ -36,7 +36,7 @@ static void print_escaped(const char *p, uint64_t len) {
     }
 }
 
-static void print_value(const loom_gguf_value *v) {
+static void print_value(const loom__gguf_value *v) {
     switch (v->type) {
     case LOOM_GGUF_U8:
     case LOOM_GGUF_U16:
@@ -75,34 +75,34 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s FILE.gguf\n", argv[0]);
         return 2;
     }
-    loom_gguf *g = NULL;
-    loom_status st = loom_gguf_open(argv[1], &g);
+    loom__gguf *g = NULL;
+    loom_status st = loom__gguf_open(argv[1], &g);
     if (st != LOOM_OK) {
         fprintf(stderr, "%s: %s: %s\n", argv[1], loom_status_str(st), loom_last_error());
         return 1;
     }
-    printf("version %" PRIu32 "\n", loom_gguf_version(g));
-    printf("alignment %" PRIu64 "\n", loom_gguf_alignment(g));
-    printf("data_offset %" PRIu64 "\n", loom_gguf_data_offset(g));
-    printf("n_kv %" PRId64 "\n", loom_gguf_n_kv(g));
-    printf("n_tensors %" PRId64 "\n", loom_gguf_n_tensors(g));
-    for (int64_t i = 0; i < loom_gguf_n_kv(g); i++) {
-        const loom_gguf_kv *kv = loom_gguf_kv_at(g, i);
+    printf("version %" PRIu32 "\n", loom__gguf_version(g));
+    printf("alignment %" PRIu64 "\n", loom__gguf_alignment(g));
+    printf("data_offset %" PRIu64 "\n", loom__gguf_data_offset(g));
+    printf("n_kv %" PRId64 "\n", loom__gguf_n_kv(g));
+    printf("n_tensors %" PRId64 "\n", loom__gguf_n_tensors(g));
+    for (int64_t i = 0; i < loom__gguf_n_kv(g); i++) {
+        const loom__gguf_kv *kv = loom__gguf_kv_at(g, i);
         fputs("kv ", stdout);
         print_escaped(kv->key.ptr, kv->key.len);
         if (kv->value.type == LOOM_GGUF_ARR)
-            printf(" array[%s] ", loom_gguf_vtype_name(kv->value.arr.elem_type));
+            printf(" array[%s] ", loom__gguf_vtype_name(kv->value.arr.elem_type));
         else
-            printf(" %s ", loom_gguf_vtype_name(kv->value.type));
+            printf(" %s ", loom__gguf_vtype_name(kv->value.type));
         print_value(&kv->value);
         putchar('\n');
     }
-    for (int64_t i = 0; i < loom_gguf_n_tensors(g); i++) {
-        const loom_gguf_tensor *t = loom_gguf_tensor_at(g, i);
-        printf("tensor %s %s [", t->name, loom_type_name(t->type));
+    for (int64_t i = 0; i < loom__gguf_n_tensors(g); i++) {
+        const loom__gguf_tensor *t = loom__gguf_tensor_at(g, i);
+        printf("tensor %s %s [", t->name, loom__type_name(t->type));
         for (uint32_t d = 0; d < t->n_dims; d++) printf(d ? ", %" PRId64 : "%" PRId64, t->ne[d]);
         printf("] offset %" PRIu64 "\n", t->offset);
     }
-    loom_gguf_close(g);
+    loom__gguf_close(g);
     return 0;
 }

@@ -3,9 +3,9 @@
  * llama.cpp's own (ggml's quantize_row_q8_* and ggml_vec_dot_*).
  *
  *   qdot_tool quant ACT N IN.f32 OUT.bin          float32 rows of N values -> rows of ACT
- *   qdot_tool dot   WTYPE N W.bin XQ.bin OUT.f32  loom_vec_dot_q of row r of W with row r of XQ
+ *   qdot_tool dot   WTYPE N W.bin XQ.bin OUT.f32  loom__vec_dot_q of row r of W with row r of XQ
  *
- * ACT and WTYPE are numeric GGUF type ids; XQ rows are in loom_vec_dot_type(WTYPE)'s format.
+ * ACT and WTYPE are numeric GGUF type ids; XQ rows are in loom__vec_dot_type(WTYPE)'s format.
  * The number of rows is the input size over the row size.
  * Exit status: 0 success, 1 loom refused the operation, 2 usage or I/O error. */
 #include <errno.h>
@@ -59,14 +59,14 @@ static int write_file(const char *path, const void *data, size_t size) {
 
 static int cmd_quant(uint32_t act, int64_t n, const char *in, const char *out) {
     size_t in_bytes, row_bytes;
-    if (!loom_type_row_bytes(act, n, &row_bytes)) return 1;
+    if (!loom__type_row_bytes(act, n, &row_bytes)) return 1;
     float *x = read_file(in, &in_bytes);
     if (!x) return 2;
     size_t rows = in_bytes / ((size_t)n * sizeof(float));
     unsigned char *q = malloc(rows * row_bytes + 64);
     int rc = q ? 0 : 2;
     for (size_t r = 0; rc == 0 && r < rows; r++)
-        if (!loom_quantize_activations(act, x + r * (size_t)n, q + r * row_bytes, n)) rc = 1;
+        if (!loom__quantize_activations(act, x + r * (size_t)n, q + r * row_bytes, n)) rc = 1;
     if (rc == 0) rc = write_file(out, q, rows * row_bytes);
     free(x);
     free(q);
@@ -76,8 +76,8 @@ static int cmd_quant(uint32_t act, int64_t n, const char *in, const char *out) {
 static int cmd_dot(uint32_t wt, int64_t n, const char *wpath, const char *xpath, const char *out) {
     uint32_t act;
     size_t w_row, x_row, w_bytes, x_bytes;
-    if (!loom_vec_dot_type(wt, &act) || !loom_type_row_bytes(wt, n, &w_row) ||
-        !loom_type_row_bytes(act, n, &x_row))
+    if (!loom__vec_dot_type(wt, &act) || !loom__type_row_bytes(wt, n, &w_row) ||
+        !loom__type_row_bytes(act, n, &x_row))
         return 1;
     unsigned char *w = read_file(wpath, &w_bytes);
     unsigned char *x = read_file(xpath, &x_bytes);
@@ -85,7 +85,7 @@ static int cmd_dot(uint32_t wt, int64_t n, const char *wpath, const char *xpath,
     float *res = malloc(rows * sizeof(float) + 1);
     int rc = w && x && res && x_bytes / x_row >= rows ? 0 : 2;
     for (size_t r = 0; rc == 0 && r < rows; r++) /* x rows stay 4-byte aligned (q8_K) */
-        res[r] = loom_vec_dot_q(wt, w + r * w_row, x + r * x_row, n);
+        res[r] = loom__vec_dot_q(wt, w + r * w_row, x + r * x_row, n);
     if (rc == 0) rc = write_file(out, res, rows * sizeof(float));
     free(w);
     free(x);

@@ -4,7 +4,7 @@
  *   quant_tool info    TYPE                     name block_elems block_bytes quantized can_deq
  *   quant_tool quant   TYPE N IN.f32 OUT.bin    float32 rows of N values -> rows of TYPE
  *   quant_tool dequant TYPE N IN.bin OUT.f32    rows of TYPE -> float32
- *   quant_tool dot     TYPE N W.bin X.f32 OUT.f32   loom_vec_dot_f32 of each row of W with X[N]
+ *   quant_tool dot     TYPE N W.bin X.f32 OUT.f32   loom__vec_dot_f32 of each row of W with X[N]
  *
  * TYPE is a numeric GGUF type id; the number of rows is the input size over the row size.
  * Exit status: 0 success, 1 loom refused the operation, 2 usage or I/O error. */
@@ -75,9 +75,9 @@ static int parse_i64(const char *s, int64_t *out) {
 }
 
 static int cmd_info(uint32_t t) {
-    const loom_type_traits *tr = loom_type_get_traits(t);
+    const loom__type_traits *tr = loom__type_get_traits(t);
     if (!tr) {
-        printf("%s\n", loom_type_name(t));
+        printf("%s\n", loom__type_name(t));
         return 1;
     }
     printf("%s %u %u %d %d\n", tr->name, tr->block_elems, tr->block_bytes, tr->quantized,
@@ -88,9 +88,9 @@ static int cmd_info(uint32_t t) {
 /* quant / dequant / dot over every row of the input file. */
 static int cmd_rows(const char *cmd, uint32_t t, int64_t n, char **paths) {
     size_t row_bytes;
-    if (!loom_type_row_bytes(t, n, &row_bytes)) {
+    if (!loom__type_row_bytes(t, n, &row_bytes)) {
         fprintf(stderr, "quant_tool: no row of %lld values of type %s\n", (long long)n,
-                loom_type_name(t));
+                loom__type_name(t));
         return 1;
     }
     size_t f32_row = (size_t)n * sizeof(float);
@@ -117,18 +117,18 @@ static int cmd_rows(const char *cmd, uint32_t t, int64_t n, char **paths) {
         const void *src = in + r * in_row;
         void *dst = out + r * out_row;
         if (quant) {
-            if (!loom_quantize_row(t, src, dst, n)) goto done;
+            if (!loom__quantize_row(t, src, dst, n)) goto done;
         } else if (dot) {
-            float v = loom_vec_dot_f32(src, t, x, n);
+            float v = loom__vec_dot_f32(src, t, x, n);
             memcpy(dst, &v, sizeof v);
-        } else if (!loom_dequantize_row(t, src, dst, n)) {
+        } else if (!loom__dequantize_row(t, src, dst, n)) {
             goto done;
         }
     }
     rc = write_file(out_path, out, rows * out_row);
 done:
     if (rc == 1)
-        fprintf(stderr, "quant_tool: loom refused %s of type %s\n", cmd, loom_type_name(t));
+        fprintf(stderr, "quant_tool: loom refused %s of type %s\n", cmd, loom__type_name(t));
     free(in);
     free(x);
     free(out);

@@ -1,5 +1,5 @@
 /* tokenize_tool.c — drives loom's tokenizer on a GGUF file for
- * tests/conformance/test_tokenizer.py, through loom_gguf_open + loom_tokenizer_load (so it works
+ * tests/conformance/test_tokenizer.py, through loom__gguf_open + loom__tokenizer_load (so it works
  * for any architecture's file, vocab only). One request per stdin line, one answer per stdout
  * line; byte strings travel as hex ("-" for empty) so any byte can pass:
  *   T <flags> <hex text>    tokenize           -> "OK <id> <id> ..."
@@ -48,21 +48,21 @@ static void print_err(loom_status st) {
     printf("ERR %s %s\n", loom_status_str(st), loom_last_error());
 }
 
-static void do_tokenize(const loom_tokenizer *t, unsigned flags, char *arg) {
+static void do_tokenize(const loom__tokenizer *t, unsigned flags, char *arg) {
     long n = unhex(arg);
     if (n < 0) {
         printf("ERR bad-request hex\n");
         return;
     }
     size_t need = 0;
-    loom_status st = loom_tokenizer_encode(t, arg, (size_t)n, flags, NULL, 0, &need);
+    loom_status st = loom__tokenizer_encode(t, arg, (size_t)n, flags, NULL, 0, &need);
     if (st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL) {
         print_err(st);
         return;
     }
     loom_token *ids = malloc((need ? need : 1) * sizeof *ids);
     if (!ids) abort();
-    st = loom_tokenizer_encode(t, arg, (size_t)n, flags, ids, need, &need);
+    st = loom__tokenizer_encode(t, arg, (size_t)n, flags, ids, need, &need);
     if (st != LOOM_OK) {
         print_err(st);
     } else {
@@ -73,7 +73,7 @@ static void do_tokenize(const loom_tokenizer *t, unsigned flags, char *arg) {
     free(ids);
 }
 
-static void do_detokenize(const loom_tokenizer *t, unsigned flags, char *arg) {
+static void do_detokenize(const loom__tokenizer *t, unsigned flags, char *arg) {
     size_t n = 0, cap = 16;
     loom_token *ids = malloc(cap * sizeof *ids);
     if (!ids) abort();
@@ -88,7 +88,7 @@ static void do_detokenize(const loom_tokenizer *t, unsigned flags, char *arg) {
         }
     }
     size_t need = 0;
-    loom_status st = loom_tokenizer_decode(t, ids, n, flags, NULL, 0, &need);
+    loom_status st = loom__tokenizer_decode(t, ids, n, flags, NULL, 0, &need);
     if (st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL) {
         print_err(st);
         free(ids);
@@ -96,7 +96,7 @@ static void do_detokenize(const loom_tokenizer *t, unsigned flags, char *arg) {
     }
     char *out = malloc(need ? need : 1);
     if (!out) abort();
-    st = loom_tokenizer_decode(t, ids, n, flags, out, need, &need);
+    st = loom__tokenizer_decode(t, ids, n, flags, out, need, &need);
     if (st != LOOM_OK) {
         print_err(st);
     } else {
@@ -106,11 +106,11 @@ static void do_detokenize(const loom_tokenizer *t, unsigned flags, char *arg) {
     free(ids);
 }
 
-static void do_piece(const loom_tokenizer *t, unsigned flags, const char *arg) {
+static void do_piece(const loom__tokenizer *t, unsigned flags, const char *arg) {
     char buf[4096];
     size_t n = 0;
     loom_status st =
-        loom_tokenizer_piece(t, (loom_token)strtol(arg, NULL, 10), flags, buf, sizeof buf, &n);
+        loom__tokenizer_piece(t, (loom_token)strtol(arg, NULL, 10), flags, buf, sizeof buf, &n);
     if (st != LOOM_OK) {
         print_err(st);
     } else {
@@ -123,14 +123,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s MODEL.gguf < requests\n", argv[0]);
         return 2;
     }
-    loom_gguf *g = NULL;
-    loom_tokenizer *t = NULL;
-    loom_status st = loom_gguf_open(argv[1], &g);
-    if (st == LOOM_OK) st = loom_tokenizer_load(g, &t);
+    loom__gguf *g = NULL;
+    loom__tokenizer *t = NULL;
+    loom_status st = loom__gguf_open(argv[1], &g);
+    if (st == LOOM_OK) st = loom__tokenizer_load(g, &t);
     if (st != LOOM_OK) {
         /* the load failure is an answer too: the test checks bad files this way */
         print_err(st);
-        loom_gguf_close(g);
+        loom__gguf_close(g);
         return 1;
     }
     printf("READY\n");
@@ -145,12 +145,12 @@ int main(int argc, char **argv) {
         char *cmd = strtok_r(line, " ", &save);
         if (!cmd) continue;
         if (strcmp(cmd, "I") == 0) {
-            printf("OK %d %d %d\n", (int)loom_tokenizer_n_vocab(t), (int)loom_tokenizer_bos(t),
-                   (int)loom_tokenizer_eos(t));
+            printf("OK %d %d %d\n", (int)loom__tokenizer_n_vocab(t), (int)loom__tokenizer_bos(t),
+                   (int)loom__tokenizer_eos(t));
         } else if (strcmp(cmd, "E") == 0) {
             char *a = strtok_r(NULL, " ", &save);
             loom_token id = a ? (loom_token)strtol(a, NULL, 10) : -1;
-            printf("OK %d %d\n", loom_tokenizer_is_eog(t, id), loom_tokenizer_is_control(t, id));
+            printf("OK %d %d\n", loom__tokenizer_is_eog(t, id), loom__tokenizer_is_control(t, id));
         } else {
             char *f = strtok_r(NULL, " ", &save);
             char *a = strtok_r(NULL, " ", &save);
@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     free(line);
-    loom_tokenizer_free(t);
-    loom_gguf_close(g);
+    loom__tokenizer_free(t);
+    loom__gguf_close(g);
     return 0;
 }

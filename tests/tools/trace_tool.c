@@ -139,12 +139,12 @@ static int real(loom_trace *t, const char *model_path, int n_gen, const char *pr
         rc = fail("tokenize", st);
         goto out;
     }
-    size_t ws_size = loom_sample_chain_workspace_size(info.n_vocab);
+    size_t ws_size = loom__sample_chain_workspace_size(info.n_vocab);
     mem = aligned_alloc(16, (ws_size + 15) / 16 * 16);
-    loom_sample_chain_ws *ws = NULL;
-    if (!mem || loom_sample_chain_workspace_init(mem, ws_size, info.n_vocab, &ws) != LOOM_OK)
+    loom__sample_chain_ws *ws = NULL;
+    if (!mem || loom__sample_chain_workspace_init(mem, ws_size, info.n_vocab, &ws) != LOOM_OK)
         goto out;
-    loom_sample_chain_config cfg = loom_sample_chain_default_config();
+    loom__sample_chain_config cfg = loom__sample_chain_default_config();
     cfg.entropy_mode = LOOM_ENTROPY_EDT;
     cfg.seed = 42;
     const int64_t arrival = loom__now_ns();
@@ -163,8 +163,8 @@ static int real(loom_trace *t, const char *model_path, int n_gen, const char *pr
         }
         loom__trace_step_phase(&tm, "forward", loom__now_ns());
         const float *logits = loom_session_logits(s, -1);
-        loom_sample_chain_result res = {0};
-        st = loom_sample_chain_run(ws, &cfg, logits, NULL, 0, (uint64_t)pos + 1, &res);
+        loom__sample_chain_result res = {0};
+        st = loom__sample_chain_run(ws, &cfg, logits, NULL, 0, (uint64_t)pos + 1, &res);
         if (st != LOOM_OK) {
             rc = fail("sample", st);
             goto out;

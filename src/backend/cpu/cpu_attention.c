@@ -356,7 +356,7 @@ static loom_status attn_check_params(const loom_attn_params *p, const loom_kv_de
 
 loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_desc *kv,
                                 const loom_attn_params *p, loom_tensor *out) {
-    loom_cpu_ctx *c = ctx;
+    loom__cpu_ctx *c = ctx;
     LOOM_TRY(loom__cpu_check_f32("attention", "q", q));
     LOOM_TRY(loom__cpu_check_f32("attention", "out", out));
     LOOM_TRY(loom__cpu_check_same_shape("attention", "q", q, "out", out));

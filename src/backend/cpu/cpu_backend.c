@@ -37,7 +37,7 @@ static void *aligned_bytes(size_t bytes) {
     return aligned_alloc(LOOM_CPU_ALIGN, rounded);
 }
 
-loom_status loom__cpu_reserve_scratch(loom_cpu_ctx *c, size_t n_floats) {
+loom_status loom__cpu_reserve_scratch(loom__cpu_ctx *c, size_t n_floats) {
     if (n_floats <= c->scratch_cap) return LOOM_OK;
     size_t bytes;
     LOOM_RETURN_IF(loom__mul_overflow_size(n_floats, sizeof(float), &bytes), LOOM_ERR_INVALID_ARG,
@@ -75,16 +75,16 @@ static loom_status reserve_area(void **area, size_t *cap, size_t n_bytes, const 
     return LOOM_OK;
 }
 
-loom_status loom__cpu_reserve_act(loom_cpu_ctx *c, size_t n_bytes) {
+loom_status loom__cpu_reserve_act(loom__cpu_ctx *c, size_t n_bytes) {
     return reserve_area(&c->act, &c->act_cap, n_bytes, "activation scratch");
 }
 
-loom_status loom__cpu_reserve_attn_parts(loom_cpu_ctx *c, size_t n_bytes) {
+loom_status loom__cpu_reserve_attn_parts(loom__cpu_ctx *c, size_t n_bytes) {
     return reserve_area(&c->attn_parts, &c->attn_parts_cap, n_bytes, "attention segment states");
 }
 
 static void cpu_destroy(void *ctx) {
-    loom_cpu_ctx *c = ctx;
+    loom__cpu_ctx *c = ctx;
     if (c == NULL) return;
     loom__threadpool_destroy(c->tp);
     loom__workshare_destroy(c->share);
@@ -106,7 +106,7 @@ static bool cpu_supports(void *ctx, loom_op op, loom_type type) {
     switch (op) {
     case LOOM_OP_GET_ROWS:
     case LOOM_OP_MATMUL: {
-        const loom_type_traits *tr = loom_type_get_traits(type);
+        const loom__type_traits *tr = loom__type_get_traits(type);
         return tr != NULL && tr->can_dequantize;
     }
     case LOOM_OP_KV_STORE:
@@ -211,11 +211,11 @@ static loom_status cpu_synchronize(void *ctx) {
 /* ------------------------------------------------------------------------------------------ */
 
 static int cpu_host_threads(void *ctx) {
-    return loom__threadpool_size(((loom_cpu_ctx *)ctx)->tp);
+    return loom__threadpool_size(((loom__cpu_ctx *)ctx)->tp);
 }
 
 static void cpu_host_parallel(void *ctx, void (*fn)(void *arg, int ith, int nth), void *arg) {
-    loom__threadpool_run(((loom_cpu_ctx *)ctx)->tp, fn, arg);
+    loom__threadpool_run(((loom__cpu_ctx *)ctx)->tp, fn, arg);
 }
 
 static const loom_backend_ops cpu_ops = {
@@ -248,17 +248,17 @@ static const loom_backend_ops cpu_ops = {
 
 /* Each worker pins itself (thread 0, the caller, is the application's and stays as it is). */
 static void pin_worker(void *arg, int ith, int nth) {
-    loom_cpu_ctx *c = arg;
+    loom__cpu_ctx *c = arg;
     (void)nth;
     if (ith > 0) (void)loom__numa_pin_worker(&c->numa, ith);
 }
 
-loom_status loom_backend_cpu_create(const loom_cpu_params *p, loom_backend **out) {
+loom_status loom__backend_cpu_create(const loom__cpu_params *p, loom__backend **out) {
     LOOM_CHECK_ARG(out != NULL);
     int n_threads = p ? p->n_threads : 0;
     if (n_threads <= 0) n_threads = loom__cpu_count();
 
-    loom_cpu_ctx *c = calloc(1, sizeof *c);
+    loom__cpu_ctx *c = calloc(1, sizeof *c);
     LOOM_RETURN_IF(c == NULL, LOOM_ERR_OUT_OF_MEMORY, "cpu: out of memory");
     c->n_threads = n_threads;
     c->f32_activations = p ? p->f32_activations : false;
@@ -268,7 +268,7 @@ loom_status loom_backend_cpu_create(const loom_cpu_params *p, loom_backend **out
     c->numa = loom__numa_plan_make(p ? p->numa : LOOM_NUMA_AUTO);
     if (c->numa.mode != LOOM_NUMA_OFF) loom__threadpool_run(c->tp, pin_worker, c);
     LOOM_TRY_GOTO(st, loom__cpu_reserve_scratch(c, LOOM_CPU_SCRATCH_INIT), fail);
-    LOOM_TRY_GOTO(st, loom_backend_register(&cpu_ops, c, out), fail);
+    LOOM_TRY_GOTO(st, loom__backend_register(&cpu_ops, c, out), fail);
     return LOOM_OK;
 fail:
     cpu_destroy(c);

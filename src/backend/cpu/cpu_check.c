@@ -35,7 +35,7 @@ static loom_status check_view(const char *op, const char *name, const loom_tenso
 loom_status loom__cpu_check_f32(const char *op, const char *name, const loom_tensor *t) {
     LOOM_RETURN_IF(t == NULL, LOOM_ERR_INVALID_ARG, "%s: %s is NULL", op, name);
     LOOM_RETURN_IF(t->type != LOOM_TYPE_F32, LOOM_ERR_UNSUPPORTED, "%s: %s must be f32, got %s", op,
-                   name, loom_type_name(t->type));
+                   name, loom__type_name(t->type));
     LOOM_RETURN_IF(t->ne[0] < 1 || t->ne[0] > INT64_MAX / 4, LOOM_ERR_INVALID_ARG,
                    "%s: %s has %lld elements per row", op, name, (long long)t->ne[0]);
     LOOM_RETURN_IF((uintptr_t)t->data % sizeof(float) != 0 || t->row_stride % sizeof(float) != 0,
@@ -46,15 +46,15 @@ loom_status loom__cpu_check_f32(const char *op, const char *name, const loom_ten
 
 loom_status loom__cpu_check_weight(const char *op, const char *name, const loom_tensor *t) {
     LOOM_RETURN_IF(t == NULL, LOOM_ERR_INVALID_ARG, "%s: %s is NULL", op, name);
-    const loom_type_traits *tr = loom_type_get_traits(t->type);
+    const loom__type_traits *tr = loom__type_get_traits(t->type);
     LOOM_RETURN_IF(tr == NULL || !tr->can_dequantize, LOOM_ERR_UNSUPPORTED,
                    "%s: %s has type %s, which the cpu backend cannot read", op, name,
-                   loom_type_name(t->type));
+                   loom__type_name(t->type));
     size_t row_bytes;
-    LOOM_RETURN_IF(t->ne[0] < 1 || !loom_type_row_bytes(t->type, t->ne[0], &row_bytes),
+    LOOM_RETURN_IF(t->ne[0] < 1 || !loom__type_row_bytes(t->type, t->ne[0], &row_bytes),
                    LOOM_ERR_INVALID_ARG,
                    "%s: %s row of %lld elements is not a whole number of %s blocks (%u each)", op,
-                   name, (long long)t->ne[0], loom_type_name(t->type), (unsigned)tr->block_elems);
+                   name, (long long)t->ne[0], loom__type_name(t->type), (unsigned)tr->block_elems);
     /* Rows are read through their element or block type: F32 needs 4-byte alignment, and
      * F16, BF16 and every block format (whose scales are 16-bit fields) need 2. GGUF data
      * always satisfies this (tensors are 32-byte aligned, encoded rows have even sizes). */
@@ -76,9 +76,9 @@ loom_status loom__cpu_check_same_shape(const char *op, const char *name_a, const
 /* Byte span [lo, hi) of a view whose rows are elt_bytes * ne[0] long (only called on
  * validated tensors, so nothing overflows). */
 static void view_span(const loom_tensor *t, uintptr_t *lo, uintptr_t *hi) {
-    const loom_type_traits *tr = loom_type_get_traits(t->type);
+    const loom__type_traits *tr = loom__type_get_traits(t->type);
     size_t row_bytes = 0;
-    if (tr == NULL || !loom_type_row_bytes(t->type, t->ne[0], &row_bytes))
+    if (tr == NULL || !loom__type_row_bytes(t->type, t->ne[0], &row_bytes))
         row_bytes = t->row_stride;
     *lo = (uintptr_t)t->data;
     *hi = *lo + (t->ne[1] > 0 ? (size_t)(t->ne[1] - 1) * t->row_stride + row_bytes : 0);
@@ -108,7 +108,7 @@ static loom_status check_kv_arrays(const char *op, const loom_kv_desc *kv, int32
                    kv->block_size, kv->n_blocks, kv->n_kv_heads, kv->head_dim);
     LOOM_RETURN_IF(kv->kv_type != LOOM_TYPE_F16 && kv->kv_type != LOOM_TYPE_F32,
                    LOOM_ERR_UNSUPPORTED, "%s: kv type %s (cpu supports f16 and f32)", op,
-                   loom_type_name(kv->kv_type));
+                   loom__type_name(kv->kv_type));
     size_t elt = kv->kv_type == LOOM_TYPE_F32 ? 4 : 2;
     size_t head_row = (size_t)kv->n_kv_heads * (size_t)kv->head_dim * elt;
     size_t block_min;

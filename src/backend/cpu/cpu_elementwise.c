@@ -26,7 +26,7 @@
 /* Below this many output elements an op runs on the calling thread only. */
 #define EW_INLINE_ELEMS 8192
 
-static void ew_dispatch(loom_cpu_ctx *c, int64_t n_elems, loom_task_fn fn, void *arg) {
+static void ew_dispatch(loom__cpu_ctx *c, int64_t n_elems, loom__task_fn fn, void *arg) {
     if (n_elems < EW_INLINE_ELEMS || c->n_threads == 1)
         fn(arg, 0, 1);
     else
@@ -116,7 +116,7 @@ static void ew_worker(void *p, int ith, int nth) {
     }
 }
 
-static loom_status ew_run(loom_cpu_ctx *c, ew_task *t) {
+static loom_status ew_run(loom__cpu_ctx *c, ew_task *t) {
     if (t->out->ne[1] == 0) return LOOM_OK;
     ew_dispatch(c, t->out->ne[0] * t->out->ne[1], ew_worker, t);
     return LOOM_OK;
@@ -233,7 +233,7 @@ static void row_worker(void *p, int ith, int nth) {
     }
 }
 
-static loom_status row_run(loom_cpu_ctx *c, row_task *t) {
+static loom_status row_run(loom__cpu_ctx *c, row_task *t) {
     if (t->out->ne[1] == 0) return LOOM_OK;
     ew_dispatch(c, t->out->ne[0] * t->out->ne[1], row_worker, t);
     return LOOM_OK;
@@ -269,7 +269,7 @@ loom_status loom__cpu_get_rows(void *ctx, const loom_tensor *table, const loom_t
     LOOM_TRY(loom__cpu_check_weight("get_rows", "table", table));
     LOOM_RETURN_IF(ids == NULL, LOOM_ERR_INVALID_ARG, "get_rows: ids is NULL");
     LOOM_RETURN_IF(ids->type != LOOM_TYPE_I32, LOOM_ERR_UNSUPPORTED,
-                   "get_rows: ids must be i32, got %s", loom_type_name(ids->type));
+                   "get_rows: ids must be i32, got %s", loom__type_name(ids->type));
     LOOM_RETURN_IF(ids->ne[0] < 0 || ids->ne[1] != 1, LOOM_ERR_INVALID_ARG,
                    "get_rows: ids is [%lld, %lld] but must be one row of n ids",
                    (long long)ids->ne[1], (long long)ids->ne[0]);

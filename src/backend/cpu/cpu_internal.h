@@ -12,17 +12,17 @@
 #include <stddef.h>
 
 /* The rope op's cached cos/sin tables (cpu_rope.c). */
-typedef struct loom_cpu_rope_tables loom_cpu_rope_tables;
-void loom__cpu_rope_tables_free(loom_cpu_rope_tables *rt);
+typedef struct loom__cpu_rope_tables loom__cpu_rope_tables;
+void loom__cpu_rope_tables_free(loom__cpu_rope_tables *rt);
 
-typedef struct loom_cpu_ctx {
-    loom_threadpool *tp;
+typedef struct loom__cpu_ctx {
+    loom__threadpool *tp;
     int n_threads;
-    bool f32_activations; /* see loom_cpu_params */
+    bool f32_activations; /* see loom__cpu_params */
     loom__numa_plan numa; /* where the workers run (core/numa.h) */
     /* Shares out a parallel op's units among the threads (core/workshare.h); reset by the op
      * before each run, so one op at a time, like the pool. */
-    loom_workshare *share;
+    loom__workshare *share;
     /* [n_threads] per-thread scratch, scratch_cap floats each, 64-byte aligned. Ops reserve
      * what they need on entry (single-threaded, before dispatch), so growth happens once, the
      * first time a larger shape is seen, never inside a parallel region. */
@@ -38,20 +38,20 @@ typedef struct loom_cpu_ctx {
     void *attn_parts;
     size_t attn_parts_cap;
     /* The rope op's last cos/sin tables, made on first use (cpu_rope.c). */
-    loom_cpu_rope_tables *rope;
-} loom_cpu_ctx;
+    loom__cpu_rope_tables *rope;
+} loom__cpu_ctx;
 
 /* Makes every thread's scratch hold at least n_floats. Errors: OUT_OF_MEMORY (the old scratch
  * stays valid). */
-loom_status loom__cpu_reserve_scratch(loom_cpu_ctx *c, size_t n_floats);
+loom_status loom__cpu_reserve_scratch(loom__cpu_ctx *c, size_t n_floats);
 
 /* Makes the shared activation area hold at least n_bytes. Errors: OUT_OF_MEMORY (the old area
  * stays valid). */
-loom_status loom__cpu_reserve_act(loom_cpu_ctx *c, size_t n_bytes);
+loom_status loom__cpu_reserve_act(loom__cpu_ctx *c, size_t n_bytes);
 
 /* Makes attention's area of segment states hold at least n_bytes. Errors: OUT_OF_MEMORY (the
  * old area stays valid). */
-loom_status loom__cpu_reserve_attn_parts(loom_cpu_ctx *c, size_t n_bytes);
+loom_status loom__cpu_reserve_attn_parts(loom__cpu_ctx *c, size_t n_bytes);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Argument checks (cpu_check.c). Each names the op and the argument in its message.          */

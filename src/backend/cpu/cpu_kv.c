@@ -3,7 +3,7 @@
  * Row r of k and v belongs to sequence s (q_start[s] <= r < q_start[s+1]) at position
  * p = pos_start[s] + (r - q_start[s]); it goes to block block_ids[indptr[s] + p / block_size],
  * slot p % block_size, all heads contiguous, converted to the pool's type (F16 rounds to
- * nearest-even, as loom_f32_to_f16 does; F32 is copied). The whole descriptor is validated
+ * nearest-even, as loom__f32_to_f16 does; F32 is copied). The whole descriptor is validated
  * before anything is written, so a bad block id leaves the pools untouched. */
 #include "backend/cpu/cpu_internal.h"
 
@@ -50,7 +50,7 @@ static void kvs_worker(void *arg, int ith, int nth) {
 
 loom_status loom__cpu_kv_store(void *ctx, const loom_tensor *k, const loom_tensor *v,
                                const loom_kv_desc *kv, int32_t layer) {
-    loom_cpu_ctx *c = ctx;
+    loom__cpu_ctx *c = ctx;
     LOOM_TRY(loom__cpu_check_f32("kv_store", "k", k));
     LOOM_TRY(loom__cpu_check_f32("kv_store", "v", v));
     LOOM_TRY(loom__cpu_check_same_shape("kv_store", "k", k, "v", v));

@@ -19,7 +19,7 @@
  * prompt processing fast — while a token's row stays in L1 across the RB dots that use it.
  *
  * Batch invariance: out[t, o] is always the same function of (row o, x[t]) — loom__cpu_dot on
- * the dequantized row, or loom_vec_dot_q on the row and x[t] rounded by a per-row quantizer —
+ * the dequantized row, or loom__vec_dot_q on the row and x[t] rounded by a per-row quantizer —
  * so it has the same bits whatever T, the grouping, the thread count, or which thread took a
  * group. */
 #include "backend/cpu/cpu_internal.h"
@@ -45,7 +45,7 @@
 #define MMQ_ROW_ALIGN 64
 
 /* Shares out n units for the next run (core/workshare.h). */
-static loom_status mm_share(loom_cpu_ctx *c, int64_t n) {
+static loom_status mm_share(loom__cpu_ctx *c, int64_t n) {
     LOOM_RETURN_IF(n > LOOM_WORKSHARE_MAX_UNITS, LOOM_ERR_INVALID_ARG,
                    "matmul: %lld work units (groups of rows x blocks of tokens) exceed %lld",
                    (long long)n, (long long)LOOM_WORKSHARE_MAX_UNITS);
@@ -64,7 +64,7 @@ typedef struct mm_set {
 
 /* Numbers the units of every weight (ceil(N_j / rb) groups of rows, times units_per_row_group
  * blocks of tokens each) and shares them out. */
-static loom_status mm_set_share(loom_cpu_ctx *c, mm_set *s, int64_t units_per_row_group,
+static loom_status mm_set_share(loom__cpu_ctx *c, mm_set *s, int64_t units_per_row_group,
                                 int64_t rb) {
     int64_t total = 0;
     for (int j = 0; j < s->n; j++) {
@@ -87,7 +87,7 @@ static int mm_set_find(const mm_set *s, int64_t u, int64_t *local) {
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct mm_task {
-    loom_cpu_ctx *c;
+    loom__cpu_ctx *c;
     const loom_tensor *w; /* [N, K] any dequantizable type */
     const loom_tensor *x; /* [T, K] f32 */
     loom_tensor *out;     /* [T, N] f32 */
@@ -116,7 +116,7 @@ static void mm_worker(void *p, int ith, int nth) {
     const mm_task *a = p;
     const int64_t K = a->w->ne[0], N = a->w->ne[1], T = a->x->ne[1], rb = a->rb;
     float *scratch = a->c->scratch[ith];
-    loom_workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
+    loom__workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
 
     const float *rows[MM_MAX_RB];
     for (int64_t g; (g = loom__workshare_next(a->c->share, ith, &cur)) >= 0;) {
@@ -131,7 +131,7 @@ static void mm_worker(void *p, int ith, int nth) {
     }
 }
 
-static loom_status mm_run_f32(loom_cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
+static loom_status mm_run_f32(loom__cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
                               loom_tensor *out) {
     mm_task task = {.c = c, .w = w, .x = x, .out = out, .rb = mm_rows_per_group(w->ne[0])};
     if (w->type != LOOM_TYPE_F32)
@@ -146,11 +146,11 @@ static loom_status mm_run_f32(loom_cpu_ctx *c, const loom_tensor *w, const loom_
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct mmq_task {
-    loom_workshare *share;      /* the groups of rows */
+    loom__workshare *share;      /* the groups of rows */
     const mm_set *set;          /* weights [N_j, K] of a type with an activation format, outs */
     const loom_tensor *x;       /* [T, K] f32 */
-    loom_quantize_act_fn quant; /* f32 row -> activation format */
-    loom_vec_dot_q_fn dot;      /* weight row . activation row */
+    loom__quantize_act_fn quant; /* f32 row -> activation format */
+    loom__vec_dot_q_fn dot;      /* weight row . activation row */
     uint8_t *act;               /* [T] rounded rows, act_stride bytes apart */
     size_t act_stride;
     int64_t rb; /* weight rows per group */
@@ -169,7 +169,7 @@ static void mmq_worker(void *p, int ith, int nth) {
     (void)nth;
     const mmq_task *a = p;
     const int64_t K = a->x->ne[0], T = a->x->ne[1], rb = a->rb;
-    loom_workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
+    loom__workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
 
     for (int64_t u; (u = loom__workshare_next(a->share, ith, &cur)) >= 0;) {
         int64_t g;
@@ -200,11 +200,11 @@ static void mmq_worker(void *p, int ith, int nth) {
 typedef struct mmt_task {
     const mm_set *set; /* weights [N_j, K] of one type, outs [T, N_j] */
     const loom_tensor *x;
-    loom_cpu_ctx *c;
-    const loom_qgemm_kernels *k;   /* per-pair tiles, or (k NULL) */
+    loom__cpu_ctx *c;
+    const loom__qgemm_kernels *k;   /* per-pair tiles, or (k NULL) */
     bool prepared;                 /* k's tile_prepared, rows prepared in each thread's scratch */
-    const loom_qgemm_lanes *lanes; /* token lanes */
-    loom_quantize_act_fn quant;
+    const loom__qgemm_lanes *lanes; /* token lanes */
+    loom__quantize_act_fn quant;
     uint8_t *xp;       /* prepared units: [T] token rows (tiles) or [ceil(T / width)] groups */
     size_t x_stride;   /* bytes between prepared units */
     size_t act_stride; /* rounded activation rows in a thread's scratch (lanes) */
@@ -272,7 +272,7 @@ static void mmt_worker(void *p, int ith, int nth) {
     (void)nth;
     const mmt_task *a = p;
     const int64_t T = a->x->ne[1], rb = a->rb, t_block = mmt_t_block(a);
-    loom_workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
+    loom__workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
     for (int64_t u; (u = loom__workshare_next(a->c->share, ith, &cur)) >= 0;) {
         int64_t v;
         const int j = mm_set_find(a->set, u, &v);
@@ -286,8 +286,8 @@ static void mmt_worker(void *p, int ith, int nth) {
 }
 
 /* One of k (per-pair tiles) and lanes is non-NULL. */
-static loom_status mm_run_tiles(loom_cpu_ctx *c, mm_set *set, const loom_tensor *x,
-                                const loom_qgemm_kernels *k, const loom_qgemm_lanes *lanes,
+static loom_status mm_run_tiles(loom__cpu_ctx *c, mm_set *set, const loom_tensor *x,
+                                const loom__qgemm_kernels *k, const loom__qgemm_lanes *lanes,
                                 uint32_t act_type, size_t act_row, size_t w_row) {
     const int64_t K = x->ne[0], T = x->ne[1];
     const bool prepared = !lanes && k->tile_prepared && T >= k->prepare_min_tokens(K);
@@ -297,7 +297,7 @@ static loom_status mm_run_tiles(loom_cpu_ctx *c, mm_set *set, const loom_tensor 
                      .k = lanes ? NULL : k,
                      .prepared = prepared,
                      .lanes = lanes,
-                     .quant = loom_quantize_activations_get(act_type),
+                     .quant = loom__quantize_activations_get(act_type),
                      .x_stride = lanes ? lanes->x8_bytes(K) : k->x_row_bytes(K),
                      .act_stride = (act_row + MMQ_ROW_ALIGN - 1) / MMQ_ROW_ALIGN * MMQ_ROW_ALIGN,
                      .step = lanes      ? lanes->width
@@ -335,22 +335,22 @@ static loom_status mm_run_tiles(loom_cpu_ctx *c, mm_set *set, const loom_tensor 
 }
 
 /* The set's weights are all of one type (so of one activation format and one path). */
-static loom_status mm_run_quant(loom_cpu_ctx *c, mm_set *set, const loom_tensor *x) {
+static loom_status mm_run_quant(loom__cpu_ctx *c, mm_set *set, const loom_tensor *x) {
     const loom_tensor *w = set->w[0];
     const int64_t K = w->ne[0], T = x->ne[1];
     uint32_t act_type;
     size_t act_row, w_row, stride, total;
-    LOOM_RETURN_IF(!loom_vec_dot_type(w->type, &act_type), LOOM_ERR_UNSUPPORTED,
-                   "matmul: no activation format for weights of type %s", loom_type_name(w->type));
+    LOOM_RETURN_IF(!loom__vec_dot_type(w->type, &act_type), LOOM_ERR_UNSUPPORTED,
+                   "matmul: no activation format for weights of type %s", loom__type_name(w->type));
     /* K is a whole number of w's blocks, hence of the activation format's (32 or 256, or 1). */
-    LOOM_RETURN_IF(!loom_type_row_bytes(act_type, K, &act_row) ||
-                       !loom_type_row_bytes(w->type, K, &w_row),
+    LOOM_RETURN_IF(!loom__type_row_bytes(act_type, K, &act_row) ||
+                       !loom__type_row_bytes(w->type, K, &w_row),
                    LOOM_ERR_INVALID_ARG, "matmul: K = %lld is not a whole number of %s blocks",
-                   (long long)K, loom_type_name(act_type));
-    const loom_qgemm_lanes *lanes = loom_qgemm_lanes_get(w->type);
+                   (long long)K, loom__type_name(act_type));
+    const loom__qgemm_lanes *lanes = loom__qgemm_lanes_get(w->type);
     if (lanes && T >= MML_MIN_TOKENS)
         return mm_run_tiles(c, set, x, NULL, lanes, act_type, act_row, w_row);
-    const loom_qgemm_kernels *k = loom_qgemm_get(w->type);
+    const loom__qgemm_kernels *k = loom__qgemm_get(w->type);
     if (k && T >= k->min_tokens) return mm_run_tiles(c, set, x, k, NULL, act_type, act_row, w_row);
 
     bool overflow = loom__add_overflow_size(act_row, MMQ_ROW_ALIGN - 1, &stride);
@@ -366,8 +366,8 @@ static loom_status mm_run_quant(loom_cpu_ctx *c, mm_set *set, const loom_tensor 
     mmq_task task = {.share = c->share,
                      .set = set,
                      .x = x,
-                     .quant = loom_quantize_activations_get(act_type),
-                     .dot = loom_vec_dot_q_get(w->type),
+                     .quant = loom__quantize_activations_get(act_type),
+                     .dot = loom__vec_dot_q_get(w->type),
                      .act = c->act,
                      .act_stride = stride,
                      .rb = rb};
@@ -405,7 +405,7 @@ static loom_status mm_check(const loom_tensor *w, const loom_tensor *x, const lo
 
 loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor *x,
                              loom_tensor *out) {
-    loom_cpu_ctx *c = ctx;
+    loom__cpu_ctx *c = ctx;
     LOOM_TRY(mm_check(w, x, out));
     if (x->ne[1] == 0) return LOOM_OK;
 
@@ -420,7 +420,7 @@ loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor 
  * way: the arithmetic per (row, token) is the same whichever set the row's group is in. */
 loom_status loom__cpu_matmul_multi(void *ctx, int n, const loom_tensor *const *ws,
                                    const loom_tensor *x, loom_tensor *const *outs) {
-    loom_cpu_ctx *c = ctx;
+    loom__cpu_ctx *c = ctx;
     LOOM_RETURN_IF(n < 1 || n > LOOM_MATMUL_MULTI_MAX, LOOM_ERR_INVALID_ARG,
                    "matmul_multi: %d matmuls (1 .. %d)", n, LOOM_MATMUL_MULTI_MAX);
     LOOM_RETURN_IF(ws == NULL || outs == NULL, LOOM_ERR_INVALID_ARG,

@@ -36,7 +36,7 @@
  * token on a 30-layer model. A table is a pure function of its key, so reuse changes no bit. */
 #define ROPE_TABLES 2
 
-struct loom_cpu_rope_tables {
+struct loom__cpu_rope_tables {
     struct rope_table {
         /* key: the frequencies and the positions */
         int n_rot;
@@ -53,7 +53,7 @@ struct loom_cpu_rope_tables {
     uint64_t clock;
 };
 
-void loom__cpu_rope_tables_free(loom_cpu_rope_tables *rt) {
+void loom__cpu_rope_tables_free(loom__cpu_rope_tables *rt) {
     if (rt == NULL) return;
     for (int i = 0; i < ROPE_TABLES; i++) {
         free(rt->t[i].pos);
@@ -96,13 +96,13 @@ static void table_worker(void *arg, int ith, int nth) {
 }
 
 /* The table for (p, pos[0..n)): found, or computed into the least recently used slot. */
-static loom_status rope_table_get(loom_cpu_ctx *c, const loom_rope_params *p, const int32_t *pos,
+static loom_status rope_table_get(loom__cpu_ctx *c, const loom_rope_params *p, const int32_t *pos,
                                   int64_t n, const struct rope_table **out) {
     if (c->rope == NULL) {
         c->rope = calloc(1, sizeof *c->rope);
         LOOM_RETURN_IF(c->rope == NULL, LOOM_ERR_OUT_OF_MEMORY, "rope: out of memory");
     }
-    loom_cpu_rope_tables *rt = c->rope;
+    loom__cpu_rope_tables *rt = c->rope;
     rt->clock++;
     struct rope_table *t = &rt->t[0];
     for (int i = 0; i < ROPE_TABLES; i++) {
@@ -230,12 +230,12 @@ static loom_status rope_check_params(const loom_tensor *x, const loom_rope_param
 
 loom_status loom__cpu_rope(void *ctx, loom_tensor *x, const loom_tensor *pos,
                            const loom_rope_params *p) {
-    loom_cpu_ctx *c = ctx;
+    loom__cpu_ctx *c = ctx;
     LOOM_TRY(loom__cpu_check_f32("rope", "x", x));
     LOOM_TRY(rope_check_params(x, p));
     LOOM_RETURN_IF(pos == NULL, LOOM_ERR_INVALID_ARG, "rope: pos is NULL");
     LOOM_RETURN_IF(pos->type != LOOM_TYPE_I32, LOOM_ERR_UNSUPPORTED,
-                   "rope: pos must be i32, got %s", loom_type_name(pos->type));
+                   "rope: pos must be i32, got %s", loom__type_name(pos->type));
     LOOM_RETURN_IF(pos->ne[0] != x->ne[1] || pos->ne[1] != 1, LOOM_ERR_INVALID_ARG,
                    "rope: pos is [%lld, %lld] but must be one row of T=%lld positions",
                    (long long)pos->ne[1], (long long)pos->ne[0], (long long)x->ne[1]);

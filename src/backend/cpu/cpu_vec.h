@@ -94,5 +94,5 @@ static inline bool loom__cpu_row_to_f32(uint32_t t, const void *src, float *dst,
         loom__cpu_f16_to_f32_row(src, dst, n);
         return true;
     }
-    return loom_dequantize_row(t, src, dst, n);
+    return loom__dequantize_row(t, src, dst, n);
 }

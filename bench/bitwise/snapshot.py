@@ -25,6 +25,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "conformance"))
+# this tree's binding, unless PYTHONPATH names another (an older tree's, to record its outputs)
+sys.path.append(os.path.join(HERE, "..", "..", "python"))
 
 FTYPES = {"F32": None, "F16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0", "Q4_K_M": "MOSTLY_Q4_K_M"}
 GEMMA_PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time",

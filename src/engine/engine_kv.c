@@ -47,6 +47,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/hash.h"
 #include "core/log.h"
 #include "engine/engine.h"
 
@@ -236,7 +237,7 @@ loom_status loom__engine_kv_create(loom_engine *e) {
     kp.watermark = e->params.watermark;
     /* Blocks computed by one model are meaningless to another: salt with its identity. */
     const char *name = e->model->name ? e->model->name : "";
-    kp.model_salt = loom__kv_hash_bytes(name, strlen(name), (uint64_t)loom__gguf_file_size(
+    kp.model_salt = loom__hash_bytes(name, strlen(name), (uint64_t)loom__gguf_file_size(
                                                                 e->model->gguf));
     LOOM_TRY(loom__kv_create(&kp, &e->kv));
     for (int32_t g = 0; g < e->n_groups; g++) { /* the fixed fields; steps update the rest */

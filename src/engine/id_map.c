@@ -5,15 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/hash.h"
 #include "core/status.h"
 
 #define DELETED UINT64_MAX
 
 static uint32_t slot_of(uint64_t id, uint32_t cap) {
-    id ^= id >> 33;
-    id *= 0xff51afd7ed558ccdull;
-    id ^= id >> 33;
-    return (uint32_t)id & (cap - 1);
+    return (uint32_t)loom__hash_mix64(id) & (cap - 1);
 }
 
 loom_status loom__id_map_init(loom__id_map *m, uint32_t cap) {

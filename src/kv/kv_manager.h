@@ -322,5 +322,3 @@ loom_status loom__kv_seq_table(const loom__kv *kv, int32_t seq, int32_t group, c
  * first violation. O(pools + tables); meant for tests and debug builds. */
 loom_status loom__kv_check(const loom__kv *kv);
 
-/* A 64-bit hash of bytes (for turning a string cache salt or a model's identity into a salt). */
-uint64_t loom__kv_hash_bytes(const void *data, size_t n, uint64_t seed);

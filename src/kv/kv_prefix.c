@@ -2,51 +2,29 @@
  * (open addressing) and the admission match that finds the longest reusable prefix. */
 #include "kv/kv_internal.h"
 
+#include "core/hash.h"
+
 #include <string.h>
 
 /* ==== hashing ================================================================================= */
 
-/* A 64-bit bijective finalizer (xor-shift / multiply rounds): every input bit reaches every
- * output bit, so the low bits index the table well and distinct states stay distinct. */
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 32;
-    x *= 0xd6e8feb86659fd93ULL;
-    x ^= x >> 32;
-    x *= 0xd6e8feb86659fd93ULL;
-    x ^= x >> 32;
-    return x;
-}
-
 uint64_t loom__kv_hash_root(uint64_t model_salt, uint64_t cache_salt) {
     /* Nested so that (model, cache) salts never commute, and bijective in each for the other
      * fixed: different cache salts always give different roots. */
-    return mix64(mix64(model_salt ^ 0x6b76726f6f744d53ULL) ^ cache_salt ^ 0x9e3779b97f4a7c15ULL);
+    return loom__hash_mix64(loom__hash_mix64(model_salt ^ 0x6b76726f6f744d53ULL) ^ cache_salt ^ 0x9e3779b97f4a7c15ULL);
 }
 
 uint64_t loom__kv_hash_token(uint64_t state, int32_t token) {
     /* For a fixed state, distinct tokens give distinct states (xor then a bijection). */
     uint64_t t = (uint64_t)(uint32_t)token * 0x9e3779b97f4a7c15ULL + 0x2545f4914f6cdd1dULL;
-    return mix64(state ^ t);
+    return loom__hash_mix64(state ^ t);
 }
 
 uint64_t loom__kv_hash_finish(uint64_t state) {
     /* Marks the block boundary, so a block's hash differs from its last token's state. */
-    return mix64(state ^ 0xb10cb10cb10cb10cULL);
+    return loom__hash_mix64(state ^ 0xb10cb10cb10cb10cULL);
 }
 
-uint64_t loom__kv_hash_bytes(const void *data, size_t n, uint64_t seed) {
-    const unsigned char *p = data;
-    uint64_t h = mix64(seed ^ 0x8a5cd789635d2dffULL ^ (uint64_t)n);
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8); /* host byte order: a salt, not a portable digest */
-        h = mix64(h ^ (w * 0x9e3779b97f4a7c15ULL));
-    }
-    uint64_t tail = 0;
-    for (size_t k = 0; i + k < n; k++) tail |= (uint64_t)p[i + k] << (8 * k);
-    return mix64(h ^ tail ^ 0x2545f4914f6cdd1dULL);
-}
 
 /* ==== the index =============================================================================== */
 

@@ -2,18 +2,9 @@
  * kept at most half full, deletion by backward shift so churn leaves no tombstones behind. */
 #include <stdlib.h>
 
+#include "core/hash.h"
 #include "core/status.h"
 #include "sched/sched_internal.h"
-
-/* splitmix64's finalizer: engine ids are often sequential, which plain masking would cluster. */
-static uint64_t hash_id(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
 
 /* Smallest power of two >= 2 * n_items (and >= 16), or 0 if that would overflow int32_t. */
 static int32_t index_cap_for(int32_t n_items) {
@@ -49,7 +40,7 @@ void loom__sched_index_free(sched_index *ix) {
 
 int32_t loom__sched_index_find(const sched_index *ix, uint64_t id) {
     uint32_t mask = (uint32_t)ix->cap - 1;
-    for (uint32_t i = (uint32_t)hash_id(id) & mask;; i = (i + 1) & mask) {
+    for (uint32_t i = (uint32_t)loom__hash_mix64(id) & mask;; i = (i + 1) & mask) {
         if (ix->vals[i] < 0) return -1;
         if (ix->keys[i] == id) return ix->vals[i];
     }
@@ -57,7 +48,7 @@ int32_t loom__sched_index_find(const sched_index *ix, uint64_t id) {
 
 void loom__sched_index_put(sched_index *ix, uint64_t id, int32_t slot) {
     uint32_t mask = (uint32_t)ix->cap - 1;
-    uint32_t i = (uint32_t)hash_id(id) & mask;
+    uint32_t i = (uint32_t)loom__hash_mix64(id) & mask;
     while (ix->vals[i] >= 0) i = (i + 1) & mask;
     ix->keys[i] = id;
     ix->vals[i] = slot;
@@ -65,14 +56,14 @@ void loom__sched_index_put(sched_index *ix, uint64_t id, int32_t slot) {
 
 void loom__sched_index_del(sched_index *ix, uint64_t id) {
     uint32_t mask = (uint32_t)ix->cap - 1;
-    uint32_t i = (uint32_t)hash_id(id) & mask;
+    uint32_t i = (uint32_t)loom__hash_mix64(id) & mask;
     while (ix->vals[i] >= 0 && ix->keys[i] != id) i = (i + 1) & mask;
     if (ix->vals[i] < 0) return;
     /* Backward shift: pull later members of the probe run into the hole when their home
      * position does not lie cyclically in (hole, j], so every lookup still finds them. */
     uint32_t hole = i;
     for (uint32_t j = (hole + 1) & mask; ix->vals[j] >= 0; j = (j + 1) & mask) {
-        uint32_t home = (uint32_t)hash_id(ix->keys[j]) & mask;
+        uint32_t home = (uint32_t)loom__hash_mix64(ix->keys[j]) & mask;
         bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
         if (stays) continue;
         ix->keys[hole] = ix->keys[j];

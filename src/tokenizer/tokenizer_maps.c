@@ -5,30 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/hash.h"
 #include "core/status.h"
-
-static uint64_t hash_bytes(const char *s, size_t len) {
-    /* FNV-1a with a final avalanche: token texts are short, so a byte loop is cheap enough. */
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 0x100000001b3ull;
-    }
-    h ^= h >> 32;
-    h *= 0xd6e8feb86659fd93ull;
-    h ^= h >> 32;
-    return h;
-}
-
-static uint64_t hash_u64(uint64_t x) {
-    /* splitmix64's finaliser. */
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
 
 static size_t table_size(size_t n) {
     size_t cap = 16;
@@ -62,7 +40,7 @@ static int text_equal(const loom__textmap *m, int32_t id, const char *s, size_t 
 int32_t loom__textmap_add(loom__textmap *m, int32_t id) {
     const char *s = m->arena + m->off[id];
     size_t len = m->off[id + 1] - m->off[id];
-    for (size_t i = hash_bytes(s, len) & m->mask;; i = (i + 1) & m->mask) {
+    for (size_t i = loom__hash_bytes(s, len, 0) & m->mask;; i = (i + 1) & m->mask) {
         int32_t cur = m->slots[i];
         if (cur < 0) {
             m->slots[i] = id;
@@ -73,7 +51,7 @@ int32_t loom__textmap_add(loom__textmap *m, int32_t id) {
 }
 
 int32_t loom__textmap_find(const loom__textmap *m, const char *s, size_t len) {
-    for (size_t i = hash_bytes(s, len) & m->mask;; i = (i + 1) & m->mask) {
+    for (size_t i = loom__hash_bytes(s, len, 0) & m->mask;; i = (i + 1) & m->mask) {
         int32_t cur = m->slots[i];
         if (cur < 0) return -1;
         if (text_equal(m, cur, s, len)) return cur;
@@ -109,7 +87,7 @@ static uint64_t pair_key(int32_t left, int32_t right) {
 
 void loom__pairmap_add(loom__pairmap *m, int32_t left, int32_t right, loom__merge v) {
     uint64_t key = pair_key(left, right);
-    for (size_t i = hash_u64(key) & m->mask;; i = (i + 1) & m->mask) {
+    for (size_t i = loom__hash_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
         if (m->keys[i] == key) return;
         if (m->keys[i] == UINT64_MAX) {
             m->keys[i] = key;
@@ -121,7 +99,7 @@ void loom__pairmap_add(loom__pairmap *m, int32_t left, int32_t right, loom__merg
 
 const loom__merge *loom__pairmap_find(const loom__pairmap *m, int32_t left, int32_t right) {
     uint64_t key = pair_key(left, right);
-    for (size_t i = hash_u64(key) & m->mask;; i = (i + 1) & m->mask) {
+    for (size_t i = loom__hash_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
         if (m->keys[i] == key) return &m->vals[i];
         if (m->keys[i] == UINT64_MAX) return NULL;
     }

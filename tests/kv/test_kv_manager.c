@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "core/hash.h"
 #include "kv/kv_test_util.h"
 
 /* ==== prefix caching ========================================================================== */
@@ -66,9 +67,9 @@ static void test_salt_separates(void **state) {
     p.n_groups = 1;
     p.groups = &gp;
     p.block_size = 4;
-    p.model_salt = loom__kv_hash_bytes("model-a", 7, 0);
+    p.model_salt = loom__hash_bytes("model-a", 7, 0);
     KV_OK(loom__kv_create(&p, &kv));
-    assert_int_not_equal(loom__kv_hash_bytes("model-a", 7, 0), loom__kv_hash_bytes("model-b", 7, 0));
+    assert_int_not_equal(loom__hash_bytes("model-a", 7, 0), loom__hash_bytes("model-b", 7, 0));
     fill_tokens(prompt, 9, 7);
     (void)run_prompt(kv, 1, prompt, 9, &c);
     (void)run_prompt(kv, 1, prompt, 9, &c);

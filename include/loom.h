@@ -818,28 +818,8 @@ LOOM_API loom_status loom_engine_get_kv_group(loom_engine *engine, int32_t group
  * events) and one per produced token (request, position, token and text piece, log-probability
  * and entropy before and after the entropy correction). The caller owns the trace and hands it
  * to an engine (loom_engine_params.trace) or to loom_generate (loom_generate_params.trace); it
- * can be written at any time, as JSON Lines or as Chrome trace-event JSON.
- *
- * What the engine records: a step record for every step that ran a batch, with the phases
- *   "schedule"            take submissions and cancellations, plan the batch, admit and reserve
- *                         KV blocks (copy-on-write copies, swap-ins), build the batch;
- *   "forward.layers A-B"  one phase per group of about a quarter of the model's layers (the
- *                         embedding lookup is in the first group);
- *   "logits"              the final norm and output projection of the rows that sample;
- *   "sample"              the sampler chain of every sampling row (and the KV commit);
- *   "events"              stop conditions, streamed text, events and the scheduler's
- *                         bookkeeping;
- * (a step whose batch came out empty has "schedule" and "events" only), and a token record per
- * produced token: request id, sample index, step, position, token and piece, the logprobs,
- * entropies, varentropy and effective temperature of its loom_token_info, and the time since
- * the request's arrival (its arrival_s, or its submit). In background mode the records are
- * appended on the engine's thread.
- * What loom_generate records: one step per forward pass — the prompt's first (its layer groups
- * repeat when the prompt is longer than the session's n_batch), then one per generated token —
- * with the phases "forward.layers A-B", "logits", "sample" and "events" (on_piece and
- * on_token_info run in "events"; there is no "schedule"), and one token record per sampled
- * token with request 0, sample 0 (its arrival is the call). Its steps are numbered on from the trace's step count, so
- * several calls into one trace stay in order (clear the trace to plot them apart).
+ * can be written at any time, as JSON Lines or as Chrome trace-event JSON (Perfetto). What is
+ * recorded, and both file formats field by field, are specified in docs/trace-format.md.
  *
  * Threads: every function below may be called from any thread, also while the engine's step
  * thread appends (a mutex serialises them; a write holds it while it formats, so appends wait
@@ -847,44 +827,6 @@ LOOM_API loom_status loom_engine_get_kv_group(loom_engine *engine, int32_t group
  * Memory: records are kept until loom_trace_clear or loom_trace_free; storage grows
  * geometrically. When memory runs out a record is dropped, never the engine step: the count
  * of dropped records is reported by loom_trace_get_info and in the written metadata.
- *
- * Times are integers in nanoseconds of a monotonic clock, written relative to origin_ns = the
- * earliest step start or token time among the records written (so they stay exact in readers
- * that hold numbers as doubles). The phases of a step tile it: each starts where the previous
- * ended, the first at the step's start, the last ends at its end — their durations add up to
- * the step's exactly.
- *
- * Text pieces: a token's piece may be part of a UTF-8 character (byte-fallback tokens) or any
- * bytes. JSON strings hold valid UTF-8 only: a byte that does not begin a complete, well-formed
- * UTF-8 sequence is written as U+FFFD (one per byte), and the record then also carries
- * "piece_hex" with the exact bytes. Control characters (U+0000-U+001F, U+007F) are written as
- * \u00XX, '"' and '\' as \" and \\; other characters are written as they are.
- *
- * LOOM_TRACE_JSONL — one JSON object per line, the field "type" first. Field names are stable
- * (new fields may be appended; none is renamed or removed within a version):
- *   {"type":"meta","format":"loom-trace","version":1,"clock":"monotonic","origin_ns":N,
- *    "n_steps":N,"n_tokens":N,"dropped":N}                                  (first line)
- *   {"type":"step","step":S,"start_ns":T,"end_ns":T,"dur_ns":D,"n_seqs":N,"n_tokens":N,
- *    "phases":[{"name":"schedule","start_ns":T,"end_ns":T,"dur_ns":D}, ...]}
- *   {"type":"token","request":R,"sample":I,"step":S,"pos":P,"token":ID,"piece":"text",
- *    "logprob_raw":L,"logprob_final":L,"entropy":H,"entropy_final":H,"varentropy":V,
- *    "temperature":T,"t_ns":T,"since_arrival_ns":D[,"piece_hex":"e282"]}
- *   Each step line is followed by the token lines of that step. logprob_raw: under the model's
- *   distribution; logprob_final: under the distribution drawn from; entropy (nats): of the
- *   distribution the correction sees (after logit bias and penalties); entropy_final: of the
- *   distribution drawn from; varentropy (nats^2) of the former; temperature: the effective
- *   one (0: greedy). A number that is not finite is written as null.
- *
- * LOOM_TRACE_CHROME — {"traceEvents":[...],"displayTimeUnit":"ms","otherData":{...meta...}},
- * which chrome://tracing and https://ui.perfetto.dev load. ts and dur are in microseconds
- * (with three decimals: nanoseconds are kept), pid 1:
- *   "M" events naming the process ("loom") and its threads;
- *   tid 1 "steps": an "X" event per step (args: step, n_seqs, n_tokens);
- *   tid 2 "phases": an "X" event per phase, named after it (args: step);
- *   tid 10+k "request R sample I": an "i" (instant) event per token, named after its piece,
- *     args as the JSONL token record;
- *   "C" counter events "entropy R.I" (args before, after) and "prob R.I" (args raw, final:
- *     exp of the logprobs), which Perfetto draws as tracks along time.
  */
 
 /* typedef struct loom_trace loom_trace; is declared above, before loom_generate_params. */

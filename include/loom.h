@@ -73,7 +73,8 @@ LOOM_API int loom_version_number(void);
     X(ERR_BACKEND, 9, "backend failure")                                                           \
     X(ERR_INTERNAL, 10, "internal error")                                                          \
     X(ERR_NOT_FOUND, 11, "no such request")                                                        \
-    X(ERR_BUSY, 12, "the engine is running in background mode")
+    X(ERR_BUSY, 12, "the engine is running in background mode")                                   \
+    X(ERR_NO_DEVICE, 13, "no usable device for the requested backend")
 
 typedef enum loom_status {
 #define LOOM__STATUS_ENUM(name, value, desc) LOOM_##name = value,
@@ -119,11 +120,6 @@ typedef int32_t loom_token;
 
 typedef struct loom_model loom_model;
 
-typedef enum loom_backend_kind {
-    LOOM_BACKEND_CPU = 0,
-    LOOM_BACKEND_CUDA = 1, /* reserved: not built yet */
-} loom_backend_kind;
-
 /* Where compute threads run and weights live on machines with several memory nodes (libnuma;
  * the modes of llama.cpp's --numa). The calling thread is never pinned. Where libnuma is
  * missing or reports NUMA unavailable every mode behaves as OFF. */
@@ -135,8 +131,16 @@ typedef enum loom_numa_mode {
 } loom_numa_mode;
 
 typedef struct loom_model_params {
-    loom_backend_kind backend; /* default LOOM_BACKEND_CPU */
-    int n_threads;             /* compute threads of the CPU backend; <= 0: all online cores */
+    /* The backend that computes: "cpu" (built in), the name of a backend plugin
+     * (libloom-<name>.so, e.g. "cuda": see loom_backend.h for where it is looked for), or NULL
+     * / "auto" (default): the best available — a plugin loom knows of ("cuda") where it loads
+     * and finds a device, else the CPU; the choice and the reasons are logged at INFO. A named
+     * backend that cannot run fails the load with LOOM_ERR_NO_DEVICE (the message says which
+     * file was missing or why it found no device). Borrowed: read during loom_model_load. */
+    const char *backend;
+    int32_t device; /* device index of the backend (default 0; the CPU has only 0) */
+    int n_threads;  /* compute threads per engine or session (CPU backend), and the default
+                       number of an engine's sampling threads; <= 0: all online cores */
     /* Map the file and use the weights in place (default true): fast to load, and processes
      * share the page cache. false copies them into the backend's memory, on huge pages where
      * the OS gives them (Linux THP), and releases the mapped pages: slower to load, and
@@ -157,10 +161,13 @@ LOOM_API loom_model_params loom_model_default_params(void);
 /* Loads a GGUF model (weights, configuration and tokenizer) from path.
  * params may be NULL for the defaults. On success *out owns the model; release it with
  * loom_model_free. The file stays mapped for the model's lifetime.
- * Errors: LOOM_ERR_INVALID_ARG (NULL path/out, bad params), LOOM_ERR_IO (cannot open/map),
- *   LOOM_ERR_BAD_MODEL (corrupt or truncated file, missing tensor or key — the message names
- *   the field), LOOM_ERR_UNSUPPORTED (architecture or tensor type loom does not run),
- *   LOOM_ERR_OUT_OF_MEMORY. */
+ * Errors: LOOM_ERR_INVALID_ARG (NULL path/out, bad params, a malformed backend name),
+ *   LOOM_ERR_IO (cannot open/map), LOOM_ERR_BAD_MODEL (corrupt or truncated file, missing
+ *   tensor or key — the message names the field), LOOM_ERR_UNSUPPORTED (architecture, tensor
+ *   type or op the backend does not run; a plugin built for another backend ABI),
+ *   LOOM_ERR_NO_DEVICE (the named backend's plugin is missing or cannot be loaded, its driver
+ *   is absent, or it has no such device), LOOM_ERR_BACKEND (a plugin without an entry point or
+ *   with an incomplete ops table), LOOM_ERR_OUT_OF_MEMORY. */
 LOOM_API loom_status loom_model_load(const char *path, const loom_model_params *params,
                                      loom_model **out);
 
@@ -601,6 +608,10 @@ typedef struct loom_engine_params {
                                    a step record and one token record per produced token (see
                                    "Per-token trace"). Borrowed: must outlive the engine; may be
                                    written or cleared from any thread while the engine runs */
+    int32_t n_sample_threads;   /* threads that run a step's sampler chains, the step thread
+                                   included, from a pool the engine owns (0, the default: the
+                                   model's n_threads; at most 8, and never more than max_seqs
+                                   are used). A token never depends on it */
 } loom_engine_params;
 
 typedef struct loom_request_params {

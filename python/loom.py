@@ -29,7 +29,8 @@ class LoomError(RuntimeError):
 
 
 class ModelParams(C.Structure):
-    _fields_ = [("backend", C.c_int), ("n_threads", C.c_int), ("use_mmap", C.c_bool),
+    _fields_ = [("backend", C.c_char_p), ("device", C.c_int32), ("n_threads", C.c_int),
+                ("use_mmap", C.c_bool),
                 ("vocab_only", C.c_bool), ("f32_activations", C.c_bool), ("numa", C.c_int)]
 
 
@@ -96,10 +97,16 @@ class Model:
     _h = None
 
     NUMA_MODES = {"auto": 0, "off": 1, "distribute": 2, "isolate": 3}
+    # The backend a Model uses when none is given: None is loom's AUTO (the best available).
+    default_backend = None
 
     def __init__(self, path, n_threads=0, vocab_only=False, use_mmap=True,
-                 f32_activations=False, numa="auto"):
+                 f32_activations=False, numa="auto", backend=None, device=0):
         p = _lib.loom_model_default_params()
+        backend = backend if backend is not None else Model.default_backend
+        self._backend = backend.encode() if isinstance(backend, str) else backend
+        p.backend = self._backend
+        p.device = device
         p.f32_activations = f32_activations
         p.numa = Model.NUMA_MODES[numa]
         p.n_threads = n_threads
@@ -247,7 +254,8 @@ class EngineParams(C.Structure):
                 ("max_ctx", C.c_int32), ("prefix_cache", C.c_bool), ("preempt", C.c_int),
                 ("fcfs", C.c_bool), ("starvation_s", C.c_double), ("watermark", C.c_float),
                 ("on_event", C.c_void_p), ("on_event_user_data", C.c_void_p),
-                ("max_logprobs", C.c_int32), ("trace", C.c_void_p)]
+                ("max_logprobs", C.c_int32), ("trace", C.c_void_p),
+                ("n_sample_threads", C.c_int32)]
 
 
 class RequestParams(C.Structure):

@@ -195,7 +195,12 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--models-dir", default=os.path.join("build", "bitwise-models"))
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"))
+    ap.add_argument("--backend", help="the backend every model loads on (a binding that has "
+                    "loom.Model.default_backend); default: the library's own choice")
     args = ap.parse_args()
+    if args.backend:
+        import loom
+        loom.Model.default_backend = args.backend
     if args.compare:
         return compare(*args.compare)
     if not args.out:

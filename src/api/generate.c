@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/api_internal.h"
+#include "engine/session.h"
 #include "core/status.h"
 #include "core/timer.h"
 #include "tokenizer/text_stream.h"

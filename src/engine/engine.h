@@ -5,7 +5,9 @@
 
 #include <pthread.h>
 
+#include "core/threadpool.h"
 #include "engine/id_map.h"
+#include "engine/kv_storage.h"
 #include "engine/request.h"
 #include "kv/kv_manager.h"
 #include "model/forward.h"
@@ -26,7 +28,8 @@ typedef struct loom__engine_inbox {
 } loom__engine_inbox;
 
 /* Host memory that holds swapped-out blocks of one KV group: n_slots slots of one block each
- * (every layer of the group, K then V per layer). */
+ * (every source layer of the group, K then V per layer; kv_storage.h). From the backend's
+ * host_alloc: pinned, for a device. */
 typedef struct loom__engine_swap_area {
     char *mem; /* [n_slots][slot_bytes] */
     size_t slot_bytes;
@@ -52,7 +55,6 @@ typedef struct loom__engine_kv_shape {
 struct loom_engine {
     loom_model *model;
     const loom_backend_ops *ops;
-    void *bctx;
     loom_engine_params params;
     int32_t max_ctx;
     size_t max_piece;
@@ -66,23 +68,22 @@ struct loom_engine {
     loom__trace_layers layers;
     loom__trace_layer_hook hook;
 
-    /* KV: the manager, and the storage of every layer's pools in one backend buffer. Each
-     * group has its own pool size (engine_kv.c says how they are chosen); a layer's pool has
-     * its group's number of blocks. */
+    /* KV: the manager, and the pools in backend memory with the step's descriptors
+     * (kv_storage.h). Each group has its own pool size (engine_kv.c says how they are
+     * chosen). */
     loom__kv *kv;
+    loom__kv_storage store;
     int32_t n_groups;
     int32_t n_blocks; /* group 0's pool: the one the scheduler counts and submit checks prompts
                          against (full attention when the model has any) */
     int32_t group_blocks[LOOM_MAX_KV_GROUPS]; /* each group's pool */
-    loom_buffer *kv_buf;
-    void **k_base, **v_base; /* [n_layer] */
-    size_t token_stride, block_stride;
-    loom_type kv_type;
     /* Host swap areas for LOOM_PREEMPT_SWAP, one per group (their blocks differ in size). */
     loom__engine_swap_area swap[LOOM_MAX_KV_GROUPS];
 
     loom__sched *sched;
-    loom__forward_ws ws;
+    /* The engine's execution context: its own backend stream and activations, so engines on
+     * one model run at the same time (forward.h). */
+    loom__exec exec;
 
     /* Per-step arrays, sized at create (max_batched_tokens, max_seqs). */
     loom_token *tokens;     /* [max_batched_tokens] */
@@ -104,13 +105,17 @@ struct loom_engine {
     loom_token *known;    /* [max_ctx] scratch: a sample's known tokens */
     /* Sampler chain workspaces (one vocabulary each, 16-byte aligned) and penalty histories
      * ([max_ctx] each), one per sampling thread: the step samples its rows in parallel on the
-     * backend's host threads (backend.h host_parallel) when it has them. */
+     * engine's own pool (n_samplers threads, the step thread included; NULL for one). */
+    loom__threadpool *sample_tp;
     int32_t n_samplers;
     void *sample_mem[LOOM_ENGINE_MAX_SAMPLERS];
     loom__sample_chain_ws *sample_ws[LOOM_ENGINE_MAX_SAMPLERS];
     loom_token *sample_hist[LOOM_ENGINE_MAX_SAMPLERS];
     int32_t *swap_blocks; /* [swap list cap] */
     int32_t swap_list_cap;
+    /* One batched copy's arguments (loom__kv_storage_copy): [swap list cap] each. */
+    int32_t *copy_groups, *copy_src, *copy_dst;
+    char **copy_host;
     loom__sched_result *results; /* [max_seqs] */
     int32_t n_results;
 
@@ -158,8 +163,9 @@ loom_status loom__engine_kv_create(loom_engine *e);
 void loom__engine_kv_destroy(loom_engine *e);
 /* The scheduler's view of the KV manager. */
 loom__sched_kv_iface loom__engine_kv_iface(loom_engine *e);
-/* Copies the blocks of a copy-on-write in every layer of the group. */
-loom_status loom__engine_kv_copy(loom_engine *e, const loom__kv_copy *c);
+/* Performs the copy-on-write copies of one reservation (every layer of each group) in one
+ * backend call. */
+loom_status loom__engine_kv_copy(loom_engine *e, const loom__kv_copy *c, int32_t n);
 /* Preemption by swap: moves the sample's blocks to host slots / back. */
 loom_status loom__engine_swap_out(loom_engine *e, struct loom__req_sample *s);
 loom_status loom__engine_swap_in(loom_engine *e, struct loom__req_sample *s);

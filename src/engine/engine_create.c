@@ -47,6 +47,9 @@ static loom_status check_params(const loom_model *m, loom_engine_params *p) {
                    LOOM_ERR_INVALID_ARG, "engine: unknown preemption mode %d", (int)p->preempt);
     LOOM_RETURN_IF(p->max_logprobs < 0, LOOM_ERR_INVALID_ARG, "engine: max_logprobs %d (>= 0)",
                    p->max_logprobs);
+    LOOM_RETURN_IF(p->n_sample_threads < 0 || p->n_sample_threads > LOOM_ENGINE_MAX_SAMPLERS,
+                   LOOM_ERR_INVALID_ARG, "engine: n_sample_threads %d (0 .. %d)",
+                   p->n_sample_threads, LOOM_ENGINE_MAX_SAMPLERS);
     if (p->max_ctx == 0) p->max_ctx = m->cfg.n_ctx_train < 8192 ? m->cfg.n_ctx_train : 8192;
     return LOOM_OK;
 }
@@ -65,26 +68,16 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     e->batch_reqs = malloc(S * sizeof *e->batch_reqs);
     e->batch_index = malloc(S * sizeof *e->batch_index);
     e->batch_entries = malloc(S * sizeof *e->batch_entries);
-    e->q_start = malloc((S + 1) * sizeof *e->q_start);
-    e->pos_start = malloc((S + 1) * sizeof *e->pos_start);
-    e->kv_len = malloc((S + 1) * sizeof *e->kv_len);
     e->results = malloc(S * sizeof *e->results);
     e->cap_events = 4 * S + 16;
     e->events = malloc(e->cap_events * sizeof *e->events);
     bool ok = e->tokens && e->pos && e->logit_rows && e->logits && e->seqs && e->n_new &&
               e->batch_samples && e->row_status && e->sample_entry && e->batch_reqs && e->batch_index &&
-              e->batch_entries && e->q_start && e->pos_start && e->kv_len && e->results &&
-              e->events;
-    for (int32_t g = 0; g < e->n_groups && ok; g++) {
-        e->indptr[g] = malloc((S + 1) * sizeof *e->indptr[g]);
-        e->block_ids[g] = malloc((size_t)e->block_cap * sizeof *e->block_ids[g]);
-        ok = e->indptr[g] && e->block_ids[g];
-    }
+              e->batch_entries && e->results && e->events;
     LOOM_RETURN_IF(!ok, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
-    /* A sampler workspace per sampling thread: the backend's host threads (idle between the
-     * forward pass and the next step), at most one per sequence and LOOM_ENGINE_MAX_SAMPLERS. */
-    const loom_backend_ops *ops = e->model->backend->ops;
-    int32_t n = ops->host_parallel ? ops->host_threads(e->model->backend->ctx) : 1;
+    /* A sampler workspace per sampling thread of the engine's own pool: n_sample_threads, or
+     * the model's host threads, at most one per sequence and LOOM_ENGINE_MAX_SAMPLERS. */
+    int32_t n = e->params.n_sample_threads > 0 ? e->params.n_sample_threads : e->model->n_threads;
     if (n > e->params.max_seqs) n = e->params.max_seqs;
     if (n > LOOM_ENGINE_MAX_SAMPLERS) n = LOOM_ENGINE_MAX_SAMPLERS;
     if (n < 1) n = 1;
@@ -100,6 +93,7 @@ static loom_status alloc_step_arrays(loom_engine *e) {
         LOOM_TRY(loom__sample_chain_workspace_init(e->sample_mem[k], sz, e->model->cfg.n_vocab,
                                                   &e->sample_ws[k]));
     }
+    if (e->n_samplers > 1) LOOM_TRY(loom__threadpool_create(e->n_samplers, &e->sample_tp));
     return LOOM_OK;
 }
 
@@ -119,10 +113,18 @@ static loom_status create_sched(loom_engine *e) {
 static void *engine_thread(void *arg);
 
 static loom_status create_engine(loom_engine *e) {
+    /* The execution context first: the KV budget (kv_fraction) is what the backend has left. */
+    loom__exec_shape es = {
+        .max_tokens = e->params.max_batched_tokens,
+        .max_seqs = e->params.max_seqs,
+        .max_ctx = e->max_ctx,
+        .block_size = e->params.block_size,
+        .kv_type = LOOM_TYPE_F16,
+    };
+    LOOM_TRY(loom__exec_create(e->model, &es, &e->exec));
     LOOM_TRY(loom__engine_kv_create(e));
     LOOM_TRY(alloc_step_arrays(e));
     LOOM_TRY(create_sched(e));
-    LOOM_TRY(loom__forward_ws_create(e->model, e->params.max_batched_tokens, &e->ws));
     LOOM_TRY(loom__id_map_init(&e->reqs, 64));
     LOOM_TRY(loom__id_map_init(&e->live, 64));
     /* Longest vocabulary piece: sizes each sample's text stream. */
@@ -151,7 +153,6 @@ loom_status loom_engine_create(loom_model *model, const loom_engine_params *para
     LOOM_RETURN_IF(!e, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
     e->model = model;
     e->ops = model->backend->ops;
-    e->bctx = model->backend->ctx;
     e->params = p;
     e->max_ctx = p.max_ctx;
     e->next_id = 1;
@@ -200,8 +201,9 @@ void loom_engine_destroy(loom_engine *e) {
     loom__id_map_free(&e->reqs);
     loom__id_map_free(&e->live);
     loom__sched_destroy(e->sched);
-    loom__forward_ws_destroy(e->model, &e->ws);
     loom__engine_kv_destroy(e);
+    loom__exec_destroy(e->model, &e->exec);
+    loom__threadpool_destroy(e->sample_tp);
     free(e->tokens);
     free(e->pos);
     free(e->logit_rows);
@@ -214,18 +216,11 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->batch_reqs);
     free(e->batch_index);
     free(e->batch_entries);
-    free(e->q_start);
-    free(e->pos_start);
-    free(e->kv_len);
     free(e->results);
     free(e->events);
     for (int32_t k = 0; k < LOOM_ENGINE_MAX_SAMPLERS; k++) {
         free(e->sample_mem[k]);
         free(e->sample_hist[k]);
-    }
-    for (int32_t g = 0; g < LOOM_MAX_KV_GROUPS; g++) {
-        free(e->indptr[g]);
-        free(e->block_ids[g]);
     }
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

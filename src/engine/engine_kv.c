@@ -45,7 +45,6 @@
  * every group's, with its exact internal fragmentation. */
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/hash.h"
 #include "core/log.h"
@@ -56,18 +55,22 @@
 
 /* ---- sizing -------------------------------------------------------------------------------- */
 
-/* Bytes of one block of group g: every layer of the group, K and V. */
+/* The engine's KV pages: float16. */
+#define ENGINE_KV_TYPE LOOM_TYPE_F16
+
+/* Bytes of one block of group g: every source layer of the group, K and V. */
 static size_t group_block_bytes(const loom_engine *e, int32_t g) {
-    size_t layers = 0;
-    for (int32_t il = 0; il < e->model->cfg.n_layer; il++) {
-        if (e->model->cfg.layers[il].kv_group == g) layers++;
-    }
-    return layers * 2 * e->block_stride;
+    return loom__kv_storage_block_bytes(e->model, ENGINE_KV_TYPE, e->params.block_size, g);
 }
 
-static int64_t available_bytes(void) {
-    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    return pages > 0 && size > 0 ? (int64_t)pages * size : 0;
+/* The backend's free memory, once this engine's execution context took its share (it is created
+ * first): what kv_fraction is a fraction of. */
+static loom_status available_bytes(const loom_engine *e, int64_t *out) {
+    const loom__backend *be = e->model->backend;
+    size_t free_bytes = 0, total_bytes = 0;
+    LOOM_TRY(be->ops->memory_info(be->dev, &free_bytes, &total_bytes));
+    *out = (int64_t)(free_bytes > INT64_MAX ? INT64_MAX : free_bytes);
+    return LOOM_OK;
 }
 
 static int64_t min64(int64_t a, int64_t b) {
@@ -154,9 +157,6 @@ loom_status loom__engine_kv_plan(const loom__engine_kv_shape *sh, int32_t *n_blo
 static loom_status size_pools(loom_engine *e) {
     const loom__model_config *c = &e->model->cfg;
     const loom_engine_params *p = &e->params;
-    e->kv_type = LOOM_TYPE_F16;
-    e->token_stride = (size_t)c->n_head_kv * (size_t)c->head_dim * 2;
-    e->block_stride = e->token_stride * (size_t)p->block_size;
     e->n_groups = c->n_kv_groups;
     loom__engine_kv_shape sh = {
         .budget = p->kv_bytes,
@@ -167,7 +167,11 @@ static loom_status size_pools(loom_engine *e) {
         .max_ctx = e->max_ctx,
         .prefix_cache = p->prefix_cache,
     };
-    if (sh.budget == 0) sh.budget = (int64_t)((double)available_bytes() * p->kv_fraction);
+    if (sh.budget == 0) {
+        int64_t avail = 0;
+        LOOM_TRY(available_bytes(e, &avail));
+        sh.budget = (int64_t)((double)avail * p->kv_fraction);
+    }
     for (int32_t g = 0; g < e->n_groups; g++) {
         sh.window[g] = c->kv_group_window[g];
         sh.block_bytes[g] = group_block_bytes(e, g);
@@ -179,26 +183,6 @@ static loom_status size_pools(loom_engine *e) {
 
 /* ---- storage ------------------------------------------------------------------------------- */
 
-/* One backend buffer holds every layer's K pool then V pool, each of its group's size. */
-static loom_status alloc_storage(loom_engine *e) {
-    const loom__model_config *c = &e->model->cfg;
-    size_t total = 0;
-    for (int32_t il = 0; il < c->n_layer; il++)
-        total += 2 * e->block_stride * (size_t)e->group_blocks[c->layers[il].kv_group];
-    LOOM_TRY(e->ops->buffer_alloc(e->bctx, total, &e->kv_buf));
-    e->k_base = calloc((size_t)c->n_layer, sizeof *e->k_base);
-    e->v_base = calloc((size_t)c->n_layer, sizeof *e->v_base);
-    LOOM_RETURN_IF(!e->k_base || !e->v_base, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
-    char *at = e->ops->buffer_base(e->bctx, e->kv_buf);
-    for (int32_t il = 0; il < c->n_layer; il++) {
-        size_t layer_bytes = e->block_stride * (size_t)e->group_blocks[c->layers[il].kv_group];
-        e->k_base[il] = at;
-        e->v_base[il] = at + layer_bytes;
-        at += 2 * layer_bytes;
-    }
-    return LOOM_OK;
-}
-
 static loom_status alloc_swap(loom_engine *e) {
     if (e->params.preempt != LOOM_PREEMPT_SWAP) return LOOM_OK;
     /* As many host slots per group as device blocks: every sequence can be out, and the host
@@ -207,11 +191,12 @@ static loom_status alloc_swap(loom_engine *e) {
         loom__engine_swap_area *a = &e->swap[g];
         a->slot_bytes = group_block_bytes(e, g);
         a->n_slots = e->group_blocks[g];
-        a->mem = malloc(a->slot_bytes * (size_t)a->n_slots);
+        const loom__backend *be = e->model->backend;
+        void *mem = NULL;
+        LOOM_TRY(be->ops->host_alloc(be->dev, a->slot_bytes * (size_t)a->n_slots, &mem));
+        a->mem = mem;
         a->free = malloc((size_t)a->n_slots * sizeof *a->free);
-        LOOM_RETURN_IF(!a->mem || !a->free, LOOM_ERR_OUT_OF_MEMORY,
-                       "engine: cannot allocate %zu bytes of host swap space for KV group %d",
-                       a->slot_bytes * (size_t)a->n_slots, g);
+        LOOM_RETURN_IF(!a->free, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
         for (int32_t i = 0; i < a->n_slots; i++) a->free[i] = a->n_slots - 1 - i;
         a->n_free = a->n_slots;
     }
@@ -220,7 +205,6 @@ static loom_status alloc_swap(loom_engine *e) {
 
 loom_status loom__engine_kv_create(loom_engine *e) {
     LOOM_TRY(size_pools(e));
-    LOOM_TRY(alloc_storage(e));
     LOOM_TRY(alloc_swap(e));
     loom__kv_group_params groups[LOOM_MAX_KV_GROUPS];
     for (int32_t g = 0; g < e->n_groups; g++) {
@@ -240,6 +224,18 @@ loom_status loom__engine_kv_create(loom_engine *e) {
     kp.model_salt = loom__hash_bytes(name, strlen(name), (uint64_t)loom__gguf_file_size(
                                                                 e->model->gguf));
     LOOM_TRY(loom__kv_create(&kp, &e->kv));
+    e->swap_list_cap = e->n_groups * ((e->max_ctx + e->params.block_size - 1) /
+                                      e->params.block_size + 1);
+    loom__kv_storage_params sp = {
+        .kv_type = ENGINE_KV_TYPE,
+        .block_size = e->params.block_size,
+        .group_blocks = e->group_blocks,
+        .max_seqs = e->params.max_seqs,
+        .block_cap = loom__kv_desc_block_cap(e->kv, e->params.max_seqs),
+        .max_copy_blocks = e->swap_list_cap > LOOM_MAX_KV_GROUPS ? e->swap_list_cap
+                                                                 : LOOM_MAX_KV_GROUPS,
+    };
+    LOOM_TRY(loom__kv_storage_create(e->model, &sp, &e->store));
     for (int32_t g = 0; g < e->n_groups; g++) { /* the fixed fields; steps update the rest */
         loom_kv_group_info *gi = &e->kv_groups[g];
         gi->n_groups = e->n_groups;
@@ -250,26 +246,31 @@ loom_status loom__engine_kv_create(loom_engine *e) {
             gi->n_layers += e->model->cfg.layers[il].kv_group == g;
         gi->blocks_total = gi->blocks_free = groups[g].n_blocks;
     }
-    e->block_cap = loom__kv_desc_block_cap(e->kv, e->params.max_seqs);
-    e->swap_list_cap = e->n_groups * ((e->max_ctx + e->params.block_size - 1) /
-                                      e->params.block_size + 1);
+    const size_t n_list = (size_t)e->store.ranges_cap / 2 + 1; /* >= max_copy_blocks */
     e->swap_blocks = malloc((size_t)e->swap_list_cap * sizeof *e->swap_blocks);
+    e->copy_groups = malloc(n_list * sizeof *e->copy_groups);
+    e->copy_src = malloc(n_list * sizeof *e->copy_src);
+    e->copy_dst = malloc(n_list * sizeof *e->copy_dst);
+    e->copy_host = malloc(n_list * sizeof *e->copy_host);
     e->known = malloc((size_t)e->max_ctx * sizeof *e->known);
-    LOOM_RETURN_IF(!e->swap_blocks || !e->known, LOOM_ERR_OUT_OF_MEMORY,
-                   "engine: out of memory");
+    LOOM_RETURN_IF(!e->swap_blocks || !e->known || !e->copy_groups || !e->copy_src ||
+                       !e->copy_dst || !e->copy_host,
+                   LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
     return LOOM_OK;
 }
 
 void loom__engine_kv_destroy(loom_engine *e) {
     loom__kv_destroy(e->kv);
-    if (e->kv_buf) e->ops->buffer_free(e->bctx, e->kv_buf);
-    free(e->k_base);
-    free(e->v_base);
+    loom__kv_storage_destroy(&e->store);
     for (int32_t g = 0; g < LOOM_MAX_KV_GROUPS; g++) {
-        free(e->swap[g].mem);
+        e->model->backend->ops->host_free(e->model->backend->dev, e->swap[g].mem);
         free(e->swap[g].free);
     }
     free(e->swap_blocks);
+    free(e->copy_groups);
+    free(e->copy_src);
+    free(e->copy_dst);
+    free(e->copy_host);
     free(e->known);
 }
 
@@ -352,16 +353,14 @@ loom__sched_kv_iface loom__engine_kv_iface(loom_engine *e) {
 
 /* ---- data movements ------------------------------------------------------------------------ */
 
-loom_status loom__engine_kv_copy(loom_engine *e, const loom__kv_copy *c) {
-    size_t src = (size_t)c->src * e->block_stride, dst = (size_t)c->dst * e->block_stride;
-    for (int32_t il = 0; il < e->model->cfg.n_layer; il++) {
-        if (e->model->cfg.layers[il].kv_group != c->group) continue;
-        LOOM_TRY(e->ops->copy(e->bctx, (char *)e->k_base[il] + dst, (char *)e->k_base[il] + src,
-                              e->block_stride));
-        LOOM_TRY(e->ops->copy(e->bctx, (char *)e->v_base[il] + dst, (char *)e->v_base[il] + src,
-                              e->block_stride));
+loom_status loom__engine_kv_copy(loom_engine *e, const loom__kv_copy *c, int32_t n) {
+    for (int32_t k = 0; k < n; k++) {
+        e->copy_groups[k] = c[k].group;
+        e->copy_src[k] = c[k].src;
+        e->copy_dst[k] = c[k].dst;
     }
-    return LOOM_OK;
+    return loom__kv_storage_copy(&e->store, e->exec.stream, LOOM_COPY_DEVICE, n, e->copy_groups,
+                                 e->copy_src, e->copy_dst, NULL);
 }
 
 /* Gives a swapped-out sample's host slots back to their groups' areas. */
@@ -375,23 +374,20 @@ static void release_slots(loom_engine *e, loom__req_sample *s) {
     s->swapped = false;
 }
 
-/* Moves one block of group g between device block b and host slot (dir > 0: to host). */
-static loom_status move_block(loom_engine *e, int32_t g, int32_t b, int32_t slot, int dir) {
-    char *host = e->swap[g].mem + (size_t)slot * e->swap[g].slot_bytes;
-    size_t off = (size_t)b * e->block_stride;
-    for (int32_t il = 0; il < e->model->cfg.n_layer; il++) {
-        if (e->model->cfg.layers[il].kv_group != g) continue;
-        void *k = (char *)e->k_base[il] + off, *v = (char *)e->v_base[il] + off;
-        if (dir > 0) {
-            LOOM_TRY(e->ops->tensor_get(e->bctx, host, k, e->block_stride));
-            LOOM_TRY(e->ops->tensor_get(e->bctx, host + e->block_stride, v, e->block_stride));
-        } else {
-            LOOM_TRY(e->ops->tensor_set(e->bctx, k, host, e->block_stride));
-            LOOM_TRY(e->ops->tensor_set(e->bctx, v, host + e->block_stride, e->block_stride));
+/* Moves the blocks listed at offsets[0 .. n_groups] of e->swap_blocks between the device and
+ * the sample's host slots, in one backend call (TO_HOST: out; FROM_HOST: in). */
+static loom_status move_blocks(loom_engine *e, const loom__req_sample *s, const int32_t *offsets,
+                               loom_copy_kind kind) {
+    int32_t n = 0;
+    for (int32_t g = 0; g < e->n_groups; g++) {
+        for (int32_t j = offsets[g]; j < offsets[g + 1]; j++, n++) {
+            e->copy_groups[n] = g;
+            e->copy_src[n] = e->swap_blocks[j];
+            e->copy_host[n] = e->swap[g].mem + (size_t)s->swap_slots[j] * e->swap[g].slot_bytes;
         }
-        host += 2 * e->block_stride;
     }
-    return LOOM_OK;
+    return loom__kv_storage_copy(&e->store, e->exec.stream, kind, n, e->copy_groups, e->copy_src,
+                                 NULL, e->copy_host);
 }
 
 /* Whether every group's host area has a slot for each block the sequence holds there. */
@@ -419,20 +415,17 @@ loom_status loom__engine_swap_out(loom_engine *e, loom__req_sample *s) {
             s->swap_slots[j] = a->free[--a->n_free];
     }
     s->swapped = true;
-    for (int32_t g = 0; g < e->n_groups; g++) {
-        for (int32_t j = s->swap_offsets[g]; j < s->swap_offsets[g + 1]; j++)
-            LOOM_TRY(move_block(e, g, e->swap_blocks[j], s->swap_slots[j], +1));
-    }
-    return LOOM_OK;
+    LOOM_TRY(move_blocks(e, s, s->swap_offsets, LOOM_COPY_TO_HOST));
+    /* The blocks may be reused as soon as this returns: the copy must have landed. */
+    return e->ops->synchronize(e->exec.stream);
 }
 
 loom_status loom__engine_swap_in(loom_engine *e, loom__req_sample *s) {
     int32_t offsets[LOOM_MAX_KV_GROUPS + 1];
     LOOM_TRY(loom__kv_swap_in(e->kv, s->kv_seq, e->swap_blocks, e->swap_list_cap, offsets));
-    for (int32_t g = 0; g < e->n_groups; g++) {
-        for (int32_t j = offsets[g]; j < offsets[g + 1]; j++)
-            LOOM_TRY(move_block(e, g, e->swap_blocks[j], s->swap_slots[j], -1));
-    }
+    LOOM_TRY(move_blocks(e, s, offsets, LOOM_COPY_FROM_HOST));
+    /* The host slots are given back for reuse: the copy must have read them first. */
+    LOOM_TRY(e->ops->synchronize(e->exec.stream));
     release_slots(e, s);
     return LOOM_OK;
 }

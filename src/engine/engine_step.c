@@ -264,9 +264,7 @@ static int32_t build_batch(loom_engine *e, const loom__sched_plan *plan, int32_t
         int32_t n_copies = 0;
         loom_status st = loom__kv_reserve(e->kv, s->kv_seq, en->n_tokens, e->tokens + *n_tok,
                                          e->copies, LOOM_MAX_KV_GROUPS, &n_copies);
-        for (int32_t c = 0; c < n_copies && st == LOOM_OK; c++) {
-            st = loom__engine_kv_copy(e, &e->copies[c]);
-        }
+        if (st == LOOM_OK && n_copies > 0) st = loom__engine_kv_copy(e, e->copies, n_copies);
         if (st != LOOM_OK) {
             if (n_copies > 0) (void)loom__kv_rollback(e->kv, s->kv_seq);
             end_request(e, r, st);
@@ -283,35 +281,6 @@ static int32_t build_batch(loom_engine *e, const loom__sched_plan *plan, int32_t
         n++;
     }
     return n;
-}
-
-static loom_status fill_descs(loom_engine *e, int32_t n, loom_kv_desc *kv) {
-    const loom__model_config *c = &e->model->cfg;
-    for (int32_t g = 0; g < e->n_groups; g++) {
-        LOOM_TRY(loom__kv_fill_desc(e->kv, g, n, e->seqs, e->n_new, e->indptr[g],
-                                   e->block_ids[g], e->block_cap, g == 0 ? e->q_start : NULL,
-                                   g == 0 ? e->pos_start : NULL, g == 0 ? e->kv_len : NULL));
-        kv[g] = (loom_kv_desc){
-            .n_seqs = n,
-            .indptr = e->indptr[g],
-            .block_ids = e->block_ids[g],
-            .q_start = e->q_start,
-            .pos_start = e->pos_start,
-            .kv_len = e->kv_len,
-            .block_size = e->params.block_size,
-            .n_blocks = e->group_blocks[g], /* this group's pool: backends bound-check ids */
-            .n_kv_heads = c->n_head_kv,
-            .head_dim = c->head_dim,
-            .kv_type = e->kv_type,
-            .token_stride = e->token_stride,
-            .block_stride = e->block_stride,
-            .n_layers = c->n_layer,
-            .k_base = e->k_base,
-            .v_base = e->v_base,
-            .layer_src = NULL,
-        };
-    }
-    return LOOM_OK;
 }
 
 /* ---- 4-5. sample and commit --------------------------------------------------------------- */
@@ -450,9 +419,8 @@ static loom_status sample_rows(loom_engine *e, int32_t n) {
         if (e->batch_entries[b]->sample) entry[n_rows++] = b;
     }
     sample_task t = {.e = e, .n = n_rows, .entry = entry};
-    const loom__backend *be = e->model->backend;
-    if (e->n_samplers > 1 && n_rows > 1)
-        be->ops->host_parallel(be->ctx, sample_worker, &t);
+    if (e->sample_tp != NULL && n_rows > 1)
+        loom__threadpool_run(e->sample_tp, sample_worker, &t);
     else
         for (int32_t k = 0; k < e->n_samplers; k++) sample_worker(&t, k, e->n_samplers);
     return LOOM_OK;
@@ -581,7 +549,7 @@ loom_status loom__engine_step(loom_engine *e) {
     loom_status st = LOOM_OK;
     if (n > 0) {
         loom_kv_desc kv[LOOM_MAX_KV_GROUPS];
-        st = fill_descs(e, n, kv);
+        st = loom__kv_storage_descs(&e->store, e->kv, n, e->seqs, e->n_new, NULL, kv);
         mark(e, "schedule");
         if (st == LOOM_OK) {
             loom__batch batch = {
@@ -594,7 +562,7 @@ loom_status loom__engine_step(loom_engine *e) {
                 .hook_user = &e->hook,
                 .hook_every = e->layers.every,
             };
-            st = loom__model_forward(e->model, &e->ws, &batch, kv, e->logits);
+            st = loom__model_forward(e->model, &e->exec, &batch, kv, e->logits);
             mark(e, "logits");
         }
         if (st == LOOM_OK) st = sample_rows(e, n);

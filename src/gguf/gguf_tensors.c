@@ -57,7 +57,9 @@ static loom_status parse_shape(loom__gguf_reader *r, loom__gguf_tensor *t) {
                        t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
     }
 
-    const loom__type_traits *tr = loom__type_get_traits(t->type);
+    /* GGUF's id space only: loom's own element types (FP8 KV pages) never come from a file. */
+    const loom__type_traits *tr =
+        t->type < LOOM_TYPE_GGUF_END_ ? loom__type_get_traits(t->type) : NULL;
     LOOM_RETURN_IF(!tr || !tr->name || tr->block_elems == 0, LOOM_ERR_UNSUPPORTED,
                    "type id %" PRIu32 " unknown", t->type);
     LOOM_RETURN_IF(t->ne[0] % tr->block_elems != 0, LOOM_ERR_BAD_MODEL,

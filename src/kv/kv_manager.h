@@ -1,6 +1,6 @@
 /* kv_manager.h — the paged KV-cache manager: block pools, per-sequence block tables, the
  * automatic prefix cache, copy-on-write forks, swap, sliding-window release and the paged-KV
- * descriptor arrays (tensor/kv_desc.h) for each step.
+ * descriptor arrays (loom_backend.h) for each step.
  *
  * The manager deals in block ids only. The engine owns the K/V storage of every pool in backend
  * memory and performs the data copies the manager asks for (copy-on-write, swap out, swap in).
@@ -80,9 +80,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "loom.h"
+#include "loom_backend.h" /* LOOM_KV_NO_BLOCK: a table entry that holds no block */
 
-#define LOOM_KV_NO_BLOCK           (-1) /* table entry that holds no block (released or skipped) */
 #define LOOM_KV_DEFAULT_BLOCK_SIZE 16
 
 typedef struct loom__kv loom__kv;

@@ -6,7 +6,8 @@
  *             store k,v in the paged cache ; att = attention(q, cache, the layer's window) ;
  *             x += [post_norm](att·Woᵀ) ;
  *             xn = rms_norm(x) ; x += [post_norm]((act(xn·Wgᵀ) * xn·Wuᵀ)·Wdᵀ)
- * The embedding rows are scaled by embd_scale (sqrt(D) for gemma3).
+ * A layer that reuses an earlier layer's K/V (kv_src != itself) computes only q and attends
+ * over the source's pages. The embedding rows are scaled by embd_scale (sqrt(D) for gemma3),
  * then the final norm and the output projection for the rows that want logits only, a few rows
  * at a time so the logits buffer stays small even for a 262k vocabulary. */
 #include "model/forward.h"
@@ -31,7 +32,7 @@ static loom_tensor carve(char *base, size_t *offset, loom_type type, int64_t col
     return t;
 }
 
-static size_t layout_ws(const loom_model *m, char *base, loom__forward_ws *ws) {
+static size_t layout_ws(const loom_model *m, char *base, loom__exec *ws) {
     const loom__model_config *c = &m->cfg;
     int64_t t = ws->n_batch, d = c->n_embd, q = (int64_t)c->n_head * c->head_dim;
     int64_t kv = (int64_t)c->n_head_kv * c->head_dim, f = c->n_ff, r = ws->n_logit_rows;
@@ -53,23 +54,87 @@ static size_t layout_ws(const loom_model *m, char *base, loom__forward_ws *ws) {
     return off;
 }
 
-loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom__forward_ws *ws) {
-    LOOM_CHECK_ARG(m && ws && n_batch > 0);
-    memset(ws, 0, sizeof *ws);
-    ws->n_batch = n_batch;
+/* Rows of logits per output matmul for steps of n_batch tokens. */
+static int32_t logit_rows_for(const loom_model *m, int32_t n_batch) {
     int64_t rows = LOOM_LOGITS_BUDGET / ((int64_t)m->cfg.n_vocab * 4);
     if (rows < LOOM_LOGITS_MIN_ROWS) rows = LOOM_LOGITS_MIN_ROWS;
-    ws->n_logit_rows = (int32_t)(rows > n_batch ? n_batch : rows);
-    size_t bytes = layout_ws(m, NULL, ws);
-    const loom_backend_ops *ops = m->backend->ops;
-    LOOM_TRY(ops->buffer_alloc(m->backend->ctx, bytes, &ws->buf));
-    layout_ws(m, ops->buffer_base(m->backend->ctx, ws->buf), ws);
+    return (int32_t)(rows > n_batch ? n_batch : rows);
+}
+
+/* Adds (type, k, rows) to the distinct shapes, keeping the most rows of each. */
+static void add_matmul(loom_matmul_shape *ms, int32_t *n, const loom_tensor *w, int32_t rows) {
+    if (w->data == NULL) return;
+    for (int32_t i = 0; i < *n; i++) {
+        if (ms[i].type == w->type && ms[i].k == w->ne[0]) {
+            if (ms[i].max_rows < rows) ms[i].max_rows = rows;
+            if (ms[i].n < w->ne[1]) ms[i].n = w->ne[1];
+            return;
+        }
+    }
+    if (*n == LOOM_MAX_MATMUL_SHAPES) return; /* more is never seen; a stream grows if need be */
+    ms[(*n)++] = (loom_matmul_shape){.type = w->type, .k = w->ne[0], .n = w->ne[1],
+                                     .max_rows = rows};
+}
+
+void loom__model_step_shape(const loom_model *m, const loom__exec_shape *es,
+                            int32_t n_logit_rows, loom_matmul_shape *matmuls,
+                            loom_step_shape *out) {
+    const loom__model_config *c = &m->cfg;
+    int32_t n = 0, t = es->max_tokens;
+    for (int32_t il = 0; il < c->n_layer; il++) {
+        const loom__layer_weights *w = &m->layers[il];
+        add_matmul(matmuls, &n, &w->wq, t);
+        add_matmul(matmuls, &n, &w->wk, t);
+        add_matmul(matmuls, &n, &w->wv, t);
+        add_matmul(matmuls, &n, &w->wo, t);
+        add_matmul(matmuls, &n, &w->w_gate, t);
+        add_matmul(matmuls, &n, &w->w_up, t);
+        add_matmul(matmuls, &n, &w->w_down, t);
+    }
+    add_matmul(matmuls, &n, &m->output, n_logit_rows);
+    *out = (loom_step_shape){
+        .max_tokens = t,
+        .max_seqs = es->max_seqs,
+        .max_ctx = es->max_ctx,
+        .block_size = es->block_size,
+        .n_head = c->n_head,
+        .n_kv_heads = c->n_head_kv,
+        .head_dim = c->head_dim,
+        .n_rot = c->layers[0].rope.n_rot,
+        .kv_type = es->kv_type,
+        .n_matmuls = n,
+        .matmuls = matmuls,
+    };
+}
+
+loom_status loom__exec_create(const loom_model *m, const loom__exec_shape *es, loom__exec *ex) {
+    LOOM_CHECK_ARG(m && es && ex && es->max_tokens > 0);
+    memset(ex, 0, sizeof *ex);
+    const loom__backend *be = m->backend;
+    ex->ops = be->ops;
+    ex->n_batch = es->max_tokens;
+    ex->n_logit_rows = logit_rows_for(m, es->max_tokens);
+    loom_matmul_shape matmuls[LOOM_MAX_MATMUL_SHAPES];
+    loom_step_shape shape;
+    loom__model_step_shape(m, es, ex->n_logit_rows, matmuls, &shape);
+    if (be->ops->workspace_size != NULL)
+        LOOM_TRY(be->ops->workspace_size(be->dev, &shape, &ex->workspace_bytes));
+    LOOM_TRY(be->ops->stream_create(be->dev, &shape, &ex->stream));
+    size_t bytes = layout_ws(m, NULL, ex);
+    loom_status st = be->ops->buffer_alloc(be->dev, bytes, &ex->buf);
+    if (st != LOOM_OK) {
+        loom__exec_destroy(m, ex);
+        return st;
+    }
+    layout_ws(m, be->ops->buffer_base(be->dev, ex->buf), ex);
     return LOOM_OK;
 }
 
-void loom__forward_ws_destroy(const loom_model *m, loom__forward_ws *ws) {
-    if (ws && ws->buf) m->backend->ops->buffer_free(m->backend->ctx, ws->buf);
-    if (ws) memset(ws, 0, sizeof *ws);
+void loom__exec_destroy(const loom_model *m, loom__exec *ex) {
+    if (!ex) return;
+    if (ex->buf) m->backend->ops->buffer_free(m->backend->dev, ex->buf);
+    if (ex->stream) m->backend->ops->stream_destroy(ex->stream);
+    memset(ex, 0, sizeof *ex);
 }
 
 /* The first n rows of a workspace tensor. */
@@ -102,13 +167,15 @@ static loom_status linear_n(const loom_backend_ops *ops, void *ctx, int n,
     return LOOM_OK;
 }
 
-static loom_status attention_block(const loom_model *m, loom__forward_ws *ws, int32_t il, int64_t n,
+static loom_status attention_block(const loom_model *m, loom__exec *ws, int32_t il, int64_t n,
                                    const loom_kv_desc *kv) {
-    const loom_backend_ops *ops = m->backend->ops;
-    void *ctx = m->backend->ctx;
+    const loom_backend_ops *ops = ws->ops;
+    void *ctx = ws->stream;
     const loom__model_config *c = &m->cfg;
     const loom__layer_config *lc = &c->layers[il];
     const loom__layer_weights *w = &m->layers[il];
+    /* A layer reusing an earlier layer's K/V computes only q. */
+    const bool own_kv = lc->kv_src == il;
     loom_tensor x = rows_of(&ws->x, n), xn = rows_of(&ws->xn, n);
     loom_tensor q = rows_of(&ws->q, n), k = rows_of(&ws->k, n), v = rows_of(&ws->v, n);
     loom_tensor att = rows_of(&ws->att, n), proj = rows_of(&ws->proj, n);
@@ -119,28 +186,32 @@ static loom_status attention_block(const loom_model *m, loom__forward_ws *ws, in
     {
         const loom_tensor *wts[3] = {&w->wq, &w->wk, &w->wv}, *bs[3] = {&w->bq, &w->bk, &w->bv};
         loom_tensor *outs[3] = {&q, &k, &v};
-        LOOM_TRY(linear_n(ops, ctx, 3, wts, bs, &xn, outs));
+        LOOM_TRY(linear_n(ops, ctx, own_kv ? 3 : 1, wts, bs, &xn, outs));
     }
     if (w->q_norm.data) {
-        loom_tensor qh = per_head(&q, c->head_dim), kh = per_head(&k, c->head_dim);
+        loom_tensor qh = per_head(&q, c->head_dim);
         LOOM_TRY(ops->rms_norm(ctx, &qh, &w->q_norm, c->rms_eps, &qh));
-        LOOM_TRY(ops->rms_norm(ctx, &kh, &w->k_norm, c->rms_eps, &kh));
+        if (own_kv) {
+            loom_tensor kh = per_head(&k, c->head_dim);
+            LOOM_TRY(ops->rms_norm(ctx, &kh, &w->k_norm, c->rms_eps, &kh));
+        }
     }
 
     loom_rope_params rp = lc->rope;
     rp.head_dim = c->head_dim;
     rp.n_head = c->n_head;
     LOOM_TRY(ops->rope(ctx, &q, &pos, &rp));
-    rp.n_head = c->n_head_kv;
-    LOOM_TRY(ops->rope(ctx, &k, &pos, &rp));
     const loom_kv_desc *kvg = &kv[lc->kv_group];
-    LOOM_TRY(ops->kv_store(ctx, &k, &v, kvg, il));
+    if (own_kv) {
+        rp.n_head = c->n_head_kv;
+        LOOM_TRY(ops->rope(ctx, &k, &pos, &rp));
+        LOOM_TRY(ops->kv_store(ctx, &k, &v, kvg, il));
+    }
 
     loom_attn_params ap = {
         .n_head = c->n_head,
         .layer = il,
         .scale = c->attn_scale,
-        .window = lc->window,
         .softcap = 0.0f,
     };
     LOOM_TRY(ops->attention(ctx, &q, kvg, &ap, &att));
@@ -151,9 +222,9 @@ static loom_status attention_block(const loom_model *m, loom__forward_ws *ws, in
     return ops->add(ctx, &x, &proj, &x);
 }
 
-static loom_status ffn_block(const loom_model *m, loom__forward_ws *ws, int32_t il, int64_t n) {
-    const loom_backend_ops *ops = m->backend->ops;
-    void *ctx = m->backend->ctx;
+static loom_status ffn_block(const loom_model *m, loom__exec *ws, int32_t il, int64_t n) {
+    const loom_backend_ops *ops = ws->ops;
+    void *ctx = ws->stream;
     const loom__model_config *c = &m->cfg;
     const loom__layer_weights *w = &m->layers[il];
     loom_tensor x = rows_of(&ws->x, n), xn = rows_of(&ws->xn, n), proj = rows_of(&ws->proj, n);
@@ -173,17 +244,17 @@ static loom_status ffn_block(const loom_model *m, loom__forward_ws *ws, int32_t 
     return ops->add(ctx, &x, &proj, &x);
 }
 
-static loom_status layer_forward(const loom_model *m, loom__forward_ws *ws, int32_t il, int64_t n,
+static loom_status layer_forward(const loom_model *m, loom__exec *ws, int32_t il, int64_t n,
                                  const loom_kv_desc *kv) {
     LOOM_TRY(attention_block(m, ws, il, n, kv));
     return ffn_block(m, ws, il, n);
 }
 
 /* Final norm, then logits for the wanted rows, n_logit_rows at a time. */
-static loom_status output_forward(const loom_model *m, loom__forward_ws *ws, const loom__batch *b,
+static loom_status output_forward(const loom_model *m, loom__exec *ws, const loom__batch *b,
                                   float *logits) {
-    const loom_backend_ops *ops = m->backend->ops;
-    void *ctx = m->backend->ctx;
+    const loom_backend_ops *ops = ws->ops;
+    void *ctx = ws->stream;
     int64_t V = m->cfg.n_vocab;
     loom_tensor x = rows_of(&ws->x, b->n_tokens), xn = rows_of(&ws->xn, b->n_tokens);
     LOOM_TRY(ops->rms_norm(ctx, &x, &m->output_norm, m->cfg.rms_eps, &xn));
@@ -201,14 +272,18 @@ static loom_status output_forward(const loom_model *m, loom__forward_ws *ws, con
     return LOOM_OK;
 }
 
-loom_status loom__model_forward(const loom_model *m, loom__forward_ws *ws, const loom__batch *b,
+loom_status loom__model_forward(const loom_model *m, loom__exec *ws, const loom__batch *b,
                                 const loom_kv_desc *kv, float *logits) {
     LOOM_CHECK_ARG(m && ws && b && kv);
     LOOM_CHECK_ARG(b->n_tokens > 0 && b->n_tokens <= ws->n_batch);
     LOOM_CHECK_ARG(b->n_logits >= 0 && (b->n_logits == 0 || logits));
-    const loom_backend_ops *ops = m->backend->ops;
-    void *ctx = m->backend->ctx;
+    const loom_backend_ops *ops = ws->ops;
+    void *ctx = ws->stream;
     int64_t n = b->n_tokens;
+    if (ops->step_begin != NULL) {
+        loom_step_desc step = {.n_tokens = b->n_tokens, .n_kv = m->cfg.n_kv_groups, .kv = kv};
+        LOOM_TRY(ops->step_begin(ctx, &step));
+    }
 
     loom_tensor ids = ws->ids, x = rows_of(&ws->x, n);
     ids.ne[0] = n;

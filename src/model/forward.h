@@ -1,14 +1,32 @@
-/* forward.h — one forward pass of a model over a ragged batch of tokens, and the workspace it
- * runs in (sized once, so a step allocates nothing). */
+/* forward.h — one forward pass of a model over a ragged batch of tokens, and the execution
+ * context it runs in: a backend stream of its own and activation buffers sized once for the
+ * largest step, so that a step allocates nothing and two engines (or sessions) on one model
+ * compute at the same time without sharing anything mutable. */
 #pragma once
 
 #include "model/model.h"
 
-/* Activation buffers in backend memory for up to n_batch tokens. */
-typedef struct loom__forward_ws {
+/* Most distinct matmul shapes a model's forward runs (loom_step_shape.matmuls). */
+#define LOOM_MAX_MATMUL_SHAPES 32
+
+/* What an execution context must hold: the largest step it will run. */
+typedef struct loom__exec_shape {
+    int32_t max_tokens; /* tokens of one step */
+    int32_t max_seqs;   /* sequences in one step */
+    int32_t max_ctx;    /* positions one sequence may hold */
+    int32_t block_size; /* positions per KV block */
+    loom_type kv_type;  /* the KV pages' element type */
+} loom__exec_shape;
+
+/* An engine's or session's execution context: its stream and its activation buffers in backend
+ * memory for up to n_batch tokens. Used by one thread at a time. */
+typedef struct loom__exec {
+    const loom_backend_ops *ops;
+    void *stream;
     loom_buffer *buf;
     int32_t n_batch;
     int32_t n_logit_rows; /* rows of logits computed per output matmul (bounds its buffer) */
+    size_t workspace_bytes; /* what the backend said the stream's workspace takes */
     loom_tensor x;        /* [T, D] residual stream */
     loom_tensor xn;       /* [T, D] normed */
     loom_tensor q;        /* [T, H*hd] */
@@ -23,7 +41,7 @@ typedef struct loom__forward_ws {
     loom_tensor out_ids;  /* I32 [n_logit_rows] rows that get logits */
     loom_tensor sel;      /* [n_logit_rows, D] gathered rows */
     loom_tensor logits;   /* [n_logit_rows, V] */
-} loom__forward_ws;
+} loom__exec;
 
 /* The tokens of one step: rows in the order the kv descriptor's q_start describes. */
 typedef struct loom__batch {
@@ -47,11 +65,20 @@ typedef struct loom__batch {
     int32_t hook_every; /* >= 1 when on_layers is set */
 } loom__batch;
 
-loom_status loom__forward_ws_create(const loom_model *m, int32_t n_batch, loom__forward_ws *ws);
-void loom__forward_ws_destroy(const loom_model *m, loom__forward_ws *ws);
+/* The loom_step_shape of an execution context of the model (matmuls[LOOM_MAX_MATMUL_SHAPES]
+ * receives its distinct matmul shapes; the shape points into it). */
+void loom__model_step_shape(const loom_model *m, const loom__exec_shape *es,
+                            int32_t n_logit_rows, loom_matmul_shape *matmuls,
+                            loom_step_shape *out);
 
-/* Runs the model over batch, storing K/V through kv[g] for the layers of KV group g
- * (kv has cfg.n_kv_groups descriptors: the same batch, each group's own block tables), and
+/* Creates the stream and the buffers for steps up to es. Errors: those of the backend's
+ * stream_create and buffer_alloc. */
+loom_status loom__exec_create(const loom_model *m, const loom__exec_shape *es, loom__exec *ex);
+void loom__exec_destroy(const loom_model *m, loom__exec *ex);
+
+/* Runs the model over batch on ex's stream: hands the backend the step's descriptors
+ * (step_begin), stores K/V through kv[g] for the layers of KV group g (kv has cfg.n_kv_groups
+ * descriptors, the same batch, each group's own block tables, all checked by the caller), and
  * writes n_logits rows of n_vocab logits to the host array logits. */
-loom_status loom__model_forward(const loom_model *m, loom__forward_ws *ws, const loom__batch *b,
+loom_status loom__model_forward(const loom_model *m, loom__exec *ex, const loom__batch *b,
                                 const loom_kv_desc *kv, float *logits);

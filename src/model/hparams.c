@@ -69,6 +69,7 @@ loom_status loom__model_assign_kv_groups(loom__model_config *c) {
                 c->kv_group_window[c->n_kv_groups++] = w;
             }
             c->layers[il].kv_group = g;
+            c->layers[il].kv_src = il; /* its own KV (loom__model_set_kv_source) */
         }
     }
     return LOOM_OK;

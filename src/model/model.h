@@ -1,6 +1,7 @@
-/* model.h — a loaded model: configuration read from GGUF metadata, weight tensors placed in a
- * backend's memory, and the tokenizer. Each architecture (arch_llama.c for llama and qwen2,
- * arch_gemma3.c) reads its configuration and binds its tensors; forward.c runs them all. */
+/* model.h — a loaded model: configuration read from GGUF metadata, weight tensors prepared by
+ * its backend (one loom_weight_src each, so a backend may copy, repack or use them in place),
+ * and the tokenizer. Each architecture (arch_llama.c for llama and qwen2, arch_gemma3.c) reads
+ * its configuration; model_weights.c binds and prepares its tensors; forward.c runs them all. */
 #pragma once
 
 #include "backend/backend.h"
@@ -20,6 +21,8 @@ typedef enum loom__arch {
 typedef struct loom__layer_config {
     int32_t window;        /* sliding window in positions; 0: global attention */
     int32_t kv_group;      /* KV group: layers with the same window share block tables */
+    int32_t kv_src;        /* the layer whose K/V this layer reads (itself, unless it reuses an
+                              earlier layer's of its group: then it computes and stores none) */
     loom_rope_params rope; /* n_head/head_dim left 0: the forward sets them per tensor */
 } loom__layer_config;
 
@@ -69,11 +72,12 @@ struct loom_model {
     char *name;
     int64_t n_params;
 
-    loom__backend *backend;  /* NULL when vocab_only */
-    loom_buffer *weights;   /* the file wrapped (mmap) or a copy in backend memory */
-    loom_buffer **extra;    /* [n_extra] small buffers: vectors converted to F32 at load */
-    int32_t n_extra;
-    float *rope_freq_factors; /* [n_rot/2] host copy of rope_freqs.weight, or NULL */
+    loom__backend *backend; /* NULL when vocab_only */
+    int32_t n_threads;      /* host threads per stream (loom_model_params, resolved): also the
+                               default of an engine's sampling threads */
+    bool use_mmap;          /* weights may be used in place of the mapped file */
+    bool weights_in_place;  /* some prepared weight points into the mapped file */
+    loom_tensor rope_freqs; /* F32 [n_rot/2] llama3 rope divisors (prepared), or data NULL */
 
     loom_tensor tok_embd;       /* [V, D] */
     loom_tensor output_norm;    /* F32 [D] */
@@ -102,7 +106,20 @@ loom_status loom__model_assign_kv_groups(loom__model_config *cfg);
 /* Binds every weight tensor of the configured architecture (shapes checked against cfg). */
 loom_status loom__model_bind_weights(loom_model *model);
 
-/* Finds tensor name with the given shape (ne0 = row length, ne1 = rows; ne1 = 1 for vectors)
- * and returns a view of it in backend memory. required=false: absent → *out zeroed, LOOM_OK. */
+/* Finds tensor name with the given shape (ne0 = row length, ne1 = rows; ne1 = 1 for vectors,
+ * which are converted to F32) and has the backend prepare it for `use`; *out is the view the
+ * ops receive. required=false: absent -> *out zeroed, LOOM_OK. */
 loom_status loom__model_tensor(loom_model *model, const char *name, int64_t ne0, int64_t ne1,
-                               bool required, loom_tensor *out);
+                               bool required, loom_weight_use use, loom_tensor *out);
+
+/* Checks that the model's backend runs every op the forward pass needs with this model's
+ * weights and shapes, attention over KV pages of kv_type among them. Errors: UNSUPPORTED,
+ * naming the op and the variant. */
+loom_status loom__model_check_support(const loom_model *model, loom_type kv_type);
+
+/* Makes layer `layer` read the K/V of the earlier layer `src` of the same KV group (cross-layer
+ * reuse: it then computes and stores none, and engines and sessions created afterwards
+ * allocate no pool for it); src == layer undoes it. Before any engine or session is created
+ * on the model. Errors: INVALID_ARG (a layer out of range, src > layer, another group, src
+ * itself reusing another layer). */
+loom_status loom__model_set_kv_source(loom_model *model, int32_t layer, int32_t src);

@@ -1,21 +1,23 @@
 /* model_load.c — loom_model_load / loom_model_free: open the GGUF file, read the configuration
- * and the tokenizer, create the backend and place the weights in its memory. */
+ * and the tokenizer, open the backend the caller names (the registry, backend/backend.h) and
+ * have it prepare every weight tensor. */
 #include "model/model.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/log.h"
-#include "core/numa.h"
-#include "core/pages.h"
+#include "core/threadpool.h"
 #include "core/timer.h"
 #include "tensor/qdot.h"
 #include "tensor/quant.h"
+#include "tensor/types.h"
 
 loom_model_params loom_model_default_params(void) {
     loom_model_params p;
     memset(&p, 0, sizeof p);
-    p.backend = LOOM_BACKEND_CPU;
+    p.backend = NULL; /* AUTO */
+    p.device = 0;
     p.n_threads = 0;
     p.use_mmap = true;
     p.vocab_only = false;
@@ -30,49 +32,26 @@ static char *dup_gguf_str(loom__gguf_str s) {
     return out;
 }
 
-/* Places the weights in backend memory: zero-copy over the mapped file when the backend can
- * wrap host memory and the caller allows mmap, otherwise one buffer holding a copy of the
- * file's data section. Tensor views are made later by loom__model_tensor. */
-static loom_status place_weights(loom_model *m, bool use_mmap, loom_numa_mode numa) {
-    const loom_backend_ops *ops = m->backend->ops;
-    void *ctx = m->backend->ctx;
-    size_t size = loom__gguf_file_size(m->gguf);
-    void *image = (void *)loom__gguf_image(m->gguf);
-    /* The backend is the CPU one (loom_model_load), whose memory is host memory: weight pages
-     * follow its NUMA plan (core/numa.h), before the copy below touches them, or as the
-     * mapping faults them in. */
-    const loom__numa_plan plan = loom__numa_plan_make(numa);
-    if (use_mmap && ops->buffer_wrap_host) {
-        if (ops->buffer_wrap_host(ctx, image, size, &m->weights) == LOOM_OK) {
-            (void)loom__numa_place(&plan, image, size);
-            return LOOM_OK;
-        }
-        LOOM_LOG_W("backend %s cannot map weights in place; copying", ops->name);
+/* Bytes the backend will be given to prepare, in all (its arena hint): every tensor, vectors
+ * as the F32 rows they are converted to, each 64-byte aligned. */
+static size_t weight_bytes(const loom__gguf *g) {
+    size_t total = 0;
+    for (int64_t i = 0; i < loom__gguf_n_tensors(g); i++) {
+        const loom__gguf_tensor *t = loom__gguf_tensor_at(g, i);
+        int64_t rows = 1;
+        for (uint32_t d = 1; d < t->n_dims; d++) rows *= t->ne[d];
+        size_t row = 0;
+        if (!loom__type_row_bytes(t->type, t->ne[0], &row)) continue;
+        size_t bytes = row * (size_t)rows;
+        if (rows == 1 && bytes < (size_t)t->ne[0] * sizeof(float))
+            bytes = (size_t)t->ne[0] * sizeof(float);
+        total += (bytes + 63) & ~(size_t)63;
     }
-    LOOM_TRY(ops->buffer_alloc(ctx, size, &m->weights));
-    void *base = ops->buffer_base(ctx, m->weights);
-    /* One-token decode streams every weight once per token, a 4 KiB page after another, and
-     * each page misses the TLB: a decode-shaped Q8_0 harness (the matmuls of 30 layers and the
-     * LM head, 143 MB, alternated passes over two copies of the same weights, 2 threads) read
-     * 10-13% faster from huge pages. Only the weight copy asks: the KV pools and workspaces
-     * showed no gain, and faulting them in on huge pages (zeroed, and compacted for) made a
-     * fresh session's first prompt 50-130 ms slower. */
-    loom__advise_huge_pages(base, size);
-    (void)loom__numa_place(&plan, base, size);
-    return ops->tensor_set(ctx, base, image, size);
-}
-
-static loom_status add_extra_buffer(loom_model *m, size_t bytes, loom_buffer **out) {
-    loom_buffer **grown = realloc(m->extra, (size_t)(m->n_extra + 1) * sizeof *grown);
-    LOOM_RETURN_IF(!grown, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
-    m->extra = grown;
-    LOOM_TRY(m->backend->ops->buffer_alloc(m->backend->ctx, bytes, out));
-    m->extra[m->n_extra++] = *out;
-    return LOOM_OK;
+    return total;
 }
 
 loom_status loom__model_tensor(loom_model *m, const char *name, int64_t ne0, int64_t ne1,
-                               bool required, loom_tensor *out) {
+                               bool required, loom_weight_use use, loom_tensor *out) {
     memset(out, 0, sizeof *out);
     const loom__gguf_tensor *t = loom__gguf_find_tensor(m->gguf, name);
     if (!t) {
@@ -91,30 +70,37 @@ loom_status loom__model_tensor(loom_model *m, const char *name, int64_t ne0, int
     size_t row_bytes = 0;
     LOOM_RETURN_IF(!loom__type_row_bytes(t->type, ne0, &row_bytes), LOOM_ERR_BAD_MODEL,
                    "model: tensor '%s': bad row size", name);
-
-    const loom_backend_ops *ops = m->backend->ops;
-    char *base = ops->buffer_base(m->backend->ctx, m->weights);
-    const char *image = loom__gguf_image(m->gguf);
+    loom_weight_src src = {
+        .name = name,
+        .type = (loom_type)t->type,
+        .ne = {ne0, ne1},
+        .row_stride = row_bytes,
+        .data = t->data,
+        .persistent = m->use_mmap,
+        .use = use,
+    };
+    float *tmp = NULL;
     if (ne1 == 1 && t->type != LOOM_TYPE_F32) {
         /* Vectors (norm weights) are consumed as F32 by every op: convert once at load. */
-        float *tmp = malloc((size_t)ne0 * sizeof(float));
+        tmp = malloc((size_t)ne0 * sizeof(float));
         LOOM_RETURN_IF(!tmp, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
-        loom_status st = LOOM_OK;
         if (!loom__dequantize_row(t->type, t->data, tmp, ne0)) {
-            st = loom__fail(LOOM_ERR_UNSUPPORTED, "model: cannot convert '%s'", name);
+            free(tmp);
+            return loom__fail(LOOM_ERR_UNSUPPORTED, "model: cannot convert '%s'", name);
         }
-        loom_buffer *buf = NULL;
-        if (st == LOOM_OK) st = add_extra_buffer(m, (size_t)ne0 * sizeof(float), &buf);
-        if (st == LOOM_OK) {
-            void *dst = ops->buffer_base(m->backend->ctx, buf);
-            st = ops->tensor_set(m->backend->ctx, dst, tmp, (size_t)ne0 * sizeof(float));
-            *out = loom_tensor_2d(LOOM_TYPE_F32, dst, ne0, 1, (size_t)ne0 * sizeof(float));
-        }
-        free(tmp);
+        src.type = LOOM_TYPE_F32;
+        src.row_stride = (size_t)ne0 * sizeof(float);
+        src.data = tmp;
+        src.persistent = false;
+    }
+    if (ne1 == 1) src.use = LOOM_WEIGHT_VECTOR;
+    loom_status st = m->backend->ops->weight_prepare(m->backend->dev, &src, out);
+    free(tmp);
+    if (st != LOOM_OK) {
+        loom__error_prefix("model: preparing '%s'", name);
         return st;
     }
-    void *data = base + ((const char *)t->data - image);
-    *out = loom_tensor_2d((loom_type)t->type, data, ne0, ne1, row_bytes);
+    if (src.persistent && out->data == src.data) m->weights_in_place = true;
     return LOOM_OK;
 }
 
@@ -157,16 +143,20 @@ static loom_status load_model(loom_model *m, const char *path, const loom_model_
         return LOOM_OK;
     }
 
-    LOOM_RETURN_IF(p->backend != LOOM_BACKEND_CPU, LOOM_ERR_UNSUPPORTED,
-                   "model: backend %d is not built into this library", (int)p->backend);
-    loom__cpu_params cp = {
-        .n_threads = p->n_threads, .f32_activations = p->f32_activations, .numa = p->numa};
-    LOOM_TRY(loom__backend_cpu_create(&cp, &m->backend));
-    LOOM_TRY(place_weights(m, p->use_mmap, p->numa));
+    loom_backend_open_params bp = {
+        .device = p->device,
+        .n_threads = p->n_threads,
+        .f32_activations = p->f32_activations,
+        .numa = p->numa,
+        .weight_bytes = weight_bytes(m->gguf),
+    };
+    m->n_threads = p->n_threads > 0 ? p->n_threads : loom__cpu_count();
+    m->use_mmap = p->use_mmap;
+    LOOM_TRY(loom__backend_open(p->backend, &bp, &m->backend));
     LOOM_TRY(loom__model_bind_weights(m));
-    /* Copied weights need the mapped ones no more (binding read the norm vectors from them). */
-    if (m->backend->ops->buffer_base(m->backend->ctx, m->weights) != loom__gguf_image(m->gguf))
-        loom__gguf_release_data(m->gguf);
+    /* Weights the backend copied need the mapped ones no more. */
+    if (!m->weights_in_place) loom__gguf_release_data(m->gguf);
+    LOOM_TRY(loom__model_check_support(m, LOOM_TYPE_F16));
 
     m->n_params = 0;
     for (int64_t i = 0; i < loom__gguf_n_tensors(m->gguf); i++) {
@@ -184,6 +174,7 @@ loom_status loom_model_load(const char *path, const loom_model_params *params, l
     LOOM_CHECK_ARG(out != NULL);
     loom_model_params p = params ? *params : loom_model_default_params();
     LOOM_CHECK_ARG(p.n_threads <= 1024);
+    LOOM_CHECK_ARG(p.device >= 0);
     LOOM_CHECK_ARG(p.numa >= LOOM_NUMA_AUTO && p.numa <= LOOM_NUMA_ISOLATE);
 
     loom_model *m = calloc(1, sizeof *m);
@@ -203,17 +194,9 @@ loom_status loom_model_load(const char *path, const loom_model_params *params, l
 
 void loom_model_free(loom_model *m) {
     if (!m) return;
-    if (m->backend) {
-        for (int32_t i = 0; i < m->n_extra; i++) {
-            m->backend->ops->buffer_free(m->backend->ctx, m->extra[i]);
-        }
-        if (m->weights) m->backend->ops->buffer_free(m->backend->ctx, m->weights);
-        loom__backend_destroy(m->backend);
-    }
-    free(m->extra);
+    loom__backend_close(m->backend); /* its device owns the prepared weights */
     free(m->layers);
     free(m->cfg.layers);
-    free(m->rope_freq_factors);
     free(m->arch_name);
     free(m->name);
     loom__tokenizer_free(m->tok);

@@ -1,11 +1,14 @@
 /* model_weights.c — binding an architecture's weight tensors by their GGUF names, with the
- * shape each must have. Optional tensors (biases, gemma3's extra norms) are bound when the
- * architecture has them; a required one missing is LOOM_ERR_BAD_MODEL naming it. */
+ * shape each must have, each prepared by the backend (loom__model_tensor). Optional tensors
+ * (biases, gemma3's extra norms) are bound when the architecture has them; a required one
+ * missing is LOOM_ERR_BAD_MODEL naming it. Then what the backend must support for them, and the
+ * cross-layer KV sources. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "model/model.h"
 #include "tensor/quant.h"
+#include "tensor/types.h"
 
 typedef struct arch_tensors {
     bool qkv_bias;   /* qwen2 */
@@ -24,7 +27,7 @@ static loom_status bind(loom_model *m, int32_t il, const char *suffix, int64_t n
                         bool required, loom_tensor *out) {
     char name[96];
     snprintf(name, sizeof name, "blk.%d.%s", il, suffix);
-    return loom__model_tensor(m, name, ne0, ne1, required, out);
+    return loom__model_tensor(m, name, ne0, ne1, required, LOOM_WEIGHT_MATMUL, out);
 }
 
 static loom_status bind_layer(loom_model *m, int32_t il, loom__layer_weights *w) {
@@ -51,7 +54,8 @@ static loom_status bind_layer(loom_model *m, int32_t il, loom__layer_weights *w)
     return LOOM_OK;
 }
 
-/* llama3-style per-frequency rope divisors, applied to every layer. */
+/* llama3-style per-frequency rope divisors, applied to every layer: prepared like any weight,
+ * so the rope op finds them in backend memory. */
 static loom_status bind_rope_factors(loom_model *m) {
     const loom__gguf_tensor *t = loom__gguf_find_tensor(m->gguf, "rope_freqs.weight");
     if (!t) return LOOM_OK;
@@ -59,26 +63,105 @@ static loom_status bind_rope_factors(loom_model *m) {
     LOOM_RETURN_IF(t->ne[0] != half || t->n_dims != 1, LOOM_ERR_BAD_MODEL,
                    "model: rope_freqs.weight has %lld entries, expected %d", (long long)t->ne[0],
                    half);
-    m->rope_freq_factors = malloc((size_t)half * sizeof(float));
-    LOOM_RETURN_IF(!m->rope_freq_factors, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
-    LOOM_RETURN_IF(!loom__dequantize_row(t->type, t->data, m->rope_freq_factors, half),
-                   LOOM_ERR_UNSUPPORTED, "model: rope_freqs.weight has type %s",
-                   loom__type_name(t->type));
+    LOOM_TRY(loom__model_tensor(m, "rope_freqs.weight", half, 1, true, LOOM_WEIGHT_VECTOR,
+                                &m->rope_freqs));
     for (int32_t il = 0; il < m->cfg.n_layer; il++) {
-        m->cfg.layers[il].rope.freq_factors = m->rope_freq_factors;
+        m->cfg.layers[il].rope.freq_factors = m->rope_freqs.data;
     }
     return LOOM_OK;
 }
 
 loom_status loom__model_bind_weights(loom_model *m) {
     const loom__model_config *c = &m->cfg;
+    /* A tied embedding is the output projection's weight too: prepared once, for both. */
+    const bool tied = loom__gguf_find_tensor(m->gguf, "output.weight") == NULL;
     LOOM_TRY(loom__model_tensor(m, "token_embd.weight", c->n_embd, c->n_vocab, true,
-                                &m->tok_embd));
-    LOOM_TRY(loom__model_tensor(m, "output_norm.weight", c->n_embd, 1, true, &m->output_norm));
-    LOOM_TRY(loom__model_tensor(m, "output.weight", c->n_embd, c->n_vocab, false, &m->output));
+                                tied ? LOOM_WEIGHT_TIED : LOOM_WEIGHT_GET_ROWS, &m->tok_embd));
+    LOOM_TRY(loom__model_tensor(m, "output_norm.weight", c->n_embd, 1, true, LOOM_WEIGHT_VECTOR,
+                                &m->output_norm));
+    LOOM_TRY(loom__model_tensor(m, "output.weight", c->n_embd, c->n_vocab, false,
+                                LOOM_WEIGHT_MATMUL, &m->output));
     if (m->output.data == NULL) m->output = m->tok_embd; /* tied embeddings */
     m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
     LOOM_RETURN_IF(!m->layers, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
     for (int32_t il = 0; il < c->n_layer; il++) LOOM_TRY(bind_layer(m, il, &m->layers[il]));
     return bind_rope_factors(m);
+}
+
+/* ---- what the backend must run ------------------------------------------------------------- */
+
+static loom_status need_op(const loom_model *m, const loom_op_desc *op, const char *what) {
+    LOOM_RETURN_IF(!loom__backend_supports(m->backend, op), LOOM_ERR_UNSUPPORTED,
+                   "model: backend %s does not run %s", m->backend->name, what);
+    return LOOM_OK;
+}
+
+static loom_status need_weight(const loom_model *m, const loom_tensor *w, loom_op op,
+                               const char *name) {
+    if (w->data == NULL) return LOOM_OK;
+    loom_op_desc d = {.op = op, .type = w->type};
+    char what[128];
+    snprintf(what, sizeof what, "%s over %s weights (%s)", op == LOOM_OP_MATMUL ? "matmul" : "get_rows",
+             loom__type_name(w->type), name);
+    return need_op(m, &d, what);
+}
+
+loom_status loom__model_check_support(const loom_model *m, loom_type kv_type) {
+    const loom__model_config *c = &m->cfg;
+    LOOM_TRY(need_weight(m, &m->tok_embd, LOOM_OP_GET_ROWS, "token_embd.weight"));
+    LOOM_TRY(need_weight(m, &m->output, LOOM_OP_MATMUL, "the output projection"));
+    for (int32_t il = 0; il < c->n_layer; il++) {
+        const loom__layer_weights *w = &m->layers[il];
+        const loom_tensor *mats[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up,
+                                     &w->w_down};
+        for (size_t k = 0; k < sizeof mats / sizeof *mats; k++)
+            LOOM_TRY(need_weight(m, mats[k], LOOM_OP_MATMUL, "a layer's projection"));
+    }
+    const loom_op op_f32[] = {LOOM_OP_RMS_NORM, LOOM_OP_ROPE, LOOM_OP_GLU, LOOM_OP_ADD,
+                              LOOM_OP_SCALE};
+    const char *names[] = {"rms_norm", "rope", "glu", "add", "scale"};
+    for (size_t k = 0; k < sizeof op_f32 / sizeof *op_f32; k++) {
+        loom_op_desc d = {.op = op_f32[k], .type = LOOM_TYPE_F32};
+        LOOM_TRY(need_op(m, &d, names[k]));
+    }
+    for (int32_t g = 0; g < c->n_kv_groups; g++) {
+        for (int k = 0; k < 2; k++) {
+            loom_op_desc d = {.op = k ? LOOM_OP_ATTENTION : LOOM_OP_KV_STORE,
+                              .type = kv_type,
+                              .head_dim = c->head_dim,
+                              .n_head = c->n_head,
+                              .n_kv_heads = c->n_head_kv,
+                              .window = c->kv_group_window[g],
+                              .softcap = 0.0f,
+                              .layout = LOOM_KV_LAYOUT_NHD,
+                              .scale_kind = LOOM_KV_SCALE_NONE};
+            char what[160];
+            snprintf(what, sizeof what,
+                     "%s over %s KV pages with head_dim %d, %d/%d heads, window %d",
+                     k ? "attention" : "kv_store", loom__type_name(kv_type), c->head_dim,
+                     c->n_head, c->n_head_kv, c->kv_group_window[g]);
+            LOOM_TRY(need_op(m, &d, what));
+        }
+    }
+    return LOOM_OK;
+}
+
+/* ---- cross-layer KV reuse ------------------------------------------------------------------ */
+
+loom_status loom__model_set_kv_source(loom_model *m, int32_t layer, int32_t src) {
+    LOOM_CHECK_ARG(m != NULL && !m->vocab_only);
+    loom__model_config *c = &m->cfg;
+    LOOM_RETURN_IF(layer < 0 || layer >= c->n_layer || src < 0 || src > layer,
+                   LOOM_ERR_INVALID_ARG,
+                   "model: layer %d cannot read layer %d's KV (an earlier layer of %d)", layer, src,
+                   c->n_layer);
+    LOOM_RETURN_IF(c->layers[src].kv_group != c->layers[layer].kv_group, LOOM_ERR_INVALID_ARG,
+                   "model: layers %d and %d have different attention windows", layer, src);
+    LOOM_RETURN_IF(src != layer && c->layers[src].kv_src != src, LOOM_ERR_INVALID_ARG,
+                   "model: layer %d reuses layer %d's KV itself", src, c->layers[src].kv_src);
+    for (int32_t l = layer + 1; l < c->n_layer && src != layer; l++)
+        LOOM_RETURN_IF(c->layers[l].kv_src == layer, LOOM_ERR_INVALID_ARG,
+                       "model: layer %d reads layer %d's KV", l, layer);
+    c->layers[layer].kv_src = src;
+    return LOOM_OK;
 }

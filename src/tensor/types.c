@@ -22,7 +22,7 @@
         .can_dequantize = deq                                                                      \
     }
 
-static const loom__type_traits type_traits[LOOM_TYPE_COUNT_] = {
+static const loom__type_traits type_traits[LOOM_TYPE_GGUF_END_] = {
     [LOOM_TYPE_F32] = PLAIN("f32", 4, true),
     [LOOM_TYPE_F16] = PLAIN("f16", 2, true),
     [LOOM_TYPE_Q4_0] = BLOCK("q4_0", LOOM_QK_LEGACY, loom__block_q4_0, true),
@@ -49,17 +49,25 @@ static const loom__type_traits type_traits[LOOM_TYPE_COUNT_] = {
 
 /* GGUF ids of formats loom does not implement, named only so that "unsupported type iq2_xxs"
  * reads better than a number. They have no traits: loom__type_get_traits returns NULL. */
-static const char *const foreign_names[LOOM_TYPE_COUNT_] = {
+static const char *const foreign_names[LOOM_TYPE_GGUF_END_] = {
     [4] = "q4_2",   [5] = "q4_3",        [16] = "iq2_xxs",    [17] = "iq2_xs",     [18] = "iq3_xxs",
     [19] = "iq1_s", [20] = "iq4_nl",     [21] = "iq3_s",      [22] = "iq2_s",      [23] = "iq4_xs",
     [29] = "iq1_m", [31] = "q4_0_4_4",   [32] = "q4_0_4_8",   [33] = "q4_0_8_8",   [34] = "tq1_0",
     [35] = "tq2_0", [36] = "iq4_nl_4_4", [37] = "iq4_nl_4_8", [38] = "iq4_nl_8_8", [39] = "mxfp4",
 };
 
+/* KV-cache element types outside GGUF's ids: one byte each, never dequantized as weights. */
+static const loom__type_traits kv_traits[] = {
+    [LOOM_TYPE_FP8_E4M3 - LOOM_TYPE_FP8_E4M3] = PLAIN("fp8_e4m3", 1, false),
+    [LOOM_TYPE_FP8_E5M2 - LOOM_TYPE_FP8_E4M3] = PLAIN("fp8_e5m2", 1, false),
+};
+
 /* ---- lookups ------------------------------------------------------------------------------ */
 
 const loom__type_traits *loom__type_get_traits(uint32_t t) {
-    if (t >= LOOM_TYPE_COUNT_ || type_traits[t].name == NULL) return NULL;
+    if (t >= LOOM_TYPE_FP8_E4M3 && t - LOOM_TYPE_FP8_E4M3 < sizeof kv_traits / sizeof *kv_traits)
+        return &kv_traits[t - LOOM_TYPE_FP8_E4M3];
+    if (t >= LOOM_TYPE_GGUF_END_ || type_traits[t].name == NULL) return NULL;
     return &type_traits[t];
 }
 
@@ -67,7 +75,7 @@ const char *loom__type_name(uint32_t t) {
     static _Thread_local char unknown[32];
     const loom__type_traits *tr = loom__type_get_traits(t);
     if (tr) return tr->name;
-    if (t < LOOM_TYPE_COUNT_ && foreign_names[t]) return foreign_names[t];
+    if (t < LOOM_TYPE_GGUF_END_ && foreign_names[t]) return foreign_names[t];
     snprintf(unknown, sizeof unknown, "unknown(%u)", (unsigned)t);
     return unknown;
 }

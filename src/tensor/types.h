@@ -1,37 +1,17 @@
-/* types.h — tensor element types and their block layouts' sizes.
+/* types.h — what loom knows of each tensor element type (loom_type, in loom_backend.h): its
+ * name and its block layout's size.
  *
- * The numeric values are GGUF's (ggml's) type ids, so a type read from a file maps directly.
- * A "block" is the unit a quantized row is made of: block_elems values stored in block_bytes.
- * This header is plain C with no dependencies so CUDA code can include it too. */
+ * Below 0x100 the numeric values are GGUF's (ggml's) type ids, so a type read from a file maps
+ * directly. A "block" is the unit a quantized row is made of: block_elems values stored in
+ * block_bytes. This header is plain C with no dependencies so CUDA code can include it too. */
 #pragma once
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum loom_type {
-    LOOM_TYPE_F32 = 0,
-    LOOM_TYPE_F16 = 1,
-    LOOM_TYPE_Q4_0 = 2,
-    LOOM_TYPE_Q4_1 = 3,
-    LOOM_TYPE_Q5_0 = 6,
-    LOOM_TYPE_Q5_1 = 7,
-    LOOM_TYPE_Q8_0 = 8,
-    LOOM_TYPE_Q8_1 = 9,
-    LOOM_TYPE_Q2_K = 10,
-    LOOM_TYPE_Q3_K = 11,
-    LOOM_TYPE_Q4_K = 12,
-    LOOM_TYPE_Q5_K = 13,
-    LOOM_TYPE_Q6_K = 14,
-    LOOM_TYPE_Q8_K = 15,
-    LOOM_TYPE_I8 = 24,
-    LOOM_TYPE_I16 = 25,
-    LOOM_TYPE_I32 = 26,
-    LOOM_TYPE_I64 = 27,
-    LOOM_TYPE_F64 = 28,
-    LOOM_TYPE_BF16 = 30,
-    LOOM_TYPE_COUNT_ = 40, /* upper bound of the id space (not a type) */
-} loom_type;
+#include "loom_backend.h"
+
 
 typedef struct loom__type_traits {
     const char *name;     /* "q4_K", as GGUF tools print it; NULL for an id loom does not know */

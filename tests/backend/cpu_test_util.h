@@ -10,22 +10,33 @@
 
 #include "backend/backend.h"
 
-/* Backends under test: [0] one thread, [1] two threads. Results must match bitwise. */
-static loom__backend *g_be[2];
+/* Backends under test, each with one stream: [0] one thread, [1] two threads. Results must
+ * match bitwise. g_be[i]->ops->op(g_be[i]->ctx, ...) runs an op on the stream; buffers come
+ * from g_be[i]->dev. */
+static loom__backend_stream g_be_store[2];
+static loom__backend_stream *g_be[2] = {&g_be_store[0], &g_be_store[1]};
+
+/* A CPU backend stream of n_threads threads (f32 activations unless said otherwise). */
+static inline int cpu_stream_open(loom__backend_stream *bs, int n_threads, bool f32) {
+    loom_backend_open_params p = {.n_threads = n_threads, .f32_activations = f32};
+    if (loom__backend_stream_open("cpu", &p, bs) != LOOM_OK) {
+        fprintf(stderr, "cpu backend: %s\n", loom_last_error());
+        return -1;
+    }
+    return 0;
+}
 
 static inline int cpu_group_setup(void **state) {
     (void)state;
-    loom__cpu_params p1 = {.n_threads = 1, .f32_activations = true};
-    loom__cpu_params p2 = {.n_threads = 2, .f32_activations = true};
-    if (loom__backend_cpu_create(&p1, &g_be[0]) != LOOM_OK) return -1;
-    if (loom__backend_cpu_create(&p2, &g_be[1]) != LOOM_OK) return -1;
+    if (cpu_stream_open(g_be[0], 1, true) != 0) return -1;
+    if (cpu_stream_open(g_be[1], 2, true) != 0) return -1;
     return 0;
 }
 
 static inline int cpu_group_teardown(void **state) {
     (void)state;
-    loom__backend_destroy(g_be[0]);
-    loom__backend_destroy(g_be[1]);
+    loom__backend_stream_close(g_be[0]);
+    loom__backend_stream_close(g_be[1]);
     return 0;
 }
 

@@ -11,8 +11,9 @@
  * alone as in the batch, and a row computed as a one-token decode step is bitwise the row of
  * the prefill; a prefill fed in chunks (1, 5, 64, 65 ... rows, the sequences of the batch at
  * different offsets, window-released blocks marked -1) gives every row bitwise as the
- * one-call batch; 1, 2 and 3 threads bitwise; bad descriptors give the right status and write
- * nothing. Gemma-like shapes (head_dim 256, 4 query heads on 1 kv head, windows crossing the
+ * one-call batch; 1, 2 and 3 threads bitwise; what the ops themselves refuse (a cache type,
+ * layout or layer they cannot use, shapes, parameters) gives the right status — the contents of
+ * a descriptor are checked once per step by loom__kv_desc_check (tests/kv/test_kv_desc.c). Gemma-like shapes (head_dim 256, 4 query heads on 1 kv head, windows crossing the
  * kernel's 64-position tiles) and odd ones (head_dim 20, 40, 72; 3 heads per kv head); contexts
  * past several 256-position segments, whose decode rows spread over the threads. The
  * softmax exp is checked on its own against libm. */
@@ -25,12 +26,14 @@
 
 #include "backend/cpu/cpu_attention_exp.h"
 #include "backend/cpu_test_util.h"
+#include "kv/kv_desc.h"
 #include "tensor/quant.h"
 
 #define MAX_SEQS 8
 
 /* A third backend, so a thread count that divides nothing evenly is covered too. */
-static loom__backend *g_be3;
+static loom__backend_stream g_be3_store;
+static loom__backend_stream *g_be3 = &g_be3_store;
 
 typedef struct scen {
     int n_seqs;
@@ -151,13 +154,16 @@ static loom_kv_desc kvtest_desc(kvtest *kt, const int32_t *q_start, const int32_
         .n_blocks = kt->n_blocks,
         .n_kv_heads = kt->sc.n_kv_heads,
         .head_dim = kt->sc.head_dim,
+        .window = kt->sc.window,
         .kv_type = kt->sc.kv_type,
+        .layout = LOOM_KV_LAYOUT_NHD,
         .token_stride = kt->token_stride,
         .block_stride = kt->block_stride,
         .n_layers = 2,
         .k_base = kt->k_pool,
         .v_base = kt->v_pool,
         .layer_src = NULL,
+        .scale_kind = LOOM_KV_SCALE_NONE,
     };
     return d;
 }
@@ -176,7 +182,7 @@ static float *gather_rows(const kvtest *kt, const float *src, const int32_t *fro
 }
 
 /* Stores the history then the step's rows into layer 1 through backend be. */
-static void kvtest_store(kvtest *kt, loom__backend *be) {
+static void kvtest_store(kvtest *kt, loom__backend_stream *be) {
     int32_t zero[MAX_SEQS] = {0};
     const int32_t *counts[2] = {kt->sc.past, kt->sc.n_new};
     const int32_t *from[2] = {zero, kt->sc.past};
@@ -221,7 +227,7 @@ static void kvtest_check_pools(const kvtest *kt) {
     }
 }
 
-static loom_status run_attention(loom__backend *be, kvtest *kt, const loom_kv_desc *d,
+static loom_status run_attention(loom__backend_stream *be, kvtest *kt, const loom_kv_desc *d,
                                  const float *q, int64_t T, float *out, int32_t layer) {
     const int64_t W = (int64_t)kt->sc.n_head * kt->sc.head_dim;
     loom_tensor tq = loom_tensor_2d(LOOM_TYPE_F32, (void *)q, W, T, (size_t)W * 4);
@@ -229,7 +235,6 @@ static loom_status run_attention(loom__backend *be, kvtest *kt, const loom_kv_de
     loom_attn_params p = {.n_head = kt->sc.n_head,
                           .layer = layer,
                           .scale = kt->sc.scale,
-                          .window = kt->sc.window,
                           .softcap = kt->sc.softcap};
     return be->ops->attention(be->ctx, &tq, d, &p, &to);
 }
@@ -277,7 +282,7 @@ static void ref_attention(const kvtest *kt, double *ref) {
  * earlier rows' K/V already in the pools as a chunked prefill leaves them. With a window, the
  * block-table entries wholly before the window of a sequence's first row are released (-1), as
  * the KV manager does. Every row must be bitwise the row of the one-call batch `want`. */
-static void check_chunked(kvtest *kt, const float *want, const int32_t *chunk, loom__backend *be) {
+static void check_chunked(kvtest *kt, const float *want, const int32_t *chunk, loom__backend_stream *be) {
     const scen *sc = &kt->sc;
     const int64_t W = (int64_t)sc->n_head * sc->head_dim;
     const size_t n_ids = (size_t)kt->indptr[sc->n_seqs];
@@ -357,7 +362,7 @@ static void check_scenario(const scen *sc) {
     for (size_t c = 0; c < sizeof chunk_base / sizeof chunk_base[0]; c++) {
         int32_t chunk[MAX_SEQS];
         for (int s = 0; s < sc->n_seqs; s++) chunk[s] = chunk_base[c] + (c ? 3 * s : 0);
-        loom__backend *be = c % 3 == 0 ? g_be[0] : c % 3 == 1 ? g_be[1] : g_be3;
+        loom__backend_stream *be = c % 3 == 0 ? g_be[0] : c % 3 == 1 ? g_be[1] : g_be3;
         check_chunked(&kt, out[0], chunk, be);
     }
 
@@ -678,7 +683,7 @@ static void test_attention_window_reads(void **state) {
 
 static void test_kv_bad(void **state) {
     (void)state;
-    loom__backend *be = g_be[1];
+    loom__backend_stream *be = g_be[1];
     scen sc = {.n_seqs = 2,
                .past = {0, 0},
                .n_new = {5, 9},
@@ -702,44 +707,38 @@ static void test_kv_bad(void **state) {
     void *pool_copy = malloc(kt.pool_bytes);
     memcpy(pool_copy, kt.k_pool[1], kt.pool_bytes);
 
-    /* A block id past the pool, or negative: BAD_INPUT, and nothing is written. */
-    int32_t saved = kt.block_ids[kt.indptr[1] + 1];
-    const int32_t bad_ids[] = {kt.n_blocks, -1};
-    for (int i = 0; i < 2; i++) {
-        kt.block_ids[kt.indptr[1] + 1] = bad_ids[i];
-        assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &d, 1), LOOM_ERR_BAD_INPUT);
-        assert_non_null(strstr(loom_last_error(), "block id"));
-        assert_memory_equal(pool_copy, kt.k_pool[1], kt.pool_bytes);
-        assert_int_equal(run_attention(be, &kt, &d, kt.q, kt.T, out, 1), LOOM_ERR_BAD_INPUT);
-    }
-    kt.block_ids[kt.indptr[1] + 1] = saved;
+    /* The descriptor is sound (the step's check passes) and both ops run on it. */
+    assert_int_equal(loom__kv_desc_check(&d, kt.T), LOOM_OK);
     assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &d, 1), LOOM_OK);
     assert_int_equal(run_attention(be, &kt, &d, kt.q, kt.T, out, 1), LOOM_OK);
+    memcpy(pool_copy, kt.k_pool[1], kt.pool_bytes);
 
-    /* A block table too short for the positions. */
-    int32_t short_indptr[3] = {0, kt.indptr[1], kt.indptr[1] + 2}; /* seq 1 needs 3 blocks */
+    /* What the CPU does not store: another element type, layout or scales. Nothing written. */
     loom_kv_desc bad = d;
-    bad.indptr = short_indptr;
-    assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &bad, 1), LOOM_ERR_BAD_INPUT);
-    assert_int_equal(run_attention(be, &kt, &bad, kt.q, kt.T, out, 1), LOOM_ERR_BAD_INPUT);
-    /* kv_len shorter than the last new position. */
-    int32_t short_len[2] = {kt.step_len[0], kt.step_len[1] - 1};
+    const loom_type other_types[] = {LOOM_TYPE_BF16, LOOM_TYPE_FP8_E4M3, LOOM_TYPE_FP8_E5M2};
+    for (size_t i = 0; i < sizeof other_types / sizeof *other_types; i++) {
+        bad = d;
+        bad.kv_type = other_types[i];
+        assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &bad, 1), LOOM_ERR_UNSUPPORTED);
+        assert_non_null(strstr(loom_last_error(), "kv type"));
+        assert_int_equal(run_attention(be, &kt, &bad, kt.q, kt.T, out, 1),
+                         LOOM_ERR_UNSUPPORTED);
+    }
     bad = d;
-    bad.kv_len = short_len;
-    assert_int_equal(run_attention(be, &kt, &bad, kt.q, kt.T, out, 1), LOOM_ERR_BAD_INPUT);
-    /* Unsupported cache type. */
-    bad = d;
-    bad.kv_type = LOOM_TYPE_BF16;
+    bad.scale_kind = LOOM_KV_SCALE_PER_HEAD;
     assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &bad, 1), LOOM_ERR_UNSUPPORTED);
     assert_int_equal(run_attention(be, &kt, &bad, kt.q, kt.T, out, 1), LOOM_ERR_UNSUPPORTED);
+    assert_memory_equal(pool_copy, kt.k_pool[1], kt.pool_bytes);
     /* Layer out of range. */
     assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &d, 2), LOOM_ERR_INVALID_ARG);
     assert_int_equal(run_attention(be, &kt, &d, kt.q, kt.T, out, -1), LOOM_ERR_INVALID_ARG);
-    /* Decreasing q_start. */
-    int32_t bad_q[3] = {0, 9, 5};
+    /* A layer reading another layer's pools stores nothing of its own. */
+    int32_t reuse[2] = {0, 0};
     bad = d;
-    bad.q_start = bad_q;
+    bad.layer_src = reuse;
     assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &bad, 1), LOOM_ERR_INVALID_ARG);
+    assert_non_null(strstr(loom_last_error(), "stores none"));
+    assert_memory_equal(pool_copy, kt.k_pool[1], kt.pool_bytes);
     /* Shapes: rows, widths. */
     loom_tensor tb = tk;
     tb.ne[1] = kt.T - 1;
@@ -753,6 +752,7 @@ static void test_kv_bad(void **state) {
     assert_int_equal(be->ops->kv_store(be->ctx, &tb, &tvb, &d, 1), LOOM_ERR_INVALID_ARG);
     assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tb, &d, 1), LOOM_ERR_INVALID_ARG);
     assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, NULL, 1), LOOM_ERR_INVALID_ARG);
+    assert_memory_equal(pool_copy, kt.k_pool[1], kt.pool_bytes);
 
     /* Attention parameters. */
     loom_tensor tq = loom_tensor_2d(LOOM_TYPE_F32, kt.q, W, kt.T, (size_t)W * 4);
@@ -761,9 +761,6 @@ static void test_kv_bad(void **state) {
     assert_int_equal(be->ops->attention(be->ctx, &tq, &d, &p, &to), LOOM_OK);
     loom_attn_params pb = p;
     pb.n_head = 3; /* not a multiple of n_kv_heads = 2 */
-    assert_int_equal(be->ops->attention(be->ctx, &tq, &d, &pb, &to), LOOM_ERR_INVALID_ARG);
-    pb = p;
-    pb.window = -1;
     assert_int_equal(be->ops->attention(be->ctx, &tq, &d, &pb, &to), LOOM_ERR_INVALID_ARG);
     pb = p;
     pb.softcap = -1.0f;
@@ -779,12 +776,6 @@ static void test_kv_bad(void **state) {
     assert_int_equal(be->ops->attention(be->ctx, &tqb, &d, &p, &tob), LOOM_ERR_INVALID_ARG);
     assert_int_equal(be->ops->attention(be->ctx, &tq, &d, &p, &tq), LOOM_ERR_INVALID_ARG);
     assert_non_null(strstr(loom_last_error(), "attention"));
-    int32_t bad_src[2] = {5, 1};
-    bad = d;
-    bad.layer_src = bad_src;
-    pb = p;
-    pb.layer = 0;
-    assert_int_equal(be->ops->attention(be->ctx, &tq, &bad, &pb, &to), LOOM_ERR_INVALID_ARG);
 
     /* An empty step is fine. */
     int32_t zq[3] = {0, 0, 0};
@@ -804,12 +795,11 @@ static void test_kv_bad(void **state) {
 
 static int group_setup(void **state) {
     if (cpu_group_setup(state) != 0) return -1;
-    loom__cpu_params p3 = {.n_threads = 3, .f32_activations = true};
-    return loom__backend_cpu_create(&p3, &g_be3) == LOOM_OK ? 0 : -1;
+    return cpu_stream_open(g_be3, 3, true);
 }
 
 static int group_teardown(void **state) {
-    loom__backend_destroy(g_be3);
+    loom__backend_stream_close(g_be3);
     return cpu_group_teardown(state);
 }
 

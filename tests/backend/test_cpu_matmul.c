@@ -18,14 +18,21 @@
 /* The backend matmul                                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
-static loom__backend *make_backend(int n_threads, bool f32_act) {
-    loom__cpu_params p = {.n_threads = n_threads, .f32_activations = f32_act};
-    loom__backend *be = NULL;
-    assert_int_equal(loom__backend_cpu_create(&p, &be), LOOM_OK);
+/* A CPU backend stream (freed by free_backend). */
+static loom__backend_stream *make_backend(int n_threads, bool f32_act) {
+    loom__backend_stream *be = calloc(1, sizeof *be);
+    assert_non_null(be);
+    loom_backend_open_params p = {.n_threads = n_threads, .f32_activations = f32_act};
+    assert_int_equal(loom__backend_stream_open("cpu", &p, be), LOOM_OK);
     return be;
 }
 
-static void run_matmul(loom__backend *be, uint32_t t, const uint8_t *w, size_t w_stride, int64_t N,
+static void free_backend(loom__backend_stream *be) {
+    loom__backend_stream_close(be);
+    free(be);
+}
+
+static void run_matmul(loom__backend_stream *be, uint32_t t, const uint8_t *w, size_t w_stride, int64_t N,
                        const float *x, size_t x_stride, int64_t T, int64_t K, float *out) {
     loom_tensor tw = loom_tensor_2d(t, (void *)w, K, N, w_stride);
     loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, (void *)x, K, T, x_stride);
@@ -36,7 +43,7 @@ static void run_matmul(loom__backend *be, uint32_t t, const uint8_t *w, size_t w
 
 static void test_matmul_quantized(void **state) {
     (void)state;
-    loom__backend *be1 = make_backend(1, false), *be2 = make_backend(2, false);
+    loom__backend_stream *be1 = make_backend(1, false), *be2 = make_backend(2, false);
     /* K = 352: 11 legacy blocks, a partial group of 8 (K-quants skip it); N = 33 > one group of
      * rows; T = 17 > one tile of tokens. */
     const int64_t Ts[] = {1, 3, 17, 53}, Ks[] = {256, 512, 2304, 352}, Ns[] = {7, 33};
@@ -91,14 +98,14 @@ static void test_matmul_quantized(void **state) {
                 free(xa);
             }
     }
-    loom__backend_destroy(be1);
-    loom__backend_destroy(be2);
+    free_backend(be1);
+    free_backend(be2);
 }
 
 /* F32 weights stay on the float path whatever f32_activations says. */
 static void test_matmul_f32_weights(void **state) {
     (void)state;
-    loom__backend *bq = make_backend(2, false), *bf = make_backend(2, true);
+    loom__backend_stream *bq = make_backend(2, false), *bf = make_backend(2, true);
     const int64_t K = 300, N = 9, T = 4;
     float *w = xmalloc((size_t)(N * K) * sizeof(float)), *x = xmalloc((size_t)(T * K) * 4);
     float *o1 = xmalloc((size_t)(N * T) * 4), *o2 = xmalloc((size_t)(N * T) * 4);
@@ -111,13 +118,13 @@ static void test_matmul_f32_weights(void **state) {
     free(x);
     free(o1);
     free(o2);
-    loom__backend_destroy(bq);
-    loom__backend_destroy(bf);
+    free_backend(bq);
+    free_backend(bf);
 }
 
 static void test_matmul_bad(void **state) {
     (void)state;
-    loom__backend *be = make_backend(2, false);
+    loom__backend_stream *be = make_backend(2, false);
     uint8_t w[4096] = {0};
     float x[1024] = {0}, out[64];
     /* K = 48 is not a whole number of q4_0 blocks */
@@ -141,7 +148,7 @@ static void test_matmul_bad(void **state) {
     tx = loom_tensor_2d(LOOM_TYPE_F32, x, 64, 0, 64 * 4);
     to = loom_tensor_2d(LOOM_TYPE_F32, out, 2, 0, 8);
     assert_int_equal(be->ops->matmul(be->ctx, &tw, &tx, &to), LOOM_OK);
-    loom__backend_destroy(be);
+    free_backend(be);
 }
 
 /* matmul_multi: several weights against one x give, bitwise, what one matmul each gives —
@@ -165,8 +172,8 @@ static void test_matmul_multi(void **state) {
         {{LOOM_TYPE_Q4_K, LOOM_TYPE_Q6_K, LOOM_TYPE_Q4_K}, 256, false}, /* mixed: one each */
         {{LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_0}, 256, true},  /* float path */
     };
-    loom__backend *bes[2] = {make_backend(1, false), make_backend(2, false)};
-    loom__backend *bef = make_backend(2, true);
+    loom__backend_stream *bes[2] = {make_backend(1, false), make_backend(2, false)};
+    loom__backend_stream *bef = make_backend(2, true);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t K = cases[c].K;
         const size_t x_stride = (size_t)(K + 3) * sizeof(float);
@@ -190,7 +197,7 @@ static void test_matmul_multi(void **state) {
             op[j] = &to[j];
         }
         for (int b = 0; b < 2; b++) {
-            loom__backend *be = cases[c].f32_act ? bef : bes[b];
+            loom__backend_stream *be = cases[c].f32_act ? bef : bes[b];
             for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
                 const int64_t T = Ts[ti];
                 loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, x, K, T, x_stride);
@@ -220,14 +227,14 @@ static void test_matmul_multi(void **state) {
         }
         free(x);
     }
-    loom__backend_destroy(bes[0]);
-    loom__backend_destroy(bes[1]);
-    loom__backend_destroy(bef);
+    free_backend(bes[0]);
+    free_backend(bes[1]);
+    free_backend(bef);
 }
 
 static void test_matmul_multi_bad(void **state) {
     (void)state;
-    loom__backend *be = make_backend(2, false);
+    loom__backend_stream *be = make_backend(2, false);
     uint8_t w[2][4 * 68] = {{0}};
     float x[2 * 64] = {0}, out[4 * 16];
     loom_tensor tw[2] = {loom_tensor_2d(LOOM_TYPE_Q8_0, w[0], 64, 4, 68),
@@ -259,7 +266,7 @@ static void test_matmul_multi_bad(void **state) {
     loom_tensor w32 = loom_tensor_2d(LOOM_TYPE_Q8_0, w[1], 32, 4, 34);
     const loom_tensor *wp_k[2] = {&tw[0], &w32};
     assert_int_equal(be->ops->matmul_multi(be->ctx, 2, wp_k, &tx, op), LOOM_ERR_INVALID_ARG);
-    loom__backend_destroy(be);
+    free_backend(be);
 }
 
 int main(void) {

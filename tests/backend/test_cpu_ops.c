@@ -1,6 +1,7 @@
 /* test_cpu_ops.c — the backend registry, CPU buffers, matmul and get_rows against naive
  * double-precision references; batch invariance (T=1 vs T=17) and 1 vs 2 threads bitwise;
- * bad input gives the right status.
+ * bad input gives the right status. Also the backend registry's checks of an ops table, the
+ * CPU device's buffers, host memory, batched copies and weight preparation.
  *
  * Tolerance of matmul: |got - ref| <= 1e-5 * sum_k |w[o,k] x[t,k]| + 1e-6, ref computed in
  * double from the very weights the kernel sees (loom__dequantize_row's output); a float32 sum
@@ -17,7 +18,6 @@
 #include <time.h>
 
 #include "backend/cpu_test_util.h"
-#include "core/timer.h"
 #include "tensor/fp16.h"
 #include "tensor/quant.h"
 #include "tensor/quant_layouts.h"
@@ -106,7 +106,7 @@ typedef struct mm_case {
     int64_t x_pad; /* floats added to each x / out row's stride */
 } mm_case;
 
-static loom_status run_matmul(loom__backend *be, const test_weight *w, const mm_case *c,
+static loom_status run_matmul(loom__backend_stream *be, const test_weight *w, const mm_case *c,
                               const float *x, int64_t T, float *out) {
     loom_tensor tw = loom_tensor_2d(c->type, w->data, c->K, c->N, w->row_stride);
     loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, (void *)x, c->K, T,
@@ -194,7 +194,7 @@ static void test_matmul_quant(void **state) {
 
 static void test_matmul_bad(void **state) {
     (void)state;
-    loom__backend *be = g_be[1];
+    loom__backend_stream *be = g_be[1];
     float w[6 * 64], x[3 * 64], out[3 * 6];
     fill_rand(w, 6 * 64, 1.0f);
     fill_rand(x, 3 * 64, 1.0f);
@@ -247,36 +247,6 @@ static void test_matmul_bad(void **state) {
     assert_int_equal(be->ops->matmul(be->ctx, &tw, &x0, &o0), LOOM_OK);
 }
 
-/* Prompt-sized F32 matmul on two threads: 576x1536 weights, 64 tokens. The target is well
- * under 50 ms; the assertion only guards against a pathological regression (the machine may
- * be shared), and is skipped under sanitizers. */
-static void test_matmul_speed(void **state) {
-    (void)state;
-    const int64_t N = 576, K = 1536, T = 64;
-    float *w = falloc((size_t)(N * K)), *x = falloc((size_t)(T * K)),
-          *out = falloc((size_t)(T * N));
-    fill_rand(w, (size_t)(N * K), 1.0f);
-    fill_rand(x, (size_t)(T * K), 1.0f);
-    loom_tensor tw = loom_tensor_2d(LOOM_TYPE_F32, w, K, N, (size_t)K * 4);
-    loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, x, K, T, (size_t)K * 4);
-    loom_tensor to = loom_tensor_2d(LOOM_TYPE_F32, out, N, T, (size_t)N * 4);
-    double best = 1e30;
-    for (int r = 0; r < 5; r++) {
-        double t0 = loom__now_ms();
-        assert_int_equal(g_be[1]->ops->matmul(g_be[1]->ctx, &tw, &tx, &to), LOOM_OK);
-        double dt = loom__now_ms() - t0;
-        best = dt < best ? dt : best;
-    }
-    printf("matmul f32 %lldx%lld, T=%lld, 2 threads: %.2f ms (%.1f GFLOP/s)\n", (long long)N,
-           (long long)K, (long long)T, best, 2.0 * (double)(N * K * T) / (best * 1e6));
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-    assert_true(best < 250.0);
-#endif
-    free(w);
-    free(x);
-    free(out);
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* get_rows                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
@@ -312,7 +282,7 @@ static void test_get_rows(void **state) {
 
 static void test_get_rows_bad(void **state) {
     (void)state;
-    loom__backend *be = g_be[1];
+    loom__backend_stream *be = g_be[1];
     float table[4 * 8], out[3 * 8];
     fill_rand(table, 32, 1.0f);
     int32_t ids[3] = {0, 3, 1};
@@ -347,76 +317,106 @@ static void test_get_rows_bad(void **state) {
 /* Registry, supports, buffers                                                                */
 /* ------------------------------------------------------------------------------------------ */
 
-static int g_destroyed;
-static void counting_destroy(void *ctx) {
-    (void)ctx;
-    g_destroyed++;
-}
-
 static void test_registry(void **state) {
     (void)state;
-    loom__backend *be = NULL;
-    loom_backend_ops ops = *g_be[0]->ops;
-    ops.destroy = counting_destroy;
-    int dummy;
-
-    assert_int_equal(loom__backend_register(&ops, &dummy, &be), LOOM_OK);
-    assert_non_null(be);
-    loom__backend_destroy(be);
-    assert_int_equal(g_destroyed, 1);
-    loom__backend_destroy(NULL);
-
-    be = NULL;
-    ops.buffer_wrap_host = NULL; /* optional */
-    assert_int_equal(loom__backend_register(&ops, &dummy, &be), LOOM_OK);
-    loom__backend_destroy(be);
+    const loom_backend_ops *cpu = loom__cpu_backend_ops();
+    assert_int_equal(loom__backend_check_ops(cpu, "cpu"), LOOM_OK);
+    loom_backend_ops ops = *cpu;
+    ops.workspace_size = NULL; /* optional */
+    ops.step_begin = NULL;
+    ops.matmul_multi = NULL;
+    assert_int_equal(loom__backend_check_ops(&ops, "t"), LOOM_OK);
 
     loom_backend_ops bad = ops;
     bad.abi_version = LOOM_BACKEND_ABI_VERSION + 1;
-    be = NULL;
-    assert_int_equal(loom__backend_register(&bad, &dummy, &be), LOOM_ERR_UNSUPPORTED);
-    assert_null(be);
+    assert_int_equal(loom__backend_check_ops(&bad, "t"), LOOM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(loom_last_error(), "ABI version"));
     bad = ops;
     bad.attention = NULL;
-    assert_int_equal(loom__backend_register(&bad, &dummy, &be), LOOM_ERR_INVALID_ARG);
-    assert_non_null(strstr(loom_last_error(), "attention"));
-    assert_null(be);
+    assert_int_equal(loom__backend_check_ops(&bad, "t"), LOOM_ERR_BACKEND);
+    assert_non_null(strstr(loom_last_error(), "'attention'"));
     bad = ops;
-    bad.tensor_get = NULL;
-    assert_int_equal(loom__backend_register(&bad, &dummy, &be), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom__backend_register(NULL, &dummy, &be), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom__backend_register(&ops, &dummy, NULL), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(g_destroyed, 2); /* failed registrations do not destroy ctx */
-    assert_int_equal(loom__backend_cpu_create(NULL, NULL), LOOM_ERR_INVALID_ARG);
+    bad.copy_batch = NULL;
+    assert_int_equal(loom__backend_check_ops(&bad, "t"), LOOM_ERR_BACKEND);
+    assert_non_null(strstr(loom_last_error(), "'copy_batch'"));
+    bad = ops;
+    bad.name = NULL;
+    assert_int_equal(loom__backend_check_ops(&bad, "t"), LOOM_ERR_BACKEND);
+    assert_int_equal(loom__backend_check_ops(NULL, "t"), LOOM_ERR_BACKEND);
+
+    /* Opening by name: the built-in cpu; a malformed name; the CPU's one device. */
+    loom_backend_open_params p = {.n_threads = 1};
+    loom__backend *be = NULL;
+    assert_int_equal(loom__backend_open("cpu", &p, &be), LOOM_OK);
+    assert_string_equal(be->name, "cpu");
+    assert_null(be->dl);
+    loom__backend_close(be);
+    loom__backend_close(NULL);
+    be = NULL;
+    assert_int_equal(loom__backend_open("../cpu", &p, &be), LOOM_ERR_INVALID_ARG);
+    assert_null(be);
+    assert_int_equal(loom__backend_open("", &p, &be), LOOM_ERR_INVALID_ARG);
+    p.device = 1;
+    assert_int_equal(loom__backend_open("cpu", &p, &be), LOOM_ERR_NO_DEVICE);
+    assert_non_null(strstr(loom_last_error(), "device 1"));
+    assert_null(be);
+    assert_int_equal(loom__backend_open("cpu", NULL, &be), LOOM_ERR_INVALID_ARG);
 }
 
 static void test_supports(void **state) {
     (void)state;
-    const loom__backend *be = g_be[0];
-    assert_true(loom__backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_F32));
-    assert_true(loom__backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_Q4_K));
-    assert_true(loom__backend_supports(be, LOOM_OP_GET_ROWS, LOOM_TYPE_Q6_K));
-    assert_false(loom__backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_I32));
-    assert_false(loom__backend_supports(be, LOOM_OP_MATMUL, LOOM_TYPE_Q8_K));
-    assert_false(loom__backend_supports(be, LOOM_OP_MATMUL, (loom_type)37));
-    assert_true(loom__backend_supports(be, LOOM_OP_ATTENTION, LOOM_TYPE_F16));
-    assert_true(loom__backend_supports(be, LOOM_OP_KV_STORE, LOOM_TYPE_F32));
-    assert_false(loom__backend_supports(be, LOOM_OP_KV_STORE, LOOM_TYPE_BF16));
-    assert_true(loom__backend_supports(be, LOOM_OP_ROPE, LOOM_TYPE_F32));
-    assert_false(loom__backend_supports(be, LOOM_OP_ADD, LOOM_TYPE_F16));
-    assert_false(loom__backend_supports(be, LOOM_OP_COUNT_, LOOM_TYPE_F32));
-    assert_false(loom__backend_supports(NULL, LOOM_OP_ADD, LOOM_TYPE_F32));
+    const loom__backend *be = g_be[0]->be;
+#define SUPPORTS(o, t) loom__backend_supports(be, &(loom_op_desc){.op = (o), .type = (t)})
+    assert_true(SUPPORTS(LOOM_OP_MATMUL, LOOM_TYPE_F32));
+    assert_true(SUPPORTS(LOOM_OP_MATMUL, LOOM_TYPE_Q4_K));
+    assert_true(SUPPORTS(LOOM_OP_GET_ROWS, LOOM_TYPE_Q6_K));
+    assert_false(SUPPORTS(LOOM_OP_MATMUL, LOOM_TYPE_I32));
+    assert_false(SUPPORTS(LOOM_OP_MATMUL, LOOM_TYPE_Q8_K));
+    assert_false(SUPPORTS(LOOM_OP_MATMUL, (loom_type)37));
+    assert_false(SUPPORTS(LOOM_OP_MATMUL, LOOM_TYPE_FP8_E4M3));
+    assert_true(SUPPORTS(LOOM_OP_ROPE, LOOM_TYPE_F32));
+    assert_false(SUPPORTS(LOOM_OP_ADD, LOOM_TYPE_F16));
+    assert_false(SUPPORTS(LOOM_OP_COUNT_, LOOM_TYPE_F32));
+    assert_false(loom__backend_supports(NULL, &(loom_op_desc){.op = LOOM_OP_ADD}));
+    assert_false(loom__backend_supports(be, NULL));
+#undef SUPPORTS
+    /* Attention routes on its variant: kv type, head dim, window, soft-cap, layout, scales. */
+    loom_op_desc att = {.op = LOOM_OP_ATTENTION, .type = LOOM_TYPE_F16, .head_dim = 256,
+                        .n_head = 4, .n_kv_heads = 1, .window = 512};
+    assert_true(loom__backend_supports(be, &att));
+    att.softcap = 30.0f;
+    assert_true(loom__backend_supports(be, &att));
+    att.type = LOOM_TYPE_F32;
+    assert_true(loom__backend_supports(be, &att));
+    loom_op_desc no = att;
+    no.type = LOOM_TYPE_BF16;
+    assert_false(loom__backend_supports(be, &no));
+    no = att;
+    no.type = LOOM_TYPE_FP8_E5M2;
+    assert_false(loom__backend_supports(be, &no));
+    no = att;
+    no.scale_kind = LOOM_KV_SCALE_PER_TOKEN_HEAD;
+    assert_false(loom__backend_supports(be, &no));
+    no = att;
+    no.window = -1;
+    assert_false(loom__backend_supports(be, &no));
+    no = att;
+    no.head_dim = 0;
+    assert_false(loom__backend_supports(be, &no));
+    no = att;
+    no.op = LOOM_OP_KV_STORE;
+    assert_true(loom__backend_supports(be, &no));
 }
 
 static void test_buffers(void **state) {
     (void)state;
-    loom__backend *be = g_be[1];
-    void *ctx = be->ctx;
+    loom__backend_stream *be = g_be[1];
+    void *dev = be->dev, *ctx = be->ctx;
     const size_t sizes[] = {0, 1, 63, 64, 100, 4096};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         loom_buffer *buf = NULL;
-        assert_int_equal(be->ops->buffer_alloc(ctx, sizes[i], &buf), LOOM_OK);
-        char *base = be->ops->buffer_base(ctx, buf);
+        assert_int_equal(be->ops->buffer_alloc(dev, sizes[i], &buf), LOOM_OK);
+        char *base = be->ops->buffer_base(dev, buf);
         assert_non_null(base);
         assert_int_equal((uintptr_t)base % 64, 0);
         if (sizes[i] > 0) {
@@ -427,34 +427,98 @@ static void test_buffers(void **state) {
             assert_int_equal(be->ops->tensor_get(ctx, back, base, sizes[i]), LOOM_OK);
             assert_memory_equal(src, back, sizes[i]);
         }
-        be->ops->buffer_free(ctx, buf);
+        be->ops->buffer_free(dev, buf);
     }
-    /* A wrapped buffer is the caller's memory: no copy, and freeing it leaves the memory. */
-    alignas(64) static char host[256];
-    loom_buffer *wrap = NULL;
-    assert_int_equal(be->ops->buffer_wrap_host(ctx, host, sizeof host, &wrap), LOOM_OK);
-    assert_ptr_equal(be->ops->buffer_base(ctx, wrap), host);
-    be->ops->buffer_free(ctx, wrap);
-    host[0] = 1; /* still ours (ASan would flag a free of static memory above) */
-    char *heap = malloc(32);
-    assert_int_equal(be->ops->buffer_wrap_host(ctx, heap, 32, &wrap), LOOM_OK);
-    be->ops->buffer_free(ctx, wrap);
-    heap[0] = 2; /* not freed by buffer_free (ASan: no use-after-free) */
-    free(heap);
-    be->ops->buffer_free(ctx, NULL);
-
-    assert_int_equal(be->ops->buffer_alloc(ctx, 16, NULL), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(be->ops->buffer_alloc(ctx, SIZE_MAX - 8, &wrap), LOOM_ERR_OUT_OF_MEMORY);
+    be->ops->buffer_free(dev, NULL);
+    loom_buffer *none = NULL;
+    assert_int_equal(be->ops->buffer_alloc(dev, 16, NULL), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(be->ops->buffer_alloc(dev, SIZE_MAX - 8, &none), LOOM_ERR_OUT_OF_MEMORY);
+    assert_null(none);
+    char host[8] = {0};
     assert_int_equal(be->ops->tensor_set(ctx, NULL, host, 4), LOOM_ERR_INVALID_ARG);
     assert_int_equal(be->ops->tensor_get(ctx, host, NULL, 4), LOOM_ERR_INVALID_ARG);
+
+    /* Host memory, and what the device reports of its memory. */
+    void *pinned = NULL;
+    assert_int_equal(be->ops->host_alloc(dev, 1000, &pinned), LOOM_OK);
+    memset(pinned, 7, 1000);
+    be->ops->host_free(dev, pinned);
+    be->ops->host_free(dev, NULL);
+    assert_int_equal(be->ops->host_alloc(dev, SIZE_MAX - 8, &pinned), LOOM_ERR_OUT_OF_MEMORY);
+    size_t free_b = 0, total_b = 0;
+    assert_int_equal(be->ops->memory_info(dev, &free_b, &total_b), LOOM_OK);
+    assert_true(total_b > 0 && free_b <= total_b);
+    assert_int_equal(be->ops->memory_info(dev, NULL, &total_b), LOOM_ERR_INVALID_ARG);
+
+    /* Batched copies: many ranges in one call, each landing; an overlapping range or a NULL
+     * pointer refuses the whole batch before anything is copied. */
+    char a[96], b[96];
+    for (int k = 0; k < 96; k++) a[k] = (char)k, b[k] = 0;
+    loom_copy_range r[3] = {{a, b, 32}, {a + 40, b + 40, 16}, {a + 64, b + 70, 20}};
+    assert_int_equal(be->ops->copy_batch(ctx, LOOM_COPY_DEVICE, r, 3), LOOM_OK);
+    assert_memory_equal(a, b, 32);
+    assert_memory_equal(a + 40, b + 40, 16);
+    assert_memory_equal(a + 64, b + 70, 20);
+    assert_int_equal(b[33], 0);
+    char c[96] = {0};
+    loom_copy_range bad[2] = {{a, c, 8}, {b, b + 4, 8}};
+    assert_int_equal(be->ops->copy_batch(ctx, LOOM_COPY_TO_HOST, bad, 2), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(c[1], 0); /* the first, sound range was not copied either */
+    bad[1] = (loom_copy_range){NULL, b, 8};
+    assert_int_equal(be->ops->copy_batch(ctx, LOOM_COPY_FROM_HOST, bad, 2), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(be->ops->copy_batch(ctx, (loom_copy_kind)7, r, 1), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(be->ops->copy_batch(ctx, LOOM_COPY_DEVICE, NULL, 0), LOOM_OK);
+}
+
+/* Weights: a persistent source is used in place; any other is copied (the source may then be
+ * freed); shapes and types the CPU cannot compute with are refused with the weight's name. */
+static void test_weight_prepare(void **state) {
+    (void)state;
+    loom__backend_stream *be = g_be[0];
+    float rows[4][8];
+    for (int i = 0; i < 32; i++) rows[i / 8][i % 8] = (float)i * 0.5f;
+    loom_weight_src src = {.name = "w", .type = LOOM_TYPE_F32, .ne = {8, 4},
+                           .row_stride = sizeof rows[0], .data = rows, .persistent = true,
+                           .use = LOOM_WEIGHT_MATMUL};
+    loom_tensor t;
+    assert_int_equal(be->ops->weight_prepare(be->dev, &src, &t), LOOM_OK);
+    assert_ptr_equal(t.data, rows);
+    assert_int_equal(t.ne[0], 8);
+    assert_int_equal(t.ne[1], 4);
+    src.persistent = false;
+    assert_int_equal(be->ops->weight_prepare(be->dev, &src, &t), LOOM_OK);
+    assert_ptr_not_equal(t.data, rows);
+    assert_int_equal((uintptr_t)t.data % 64, 0);
+    assert_memory_equal(t.data, rows, sizeof rows);
+    /* A strided source is packed. */
+    src.ne[0] = 4;
+    assert_int_equal(be->ops->weight_prepare(be->dev, &src, &t), LOOM_OK);
+    assert_int_equal(t.row_stride, 4 * sizeof(float));
+    for (int r = 0; r < 4; r++) assert_memory_equal((float *)t.data + r * 4, rows[r], 16);
+
+    loom_weight_src badw = src;
+    badw.type = LOOM_TYPE_Q8_K;
+    assert_int_equal(be->ops->weight_prepare(be->dev, &badw, &t), LOOM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(loom_last_error(), "'w'"));
+    badw = src;
+    badw.ne[0] = 0;
+    assert_int_equal(be->ops->weight_prepare(be->dev, &badw, &t), LOOM_ERR_INVALID_ARG);
+    badw = src;
+    badw.row_stride = 8;
+    assert_int_equal(be->ops->weight_prepare(be->dev, &badw, &t), LOOM_ERR_INVALID_ARG);
+    badw = src;
+    badw.data = NULL;
+    assert_int_equal(be->ops->weight_prepare(be->dev, &badw, &t), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(be->ops->weight_prepare(be->dev, NULL, &t), LOOM_ERR_INVALID_ARG);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registry),     cmocka_unit_test(test_supports),
-        cmocka_unit_test(test_buffers),      cmocka_unit_test(test_matmul_f32),
+        cmocka_unit_test(test_buffers),      cmocka_unit_test(test_weight_prepare),
+        cmocka_unit_test(test_matmul_f32),
         cmocka_unit_test(test_matmul_quant), cmocka_unit_test(test_matmul_bad),
-        cmocka_unit_test(test_matmul_speed), cmocka_unit_test(test_get_rows),
+        cmocka_unit_test(test_get_rows),
         cmocka_unit_test(test_get_rows_bad),
     };
     return cmocka_run_group_tests(tests, cpu_group_setup, cpu_group_teardown);

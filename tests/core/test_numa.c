@@ -134,9 +134,10 @@ static void test_fallback(void **state) {
 /* The same matmul, pinned and in the fallback: the placement changes nothing computed. */
 static void matmul_with(loom_numa_mode mode, bool unavailable, float *out) {
     loom__numa_force_unavailable(unavailable);
-    loom__cpu_params cp = {.n_threads = 3, .numa = mode};
-    loom__backend *be = NULL;
-    assert_int_equal(loom__backend_cpu_create(&cp, &be), LOOM_OK);
+    loom_backend_open_params cp = {.n_threads = 3, .numa = mode};
+    loom__backend_stream bs;
+    loom__backend_stream *be = &bs;
+    assert_int_equal(loom__backend_stream_open("cpu", &cp, &bs), LOOM_OK);
     enum { K = 256, N = 24, T = 9 };
     static float wf[N * K], x[T * K];
     static uint8_t w[N * (K / 32) * 34];
@@ -148,7 +149,7 @@ static void matmul_with(loom_numa_mode mode, bool unavailable, float *out) {
     loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, x, K, T, K * sizeof(float));
     loom_tensor to = loom_tensor_2d(LOOM_TYPE_F32, out, N, T, N * sizeof(float));
     assert_int_equal(be->ops->matmul(be->ctx, &tw, &tx, &to), LOOM_OK);
-    loom__backend_destroy(be);
+    loom__backend_stream_close(&bs);
     loom__numa_force_unavailable(false);
 }
 

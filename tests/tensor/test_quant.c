@@ -91,7 +91,7 @@ static void test_traits_table(void **state) {
     assert_int_equal(known, n_known);
     assert_null(loom__type_get_traits(4));
     assert_null(loom__type_get_traits(16));
-    assert_null(loom__type_get_traits(LOOM_TYPE_COUNT_));
+    assert_null(loom__type_get_traits(LOOM_TYPE_GGUF_END_));
     assert_null(loom__type_get_traits(UINT32_MAX));
     /* Names for messages: GGUF types loom lacks keep their name, the rest are numbered. */
     assert_string_equal(loom__type_name(16), "iq2_xxs");
@@ -140,7 +140,7 @@ static void test_row_bytes(void **state) {
     assert_false(loom__type_row_bytes(LOOM_TYPE_F32, -4, &bytes));   /* negative */
     assert_false(loom__type_row_bytes(LOOM_TYPE_Q4_0, -32, &bytes));
     assert_false(loom__type_row_bytes(4, 32, &bytes)); /* unknown ids */
-    assert_false(loom__type_row_bytes(LOOM_TYPE_COUNT_, 32, &bytes));
+    assert_false(loom__type_row_bytes(LOOM_TYPE_GGUF_END_, 32, &bytes));
     assert_false(loom__type_row_bytes(UINT32_MAX, 1, &bytes));
     assert_false(loom__type_row_bytes(LOOM_TYPE_F32, INT64_MAX, &bytes)); /* 4 * 2^63 overflows */
     assert_false(loom__type_row_bytes(LOOM_TYPE_F64, INT64_C(1) << 61, &bytes));

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "api/api_internal.h"
+#include "engine/session.h"
 #include "loom.h"
 
 int main(int argc, char **argv) {

@@ -70,8 +70,8 @@ typedef struct attn_task {
     atomic_llong next; /* next unclaimed item */
 } attn_task;
 
-static int64_t attn_lo(const loom_attn_params *p, int64_t pos) {
-    return p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
+static int64_t attn_lo(const loom_kv_desc *kv, int64_t pos) {
+    return kv->window > 0 && pos - kv->window + 1 > 0 ? pos - kv->window + 1 : 0;
 }
 
 static int64_t attn_pos_of_row(const loom_kv_desc *kv, int32_t s, int64_t r) {
@@ -104,10 +104,10 @@ static void attn_qvecs_init(const attn_task *t, attn_qvec *qv, int n, int64_t r0
 }
 
 /* Each vector's lanes of the tile at j0: its positions lo..pos there (ia > ib: none). */
-static void attn_qvecs_lanes(const loom_attn_params *p, attn_qvec *qv, int n, int32_t nh,
+static void attn_qvecs_lanes(const loom_kv_desc *kv, attn_qvec *qv, int n, int32_t nh,
                              int64_t pos0, int64_t j0) {
     for (int k = 0; k < n; k++) {
-        const int64_t pos = pos0 + k / nh, a = attn_lo(p, pos) - j0, b = pos - j0;
+        const int64_t pos = pos0 + k / nh, a = attn_lo(kv, pos) - j0, b = pos - j0;
         qv[k].ia = a > 0 ? (a < ATTN_TILE ? (int)a : ATTN_TILE) : 0;
         qv[k].ib = b < ATTN_TILE - 1 ? (b < 0 ? -1 : (int)b) : ATTN_TILE - 1;
     }
@@ -140,7 +140,7 @@ static void attn_tiles(const attn_task *t, const attn_kv_src *src, attn_kv_tile 
                                      (int)(pf_last - j0 - ATTN_TILE < ATTN_TILE - 1
                                                ? pf_last - j0 - ATTN_TILE
                                                : ATTN_TILE - 1));
-        attn_qvecs_lanes(t->p, qv, n, nh, pos0, j0);
+        attn_qvecs_lanes(t->kv, qv, n, nh, pos0, j0);
         for (int k = 0; k < n; k += ATTN_QBLOCK)
             loom__attn_tile_advance(tile, hd, t->p->scale, t->p->softcap, qv + k,
                                     n - k < ATTN_QBLOCK ? n - k : ATTN_QBLOCK, qt + k * hd, scores);
@@ -154,7 +154,7 @@ static void attn_run(const attn_task *t, int32_t s, int64_t r0, int64_t r1, int3
                      int32_t nh, float *scratch) {
     const loom_kv_desc *kv = t->kv;
     const int64_t hd = kv->head_dim, pos0 = attn_pos_of_row(kv, s, r0);
-    const int64_t pos_last = pos0 + (r1 - r0) - 1, lo_first = attn_lo(t->p, pos0);
+    const int64_t pos_last = pos0 + (r1 - r0) - 1, lo_first = attn_lo(t->kv, pos0);
     const int n = (int)((r1 - r0) * nh),
               n_packed = (n + ATTN_QBLOCK - 1) / ATTN_QBLOCK * ATTN_QBLOCK;
     attn_kv_tile tile = {.kt = scratch, .vbuf = scratch + ATTN_TILE * hd};
@@ -202,7 +202,7 @@ static void attn_run(const attn_task *t, int32_t s, int64_t r0, int64_t r1, int3
 static int64_t attn_row_segs(const attn_task *t, int64_t r, int64_t *first) {
     const int32_t s = loom__cpu_seq_of_row(t->kv, r);
     const int64_t pos = attn_pos_of_row(t->kv, s, r);
-    *first = attn_lo(t->p, pos) / ATTN_SEG;
+    *first = attn_lo(t->kv, pos) / ATTN_SEG;
     return pos / ATTN_SEG - *first + 1;
 }
 
@@ -219,7 +219,7 @@ static void attn_run_part(const attn_task *t, int64_t r, int32_t kvh, int32_t h0
     int64_t seg0;
     if (si >= attn_row_segs(t, r, &seg0)) return; /* this row meets fewer segments */
     const int32_t s = loom__cpu_seq_of_row(kv, r);
-    const int64_t hd = kv->head_dim, pos = attn_pos_of_row(kv, s, r), lo = attn_lo(t->p, pos);
+    const int64_t hd = kv->head_dim, pos = attn_pos_of_row(kv, s, r), lo = attn_lo(t->kv, pos);
     const int64_t seg = (seg0 + si) * ATTN_SEG;
     const int64_t a = lo > seg ? lo : seg, b = pos < seg + ATTN_SEG - 1 ? pos : seg + ATTN_SEG - 1;
     attn_kv_tile tile = {.kt = scratch, .vbuf = scratch + ATTN_TILE * hd};
@@ -340,6 +340,22 @@ static void attn_plan(attn_task *t, int64_t n_rows, int32_t n_kv_heads, int n_th
     }
 }
 
+void loom__cpu_attention_need(int n_threads, int64_t T, int32_t n_head, int32_t hd,
+                              int32_t max_ctx, size_t *scratch_floats, size_t *parts_bytes) {
+    /* An item holds at most ATTN_ITEM_QVECS query vectors (attn_plan: rows * heads). */
+    *scratch_floats = (size_t)attn_scratch_floats(ATTN_ITEM_QVECS, hd);
+    *parts_bytes = 0;
+    if (n_threads <= 1 || T < 1 || max_ctx < 1) return;
+    /* attn_plan splits only runs of fewer than 4 * n_threads rows (one item per row and kv
+     * head then), whose rows meet at most (max_ctx - 1) / ATTN_SEG + 1 segments, and only
+     * while the states fit ATTN_PARTS_MAX_BYTES. */
+    const int64_t rows = T < 4 * (int64_t)n_threads - 1 ? T : 4 * (int64_t)n_threads - 1;
+    const double segs = (double)((max_ctx - 1) / ATTN_SEG + 1);
+    const double bytes =
+        (double)rows * n_head * segs * ATTN_PART_FLOATS((double)hd) * sizeof(float);
+    *parts_bytes = (size_t)(bytes < ATTN_PARTS_MAX_BYTES ? bytes : ATTN_PARTS_MAX_BYTES);
+}
+
 static loom_status attn_check_params(const loom_attn_params *p, const loom_kv_desc *kv) {
     LOOM_RETURN_IF(p == NULL, LOOM_ERR_INVALID_ARG, "attention: params are NULL");
     LOOM_RETURN_IF(p->n_head < 1 || p->n_head % kv->n_kv_heads != 0, LOOM_ERR_INVALID_ARG,
@@ -347,8 +363,6 @@ static loom_status attn_check_params(const loom_attn_params *p, const loom_kv_de
                    kv->n_kv_heads);
     LOOM_RETURN_IF(!isfinite(p->scale), LOOM_ERR_INVALID_ARG, "attention: scale %g is not finite",
                    (double)p->scale);
-    LOOM_RETURN_IF(p->window < 0, LOOM_ERR_INVALID_ARG, "attention: window %d is negative",
-                   p->window);
     LOOM_RETURN_IF(!(p->softcap >= 0.0f) || !isfinite(p->softcap), LOOM_ERR_INVALID_ARG,
                    "attention: softcap %g must be finite and >= 0", (double)p->softcap);
     return LOOM_OK;
@@ -361,11 +375,10 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
     LOOM_TRY(loom__cpu_check_f32("attention", "out", out));
     LOOM_TRY(loom__cpu_check_same_shape("attention", "q", q, "out", out));
     LOOM_RETURN_IF(p == NULL, LOOM_ERR_INVALID_ARG, "attention: params are NULL");
-    int64_t n_rows;
     int32_t pool_layer;
-    LOOM_TRY(
-        loom__cpu_check_kv_desc("attention", kv, p->layer, true, p->window, &n_rows, &pool_layer));
+    LOOM_TRY(loom__cpu_check_kv_use("attention", kv, p->layer, true, &pool_layer));
     LOOM_TRY(attn_check_params(p, kv));
+    const int64_t n_rows = kv->q_start[kv->n_seqs];
     LOOM_RETURN_IF(q->ne[0] != (int64_t)p->n_head * kv->head_dim, LOOM_ERR_INVALID_ARG,
                    "attention: q rows have %lld elements but n_head*head_dim = %d*%d",
                    (long long)q->ne[0], p->n_head, kv->head_dim);

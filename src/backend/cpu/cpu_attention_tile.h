@@ -8,7 +8,7 @@
  * query row meets the same tiles whatever else is computed with it. */
 #pragma once
 
-#include "tensor/kv_desc.h"
+#include "loom_backend.h"
 
 #include <stdint.h>
 

@@ -95,93 +95,22 @@ bool loom__cpu_tensors_overlap(const loom_tensor *a, const loom_tensor *b) {
 /* The paged-KV descriptor                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-static loom_status check_kv_arrays(const char *op, const loom_kv_desc *kv, int32_t layer,
+loom_status loom__cpu_check_kv_use(const char *op, const loom_kv_desc *kv, int32_t layer,
                                    bool via_layer_src, int32_t *pool_layer) {
     LOOM_RETURN_IF(kv == NULL, LOOM_ERR_INVALID_ARG, "%s: kv descriptor is NULL", op);
-    LOOM_RETURN_IF(kv->n_seqs < 0, LOOM_ERR_INVALID_ARG, "%s: kv n_seqs %d", op, kv->n_seqs);
-    LOOM_RETURN_IF(kv->indptr == NULL || kv->q_start == NULL ||
-                       (kv->n_seqs > 0 && (kv->pos_start == NULL || kv->kv_len == NULL)),
-                   LOOM_ERR_INVALID_ARG, "%s: kv descriptor is missing an array", op);
-    LOOM_RETURN_IF(kv->block_size < 1 || kv->n_blocks < 1 || kv->n_kv_heads < 1 || kv->head_dim < 1,
-                   LOOM_ERR_INVALID_ARG,
-                   "%s: kv block_size %d, n_blocks %d, n_kv_heads %d, head_dim %d must be >= 1", op,
-                   kv->block_size, kv->n_blocks, kv->n_kv_heads, kv->head_dim);
     LOOM_RETURN_IF(kv->kv_type != LOOM_TYPE_F16 && kv->kv_type != LOOM_TYPE_F32,
-                   LOOM_ERR_UNSUPPORTED, "%s: kv type %s (cpu supports f16 and f32)", op,
+                   LOOM_ERR_UNSUPPORTED, "%s: kv type %s (cpu stores f16 and f32)", op,
                    loom__type_name(kv->kv_type));
-    size_t elt = kv->kv_type == LOOM_TYPE_F32 ? 4 : 2;
-    size_t head_row = (size_t)kv->n_kv_heads * (size_t)kv->head_dim * elt;
-    size_t block_min;
-    LOOM_RETURN_IF(kv->token_stride < head_row || kv->token_stride % elt != 0, LOOM_ERR_INVALID_ARG,
-                   "%s: kv token_stride %zu (a slot needs %zu bytes)", op, kv->token_stride,
-                   head_row);
-    LOOM_RETURN_IF(loom__mul_overflow_size((size_t)kv->block_size, kv->token_stride, &block_min) ||
-                       kv->block_stride < block_min || kv->block_stride % elt != 0,
-                   LOOM_ERR_INVALID_ARG,
-                   "%s: kv block_stride %zu is smaller than block_size * token_stride", op,
-                   kv->block_stride);
-    size_t pool;
-    LOOM_RETURN_IF(loom__mul_overflow_size((size_t)kv->n_blocks, kv->block_stride, &pool),
-                   LOOM_ERR_INVALID_ARG, "%s: kv pool size overflows", op);
+    LOOM_RETURN_IF(kv->layout != LOOM_KV_LAYOUT_NHD || kv->scale_kind != LOOM_KV_SCALE_NONE,
+                   LOOM_ERR_UNSUPPORTED, "%s: kv layout %d with scales %d (cpu: NHD, no scales)",
+                   op, (int)kv->layout, (int)kv->scale_kind);
     LOOM_RETURN_IF(layer < 0 || layer >= kv->n_layers, LOOM_ERR_INVALID_ARG,
                    "%s: layer %d outside [0, %d)", op, layer, kv->n_layers);
-    LOOM_RETURN_IF(kv->k_base == NULL || kv->v_base == NULL, LOOM_ERR_INVALID_ARG,
-                   "%s: kv descriptor has no pool bases", op);
-    int32_t src = layer;
-    if (via_layer_src && kv->layer_src != NULL) {
-        src = kv->layer_src[layer];
-        LOOM_RETURN_IF(src < 0 || src >= kv->n_layers, LOOM_ERR_INVALID_ARG,
-                       "%s: layer_src[%d] = %d outside [0, %d)", op, layer, src, kv->n_layers);
-    }
-    LOOM_RETURN_IF(kv->k_base[src] == NULL || kv->v_base[src] == NULL, LOOM_ERR_INVALID_ARG,
-                   "%s: layer %d has no K/V pool", op, src);
-    LOOM_RETURN_IF((uintptr_t)kv->k_base[src] % elt != 0 || (uintptr_t)kv->v_base[src] % elt != 0,
-                   LOOM_ERR_INVALID_ARG, "%s: layer %d K/V pool is not element-aligned", op, src);
+    int32_t src = via_layer_src && kv->layer_src != NULL ? kv->layer_src[layer] : layer;
+    /* kv_store writes only the layers that own pools (a reusing layer stores nothing). */
+    LOOM_RETURN_IF(!via_layer_src && kv->layer_src != NULL && kv->layer_src[layer] != layer,
+                   LOOM_ERR_INVALID_ARG, "%s: layer %d reads layer %d's pools and stores none",
+                   op, layer, kv->layer_src[layer]);
     *pool_layer = src;
-    return LOOM_OK;
-}
-
-loom_status loom__cpu_check_kv_desc(const char *op, const loom_kv_desc *kv, int32_t layer,
-                                    bool via_layer_src, int32_t read_window, int64_t *n_rows,
-                                    int32_t *pool_layer) {
-    LOOM_TRY(check_kv_arrays(op, kv, layer, via_layer_src, pool_layer));
-    LOOM_RETURN_IF(kv->indptr[0] != 0 || kv->q_start[0] != 0, LOOM_ERR_INVALID_ARG,
-                   "%s: kv indptr[0] = %d and q_start[0] = %d must be 0", op, kv->indptr[0],
-                   kv->q_start[0]);
-    LOOM_RETURN_IF(kv->block_ids == NULL && kv->indptr[kv->n_seqs] != 0, LOOM_ERR_INVALID_ARG,
-                   "%s: kv block_ids is NULL", op);
-    /* Structure first (a malformed descriptor is a caller bug), then contents. */
-    for (int32_t s = 0; s < kv->n_seqs; s++)
-        LOOM_RETURN_IF(kv->q_start[s + 1] < kv->q_start[s] || kv->indptr[s + 1] < kv->indptr[s],
-                       LOOM_ERR_INVALID_ARG, "%s: sequence %d: q_start or indptr decreases", op, s);
-    for (int32_t s = 0; s < kv->n_seqs; s++) {
-        int64_t n_new = (int64_t)kv->q_start[s + 1] - kv->q_start[s];
-        int64_t n_tab = (int64_t)kv->indptr[s + 1] - kv->indptr[s];
-        LOOM_RETURN_IF(kv->pos_start[s] < 0, LOOM_ERR_BAD_INPUT,
-                       "%s: sequence %d: pos_start %d is negative", op, s, kv->pos_start[s]);
-        if (n_new == 0) continue;
-        int64_t last = (int64_t)kv->pos_start[s] + n_new - 1; /* position of the last new row */
-        LOOM_RETURN_IF(kv->kv_len[s] <= last, LOOM_ERR_BAD_INPUT,
-                       "%s: sequence %d: kv_len %d does not cover position %lld", op, s,
-                       kv->kv_len[s], (long long)last);
-        LOOM_RETURN_IF(last / kv->block_size >= n_tab, LOOM_ERR_BAD_INPUT,
-                       "%s: sequence %d: position %lld needs block %lld but its table holds %lld",
-                       op, s, (long long)last, (long long)(last / kv->block_size),
-                       (long long)n_tab);
-        /* Only the entries this op touches must hold blocks: a sliding-window table has
-         * released (negative) entries before the window of its first new row. */
-        int64_t first = 0;
-        if (read_window < 0) first = kv->pos_start[s];
-        if (read_window > 0) first = (int64_t)kv->pos_start[s] - read_window + 1;
-        if (first < 0) first = 0;
-        for (int64_t b = kv->indptr[s] + first / kv->block_size;
-             b <= kv->indptr[s] + last / kv->block_size; b++) {
-            int32_t id = kv->block_ids[b];
-            LOOM_RETURN_IF(id < 0 || id >= kv->n_blocks, LOOM_ERR_BAD_INPUT,
-                           "%s: sequence %d: block id %d (table entry %lld) outside [0, %d)", op,
-                           s, id, (long long)(b - kv->indptr[s]), kv->n_blocks);
-        }
-    }
-    *n_rows = kv->q_start[kv->n_seqs];
     return LOOM_OK;
 }

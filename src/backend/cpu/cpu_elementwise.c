@@ -1,5 +1,5 @@
-/* cpu_elementwise.c — the CPU's row-wise and element-wise ops: get_rows, rms_norm, softmax
- * (parallel over rows) and glu, add, scale (parallel over elements, so a single long row —
+/* cpu_elementwise.c — the CPU's row-wise and element-wise ops: get_rows, rms_norm (parallel
+ * over rows) and glu, add, scale (parallel over elements, so a single long row —
  * a decode step's FFN activation — still uses every thread).
  *
  * Every output element is computed by the same code whatever the split, so results do not
@@ -160,10 +160,10 @@ loom_status loom__cpu_scale(void *ctx, const loom_tensor *x, float s, loom_tenso
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Row-wise: rms_norm, softmax, get_rows                                                      */
+/* Row-wise: rms_norm, get_rows                                                               */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef enum row_kind { ROW_RMS_NORM, ROW_SOFTMAX, ROW_GET_ROWS } row_kind;
+typedef enum row_kind { ROW_RMS_NORM, ROW_GET_ROWS } row_kind;
 
 typedef struct row_task {
     row_kind kind;
@@ -190,28 +190,6 @@ static void row_rms_norm(const row_task *t, int64_t r) {
     }
 }
 
-/* Numerically stable: exponents are taken relative to the row's maximum. -inf entries give
- * 0; a row that is entirely -inf gives all zeros (there is no distribution to normalise). */
-static void row_softmax(const row_task *t, int64_t r) {
-    const int64_t D = t->x->ne[0];
-    const float *x = loom__cpu_row(t->x, r);
-    float *o = loom__cpu_row(t->out, r);
-    float m = -INFINITY;
-    for (int64_t i = 0; i < D; i++) m = x[i] > m ? x[i] : m;
-    if (m == -INFINITY) {
-        for (int64_t i = 0; i < D; i++) o[i] = 0.0f;
-        return;
-    }
-    float sum = 0.0f;
-    for (int64_t i = 0; i < D; i++) {
-        float e = expf(x[i] - m);
-        o[i] = e;
-        sum += e;
-    }
-    float inv = 1.0f / sum;
-    for (int64_t i = 0; i < D; i++) o[i] *= inv;
-}
-
 static void row_worker(void *p, int ith, int nth) {
     const row_task *t = p;
     int64_t r0, r1;
@@ -220,9 +198,6 @@ static void row_worker(void *p, int ith, int nth) {
         switch (t->kind) {
         case ROW_RMS_NORM:
             row_rms_norm(t, r);
-            break;
-        case ROW_SOFTMAX:
-            row_softmax(t, r);
             break;
         case ROW_GET_ROWS:
             /* type and width validated; the row is written whole */
@@ -253,14 +228,6 @@ loom_status loom__cpu_rms_norm(void *ctx, const loom_tensor *x, const loom_tenso
     LOOM_RETURN_IF(!(eps >= 0.0f) || !isfinite(eps), LOOM_ERR_INVALID_ARG,
                    "rms_norm: eps %g must be finite and >= 0", (double)eps);
     row_task t = {.kind = ROW_RMS_NORM, .x = x, .w = w, .out = out, .eps = eps};
-    return row_run(ctx, &t);
-}
-
-loom_status loom__cpu_softmax(void *ctx, const loom_tensor *x, loom_tensor *out) {
-    LOOM_TRY(loom__cpu_check_f32("softmax", "x", x));
-    LOOM_TRY(loom__cpu_check_f32("softmax", "out", out));
-    LOOM_TRY(loom__cpu_check_same_shape("softmax", "x", x, "out", out));
-    row_task t = {.kind = ROW_SOFTMAX, .x = x, .out = out};
     return row_run(ctx, &t);
 }
 

@@ -54,9 +54,9 @@ loom_status loom__cpu_kv_store(void *ctx, const loom_tensor *k, const loom_tenso
     LOOM_TRY(loom__cpu_check_f32("kv_store", "k", k));
     LOOM_TRY(loom__cpu_check_f32("kv_store", "v", v));
     LOOM_TRY(loom__cpu_check_same_shape("kv_store", "k", k, "v", v));
-    int64_t n_rows;
     int32_t pool_layer;
-    LOOM_TRY(loom__cpu_check_kv_desc("kv_store", kv, layer, false, -1, &n_rows, &pool_layer));
+    LOOM_TRY(loom__cpu_check_kv_use("kv_store", kv, layer, false, &pool_layer));
+    const int64_t n_rows = kv->q_start[kv->n_seqs];
     int64_t kv_dim = (int64_t)kv->n_kv_heads * kv->head_dim;
     LOOM_RETURN_IF(k->ne[0] != kv_dim, LOOM_ERR_INVALID_ARG,
                    "kv_store: k rows have %lld elements but n_kv_heads*head_dim = %d*%d",

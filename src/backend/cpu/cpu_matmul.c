@@ -33,6 +33,7 @@
 
 #include <assert.h>
 #include <stdbool.h>
+#include <string.h>
 
 /* Rows per group on the float path: as many as keep RB*K floats within MM_GROUP_FLOATS (about
  * 256 KiB, an L2's share), between 1 and MM_MAX_RB. On the quantized path: as many encoded
@@ -129,16 +130,6 @@ static void mm_worker(void *p, int ith, int nth) {
             for (int64_t r = 0; r < nr; r++) ot[r] = loom__cpu_dot(rows[r], xt, K);
         }
     }
-}
-
-static loom_status mm_run_f32(loom__cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
-                              loom_tensor *out) {
-    mm_task task = {.c = c, .w = w, .x = x, .out = out, .rb = mm_rows_per_group(w->ne[0])};
-    if (w->type != LOOM_TYPE_F32)
-        LOOM_TRY(loom__cpu_reserve_scratch(c, (size_t)(task.rb * w->ne[0])));
-    LOOM_TRY(mm_share(c, (w->ne[1] + task.rb - 1) / task.rb));
-    loom__threadpool_run(c->tp, mm_worker, &task);
-    return LOOM_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -285,46 +276,152 @@ static void mmt_worker(void *p, int ith, int nth) {
     }
 }
 
-/* One of k (per-pair tiles) and lanes is non-NULL. */
+/* ------------------------------------------------------------------------------------------ */
+/* Plans: a matmul's path and memory, from (weight type, K, T) alone                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Everything about one matmul that depends only on the weight type, K and T: the arithmetic
+ * path, its grouping, and the scratch and activation memory it reserves. The runs below take
+ * it, and loom__cpu_matmul_need (the stream's workspace query) reports its memory, so the two
+ * cannot disagree. */
+typedef enum mm_path {
+    MM_PATH_F32,   /* float32 activations (mm_worker) */
+    MM_PATH_ROWS,  /* rounded activations, one weight row against one token (mmq_worker) */
+    MM_PATH_TILES, /* rounded activations through the tile kernels or token lanes */
+} mm_path;
+
+typedef struct mm_plan {
+    mm_path path;
+    int64_t rb; /* weight rows per group */
+    /* ROWS and TILES */
+    uint32_t act_type; /* the activation format */
+    size_t act_row;    /* bytes of one rounded activation row */
+    size_t act_stride; /* ROWS: rounded rows in the activation area; TILES: in a thread's
+                          scratch while preparing */
+    /* TILES: one of k (per-pair tiles) and lanes is non-NULL */
+    const loom__qgemm_kernels *k;
+    const loom__qgemm_lanes *lanes;
+    bool prepared;   /* k's tile_prepared, rows prepared in each thread's scratch */
+    size_t x_stride; /* bytes between prepared units */
+    int64_t step;    /* tokens per kernel call */
+    int64_t n_units; /* prepared units */
+    int64_t t_block; /* where prepared: tokens per block of them */
+    /* memory */
+    size_t scratch_floats; /* per thread */
+    size_t act_bytes;
+} mm_plan;
+
+static int64_t mmq_rows_per_group(size_t w_row) {
+    int64_t rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));
+    if (rb < 1) rb = 1;
+    if (rb > MM_MAX_RB) rb = MM_MAX_RB;
+    return rb;
+}
+
+static loom_status mm_plan_tiles(mm_plan *pl, int64_t K, int64_t T, size_t w_row) {
+    const loom__qgemm_kernels *k = pl->k;
+    const loom__qgemm_lanes *lanes = pl->lanes;
+    pl->path = MM_PATH_TILES;
+    pl->prepared = !lanes && k->tile_prepared && T >= k->prepare_min_tokens(K);
+    pl->x_stride = lanes ? lanes->x8_bytes(K) : k->x_row_bytes(K);
+    pl->act_stride = (pl->act_row + MMQ_ROW_ALIGN - 1) / MMQ_ROW_ALIGN * MMQ_ROW_ALIGN;
+    pl->step = lanes ? lanes->width : pl->prepared ? k->prepared_tokens_per_call : MMT_TOKENS;
+    const int64_t U = lanes ? lanes->width : 1; /* tokens per prepared unit (mmt_unit) */
+    pl->n_units = (T + U - 1) / U;
+    LOOM_RETURN_IF(loom__mul_overflow_size(pl->x_stride, (size_t)pl->n_units, &pl->act_bytes),
+                   LOOM_ERR_INVALID_ARG, "matmul: %lld prepared activation rows overflow",
+                   (long long)T);
+    pl->rb = mmq_rows_per_group(w_row);
+    /* Scratch holds one unit's rounded activation rows while preparing, then a group of
+     * prepared weight rows where the kernels prepare them. */
+    size_t scratch_bytes = (size_t)U * pl->act_stride;
+    if (pl->prepared) {
+        const size_t group = (size_t)pl->rb * k->w_row_bytes(K);
+        if (group > scratch_bytes) scratch_bytes = group;
+        pl->t_block = pl->step * (int64_t)(MMT_BLOCK_BYTES / ((size_t)pl->step * pl->x_stride));
+        if (pl->t_block < pl->step) pl->t_block = pl->step;
+    }
+    pl->scratch_floats = (scratch_bytes + sizeof(float) - 1) / sizeof(float);
+    return LOOM_OK;
+}
+
+/* The plan of a matmul of x [T, K] (T >= 1) over weights of type w_type. */
+static loom_status mm_plan_make(bool f32_activations, loom_type w_type, int64_t K, int64_t T,
+                                mm_plan *pl) {
+    memset(pl, 0, sizeof *pl);
+    if (f32_activations || w_type == LOOM_TYPE_F32) {
+        pl->path = MM_PATH_F32;
+        pl->rb = mm_rows_per_group(K);
+        if (w_type != LOOM_TYPE_F32) pl->scratch_floats = (size_t)(pl->rb * K);
+        return LOOM_OK;
+    }
+    size_t w_row;
+    LOOM_RETURN_IF(!loom__vec_dot_type(w_type, &pl->act_type), LOOM_ERR_UNSUPPORTED,
+                   "matmul: no activation format for weights of type %s", loom__type_name(w_type));
+    /* K is a whole number of w's blocks, hence of the activation format's (32 or 256, or 1). */
+    LOOM_RETURN_IF(!loom__type_row_bytes(pl->act_type, K, &pl->act_row) ||
+                       !loom__type_row_bytes(w_type, K, &w_row),
+                   LOOM_ERR_INVALID_ARG, "matmul: K = %lld is not a whole number of %s blocks",
+                   (long long)K, loom__type_name(pl->act_type));
+    pl->lanes = loom__qgemm_lanes_get(w_type);
+    if (pl->lanes && T >= MML_MIN_TOKENS) return mm_plan_tiles(pl, K, T, w_row);
+    pl->lanes = NULL;
+    pl->k = loom__qgemm_get(w_type);
+    if (pl->k && T >= pl->k->min_tokens) return mm_plan_tiles(pl, K, T, w_row);
+    pl->k = NULL;
+
+    pl->path = MM_PATH_ROWS;
+    bool overflow = loom__add_overflow_size(pl->act_row, MMQ_ROW_ALIGN - 1, &pl->act_stride);
+    pl->act_stride -= pl->act_stride % MMQ_ROW_ALIGN;
+    overflow = overflow || loom__mul_overflow_size(pl->act_stride, (size_t)T, &pl->act_bytes);
+    LOOM_RETURN_IF(overflow, LOOM_ERR_INVALID_ARG, "matmul: %lld rounded activation rows overflow",
+                   (long long)T);
+    pl->rb = mmq_rows_per_group(w_row);
+    return LOOM_OK;
+}
+
+loom_status loom__cpu_matmul_need(bool f32_activations, loom_type w_type, int64_t K, int64_t T,
+                                  size_t *scratch_floats, size_t *act_bytes) {
+    mm_plan pl;
+    LOOM_TRY(mm_plan_make(f32_activations, w_type, K, T, &pl));
+    *scratch_floats = pl.scratch_floats;
+    *act_bytes = pl.act_bytes;
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Runs                                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static loom_status mm_run_f32(loom__cpu_ctx *c, const loom_tensor *w, const loom_tensor *x,
+                              loom_tensor *out, const mm_plan *pl) {
+    mm_task task = {.c = c, .w = w, .x = x, .out = out, .rb = pl->rb};
+    if (pl->scratch_floats > 0) LOOM_TRY(loom__cpu_reserve_scratch(c, pl->scratch_floats));
+    LOOM_TRY(mm_share(c, (w->ne[1] + task.rb - 1) / task.rb));
+    loom__threadpool_run(c->tp, mm_worker, &task);
+    return LOOM_OK;
+}
+
 static loom_status mm_run_tiles(loom__cpu_ctx *c, mm_set *set, const loom_tensor *x,
-                                const loom__qgemm_kernels *k, const loom__qgemm_lanes *lanes,
-                                uint32_t act_type, size_t act_row, size_t w_row) {
-    const int64_t K = x->ne[0], T = x->ne[1];
-    const bool prepared = !lanes && k->tile_prepared && T >= k->prepare_min_tokens(K);
+                                const mm_plan *pl) {
+    const int64_t T = x->ne[1];
     mmt_task task = {.set = set,
                      .x = x,
                      .c = c,
-                     .k = lanes ? NULL : k,
-                     .prepared = prepared,
-                     .lanes = lanes,
-                     .quant = loom__quantize_activations_get(act_type),
-                     .x_stride = lanes ? lanes->x8_bytes(K) : k->x_row_bytes(K),
-                     .act_stride = (act_row + MMQ_ROW_ALIGN - 1) / MMQ_ROW_ALIGN * MMQ_ROW_ALIGN,
-                     .step = lanes      ? lanes->width
-                             : prepared ? k->prepared_tokens_per_call
-                                        : MMT_TOKENS};
+                     .k = pl->lanes ? NULL : pl->k,
+                     .prepared = pl->prepared,
+                     .lanes = pl->lanes,
+                     .quant = loom__quantize_activations_get(pl->act_type),
+                     .x_stride = pl->x_stride,
+                     .act_stride = pl->act_stride,
+                     .step = pl->step,
+                     .rb = pl->rb,
+                     .t_block = pl->t_block};
     assert(task.quant && "every activation format has a quantizer");
-    const int64_t U = mmt_unit(&task), n_units = (T + U - 1) / U;
-    size_t total;
-    LOOM_RETURN_IF(loom__mul_overflow_size(task.x_stride, (size_t)n_units, &total),
-                   LOOM_ERR_INVALID_ARG, "matmul: %lld prepared activation rows overflow",
-                   (long long)T);
-    LOOM_TRY(loom__cpu_reserve_act(c, total));
+    LOOM_TRY(loom__cpu_reserve_act(c, pl->act_bytes));
     task.xp = c->act;
-    task.rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));
-    if (task.rb < 1) task.rb = 1;
-    if (task.rb > MM_MAX_RB) task.rb = MM_MAX_RB;
-    /* Scratch holds one unit's rounded activation rows while preparing, then a group of
-     * prepared weight rows where the kernels prepare them. */
-    size_t scratch_bytes = (size_t)U * task.act_stride;
-    if (prepared) {
-        const size_t group = (size_t)task.rb * task.k->w_row_bytes(K);
-        if (group > scratch_bytes) scratch_bytes = group;
-        task.t_block = task.step * (int64_t)(MMT_BLOCK_BYTES / ((size_t)task.step * task.x_stride));
-        if (task.t_block < task.step) task.t_block = task.step;
-    }
-    LOOM_TRY(loom__cpu_reserve_scratch(c, scratch_bytes / sizeof(float)));
-    if (n_units == 1)
+    LOOM_TRY(loom__cpu_reserve_scratch(c, pl->scratch_floats));
+    if (pl->n_units == 1)
         mmt_prepare_worker(&task, 0, 1); /* one unit: not worth waking the pool */
     else
         loom__threadpool_run(c->tp, mmt_prepare_worker, &task);
@@ -335,48 +432,25 @@ static loom_status mm_run_tiles(loom__cpu_ctx *c, mm_set *set, const loom_tensor
 }
 
 /* The set's weights are all of one type (so of one activation format and one path). */
-static loom_status mm_run_quant(loom__cpu_ctx *c, mm_set *set, const loom_tensor *x) {
-    const loom_tensor *w = set->w[0];
-    const int64_t K = w->ne[0], T = x->ne[1];
-    uint32_t act_type;
-    size_t act_row, w_row, stride, total;
-    LOOM_RETURN_IF(!loom__vec_dot_type(w->type, &act_type), LOOM_ERR_UNSUPPORTED,
-                   "matmul: no activation format for weights of type %s", loom__type_name(w->type));
-    /* K is a whole number of w's blocks, hence of the activation format's (32 or 256, or 1). */
-    LOOM_RETURN_IF(!loom__type_row_bytes(act_type, K, &act_row) ||
-                       !loom__type_row_bytes(w->type, K, &w_row),
-                   LOOM_ERR_INVALID_ARG, "matmul: K = %lld is not a whole number of %s blocks",
-                   (long long)K, loom__type_name(act_type));
-    const loom__qgemm_lanes *lanes = loom__qgemm_lanes_get(w->type);
-    if (lanes && T >= MML_MIN_TOKENS)
-        return mm_run_tiles(c, set, x, NULL, lanes, act_type, act_row, w_row);
-    const loom__qgemm_kernels *k = loom__qgemm_get(w->type);
-    if (k && T >= k->min_tokens) return mm_run_tiles(c, set, x, k, NULL, act_type, act_row, w_row);
-
-    bool overflow = loom__add_overflow_size(act_row, MMQ_ROW_ALIGN - 1, &stride);
-    stride -= stride % MMQ_ROW_ALIGN;
-    overflow = overflow || loom__mul_overflow_size(stride, (size_t)T, &total);
-    LOOM_RETURN_IF(overflow, LOOM_ERR_INVALID_ARG, "matmul: %lld rounded activation rows overflow",
-                   (long long)T);
-    LOOM_TRY(loom__cpu_reserve_act(c, total));
-
-    int64_t rb = (int64_t)(MMQ_GROUP_BYTES / (w_row ? w_row : 1));
-    if (rb < 1) rb = 1;
-    if (rb > MM_MAX_RB) rb = MM_MAX_RB;
+static loom_status mm_run_quant(loom__cpu_ctx *c, mm_set *set, const loom_tensor *x,
+                                const mm_plan *pl) {
+    if (pl->path == MM_PATH_TILES) return mm_run_tiles(c, set, x, pl);
+    const int64_t T = x->ne[1];
+    LOOM_TRY(loom__cpu_reserve_act(c, pl->act_bytes));
     mmq_task task = {.share = c->share,
                      .set = set,
                      .x = x,
-                     .quant = loom__quantize_activations_get(act_type),
-                     .dot = loom__vec_dot_q_get(w->type),
+                     .quant = loom__quantize_activations_get(pl->act_type),
+                     .dot = loom__vec_dot_q_get(set->w[0]->type),
                      .act = c->act,
-                     .act_stride = stride,
-                     .rb = rb};
+                     .act_stride = pl->act_stride,
+                     .rb = pl->rb};
     assert(task.quant && task.dot && "every activation format has kernels");
     if (T == 1)
         mmq_quant_worker(&task, 0, 1); /* one row: not worth waking the pool */
     else
         loom__threadpool_run(c->tp, mmq_quant_worker, &task);
-    LOOM_TRY(mm_set_share(c, set, 1, rb));
+    LOOM_TRY(mm_set_share(c, set, 1, pl->rb));
     loom__threadpool_run(c->tp, mmq_worker, &task);
     return LOOM_OK;
 }
@@ -409,9 +483,11 @@ loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor 
     LOOM_TRY(mm_check(w, x, out));
     if (x->ne[1] == 0) return LOOM_OK;
 
-    if (c->f32_activations || w->type == LOOM_TYPE_F32) return mm_run_f32(c, w, x, out);
+    mm_plan pl;
+    LOOM_TRY(mm_plan_make(c->f32_activations, w->type, w->ne[0], x->ne[1], &pl));
+    if (pl.path == MM_PATH_F32) return mm_run_f32(c, w, x, out, &pl);
     mm_set set = {.n = 1, .w = {w}, .out = {out}};
-    return mm_run_quant(c, &set, x);
+    return mm_run_quant(c, &set, x, &pl);
 }
 
 /* Weights of one type run as one set: x rounded and prepared once, one parallel run over all
@@ -444,10 +520,12 @@ loom_status loom__cpu_matmul_multi(void *ctx, int n, const loom_tensor *const *w
         for (int j = 0; j < n; j++) LOOM_TRY(loom__cpu_matmul(ctx, ws[j], x, outs[j]));
         return LOOM_OK;
     }
+    mm_plan pl;
+    LOOM_TRY(mm_plan_make(false, ws[0]->type, x->ne[0], x->ne[1], &pl));
     mm_set set = {.n = n};
     for (int j = 0; j < n; j++) {
         set.w[j] = ws[j];
         set.out[j] = outs[j];
     }
-    return mm_run_quant(c, &set, x);
+    return mm_run_quant(c, &set, x, &pl);
 }

@@ -63,9 +63,46 @@ void loom__cpu_rope_tables_free(loom__cpu_rope_tables *rt) {
     free(rt);
 }
 
+size_t loom__cpu_rope_tables_bytes(int64_t n_pos, int n_rot) {
+    if (n_pos <= 0 || n_rot < 2) return 0;
+    const size_t half = (size_t)(n_rot / 2);
+    return ROPE_TABLES * ((size_t)n_pos * sizeof(int32_t) + 2 * (size_t)n_pos * half * sizeof(float));
+}
+
+loom_status loom__cpu_rope_tables_create(int64_t n_pos, int n_rot, loom__cpu_rope_tables **out) {
+    loom__cpu_rope_tables *rt = calloc(1, sizeof *rt);
+    LOOM_RETURN_IF(rt == NULL, LOOM_ERR_OUT_OF_MEMORY, "rope: out of memory");
+    const size_t half = n_rot >= 2 ? (size_t)(n_rot / 2) : 0;
+    if (n_pos > 0 && half > 0 && n_rot <= ROPE_MAX_ROT) {
+        size_t need;
+        if (loom__mul_overflow_size((size_t)n_pos, half, &need) || need > SIZE_MAX / sizeof(float)) {
+            free(rt);
+            return loom__fail(LOOM_ERR_INVALID_ARG, "rope: a table of %lld x %zu overflows",
+                              (long long)n_pos, half);
+        }
+        for (int i = 0; i < ROPE_TABLES; i++) {
+            struct rope_table *t = &rt->t[i];
+            t->pos = malloc((size_t)n_pos * sizeof(int32_t));
+            t->cs = malloc(need * sizeof(float));
+            t->sn = malloc(need * sizeof(float));
+            if (t->pos == NULL || t->cs == NULL || t->sn == NULL) {
+                loom__cpu_rope_tables_free(rt);
+                return loom__fail(LOOM_ERR_OUT_OF_MEMORY,
+                                  "rope: out of memory for tables of %lld positions",
+                                  (long long)n_pos);
+            }
+            t->pos_cap = (size_t)n_pos;
+            t->cap = need;
+            /* no key yet: n_rot 0 matches nothing */
+        }
+    }
+    *out = rt;
+    return LOOM_OK;
+}
+
 static bool table_matches(const struct rope_table *t, const loom_rope_params *p, const int32_t *pos,
                           int64_t n) {
-    if (t->cs == NULL || t->n_rot != p->n_rot || t->theta_base != p->theta_base ||
+    if (t->n_pos == 0 || t->n_rot != p->n_rot || t->theta_base != p->theta_base ||
         t->freq_scale != p->freq_scale || t->has_factors != (p->freq_factors != NULL) ||
         t->n_pos != n)
         return false;
@@ -98,10 +135,7 @@ static void table_worker(void *arg, int ith, int nth) {
 /* The table for (p, pos[0..n)): found, or computed into the least recently used slot. */
 static loom_status rope_table_get(loom__cpu_ctx *c, const loom_rope_params *p, const int32_t *pos,
                                   int64_t n, const struct rope_table **out) {
-    if (c->rope == NULL) {
-        c->rope = calloc(1, sizeof *c->rope);
-        LOOM_RETURN_IF(c->rope == NULL, LOOM_ERR_OUT_OF_MEMORY, "rope: out of memory");
-    }
+    if (c->rope == NULL) LOOM_TRY(loom__cpu_rope_tables_create(0, 0, &c->rope));
     loom__cpu_rope_tables *rt = c->rope;
     rt->clock++;
     struct rope_table *t = &rt->t[0];
@@ -124,6 +158,7 @@ static loom_status rope_table_get(loom__cpu_ctx *c, const loom_rope_params *p, c
         int32_t *np = malloc((size_t)n * sizeof(int32_t));
         LOOM_RETURN_IF(np == NULL, LOOM_ERR_OUT_OF_MEMORY, "rope: out of memory for %lld positions",
                        (long long)n);
+        if (t->pos != NULL) c->n_grows++;
         free(t->pos);
         t->pos = np;
         t->pos_cap = (size_t)n;
@@ -137,6 +172,7 @@ static loom_status rope_table_get(loom__cpu_ctx *c, const loom_rope_params *p, c
             return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "rope: out of memory for a %lld x %d table",
                               (long long)n, half);
         }
+        if (t->cs != NULL) c->n_grows++;
         free(t->cs);
         free(t->sn);
         t->cs = ncs;

@@ -1,4 +1,5 @@
-/* api_internal.h — what the public-API files share among themselves. */
+/* session.h — what the public API's files (api/generate.c) and the test tools reach of a
+ * loom_session beyond loom.h. */
 #pragma once
 
 #include "loom.h"

@@ -1,30 +1,33 @@
-/* session.c — loom_session: one sequence over a model, its paged KV cache (simple block
- * allocator), its forward workspace, and its logits. */
+/* session.c — loom_session: one sequence over a model, run on the engine's machinery: the KV
+ * manager (one sequence, no prefix cache) and the KV storage with its one descriptor builder
+ * (kv_storage.h), an execution context of its own (forward.h), and its logits.
+ *
+ * A decode call reserves all its tokens in the manager at once, runs them in chunks of at most
+ * n_batch (each chunk's descriptor covers its part of the reservation), and commits once at
+ * the end; a failure rolls the reservation back, so the session is exactly as it was before
+ * the call. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/session.h"
 #include "core/status.h"
-#include "kv/kv_pool.h"
-#include "api/api_internal.h"
+#include "engine/kv_storage.h"
+#include "kv/kv_manager.h"
 #include "model/forward.h"
 
 struct loom_session {
     loom_model *model;
     loom_session_params params;
-    loom__forward_ws ws;
+    loom__exec exec;
+    loom__kv *kv;
+    loom__kv_storage store;
+    int32_t seq; /* the manager's sequence; -1 before the first decode and after a reset */
 
-    loom__kv_pool pool;
-    loom__kv_seq seq;
-    loom_buffer *kv_buf;    /* K then V pools of every layer */
-    void **k_base;          /* [n_layer] */
-    void **v_base;          /* [n_layer] */
-    size_t token_stride, block_stride;
-
-    int32_t *pos;           /* [n_batch] scratch positions */
-    int32_t *rows;          /* [n_batch] scratch logit row indices */
-    float *logits;          /* [logits_cap] host logits of the last decode */
-    size_t logits_cap;      /* floats */
-    int32_t n_logit_rows;   /* rows held by logits */
+    int32_t *pos;            /* [n_batch] scratch positions */
+    int32_t *rows;           /* [n_batch] scratch logit row indices */
+    float *logits;           /* [logits_cap] host logits of the last decode */
+    size_t logits_cap;       /* floats */
+    int32_t n_logit_rows;    /* rows held by logits */
     int32_t first_logit_row; /* decode row index of logits row 0 */
 
     /* The forward pass's layer hook while loom_generate traces (NULL otherwise). */
@@ -43,27 +46,40 @@ loom_session_params loom_session_default_params(void) {
     return p;
 }
 
-static loom_status alloc_kv(loom_session *s) {
+static loom_type kv_type_of(const loom_session_params *p) {
+    return p->kv_f32 ? LOOM_TYPE_F32 : LOOM_TYPE_F16;
+}
+
+/* The manager and the pools: every group holds a whole context (ceil(n_ctx / block_size)
+ * blocks), so a reservation never waits for a sliding window's releases. */
+static loom_status create_kv(loom_session *s) {
     const loom_model *m = s->model;
-    const loom_backend_ops *ops = m->backend->ops;
-    int32_t bs = s->params.block_size;
-    int32_t n_blocks = (s->params.n_ctx + bs - 1) / bs;
-    size_t elt = s->params.kv_f32 ? 4 : 2;
-    s->token_stride = (size_t)m->cfg.n_head_kv * (size_t)m->cfg.head_dim * elt;
-    s->block_stride = s->token_stride * (size_t)bs;
-    size_t layer_bytes = s->block_stride * (size_t)n_blocks;
-    size_t total = layer_bytes * 2 * (size_t)m->cfg.n_layer;
-    LOOM_TRY(loom__kv_pool_init(&s->pool, n_blocks));
-    LOOM_TRY(ops->buffer_alloc(m->backend->ctx, total, &s->kv_buf));
-    s->k_base = calloc((size_t)m->cfg.n_layer, sizeof *s->k_base);
-    s->v_base = calloc((size_t)m->cfg.n_layer, sizeof *s->v_base);
-    LOOM_RETURN_IF(!s->k_base || !s->v_base, LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
-    char *base = ops->buffer_base(m->backend->ctx, s->kv_buf);
-    for (int32_t il = 0; il < m->cfg.n_layer; il++) {
-        s->k_base[il] = base + (size_t)(2 * il) * layer_bytes;
-        s->v_base[il] = base + (size_t)(2 * il + 1) * layer_bytes;
+    const int32_t bs = s->params.block_size, n_groups = m->cfg.n_kv_groups;
+    const int32_t n_blocks = (s->params.n_ctx + bs - 1) / bs;
+    loom__kv_group_params groups[LOOM_MAX_KV_GROUPS];
+    int32_t group_blocks[LOOM_MAX_KV_GROUPS];
+    for (int32_t g = 0; g < n_groups; g++) {
+        groups[g].n_blocks = group_blocks[g] = n_blocks;
+        groups[g].window = m->cfg.kv_group_window[g];
     }
-    return LOOM_OK;
+    loom__kv_params kp = loom__kv_default_params();
+    kp.block_size = bs;
+    kp.n_groups = n_groups;
+    kp.groups = groups;
+    kp.max_seqs = 1;
+    kp.max_seq_len = s->params.n_ctx;
+    kp.prefix_caching = false;
+    kp.watermark = 0.0f;
+    LOOM_TRY(loom__kv_create(&kp, &s->kv));
+    loom__kv_storage_params sp = {
+        .kv_type = kv_type_of(&s->params),
+        .block_size = bs,
+        .group_blocks = group_blocks,
+        .max_seqs = 1,
+        .block_cap = loom__kv_desc_block_cap(s->kv, 1),
+        .max_copy_blocks = 0, /* one sequence, never shared: no copy-on-write, no swap */
+    };
+    return loom__kv_storage_create(m, &sp, &s->store);
 }
 
 loom_status loom_session_create(loom_model *model, const loom_session_params *params,
@@ -83,13 +99,22 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
     LOOM_RETURN_IF(p.block_size < 1 || p.block_size > 4096, LOOM_ERR_INVALID_ARG,
                    "session: block_size %d out of range", p.block_size);
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    if (p.kv_f32) LOOM_TRY(loom__model_check_support(model, LOOM_TYPE_F32));
 
     loom_session *s = calloc(1, sizeof *s);
     LOOM_RETURN_IF(!s, LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
     s->model = model;
     s->params = p;
-    loom_status st = alloc_kv(s);
-    if (st == LOOM_OK) st = loom__forward_ws_create(model, p.n_batch, &s->ws);
+    s->seq = -1;
+    loom__exec_shape es = {
+        .max_tokens = p.n_batch,
+        .max_seqs = 1,
+        .max_ctx = p.n_ctx,
+        .block_size = p.block_size,
+        .kv_type = kv_type_of(&p),
+    };
+    loom_status st = loom__exec_create(model, &es, &s->exec);
+    if (st == LOOM_OK) st = create_kv(s);
     if (st == LOOM_OK) {
         s->pos = malloc((size_t)p.n_batch * sizeof *s->pos);
         s->rows = malloc((size_t)p.n_batch * sizeof *s->rows);
@@ -109,13 +134,9 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
 
 void loom_session_free(loom_session *s) {
     if (!s) return;
-    const loom_model *m = s->model;
-    loom__forward_ws_destroy(m, &s->ws);
-    if (s->kv_buf) m->backend->ops->buffer_free(m->backend->ctx, s->kv_buf);
-    loom__kv_seq_destroy(&s->seq);
-    loom__kv_pool_destroy(&s->pool);
-    free(s->k_base);
-    free(s->v_base);
+    loom__kv_destroy(s->kv);
+    loom__kv_storage_destroy(&s->store);
+    loom__exec_destroy(s->model, &s->exec);
     free(s->pos);
     free(s->rows);
     free(s->logits);
@@ -124,46 +145,30 @@ void loom_session_free(loom_session *s) {
 
 void loom_session_reset(loom_session *s) {
     if (!s) return;
-    loom__kv_seq_clear(&s->seq, &s->pool);
+    if (s->seq >= 0) (void)loom__kv_seq_free(s->kv, s->seq);
+    s->seq = -1;
     s->n_logit_rows = 0;
 }
 
-int32_t loom_session_n_past(const loom_session *s) { return s ? s->seq.n_pos : 0; }
+int32_t loom_session_n_past(const loom_session *s) {
+    if (!s || s->seq < 0) return 0;
+    loom__kv_seq_info info;
+    return loom__kv_seq_get_info(s->kv, s->seq, &info) == LOOM_OK ? info.n_pos : 0;
+}
 
-/* Runs one chunk of at most n_batch tokens of the single sequence. */
+/* Which logits a chunk keeps. */
 typedef enum { WANT_NONE, WANT_LAST, WANT_ALL } logits_want;
 
-static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32_t n,
-                                logits_want want, float *logits_out, int32_t stop_after) {
-    int32_t p0 = s->seq.n_pos;
-    LOOM_TRY(loom__kv_seq_reserve(&s->seq, &s->pool, p0 + n, s->params.block_size));
+/* Runs rows [done, done + n) of the pending reservation, which started at position p0. */
+static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32_t p0,
+                                int32_t done, int32_t n, logits_want want, float *logits_out,
+                                int32_t stop_after) {
     for (int32_t i = 0; i < n; i++) {
-        s->pos[i] = p0 + i;
+        s->pos[i] = p0 + done + i;
         s->rows[i] = i;
     }
-    int32_t indptr[2] = {0, s->seq.n_blocks};
-    int32_t q_start[2] = {0, n};
-    int32_t kv_len = p0 + n;
-    const loom_model *m = s->model;
-    loom_kv_desc kv = {
-        .n_seqs = 1,
-        .indptr = indptr,
-        .block_ids = s->seq.blocks,
-        .q_start = q_start,
-        .pos_start = &p0,
-        .kv_len = &kv_len,
-        .block_size = s->params.block_size,
-        .n_blocks = s->pool.n_blocks,
-        .n_kv_heads = m->cfg.n_head_kv,
-        .head_dim = m->cfg.head_dim,
-        .kv_type = s->params.kv_f32 ? LOOM_TYPE_F32 : LOOM_TYPE_F16,
-        .token_stride = s->token_stride,
-        .block_stride = s->block_stride,
-        .n_layers = m->cfg.n_layer,
-        .k_base = s->k_base,
-        .v_base = s->v_base,
-        .layer_src = NULL,
-    };
+    loom_kv_desc kv[LOOM_MAX_KV_GROUPS];
+    LOOM_TRY(loom__kv_storage_descs(&s->store, s->kv, 1, &s->seq, &n, &done, kv));
     loom__batch b = {
         .tokens = tokens,
         .pos = s->pos,
@@ -176,12 +181,27 @@ static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32
         .hook_user = s->hook_user,
         .hook_every = s->hook_every,
     };
-    /* The simple allocator gives every layer the same blocks: one table serves every group. */
-    loom_kv_desc kvs[LOOM_MAX_KV_GROUPS];
-    for (int32_t g = 0; g < m->cfg.n_kv_groups; g++) kvs[g] = kv;
-    LOOM_TRY(loom__model_forward(m, &s->ws, &b, kvs, logits_out));
-    s->seq.n_pos = p0 + n;
-    return LOOM_OK;
+    return loom__model_forward(s->model, &s->exec, &b, kv, logits_out);
+}
+
+/* Reserves n positions after what the sequence holds (admitting it on the first decode). */
+static loom_status reserve(loom_session *s, const loom_token *tokens, int32_t n, int32_t *p0) {
+    if (s->seq < 0) {
+        int32_t cached = 0;
+        LOOM_TRY(loom__kv_seq_admit(s->kv, 0, tokens, n, &s->seq, &cached));
+    }
+    *p0 = loom_session_n_past(s);
+    int32_t n_copies = 0;
+    loom__kv_copy copies[LOOM_MAX_KV_GROUPS];
+    loom_status st = loom__kv_reserve(s->kv, s->seq, n, tokens, copies, LOOM_MAX_KV_GROUPS,
+                                      &n_copies);
+    if (st == LOOM_OK && n_copies > 0) {
+        /* Never with one unshared sequence and no prefix cache. */
+        (void)loom__kv_rollback(s->kv, s->seq);
+        st = loom__fail(LOOM_ERR_INTERNAL, "session: a copy-on-write on an unshared sequence");
+    }
+    if (st != LOOM_OK && *p0 == 0) loom_session_reset(s);
+    return st;
 }
 
 static loom_status check_tokens(const loom_session *s, const loom_token *tokens, int32_t n) {
@@ -200,8 +220,9 @@ loom_status loom_session_decode(loom_session *s, const loom_token *tokens, int32
     LOOM_CHECK_ARG(s != NULL && tokens != NULL && n > 0);
     LOOM_TRY(check_tokens(s, tokens, n));
     const int32_t n_vocab = s->model->cfg.n_vocab;
-    LOOM_RETURN_IF((int64_t)s->seq.n_pos + n > s->params.n_ctx, LOOM_ERR_CONTEXT_FULL,
-                   "decode: %d positions held + %d new exceed n_ctx %d", s->seq.n_pos, n,
+    const int32_t n_past = loom_session_n_past(s);
+    LOOM_RETURN_IF((int64_t)n_past + n > s->params.n_ctx, LOOM_ERR_CONTEXT_FULL,
+                   "decode: %d positions held + %d new exceed n_ctx %d", n_past, n,
                    s->params.n_ctx);
 
     size_t rows = all_logits ? (size_t)n : 1;
@@ -213,19 +234,22 @@ loom_status loom_session_decode(loom_session *s, const loom_token *tokens, int32
         s->logits_cap = rows * (size_t)n_vocab;
     }
     s->n_logit_rows = 0;
-    int32_t start_pos = s->seq.n_pos;
-    for (int32_t done = 0; done < n; done += s->params.n_batch) {
+    int32_t p0 = 0;
+    LOOM_TRY(reserve(s, tokens, n, &p0));
+    loom_status st = LOOM_OK;
+    for (int32_t done = 0; done < n && st == LOOM_OK; done += s->params.n_batch) {
         int32_t c = n - done < s->params.n_batch ? n - done : s->params.n_batch;
         logits_want want = all_logits ? WANT_ALL : done + c == n ? WANT_LAST : WANT_NONE;
         float *dst = all_logits ? s->logits + (size_t)done * n_vocab : s->logits;
-        loom_status st = decode_chunk(s, tokens + done, c, want, dst, 0);
-        if (st != LOOM_OK) {
-            /* Roll back to the state before this call: positions are only committed per chunk,
-             * so forget the chunks this call added. */
-            s->seq.n_pos = start_pos;
-            return st;
-        }
+        st = decode_chunk(s, tokens + done, p0, done, c, want, dst, 0);
     }
+    if (st != LOOM_OK) {
+        /* Back to the state before this call. */
+        (void)loom__kv_rollback(s->kv, s->seq);
+        if (p0 == 0) loom_session_reset(s);
+        return st;
+    }
+    LOOM_TRY(loom__kv_commit(s->kv, s->seq));
     s->n_logit_rows = (int32_t)rows;
     s->first_logit_row = all_logits ? 0 : n - 1;
     return LOOM_OK;
@@ -239,9 +263,13 @@ const float *loom_session_logits(const loom_session *s, int32_t i) {
     return s->logits + (size_t)(i - s->first_logit_row) * (size_t)s->model->cfg.n_vocab;
 }
 
-const loom_model *loom__session_model(const loom_session *s) { return s->model; }
+const loom_model *loom__session_model(const loom_session *s) {
+    return s->model;
+}
 
-int32_t loom__session_n_ctx(const loom_session *s) { return s->params.n_ctx; }
+int32_t loom__session_n_ctx(const loom_session *s) {
+    return s->params.n_ctx;
+}
 
 void loom__session_set_layer_hook(loom_session *s,
                                   void (*on_layers)(void *user, int32_t first, int32_t last),
@@ -258,7 +286,9 @@ loom_status loom__session_hidden(loom_session *s, const loom_token *tokens, int3
     LOOM_CHECK_ARG(n_layers > 0 && n_layers <= s->model->cfg.n_layer);
     LOOM_TRY(check_tokens(s, tokens, n));
     loom_session_reset(s);
-    loom_status st = decode_chunk(s, tokens, n, WANT_NONE, out, n_layers);
+    int32_t p0 = 0;
+    LOOM_TRY(reserve(s, tokens, n, &p0));
+    loom_status st = decode_chunk(s, tokens, p0, 0, n, WANT_NONE, out, n_layers);
     loom_session_reset(s); /* the cache holds only some layers: never continue from it */
     return st;
 }

@@ -1,0 +1,234 @@
+/* kv_storage.c — the pools, the descriptor builder and the batched block copies
+ * (kv_storage.h). */
+#include "engine/kv_storage.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/checked.h"
+#include "core/status.h"
+#include "kv/kv_desc.h"
+
+static bool is_source(const loom_model *m, int32_t il) {
+    return m->cfg.layers[il].kv_src == il;
+}
+
+size_t loom__kv_storage_block_bytes(const loom_model *m, loom_type kv_type, int32_t block_size,
+                                    int32_t g) {
+    const loom__model_config *c = &m->cfg;
+    size_t layers = 0;
+    for (int32_t il = 0; il < c->n_layer; il++)
+        layers += c->layers[il].kv_group == g && is_source(m, il);
+    return layers * 2 * (size_t)block_size * (size_t)c->n_head_kv * (size_t)c->head_dim *
+           loom__kv_elt_bytes(kv_type);
+}
+
+/* ---- create and destroy -------------------------------------------------------------------- */
+
+void loom__kv_storage_destroy(loom__kv_storage *st) {
+    if (st == NULL || st->model == NULL) return;
+    const loom__backend *be = st->model->backend;
+    if (st->buf) be->ops->buffer_free(be->dev, st->buf);
+    for (int32_t g = 0; g < LOOM_MAX_KV_GROUPS; g++) {
+        be->ops->host_free(be->dev, st->indptr[g]);
+        be->ops->host_free(be->dev, st->block_ids[g]);
+    }
+    be->ops->host_free(be->dev, st->q_start);
+    be->ops->host_free(be->dev, st->pos_start);
+    be->ops->host_free(be->dev, st->kv_len);
+    free(st->k_base);
+    free(st->v_base);
+    free(st->layer_src);
+    free(st->ranges);
+    memset(st, 0, sizeof *st);
+}
+
+/* n int32 of pinned host memory at *out. */
+static loom_status host_ints(const loom__backend *be, size_t n, int32_t **out) {
+    void *p = NULL;
+    LOOM_TRY(be->ops->host_alloc(be->dev, n * sizeof(int32_t), &p));
+    *out = p;
+    return LOOM_OK;
+}
+
+static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
+                          loom__kv_storage *st) {
+    const loom__model_config *c = &m->cfg;
+    const loom__backend *be = m->backend;
+    const size_t elt = loom__kv_elt_bytes(p->kv_type);
+    LOOM_RETURN_IF(p->kv_type != LOOM_TYPE_F16 && p->kv_type != LOOM_TYPE_F32,
+                   LOOM_ERR_INVALID_ARG, "kv storage: pages of %d (f16 or f32)", (int)p->kv_type);
+    LOOM_RETURN_IF(p->block_size < 1 || p->max_seqs < 1 || p->block_cap < 0 ||
+                       p->max_copy_blocks < 0 || p->group_blocks == NULL,
+                   LOOM_ERR_INVALID_ARG, "kv storage: bad sizes");
+    st->kv_type = p->kv_type;
+    st->block_size = p->block_size;
+    st->n_groups = c->n_kv_groups;
+    st->n_layers = c->n_layer;
+    st->token_stride = (size_t)c->n_head_kv * (size_t)c->head_dim * elt;
+    st->block_stride = st->token_stride * (size_t)p->block_size;
+    for (int32_t g = 0; g < st->n_groups; g++) st->group_blocks[g] = p->group_blocks[g];
+
+    /* Pools: every source layer's K then V, each of its group's size. */
+    size_t total = 0;
+    for (int32_t il = 0; il < c->n_layer; il++) {
+        if (!is_source(m, il)) continue;
+        size_t layer_bytes;
+        LOOM_RETURN_IF(loom__mul_overflow_size(st->block_stride,
+                                               (size_t)st->group_blocks[c->layers[il].kv_group],
+                                               &layer_bytes) ||
+                           loom__add_overflow_size(total, 2 * layer_bytes, &total),
+                       LOOM_ERR_OUT_OF_MEMORY, "kv storage: the pools' size overflows");
+    }
+    LOOM_TRY(be->ops->buffer_alloc(be->dev, total, &st->buf));
+    st->k_base = calloc((size_t)c->n_layer, sizeof *st->k_base);
+    st->v_base = calloc((size_t)c->n_layer, sizeof *st->v_base);
+    st->layer_src = calloc((size_t)c->n_layer, sizeof *st->layer_src);
+    LOOM_RETURN_IF(!st->k_base || !st->v_base || !st->layer_src, LOOM_ERR_OUT_OF_MEMORY,
+                   "kv storage: out of memory");
+    char *at = be->ops->buffer_base(be->dev, st->buf);
+    for (int32_t il = 0; il < c->n_layer; il++) {
+        st->layer_src[il] = c->layers[il].kv_src;
+        if (!is_source(m, il)) continue;
+        size_t layer_bytes = st->block_stride * (size_t)st->group_blocks[c->layers[il].kv_group];
+        st->k_base[il] = at;
+        st->v_base[il] = at + layer_bytes;
+        at += 2 * layer_bytes;
+    }
+
+    /* The descriptors' arrays. */
+    st->max_seqs = p->max_seqs;
+    st->block_cap = p->block_cap;
+    const size_t S = (size_t)p->max_seqs;
+    for (int32_t g = 0; g < st->n_groups; g++) {
+        LOOM_TRY(host_ints(be, S + 1, &st->indptr[g]));
+        LOOM_TRY(host_ints(be, p->block_cap > 0 ? (size_t)p->block_cap : 1, &st->block_ids[g]));
+    }
+    LOOM_TRY(host_ints(be, S + 1, &st->q_start));
+    LOOM_TRY(host_ints(be, S + 1, &st->pos_start));
+    LOOM_TRY(host_ints(be, S + 1, &st->kv_len));
+
+    /* A block moves in 2 ranges per source layer of its group. */
+    size_t sources = 0;
+    for (int32_t il = 0; il < c->n_layer; il++) sources += is_source(m, il);
+    st->ranges_cap = (size_t)p->max_copy_blocks * 2 * sources;
+    st->ranges = malloc((st->ranges_cap ? st->ranges_cap : 1) * sizeof *st->ranges);
+    LOOM_RETURN_IF(!st->ranges, LOOM_ERR_OUT_OF_MEMORY, "kv storage: out of memory");
+    return LOOM_OK;
+}
+
+loom_status loom__kv_storage_create(const loom_model *m, const loom__kv_storage_params *p,
+                                    loom__kv_storage *st) {
+    LOOM_CHECK_ARG(m != NULL && p != NULL && st != NULL);
+    memset(st, 0, sizeof *st);
+    st->model = m;
+    loom_status s = create(m, p, st);
+    if (s != LOOM_OK) loom__kv_storage_destroy(st);
+    return s;
+}
+
+/* ---- descriptors --------------------------------------------------------------------------- */
+
+loom_status loom__kv_storage_descs(loom__kv_storage *st, const loom__kv *kv, int32_t n,
+                                   const int32_t *seqs, const int32_t *n_new, const int32_t *skip,
+                                   loom_kv_desc *out) {
+    LOOM_RETURN_IF(n < 0 || n > st->max_seqs, LOOM_ERR_INVALID_ARG,
+                   "kv storage: %d sequences in a step of at most %d", n, st->max_seqs);
+    const loom__model_config *c = &st->model->cfg;
+    for (int32_t g = 0; g < st->n_groups; g++)
+        LOOM_TRY(loom__kv_fill_desc(kv, g, n, seqs, skip ? NULL : n_new, st->indptr[g],
+                                    st->block_ids[g], st->block_cap, g == 0 ? st->q_start : NULL,
+                                    g == 0 ? st->pos_start : NULL, g == 0 ? st->kv_len : NULL));
+    if (skip != NULL) {
+        /* Part of each reservation: the rows from skip[b] on, n_new[b] of them. */
+        st->q_start[0] = 0;
+        for (int32_t b = 0; b < n; b++) {
+            const int32_t reserved = st->kv_len[b] - st->pos_start[b];
+            LOOM_RETURN_IF(skip[b] < 0 || n_new[b] < 0 || skip[b] + n_new[b] > reserved,
+                           LOOM_ERR_INVALID_ARG,
+                           "kv storage: sequence %d: rows %d .. %d of a reservation of %d",
+                           seqs[b], skip[b], skip[b] + n_new[b], reserved);
+            st->pos_start[b] += skip[b];
+            st->kv_len[b] = st->pos_start[b] + n_new[b];
+            st->q_start[b + 1] = st->q_start[b] + n_new[b];
+        }
+    }
+    for (int32_t g = 0; g < st->n_groups; g++) {
+        out[g] = (loom_kv_desc){
+            .n_seqs = n,
+            .indptr = st->indptr[g],
+            .block_ids = st->block_ids[g],
+            .q_start = st->q_start,
+            .pos_start = st->pos_start,
+            .kv_len = st->kv_len,
+            .block_size = st->block_size,
+            .n_blocks = st->group_blocks[g],
+            .n_kv_heads = c->n_head_kv,
+            .head_dim = c->head_dim,
+            .window = c->kv_group_window[g],
+            .kv_type = st->kv_type,
+            .layout = LOOM_KV_LAYOUT_NHD,
+            .token_stride = st->token_stride,
+            .block_stride = st->block_stride,
+            .n_layers = st->n_layers,
+            .k_base = st->k_base,
+            .v_base = st->v_base,
+            .layer_src = st->layer_src,
+            .scale_kind = LOOM_KV_SCALE_NONE,
+        };
+        loom_status s = loom__kv_desc_check(&out[g], st->q_start[n]);
+        if (s != LOOM_OK) {
+            loom__error_prefix("KV group %d", g);
+            return s;
+        }
+    }
+    return LOOM_OK;
+}
+
+/* ---- batched copies ------------------------------------------------------------------------ */
+
+loom_status loom__kv_storage_copy(loom__kv_storage *st, void *stream, loom_copy_kind kind,
+                                  int32_t n, const int32_t *groups, const int32_t *blocks,
+                                  const int32_t *dst, char *const *host) {
+    if (n == 0) return LOOM_OK;
+    const loom__model_config *c = &st->model->cfg;
+    size_t k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t g = groups[i];
+        LOOM_RETURN_IF(g < 0 || g >= st->n_groups || blocks[i] < 0 ||
+                           blocks[i] >= st->group_blocks[g] ||
+                           (kind == LOOM_COPY_DEVICE &&
+                            (dst[i] < 0 || dst[i] >= st->group_blocks[g])),
+                       LOOM_ERR_INVALID_ARG, "kv storage: copy %d: block %d of group %d", i,
+                       blocks[i], g);
+        const size_t off = (size_t)blocks[i] * st->block_stride;
+        char *slot = kind == LOOM_COPY_DEVICE ? NULL : host[i];
+        for (int32_t il = 0; il < c->n_layer; il++) {
+            if (c->layers[il].kv_group != g || !is_source(st->model, il)) continue;
+            LOOM_RETURN_IF(k + 2 > st->ranges_cap, LOOM_ERR_INVALID_ARG,
+                           "kv storage: a copy of more blocks than %zu ranges hold",
+                           st->ranges_cap);
+            for (int kv_i = 0; kv_i < 2; kv_i++) {
+                char *pool = kv_i == 0 ? st->k_base[il] : st->v_base[il];
+                loom_copy_range *r = &st->ranges[k++];
+                r->bytes = st->block_stride;
+                switch (kind) {
+                case LOOM_COPY_DEVICE:
+                    r->src = pool + off;
+                    r->dst = pool + (size_t)dst[i] * st->block_stride;
+                    break;
+                case LOOM_COPY_TO_HOST:
+                    r->src = pool + off;
+                    r->dst = slot;
+                    break;
+                case LOOM_COPY_FROM_HOST:
+                    r->src = slot;
+                    r->dst = pool + off;
+                    break;
+                }
+                if (slot != NULL) slot += st->block_stride;
+            }
+        }
+    }
+    return st->model->backend->ops->copy_batch(stream, kind, st->ranges, k);
+}

@@ -42,6 +42,9 @@ static void usage(FILE *f) {
                "              message\n"
                "  -n N        tokens to generate (default 128)\n"
                "  -t THREADS  compute threads (default: all cores)\n"
+               "  --backend B cpu, or a backend plugin's name (cuda); default auto: the best\n"
+               "              available (a plugin that finds a device, else the cpu)\n"
+               "  --device N  the backend's device index (default 0)\n"
                "  --numa MODE auto, off, distribute or isolate: where threads run and weights live\n"
                "              on machines with several memory nodes (default auto)\n"
                "  --no-mmap   copy the weights into memory (huge pages where the OS gives them)\n"
@@ -315,6 +318,10 @@ int main(int argc, char **argv) {
             mp.n_threads = (int)num_arg(argc, argv, &i);
         } else if (!strcmp(a, "--no-mmap")) {
             mp.use_mmap = false;
+        } else if (!strcmp(a, "--backend") && i + 1 < argc) {
+            mp.backend = argv[++i];
+        } else if (!strcmp(a, "--device")) {
+            mp.device = (int32_t)num_arg(argc, argv, &i);
         } else if (!strcmp(a, "--numa") && i + 1 < argc) {
             const char *mode = argv[++i];
             if (!strcmp(mode, "auto")) mp.numa = LOOM_NUMA_AUTO;

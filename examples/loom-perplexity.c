@@ -69,10 +69,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-f") && i + 1 < argc) file = argv[++i];
         else if (!strcmp(argv[i], "-c") && i + 1 < argc) n_ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-t") && i + 1 < argc) mp.n_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc) mp.backend = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) max_chunks = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: loom-perplexity -m MODEL -f FILE [-c CTX] [-t THREADS] "
-                            "[--chunks N]\n");
+                            "[--chunks N] [--backend NAME]\n");
             return 2;
         }
     }

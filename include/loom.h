@@ -191,6 +191,11 @@ typedef struct loom_model_info {
     const char *cpu_kernels; /* the CPU matmul kernels this process runs, chosen at the first
                                 use from what the CPU supports: "avx512", "avx2-vnni", "avx2"
                                 or "portable" (static string) */
+    const char *backend;      /* the backend computing ("cpu", "cuda", ...; owned by the model;
+                                 NULL for a vocab_only model) */
+    const char *backend_path; /* the plugin file it came from; "" for the built-in CPU backend
+                                 (owned by the model; NULL for a vocab_only model) */
+    int32_t device;           /* its device index */
 } loom_model_info;
 
 /* Fills *out with facts about the model. Strings stay owned by the model.
@@ -798,7 +803,8 @@ LOOM_API loom_status loom_engine_get_stats(loom_engine *engine, loom_engine_stat
 typedef struct loom_kv_group_info {
     int32_t n_groups;        /* groups in this engine (the same whichever group is asked) */
     int32_t window;          /* 0: full attention; else the sliding window, in positions */
-    int32_t n_layers;        /* layers whose K and V this pool holds */
+    int32_t n_layers;        /* layers whose K and V this pool holds (a layer that reuses an
+                                earlier layer's K/V holds none) */
     int32_t block_size;      /* positions per block */
     int64_t block_bytes;     /* bytes of one block over the group's layers, K and V */
     int32_t blocks_total;    /* the pool; total = used + cached + free */

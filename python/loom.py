@@ -14,7 +14,7 @@ LOOM_OK = 0
 STATUS = {0: "OK", 1: "ERR_INVALID_ARG", 2: "ERR_OUT_OF_MEMORY", 3: "ERR_IO",
           4: "ERR_BAD_MODEL", 5: "ERR_UNSUPPORTED", 6: "ERR_BAD_INPUT",
           7: "ERR_CONTEXT_FULL", 8: "ERR_BUFFER_TOO_SMALL", 9: "ERR_BACKEND",
-          10: "ERR_INTERNAL", 11: "ERR_NOT_FOUND", 12: "ERR_BUSY"}
+          10: "ERR_INTERNAL", 11: "ERR_NOT_FOUND", 12: "ERR_BUSY", 13: "ERR_NO_DEVICE"}
 TOKENIZE_ADD_SPECIAL = 1
 TOKENIZE_PARSE_SPECIAL = 2
 DETOKENIZE_RENDER_SPECIAL = 1
@@ -39,7 +39,8 @@ class ModelInfo(C.Structure):
                 ("n_ctx_train", C.c_int32), ("n_embd", C.c_int32), ("n_layer", C.c_int32),
                 ("n_head", C.c_int32), ("n_head_kv", C.c_int32), ("head_dim", C.c_int32),
                 ("n_params", C.c_int64), ("file_bytes", C.c_int64), ("bos", C.c_int32),
-                ("eos", C.c_int32), ("cpu_kernels", C.c_char_p)]
+                ("eos", C.c_int32), ("cpu_kernels", C.c_char_p), ("backend", C.c_char_p),
+                ("backend_path", C.c_char_p), ("device", C.c_int32)]
 
 
 class SessionParams(C.Structure):

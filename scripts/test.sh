@@ -22,4 +22,13 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 # The library's paths that only Python tests reach (engine, model loading errors, chat, the
 # trace writer driven on a real model), instrumented too.
 ctest --test-dir build-asan --output-on-failure -j"$jobs" \
-    -R 'conf_test_(engine|model_errors|chat|trace)$' 
+    -R 'conf_test_(engine|model_errors|chat|trace)$'
+
+# ThreadSanitizer: the unit tests (among them two engines and two sessions on one model stepped
+# from several threads, tests/engine/test_engine_threads.c) must run clean.
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_WERROR=ON \
+      -DLOOM_SANITIZE=thread -DLOOM_BUILD_BENCH=OFF -DLOOM_BUILD_EXAMPLES=OFF \
+      -DLOOM_PYTHON="$PY" >/dev/null
+cmake --build build-tsan -j"$jobs"
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L unit

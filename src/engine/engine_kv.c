@@ -242,8 +242,10 @@ loom_status loom__engine_kv_create(loom_engine *e) {
         gi->window = groups[g].window;
         gi->block_size = e->params.block_size;
         gi->block_bytes = (int64_t)group_block_bytes(e, g);
-        for (int32_t il = 0; il < e->model->cfg.n_layer; il++)
-            gi->n_layers += e->model->cfg.layers[il].kv_group == g;
+        for (int32_t il = 0; il < e->model->cfg.n_layer; il++) /* the sources: reusing layers
+                                                                     hold nothing */
+            gi->n_layers += e->model->cfg.layers[il].kv_group == g &&
+                            e->model->cfg.layers[il].kv_src == il;
         gi->blocks_total = gi->blocks_free = groups[g].n_blocks;
     }
     const size_t n_list = (size_t)e->store.ranges_cap / 2 + 1; /* >= max_copy_blocks */

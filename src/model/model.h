@@ -75,6 +75,7 @@ struct loom_model {
     loom__backend *backend; /* NULL when vocab_only */
     int32_t n_threads;      /* host threads per stream (loom_model_params, resolved): also the
                                default of an engine's sampling threads */
+    int32_t device;         /* the backend's device index */
     bool use_mmap;          /* weights may be used in place of the mapped file */
     bool weights_in_place;  /* some prepared weight points into the mapped file */
     loom_tensor rope_freqs; /* F32 [n_rot/2] llama3 rope divisors (prepared), or data NULL */

@@ -152,6 +152,7 @@ static loom_status load_model(loom_model *m, const char *path, const loom_model_
     };
     m->n_threads = p->n_threads > 0 ? p->n_threads : loom__cpu_count();
     m->use_mmap = p->use_mmap;
+    m->device = p->device;
     LOOM_TRY(loom__backend_open(p->backend, &bp, &m->backend));
     LOOM_TRY(loom__model_bind_weights(m));
     /* Weights the backend copied need the mapped ones no more. */
@@ -223,5 +224,8 @@ loom_status loom_model_get_info(const loom_model *m, loom_model_info *out) {
     out->bos = loom__tokenizer_bos(m->tok);
     out->eos = loom__tokenizer_eos(m->tok);
     out->cpu_kernels = loom__qdot_simd_name();
+    out->backend = m->backend ? m->backend->name : NULL;
+    out->backend_path = m->backend ? m->backend->path : NULL;
+    out->device = m->device;
     return LOOM_OK;
 }

@@ -161,7 +161,8 @@ loom_status loom__model_set_kv_source(loom_model *m, int32_t layer, int32_t src)
                    "model: layer %d reuses layer %d's KV itself", src, c->layers[src].kv_src);
     for (int32_t l = layer + 1; l < c->n_layer && src != layer; l++)
         LOOM_RETURN_IF(c->layers[l].kv_src == layer, LOOM_ERR_INVALID_ARG,
-                       "model: layer %d reads layer %d's KV", l, layer);
+                       "model: layer %d is the KV source of layer %d, so it cannot read another's",
+                       layer, l);
     c->layers[layer].kv_src = src;
     return LOOM_OK;
 }

@@ -47,8 +47,12 @@ def rope_normal(x, pos, base, n_rot):
     return out
 
 
-def forward(W, shape, tokens, eps=1e-5):
-    """Logits [T, V] for tokens at positions 0..T-1 (teacher forcing)."""
+def forward(W, shape, tokens, eps=1e-5, kv_src=None):
+    """Logits [T, V] for tokens at positions 0..T-1 (teacher forcing). kv_src maps a layer to
+    the earlier layer whose keys and values it attends over instead of its own (cross-layer
+    reuse: the layer computes only its queries)."""
+    kv_src = kv_src or {}
+    kv = {}
     s = shape
     T, H, Hkv, hd = len(tokens), s.n_head, s.n_head_kv, s.head_dim
     pos = np.arange(T, dtype=np.float64)
@@ -61,11 +65,15 @@ def forward(W, shape, tokens, eps=1e-5):
         p = f"blk.{il}."
         xn = rms_norm(x, W[p + "attn_norm.weight"], eps)
         q = xn @ W[p + "attn_q.weight"].T + W.get(p + "attn_q.bias", 0.0)
-        k = xn @ W[p + "attn_k.weight"].T + W.get(p + "attn_k.bias", 0.0)
-        v = xn @ W[p + "attn_v.weight"].T + W.get(p + "attn_v.bias", 0.0)
         q = rope(q.reshape(T, H, hd), pos, s.rope_base, hd)
-        k = rope(k.reshape(T, Hkv, hd), pos, s.rope_base, hd)
-        v = v.reshape(T, Hkv, hd)
+        if kv_src.get(il, il) != il:
+            k, v = kv[kv_src[il]]
+        else:
+            k = xn @ W[p + "attn_k.weight"].T + W.get(p + "attn_k.bias", 0.0)
+            v = xn @ W[p + "attn_v.weight"].T + W.get(p + "attn_v.bias", 0.0)
+            k = rope(k.reshape(T, Hkv, hd), pos, s.rope_base, hd)
+            v = v.reshape(T, Hkv, hd)
+            kv[il] = (k, v)
         g = H // Hkv
         att = np.empty((T, H, hd))
         for h in range(H):

@@ -49,6 +49,11 @@ import loom
 import synth_llama
 from gemma_pkg import gemma_path
 
+# Which backend every model of this test runs on: the library's default, or (CTest's
+# conf_test_engine_cpuplugin) the CPU backend loaded as a plugin.
+BACKEND = os.environ.get("LOOM_TEST_BACKEND") or None
+loom.Model.default_backend = BACKEND
+
 TMP = os.environ.get("LOOM_TEST_TMP", "/tmp/loom-conf")
 failures = []
 
@@ -387,8 +392,9 @@ def generate_cli(path):
     flags = ["--temp", "0.9", "--top-k", "0", "--top-p", "0.9", "--min-p", "0.02", "--entropy",
              "edt", "--edt-theta", "1.0", "--repeat-penalty", "1.3", "--presence-penalty", "0.2",
              "--frequency-penalty", "0.1", "--penalty-last-n", "24", "--seed", "77"]
+    backend = ["--backend", BACKEND] if BACKEND else []
     proc = subprocess.run([exe, "-m", path, "-p", "hello world", "-n", "12", "-t", "2",
-                           "--logprobs", "3"] + flags, capture_output=True,
+                           "--logprobs", "3"] + backend + flags, capture_output=True,
                           encoding="utf-8", errors="replace", timeout=300)
     check(proc.returncode == 0, f"loom-generate exit {proc.returncode}: {proc.stderr[-500:]}")
     rows = re.findall(r"^\s*(\d+)\s+(\d+) \".*\"  logprob (\S+) / (\S+)  H (\S+) / (\S+)",

@@ -29,6 +29,10 @@ import ref_llama
 from llamacpp_ref import open_llama
 import synth_llama
 
+# Which backend loom runs on: the library's default, or (CTest's conf_test_llama_logits_cpuplugin)
+# the CPU backend loaded as a plugin.
+loom.Model.default_backend = os.environ.get("LOOM_TEST_BACKEND") or None
+
 # Tolerances per weight type (relative error as defined above). llama.cpp rounds activations
 # to f16 (F16 weights), to Q8_0 blocks (Q8_0 weights) or to Q8_K blocks (K-quants) before each
 # matmul, while loom keeps them in f32; the bounds are about 2x the largest deviation seen

@@ -65,9 +65,10 @@ typedef struct loom__cpu_ctx {
     size_t attn_parts_cap;
     /* The rope op's last cos/sin tables (cpu_rope.c). */
     loom__cpu_rope_tables *rope;
-    /* Times a reservation had to grow an area after stream_create (a step larger than the
-     * stream was sized for, or a sizing bug): 0 in normal use; tests read it. */
+    /* Times an op had to allocate after stream_create (a step larger than the stream was sized
+     * for, or a sizing bug): 0 in normal use; tests read it. */
     int64_t n_grows;
+    bool ready; /* stream_create has finished */
 } loom__cpu_ctx;
 
 /* Makes every thread's scratch hold at least n_floats. Errors: OUT_OF_MEMORY (the old scratch

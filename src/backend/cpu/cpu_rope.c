@@ -135,7 +135,10 @@ static void table_worker(void *arg, int ith, int nth) {
 /* The table for (p, pos[0..n)): found, or computed into the least recently used slot. */
 static loom_status rope_table_get(loom__cpu_ctx *c, const loom_rope_params *p, const int32_t *pos,
                                   int64_t n, const struct rope_table **out) {
-    if (c->rope == NULL) LOOM_TRY(loom__cpu_rope_tables_create(0, 0, &c->rope));
+    if (c->rope == NULL) {
+        LOOM_TRY(loom__cpu_rope_tables_create(0, 0, &c->rope));
+        c->n_grows++;
+    }
     loom__cpu_rope_tables *rt = c->rope;
     rt->clock++;
     struct rope_table *t = &rt->t[0];
@@ -158,7 +161,7 @@ static loom_status rope_table_get(loom__cpu_ctx *c, const loom_rope_params *p, c
         int32_t *np = malloc((size_t)n * sizeof(int32_t));
         LOOM_RETURN_IF(np == NULL, LOOM_ERR_OUT_OF_MEMORY, "rope: out of memory for %lld positions",
                        (long long)n);
-        if (t->pos != NULL) c->n_grows++;
+        c->n_grows++;
         free(t->pos);
         t->pos = np;
         t->pos_cap = (size_t)n;
@@ -172,7 +175,7 @@ static loom_status rope_table_get(loom__cpu_ctx *c, const loom_rope_params *p, c
             return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "rope: out of memory for a %lld x %d table",
                               (long long)n, half);
         }
-        if (t->cs != NULL) c->n_grows++;
+        c->n_grows++;
         free(t->cs);
         free(t->sn);
         t->cs = ncs;

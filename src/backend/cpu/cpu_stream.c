@@ -49,10 +49,9 @@ loom_status loom__cpu_reserve_scratch(loom__cpu_ctx *c, size_t n_floats) {
                               bytes);
         }
     }
-    if (c->scratch != NULL) {
+    if (c->scratch != NULL)
         for (int i = 0; i < c->n_threads; i++) free(c->scratch[i]);
-        c->n_grows++;
-    }
+    if (c->ready) c->n_grows++;
     free(c->scratch);
     c->scratch = fresh;
     c->scratch_cap = n_floats;
@@ -66,7 +65,7 @@ static loom_status reserve_area(loom__cpu_ctx *c, void **area, size_t *cap, size
     void *fresh = aligned_bytes(n_bytes);
     LOOM_RETURN_IF(fresh == NULL, LOOM_ERR_OUT_OF_MEMORY, "cpu: out of memory for %zu bytes of %s",
                    n_bytes, what);
-    if (*area != NULL) c->n_grows++;
+    if (c->ready) c->n_grows++;
     free(*area);
     *area = fresh;
     *cap = n_bytes;
@@ -182,6 +181,7 @@ loom_status loom__cpu_stream_create(void *dev, const loom_step_shape *shape, voi
     if (w.rope_positions > 0)
         LOOM_TRY_GOTO(st, loom__cpu_rope_tables_create(w.rope_positions, w.rope_rot, &c->rope),
                       fail);
+    c->ready = true; /* from here on, an allocation by an op is a growth */
     *out = c;
     return LOOM_OK;
 fail:

@@ -1,0 +1,286 @@
+/* test_engine_backend.c — what the engine asks of its backend, counted through a recording
+ * backend (the CPU ops table with counting wrappers, installed on a loaded model):
+ *   - a copy-on-write costs one backend call (copy_batch) for all its groups and layers, and a
+ *     swap-out or a swap-in of a sequence one call for all its blocks — where it used to take
+ *     2 x n_layers calls per block;
+ *   - each forward pass hands the backend all its KV descriptors at once (step_begin), and
+ *     kv_store / attention then receive one of those very descriptors;
+ *   - a stream sized for the engine's largest step (stream_create with the step shape) never
+ *     grows its workspace while running steps of that size, quantized or float32 activations.
+ * The tokens are checked too: the same requests on a roomy engine without preemption give the
+ * same tokens as with swapping. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "backend/cpu/cpu_internal.h"
+#include "engine/engine.h"
+#include "model/synth_model.h"
+
+static char g_path[2][512];
+
+/* ---- the recording backend ------------------------------------------------------------------ */
+
+static const loom_backend_ops *g_real;
+static loom_backend_ops g_rec;
+static int64_t g_copy_calls[3], g_copy_ranges[3]; /* per loom_copy_kind */
+static int64_t g_steps, g_bad_kv, g_kv_ops;
+static loom_step_desc g_step;
+
+static loom_status rec_copy_batch(void *s, loom_copy_kind k, const loom_copy_range *r, size_t n) {
+    g_copy_calls[k]++;
+    g_copy_ranges[k] += (int64_t)n;
+    return g_real->copy_batch(s, k, r, n);
+}
+
+static loom_status rec_step_begin(void *s, const loom_step_desc *d) {
+    (void)s;
+    g_steps++;
+    g_step = *d;
+    return LOOM_OK;
+}
+
+/* kv must be one of the descriptors the step began with (the same address). */
+static void note_kv(const loom_kv_desc *kv) {
+    g_kv_ops++;
+    if (kv < g_step.kv || kv >= g_step.kv + g_step.n_kv) g_bad_kv++;
+}
+
+static loom_status rec_kv_store(void *s, const loom_tensor *k, const loom_tensor *v,
+                                const loom_kv_desc *kv, int32_t layer) {
+    note_kv(kv);
+    return g_real->kv_store(s, k, v, kv, layer);
+}
+
+static loom_status rec_attention(void *s, const loom_tensor *q, const loom_kv_desc *kv,
+                                 const loom_attn_params *p, loom_tensor *out) {
+    note_kv(kv);
+    return g_real->attention(s, q, kv, p, out);
+}
+
+static void reset_counts(void) {
+    memset(g_copy_calls, 0, sizeof g_copy_calls);
+    memset(g_copy_ranges, 0, sizeof g_copy_ranges);
+    g_steps = g_bad_kv = g_kv_ops = 0;
+}
+
+static loom_model *load_recorded(const char *path, bool f32_activations) {
+    loom_model_params p = loom_model_default_params();
+    p.backend = "cpu";
+    p.n_threads = 2;
+    p.f32_activations = f32_activations;
+    loom_model *m = NULL;
+    if (loom_model_load(path, &p, &m) != LOOM_OK) fail_msg("load: %s", loom_last_error());
+    g_real = m->backend->ops;
+    g_rec = *g_real;
+    g_rec.copy_batch = rec_copy_batch;
+    g_rec.step_begin = rec_step_begin;
+    g_rec.kv_store = rec_kv_store;
+    g_rec.attention = rec_attention;
+    m->backend->ops = &g_rec;
+    reset_counts();
+    return m;
+}
+
+static int setup(void **state) {
+    (void)state;
+    synth_path(g_path[0], sizeof g_path[0], "calls-llama.gguf");
+    synth_path(g_path[1], sizeof g_path[1], "calls-gemma3.gguf");
+    if (synth_write(g_path[0], &SYNTH_LLAMA, 31) != 0) return -1;
+    if (synth_write(g_path[1], &SYNTH_GEMMA3, 32) != 0) return -1;
+    return 0;
+}
+
+/* Source layers of group g (2 ranges, K and V, per layer per block moved). */
+static int64_t layers_in(const loom_model *m, int32_t g) {
+    int64_t n = 0;
+    for (int32_t il = 0; il < m->cfg.n_layer; il++) n += m->cfg.layers[il].kv_group == g;
+    return n;
+}
+
+static loom_engine *make_engine(loom_model *m, int64_t kv_bytes, loom_preempt_mode preempt) {
+    loom_engine_params ep = loom_engine_default_params();
+    ep.kv_bytes = kv_bytes;
+    ep.block_size = 8;
+    ep.max_ctx = 96;
+    ep.max_batched_tokens = 24;
+    ep.max_seqs = 6;
+    ep.preempt = preempt;
+    loom_engine *e = NULL;
+    if (loom_engine_create(m, &ep, &e) != LOOM_OK) fail_msg("engine: %s", loom_last_error());
+    return e;
+}
+
+static void prompt_of(int r, loom_token *p, int n) {
+    for (int i = 0; i < n; i++) p[i] = (loom_token)(4 + (r * 41 + i * 19) % 280);
+}
+
+/* Runs the request to its end; its tokens into out (max_tokens of them). */
+static void generate(loom_engine *e, const loom_token *prompt, int n, int max_tokens,
+                     loom_token *out) {
+    loom_request_params rq = loom_request_default_params();
+    rq.prompt_tokens = prompt;
+    rq.n_prompt_tokens = (size_t)n;
+    rq.max_tokens = max_tokens;
+    rq.ignore_eos = true;
+    rq.sampler.temperature = 0.0f;
+    loom_generation *g = NULL;
+    if (loom_engine_generate(e, &rq, NULL, NULL, &g) != LOOM_OK)
+        fail_msg("generate: %s", loom_last_error());
+    assert_int_equal(g->n_tokens, (size_t)max_tokens);
+    if (out) memcpy(out, g->tokens, sizeof *out * (size_t)max_tokens);
+    loom_generation_free(g);
+}
+
+/* ---- copy-on-write -------------------------------------------------------------------------- */
+
+static void test_cow_one_call(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 2; mi++) {
+        loom_model *m = load_recorded(g_path[mi], false);
+        loom_engine *e = make_engine(m, 4 << 20, LOOM_PREEMPT_RECOMPUTE);
+        loom_token prompt[16], a[8], b[8];
+        prompt_of(1, prompt, 16);
+        generate(e, prompt, 16, 8, a);
+        assert_int_equal(g_copy_calls[LOOM_COPY_DEVICE], 0);
+        /* The same 16-token prompt (two whole blocks of 8) again: all but its last token come
+         * from the prefix cache, so its last, cached block is copied before position 15 is
+         * written — in every group at once. */
+        generate(e, prompt, 16, 8, b);
+        assert_memory_equal(a, b, sizeof a);
+        int64_t cows = 0, ranges = 0;
+        for (int32_t g = 0; g < e->n_groups; g++) {
+            loom_kv_group_info gi;
+            assert_int_equal(loom_engine_get_kv_group(e, g, &gi), LOOM_OK);
+            cows += gi.cow_copies;
+            ranges += gi.cow_copies * 2 * layers_in(m, g);
+        }
+        assert_int_equal(cows, m->cfg.n_kv_groups); /* one block in each group */
+        assert_int_equal(g_copy_calls[LOOM_COPY_DEVICE], 1);
+        assert_int_equal(g_copy_ranges[LOOM_COPY_DEVICE], ranges);
+        assert_int_equal(g_copy_calls[LOOM_COPY_TO_HOST] + g_copy_calls[LOOM_COPY_FROM_HOST], 0);
+        loom_engine_destroy(e);
+        loom_model_free(m);
+    }
+}
+
+/* ---- swap ----------------------------------------------------------------------------------- */
+
+static void run_batch(loom_engine *e, int n_req, loom_token out[][40]) {
+    loom_request_id ids[8];
+    loom_token prompts[8][40];
+    for (int r = 0; r < n_req; r++) {
+        prompt_of(10 + r, prompts[r], 40);
+        loom_request_params rq = loom_request_default_params();
+        rq.prompt_tokens = prompts[r];
+        rq.n_prompt_tokens = 30 + (size_t)r;
+        rq.max_tokens = 40;
+        rq.ignore_eos = true;
+        rq.sampler.temperature = r % 2 ? 0.9f : 0.0f;
+        rq.sampler.seed = 3 + (uint64_t)r;
+        assert_int_equal(loom_engine_submit(e, &rq, &ids[r]), LOOM_OK);
+    }
+    int n[8] = {0};
+    while (loom_engine_has_work(e)) {
+        const loom_event *ev;
+        size_t n_ev;
+        assert_int_equal(loom_engine_step(e, &ev, &n_ev), LOOM_OK);
+        for (size_t k = 0; k < n_ev; k++) {
+            assert_int_not_equal(ev[k].kind, LOOM_EVENT_FAILED);
+            for (int r = 0; r < n_req; r++)
+                if (ev[k].kind == LOOM_EVENT_TOKEN && ev[k].id == ids[r])
+                    out[r][n[r]++] = ev[k].token;
+        }
+    }
+    for (int r = 0; r < n_req; r++) assert_int_equal(n[r], 40);
+}
+
+static void test_swap_one_call(void **state) {
+    (void)state;
+    for (int mi = 0; mi < 2; mi++) {
+        loom_model *m = load_recorded(g_path[mi], false);
+        /* Room for about two of the four 70-position requests in group 0. */
+        const size_t pos_bytes = loom__kv_storage_block_bytes(m, LOOM_TYPE_F16, 8, 0) / 8;
+        loom_engine *e = make_engine(m, (int64_t)(pos_bytes * 2 * 80 * m->cfg.n_kv_groups),
+                                     LOOM_PREEMPT_SWAP);
+        loom_token swapped[4][40], roomy[4][40];
+        run_batch(e, 4, swapped);
+        loom__kv_stats ks;
+        assert_int_equal(loom__kv_get_stats(e->kv, &ks), LOOM_OK);
+        assert_true(ks.swap_outs > 0);
+        assert_int_equal(g_copy_calls[LOOM_COPY_TO_HOST], ks.swap_outs);
+        assert_int_equal(g_copy_calls[LOOM_COPY_FROM_HOST], ks.swap_ins);
+        int64_t out_ranges = 0, in_ranges = 0;
+        for (int32_t g = 0; g < e->n_groups; g++) {
+            loom__kv_group_stats gs;
+            assert_int_equal(loom__kv_get_group_stats(e->kv, g, &gs), LOOM_OK);
+            out_ranges += gs.swapped_out * 2 * layers_in(m, g);
+            in_ranges += gs.swapped_in * 2 * layers_in(m, g);
+        }
+        assert_int_equal(g_copy_ranges[LOOM_COPY_TO_HOST], out_ranges);
+        assert_int_equal(g_copy_ranges[LOOM_COPY_FROM_HOST], in_ranges);
+        printf("%s: %lld swap-outs, %lld swap-ins, %lld and %lld ranges, one call each\n",
+               m->cfg.arch == LOOM_ARCH_GEMMA3 ? "gemma3" : "llama", (long long)ks.swap_outs,
+               (long long)ks.swap_ins, (long long)out_ranges, (long long)in_ranges);
+        loom_engine_destroy(e);
+        /* The same requests with room for all: the same tokens. */
+        e = make_engine(m, 16 << 20, LOOM_PREEMPT_SWAP);
+        run_batch(e, 4, roomy);
+        assert_memory_equal(swapped, roomy, sizeof swapped);
+        loom_engine_destroy(e);
+        loom_model_free(m);
+    }
+}
+
+/* ---- one step, one hand-over of the descriptors -------------------------------------------- */
+
+static void test_step_begin(void **state) {
+    (void)state;
+    loom_model *m = load_recorded(g_path[1], false);
+    loom_engine *e = make_engine(m, 4 << 20, LOOM_PREEMPT_RECOMPUTE);
+    loom_token out[4][40];
+    run_batch(e, 4, out);
+    loom_engine_stats st;
+    assert_int_equal(loom_engine_get_stats(e, &st), LOOM_OK);
+    assert_true(g_steps > 0);
+    assert_int_equal(g_steps, st.steps); /* one per step that ran a batch */
+    assert_int_equal(g_step.n_kv, m->cfg.n_kv_groups);
+    /* every layer stores and attends once per step (no layer reuses another's K/V here) */
+    assert_int_equal(g_kv_ops, g_steps * 2 * m->cfg.n_layer);
+    assert_int_equal(g_bad_kv, 0);
+    loom_engine_destroy(e);
+    loom_model_free(m);
+}
+
+/* ---- a stream sized once ------------------------------------------------------------------- */
+
+static void test_workspace_sized_once(void **state) {
+    (void)state;
+    for (int f32 = 0; f32 < 2; f32++) {
+        for (int mi = 0; mi < 2; mi++) {
+            loom_model *m = load_recorded(g_path[mi], f32);
+            loom_engine *e = make_engine(m, 4 << 20, LOOM_PREEMPT_RECOMPUTE);
+            assert_true(e->exec.workspace_bytes > 0);
+            /* A full step of prompt (24 tokens), then six sequences decoding at once. */
+            loom_token out[6][40];
+            run_batch(e, 6, out);
+            const loom__cpu_ctx *c = e->exec.stream;
+            assert_int_equal(c->n_grows, 0);
+            loom_engine_destroy(e);
+            loom_model_free(m);
+        }
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cow_one_call),
+        cmocka_unit_test(test_swap_one_call),
+        cmocka_unit_test(test_step_begin),
+        cmocka_unit_test(test_workspace_sized_once),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
     loom_model *m = NULL;
     loom_status st = loom_model_load(model_path, &mp, &m);
     if (st != LOOM_OK) die("load", st);
-    loom_model_info info;
+    loom_model_info info = {.size = sizeof info};
     loom_model_get_info(m, &info);
     const int32_t nv = info.n_vocab;
     loom_session *s = NULL;

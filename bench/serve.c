@@ -396,7 +396,7 @@ int main(int argc, char **argv) {
                 loom_last_error());
         return 1;
     }
-    loom_model_info mi;
+    loom_model_info mi = {.size = sizeof mi};
     loom_model_get_info(model, &mi);
 
     loom_engine_params ep = loom_engine_default_params();

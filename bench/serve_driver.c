@@ -81,6 +81,7 @@ static loom_status drv_init(serve_drv *d, loom_model *model, const loom_engine_p
 }
 
 static void drv_free(serve_drv *d) {
+    d->run->stats.size = sizeof d->run->stats;
     if (d->e) loom_engine_get_stats(d->e, &d->run->stats);
     loom_engine_destroy(d->e);
     free(d->prompt);
@@ -107,7 +108,9 @@ static void drv_submit(serve_drv *d, size_t i, double arrival) {
     rp.n_prompt_tokens = (size_t)q->n_prompt;
     rp.max_tokens = q->max_tokens;
     rp.ignore_eos = true;
-    rp.sampler.temperature = 0; /* greedy: sampling cost stays out of the measurement */
+    loom_sampler_params sp = loom_sampler_default_params();
+    sp.temperature = 0; /* greedy: sampling cost stays out of the measurement */
+    rp.sampler = &sp;
     rp.priority = q->cls == SERVE_CLASS_HIGH ? 1 : 0;
     rp.ttft_deadline_s = q->cls == SERVE_CLASS_HIGH ? d->cfg->ttft_deadline_s : 0;
     rp.user_data = rec;
@@ -182,7 +185,7 @@ static loom_status drv_step(serve_drv *d) {
     memset(&s, 0, sizeof s);
     s.prefill = d->n_awaiting > 0;
     double t_start = drv_now(d);
-    const loom_event *evs = NULL;
+    const loom_event *const *evs = NULL;
     size_t n_evs = 0;
     loom_status st = loom_engine_step(d->e, &evs, &n_evs);
     double now = drv_now(d);
@@ -192,9 +195,9 @@ static loom_status drv_step(serve_drv *d) {
         return st;
     }
     d->n_touched = 0;
-    for (size_t k = 0; k < n_evs; k++) drv_event(d, &evs[k], now, &s.n_tokens);
+    for (size_t k = 0; k < n_evs; k++) drv_event(d, evs[k], now, &s.n_tokens);
 
-    loom_engine_stats es;
+    loom_engine_stats es = {.size = sizeof es};
     loom_engine_get_stats(d->e, &es);
     const int64_t B = d->run->block_size;
     for (size_t k = 0; k < d->n_touched; k++) {
@@ -205,7 +208,7 @@ static loom_status drv_step(serve_drv *d) {
         s.ideal_blocks += (p + B - 1) / B;
         s.n_decoding++;
     }
-    loom_kv_group_info gi = {.n_groups = 1};
+    loom_kv_group_info gi = {.size = sizeof gi, .n_groups = 1};
     for (int32_t g = 0; g < gi.n_groups; g++) {
         if (loom_engine_get_kv_group(d->e, g, &gi) != LOOM_OK) break;
         if (g == 0) s.frag_slots = gi.slots_unused;

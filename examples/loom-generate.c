@@ -289,6 +289,8 @@ int main(int argc, char **argv) {
     loom_model_params mp = loom_model_default_params();
     loom_session_params sp = loom_session_default_params();
     loom_generate_params gp = loom_generate_default_params();
+    loom_sampler_params sampler = loom_sampler_default_params();
+    gp.sampler = &sampler;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -334,7 +336,7 @@ int main(int argc, char **argv) {
             }
         } else if (!strcmp(a, "-c")) {
             sp.n_ctx = (int32_t)num_arg(argc, argv, &i);
-        } else if (sampler_flag(argc, argv, &i, &gp.sampler)) {
+        } else if (sampler_flag(argc, argv, &i, &sampler)) {
             continue;
         } else {
             fprintf(stderr, "loom-generate: unknown or incomplete argument: %s\n", a);
@@ -408,13 +410,13 @@ int main(int argc, char **argv) {
         return 1;
     }
 
-    token_log log = {.n_logprobs = gp.sampler.n_logprobs};
-    if (gp.sampler.n_logprobs > 0) {
+    token_log log = {.n_logprobs = sampler.n_logprobs};
+    if (sampler.n_logprobs > 0) {
         gp.on_token_info = on_token_info;
         gp.token_info_user_data = &log;
     }
     if (!chat) fputs(prompt, stdout);
-    loom_generate_stats stats = {0};
+    loom_generate_stats stats = {.size = sizeof stats};
     st = loom_generate(session, chat ? text : prompt, &gp, on_piece, NULL, &stats);
     free(text);
     fputc('\n', stdout);
@@ -429,7 +431,7 @@ int main(int argc, char **argv) {
     }
     if (trace) {
         /* Written even after a failure: the steps that ran may show why. */
-        loom_trace_info ti = {0};
+        loom_trace_info ti = {.size = sizeof ti};
         loom_status tst = loom_trace_write(trace, trace_path, tfmt);
         if (tst == LOOM_OK) tst = loom_trace_get_info(trace, &ti);
         if (tst != LOOM_OK) {
@@ -442,7 +444,7 @@ int main(int argc, char **argv) {
         }
         loom_trace_free(trace);
     }
-    loom_model_info info;
+    loom_model_info info = {.size = sizeof info};
     if (loom_model_get_info(model, &info) == LOOM_OK)
         fprintf(stderr, "\nload: %.1f ms (cpu kernels: %s)\n", load_ms, info.cpu_kernels);
     else

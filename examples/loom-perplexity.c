@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
 
     loom_model *m = NULL;
     loom_session *s = NULL;
-    loom_model_info info;
+    loom_model_info info = {.size = sizeof info};
     loom_token *toks = NULL;
     size_t n_tok = 0;
     int rc = 1;

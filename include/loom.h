@@ -7,7 +7,19 @@
  *     human-readable message is available from loom_last_error() on the calling thread.
  *   - Handles are opaque. Every *_free / *_destroy accepts NULL.
  *   - Parameter structs are obtained from *_default_params(); set the fields you care about.
- *     New fields are only ever appended, so code written against an older header keeps working.
+ *   - ABI across versions. Every parameter and result struct begins with `size_t size`: the
+ *     sizeof the caller's header gives it. Parameter structs get it from *_default_params()
+ *     (inline wrappers over the exported *_params_init(p, sizeof *p)); a caller sets it in a
+ *     result struct before the call (`loom_engine_stats st = {.size = sizeof st};`). Fields are
+ *     only ever appended, so a program compiled against an older header runs on a newer
+ *     library: the library reads the prefix the caller knows (the fields after it keep their
+ *     defaults) and writes back only that much. A program compiled against a newer header on
+ *     an older library works too, unless it set a field that library lacks: that call fails
+ *     with LOOM_ERR_UNSUPPORTED naming the byte offset. A size smaller than the struct ever
+ *     was is LOOM_ERR_INVALID_ARG. Structs are never embedded in one another (the sampler
+ *     settings of a request are a pointer). Arrays the library returns are arrays of pointers
+ *     (loom_engine_step's events), or of the frozen structs loom_token_logprob,
+ *     loom_logit_bias and loom_chat_message, whose layout never changes.
  *   - Strings are UTF-8. Lengths are in bytes. Token ids are int32_t.
  *   - ABI: libraries with the same LOOM_VERSION_MAJOR are ABI compatible (for MAJOR >= 1;
  *     during 0.x the minor version is the ABI version).
@@ -131,6 +143,7 @@ typedef enum loom_numa_mode {
 } loom_numa_mode;
 
 typedef struct loom_model_params {
+    size_t size; /* sizeof(loom_model_params) (see "ABI across versions") */
     /* The backend that computes: "cpu" (built in), the name of a backend plugin
      * (libloom-<name>.so, e.g. "cuda": see loom_backend.h for where it is looked for), or NULL
      * / "auto" (default): the best available — a plugin loom knows of ("cuda") where it loads
@@ -155,8 +168,15 @@ typedef struct loom_model_params {
     loom_numa_mode numa; /* default LOOM_NUMA_AUTO */
 } loom_model_params;
 
-/* Defaults for loom_model_load. Thread-safe. */
-LOOM_API loom_model_params loom_model_default_params(void);
+/* Fills p[0 .. size) with the defaults for loom_model_load and sets p->size = size (size is the
+ * caller's sizeof: the bytes past what this library knows are zeroed). Thread-safe. */
+LOOM_API void loom_model_params_init(loom_model_params *p, size_t size);
+
+static inline loom_model_params loom_model_default_params(void) {
+    loom_model_params p;
+    loom_model_params_init(&p, sizeof p);
+    return p;
+}
 
 /* Loads a GGUF model (weights, configuration and tokenizer) from path.
  * params may be NULL for the defaults. On success *out owns the model; release it with
@@ -175,6 +195,7 @@ LOOM_API loom_status loom_model_load(const char *path, const loom_model_params *
 LOOM_API void loom_model_free(loom_model *model);
 
 typedef struct loom_model_info {
+    size_t size;              /* set by the caller: sizeof(loom_model_info) */
     const char *architecture; /* "llama", ... (owned by the model) */
     const char *name;         /* general.name, or "" (owned by the model) */
     int32_t n_vocab;
@@ -198,8 +219,8 @@ typedef struct loom_model_info {
     int32_t device;           /* its device index */
 } loom_model_info;
 
-/* Fills *out with facts about the model. Strings stay owned by the model.
- * Errors: LOOM_ERR_INVALID_ARG. Thread-safe. */
+/* Fills *out with facts about the model (out->size bytes of them; see "ABI across versions").
+ * Strings stay owned by the model. Errors: LOOM_ERR_INVALID_ARG. Thread-safe. */
 LOOM_API loom_status loom_model_get_info(const loom_model *model, loom_model_info *out);
 
 /* ------------------------------------------------------------------------------------------ */
@@ -247,6 +268,7 @@ LOOM_API loom_status loom_token_to_piece(const loom_model *model, loom_token tok
 /* Chat templates                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Frozen: this layout never changes (arrays of it are passed). */
 typedef struct loom_chat_message {
     const char *role;    /* "system", "user" or "assistant" ("model" is taken as "assistant") */
     const char *content; /* UTF-8, NUL-terminated */
@@ -284,14 +306,21 @@ LOOM_API loom_status loom_chat_format(const loom_model *model, const loom_chat_m
 typedef struct loom_session loom_session;
 
 typedef struct loom_session_params {
+    size_t size;        /* sizeof(loom_session_params) (see "ABI across versions") */
     int32_t n_ctx;      /* maximum positions; 0: the model's n_ctx_train capped at 4096 */
     int32_t n_batch;    /* most tokens per forward call (prompt chunking); default 512 */
     int32_t block_size; /* KV-cache block (page) size in tokens; default 16 */
     bool kv_f32;        /* store K/V in float32 instead of float16 (default false) */
 } loom_session_params;
 
-/* Defaults for loom_session_create. Thread-safe. */
-LOOM_API loom_session_params loom_session_default_params(void);
+/* Fills p[0 .. size) with the defaults for loom_session_create (as loom_model_params_init). */
+LOOM_API void loom_session_params_init(loom_session_params *p, size_t size);
+
+static inline loom_session_params loom_session_default_params(void) {
+    loom_session_params p;
+    loom_session_params_init(&p, sizeof p);
+    return p;
+}
 
 /* Creates a session over model, allocating its KV cache and work buffers up front (nothing is
  * allocated per token). params may be NULL. The model must outlive the session.
@@ -361,12 +390,14 @@ typedef enum loom_entropy_mode {
     LOOM_ENTROPY_DYNATEMP = 3, /* T between two bounds by normalized entropy (llama.cpp's) */
 } loom_entropy_mode;
 
+/* Frozen: this layout never changes (arrays of it are passed). */
 typedef struct loom_logit_bias {
     loom_token id; /* in [0, n_vocab) */
     float bias;    /* added to the logit; -inf bans the token; +inf and NaN are invalid */
 } loom_logit_bias;
 
 typedef struct loom_sampler_params {
+    size_t size;       /* sizeof(loom_sampler_params) (see "ABI across versions") */
     float temperature; /* >= 0, finite; 0: greedy (arg max); default 0.8 */
     int32_t top_k;     /* keep the k most likely; <= 0: off; default 40 */
     float top_p;       /* keep the smallest most-likely set with mass >= top_p; in (0, 1];
@@ -396,9 +427,17 @@ typedef struct loom_sampler_params {
                            loom_engine_params.max_logprobs. */
 } loom_sampler_params;
 
-/* Defaults for sampling (see each field). Thread-safe. */
-LOOM_API loom_sampler_params loom_sampler_default_params(void);
+/* Fills p[0 .. size) with the defaults for sampling (see each field; as
+ * loom_model_params_init). */
+LOOM_API void loom_sampler_params_init(loom_sampler_params *p, size_t size);
 
+static inline loom_sampler_params loom_sampler_default_params(void) {
+    loom_sampler_params p;
+    loom_sampler_params_init(&p, sizeof p);
+    return p;
+}
+
+/* Frozen: this layout never changes (loom_token_info points to arrays of it). */
 typedef struct loom_token_logprob {
     loom_token id;
     float logprob; /* natural logarithm of the probability */
@@ -408,6 +447,8 @@ typedef struct loom_token_logprob {
  * computes them anyway); the top arrays hold at most n_logprobs entries, best first (equal
  * probabilities: lower id first), and point into memory owned by whoever produced the info. */
 typedef struct loom_token_info {
+    size_t size;          /* loom_sampler_run's out: set by the caller (sizeof); in events and
+                             callbacks: the library's sizeof */
     loom_token token;
     float logprob_raw;    /* of token under softmax(the model's logits): before bias, penalties,
                              correction, temperature and filters */
@@ -478,9 +519,11 @@ typedef bool (*loom_piece_fn)(const char *piece, size_t len, loom_token token, v
 typedef void (*loom_token_info_fn)(const loom_token_info *info, void *user_data);
 
 typedef struct loom_generate_params {
+    size_t size;                 /* sizeof(loom_generate_params) (see "ABI across versions") */
     int32_t n_predict;           /* most tokens to generate; default 128 */
-    loom_sampler_params sampler; /* default loom_sampler_default_params(); the penalties' history
-                                    is the prompt, then the generated tokens */
+    const loom_sampler_params *sampler; /* NULL (default): loom_sampler_default_params(). The
+                                    penalties' history is the prompt, then the generated
+                                    tokens. Borrowed: read during loom_generate */
     bool add_special;            /* add BOS etc. to the prompt (default true) */
     bool parse_special;          /* control-token text in the prompt is parsed (default false) */
     bool stop_at_eos;            /* stop on the model's end-of-generation tokens (default true) */
@@ -495,14 +538,21 @@ typedef struct loom_generate_params {
 } loom_generate_params;
 
 typedef struct loom_generate_stats {
+    size_t size;         /* set by the caller: sizeof(loom_generate_stats) */
     int32_t n_prompt;    /* prompt tokens */
     int32_t n_generated; /* generated tokens */
     double prompt_ms;    /* wall time of the prompt's forward passes */
     double generate_ms;  /* wall time of generation (forward + sampling) */
 } loom_generate_stats;
 
-/* Defaults for loom_generate. Thread-safe. */
-LOOM_API loom_generate_params loom_generate_default_params(void);
+/* Fills p[0 .. size) with the defaults for loom_generate (as loom_model_params_init). */
+LOOM_API void loom_generate_params_init(loom_generate_params *p, size_t size);
+
+static inline loom_generate_params loom_generate_default_params(void) {
+    loom_generate_params p;
+    loom_generate_params_init(&p, sizeof p);
+    return p;
+}
 
 /* Resets session, tokenizes prompt, runs it, then samples up to n_predict tokens, calling
  * on_piece (may be NULL) for each. stats may be NULL. The token at position p is drawn with
@@ -556,6 +606,7 @@ typedef enum loom_finish_reason {
     LOOM_FINISH_CONTEXT = 5,     /* the request's context is full */
 } loom_finish_reason;
 
+/* One event, owned by the engine (reached through a pointer: fields may be appended). */
 typedef struct loom_event {
     loom_event_kind kind;
     loom_request_id id;
@@ -580,6 +631,7 @@ typedef struct loom_event {
 typedef void (*loom_event_fn)(const loom_event *event, void *user_data);
 
 typedef struct loom_engine_params {
+    size_t size;                /* sizeof(loom_engine_params) (see "ABI across versions") */
     int64_t kv_bytes;           /* KV-cache budget in bytes; 0: use kv_fraction. Split
                                    between the model's KV groups (layers with the same
                                    attention window): a sliding-window group gets at most
@@ -620,17 +672,18 @@ typedef struct loom_engine_params {
 } loom_engine_params;
 
 typedef struct loom_request_params {
+    size_t size;                     /* sizeof(loom_request_params) (see "ABI across versions") */
     const char *prompt;              /* UTF-8 text, or NULL when prompt_tokens is given */
     const loom_token *prompt_tokens; /* token ids (copied at submit) */
     size_t n_prompt_tokens;
     bool add_special;                /* text prompts: add BOS etc. (default true) */
     bool parse_special;              /* text prompts: parse control-token text (default
                                         false) */
-    loom_sampler_params sampler;     /* default loom_sampler_default_params(); the logit-bias
-                                        list is copied. Penalties see the prompt, then the
-                                        sample's generated tokens; the token at position p is
-                                        drawn with index p, and sample i > 0 with a seed
-                                        derived from (seed, i) */
+    const loom_sampler_params *sampler; /* NULL (default): loom_sampler_default_params().
+                                        Copied at submit, with its logit-bias list. Penalties
+                                        see the prompt, then the sample's generated tokens; the
+                                        token at position p is drawn with index p, and sample
+                                        i > 0 with a seed derived from (seed, i) */
     int32_t max_tokens;              /* most tokens to generate per sample (default 128) */
     int32_t n;                       /* samples of the prompt, sharing its KV (default 1) */
     const loom_token *stop_tokens;   /* ids that end a sample (copied) */
@@ -660,6 +713,7 @@ typedef struct loom_request_params {
 #define LOOM_ENGINE_ARRIVAL_SLACK_S 0.001
 
 typedef struct loom_engine_stats {
+    size_t size;               /* set by the caller: sizeof(loom_engine_stats) */
     int32_t running;           /* requests with KV in use */
     int32_t waiting;           /* queued, not yet admitted or preempted */
     /* The kv_blocks_* figures describe one pool: that of the first KV group, the
@@ -707,9 +761,21 @@ typedef struct loom_engine_stats {
 /* Steps tokens_per_s_recent looks back over. */
 #define LOOM_ENGINE_RATE_WINDOW 64
 
-/* Defaults. Thread-safe. */
-LOOM_API loom_engine_params loom_engine_default_params(void);
-LOOM_API loom_request_params loom_request_default_params(void);
+/* Fill p[0 .. size) with the defaults (as loom_model_params_init). Thread-safe. */
+LOOM_API void loom_engine_params_init(loom_engine_params *p, size_t size);
+LOOM_API void loom_request_params_init(loom_request_params *p, size_t size);
+
+static inline loom_engine_params loom_engine_default_params(void) {
+    loom_engine_params p;
+    loom_engine_params_init(&p, sizeof p);
+    return p;
+}
+
+static inline loom_request_params loom_request_default_params(void) {
+    loom_request_params p;
+    loom_request_params_init(&p, sizeof p);
+    return p;
+}
 
 /* Now, in seconds of the monotonic clock every engine keeps time with (CLOCK_MONOTONIC: it
  * never jumps with the wall clock and counts from an arbitrary origin, typically boot). Stamp a
@@ -747,11 +813,13 @@ LOOM_API loom_status loom_engine_submit(loom_engine *engine, const loom_request_
 LOOM_API loom_status loom_engine_cancel(loom_engine *engine, loom_request_id id);
 
 /* Runs one step: admits submitted requests, schedules, runs one batched forward pass, samples
- * and writes the step's events to an engine-owned array (*events, *n_events; valid until the
- * next step). With nothing to do it returns LOOM_OK with no events. A failure inside the step
- * fails only the requests it touched (FAILED events) when that is possible; the engine stays
- * usable. Errors: INVALID_ARG, BUSY (background mode), BACKEND, INTERNAL. */
-LOOM_API loom_status loom_engine_step(loom_engine *engine, const loom_event **events,
+ * and sets *events to an engine-owned array of *n_events pointers to the step's events, in
+ * order (read them as events[i]->kind; an array of pointers, so loom_event may grow without
+ * breaking a compiled caller). Both stay valid until the next step. With nothing to do it
+ * returns LOOM_OK with no events. A failure inside the step fails only the requests it touched
+ * (FAILED events) when that is possible; the engine stays usable.
+ * Errors: INVALID_ARG, BUSY (background mode), BACKEND, INTERNAL. */
+LOOM_API loom_status loom_engine_step(loom_engine *engine, const loom_event *const **events,
                                       size_t *n_events);
 
 /* Whether any request is queued or running. Thread-safe. */
@@ -801,6 +869,7 @@ LOOM_API loom_status loom_engine_get_stats(loom_engine *engine, loom_engine_stat
 /* One KV group: the layers that share an attention window share a pool of blocks (Gemma 3: the
  * full-attention layers, and the sliding-window layers). */
 typedef struct loom_kv_group_info {
+    size_t size;             /* set by the caller: sizeof(loom_kv_group_info) */
     int32_t n_groups;        /* groups in this engine (the same whichever group is asked) */
     int32_t window;          /* 0: full attention; else the sliding window, in positions */
     int32_t n_layers;        /* layers whose K and V this pool holds (a layer that reuses an
@@ -854,6 +923,7 @@ typedef enum loom_trace_format {
 } loom_trace_format;
 
 typedef struct loom_trace_info {
+    size_t size;        /* set by the caller: sizeof(loom_trace_info) */
     size_t n_steps;     /* step records held */
     size_t n_tokens;    /* token records held */
     uint64_t n_dropped; /* records lost to allocation failure since create/clear */

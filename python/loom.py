@@ -29,13 +29,13 @@ class LoomError(RuntimeError):
 
 
 class ModelParams(C.Structure):
-    _fields_ = [("backend", C.c_char_p), ("device", C.c_int32), ("n_threads", C.c_int),
+    _fields_ = [("size", C.c_size_t), ("backend", C.c_char_p), ("device", C.c_int32), ("n_threads", C.c_int),
                 ("use_mmap", C.c_bool),
                 ("vocab_only", C.c_bool), ("f32_activations", C.c_bool), ("numa", C.c_int)]
 
 
 class ModelInfo(C.Structure):
-    _fields_ = [("architecture", C.c_char_p), ("name", C.c_char_p), ("n_vocab", C.c_int32),
+    _fields_ = [("size", C.c_size_t), ("architecture", C.c_char_p), ("name", C.c_char_p), ("n_vocab", C.c_int32),
                 ("n_ctx_train", C.c_int32), ("n_embd", C.c_int32), ("n_layer", C.c_int32),
                 ("n_head", C.c_int32), ("n_head_kv", C.c_int32), ("head_dim", C.c_int32),
                 ("n_params", C.c_int64), ("file_bytes", C.c_int64), ("bos", C.c_int32),
@@ -44,7 +44,7 @@ class ModelInfo(C.Structure):
 
 
 class SessionParams(C.Structure):
-    _fields_ = [("n_ctx", C.c_int32), ("n_batch", C.c_int32), ("block_size", C.c_int32),
+    _fields_ = [("size", C.c_size_t), ("n_ctx", C.c_int32), ("n_batch", C.c_int32), ("block_size", C.c_int32),
                 ("kv_f32", C.c_bool)]
 
 
@@ -63,8 +63,30 @@ _lib = C.CDLL(_find_lib())
 _lib.loom_last_error.restype = C.c_char_p
 _lib.loom_status_str.restype = C.c_char_p
 _lib.loom_version.restype = C.c_char_p
-_lib.loom_model_default_params.restype = ModelParams
-_lib.loom_session_default_params.restype = SessionParams
+_lib.loom_model_params_init.argtypes = [C.POINTER(ModelParams), C.c_size_t]
+_lib.loom_model_params_init.restype = None
+_lib.loom_session_params_init.argtypes = [C.POINTER(SessionParams), C.c_size_t]
+_lib.loom_session_params_init.restype = None
+
+
+def _params(cls, init):
+    """A parameter struct with the library's defaults (loom_*_params_init): its size field is
+    this binding's sizeof, so the library reads exactly the fields bound here."""
+    p = cls()
+    init(C.byref(p), C.sizeof(p))
+    return p
+
+
+def _result(cls):
+    """A result struct to hand the library: its size field says how much it may write."""
+    r = cls()
+    r.size = C.sizeof(r)
+    return r
+
+
+def _fields(struct):
+    """The struct's fields as a dict, without its size."""
+    return {f: getattr(struct, f) for f, _ in struct._fields_ if f != "size"}
 _lib.loom_model_load.argtypes = [C.c_char_p, C.POINTER(ModelParams), C.POINTER(C.c_void_p)]
 _lib.loom_model_free.argtypes = [C.c_void_p]
 _lib.loom_model_get_info.argtypes = [C.c_void_p, C.POINTER(ModelInfo)]
@@ -103,7 +125,7 @@ class Model:
 
     def __init__(self, path, n_threads=0, vocab_only=False, use_mmap=True,
                  f32_activations=False, numa="auto", backend=None, device=0):
-        p = _lib.loom_model_default_params()
+        p = _params(ModelParams, _lib.loom_model_params_init)
         backend = backend if backend is not None else Model.default_backend
         self._backend = backend.encode() if isinstance(backend, str) else backend
         p.backend = self._backend
@@ -116,7 +138,7 @@ class Model:
         h = C.c_void_p()
         _check(_lib.loom_model_load(os.fsencode(path), C.byref(p), C.byref(h)))
         self._h = h
-        info = ModelInfo()
+        info = _result(ModelInfo)
         _check(_lib.loom_model_get_info(h, C.byref(info)))
         self.info = info
         self.n_vocab = info.n_vocab
@@ -169,7 +191,7 @@ class Session:
     _h = None
 
     def __init__(self, model, n_ctx=0, n_batch=512, block_size=16, kv_f32=False):
-        p = _lib.loom_session_default_params()
+        p = _params(SessionParams, _lib.loom_session_params_init)
         p.n_ctx, p.n_batch, p.block_size, p.kv_f32 = n_ctx, n_batch, block_size, kv_f32
         h = C.c_void_p()
         _check(_lib.loom_session_create(model._h, C.byref(p), C.byref(h)))
@@ -214,7 +236,7 @@ class LogitBias(C.Structure):
 
 
 class SamplerParams(C.Structure):
-    _fields_ = [("temperature", C.c_float), ("top_k", C.c_int32), ("top_p", C.c_float),
+    _fields_ = [("size", C.c_size_t), ("temperature", C.c_float), ("top_k", C.c_int32), ("top_p", C.c_float),
                 ("seed", C.c_uint64), ("min_p", C.c_float), ("typical_p", C.c_float),
                 ("logit_bias", C.POINTER(LogitBias)), ("n_logit_bias", C.c_size_t),
                 ("penalty_last_n", C.c_int32), ("repeat_penalty", C.c_float),
@@ -230,7 +252,7 @@ class TokenLogprob(C.Structure):
 
 
 class TokenInfo(C.Structure):
-    _fields_ = [("token", C.c_int32), ("logprob_raw", C.c_float), ("logprob_final", C.c_float),
+    _fields_ = [("size", C.c_size_t), ("token", C.c_int32), ("logprob_raw", C.c_float), ("logprob_final", C.c_float),
                 ("n_candidates", C.c_int32), ("entropy", C.c_double),
                 ("varentropy", C.c_double), ("entropy_final", C.c_double),
                 ("temperature", C.c_double), ("top_raw", C.POINTER(TokenLogprob)),
@@ -250,7 +272,7 @@ class TokenInfo(C.Structure):
 
 
 class EngineParams(C.Structure):
-    _fields_ = [("kv_bytes", C.c_int64), ("kv_fraction", C.c_float), ("block_size", C.c_int32),
+    _fields_ = [("size", C.c_size_t), ("kv_bytes", C.c_int64), ("kv_fraction", C.c_float), ("block_size", C.c_int32),
                 ("max_batched_tokens", C.c_int32), ("max_seqs", C.c_int32),
                 ("max_ctx", C.c_int32), ("prefix_cache", C.c_bool), ("preempt", C.c_int),
                 ("fcfs", C.c_bool), ("starvation_s", C.c_double), ("watermark", C.c_float),
@@ -260,9 +282,10 @@ class EngineParams(C.Structure):
 
 
 class RequestParams(C.Structure):
-    _fields_ = [("prompt", C.c_char_p), ("prompt_tokens", C.POINTER(C.c_int32)),
+    _fields_ = [("size", C.c_size_t), ("prompt", C.c_char_p),
+                ("prompt_tokens", C.POINTER(C.c_int32)),
                 ("n_prompt_tokens", C.c_size_t), ("add_special", C.c_bool),
-                ("parse_special", C.c_bool), ("sampler", SamplerParams),
+                ("parse_special", C.c_bool), ("sampler", C.POINTER(SamplerParams)),
                 ("max_tokens", C.c_int32), ("n", C.c_int32),
                 ("stop_tokens", C.POINTER(C.c_int32)), ("n_stop_tokens", C.c_size_t),
                 ("stop_strings", C.POINTER(C.c_char_p)), ("n_stop_strings", C.c_size_t),
@@ -280,7 +303,7 @@ class Event(C.Structure):
 
 
 class EngineStats(C.Structure):
-    _fields_ = [("running", C.c_int32), ("waiting", C.c_int32), ("kv_blocks_total", C.c_int32),
+    _fields_ = [("size", C.c_size_t), ("running", C.c_int32), ("waiting", C.c_int32), ("kv_blocks_total", C.c_int32),
                 ("kv_blocks_used", C.c_int32), ("kv_blocks_cached", C.c_int32),
                 ("kv_blocks_free", C.c_int32), ("prefix_query_tokens", C.c_int64),
                 ("prefix_hit_tokens", C.c_int64), ("preemptions", C.c_int64),
@@ -295,7 +318,7 @@ class EngineStats(C.Structure):
 
 
 class KvGroupInfo(C.Structure):
-    _fields_ = [("n_groups", C.c_int32), ("window", C.c_int32), ("n_layers", C.c_int32),
+    _fields_ = [("size", C.c_size_t), ("n_groups", C.c_int32), ("window", C.c_int32), ("n_layers", C.c_int32),
                 ("block_size", C.c_int32), ("block_bytes", C.c_int64),
                 ("blocks_total", C.c_int32), ("blocks_used", C.c_int32),
                 ("blocks_cached", C.c_int32), ("blocks_free", C.c_int32),
@@ -311,7 +334,7 @@ def _sampler_params(p, keep, logit_bias=None, entropy_mode=None, **fields):
     """Sets SamplerParams p from keyword arguments (field names of loom_sampler_params;
     logit_bias as {id: bias} or [(id, bias)]; entropy_mode by name or number). keep collects
     the arrays that must outlive the call."""
-    names = {f for f, _ in SamplerParams._fields_} - {"logit_bias", "n_logit_bias"}
+    names = {f for f, _ in SamplerParams._fields_} - {"size", "logit_bias", "n_logit_bias"}
     for k, v in fields.items():
         if k not in names:
             raise TypeError(f"unknown sampler setting {k!r}")
@@ -326,7 +349,8 @@ def _sampler_params(p, keep, logit_bias=None, entropy_mode=None, **fields):
         p.n_logit_bias = len(pairs)
 
 
-_lib.loom_sampler_default_params.restype = SamplerParams
+_lib.loom_sampler_params_init.argtypes = [C.POINTER(SamplerParams), C.c_size_t]
+_lib.loom_sampler_params_init.restype = None
 _lib.loom_sampler_create.argtypes = [C.c_int32, C.POINTER(C.c_void_p)]
 _lib.loom_sampler_free.argtypes = [C.c_void_p]
 _lib.loom_sampler_run.argtypes = [C.c_void_p, C.POINTER(C.c_float), C.POINTER(SamplerParams),
@@ -358,11 +382,11 @@ class Sampler:
         lg = np.ascontiguousarray(logits, dtype=np.float32)
         if lg.shape != (self.n_vocab,):
             raise ValueError(f"logits of shape {lg.shape}, want ({self.n_vocab},)")
-        p = _lib.loom_sampler_default_params()
+        p = _params(SamplerParams, _lib.loom_sampler_params_init)
         keep = []
         _sampler_params(p, keep, **sampler)
         hist = (C.c_int32 * max(len(history), 1))(*history)
-        info = TokenInfo()
+        info = _result(TokenInfo)
         _check(_lib.loom_sampler_run(self._h, lg.ctypes.data_as(C.POINTER(C.c_float)),
                                      C.byref(p), hist, len(history), draw_index,
                                      C.byref(info)))
@@ -372,13 +396,15 @@ class Sampler:
 EVENT_TOKEN, EVENT_FINISHED, EVENT_FAILED = 0, 1, 2
 FINISH_REASONS = ["length", "eos", "stop_token", "stop_string", "cancelled", "context"]
 
-_lib.loom_engine_default_params.restype = EngineParams
-_lib.loom_request_default_params.restype = RequestParams
+_lib.loom_engine_params_init.argtypes = [C.POINTER(EngineParams), C.c_size_t]
+_lib.loom_engine_params_init.restype = None
+_lib.loom_request_params_init.argtypes = [C.POINTER(RequestParams), C.c_size_t]
+_lib.loom_request_params_init.restype = None
 _lib.loom_engine_create.argtypes = [C.c_void_p, C.POINTER(EngineParams), C.POINTER(C.c_void_p)]
 _lib.loom_engine_destroy.argtypes = [C.c_void_p]
 _lib.loom_engine_submit.argtypes = [C.c_void_p, C.POINTER(RequestParams), C.POINTER(C.c_uint64)]
 _lib.loom_engine_cancel.argtypes = [C.c_void_p, C.c_uint64]
-_lib.loom_engine_step.argtypes = [C.c_void_p, C.POINTER(C.POINTER(Event)),
+_lib.loom_engine_step.argtypes = [C.c_void_p, C.POINTER(C.POINTER(C.POINTER(Event))),
                                   C.POINTER(C.c_size_t)]
 _lib.loom_engine_has_work.argtypes = [C.c_void_p]
 _lib.loom_engine_has_work.restype = C.c_bool
@@ -411,7 +437,7 @@ TRACE_FORMATS = {"jsonl": 0, "chrome": 1}
 
 
 class TraceInfo(C.Structure):
-    _fields_ = [("n_steps", C.c_size_t), ("n_tokens", C.c_size_t), ("n_dropped", C.c_uint64)]
+    _fields_ = [("size", C.c_size_t), ("n_steps", C.c_size_t), ("n_tokens", C.c_size_t), ("n_dropped", C.c_uint64)]
 
 
 _lib.loom_trace_create.argtypes = [C.POINTER(C.c_void_p)]
@@ -478,7 +504,7 @@ class Trace:
 
     def info(self):
         """{"n_steps", "n_tokens", "n_dropped"}."""
-        i = TraceInfo()
+        i = _result(TraceInfo)
         _check(_lib.loom_trace_get_info(self._handle(), C.byref(i)))
         return {"n_steps": i.n_steps, "n_tokens": i.n_tokens, "n_dropped": i.n_dropped}
 
@@ -514,9 +540,9 @@ class Engine:
     _h = None
 
     def __init__(self, model, trace=None, **params):
-        p = _lib.loom_engine_default_params()
+        p = _params(EngineParams, _lib.loom_engine_params_init)
         for k, v in params.items():
-            if k not in {f for f, _ in EngineParams._fields_}:
+            if k not in {f for f, _ in EngineParams._fields_} - {"size"}:
                 raise TypeError(f"unknown engine parameter {k!r}")
             setattr(p, k, v)
         if trace is not None:
@@ -547,10 +573,11 @@ class Engine:
                  ignore_eos=True, cache_salt=0, ttft_deadline_s=0.0, tpot_deadline_s=0.0,
                  arrival_s=0.0, logit_bias=None, entropy_mode=None, **sampler):
         """RequestParams from submit()'s arguments, and the arrays it points to."""
-        r = _lib.loom_request_default_params()
-        keep = []
-        _sampler_params(r.sampler, keep, logit_bias=logit_bias, entropy_mode=entropy_mode,
-                        **sampler)
+        r = _params(RequestParams, _lib.loom_request_params_init)
+        sp = _params(SamplerParams, _lib.loom_sampler_params_init)
+        keep = [sp]
+        _sampler_params(sp, keep, logit_bias=logit_bias, entropy_mode=entropy_mode, **sampler)
+        r.sampler = C.pointer(sp)
         if prompt is not None:
             r.prompt = prompt.encode() if isinstance(prompt, str) else prompt
         if tokens is not None:
@@ -559,8 +586,8 @@ class Engine:
             r.prompt_tokens = arr
             r.n_prompt_tokens = len(tokens)
         r.max_tokens, r.n, r.priority, r.ignore_eos = max_tokens, n, priority, ignore_eos
-        r.sampler.temperature, r.sampler.top_k, r.sampler.top_p = temperature, top_k, top_p
-        r.sampler.seed = seed
+        sp.temperature, sp.top_k, sp.top_p = temperature, top_k, top_p
+        sp.seed = seed
         r.cache_salt = cache_salt
         r.ttft_deadline_s, r.tpot_deadline_s = ttft_deadline_s, tpot_deadline_s
         r.arrival_s = arrival_s
@@ -617,10 +644,10 @@ class Engine:
         _check(_lib.loom_engine_cancel(self._h, rid))
 
     def step(self):
-        evp = C.POINTER(Event)()
+        evp = C.POINTER(C.POINTER(Event))()
         n = C.c_size_t()
         _check(_lib.loom_engine_step(self._h, C.byref(evp), C.byref(n)))
-        return [self._record(evp[i]) for i in range(n.value)]
+        return [self._record(evp[i][0]) for i in range(n.value)]
 
     def _record(self, ev):
         """The event as a dict, also added to self.outputs."""
@@ -653,16 +680,16 @@ class Engine:
         return self.outputs
 
     def stats(self):
-        s = EngineStats()
+        s = _result(EngineStats)
         _check(_lib.loom_engine_get_stats(self._h, C.byref(s)))
-        return {f: getattr(s, f) for f, _ in EngineStats._fields_}
+        return _fields(s)
 
     def kv_groups(self):
         """Every KV group's pool as a list of dicts (loom_kv_group_info's fields)."""
         out, g, n = [], 0, 1
         while g < n:
-            s = KvGroupInfo()
+            s = _result(KvGroupInfo)
             _check(_lib.loom_engine_get_kv_group(self._h, g, C.byref(s)))
-            out.append({f: getattr(s, f) for f, _ in KvGroupInfo._fields_})
+            out.append(_fields(s))
             n, g = s.n_groups, g + 1
         return out

@@ -365,13 +365,13 @@ class LoomSide:
         for p in prompts:
             eng.submit(tokens=p, max_tokens=gen, temperature=0.0, ignore_eos=True)
         step, h = self.lib.loom_engine_step, eng._h
-        evp, n = C.POINTER(L.Event)(), C.c_size_t()
+        evp, n = C.POINTER(C.POINTER(L.Event))(), C.c_size_t()
         started, S = set(), len(prompts)
         counted, t0 = 0, None
         while self.lib.loom_engine_has_work(h):
             self._check(step(h, C.byref(evp), C.byref(n)))
             for i in range(n.value):
-                ev = evp[i]
+                ev = evp[i][0]
                 if ev.kind == L.EVENT_FAILED:
                     raise RuntimeError(f"engine request failed: status {ev.status}")
                 if ev.kind != L.EVENT_TOKEN:

@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
     loom_model *model = NULL;
     loom_status st = loom_model_load(model_path, &mp, &model);
     if (st != LOOM_OK) return fail(st, "loading the model");
-    loom_model_info info;
+    loom_model_info info = {.size = sizeof info};
     loom_model_get_info(model, &info);
 
     loom_session_params sp = loom_session_default_params();

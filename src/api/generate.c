@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/session.h"
+#include "core/abi.h"
 #include "core/status.h"
 #include "core/timer.h"
 #include "tokenizer/text_stream.h"
@@ -15,18 +16,18 @@
 #include "sample/sample.h"
 #include "trace/trace.h"
 
-loom_generate_params loom_generate_default_params(void) {
+void loom_generate_params_init(loom_generate_params *out, size_t size) {
     loom_generate_params p;
-    memset(&p, 0, sizeof p);
+    loom__abi_init(&p, sizeof p);
     p.n_predict = 128;
-    p.sampler = loom_sampler_default_params();
+    p.sampler = NULL; /* the sampler's defaults */
     p.add_special = true;
     p.parse_special = false;
     p.stop_at_eos = true;
     p.on_token_info = NULL;
     p.token_info_user_data = NULL;
     p.trace = NULL;
-    return p;
+    loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
 /* ---- tracing -------------------------------------------------------------------------------- */
@@ -110,19 +111,27 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
                           loom_piece_fn on_piece, void *user_data, loom_generate_stats *stats) {
     loom__clear_error();
     LOOM_CHECK_ARG(s != NULL && prompt != NULL);
-    loom_generate_params p = params ? *params : loom_generate_default_params();
+    loom_generate_params p = loom_generate_default_params();
+    LOOM_TRY(loom__abi_params_in(&p, sizeof p, params, LOOM__ABI_END(loom_generate_params, trace),
+                                 "generate_params"));
     LOOM_CHECK_ARG(p.n_predict >= 0);
+    LOOM_RETURN_IF(stats != NULL && stats->size < LOOM__ABI_END(loom_generate_stats, generate_ms),
+                   LOOM_ERR_INVALID_ARG, "generate: stats->size %zu: set it to sizeof",
+                   stats->size);
+    const loom_sampler_params sampler_defaults = loom_sampler_default_params();
+    const loom_sampler_params *sp = p.sampler ? p.sampler : &sampler_defaults;
     const loom_model *m = loom__session_model(s);
     /* Bad sampler settings fail before any work, not after the prompt has run. */
     loom__sample_chain_config chain;
-    loom_status st = loom__sampler_to_chain(&p.sampler, &chain);
+    loom_status st = loom__sampler_to_chain(sp, &chain);
     if (st == LOOM_OK) st = loom__sample_chain_validate(&chain, m->cfg.n_vocab);
     if (st != LOOM_OK) {
         loom__error_prefix("generate");
         return st;
     }
-    loom_generate_stats st_local;
+    loom_generate_stats st_local = {.size = sizeof st_local};
     memset(&st_local, 0, sizeof st_local);
+    st_local.size = sizeof st_local;
     gen_trace gt = {.trace = p.trace, .start_ns = loom__now_ns()};
 
     unsigned flags = (p.add_special ? LOOM_TOKENIZE_ADD_SPECIAL : 0) |
@@ -151,7 +160,7 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
     loom_session_reset(s);
     if (gt.trace) {
         /* Steps are numbered on from what the trace holds (several calls stay in order). */
-        loom_trace_info ti;
+        loom_trace_info ti = {.size = sizeof ti};
         if (loom_trace_get_info(gt.trace, &ti) == LOOM_OK) gt.step = (int64_t)ti.n_steps;
         loom__trace_layers_init(&gt.layers, m->cfg.n_layer);
         gt.hook = (loom__trace_layer_hook){.tm = &gt.tm, .layers = &gt.layers};
@@ -171,8 +180,8 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
     double t1 = loom__now_ms();
     size_t n_hist = n_tok;
     for (int32_t i = 0; i < p.n_predict; i++) {
-        loom_token_info info;
-        st = loom_sampler_run(sampler, loom_session_logits(s, -1), &p.sampler, toks, n_hist,
+        loom_token_info info = {.size = sizeof info};
+        st = loom_sampler_run(sampler, loom_session_logits(s, -1), sp, toks, n_hist,
                               (uint64_t)loom_session_n_past(s), &info);
         if (st != LOOM_OK) break;
         gt_phase(&gt, "sample");
@@ -201,6 +210,9 @@ done:
     if (gt.trace) loom__session_set_layer_hook(s, NULL, NULL, 0);
     loom_sampler_free(sampler);
     free(toks);
-    if (stats) *stats = st_local;
+    if (stats)
+        (void)loom__abi_result_out(stats, &st_local, sizeof st_local,
+                                   LOOM__ABI_END(loom_generate_stats, generate_ms),
+                                   "generate_stats"); /* its size was checked on entry */
     return st;
 }

@@ -122,6 +122,8 @@ struct loom_engine {
     /* Events of the last step (grown geometrically when a step has many cancellations). */
     loom_event *events;
     size_t n_events, cap_events;
+    const loom_event **event_ptrs; /* [cap_event_ptrs] what loom_engine_step hands out */
+    size_t cap_event_ptrs;
 
     /* Requests the step thread knows (id -> loom__req) and those finished in the last step,
      * freed at the start of the next one (their events point into them). */

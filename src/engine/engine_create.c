@@ -4,12 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/abi.h"
 #include "core/timer.h"
 #include "engine/engine.h"
 
-loom_engine_params loom_engine_default_params(void) {
+void loom_engine_params_init(loom_engine_params *out, size_t size) {
     loom_engine_params p;
-    memset(&p, 0, sizeof p);
+    loom__abi_init(&p, sizeof p);
     p.kv_bytes = 0;
     p.kv_fraction = 0.25f;
     p.block_size = 16;
@@ -22,7 +23,7 @@ loom_engine_params loom_engine_default_params(void) {
     p.starvation_s = 30.0;
     p.watermark = 0.01f;
     p.max_logprobs = LOOM_SAMPLE_CHAIN_DEFAULT_LOGPROBS_MAX;
-    return p;
+    loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
 int64_t loom__engine_now_us(const loom_engine *e) {
@@ -147,7 +148,10 @@ loom_status loom_engine_create(loom_model *model, const loom_engine_params *para
     LOOM_CHECK_ARG(model != NULL && out != NULL);
     LOOM_RETURN_IF(model->vocab_only, LOOM_ERR_INVALID_ARG,
                    "engine: the model was loaded with vocab_only");
-    loom_engine_params p = params ? *params : loom_engine_default_params();
+    loom_engine_params p = loom_engine_default_params();
+    LOOM_TRY(loom__abi_params_in(&p, sizeof p, params,
+                                 LOOM__ABI_END(loom_engine_params, n_sample_threads),
+                                 "engine_params"));
     LOOM_TRY(check_params(model, &p));
     loom_engine *e = calloc(1, sizeof *e);
     LOOM_RETURN_IF(!e, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
@@ -218,6 +222,7 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->batch_entries);
     free(e->results);
     free(e->events);
+    free(e->event_ptrs);
     for (int32_t k = 0; k < LOOM_ENGINE_MAX_SAMPLERS; k++) {
         free(e->sample_mem[k]);
         free(e->sample_hist[k]);

@@ -83,12 +83,15 @@ loom_status loom_engine_generate(loom_engine *e, const loom_request_params *req,
     LOOM_CHECK_ARG(e != NULL && req != NULL && out != NULL);
     LOOM_RETURN_IF(e->has_thread, LOOM_ERR_BUSY,
                    "engine_generate: the engine steps on its own thread (background mode)");
-    LOOM_RETURN_IF(req->n != 1, LOOM_ERR_INVALID_ARG,
+    loom_request_params p;
+    loom_sampler_params sampler;
+    LOOM_TRY(loom__request_params_in(req, &p, &sampler));
+    LOOM_RETURN_IF(p.n != 1, LOOM_ERR_INVALID_ARG,
                    "engine_generate: n = %d; it returns one sample (submit n > 1 with "
                    "loom_engine_submit and step)",
-                   req->n);
+                   p.n);
     loom_request_id id = 0;
-    LOOM_TRY(loom_engine_submit(e, req, &id));
+    LOOM_TRY(loom_engine_submit(e, &p, &id));
 
     collect c = {0};
     loom_status st = LOOM_OK;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/abi.h"
 #include "core/timer.h"
 #include "engine/engine.h"
 
@@ -25,16 +26,19 @@ double loom_engine_now(void) {
     return (double)loom__now_ns() * 1e-9;
 }
 
-loom_status loom_engine_submit(loom_engine *e, const loom_request_params *p,
+loom_status loom_engine_submit(loom_engine *e, const loom_request_params *req,
                                loom_request_id *out_id) {
     loom__clear_error();
-    LOOM_CHECK_ARG(e != NULL && p != NULL && out_id != NULL);
+    LOOM_CHECK_ARG(e != NULL && req != NULL && out_id != NULL);
+    loom_request_params params, *p = &params;
+    loom_sampler_params sampler;
+    LOOM_TRY(loom__request_params_in(req, p, &sampler));
     LOOM_RETURN_IF(p->n > LOOM_ENGINE_MAX_N - 1, LOOM_ERR_INVALID_ARG, "submit: n = %d (1..%d)",
                    p->n, LOOM_ENGINE_MAX_N - 1);
-    LOOM_RETURN_IF(p->sampler.n_logprobs > e->params.max_logprobs, LOOM_ERR_INVALID_ARG,
+    LOOM_RETURN_IF(p->sampler->n_logprobs > e->params.max_logprobs, LOOM_ERR_INVALID_ARG,
                    "submit: n_logprobs %d is above this engine's limit of %d (raise "
                    "loom_engine_params.max_logprobs)",
-                   p->sampler.n_logprobs, e->params.max_logprobs);
+                   p->sampler->n_logprobs, e->params.max_logprobs);
     /* The arrival: the caller's (validated against the clock now), else the submit time. */
     int64_t now_ns = loom__now_ns(), arrival_ns = now_ns;
     if (p->arrival_s != 0) {
@@ -135,14 +139,19 @@ loom_status loom_engine_get_kv_group(loom_engine *e, int32_t group, loom_kv_grou
     LOOM_RETURN_IF(group < 0 || group >= e->n_groups, LOOM_ERR_INVALID_ARG,
                    "engine: KV group %d outside [0, %d)", group, e->n_groups);
     pthread_mutex_lock(&e->mu);
-    *out = e->kv_groups[group];
+    loom_kv_group_info gi = e->kv_groups[group];
     pthread_mutex_unlock(&e->mu);
-    return LOOM_OK;
+    gi.size = sizeof gi;
+    return loom__abi_result_out(out, &gi, sizeof gi, LOOM__ABI_END(loom_kv_group_info, cow_copies),
+                                "kv_group_info");
 }
 
 loom_status loom_engine_get_stats(loom_engine *e, loom_engine_stats *out) {
     loom__clear_error();
     LOOM_CHECK_ARG(e != NULL && out != NULL);
+    LOOM_RETURN_IF(out->size < LOOM__ABI_END(loom_engine_stats, tokens_per_s_recent),
+                   LOOM_ERR_INVALID_ARG, "engine_get_stats: out->size %zu: set it to sizeof",
+                   out->size);
     /* Copies under the lock, sorting outside it: a step never waits for the percentiles. */
     double ttft[LOOM_ENGINE_LATENCY_WINDOW], tpot[LOOM_ENGINE_LATENCY_WINDOW]; /* 16 KiB */
     pthread_mutex_lock(&e->mu);
@@ -171,17 +180,32 @@ loom_status loom_engine_get_stats(loom_engine *e, loom_engine_stats *out) {
     st.busy_s = (double)busy_ns * 1e-9;
     st.tokens_per_s = busy_ns > 0 ? (double)st.tokens_generated / st.busy_s : 0;
     st.tokens_per_s_recent = recent_ns > 0 ? (double)recent_tokens / ((double)recent_ns * 1e-9) : 0;
-    *out = st;
-    return LOOM_OK;
+    st.size = sizeof st;
+    return loom__abi_result_out(out, &st, sizeof st,
+                                LOOM__ABI_END(loom_engine_stats, tokens_per_s_recent),
+                                "engine_stats");
 }
 
-loom_status loom_engine_step(loom_engine *e, const loom_event **events, size_t *n_events) {
+loom_status loom_engine_step(loom_engine *e, const loom_event *const **events, size_t *n_events) {
     loom__clear_error();
     LOOM_CHECK_ARG(e != NULL && events != NULL && n_events != NULL);
     LOOM_RETURN_IF(e->has_thread, LOOM_ERR_BUSY,
                    "engine: background mode steps on its own thread");
     loom_status st = loom__engine_step(e);
-    *events = e->events;
+    /* The caller sees pointers (loom_event may grow): one per event, kept with the array. */
+    if (e->n_events > e->cap_event_ptrs) {
+        const loom_event **grown = realloc(e->event_ptrs, e->cap_events * sizeof *grown);
+        if (grown == NULL) {
+            *events = NULL;
+            *n_events = 0;
+            return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for %zu events",
+                              e->n_events);
+        }
+        e->event_ptrs = grown;
+        e->cap_event_ptrs = e->cap_events;
+    }
+    for (size_t i = 0; i < e->n_events; i++) e->event_ptrs[i] = &e->events[i];
+    *events = e->event_ptrs;
     *n_events = e->n_events;
     return st;
 }

@@ -5,17 +5,30 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/abi.h"
 #include "core/checked.h"
 #include "sample/sample.h"
 
-loom_request_params loom_request_default_params(void) {
+void loom_request_params_init(loom_request_params *out, size_t size) {
     loom_request_params p;
-    memset(&p, 0, sizeof p);
+    loom__abi_init(&p, sizeof p);
     p.add_special = true;
-    p.sampler = loom_sampler_default_params();
+    p.sampler = NULL; /* the sampler's defaults */
     p.max_tokens = 128;
     p.n = 1;
-    return p;
+    loom__abi_defaults_out(out, size, &p, sizeof p);
+}
+
+loom_status loom__request_params_in(const loom_request_params *caller, loom_request_params *p,
+                                    loom_sampler_params *sampler) {
+    *p = loom_request_default_params();
+    LOOM_TRY(loom__abi_params_in(p, sizeof *p, caller,
+                                 LOOM__ABI_END(loom_request_params, arrival_s), "request_params"));
+    *sampler = loom_sampler_default_params();
+    LOOM_TRY(loom__abi_params_in(sampler, sizeof *sampler, p->sampler,
+                                 LOOM__ABI_END(loom_sampler_params, n_logprobs), "sampler_params"));
+    p->sampler = sampler;
+    return LOOM_OK;
 }
 
 static loom_status check_params(const loom_model *m, const loom_request_params *p) {
@@ -28,7 +41,7 @@ static loom_status check_params(const loom_model *m, const loom_request_params *
     LOOM_RETURN_IF(p->max_tokens < 1, LOOM_ERR_INVALID_ARG, "submit: max_tokens = %d (>= 1)",
                    p->max_tokens);
     loom__sample_chain_config chain;
-    loom_status st = loom__sampler_to_chain(&p->sampler, &chain);
+    loom_status st = loom__sampler_to_chain(p->sampler, &chain);
     if (st == LOOM_OK) st = loom__sample_chain_validate(&chain, m->cfg.n_vocab);
     if (st != LOOM_OK) {
         loom__error_prefix("submit");
@@ -112,11 +125,11 @@ static loom_status copy_stops(const loom_request_params *p, loom__req *r) {
 
 /* The sampler settings, with a private copy of the logit-bias list. */
 static loom_status copy_sampler(const loom_request_params *p, loom__req *r) {
-    LOOM_TRY(loom__sampler_to_chain(&p->sampler, &r->chain));
+    LOOM_TRY(loom__sampler_to_chain(p->sampler, &r->chain));
     if (r->chain.n_bias > 0) {
         r->bias = malloc((size_t)r->chain.n_bias * sizeof *r->bias);
         LOOM_RETURN_IF(!r->bias, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
-        memcpy(r->bias, p->sampler.logit_bias, (size_t)r->chain.n_bias * sizeof *r->bias);
+        memcpy(r->bias, r->chain.bias, (size_t)r->chain.n_bias * sizeof *r->bias);
     }
     r->chain.bias = r->bias;
     return LOOM_OK;

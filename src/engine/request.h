@@ -58,7 +58,14 @@ typedef struct loom__req {
     char *text_mem;           /* backing store of every sample's text stream */
 } loom__req;
 
-/* Validates params against the model and copies everything into a new request (id 0: the
+/* A caller's request (of caller->size bytes) and its sampler settings (of their size, or the
+ * defaults) read into full structs of this library: p->sampler then points at *sampler.
+ * Errors: INVALID_ARG, UNSUPPORTED (core/abi.h). */
+loom_status loom__request_params_in(const loom_request_params *caller, loom_request_params *p,
+                                    loom_sampler_params *sampler);
+
+/* Validates params (read by loom__request_params_in) against the model and copies everything
+ * into a new request (id 0: the
  * engine assigns it). The prompt must leave room for one generated token within max_ctx; a
  * request whose context fills later finishes with LOOM_FINISH_CONTEXT. max_piece is the
  * vocabulary's longest piece in bytes (sizes the text streams). Errors: see

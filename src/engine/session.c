@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "engine/session.h"
+#include "core/abi.h"
 #include "core/status.h"
 #include "engine/kv_storage.h"
 #include "kv/kv_manager.h"
@@ -36,14 +37,14 @@ struct loom_session {
     int32_t hook_every;
 };
 
-loom_session_params loom_session_default_params(void) {
+void loom_session_params_init(loom_session_params *out, size_t size) {
     loom_session_params p;
-    memset(&p, 0, sizeof p);
+    loom__abi_init(&p, sizeof p);
     p.n_ctx = 0;
     p.n_batch = 512;
     p.block_size = 16;
     p.kv_f32 = false;
-    return p;
+    loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
 static loom_type kv_type_of(const loom_session_params *p) {
@@ -88,7 +89,9 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
     LOOM_CHECK_ARG(model != NULL && out != NULL);
     LOOM_RETURN_IF(model->vocab_only, LOOM_ERR_INVALID_ARG,
                    "session: the model was loaded with vocab_only");
-    loom_session_params p = params ? *params : loom_session_default_params();
+    loom_session_params p = loom_session_default_params();
+    LOOM_TRY(loom__abi_params_in(&p, sizeof p, params, LOOM__ABI_END(loom_session_params, kv_f32),
+                                 "session_params"));
     if (p.n_ctx == 0) p.n_ctx = model->cfg.n_ctx_train < 4096 ? model->cfg.n_ctx_train : 4096;
     if (p.n_batch == 0) p.n_batch = 512;
     if (p.block_size == 0) p.block_size = 16;

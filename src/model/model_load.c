@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/abi.h"
 #include "core/log.h"
 #include "core/threadpool.h"
 #include "core/timer.h"
@@ -13,15 +14,15 @@
 #include "tensor/quant.h"
 #include "tensor/types.h"
 
-loom_model_params loom_model_default_params(void) {
+void loom_model_params_init(loom_model_params *out, size_t size) {
     loom_model_params p;
-    memset(&p, 0, sizeof p);
+    loom__abi_init(&p, sizeof p);
     p.backend = NULL; /* AUTO */
     p.device = 0;
     p.n_threads = 0;
     p.use_mmap = true;
     p.vocab_only = false;
-    return p;
+    loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
 static char *dup_gguf_str(loom__gguf_str s) {
@@ -173,7 +174,9 @@ loom_status loom_model_load(const char *path, const loom_model_params *params, l
     loom__clear_error();
     LOOM_CHECK_ARG(path != NULL);
     LOOM_CHECK_ARG(out != NULL);
-    loom_model_params p = params ? *params : loom_model_default_params();
+    loom_model_params p = loom_model_default_params();
+    LOOM_TRY(loom__abi_params_in(&p, sizeof p, params, LOOM__ABI_END(loom_model_params, numa),
+                                 "model_params"));
     LOOM_CHECK_ARG(p.n_threads <= 1024);
     LOOM_CHECK_ARG(p.device >= 0);
     LOOM_CHECK_ARG(p.numa >= LOOM_NUMA_AUTO && p.numa <= LOOM_NUMA_ISOLATE);
@@ -205,10 +208,11 @@ void loom_model_free(loom_model *m) {
     free(m);
 }
 
-loom_status loom_model_get_info(const loom_model *m, loom_model_info *out) {
+loom_status loom_model_get_info(const loom_model *m, loom_model_info *caller) {
     loom__clear_error();
     LOOM_CHECK_ARG(m != NULL);
-    LOOM_CHECK_ARG(out != NULL);
+    LOOM_CHECK_ARG(caller != NULL);
+    loom_model_info info, *out = &info;
     memset(out, 0, sizeof *out);
     out->architecture = m->arch_name;
     out->name = m->name;
@@ -227,5 +231,6 @@ loom_status loom_model_get_info(const loom_model *m, loom_model_info *out) {
     out->backend = m->backend ? m->backend->name : NULL;
     out->backend_path = m->backend ? m->backend->path : NULL;
     out->device = m->device;
-    return LOOM_OK;
+    return loom__abi_result_out(caller, out, sizeof *out, LOOM__ABI_END(loom_model_info, device),
+                                "model_info");
 }

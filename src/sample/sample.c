@@ -6,15 +6,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/abi.h"
 #include "core/status.h"
 
 /* ---- parameters ------------------------------------------------------------------------- */
 
-loom_sampler_params loom_sampler_default_params(void) {
+void loom_sampler_params_init(loom_sampler_params *out, size_t size) {
     /* The chain's defaults are the documented ones: copy them so the two cannot drift. */
     loom__sample_chain_config c = loom__sample_chain_default_config();
     loom_sampler_params p;
-    memset(&p, 0, sizeof p);
+    loom__abi_init(&p, sizeof p);
     p.temperature = c.temperature;
     p.top_k = c.top_k;
     p.top_p = c.top_p;
@@ -36,10 +37,14 @@ loom_sampler_params loom_sampler_default_params(void) {
     p.dyn_t_max = c.dyn_t_max;
     p.dyn_exponent = c.dyn_exponent;
     p.n_logprobs = c.n_logprobs;
-    return p;
+    loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
-loom_status loom__sampler_to_chain(const loom_sampler_params *p, loom__sample_chain_config *out) {
+loom_status loom__sampler_to_chain(const loom_sampler_params *caller,
+                                   loom__sample_chain_config *out) {
+    loom_sampler_params params = loom_sampler_default_params(), *p = &params;
+    LOOM_TRY(loom__abi_params_in(p, sizeof *p, caller,
+                                 LOOM__ABI_END(loom_sampler_params, n_logprobs), "sampler_params"));
     LOOM_RETURN_IF(p->n_logit_bias > 0 && p->logit_bias == NULL, LOOM_ERR_INVALID_ARG,
                    "sampler: logit_bias is NULL with n_logit_bias %zu", p->n_logit_bias);
     LOOM_RETURN_IF(p->n_logit_bias > INT32_MAX, LOOM_ERR_INVALID_ARG,
@@ -72,6 +77,7 @@ loom_status loom__sampler_to_chain(const loom_sampler_params *p, loom__sample_ch
 }
 
 void loom__sampler_info(const loom__sample_chain_result *r, loom_token_info *out) {
+    out->size = sizeof *out;
     out->token = r->token;
     out->logprob_raw = r->logprob_raw;
     out->logprob_final = r->logprob_final;
@@ -139,6 +145,8 @@ loom_status loom_sampler_run(loom_sampler *s, const float *logits,
                              size_t n_history, uint64_t draw_index, loom_token_info *out) {
     loom__clear_error();
     LOOM_CHECK_ARG(s != NULL && logits != NULL && params != NULL && out != NULL);
+    LOOM_RETURN_IF(out->size < LOOM__ABI_END(loom_token_info, n_top_final), LOOM_ERR_INVALID_ARG,
+                   "sampler: out->size %zu: set it to sizeof(loom_token_info)", out->size);
     LOOM_CHECK_ARG(n_history == 0 || history != NULL);
     LOOM_RETURN_IF(n_history > INT32_MAX, LOOM_ERR_INVALID_ARG,
                    "sampler: a history of %zu tokens is too long", n_history);
@@ -159,8 +167,10 @@ loom_status loom_sampler_run(loom_sampler *s, const float *logits,
     r.top_final = s->top ? s->top + c.n_logprobs : NULL;
     LOOM_TRY(loom__sample_chain_run(s->ws, &c, logits, history, (int32_t)n_history, draw_index,
                                    &r));
-    loom__sampler_info(&r, out);
-    return LOOM_OK;
+    loom_token_info info;
+    loom__sampler_info(&r, &info);
+    return loom__abi_result_out(out, &info, sizeof info, LOOM__ABI_END(loom_token_info, n_top_final),
+                                "token_info");
 }
 
 /* ---- loom_sample ------------------------------------------------------------------------ */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/abi.h"
 #include "core/checked.h"
 #include "core/timer.h"
 #include "core/status.h"
@@ -96,12 +97,14 @@ size_t loom_trace_count(const loom_trace *t) {
 loom_status loom_trace_get_info(const loom_trace *t, loom_trace_info *out) {
     loom__clear_error();
     LOOM_CHECK_ARG(t != NULL && out != NULL);
+    loom_trace_info info = {.size = sizeof info};
     pthread_mutex_lock(loom__trace_mu(t));
-    out->n_steps = t->n_steps;
-    out->n_tokens = t->n_tokens;
-    out->n_dropped = t->dropped;
+    info.n_steps = t->n_steps;
+    info.n_tokens = t->n_tokens;
+    info.n_dropped = t->dropped;
     pthread_mutex_unlock(loom__trace_mu(t));
-    return LOOM_OK;
+    return loom__abi_result_out(out, &info, sizeof info, LOOM__ABI_END(loom_trace_info, n_dropped),
+                                "trace_info");
 }
 
 /* ---- producers --------------------------------------------------------------------------- */

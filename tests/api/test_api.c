@@ -85,7 +85,7 @@ static void test_null_handles(void **state) {
     loom_token t = 1;
     assert_int_equal(loom_session_decode(NULL, &t, 1, false), LOOM_ERR_INVALID_ARG);
     assert_int_equal(loom_generate(NULL, "x", NULL, NULL, NULL, NULL), LOOM_ERR_INVALID_ARG);
-    loom_model_info info;
+    loom_model_info info = {.size = sizeof info};
     assert_int_equal(loom_model_get_info(NULL, &info), LOOM_ERR_INVALID_ARG);
 }
 
@@ -116,7 +116,7 @@ static void test_engine_without_model(void **state) {
     assert_int_equal(loom_engine_generate(NULL, &rp, NULL, NULL, &g), LOOM_ERR_INVALID_ARG);
     assert_null(g);
     loom_generation_free(NULL);
-    loom_engine_stats st;
+    loom_engine_stats st = {.size = sizeof st};
     assert_int_equal(loom_engine_get_stats(NULL, &st), LOOM_ERR_INVALID_ARG);
     /* loom_engine_now is CLOCK_MONOTONIC in seconds, and never goes back. */
     double a = loom_engine_now();

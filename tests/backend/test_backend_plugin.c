@@ -75,23 +75,25 @@ static void engine_tokens(loom_model *m, loom_token out[4][24]) {
     for (int r = 0; r < 4; r++) {
         for (int i = 0; i < 20; i++) prompt[r][i] = (loom_token)(5 + (r * 31 + i * 17) % 250);
         loom_request_params rq = loom_request_default_params();
+        loom_sampler_params sp = loom_sampler_default_params();
+        rq.sampler = &sp;
         rq.prompt_tokens = prompt[r];
         rq.n_prompt_tokens = 8 + 4 * (size_t)r;
         rq.max_tokens = 24;
         rq.ignore_eos = true;
-        rq.sampler.temperature = r % 2 ? 0.8f : 0.0f;
-        rq.sampler.seed = 100 + (uint64_t)r;
+        sp.temperature = r % 2 ? 0.8f : 0.0f;
+        sp.seed = 100 + (uint64_t)r;
         assert_int_equal(loom_engine_submit(e, &rq, &ids[r]), LOOM_OK);
     }
     int n[4] = {0};
     while (loom_engine_has_work(e)) {
-        const loom_event *ev;
+        const loom_event *const *ev;
         size_t n_ev;
         assert_int_equal(loom_engine_step(e, &ev, &n_ev), LOOM_OK);
         for (size_t k = 0; k < n_ev; k++)
             for (int r = 0; r < 4; r++)
-                if (ev[k].kind == LOOM_EVENT_TOKEN && ev[k].id == ids[r] && n[r] < 24)
-                    out[r][n[r]++] = ev[k].token;
+                if (ev[k]->kind == LOOM_EVENT_TOKEN && ev[k]->id == ids[r] && n[r] < 24)
+                    out[r][n[r]++] = ev[k]->token;
     }
     for (int r = 0; r < 4; r++) assert_int_equal(n[r], 24);
     loom_engine_destroy(e);
@@ -99,7 +101,7 @@ static void engine_tokens(loom_model *m, loom_token out[4][24]) {
 
 static void same_bits_as_builtin(const char *path) {
     loom_model *a = load(path, "cpu"), *b = load(path, "cpuplugin");
-    loom_model_info ia, ib;
+    loom_model_info ia = {.size = sizeof ia}, ib = {.size = sizeof ib};
     assert_int_equal(loom_model_get_info(a, &ia), LOOM_OK);
     assert_int_equal(loom_model_get_info(b, &ib), LOOM_OK);
     assert_string_equal(ia.backend, "cpu");
@@ -194,7 +196,7 @@ static void auto_runs_on_cpu(const char *backend_path, const char *want_log) {
     loom_log_set(collect, LOOM_LOG_INFO, NULL);
     loom_model *m = load(g_llama, NULL);
     loom_log_set(NULL, LOOM_LOG_WARN, NULL);
-    loom_model_info info;
+    loom_model_info info = {.size = sizeof info};
     assert_int_equal(loom_model_get_info(m, &info), LOOM_OK);
     assert_string_equal(info.backend, "cpu");
     assert_int_equal(info.device, 0);

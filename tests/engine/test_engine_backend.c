@@ -122,11 +122,13 @@ static void prompt_of(int r, loom_token *p, int n) {
 static void generate(loom_engine *e, const loom_token *prompt, int n, int max_tokens,
                      loom_token *out) {
     loom_request_params rq = loom_request_default_params();
+    loom_sampler_params sp = loom_sampler_default_params();
+    rq.sampler = &sp;
     rq.prompt_tokens = prompt;
     rq.n_prompt_tokens = (size_t)n;
     rq.max_tokens = max_tokens;
     rq.ignore_eos = true;
-    rq.sampler.temperature = 0.0f;
+    sp.temperature = 0.0f;
     loom_generation *g = NULL;
     if (loom_engine_generate(e, &rq, NULL, NULL, &g) != LOOM_OK)
         fail_msg("generate: %s", loom_last_error());
@@ -153,7 +155,7 @@ static void test_cow_one_call(void **state) {
         assert_memory_equal(a, b, sizeof a);
         int64_t cows = 0, ranges = 0;
         for (int32_t g = 0; g < e->n_groups; g++) {
-            loom_kv_group_info gi;
+            loom_kv_group_info gi = {.size = sizeof gi};
             assert_int_equal(loom_engine_get_kv_group(e, g, &gi), LOOM_OK);
             cows += gi.cow_copies;
             ranges += gi.cow_copies * 2 * layers_in(m, g);
@@ -175,24 +177,26 @@ static void run_batch(loom_engine *e, int n_req, loom_token out[][40]) {
     for (int r = 0; r < n_req; r++) {
         prompt_of(10 + r, prompts[r], 40);
         loom_request_params rq = loom_request_default_params();
+        loom_sampler_params sp = loom_sampler_default_params();
+        rq.sampler = &sp;
         rq.prompt_tokens = prompts[r];
         rq.n_prompt_tokens = 30 + (size_t)r;
         rq.max_tokens = 40;
         rq.ignore_eos = true;
-        rq.sampler.temperature = r % 2 ? 0.9f : 0.0f;
-        rq.sampler.seed = 3 + (uint64_t)r;
+        sp.temperature = r % 2 ? 0.9f : 0.0f;
+        sp.seed = 3 + (uint64_t)r;
         assert_int_equal(loom_engine_submit(e, &rq, &ids[r]), LOOM_OK);
     }
     int n[8] = {0};
     while (loom_engine_has_work(e)) {
-        const loom_event *ev;
+        const loom_event *const *ev;
         size_t n_ev;
         assert_int_equal(loom_engine_step(e, &ev, &n_ev), LOOM_OK);
         for (size_t k = 0; k < n_ev; k++) {
-            assert_int_not_equal(ev[k].kind, LOOM_EVENT_FAILED);
+            assert_int_not_equal(ev[k]->kind, LOOM_EVENT_FAILED);
             for (int r = 0; r < n_req; r++)
-                if (ev[k].kind == LOOM_EVENT_TOKEN && ev[k].id == ids[r])
-                    out[r][n[r]++] = ev[k].token;
+                if (ev[k]->kind == LOOM_EVENT_TOKEN && ev[k]->id == ids[r])
+                    out[r][n[r]++] = ev[k]->token;
         }
     }
     for (int r = 0; r < n_req; r++) assert_int_equal(n[r], 40);
@@ -243,7 +247,7 @@ static void test_step_begin(void **state) {
     loom_engine *e = make_engine(m, 4 << 20, LOOM_PREEMPT_RECOMPUTE);
     loom_token out[4][40];
     run_batch(e, 4, out);
-    loom_engine_stats st;
+    loom_engine_stats st = {.size = sizeof st};
     assert_int_equal(loom_engine_get_stats(e, &st), LOOM_OK);
     assert_true(g_steps > 0);
     assert_int_equal(g_steps, st.steps); /* one per step that ran a batch */

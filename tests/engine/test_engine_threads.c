@@ -50,15 +50,17 @@ typedef struct job {
     char err[256];
 } job;
 
-static loom_request_params request(job *j, int r, loom_token *prompt) {
+static loom_request_params request(job *j, int r, loom_token *prompt, loom_sampler_params *sp) {
     for (int i = 0; i < 24; i++) prompt[i] = (loom_token)(4 + (j->salt * 53 + r * 29 + i * 11) % 290);
     loom_request_params rq = loom_request_default_params();
     rq.prompt_tokens = prompt;
     rq.n_prompt_tokens = 6 + 2 * (size_t)r;
     rq.max_tokens = N_TOKEN;
     rq.ignore_eos = true;
-    rq.sampler.temperature = r % 2 ? 0.7f : 0.0f;
-    rq.sampler.seed = 7 + (uint64_t)(j->salt * 10 + r);
+    *sp = loom_sampler_default_params();
+    sp->temperature = r % 2 ? 0.7f : 0.0f;
+    sp->seed = 7 + (uint64_t)(j->salt * 10 + r);
+    rq.sampler = sp;
     return rq;
 }
 
@@ -72,8 +74,9 @@ static loom_status run_job(job *j) {
     loom_status st = loom_engine_create(j->model, &ep, &e);
     if (st != LOOM_OK) return st;
     loom_token prompt[2 * N_REQ][24];
+    loom_sampler_params sp[2 * N_REQ];
     for (int r = 0; r < N_REQ && st == LOOM_OK; r++) {
-        loom_request_params rq = request(j, r, prompt[r]);
+        loom_request_params rq = request(j, r, prompt[r], &sp[r]);
         loom_generation *g = NULL;
         st = loom_engine_generate(e, &rq, NULL, NULL, &g);
         if (st == LOOM_OK) {
@@ -84,18 +87,18 @@ static loom_status run_job(job *j) {
     }
     loom_request_id ids[N_REQ];
     for (int r = 0; r < N_REQ && st == LOOM_OK; r++) {
-        loom_request_params rq = request(j, N_REQ + r, prompt[N_REQ + r]);
+        loom_request_params rq = request(j, N_REQ + r, prompt[N_REQ + r], &sp[N_REQ + r]);
         st = loom_engine_submit(e, &rq, &ids[r]);
     }
     int n[N_REQ] = {0};
     while (st == LOOM_OK && loom_engine_has_work(e)) {
-        const loom_event *ev;
+        const loom_event *const *ev;
         size_t n_ev;
         st = loom_engine_step(e, &ev, &n_ev);
         for (size_t k = 0; st == LOOM_OK && k < n_ev; k++)
             for (int r = 0; r < N_REQ; r++)
-                if (ev[k].kind == LOOM_EVENT_TOKEN && ev[k].id == ids[r] && n[r] < N_TOKEN)
-                    j->out[N_REQ + r][n[r]++] = ev[k].token;
+                if (ev[k]->kind == LOOM_EVENT_TOKEN && ev[k]->id == ids[r] && n[r] < N_TOKEN)
+                    j->out[N_REQ + r][n[r]++] = ev[k]->token;
     }
     loom_engine_destroy(e);
     return st;
@@ -163,7 +166,7 @@ static void test_two_engines(void **state) {
 static void test_sessions_and_engine(void **state) {
     (void)state;
     loom_model *m = load(g_path[1]);
-    loom_model_info info;
+    loom_model_info info = {.size = sizeof info};
     assert_int_equal(loom_model_get_info(m, &info), LOOM_OK);
     const int32_t V = info.n_vocab;
     sjob alone[2], together[2];

@@ -162,7 +162,7 @@ static void test_sampler_matches_loom_sample(void **state) {
     p.min_p = 0.05f;
     for (uint64_t i = 0; i < 200; i++) {
         loom_token a = -1;
-        loom_token_info info;
+        loom_token_info info = {.size = sizeof info};
         assert_int_equal(loom_sample(lg, 64, &p, i, &a), LOOM_OK);
         assert_int_equal(loom_sampler_run(s, lg, &p, NULL, 0, i, &info), LOOM_OK);
         assert_int_equal(a, info.token);
@@ -179,7 +179,7 @@ static void test_sampler_history_and_info(void **state) {
     assert_int_equal(loom_sampler_create(6, &s), LOOM_OK);
     loom_sampler_params p = loom_sampler_default_params();
     p.temperature = 0;
-    loom_token_info info;
+    loom_token_info info = {.size = sizeof info};
     /* Greedy: a point mass, and the model's own log-probability of the arg max. */
     assert_int_equal(loom_sampler_run(s, lg, &p, NULL, 0, 0, &info), LOOM_OK);
     assert_int_equal(info.token, 0);
@@ -221,7 +221,7 @@ static void test_sampler_bad_input(void **state) {
     assert_int_equal(loom_sampler_create(0, &s), LOOM_ERR_INVALID_ARG);
     assert_int_equal(loom_sampler_create(4, NULL), LOOM_ERR_INVALID_ARG);
     assert_int_equal(loom_sampler_create(4, &s), LOOM_OK);
-    loom_token_info info;
+    loom_token_info info = {.size = sizeof info};
     loom_sampler_params p = loom_sampler_default_params();
     loom_logit_bias bad = {4, 1.0f};
     p.logit_bias = &bad, p.n_logit_bias = 1;

@@ -32,7 +32,7 @@ int main(int argc, char **argv) {
     }
     loom_model *m = NULL;
     loom_session *s = NULL;
-    loom_model_info info;
+    loom_model_info info = {.size = sizeof info};
     loom_session_params sp = loom_session_default_params();
     sp.kv_f32 = true;
     sp.n_batch = (int32_t)n;

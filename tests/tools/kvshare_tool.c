@@ -54,10 +54,10 @@ static loom_status run(int argc, char **argv) {
     loom_status st = apply_map(m, argv[2]);
     loom_session *s = NULL;
     loom_engine *e = NULL;
-    loom_session_params sp = loom_session_default_params();
-    sp.kv_f32 = true;
-    sp.n_ctx = 256;
-    if (st == LOOM_OK) st = loom_session_create(m, &sp, &s);
+    loom_session_params sesp = loom_session_default_params();
+    sesp.kv_f32 = true;
+    sesp.n_ctx = 256;
+    if (st == LOOM_OK) st = loom_session_create(m, &sesp, &s);
     const int32_t V = m->cfg.n_vocab;
     if (st == LOOM_OK) st = loom_session_decode(s, toks, (int32_t)n, true);
     if (st == LOOM_OK) {
@@ -80,7 +80,7 @@ static loom_status run(int argc, char **argv) {
     ep.max_ctx = 256;
     if (st == LOOM_OK) st = loom_engine_create(m, &ep, &e);
     for (int32_t g = 0; st == LOOM_OK; g++) {
-        loom_kv_group_info gi;
+        loom_kv_group_info gi = {.size = sizeof gi};
         st = loom_engine_get_kv_group(e, g, &gi);
         if (st != LOOM_OK) break;
         printf("group %d layers %d block_bytes %lld\n", g, gi.n_layers, (long long)gi.block_bytes);
@@ -89,11 +89,13 @@ static loom_status run(int argc, char **argv) {
     loom_generation *out = NULL;
     if (st == LOOM_OK) {
         loom_request_params rq = loom_request_default_params();
+        loom_sampler_params sp = loom_sampler_default_params();
+        rq.sampler = &sp;
         rq.prompt_tokens = toks;
         rq.n_prompt_tokens = n;
         rq.max_tokens = 8;
         rq.ignore_eos = true;
-        rq.sampler.temperature = 0.0f;
+        sp.temperature = 0.0f;
         st = loom_engine_generate(e, &rq, NULL, NULL, &out);
     }
     if (st == LOOM_OK) {

@@ -122,7 +122,7 @@ static int real(loom_trace *t, const char *model_path, int n_gen, const char *pr
     mp.n_threads = 2;
     loom_status st = loom_model_load(model_path, &mp, &m);
     if (st != LOOM_OK) return fail("load", st);
-    loom_model_info info;
+    loom_model_info info = {.size = sizeof info};
     loom_model_get_info(m, &info);
     st = loom_session_create(m, NULL, &s);
     if (st != LOOM_OK) {

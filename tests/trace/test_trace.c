@@ -142,7 +142,7 @@ static void test_jsonl_roundtrip(void **state) {
     (void)state;
     loom_trace *t = make_sample_trace();
     assert_int_equal(loom_trace_count(t), 3);
-    loom_trace_info info;
+    loom_trace_info info = {.size = sizeof info};
     assert_int_equal(loom_trace_get_info(t, &info), LOOM_OK);
     assert_int_equal(info.n_steps, 2);
     assert_int_equal(info.n_tokens, 3);
@@ -537,7 +537,7 @@ static void test_phases_tile_the_step(void **state) {
     assert_int_equal(loom__trace_add_step(t, &s), LOOM_ERR_INVALID_ARG);
     s.n_phases = LOOM__TRACE_MAX_PHASES + 1;
     assert_int_equal(loom__trace_add_step(t, &s), LOOM_ERR_INVALID_ARG);
-    loom_trace_info info;
+    loom_trace_info info = {.size = sizeof info};
     assert_int_equal(loom_trace_get_info(t, &info), LOOM_OK);
     assert_int_equal(info.n_steps, 3);
     assert_int_equal(info.n_dropped, 0);
@@ -549,7 +549,7 @@ static void test_phases_tile_the_step(void **state) {
 static void test_bad_args(void **state) {
     (void)state;
     loom_trace *t = make_sample_trace();
-    loom_trace_info info;
+    loom_trace_info info = {.size = sizeof info};
     size_t n = 0;
     char buf[8];
     assert_int_equal(loom_trace_create(NULL), LOOM_ERR_INVALID_ARG);
@@ -638,7 +638,7 @@ static void test_clear_and_dropped(void **state) {
     loom__trace_token k = token_rec(1, 0, 5, 0, &one, SIZE_MAX, 0);
     assert_int_equal(loom__trace_add_token(t, &k), LOOM_ERR_OUT_OF_MEMORY);
     assert_non_null(strstr(loom_last_error(), "dropped"));
-    loom_trace_info info;
+    loom_trace_info info = {.size = sizeof info};
     assert_int_equal(loom_trace_get_info(t, &info), LOOM_OK);
     assert_int_equal(info.n_tokens, 3);
     assert_int_equal(info.n_dropped, 1);
@@ -791,7 +791,7 @@ static void test_concurrent_append_and_write(void **state) {
     assert_int_equal(ra.failures, 0);
     assert_true(ra.n_parsed > 0);
 
-    loom_trace_info info;
+    loom_trace_info info = {.size = sizeof info};
     assert_int_equal(loom_trace_get_info(t, &info), LOOM_OK);
     assert_int_equal(info.n_steps, 2 * PRODUCER_STEPS);
     assert_int_equal(info.n_tokens, 2 * PRODUCER_STEPS * TOKENS_PER_STEP);

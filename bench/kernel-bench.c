@@ -12,8 +12,8 @@
  *            the arithmetic the matmul used before the tile kernels (tensor/qgemm.h),
  * with the weight bytes read per second and the ratio. --shape TYPE:N:K (repeatable; TYPE a
  * loom type name such as f16, q8_0, q4_K) replaces the built-in shapes, -T the token counts
- * (default 1,4,16,128), and --no-rowdot skips the one-row reference. Weights are random codes with sane
- * scales (the timing does not depend on the values). Links the static library to reach the
+ * (default 1,4,16,128), and --no-rowdot skips the one-row reference. Weights are random codes with
+ * sane scales (the timing does not depend on the values). Links the static library to reach the
  * internal headers. */
 #include <math.h>
 #include <stdbool.h>
@@ -211,8 +211,8 @@ int main(int argc, char **argv) {
                 if (t2 - t1 < best_rd) best_rd = t2 - t1;
             }
             const double gb = (double)N * (double)wrow * 1e-9;
-            printf("%-22s %-5s %4lld %10.3f %9.1f", s->what, loom__type_name(s->type),
-                   (long long)T, best_mm * 1e3, gb / best_mm);
+            printf("%-22s %-5s %4lld %10.3f %9.1f", s->what, loom__type_name(s->type), (long long)T,
+                   best_mm * 1e3, gb / best_mm);
             if (rowdot)
                 printf(" %10.3f %9.1f %7.2f\n", best_rd * 1e3, gb / best_rd, best_rd / best_mm);
             else

@@ -199,7 +199,7 @@ int main(int argc, char **argv) {
                 loom__sample_chain_result res = {.top_raw = top_raw, .top_final = top_final};
                 double a = loom__now_ms();
                 st = loom__sample_chain_run(ws, &cfgs[ci].c, lg, toks, (int32_t)n_prompt,
-                                           (uint64_t)(k * reps + r), &res);
+                                            (uint64_t)(k * reps + r), &res);
                 double b = loom__now_ms();
                 if (st != LOOM_OK) die(cfgs[ci].name, st);
                 sink += res.token;

@@ -24,36 +24,35 @@
 #define SERVE_MAX_LOADS 4
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: loom-serve-bench -m MODEL [options]\n"
-            "modes (default: one open-loop run at --rate):\n"
-            "  --saturation          burst to find the saturation rate, then --loads of it,\n"
-            "                        each with the priority scheduler and with FCFS\n"
-            "  --sat-rate R          skip the burst: use R req/s as the saturation rate\n"
-            "  --burst N             requests of the saturation burst (default 64)\n"
-            "  --loads L1,L2,...     fractions of saturation to run (default 0.7,0.95)\n"
-            "  --concurrency N[,M]   closed loop: N requests in flight for --duration s\n"
-            "  --fcfs                single run: plain FCFS instead of the priority scheduler\n"
-            "workload (all drawn from --seed):\n"
-            "  --seed S              (default 1)\n"
-            "  --rate R              Poisson arrivals, requests/s (default 1)\n"
-            "  --duration S          arrivals during S seconds (default 60)\n"
-            "  --requests N          exactly N arrivals instead of --duration\n"
-            "  --prompt-len SPEC     own prompt tokens (default lognormal:64:0.5:8:256)\n"
-            "  --output-len SPEC     generated tokens (default lognormal:32:0.5:4:128)\n"
-            "                        SPEC: N | uniform:LO:HI | lognormal:MEDIAN:SIGMA[:LO:HI]\n"
-            "  --shared-prefix-frac F  fraction starting with the shared prefix (default 0.5)\n"
-            "  --prefix-len N        tokens of the shared prefix (default 128)\n"
-            "  --high-frac F         fraction in the high class (default 0.3)\n"
-            "  --ttft-deadline S     TTFT deadline of the high class (default 2)\n"
-            "engine:\n"
-            "  -t THREADS            compute threads (default: all cores)\n"
-            "  --kv-mb MB            KV-cache budget (default 64)\n"
-            "  --max-seqs N  --max-batched-tokens N  --block-size N   (engine defaults)\n"
-            "  --max-ctx N           positions per request (default: the longest request the\n"
-            "                        distributions can draw, at most the model's context)\n"
-            "  --no-prefix-cache     turn the prefix cache off\n"
-            "  -v                    progress lines on stderr every 5 s\n");
+    fprintf(f, "usage: loom-serve-bench -m MODEL [options]\n"
+               "modes (default: one open-loop run at --rate):\n"
+               "  --saturation          burst to find the saturation rate, then --loads of it,\n"
+               "                        each with the priority scheduler and with FCFS\n"
+               "  --sat-rate R          skip the burst: use R req/s as the saturation rate\n"
+               "  --burst N             requests of the saturation burst (default 64)\n"
+               "  --loads L1,L2,...     fractions of saturation to run (default 0.7,0.95)\n"
+               "  --concurrency N[,M]   closed loop: N requests in flight for --duration s\n"
+               "  --fcfs                single run: plain FCFS instead of the priority scheduler\n"
+               "workload (all drawn from --seed):\n"
+               "  --seed S              (default 1)\n"
+               "  --rate R              Poisson arrivals, requests/s (default 1)\n"
+               "  --duration S          arrivals during S seconds (default 60)\n"
+               "  --requests N          exactly N arrivals instead of --duration\n"
+               "  --prompt-len SPEC     own prompt tokens (default lognormal:64:0.5:8:256)\n"
+               "  --output-len SPEC     generated tokens (default lognormal:32:0.5:4:128)\n"
+               "                        SPEC: N | uniform:LO:HI | lognormal:MEDIAN:SIGMA[:LO:HI]\n"
+               "  --shared-prefix-frac F  fraction starting with the shared prefix (default 0.5)\n"
+               "  --prefix-len N        tokens of the shared prefix (default 128)\n"
+               "  --high-frac F         fraction in the high class (default 0.3)\n"
+               "  --ttft-deadline S     TTFT deadline of the high class (default 2)\n"
+               "engine:\n"
+               "  -t THREADS            compute threads (default: all cores)\n"
+               "  --kv-mb MB            KV-cache budget (default 64)\n"
+               "  --max-seqs N  --max-batched-tokens N  --block-size N   (engine defaults)\n"
+               "  --max-ctx N           positions per request (default: the longest request the\n"
+               "                        distributions can draw, at most the model's context)\n"
+               "  --no-prefix-cache     turn the prefix cache off\n"
+               "  -v                    progress lines on stderr every 5 s\n");
 }
 
 /* ---- option parsing ------------------------------------------------------------------------ */
@@ -73,8 +72,8 @@ static double num_arg(int argc, char **argv, int *i, double lo, double hi) {
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "loom-serve-bench: %s: expected a number in [%g, %g], got %s\n", flag,
-                lo, hi, s);
+        fprintf(stderr, "loom-serve-bench: %s: expected a number in [%g, %g], got %s\n", flag, lo,
+                hi, s);
         exit(2);
     }
     return v;
@@ -238,12 +237,12 @@ static void print_header(int argc, char **argv, const serve_config *c, const loo
     serve_dist_format(&c->output_len, ol, sizeof ol);
     printf("workload: seed %llu; prompt %s (+%d BOS, +%d shared prefix for %.0f%%); output %s; "
            "high class %.0f%% (priority 1, TTFT deadline %.3g s); best-effort priority 0\n",
-           (unsigned long long)c->seed, pl, w->n_head, c->prefix_len,
-           100 * c->shared_prefix_frac, ol, 100 * c->high_frac, c->ttft_deadline_s);
+           (unsigned long long)c->seed, pl, w->n_head, c->prefix_len, 100 * c->shared_prefix_frac,
+           ol, 100 * c->high_frac, c->ttft_deadline_s);
     printf("engine: kv %.1f MiB, block %d, max_seqs %d, max_batched_tokens %d, max_ctx %d, "
            "prefix cache %s\n",
-           (double)ep->kv_bytes / (1 << 20), ep->block_size, ep->max_seqs,
-           ep->max_batched_tokens, ep->max_ctx, ep->prefix_cache ? "on" : "off");
+           (double)ep->kv_bytes / (1 << 20), ep->block_size, ep->max_seqs, ep->max_batched_tokens,
+           ep->max_ctx, ep->prefix_cache ? "on" : "off");
     if (w->n_clamped) printf("note: %d requests shortened to fit max_ctx\n", w->n_clamped);
 }
 
@@ -319,8 +318,7 @@ static int mode_saturation(loom_model *model, const serve_opts *o, const loom_mo
     int rc = 0;
     for (int l = 0; l < o->n_loads; l++) {
         double rate = o->loads[l] * sat;
-        if (!serve_workload_make(c, mi, ep.max_ctx, rate, c->n_requests, c->duration_s,
-                                 &ws[l])) {
+        if (!serve_workload_make(c, mi, ep.max_ctx, rate, c->n_requests, c->duration_s, &ws[l])) {
             rc = 1;
             break;
         }
@@ -332,8 +330,8 @@ static int mode_saturation(loom_model *model, const serve_opts *o, const loom_mo
             r->rate = rate;
             loom_engine_params p = ep;
             p.fcfs = f == 1;
-            fprintf(stderr, "loom-serve-bench: %s (%.3f req/s, %zu requests)...\n", r->label,
-                    rate, ws[l].n);
+            fprintf(stderr, "loom-serve-bench: %s (%.3f req/s, %zu requests)...\n", r->label, rate,
+                    ws[l].n);
             if (serve_run_open(model, &p, &ws[l], c, r) != LOOM_OK) rc = 1;
         }
     }

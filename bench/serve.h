@@ -55,8 +55,8 @@ typedef struct serve_config {
     bool no_prefix_cache;
     /* Modes. */
     bool saturation;
-    int32_t burst;            /* --saturation: requests of the burst at t = 0 */
-    int32_t concurrency[8];   /* --concurrency N[,M...]: closed-loop levels */
+    int32_t burst;          /* --saturation: requests of the burst at t = 0 */
+    int32_t concurrency[8]; /* --concurrency N[,M...]: closed-loop levels */
     int32_t n_concurrency;
     bool verbose;
 } serve_config;
@@ -81,11 +81,11 @@ typedef struct serve_request {
 typedef struct serve_workload {
     serve_request *reqs; /* [n], by arrival time */
     size_t n;
-    loom_token *prefix;  /* [n_prefix]: BOS (when the model has one) + the shared prefix */
+    loom_token *prefix; /* [n_prefix]: BOS (when the model has one) + the shared prefix */
     int32_t n_prefix;
-    int32_t n_head;      /* 1 when every prompt starts with BOS, else 0 */
+    int32_t n_head; /* 1 when every prompt starts with BOS, else 0 */
     int32_t n_vocab;
-    int32_t n_clamped;   /* requests shortened to fit max_ctx */
+    int32_t n_clamped; /* requests shortened to fit max_ctx */
 } serve_workload;
 
 /* Draws the workload from cfg->seed. rate <= 0 means a burst: every arrival at t = 0. n > 0
@@ -102,11 +102,11 @@ int32_t serve_workload_max_len(const serve_config *cfg, int32_t n_head);
 /* ---- driver -------------------------------------------------------------------------------- */
 
 typedef struct serve_record {
-    double arrival_s;     /* open loop: the drawn arrival; closed loop: the submit time */
-    double submit_s;      /* when loom_engine_submit returned (run clock) */
-    double first_s;       /* first TOKEN event; < 0 until then */
-    double finish_s;      /* FINISHED or FAILED event; < 0 until then */
-    int32_t n_tokens;     /* TOKEN events */
+    double arrival_s; /* open loop: the drawn arrival; closed loop: the submit time */
+    double submit_s;  /* when loom_engine_submit returned (run clock) */
+    double first_s;   /* first TOKEN event; < 0 until then */
+    double finish_s;  /* FINISHED or FAILED event; < 0 until then */
+    int32_t n_tokens; /* TOKEN events */
     loom_request_id id;
     bool submitted, done, failed;
     loom_finish_reason reason;
@@ -114,7 +114,7 @@ typedef struct serve_record {
 } serve_record;
 
 typedef struct serve_step_sample {
-    double t_s, dt_s;     /* end of the step (run clock), its duration */
+    double t_s, dt_s; /* end of the step (run clock), its duration */
     int32_t blocks_used, blocks_total, running, waiting;
     int32_t n_decoding;   /* sequences that got a token this step and hold KV after it */
     int64_t frag_slots;   /* group 0's slots_unused (loom_kv_group_info): exact */
@@ -128,14 +128,14 @@ typedef struct serve_step_sample {
 typedef struct serve_run {
     const char *label;
     const serve_workload *w; /* the requests the run replayed */
-    double rate;          /* offered requests/s (0: burst or closed loop) */
-    int32_t concurrency;  /* closed loop: requests in flight (0: open loop) */
+    double rate;             /* offered requests/s (0: burst or closed loop) */
+    int32_t concurrency;     /* closed loop: requests in flight (0: open loop) */
     bool fcfs;
-    serve_record *recs;   /* [n], parallel to the workload's requests */
+    serve_record *recs; /* [n], parallel to the workload's requests */
     size_t n;
     serve_step_sample *steps;
     size_t n_steps, cap_steps;
-    double wall_s;        /* first arrival .. last finish (closed loop: the measured window) */
+    double wall_s; /* first arrival .. last finish (closed loop: the measured window) */
     double max_lag_s, sum_lag_s; /* arrival -> submit delay */
     loom_engine_stats stats;     /* at the end */
     int32_t block_size;
@@ -147,13 +147,13 @@ typedef struct serve_run {
 /* Open loop: submits each request when the clock passes its arrival, steps the engine until all
  * have finished. Creates and destroys its own engine. Returns the first failure of create or
  * step (the run's records stay valid up to there). */
-loom_status serve_run_open(loom_model *model, const loom_engine_params *ep,
-                           const serve_workload *w, const serve_config *cfg, serve_run *run);
+loom_status serve_run_open(loom_model *model, const loom_engine_params *ep, const serve_workload *w,
+                           const serve_config *cfg, serve_run *run);
 /* Closed loop: keeps `concurrency` requests in flight (drawn in order from w, which must hold
  * enough), for duration_s seconds, then cancels what is left. */
 loom_status serve_run_closed(loom_model *model, const loom_engine_params *ep,
-                             const serve_workload *w, const serve_config *cfg,
-                             int32_t concurrency, double duration_s, serve_run *run);
+                             const serve_workload *w, const serve_config *cfg, int32_t concurrency,
+                             double duration_s, serve_run *run);
 void serve_run_free(serve_run *run);
 
 /* ---- report -------------------------------------------------------------------------------- */

@@ -41,11 +41,11 @@ typedef struct serve_drv {
     const serve_config *cfg;
     loom_engine *e;
     double t0;
-    loom_token *prompt;      /* [max prompt] scratch for submit */
-    serve_record **touched;  /* [n] records that got a token in the current step */
+    loom_token *prompt;     /* [max prompt] scratch for submit */
+    serve_record **touched; /* [n] records that got a token in the current step */
     size_t n_touched;
-    int32_t n_awaiting;      /* submitted, no token yet, not finished */
-    int32_t n_in_flight;     /* submitted, not finished */
+    int32_t n_awaiting;  /* submitted, no token yet, not finished */
+    int32_t n_in_flight; /* submitted, not finished */
     size_t n_done;
     double next_report;
 } serve_drv;
@@ -96,7 +96,9 @@ static loom_status drv_abort(serve_drv *d, loom_status st) {
     return st;
 }
 
-static double drv_now(const serve_drv *d) { return serve_now_s() - d->t0; }
+static double drv_now(const serve_drv *d) {
+    return serve_now_s() - d->t0;
+}
 
 /* Submits request i; arrival is when it was due (open loop) or now (closed loop). */
 static void drv_submit(serve_drv *d, size_t i, double arrival) {
@@ -125,8 +127,8 @@ static void drv_submit(serve_drv *d, size_t i, double arrival) {
     d->run->sum_lag_s += lag;
     if (lag > d->run->max_lag_s) d->run->max_lag_s = lag;
     if (st != LOOM_OK) {
-        fprintf(stderr, "loom-serve-bench: submit of request %zu (%d prompt tokens): %s: %s\n",
-                i, q->n_prompt, loom_status_str(st), loom_last_error());
+        fprintf(stderr, "loom-serve-bench: submit of request %zu (%d prompt tokens): %s: %s\n", i,
+                q->n_prompt, loom_status_str(st), loom_last_error());
         rec->done = rec->failed = true;
         rec->status = st;
         rec->finish_s = now;
@@ -190,8 +192,7 @@ static loom_status drv_step(serve_drv *d) {
     loom_status st = loom_engine_step(d->e, &evs, &n_evs);
     double now = drv_now(d);
     if (st != LOOM_OK) {
-        fprintf(stderr, "loom-serve-bench: step: %s: %s\n", loom_status_str(st),
-                loom_last_error());
+        fprintf(stderr, "loom-serve-bench: step: %s: %s\n", loom_status_str(st), loom_last_error());
         return st;
     }
     d->n_touched = 0;
@@ -236,8 +237,8 @@ static loom_status drv_step(serve_drv *d) {
 
 /* ---- open loop ----------------------------------------------------------------------------- */
 
-loom_status serve_run_open(loom_model *model, const loom_engine_params *ep,
-                           const serve_workload *w, const serve_config *cfg, serve_run *run) {
+loom_status serve_run_open(loom_model *model, const loom_engine_params *ep, const serve_workload *w,
+                           const serve_config *cfg, serve_run *run) {
     serve_drv d;
     loom_status st = drv_init(&d, model, ep, w, cfg, run);
     if (st != LOOM_OK) return drv_abort(&d, st);
@@ -269,8 +270,8 @@ loom_status serve_run_open(loom_model *model, const loom_engine_params *ep,
 /* ---- closed loop --------------------------------------------------------------------------- */
 
 loom_status serve_run_closed(loom_model *model, const loom_engine_params *ep,
-                             const serve_workload *w, const serve_config *cfg,
-                             int32_t concurrency, double duration_s, serve_run *run) {
+                             const serve_workload *w, const serve_config *cfg, int32_t concurrency,
+                             double duration_s, serve_run *run) {
     serve_drv d;
     loom_status st = drv_init(&d, model, ep, w, cfg, run);
     run->concurrency = concurrency;

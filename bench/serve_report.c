@@ -42,8 +42,7 @@ typedef struct class_metrics {
     double ttft_p50, ttft_p99, tpot_p50, tpot_p99; /* seconds */
 } class_metrics;
 
-static class_metrics class_stats(const serve_run *r, int cls, double deadline,
-                                 double *scratch) {
+static class_metrics class_stats(const serve_run *r, int cls, double deadline, double *scratch) {
     const serve_workload *w = r->w;
     class_metrics m;
     memset(&m, 0, sizeof m);
@@ -74,10 +73,10 @@ static class_metrics class_stats(const serve_run *r, int cls, double deadline,
 }
 
 typedef struct kv_metrics {
-    double util_mean, util_peak;  /* fraction of blocks */
-    double frag_mean, frag_peak;  /* fraction of group 0's pool slots */
+    double util_mean, util_peak;   /* fraction of blocks */
+    double frag_mean, frag_peak;   /* fraction of group 0's pool slots */
     double bound_mean, bound_peak; /* all groups: fraction of the KV bytes */
-    double frag_of_used;          /* step-weighted: unused / allocated slots (group 0) */
+    double frag_of_used;           /* step-weighted: unused / allocated slots (group 0) */
     /* Steps where every running sequence was decoding: blocks used / sum of ceil(p / B) over
      * them (1 without prefix sharing if the estimate's positions are right; below 1 by what
      * shared prefix blocks save). */
@@ -100,8 +99,8 @@ static kv_metrics kv_stats(const serve_run *r) {
         k.frag_mean += f * s->dt_s;
         k.bound_mean += b * s->dt_s;
         if (s->blocks_used > 0) {
-            k.frag_of_used += (double)s->frag_slots / ((double)s->blocks_used * r->block_size) *
-                              s->dt_s;
+            k.frag_of_used +=
+                (double)s->frag_slots / ((double)s->blocks_used * r->block_size) * s->dt_s;
             used_w += s->dt_s;
         }
         if (s->running > 0 && s->n_decoding == s->running) {
@@ -126,8 +125,8 @@ static kv_metrics kv_stats(const serve_run *r) {
 /* ---- table printing ------------------------------------------------------------------------ */
 
 #define SERVE_MAX_COLS 8
-#define SERVE_CELL 48
-#define SERVE_NUM  20 /* one formatted number: two and a separator fit in a cell */
+#define SERVE_CELL     48
+#define SERVE_NUM      20 /* one formatted number: two and a separator fit in a cell */
 
 typedef struct table_row {
     char label[48];
@@ -168,8 +167,7 @@ static void fmt_frac(char *cell, size_t num, size_t den) {
     if (den == 0) {
         snprintf(cell, SERVE_CELL, "-");
     } else {
-        snprintf(cell, SERVE_CELL, "%.1f%% (%zu/%zu)", 100.0 * (double)num / (double)den, num,
-                 den);
+        snprintf(cell, SERVE_CELL, "%.1f%% (%zu/%zu)", 100.0 * (double)num / (double)den, num, den);
     }
 }
 
@@ -199,20 +197,19 @@ void serve_report_open(const serve_config *cfg, const serve_run *runs, size_t n)
     kv_metrics kv[SERVE_MAX_COLS];
     for (size_t c = 0; c < n; c++) {
         hi[c] = class_stats(&runs[c], SERVE_CLASS_HIGH, cfg->ttft_deadline_s, scratch);
-        be[c] = class_stats(&runs[c], SERVE_CLASS_BEST_EFFORT, cfg->ttft_deadline_s,
-                            scratch);
+        be[c] = class_stats(&runs[c], SERVE_CLASS_BEST_EFFORT, cfg->ttft_deadline_s, scratch);
         all[c] = class_stats(&runs[c], -1, cfg->ttft_deadline_s, scratch);
         kv[c] = kv_stats(&runs[c]);
     }
-#define ROW(lbl, ...)                                                                          \
-    do {                                                                                       \
-        snprintf(row.label, sizeof row.label, "%s", lbl);                                     \
-        for (size_t c = 0; c < n; c++) {                                                       \
-            const serve_run *r = &runs[c];                                                     \
-            (void)r;                                                                           \
-            __VA_ARGS__;                                                                       \
-        }                                                                                      \
-        print_row(&row, n);                                                                    \
+#define ROW(lbl, ...)                                                                              \
+    do {                                                                                           \
+        snprintf(row.label, sizeof row.label, "%s", lbl);                                          \
+        for (size_t c = 0; c < n; c++) {                                                           \
+            const serve_run *r = &runs[c];                                                         \
+            (void)r;                                                                               \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
+        print_row(&row, n);                                                                        \
     } while (0)
 #define CELL row.cell[c]
     ROW("offered rate (req/s)", fmt_num(CELL, r->rate, 1, 3));
@@ -246,8 +243,7 @@ void serve_report_open(const serve_config *cfg, const serve_run *runs, size_t n)
     ROW("KV int. frag. mean / peak (% pool)",
         snprintf(CELL, SERVE_CELL, "%.2f / %.2f", 100 * kv[c].frag_mean, 100 * kv[c].frag_peak));
     ROW("  all groups, % of KV bytes",
-        snprintf(CELL, SERVE_CELL, "%.2f / %.2f", 100 * kv[c].bound_mean,
-                 100 * kv[c].bound_peak));
+        snprintf(CELL, SERVE_CELL, "%.2f / %.2f", 100 * kv[c].bound_mean, 100 * kv[c].bound_peak));
     ROW("  % of allocated slots", fmt_num(CELL, kv[c].frag_of_used, 100, 2));
     ROW("  blocks used / sum ceil(p/B)", {
         if (kv[c].check_ideal > 0) {
@@ -342,15 +338,15 @@ void serve_report_closed(const serve_run *runs, size_t n) {
         all[c] = class_stats(r, -1, INFINITY, scratch);
     }
 #define CELL row.cell[c]
-#define ROW(lbl, ...)                                                                          \
-    do {                                                                                       \
-        snprintf(row.label, sizeof row.label, "%s", lbl);                                     \
-        for (size_t c = 0; c < n; c++) {                                                       \
-            const serve_run *r = &runs[c];                                                     \
-            (void)r;                                                                           \
-            __VA_ARGS__;                                                                       \
-        }                                                                                      \
-        print_row(&row, n);                                                                    \
+#define ROW(lbl, ...)                                                                              \
+    do {                                                                                           \
+        snprintf(row.label, sizeof row.label, "%s", lbl);                                          \
+        for (size_t c = 0; c < n; c++) {                                                           \
+            const serve_run *r = &runs[c];                                                         \
+            (void)r;                                                                               \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
+        print_row(&row, n);                                                                        \
     } while (0)
     ROW("requests in flight", snprintf(CELL, SERVE_CELL, "%d", r->concurrency));
     ROW("window (s)", fmt_num(CELL, r->wall_s, 1, 1));
@@ -382,8 +378,7 @@ void serve_report_closed(const serve_run *runs, size_t n) {
         if (r->stats.kv_blocks_used != 0 || r->n_cancel_bad != 0 || r->status != LOOM_OK) {
             printf("\nWARNING [%s]: kv_blocks_used at the end %d; %d cancellations went wrong; "
                    "run status %s\n",
-                   r->label, r->stats.kv_blocks_used, r->n_cancel_bad,
-                   loom_status_str(r->status));
+                   r->label, r->stats.kv_blocks_used, r->n_cancel_bad, loom_status_str(r->status));
         }
     }
     free(scratch);

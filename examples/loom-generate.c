@@ -34,51 +34,52 @@ static double now_ms(void) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: loom-generate -m MODEL [-p PROMPT] [-n N] [-t THREADS] [-c CTX]\n"
-               "                     [sampling flags] [--logprobs N] [--chat [--system TEXT]]\n"
-               "                     [--trace FILE [--trace-format jsonl|chrome]]\n"
-               "  -m MODEL    GGUF file\n"
-               "  -p PROMPT   prompt text (default \"Once upon a time\"); with --chat, the user's\n"
-               "              message\n"
-               "  -n N        tokens to generate (default 128)\n"
-               "  -t THREADS  compute threads (default: all cores)\n"
-               "  --backend B cpu, or a backend plugin's name (cuda); default auto: the best\n"
-               "              available (a plugin that finds a device, else the cpu)\n"
-               "  --device N  the backend's device index (default 0)\n"
-               "  --numa MODE auto, off, distribute or isolate: where threads run and weights live\n"
-               "              on machines with several memory nodes (default auto)\n"
-               "  --no-mmap   copy the weights into memory (huge pages where the OS gives them)\n"
-               "              instead of mapping the file: slower to load, can decode faster\n"
-               "  -c CTX      context size (default: the model's, at most 4096)\n"
-               "  --chat      wrap the prompt in the model's chat template and print only the\n"
-               "              reply (stops at the end of the model's turn)\n"
-               "  --system TEXT  system message for --chat\n"
-               "  --trace FILE   write the per-token trace (step phases; each token's logprobs,\n"
-               "              entropies, temperature) to FILE when done; examples/loom-trace-plot\n"
-               "              draws a JSONL trace\n"
-               "  --trace-format F  jsonl (JSON Lines, the default) or chrome (trace-event JSON\n"
-               "              for Perfetto / chrome://tracing; the default for a FILE ending in\n"
-               "              .json)\n"
-               "sampling, in the chain's order: bias, penalties, entropy correction, temperature,\n"
-               "top-k, top-p, min-p, typical-p, draw\n"
-               "  --repeat-penalty R     divide a seen token's positive logit by R (default 1: off)\n"
-               "  --presence-penalty P   subtract P from a seen token's logit (default 0: off)\n"
-               "  --frequency-penalty F  subtract F per occurrence (default 0: off)\n"
-               "  --penalty-last-n N     tokens the penalties look back over; -1 all (default 64)\n"
-               "  --entropy MODE         none | exp | edt | dynatemp (default none)\n"
-               "  --beta B               exp: logits * exp(-B * H) (default 0.5)\n"
-               "  --edt-n N --edt-theta TH  edt: T = temp * N^(TH / H) (default 0.8, 1)\n"
-               "  --dyn-min A --dyn-max B --dyn-exp K\n"
-               "                         dynatemp: T = A + (B - A) * (H / ln n)^K\n"
-               "                         (default 0.5, 1.5, 1)\n"
-               "  --temp T               temperature, 0 = greedy (default 0.8)\n"
-               "  --top-k K              keep the K most likely, 0 = off (default 40)\n"
-               "  --top-p P              nucleus mass, 1 = off (default 0.95)\n"
-               "  --min-p P              keep p >= P * p_max, 0 = off (default 0)\n"
-               "  --typical-p P          locally typical mass, 1 = off (default 1)\n"
-               "  --seed S               RNG seed (default 0x5EED)\n"
-               "  --logprobs N           after the text, print each token's log-probability,\n"
-               "                         entropy and top-N alternatives to stderr (default 0)\n");
+    fprintf(f,
+            "usage: loom-generate -m MODEL [-p PROMPT] [-n N] [-t THREADS] [-c CTX]\n"
+            "                     [sampling flags] [--logprobs N] [--chat [--system TEXT]]\n"
+            "                     [--trace FILE [--trace-format jsonl|chrome]]\n"
+            "  -m MODEL    GGUF file\n"
+            "  -p PROMPT   prompt text (default \"Once upon a time\"); with --chat, the user's\n"
+            "              message\n"
+            "  -n N        tokens to generate (default 128)\n"
+            "  -t THREADS  compute threads (default: all cores)\n"
+            "  --backend B cpu, or a backend plugin's name (cuda); default auto: the best\n"
+            "              available (a plugin that finds a device, else the cpu)\n"
+            "  --device N  the backend's device index (default 0)\n"
+            "  --numa MODE auto, off, distribute or isolate: where threads run and weights live\n"
+            "              on machines with several memory nodes (default auto)\n"
+            "  --no-mmap   copy the weights into memory (huge pages where the OS gives them)\n"
+            "              instead of mapping the file: slower to load, can decode faster\n"
+            "  -c CTX      context size (default: the model's, at most 4096)\n"
+            "  --chat      wrap the prompt in the model's chat template and print only the\n"
+            "              reply (stops at the end of the model's turn)\n"
+            "  --system TEXT  system message for --chat\n"
+            "  --trace FILE   write the per-token trace (step phases; each token's logprobs,\n"
+            "              entropies, temperature) to FILE when done; examples/loom-trace-plot\n"
+            "              draws a JSONL trace\n"
+            "  --trace-format F  jsonl (JSON Lines, the default) or chrome (trace-event JSON\n"
+            "              for Perfetto / chrome://tracing; the default for a FILE ending in\n"
+            "              .json)\n"
+            "sampling, in the chain's order: bias, penalties, entropy correction, temperature,\n"
+            "top-k, top-p, min-p, typical-p, draw\n"
+            "  --repeat-penalty R     divide a seen token's positive logit by R (default 1: off)\n"
+            "  --presence-penalty P   subtract P from a seen token's logit (default 0: off)\n"
+            "  --frequency-penalty F  subtract F per occurrence (default 0: off)\n"
+            "  --penalty-last-n N     tokens the penalties look back over; -1 all (default 64)\n"
+            "  --entropy MODE         none | exp | edt | dynatemp (default none)\n"
+            "  --beta B               exp: logits * exp(-B * H) (default 0.5)\n"
+            "  --edt-n N --edt-theta TH  edt: T = temp * N^(TH / H) (default 0.8, 1)\n"
+            "  --dyn-min A --dyn-max B --dyn-exp K\n"
+            "                         dynatemp: T = A + (B - A) * (H / ln n)^K\n"
+            "                         (default 0.5, 1.5, 1)\n"
+            "  --temp T               temperature, 0 = greedy (default 0.8)\n"
+            "  --top-k K              keep the K most likely, 0 = off (default 40)\n"
+            "  --top-p P              nucleus mass, 1 = off (default 0.95)\n"
+            "  --min-p P              keep p >= P * p_max, 0 = off (default 0)\n"
+            "  --typical-p P          locally typical mass, 1 = off (default 1)\n"
+            "  --seed S               RNG seed (default 0x5EED)\n"
+            "  --logprobs N           after the text, print each token's log-probability,\n"
+            "                         entropy and top-N alternatives to stderr (default 0)\n");
 }
 
 static bool on_piece(const char *piece, size_t len, loom_token token, void *user) {
@@ -163,7 +164,7 @@ static bool sampler_flag(int argc, char **argv, int *i, loom_sampler_params *s) 
 /* ---- --logprobs: per-token details, printed after the text ------------------------------- */
 
 typedef struct token_log {
-    loom_token_info *infos;    /* [n]; top arrays point into alts */
+    loom_token_info *infos;   /* [n]; top arrays point into alts */
     loom_token_logprob *alts; /* [cap * 2 * n_logprobs] */
     size_t n, cap;
     int32_t n_logprobs;
@@ -196,8 +197,11 @@ static void on_token_info(const loom_token_info *info, void *user) {
 /* Whether s[0..n) is well-formed UTF-8 (a byte-fallback token's piece is often not). */
 static bool utf8_valid(const unsigned char *s, size_t n) {
     for (size_t i = 0; i < n;) {
-        size_t len = s[i] < 0x80 ? 1 : (s[i] >> 5) == 6 ? 2 : (s[i] >> 4) == 14 ? 3
-                                     : (s[i] >> 3) == 30 ? 4 : 0;
+        size_t len = s[i] < 0x80         ? 1
+                     : (s[i] >> 5) == 6  ? 2
+                     : (s[i] >> 4) == 14 ? 3
+                     : (s[i] >> 3) == 30 ? 4
+                                         : 0;
         if (len == 0 || i + len > n) return false;
         for (size_t k = 1; k < len; k++)
             if ((s[i + k] >> 6) != 2) return false;
@@ -211,17 +215,20 @@ static bool utf8_valid(const unsigned char *s, size_t n) {
 static void print_piece(FILE *f, const loom_model *model, loom_token tok) {
     char buf[64];
     size_t n = 0;
-    loom_status st = loom_token_to_piece(model, tok, LOOM_DETOKENIZE_RENDER_SPECIAL, buf,
-                                         sizeof buf, &n);
+    loom_status st =
+        loom_token_to_piece(model, tok, LOOM_DETOKENIZE_RENDER_SPECIAL, buf, sizeof buf, &n);
     if (st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL) n = 0;
     if (n > sizeof buf) n = sizeof buf;
     bool valid = utf8_valid((const unsigned char *)buf, n);
     fputc('"', f);
     for (size_t k = 0; k < n; k++) {
         unsigned char c = (unsigned char)buf[k];
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !valid)) fprintf(f, "\\x%02x", c);
-        else fputc(c, f);
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !valid))
+            fprintf(f, "\\x%02x", c);
+        else
+            fputc(c, f);
     }
     fputc('"', f);
 }
@@ -248,8 +255,8 @@ static void print_token_log(FILE *f, const loom_model *model, const token_log *l
         fprintf(f, "%4zu %7d ", t, in->token);
         print_piece(f, model, in->token);
         fprintf(f, "  logprob %.4f / %.4f  H %.3f / %.3f  VH %.3f  T %.3f  n %d\n",
-                (double)in->logprob_raw, (double)in->logprob_final, in->entropy,
-                in->entropy_final, in->varentropy, in->temperature, in->n_candidates);
+                (double)in->logprob_raw, (double)in->logprob_final, in->entropy, in->entropy_final,
+                in->varentropy, in->temperature, in->n_candidates);
         print_alternatives(f, model, "model:", a, in->n_top_raw);
         print_alternatives(f, model, "drawn:", a + log->n_logprobs, in->n_top_final);
     }
@@ -326,10 +333,14 @@ int main(int argc, char **argv) {
             mp.device = (int32_t)num_arg(argc, argv, &i);
         } else if (!strcmp(a, "--numa") && i + 1 < argc) {
             const char *mode = argv[++i];
-            if (!strcmp(mode, "auto")) mp.numa = LOOM_NUMA_AUTO;
-            else if (!strcmp(mode, "off")) mp.numa = LOOM_NUMA_OFF;
-            else if (!strcmp(mode, "distribute")) mp.numa = LOOM_NUMA_DISTRIBUTE;
-            else if (!strcmp(mode, "isolate")) mp.numa = LOOM_NUMA_ISOLATE;
+            if (!strcmp(mode, "auto"))
+                mp.numa = LOOM_NUMA_AUTO;
+            else if (!strcmp(mode, "off"))
+                mp.numa = LOOM_NUMA_OFF;
+            else if (!strcmp(mode, "distribute"))
+                mp.numa = LOOM_NUMA_DISTRIBUTE;
+            else if (!strcmp(mode, "isolate"))
+                mp.numa = LOOM_NUMA_ISOLATE;
             else {
                 fprintf(stderr, "loom-generate: --numa: want auto, off, distribute or isolate\n");
                 return 2;

@@ -65,12 +65,18 @@ int main(int argc, char **argv) {
     int32_t n_ctx = 512, max_chunks = -1;
     loom_model_params mp = loom_model_default_params();
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-m") && i + 1 < argc) model_path = argv[++i];
-        else if (!strcmp(argv[i], "-f") && i + 1 < argc) file = argv[++i];
-        else if (!strcmp(argv[i], "-c") && i + 1 < argc) n_ctx = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-t") && i + 1 < argc) mp.n_threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--backend") && i + 1 < argc) mp.backend = argv[++i];
-        else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) max_chunks = atoi(argv[++i]);
+        if (!strcmp(argv[i], "-m") && i + 1 < argc)
+            model_path = argv[++i];
+        else if (!strcmp(argv[i], "-f") && i + 1 < argc)
+            file = argv[++i];
+        else if (!strcmp(argv[i], "-c") && i + 1 < argc)
+            n_ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-t") && i + 1 < argc)
+            mp.n_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc)
+            mp.backend = argv[++i];
+        else if (!strcmp(argv[i], "--chunks") && i + 1 < argc)
+            max_chunks = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: loom-perplexity -m MODEL -f FILE [-c CTX] [-t THREADS] "
                             "[--chunks N] [--backend NAME]\n");

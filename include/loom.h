@@ -85,7 +85,7 @@ LOOM_API int loom_version_number(void);
     X(ERR_BACKEND, 9, "backend failure")                                                           \
     X(ERR_INTERNAL, 10, "internal error")                                                          \
     X(ERR_NOT_FOUND, 11, "no such request")                                                        \
-    X(ERR_BUSY, 12, "the engine is running in background mode")                                   \
+    X(ERR_BUSY, 12, "the engine is running in background mode")                                    \
     X(ERR_NO_DEVICE, 13, "no usable device for the requested backend")
 
 typedef enum loom_status {
@@ -160,7 +160,7 @@ typedef struct loom_model_params {
      * one-token decode reads its weights faster (fewer TLB misses; 0-17% measured on our 2-core
      * VMs, most where the page cache held the file in small pages). */
     bool use_mmap;
-    bool vocab_only;           /* load metadata and tokenizer only: no weights, no sessions */
+    bool vocab_only; /* load metadata and tokenizer only: no weights, no sessions */
     /* Matmuls over quantized/F16 weights keep activations in float32 (slower; the closest to
      * exact arithmetic) instead of rounding them per block to 8 bits (or F16) and using
      * integer dot products as llama.cpp does. Default false. */
@@ -205,13 +205,13 @@ typedef struct loom_model_info {
     int32_t n_head;
     int32_t n_head_kv;
     int32_t head_dim;
-    int64_t n_params;   /* number of weight elements */
-    int64_t file_bytes; /* size of the GGUF file */
-    loom_token bos;     /* -1 when the model has none */
-    loom_token eos;     /* -1 when the model has none */
-    const char *cpu_kernels; /* the CPU matmul kernels this process runs, chosen at the first
-                                use from what the CPU supports: "avx512", "avx2-vnni", "avx2"
-                                or "portable" (static string) */
+    int64_t n_params;         /* number of weight elements */
+    int64_t file_bytes;       /* size of the GGUF file */
+    loom_token bos;           /* -1 when the model has none */
+    loom_token eos;           /* -1 when the model has none */
+    const char *cpu_kernels;  /* the CPU matmul kernels this process runs, chosen at the first
+                                 use from what the CPU supports: "avx512", "avx2-vnni", "avx2"
+                                 or "portable" (static string) */
     const char *backend;      /* the backend computing ("cpu", "cuda", ...; owned by the model;
                                  NULL for a vocab_only model) */
     const char *backend_path; /* the plugin file it came from; "" for the built-in CPU backend
@@ -261,8 +261,8 @@ LOOM_API loom_status loom_detokenize(const loom_model *model, const loom_token *
 /* The text of one token's piece, as the vocabulary stores it after decoding (byte tokens give
  * their single byte, so a piece may be an incomplete UTF-8 sequence). Same buffer contract as
  * loom_detokenize. Thread-safe. */
-LOOM_API loom_status loom_token_to_piece(const loom_model *model, loom_token token,
-                                         unsigned flags, char *out, size_t cap, size_t *n_out);
+LOOM_API loom_status loom_token_to_piece(const loom_model *model, loom_token token, unsigned flags,
+                                         char *out, size_t cap, size_t *n_out);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Chat templates                                                                              */
@@ -343,8 +343,8 @@ LOOM_API int32_t loom_session_n_past(const loom_session *session);
  * Errors: LOOM_ERR_INVALID_ARG (n <= 0, NULL), LOOM_ERR_BAD_INPUT (a token id out of range;
  *   nothing is appended), LOOM_ERR_CONTEXT_FULL (n_past + n > n_ctx; nothing is appended),
  *   LOOM_ERR_BACKEND. */
-LOOM_API loom_status loom_session_decode(loom_session *session, const loom_token *tokens,
-                                         int32_t n, bool all_logits);
+LOOM_API loom_status loom_session_decode(loom_session *session, const loom_token *tokens, int32_t n,
+                                         bool all_logits);
 
 /* Logits (n_vocab floats, owned by the session) of row i of the last decode: i = -1 means its
  * last token. NULL when that row was not kept or i is out of range. Valid until the next
@@ -409,15 +409,15 @@ typedef struct loom_sampler_params {
     const loom_logit_bias *logit_bias; /* [n_logit_bias]; duplicates add up. Borrowed: read
                                           during the call (the engine copies it at submit) */
     size_t n_logit_bias;
-    int32_t penalty_last_n;  /* history tokens the penalties look at: 0 none, -1 all;
-                                default 64 */
-    float repeat_penalty;    /* > 0; 1: off (default) */
-    float presence_penalty;  /* finite; 0: off (default) */
-    float frequency_penalty; /* finite; 0: off (default) */
+    int32_t penalty_last_n;         /* history tokens the penalties look at: 0 none, -1 all;
+                                       default 64 */
+    float repeat_penalty;           /* > 0; 1: off (default) */
+    float presence_penalty;         /* finite; 0: off (default) */
+    float frequency_penalty;        /* finite; 0: off (default) */
     loom_entropy_mode entropy_mode; /* default LOOM_ENTROPY_NONE */
-    float exp_beta;     /* EXP: beta >= 0; default 0.5 */
-    float edt_n;        /* EDT: N in (0, 1]; default 0.8 */
-    float edt_theta;    /* EDT: theta >= 0; default 1 */
+    float exp_beta;                 /* EXP: beta >= 0; default 0.5 */
+    float edt_n;                    /* EDT: N in (0, 1]; default 0.8 */
+    float edt_theta;                /* EDT: theta >= 0; default 1 */
     float edt_h_min;    /* EDT: entropy floor > 0 (nats) keeping theta / H finite; default 1e-3 */
     float dyn_t_min;    /* DYNATEMP: 0 <= dyn_t_min <= dyn_t_max; default 0.5 */
     float dyn_t_max;    /* DYNATEMP: finite; default 1.5 */
@@ -447,8 +447,8 @@ typedef struct loom_token_logprob {
  * computes them anyway); the top arrays hold at most n_logprobs entries, best first (equal
  * probabilities: lower id first), and point into memory owned by whoever produced the info. */
 typedef struct loom_token_info {
-    size_t size;          /* loom_sampler_run's out: set by the caller (sizeof); in events and
-                             callbacks: the library's sizeof */
+    size_t size; /* loom_sampler_run's out: set by the caller (sizeof); in events and
+                    callbacks: the library's sizeof */
     loom_token token;
     float logprob_raw;    /* of token under softmax(the model's logits): before bias, penalties,
                              correction, temperature and filters */
@@ -463,8 +463,8 @@ typedef struct loom_token_info {
     const loom_token_logprob *top_raw;   /* [n_top_raw] most likely under the model's logits */
     const loom_token_logprob *top_final; /* [n_top_final] most likely in the final
                                             distribution (a greedy step: the token, 0) */
-    int32_t n_top_raw;   /* min(n_logprobs, tokens with a finite logit) */
-    int32_t n_top_final; /* min(n_logprobs, n_candidates) */
+    int32_t n_top_raw;                   /* min(n_logprobs, tokens with a finite logit) */
+    int32_t n_top_final;                 /* min(n_logprobs, n_candidates) */
 } loom_token_info;
 
 /* A reusable sampler: the chain's workspace for one vocabulary size. */
@@ -489,9 +489,8 @@ LOOM_API void loom_sampler_free(loom_sampler *sampler);
  *   in (0, 1]"), BAD_INPUT (a history id out of range, a +inf logit, a logit pushed to +inf by
  *   bias or penalties, no finite logit), OUT_OF_MEMORY. Not thread-safe per sampler. */
 LOOM_API loom_status loom_sampler_run(loom_sampler *sampler, const float *logits,
-                                      const loom_sampler_params *params,
-                                      const loom_token *history, size_t n_history,
-                                      uint64_t draw_index, loom_token_info *out);
+                                      const loom_sampler_params *params, const loom_token *history,
+                                      size_t n_history, uint64_t draw_index, loom_token_info *out);
 
 /* Picks one token from logits[0..n_vocab) with the chain above and no history (penalties have
  * nothing to act on, n_logprobs is ignored). Same draw as loom_sampler_run with the same
@@ -519,14 +518,14 @@ typedef bool (*loom_piece_fn)(const char *piece, size_t len, loom_token token, v
 typedef void (*loom_token_info_fn)(const loom_token_info *info, void *user_data);
 
 typedef struct loom_generate_params {
-    size_t size;                 /* sizeof(loom_generate_params) (see "ABI across versions") */
-    int32_t n_predict;           /* most tokens to generate; default 128 */
+    size_t size;       /* sizeof(loom_generate_params) (see "ABI across versions") */
+    int32_t n_predict; /* most tokens to generate; default 128 */
     const loom_sampler_params *sampler; /* NULL (default): loom_sampler_default_params(). The
                                     penalties' history is the prompt, then the generated
                                     tokens. Borrowed: read during loom_generate */
-    bool add_special;            /* add BOS etc. to the prompt (default true) */
-    bool parse_special;          /* control-token text in the prompt is parsed (default false) */
-    bool stop_at_eos;            /* stop on the model's end-of-generation tokens (default true) */
+    bool add_special;                   /* add BOS etc. to the prompt (default true) */
+    bool parse_special; /* control-token text in the prompt is parsed (default false) */
+    bool stop_at_eos;   /* stop on the model's end-of-generation tokens (default true) */
     loom_token_info_fn on_token_info; /* optional (default NULL): called for every sampled token,
                                          before its on_piece, also for an end-of-generation
                                          token that stops generation */
@@ -610,17 +609,17 @@ typedef enum loom_finish_reason {
 typedef struct loom_event {
     loom_event_kind kind;
     loom_request_id id;
-    void *user_data;        /* the request's user_data */
-    int32_t sample;         /* which of the request's n samples (0 .. n-1) */
-    loom_token token;       /* TOKEN: the token; -1 otherwise */
-    const char *text;       /* TOKEN: text completed by this token (whole UTF-8 characters,
-                               stop strings withheld until ruled out); valid until the next
-                               step; may be empty */
+    void *user_data;  /* the request's user_data */
+    int32_t sample;   /* which of the request's n samples (0 .. n-1) */
+    loom_token token; /* TOKEN: the token; -1 otherwise */
+    const char *text; /* TOKEN: text completed by this token (whole UTF-8 characters,
+                         stop strings withheld until ruled out); valid until the next
+                         step; may be empty */
     size_t text_len;
-    loom_finish_reason reason; /* FINISHED */
-    loom_status status;        /* FAILED */
-    int32_t cached_tokens;     /* FINISHED: prompt tokens this sample reused from the prefix
-                                  cache (at its last admission) */
+    loom_finish_reason reason;   /* FINISHED */
+    loom_status status;          /* FAILED */
+    int32_t cached_tokens;       /* FINISHED: prompt tokens this sample reused from the prefix
+                                    cache (at its last admission) */
     const loom_token_info *info; /* TOKEN: what the sampler saw and did (never NULL; its top
                                     arrays hold the request's n_logprobs entries at most);
                                     valid until the next step. NULL for other kinds */
@@ -658,17 +657,17 @@ typedef struct loom_engine_params {
     float watermark;            /* fraction of blocks admission keeps free (default 0.01) */
     loom_event_fn on_event;     /* non-NULL: background mode — a thread steps the engine */
     void *on_event_user_data;
-    int32_t max_logprobs;       /* most sampler.n_logprobs a request may ask for (default 20);
-                                   each sample of a request holds 2 * n_logprobs entries */
-    loom_trace *trace;          /* optional (default NULL: no tracing, and no cost beyond a
-                                   pointer test per phase): every step that runs a batch appends
-                                   a step record and one token record per produced token (see
-                                   "Per-token trace"). Borrowed: must outlive the engine; may be
-                                   written or cleared from any thread while the engine runs */
-    int32_t n_sample_threads;   /* threads that run a step's sampler chains, the step thread
-                                   included, from a pool the engine owns (0, the default: the
-                                   model's n_threads; at most 8, and never more than max_seqs
-                                   are used). A token never depends on it */
+    int32_t max_logprobs;     /* most sampler.n_logprobs a request may ask for (default 20);
+                                 each sample of a request holds 2 * n_logprobs entries */
+    loom_trace *trace;        /* optional (default NULL: no tracing, and no cost beyond a
+                                 pointer test per phase): every step that runs a batch appends
+                                 a step record and one token record per produced token (see
+                                 "Per-token trace"). Borrowed: must outlive the engine; may be
+                                 written or cleared from any thread while the engine runs */
+    int32_t n_sample_threads; /* threads that run a step's sampler chains, the step thread
+                                 included, from a pool the engine owns (0, the default: the
+                                 model's n_threads; at most 8, and never more than max_seqs
+                                 are used). A token never depends on it */
 } loom_engine_params;
 
 typedef struct loom_request_params {
@@ -676,36 +675,36 @@ typedef struct loom_request_params {
     const char *prompt;              /* UTF-8 text, or NULL when prompt_tokens is given */
     const loom_token *prompt_tokens; /* token ids (copied at submit) */
     size_t n_prompt_tokens;
-    bool add_special;                /* text prompts: add BOS etc. (default true) */
-    bool parse_special;              /* text prompts: parse control-token text (default
-                                        false) */
+    bool add_special;                   /* text prompts: add BOS etc. (default true) */
+    bool parse_special;                 /* text prompts: parse control-token text (default
+                                           false) */
     const loom_sampler_params *sampler; /* NULL (default): loom_sampler_default_params().
                                         Copied at submit, with its logit-bias list. Penalties
                                         see the prompt, then the sample's generated tokens; the
                                         token at position p is drawn with index p, and sample
                                         i > 0 with a seed derived from (seed, i) */
-    int32_t max_tokens;              /* most tokens to generate per sample (default 128) */
-    int32_t n;                       /* samples of the prompt, sharing its KV (default 1) */
-    const loom_token *stop_tokens;   /* ids that end a sample (copied) */
+    int32_t max_tokens;                 /* most tokens to generate per sample (default 128) */
+    int32_t n;                          /* samples of the prompt, sharing its KV (default 1) */
+    const loom_token *stop_tokens;      /* ids that end a sample (copied) */
     size_t n_stop_tokens;
     const char *const *stop_strings; /* texts that end a sample (copied) */
     size_t n_stop_strings;
-    bool ignore_eos;                 /* do not stop at the model's end-of-generation tokens */
-    int32_t priority;                /* higher runs first (default 0) */
-    double ttft_deadline_s;          /* wanted time to first token after the request's arrival
-                                        (arrival_s, or its submit); 0: none */
-    double tpot_deadline_s;          /* wanted time per output token; 0: none */
-    uint64_t cache_salt;             /* requests share cached prefixes only with equal salts */
-    void *user_data;                 /* returned in every event of the request */
-    double arrival_s;                /* when the request arrived, in seconds of
-                                        loom_engine_now()'s clock, for a caller that queued it
-                                        before submitting (default 0: at submit). The arrival
-                                        orders the waiting queue (after priority and deadline),
-                                        starts the TTFT deadline, the starvation age and the TTFT
-                                        statistics, and is the trace's since-arrival origin.
-                                        Must be finite and > 0 (or 0), and at most
-                                        LOOM_ENGINE_ARRIVAL_SLACK_S after the submit (a little
-                                        later is taken as the submit time) */
+    bool ignore_eos;        /* do not stop at the model's end-of-generation tokens */
+    int32_t priority;       /* higher runs first (default 0) */
+    double ttft_deadline_s; /* wanted time to first token after the request's arrival
+                               (arrival_s, or its submit); 0: none */
+    double tpot_deadline_s; /* wanted time per output token; 0: none */
+    uint64_t cache_salt;    /* requests share cached prefixes only with equal salts */
+    void *user_data;        /* returned in every event of the request */
+    double arrival_s;       /* when the request arrived, in seconds of
+                               loom_engine_now()'s clock, for a caller that queued it
+                               before submitting (default 0: at submit). The arrival
+                               orders the waiting queue (after priority and deadline),
+                               starts the TTFT deadline, the starvation age and the TTFT
+                               statistics, and is the trace's since-arrival origin.
+                               Must be finite and > 0 (or 0), and at most
+                               LOOM_ENGINE_ARRIVAL_SLACK_S after the submit (a little
+                               later is taken as the submit time) */
 } loom_request_params;
 
 /* How far in the future of submit a request's arrival_s may lie: room for a caller whose
@@ -713,9 +712,9 @@ typedef struct loom_request_params {
 #define LOOM_ENGINE_ARRIVAL_SLACK_S 0.001
 
 typedef struct loom_engine_stats {
-    size_t size;               /* set by the caller: sizeof(loom_engine_stats) */
-    int32_t running;           /* requests with KV in use */
-    int32_t waiting;           /* queued, not yet admitted or preempted */
+    size_t size;     /* set by the caller: sizeof(loom_engine_stats) */
+    int32_t running; /* requests with KV in use */
+    int32_t waiting; /* queued, not yet admitted or preempted */
     /* The kv_blocks_* figures describe one pool: that of the first KV group, the
      * full-attention layers' when the model has any (else its only or first sliding-window
      * group). It is the pool that limits how much context fits, the one admission and
@@ -723,8 +722,8 @@ typedef struct loom_engine_stats {
      * (block_size tokens a block). Sliding-window groups have their own, smaller pools (see
      * kv_bytes), sized so that they never run out first. total = used + cached + free. */
     int32_t kv_blocks_total;
-    int32_t kv_blocks_used;    /* held by requests */
-    int32_t kv_blocks_cached;  /* free but holding a reusable prefix */
+    int32_t kv_blocks_used;   /* held by requests */
+    int32_t kv_blocks_cached; /* free but holding a reusable prefix */
     int32_t kv_blocks_free;
     int64_t prefix_query_tokens; /* prompt tokens looked up in the prefix cache */
     int64_t prefix_hit_tokens;   /* of which were found */

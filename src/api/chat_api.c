@@ -1,5 +1,5 @@
-/* chat_api.c — the public chat-template entry points: argument checks over tokenizer/chat.h, with the
- * template chosen from the model's metadata on every call (a scan of a few kilobytes). */
+/* chat_api.c — the public chat-template entry points: argument checks over tokenizer/chat.h, with
+ * the template chosen from the model's metadata on every call (a scan of a few kilobytes). */
 #include "core/status.h"
 #include "tokenizer/chat.h"
 #include "model/model.h"

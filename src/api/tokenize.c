@@ -19,8 +19,8 @@ loom_status loom_detokenize(const loom_model *model, const loom_token *tokens, s
     LOOM_CHECK_ARG(model != NULL && n_out != NULL);
     LOOM_CHECK_ARG(tokens != NULL || n_tokens == 0);
     LOOM_CHECK_ARG(out != NULL || cap == 0);
-    LOOM_RETURN_IF(flags & ~(unsigned)(LOOM_DETOKENIZE_RENDER_SPECIAL |
-                                       LOOM_DETOKENIZE_STRIP_LEADING),
+    LOOM_RETURN_IF(flags &
+                       ~(unsigned)(LOOM_DETOKENIZE_RENDER_SPECIAL | LOOM_DETOKENIZE_STRIP_LEADING),
                    LOOM_ERR_INVALID_ARG, "detokenize: unknown flags 0x%x", flags);
     return loom__tokenizer_decode(model->tok, tokens, n_tokens, flags, out, cap, n_out);
 }

@@ -16,8 +16,8 @@ static const char *const auto_order[] = {"cuda"};
 
 /* The slot named `field` must be set; its name goes into the message. */
 #define LOOM__REQUIRE_SLOT(ops, field)                                                             \
-    LOOM_RETURN_IF((ops)->field == NULL, LOOM_ERR_BACKEND, "%s: required slot '%s' is NULL",      \
-                   what, #field)
+    LOOM_RETURN_IF((ops)->field == NULL, LOOM_ERR_BACKEND, "%s: required slot '%s' is NULL", what, \
+                   #field)
 
 loom_status loom__backend_check_ops(const loom_backend_ops *ops, const char *what) {
     LOOM_RETURN_IF(ops == NULL, LOOM_ERR_BACKEND, "%s: no ops table", what);

@@ -15,8 +15,7 @@ void loom__abi_defaults_out(void *p, size_t size, const void *defaults, size_t o
     if (p == NULL || size < sizeof(size_t)) return;
     loom__abi_init(p, size);
     const size_t k = size < own ? size : own;
-    memcpy((char *)p + sizeof(size_t), (const char *)defaults + sizeof(size_t),
-           k - sizeof(size_t));
+    memcpy((char *)p + sizeof(size_t), (const char *)defaults + sizeof(size_t), k - sizeof(size_t));
 }
 
 static size_t size_of(const void *s) {
@@ -55,7 +54,6 @@ loom_status loom__abi_result_out(void *caller, const void *src, size_t own, size
                    "sizeof before the call",
                    what, n, what, min);
     const size_t k = n < own ? n : own;
-    memcpy((char *)caller + sizeof(size_t), (const char *)src + sizeof(size_t),
-           k - sizeof(size_t));
+    memcpy((char *)caller + sizeof(size_t), (const char *)src + sizeof(size_t), k - sizeof(size_t));
     return LOOM_OK;
 }

@@ -37,8 +37,10 @@ loom__numa_plan loom__numa_plan_make(loom_numa_mode requested) {
     if (requested == LOOM_NUMA_OFF) return plan_off();
     const char *why = NULL;
 #if defined(LOOM_HAVE_LIBNUMA)
-    if (atomic_load(&force_unavailable)) why = "disabled for a test";
-    else if (numa_available() < 0) why = "libnuma reports NUMA unavailable";
+    if (atomic_load(&force_unavailable))
+        why = "disabled for a test";
+    else if (numa_available() < 0)
+        why = "libnuma reports NUMA unavailable";
 #else
     why = "built without libnuma";
 #endif

@@ -20,9 +20,13 @@ const char *loom_status_str(loom_status status) {
     return "unknown status";
 }
 
-const char *loom_last_error(void) { return tls_error; }
+const char *loom_last_error(void) {
+    return tls_error;
+}
 
-void loom__clear_error(void) { tls_error[0] = '\0'; }
+void loom__clear_error(void) {
+    tls_error[0] = '\0';
+}
 
 loom_status loom__fail(loom_status status, const char *fmt, ...) {
     va_list ap;

@@ -44,9 +44,9 @@ typedef struct loom__tp_worker {
 } loom__tp_worker;
 
 struct loom__threadpool {
-    int n_threads;           /* including the caller */
+    int n_threads;            /* including the caller */
     loom__tp_worker *workers; /* [n_threads - 1]: worker k runs ith = k + 1 */
-    int n_started;           /* workers whose thread exists (for cleanup after a failed start) */
+    int n_started;            /* workers whose thread exists (for cleanup after a failed start) */
 
     /* Published by the caller before bumping `generation` (release); read by workers after
      * seeing it (acquire). The caller rewrites them only after `pending` reached zero. */

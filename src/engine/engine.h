@@ -86,23 +86,23 @@ struct loom_engine {
     loom__exec exec;
 
     /* Per-step arrays, sized at create (max_batched_tokens, max_seqs). */
-    loom_token *tokens;     /* [max_batched_tokens] */
-    int32_t *pos;           /* [max_batched_tokens] */
-    int32_t *logit_rows;    /* [max_seqs] */
-    float *logits;          /* [max_seqs * n_vocab] */
-    int32_t *seqs, *n_new;  /* [max_seqs] KV sequences of the batch, tokens each */
+    loom_token *tokens;                      /* [max_batched_tokens] */
+    int32_t *pos;                            /* [max_batched_tokens] */
+    int32_t *logit_rows;                     /* [max_seqs] */
+    float *logits;                           /* [max_seqs * n_vocab] */
+    int32_t *seqs, *n_new;                   /* [max_seqs] KV sequences of the batch, tokens each */
     struct loom__req_sample **batch_samples; /* [max_seqs] */
-    loom_status *row_status;                /* [max_seqs] the sampler's status per entry */
-    int32_t *sample_entry;                  /* [max_seqs] the entries that sample, in order */
+    loom_status *row_status;                 /* [max_seqs] the sampler's status per entry */
+    int32_t *sample_entry;                   /* [max_seqs] the entries that sample, in order */
     loom__req **batch_reqs;                  /* [max_seqs] */
-    int32_t *batch_index;                   /* [max_seqs] sample index */
+    int32_t *batch_index;                    /* [max_seqs] sample index */
     const loom__sched_entry **batch_entries; /* [max_seqs] */
-    int32_t *indptr[LOOM_MAX_KV_GROUPS];    /* [max_seqs + 1] */
-    int32_t *block_ids[LOOM_MAX_KV_GROUPS]; /* [block_cap] */
+    int32_t *indptr[LOOM_MAX_KV_GROUPS];     /* [max_seqs + 1] */
+    int32_t *block_ids[LOOM_MAX_KV_GROUPS];  /* [block_cap] */
     int64_t block_cap;
     int32_t *q_start, *pos_start, *kv_len; /* [max_seqs + 1] */
     loom__kv_copy copies[LOOM_MAX_KV_GROUPS];
-    loom_token *known;    /* [max_ctx] scratch: a sample's known tokens */
+    loom_token *known; /* [max_ctx] scratch: a sample's known tokens */
     /* Sampler chain workspaces (one vocabulary each, 16-byte aligned) and penalty histories
      * ([max_ctx] each), one per sampling thread: the step samples its rows in parallel on the
      * engine's own pool (n_samplers threads, the step thread included; NULL for one). */
@@ -137,7 +137,7 @@ struct loom_engine {
     loom__engine_inbox inbox;
     loom__engine_inbox drained; /* the step's copy: swapped with inbox under mu, then read
                                   without it while submitters fill the (now empty) inbox */
-    loom__id_map live; /* ids submitted and not yet finished (for cancel's NOT_FOUND) */
+    loom__id_map live;          /* ids submitted and not yet finished (for cancel's NOT_FOUND) */
     uint64_t next_id;
     loom_engine_stats stats; /* counters updated by steps (latency and rate figures are
                                 computed by get_stats from what follows) */

@@ -73,8 +73,8 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     e->cap_events = 4 * S + 16;
     e->events = malloc(e->cap_events * sizeof *e->events);
     bool ok = e->tokens && e->pos && e->logit_rows && e->logits && e->seqs && e->n_new &&
-              e->batch_samples && e->row_status && e->sample_entry && e->batch_reqs && e->batch_index &&
-              e->batch_entries && e->results && e->events;
+              e->batch_samples && e->row_status && e->sample_entry && e->batch_reqs &&
+              e->batch_index && e->batch_entries && e->results && e->events;
     LOOM_RETURN_IF(!ok, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
     /* A sampler workspace per sampling thread of the engine's own pool: n_sample_threads, or
      * the model's host threads, at most one per sequence and LOOM_ENGINE_MAX_SAMPLERS. */
@@ -92,7 +92,7 @@ static loom_status alloc_step_arrays(loom_engine *e) {
         LOOM_RETURN_IF(!e->sample_mem[k] || !e->sample_hist[k], LOOM_ERR_OUT_OF_MEMORY,
                        "engine: out of memory for sampler workspace %d (%zu bytes)", k, sz);
         LOOM_TRY(loom__sample_chain_workspace_init(e->sample_mem[k], sz, e->model->cfg.n_vocab,
-                                                  &e->sample_ws[k]));
+                                                   &e->sample_ws[k]));
     }
     if (e->n_samplers > 1) LOOM_TRY(loom__threadpool_create(e->n_samplers, &e->sample_tp));
     return LOOM_OK;
@@ -134,7 +134,7 @@ static loom_status create_engine(loom_engine *e) {
     for (int32_t t = 0; t < e->model->cfg.n_vocab; t++) {
         size_t n = 0;
         loom_status st = loom__tokenizer_piece(e->model->tok, t, LOOM_DETOKENIZE_RENDER_SPECIAL,
-                                              buf, sizeof buf, &n);
+                                               buf, sizeof buf, &n);
         LOOM_RETURN_IF(st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL, st,
                        "engine: token %d has no piece", t);
         if (n > e->max_piece) e->max_piece = n;
@@ -237,8 +237,7 @@ static void *engine_thread(void *arg) {
     loom_engine *e = arg;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && e->inbox.n_reqs == 0 && e->inbox.n_cancels == 0 &&
-               e->live.count == 0) {
+        while (!e->stop && e->inbox.n_reqs == 0 && e->inbox.n_cancels == 0 && e->live.count == 0) {
             pthread_cond_wait(&e->cv, &e->mu);
         }
         bool stop = e->stop;

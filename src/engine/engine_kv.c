@@ -221,19 +221,19 @@ loom_status loom__engine_kv_create(loom_engine *e) {
     kp.watermark = e->params.watermark;
     /* Blocks computed by one model are meaningless to another: salt with its identity. */
     const char *name = e->model->name ? e->model->name : "";
-    kp.model_salt = loom__hash_bytes(name, strlen(name), (uint64_t)loom__gguf_file_size(
-                                                                e->model->gguf));
+    kp.model_salt =
+        loom__hash_bytes(name, strlen(name), (uint64_t)loom__gguf_file_size(e->model->gguf));
     LOOM_TRY(loom__kv_create(&kp, &e->kv));
-    e->swap_list_cap = e->n_groups * ((e->max_ctx + e->params.block_size - 1) /
-                                      e->params.block_size + 1);
+    e->swap_list_cap =
+        e->n_groups * ((e->max_ctx + e->params.block_size - 1) / e->params.block_size + 1);
     loom__kv_storage_params sp = {
         .kv_type = ENGINE_KV_TYPE,
         .block_size = e->params.block_size,
         .group_blocks = e->group_blocks,
         .max_seqs = e->params.max_seqs,
         .block_cap = loom__kv_desc_block_cap(e->kv, e->params.max_seqs),
-        .max_copy_blocks = e->swap_list_cap > LOOM_MAX_KV_GROUPS ? e->swap_list_cap
-                                                                 : LOOM_MAX_KV_GROUPS,
+        .max_copy_blocks =
+            e->swap_list_cap > LOOM_MAX_KV_GROUPS ? e->swap_list_cap : LOOM_MAX_KV_GROUPS,
     };
     LOOM_TRY(loom__kv_storage_create(e->model, &sp, &e->store));
     for (int32_t g = 0; g < e->n_groups; g++) { /* the fixed fields; steps update the rest */
@@ -244,8 +244,8 @@ loom_status loom__engine_kv_create(loom_engine *e) {
         gi->block_bytes = (int64_t)group_block_bytes(e, g);
         for (int32_t il = 0; il < e->model->cfg.n_layer; il++) /* the sources: reusing layers
                                                                      hold nothing */
-            gi->n_layers += e->model->cfg.layers[il].kv_group == g &&
-                            e->model->cfg.layers[il].kv_src == il;
+            gi->n_layers +=
+                e->model->cfg.layers[il].kv_group == g && e->model->cfg.layers[il].kv_src == il;
         gi->blocks_total = gi->blocks_free = groups[g].n_blocks;
     }
     const size_t n_list = (size_t)e->store.ranges_cap / 2 + 1; /* >= max_copy_blocks */
@@ -409,7 +409,8 @@ static bool swap_fits(const loom_engine *e, int32_t seq) {
 loom_status loom__engine_swap_out(loom_engine *e, loom__req_sample *s) {
     LOOM_RETURN_IF(!swap_fits(e, s->kv_seq), LOOM_ERR_OUT_OF_MEMORY,
                    "engine: host swap space is full");
-    LOOM_TRY(loom__kv_swap_out(e->kv, s->kv_seq, e->swap_blocks, e->swap_list_cap, s->swap_offsets));
+    LOOM_TRY(
+        loom__kv_swap_out(e->kv, s->kv_seq, e->swap_blocks, e->swap_list_cap, s->swap_offsets));
     /* Slots first, so that a failed copy still leaves every slot where release finds it. */
     for (int32_t g = 0; g < e->n_groups; g++) {
         loom__engine_swap_area *a = &e->swap[g];

@@ -263,7 +263,7 @@ static int32_t build_batch(loom_engine *e, const loom__sched_plan *plan, int32_t
         }
         int32_t n_copies = 0;
         loom_status st = loom__kv_reserve(e->kv, s->kv_seq, en->n_tokens, e->tokens + *n_tok,
-                                         e->copies, LOOM_MAX_KV_GROUPS, &n_copies);
+                                          e->copies, LOOM_MAX_KV_GROUPS, &n_copies);
         if (st == LOOM_OK && n_copies > 0) st = loom__engine_kv_copy(e, e->copies, n_copies);
         if (st != LOOM_OK) {
             if (n_copies > 0) (void)loom__kv_rollback(e->kv, s->kv_seq);
@@ -339,10 +339,9 @@ static bool accept_token(loom_engine *e, loom__req *r, int32_t i, loom_token tok
     const char *out = "";
     size_t out_len = 0;
     bool stopped = false;
-    bool ok = done ? loom__text_stream_push_final(&s->text, &r->stops, piece, n, &out, &out_len,
-                                                  &stopped)
-                   : loom__text_stream_push(&s->text, &r->stops, piece, n, &out, &out_len,
-                                            &stopped);
+    bool ok =
+        done ? loom__text_stream_push_final(&s->text, &r->stops, piece, n, &out, &out_len, &stopped)
+             : loom__text_stream_push(&s->text, &r->stops, piece, n, &out, &out_len, &stopped);
     if (!ok) out_len = 0;
     if (stopped) {
         done = true;
@@ -369,20 +368,20 @@ static loom_status sample_row(loom_engine *e, int32_t k, const loom__req *r, loo
     /* Each sample draws from its own stream; sample 0 matches an n = 1 request. */
     cfg.seed = r->chain.seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
     const int32_t n_known = r->n_prompt + s->n_generated;
-    bool penalize = cfg.penalty_last_n != 0 &&
-                    (cfg.repeat_penalty != 1 || cfg.presence_penalty != 0 ||
-                     cfg.frequency_penalty != 0);
+    bool penalize =
+        cfg.penalty_last_n != 0 &&
+        (cfg.repeat_penalty != 1 || cfg.presence_penalty != 0 || cfg.frequency_penalty != 0);
     int32_t n_hist = 0;
     if (penalize)
-        n_hist = cfg.penalty_last_n < 0 || cfg.penalty_last_n > n_known ? n_known
-                                                                        : cfg.penalty_last_n;
+        n_hist =
+            cfg.penalty_last_n < 0 || cfg.penalty_last_n > n_known ? n_known : cfg.penalty_last_n;
     for (int32_t j = 0; j < n_hist; j++) hist[j] = loom__sample_token(r, s, n_known - n_hist + j);
     loom__sample_chain_result res;
     memset(&res, 0, sizeof res);
     res.top_raw = s->top;
     res.top_final = s->top ? s->top + cfg.n_logprobs : NULL;
-    LOOM_TRY(loom__sample_chain_run(e->sample_ws[k], &cfg, logits, hist, n_hist,
-                                   (uint64_t)n_known, &res));
+    LOOM_TRY(loom__sample_chain_run(e->sample_ws[k], &cfg, logits, hist, n_hist, (uint64_t)n_known,
+                                    &res));
     loom__sampler_info(&res, &s->info);
     return LOOM_OK;
 }
@@ -579,8 +578,8 @@ loom_status loom__engine_step(loom_engine *e) {
         e->n_results = 0;
     }
     /* Entries that were dropped (cancelled, failed) still close the plan. */
-    loom_status st2 = loom__sched_on_step_done(e->sched, e->results, e->n_results,
-                                              loom__engine_now_us(e));
+    loom_status st2 =
+        loom__sched_on_step_done(e->sched, e->results, e->n_results, loom__engine_now_us(e));
     if (st2 != LOOM_OK) LOOM_LOG_E("engine: scheduler bookkeeping: %s", loom_last_error());
     update_stats(e);
     /* The step record goes in before the step is counted: its index is the one its token

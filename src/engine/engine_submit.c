@@ -77,8 +77,8 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *req,
     pthread_mutex_lock(&e->mu);
     r->id = e->next_id++;
     loom_status st = loom__id_map_put(&e->live, r->id, r);
-    if (st == LOOM_OK && !push((void **)&e->inbox.reqs, &e->inbox.n_reqs, &e->inbox.cap_reqs, &r,
-                               sizeof r)) {
+    if (st == LOOM_OK &&
+        !push((void **)&e->inbox.reqs, &e->inbox.n_reqs, &e->inbox.cap_reqs, &r, sizeof r)) {
         loom__id_map_del(&e->live, r->id);
         st = loom__fail(LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
     }
@@ -181,16 +181,14 @@ loom_status loom_engine_get_stats(loom_engine *e, loom_engine_stats *out) {
     st.tokens_per_s = busy_ns > 0 ? (double)st.tokens_generated / st.busy_s : 0;
     st.tokens_per_s_recent = recent_ns > 0 ? (double)recent_tokens / ((double)recent_ns * 1e-9) : 0;
     st.size = sizeof st;
-    return loom__abi_result_out(out, &st, sizeof st,
-                                LOOM__ABI_END(loom_engine_stats, tokens_per_s_recent),
-                                "engine_stats");
+    return loom__abi_result_out(
+        out, &st, sizeof st, LOOM__ABI_END(loom_engine_stats, tokens_per_s_recent), "engine_stats");
 }
 
 loom_status loom_engine_step(loom_engine *e, const loom_event *const **events, size_t *n_events) {
     loom__clear_error();
     LOOM_CHECK_ARG(e != NULL && events != NULL && n_events != NULL);
-    LOOM_RETURN_IF(e->has_thread, LOOM_ERR_BUSY,
-                   "engine: background mode steps on its own thread");
+    LOOM_RETURN_IF(e->has_thread, LOOM_ERR_BUSY, "engine: background mode steps on its own thread");
     loom_status st = loom__engine_step(e);
     /* The caller sees pointers (loom_event may grow): one per event, kept with the array. */
     if (e->n_events > e->cap_event_ptrs) {

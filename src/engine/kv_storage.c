@@ -56,8 +56,8 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
     const loom__model_config *c = &m->cfg;
     const loom__backend *be = m->backend;
     const size_t elt = loom__kv_elt_bytes(p->kv_type);
-    LOOM_RETURN_IF(p->kv_type != LOOM_TYPE_F16 && p->kv_type != LOOM_TYPE_F32,
-                   LOOM_ERR_INVALID_ARG, "kv storage: pages of %d (f16 or f32)", (int)p->kv_type);
+    LOOM_RETURN_IF(p->kv_type != LOOM_TYPE_F16 && p->kv_type != LOOM_TYPE_F32, LOOM_ERR_INVALID_ARG,
+                   "kv storage: pages of %d (f16 or f32)", (int)p->kv_type);
     LOOM_RETURN_IF(p->block_size < 1 || p->max_seqs < 1 || p->block_cap < 0 ||
                        p->max_copy_blocks < 0 || p->group_blocks == NULL,
                    LOOM_ERR_INVALID_ARG, "kv storage: bad sizes");
@@ -146,8 +146,8 @@ loom_status loom__kv_storage_descs(loom__kv_storage *st, const loom__kv *kv, int
             const int32_t reserved = st->kv_len[b] - st->pos_start[b];
             LOOM_RETURN_IF(skip[b] < 0 || n_new[b] < 0 || skip[b] + n_new[b] > reserved,
                            LOOM_ERR_INVALID_ARG,
-                           "kv storage: sequence %d: rows %d .. %d of a reservation of %d",
-                           seqs[b], skip[b], skip[b] + n_new[b], reserved);
+                           "kv storage: sequence %d: rows %d .. %d of a reservation of %d", seqs[b],
+                           skip[b], skip[b] + n_new[b], reserved);
             st->pos_start[b] += skip[b];
             st->kv_len[b] = st->pos_start[b] + n_new[b];
             st->q_start[b + 1] = st->q_start[b] + n_new[b];
@@ -195,12 +195,10 @@ loom_status loom__kv_storage_copy(loom__kv_storage *st, void *stream, loom_copy_
     size_t k = 0;
     for (int32_t i = 0; i < n; i++) {
         const int32_t g = groups[i];
-        LOOM_RETURN_IF(g < 0 || g >= st->n_groups || blocks[i] < 0 ||
-                           blocks[i] >= st->group_blocks[g] ||
-                           (kind == LOOM_COPY_DEVICE &&
-                            (dst[i] < 0 || dst[i] >= st->group_blocks[g])),
-                       LOOM_ERR_INVALID_ARG, "kv storage: copy %d: block %d of group %d", i,
-                       blocks[i], g);
+        LOOM_RETURN_IF(
+            g < 0 || g >= st->n_groups || blocks[i] < 0 || blocks[i] >= st->group_blocks[g] ||
+                (kind == LOOM_COPY_DEVICE && (dst[i] < 0 || dst[i] >= st->group_blocks[g])),
+            LOOM_ERR_INVALID_ARG, "kv storage: copy %d: block %d of group %d", i, blocks[i], g);
         const size_t off = (size_t)blocks[i] * st->block_stride;
         char *slot = kind == LOOM_COPY_DEVICE ? NULL : host[i];
         for (int32_t il = 0; il < c->n_layer; il++) {

@@ -37,12 +37,12 @@ typedef struct loom__kv_storage {
 } loom__kv_storage;
 
 typedef struct loom__kv_storage_params {
-    loom_type kv_type;          /* F16 or F32 */
-    int32_t block_size;         /* positions per block */
+    loom_type kv_type;           /* F16 or F32 */
+    int32_t block_size;          /* positions per block */
     const int32_t *group_blocks; /* [the model's n_kv_groups] blocks of each group's pools */
-    int32_t max_seqs;           /* sequences in one step */
-    int64_t block_cap;          /* table entries one step can need in a group */
-    int32_t max_copy_blocks;    /* most blocks one loom__kv_storage_copy moves */
+    int32_t max_seqs;            /* sequences in one step */
+    int64_t block_cap;           /* table entries one step can need in a group */
+    int32_t max_copy_blocks;     /* most blocks one loom__kv_storage_copy moves */
 } loom__kv_storage_params;
 
 /* Bytes of one block of group g: every source layer of the group, K and V. */

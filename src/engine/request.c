@@ -36,8 +36,7 @@ static loom_status check_params(const loom_model *m, const loom_request_params *
                    "submit: give prompt text or prompt_tokens");
     LOOM_RETURN_IF(p->prompt && p->prompt_tokens, LOOM_ERR_INVALID_ARG,
                    "submit: give prompt text or prompt_tokens, not both");
-    LOOM_RETURN_IF(p->n < 1 || p->n > 256, LOOM_ERR_INVALID_ARG, "submit: n = %d (1..256)",
-                   p->n);
+    LOOM_RETURN_IF(p->n < 1 || p->n > 256, LOOM_ERR_INVALID_ARG, "submit: n = %d (1..256)", p->n);
     LOOM_RETURN_IF(p->max_tokens < 1, LOOM_ERR_INVALID_ARG, "submit: max_tokens = %d (>= 1)",
                    p->max_tokens);
     loom__sample_chain_config chain;
@@ -62,8 +61,8 @@ static loom_status check_params(const loom_model *m, const loom_request_params *
         LOOM_RETURN_IF(!s || !*s || strlen(s) > 1024, LOOM_ERR_INVALID_ARG,
                        "submit: stop string %zu is NULL, empty or longer than 1024 bytes", i);
     }
-    LOOM_RETURN_IF(!(p->ttft_deadline_s >= 0) || !(p->tpot_deadline_s >= 0),
-                   LOOM_ERR_INVALID_ARG, "submit: deadlines must be >= 0");
+    LOOM_RETURN_IF(!(p->ttft_deadline_s >= 0) || !(p->tpot_deadline_s >= 0), LOOM_ERR_INVALID_ARG,
+                   "submit: deadlines must be >= 0");
     return LOOM_OK;
 }
 
@@ -84,7 +83,8 @@ static loom_status copy_prompt(const loom_model *m, const loom_request_params *p
         LOOM_RETURN_IF(n == 0, LOOM_ERR_INVALID_ARG, "submit: the prompt has no tokens");
         for (size_t i = 0; i < n; i++) {
             LOOM_RETURN_IF(p->prompt_tokens[i] < 0 || p->prompt_tokens[i] >= m->cfg.n_vocab,
-                           LOOM_ERR_BAD_INPUT, "submit: prompt token %d at %zu out of range [0, %d)",
+                           LOOM_ERR_BAD_INPUT,
+                           "submit: prompt token %d at %zu out of range [0, %d)",
                            p->prompt_tokens[i], i, m->cfg.n_vocab);
         }
         r->prompt = malloc(n * sizeof *r->prompt);

@@ -13,21 +13,21 @@ typedef enum loom__req_state {
 } loom__req_state;
 
 typedef struct loom__req_sample {
-    loom_token *tokens;       /* [max_tokens] generated tokens */
+    loom_token *tokens; /* [max_tokens] generated tokens */
     int32_t n_generated;
-    int32_t kv_seq;           /* the KV manager's sequence, -1 when it holds none */
-    int32_t cached_tokens;    /* tokens reused from the prefix cache at its last admission */
-    bool in_sched;            /* known to the scheduler */
-    bool swapped;             /* its blocks are in the engine's host swap area */
-    int32_t *swap_slots;      /* [swap_cap] host slots of its swapped blocks */
+    int32_t kv_seq;        /* the KV manager's sequence, -1 when it holds none */
+    int32_t cached_tokens; /* tokens reused from the prefix cache at its last admission */
+    bool in_sched;         /* known to the scheduler */
+    bool swapped;          /* its blocks are in the engine's host swap area */
+    int32_t *swap_slots;   /* [swap_cap] host slots of its swapped blocks */
     int32_t swap_offsets[LOOM_MAX_KV_GROUPS + 1]; /* per-group ranges of swap_slots */
     bool finished;
     loom_finish_reason reason;
-    loom__text_stream text;    /* pending text of this sample */
+    loom__text_stream text;   /* pending text of this sample */
     int64_t t_first_token_ns; /* monotonic clock (loom__now_ns); 0 until the first token */
     int64_t t_last_token_ns;
-    loom_token_info info;     /* the last sampled token's, as its TOKEN event reports it */
-    loom_token_logprob *top;  /* [2 * chain.n_logprobs] info's top arrays: raw, then final */
+    loom_token_info info;    /* the last sampled token's, as its TOKEN event reports it */
+    loom_token_logprob *top; /* [2 * chain.n_logprobs] info's top arrays: raw, then final */
 } loom__req_sample;
 
 typedef struct loom__req {
@@ -39,12 +39,12 @@ typedef struct loom__req {
     loom_token *prompt; /* [n_prompt] */
     int32_t n_prompt;
     loom__sample_chain_config chain; /* the request's sampler; bias points to the copy below */
-    loom_logit_bias *bias;          /* [chain.n_bias] */
+    loom_logit_bias *bias;           /* [chain.n_bias] */
     int32_t max_tokens;
     int32_t n_samples;
     loom_token *stop_tokens; /* [n_stop_tokens] */
     int32_t n_stop_tokens;
-    char **stop_strings;     /* [stops.n] NUL-terminated copies */
+    char **stop_strings; /* [stops.n] NUL-terminated copies */
     size_t *stop_lens;
     loom__stop_set stops;
     bool ignore_eos;
@@ -55,7 +55,7 @@ typedef struct loom__req {
                            submit time */
 
     loom__req_sample *samples; /* [n_samples] */
-    char *text_mem;           /* backing store of every sample's text stream */
+    char *text_mem;            /* backing store of every sample's text stream */
 } loom__req;
 
 /* A caller's request (of caller->size bytes) and its sampler settings (of their size, or the

@@ -163,8 +163,8 @@ int32_t loom_session_n_past(const loom_session *s) {
 typedef enum { WANT_NONE, WANT_LAST, WANT_ALL } logits_want;
 
 /* Runs rows [done, done + n) of the pending reservation, which started at position p0. */
-static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32_t p0,
-                                int32_t done, int32_t n, logits_want want, float *logits_out,
+static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32_t p0, int32_t done,
+                                int32_t n, logits_want want, float *logits_out,
                                 int32_t stop_after) {
     for (int32_t i = 0; i < n; i++) {
         s->pos[i] = p0 + done + i;
@@ -177,7 +177,9 @@ static loom_status decode_chunk(loom_session *s, const loom_token *tokens, int32
         .pos = s->pos,
         .n_tokens = n,
         .logit_rows = want == WANT_ALL ? s->rows : s->rows + (n - 1),
-        .n_logits = want == WANT_ALL ? n : want == WANT_LAST ? 1 : 0,
+        .n_logits = want == WANT_ALL    ? n
+                    : want == WANT_LAST ? 1
+                                        : 0,
         .stop_after = stop_after,
         .hidden = stop_after > 0 ? logits_out : NULL,
         .on_layers = s->on_layers,
@@ -196,8 +198,8 @@ static loom_status reserve(loom_session *s, const loom_token *tokens, int32_t n,
     *p0 = loom_session_n_past(s);
     int32_t n_copies = 0;
     loom__kv_copy copies[LOOM_MAX_KV_GROUPS];
-    loom_status st = loom__kv_reserve(s->kv, s->seq, n, tokens, copies, LOOM_MAX_KV_GROUPS,
-                                      &n_copies);
+    loom_status st =
+        loom__kv_reserve(s->kv, s->seq, n, tokens, copies, LOOM_MAX_KV_GROUPS, &n_copies);
     if (st == LOOM_OK && n_copies > 0) {
         /* Never with one unshared sequence and no prefix cache. */
         (void)loom__kv_rollback(s->kv, s->seq);
@@ -231,8 +233,7 @@ loom_status loom_session_decode(loom_session *s, const loom_token *tokens, int32
     size_t rows = all_logits ? (size_t)n : 1;
     if (rows * (size_t)n_vocab > s->logits_cap) {
         float *grown = realloc(s->logits, rows * (size_t)n_vocab * sizeof *grown);
-        LOOM_RETURN_IF(!grown, LOOM_ERR_OUT_OF_MEMORY, "decode: cannot hold %zu logit rows",
-                       rows);
+        LOOM_RETURN_IF(!grown, LOOM_ERR_OUT_OF_MEMORY, "decode: cannot hold %zu logit rows", rows);
         s->logits = grown;
         s->logits_cap = rows * (size_t)n_vocab;
     }

@@ -174,8 +174,7 @@ uint64_t loom__gguf_data_offset(const loom__gguf *g) {
 void loom__gguf_release_data(loom__gguf *g) {
     uintptr_t begin, end;
     if (!g || !g->map || g->data_offset >= g->size ||
-        !loom__whole_pages((char *)g->map + g->data_offset, g->size - g->data_offset, &begin,
-                           &end))
+        !loom__whole_pages((char *)g->map + g->data_offset, g->size - g->data_offset, &begin, &end))
         return;
     /* A private read-only file mapping: the pages go, the mapping stays, and a later read
      * faults them back in from the file. */

@@ -61,10 +61,10 @@ typedef struct loom__gguf_value loom__gguf_value;
 struct loom__gguf_value {
     loom__gguf_vtype type;
     union {
-        uint64_t u64;      /* U8, U16, U32, U64 (widened) */
-        int64_t i64;       /* I8, I16, I32, I64 (widened) */
-        double f64;        /* F32 (widened) and F64 */
-        bool b;            /* BOOL */
+        uint64_t u64;       /* U8, U16, U32, U64 (widened) */
+        int64_t i64;        /* I8, I16, I32, I64 (widened) */
+        double f64;         /* F32 (widened) and F64 */
+        bool b;             /* BOOL */
         loom__gguf_str str; /* STR */
         struct {
             loom__gguf_vtype elem_type;
@@ -148,20 +148,20 @@ const loom__gguf_kv *loom__gguf_find_kv(const loom__gguf *g, const char *key);
  *   get_f32: F32, F64 (finite values must be in float range) or any integer type;
  *   get_bool: BOOL only; get_str: STR only. *out is untouched on failure. */
 loom_status loom__gguf_get_u32(const loom__gguf *g, const char *key, bool required, uint32_t def,
-                              uint32_t *out);
+                               uint32_t *out);
 loom_status loom__gguf_get_i64(const loom__gguf *g, const char *key, bool required, int64_t def,
-                              int64_t *out);
+                               int64_t *out);
 loom_status loom__gguf_get_f32(const loom__gguf *g, const char *key, bool required, float def,
-                              float *out);
+                               float *out);
 loom_status loom__gguf_get_bool(const loom__gguf *g, const char *key, bool required, bool def,
-                               bool *out);
+                                bool *out);
 /* Absent and not required: *out = {"", 0}. The string points into the image. */
 loom_status loom__gguf_get_str(const loom__gguf *g, const char *key, bool required,
-                              loom__gguf_str *out);
+                               loom__gguf_str *out);
 /* An array whose elements are exactly elem_type. Absent and not required: *out = NULL.
  * Errors: LOOM_ERR_BAD_MODEL (required and absent, not an array, other element type). */
 loom_status loom__gguf_get_arr(const loom__gguf *g, const char *key, loom__gguf_vtype elem_type,
-                              bool required, const loom__gguf_value **out);
+                               bool required, const loom__gguf_value **out);
 
 /* Element i of a numeric array (any fixed-size element type except BOOL is converted; BOOL
  * gives 0 or 1), read from the raw little-endian bytes. Returns 0 when arr is NULL, not an

@@ -64,7 +64,7 @@ static loom_status integer_of(const char *key, const loom__gguf_kv *kv, bool *ne
 }
 
 loom_status loom__gguf_get_u32(const loom__gguf *g, const char *key, bool required, uint32_t def,
-                              uint32_t *out) {
+                               uint32_t *out) {
     const loom__gguf_kv *kv = NULL;
     bool neg = false;
     int64_t i = 0;
@@ -86,7 +86,7 @@ loom_status loom__gguf_get_u32(const loom__gguf *g, const char *key, bool requir
 }
 
 loom_status loom__gguf_get_i64(const loom__gguf *g, const char *key, bool required, int64_t def,
-                              int64_t *out) {
+                               int64_t *out) {
     const loom__gguf_kv *kv = NULL;
     bool neg = false;
     int64_t i = 0;
@@ -109,7 +109,7 @@ loom_status loom__gguf_get_i64(const loom__gguf *g, const char *key, bool requir
 }
 
 loom_status loom__gguf_get_f32(const loom__gguf *g, const char *key, bool required, float def,
-                              float *out) {
+                               float *out) {
     const loom__gguf_kv *kv = NULL;
     LOOM_TRY(lookup(g, key, required, &kv));
     if (!kv) {
@@ -136,7 +136,7 @@ loom_status loom__gguf_get_f32(const loom__gguf *g, const char *key, bool requir
 }
 
 loom_status loom__gguf_get_bool(const loom__gguf *g, const char *key, bool required, bool def,
-                               bool *out) {
+                                bool *out) {
     const loom__gguf_kv *kv = NULL;
     LOOM_TRY(lookup(g, key, required, &kv));
     if (!kv) {
@@ -149,7 +149,7 @@ loom_status loom__gguf_get_bool(const loom__gguf *g, const char *key, bool requi
 }
 
 loom_status loom__gguf_get_str(const loom__gguf *g, const char *key, bool required,
-                              loom__gguf_str *out) {
+                               loom__gguf_str *out) {
     const loom__gguf_kv *kv = NULL;
     LOOM_TRY(lookup(g, key, required, &kv));
     if (!kv) {
@@ -163,7 +163,7 @@ loom_status loom__gguf_get_str(const loom__gguf *g, const char *key, bool requir
 }
 
 loom_status loom__gguf_get_arr(const loom__gguf *g, const char *key, loom__gguf_vtype elem_type,
-                              bool required, const loom__gguf_value **out) {
+                               bool required, const loom__gguf_value **out) {
     const loom__gguf_kv *kv = NULL;
     LOOM_TRY(lookup(g, key, required, &kv));
     if (!kv) {

@@ -164,7 +164,8 @@ static inline uint64_t loom__gguf_vtype_size(uint32_t t) {
     }
 }
 
-/* ---- parse steps (each leaves g in a state loom__gguf_close can free, even on failure) -------- */
+/* ---- parse steps (each leaves g in a state loom__gguf_close can free, even on failure) --------
+ */
 
 /* Reads n_kv key/values at r (allocates g->kvs, fills g->kv_index), then applies
  * general.alignment. Errors: LOOM_ERR_BAD_MODEL, LOOM_ERR_OUT_OF_MEMORY. */

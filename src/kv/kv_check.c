@@ -62,7 +62,8 @@ static loom_status check_seq_group(const loom__kv *kv, int32_t seq, int32_t gi, 
 
 /* The blocks a pending step writes: one owner, not indexed (an indexed block is frozen), and
  * not below the committed fill of a pending copy-on-write that may roll back into it. */
-static loom_status check_writes(const loom__kv *kv, int32_t seq, int32_t gi, const check_counts *c) {
+static loom_status check_writes(const loom__kv *kv, int32_t seq, int32_t gi,
+                                const check_counts *c) {
     const loom__kv_group *g = &kv->groups[gi];
     const loom__kv_seq *s = &kv->seqs[seq];
     const int32_t *table = loom__kv_table(kv, gi, seq);

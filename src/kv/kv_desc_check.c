@@ -9,12 +9,16 @@
 
 size_t loom__kv_elt_bytes(loom_type t) {
     switch (t) {
-    case LOOM_TYPE_F32: return 4;
+    case LOOM_TYPE_F32:
+        return 4;
     case LOOM_TYPE_F16:
-    case LOOM_TYPE_BF16: return 2;
+    case LOOM_TYPE_BF16:
+        return 2;
     case LOOM_TYPE_FP8_E4M3:
-    case LOOM_TYPE_FP8_E5M2: return 1;
-    default: return 0;
+    case LOOM_TYPE_FP8_E5M2:
+        return 1;
+    default:
+        return 0;
     }
 }
 

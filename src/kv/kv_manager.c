@@ -121,7 +121,7 @@ static int32_t take_slot(loom__kv *kv) {
 /* ==== admission, fork, free =================================================================== */
 
 loom_status loom__kv_seq_admit(loom__kv *kv, uint64_t cache_salt, const int32_t *prompt,
-                              int32_t n_prompt, int32_t *out_seq, int32_t *out_n_cached) {
+                               int32_t n_prompt, int32_t *out_seq, int32_t *out_n_cached) {
     LOOM_CHECK_ARG(kv != NULL && prompt != NULL && out_seq != NULL && n_prompt >= 1);
     LOOM_RETURN_IF(n_prompt > kv->max_seq_len, LOOM_ERR_CONTEXT_FULL,
                    "kv: prompt of %d tokens exceeds max_seq_len %d", n_prompt, kv->max_seq_len);
@@ -248,7 +248,7 @@ int32_t loom__kv_step_need(const loom__kv *kv, int32_t seq, int32_t gi, int32_t 
 }
 
 loom_status loom__kv_reserve(loom__kv *kv, int32_t seq, int32_t n, const int32_t *tokens,
-                            loom__kv_copy *copies, int32_t copies_cap, int32_t *n_copies) {
+                             loom__kv_copy *copies, int32_t copies_cap, int32_t *n_copies) {
     LOOM_CHECK_ARG(kv != NULL && n_copies != NULL && n >= 0 && (tokens != NULL || n == 0) &&
                    (copies != NULL || copies_cap == 0));
     LOOM_TRY(loom__kv_seq_valid(kv, seq));

@@ -94,8 +94,8 @@ typedef struct loom__kv_group_params {
 } loom__kv_group_params;
 
 typedef struct loom__kv_params {
-    int32_t block_size;                 /* tokens per block (default 16) */
-    int32_t n_groups;                   /* KV groups (>= 1; default 0: the caller must set it) */
+    int32_t block_size;                  /* tokens per block (default 16) */
+    int32_t n_groups;                    /* KV groups (>= 1; default 0: the caller must set it) */
     const loom__kv_group_params *groups; /* [n_groups], copied by loom__kv_create */
     int32_t max_seqs;    /* sequences alive at once, swapped ones included (default 256) */
     int32_t max_seq_len; /* positions one sequence may hold (default 4096) */
@@ -127,7 +127,7 @@ void loom__kv_destroy(loom__kv *kv);
  * Errors: LOOM_ERR_INVALID_ARG (NULL prompt/out_seq, n_prompt < 1), LOOM_ERR_CONTEXT_FULL
  * (n_prompt > max_seq_len, or max_seqs sequences alive). */
 loom_status loom__kv_seq_admit(loom__kv *kv, uint64_t cache_salt, const int32_t *prompt,
-                              int32_t n_prompt, int32_t *out_seq, int32_t *out_n_cached);
+                               int32_t n_prompt, int32_t *out_seq, int32_t *out_n_cached);
 
 /* Creates a child sharing every block, position and hash of parent (reference counts grow;
  * nothing is copied until one of them writes a shared block). The parent must be resident
@@ -165,7 +165,7 @@ typedef struct loom__kv_copy {
  * (n_pos + n > max_seq_len, or a pool lacks free + evictable blocks),
  * LOOM_ERR_BUFFER_TOO_SMALL (copies_cap too small for the copies needed). */
 loom_status loom__kv_reserve(loom__kv *kv, int32_t seq, int32_t n, const int32_t *tokens,
-                            loom__kv_copy *copies, int32_t copies_cap, int32_t *n_copies);
+                             loom__kv_copy *copies, int32_t copies_cap, int32_t *n_copies);
 
 /* The forward succeeded: the reserved positions become computed, full blocks enter the prefix
  * index (unless an equal block already has), copy-on-write sources are unpinned and blocks that
@@ -192,10 +192,10 @@ int64_t loom__kv_desc_block_cap(const loom__kv *kv, int32_t n_seqs);
  * every group and may be NULL. A sequence must appear once. Reads only; allocates nothing.
  * Errors: LOOM_ERR_INVALID_ARG (NULL indptr, bad group or id, swapped out, n_new mismatch),
  * LOOM_ERR_BUFFER_TOO_SMALL (the tables need more than block_cap entries; nothing written). */
-loom_status loom__kv_fill_desc(const loom__kv *kv, int32_t group, int32_t n_seqs, const int32_t *seqs,
-                              const int32_t *n_new, int32_t *indptr, int32_t *block_ids,
-                              int64_t block_cap, int32_t *q_start, int32_t *pos_start,
-                              int32_t *kv_len);
+loom_status loom__kv_fill_desc(const loom__kv *kv, int32_t group, int32_t n_seqs,
+                               const int32_t *seqs, const int32_t *n_new, int32_t *indptr,
+                               int32_t *block_ids, int64_t block_cap, int32_t *q_start,
+                               int32_t *pos_start, int32_t *kv_len);
 
 /* ---- preemption by swapping ---------------------------------------------------------------- */
 
@@ -208,7 +208,7 @@ loom_status loom__kv_fill_desc(const loom__kv *kv, int32_t group, int32_t n_seqs
  * Errors: LOOM_ERR_INVALID_ARG (bad id, already swapped, reserved, NULL arrays),
  * LOOM_ERR_BUFFER_TOO_SMALL (nothing changed). */
 loom_status loom__kv_swap_out(loom__kv *kv, int32_t seq, int32_t *blocks, int32_t cap,
-                             int32_t *offsets);
+                              int32_t *offsets);
 
 /* Swaps a sequence back in: allocates fresh blocks for exactly the entries swap_out listed and
  * writes them in the same order (blocks[offsets[g] .. offsets[g+1]) per group); the engine
@@ -217,7 +217,7 @@ loom_status loom__kv_swap_out(loom__kv *kv, int32_t seq, int32_t *blocks, int32_
  * Errors: LOOM_ERR_INVALID_ARG (bad id, not swapped out, NULL arrays),
  * LOOM_ERR_BUFFER_TOO_SMALL, LOOM_ERR_CONTEXT_FULL (a pool lacks blocks); nothing changed. */
 loom_status loom__kv_swap_in(loom__kv *kv, int32_t seq, int32_t *blocks, int32_t cap,
-                            int32_t *offsets);
+                             int32_t *offsets);
 
 /* ---- capacity queries for the scheduler ---------------------------------------------------- */
 
@@ -243,7 +243,8 @@ loom_status loom__kv_seq_need(const loom__kv *kv, int32_t seq, int32_t n, int32_
  * Errors: LOOM_ERR_INVALID_ARG (NULL, n_prompt < 1, n_first < 0), LOOM_ERR_CONTEXT_FULL
  * (n_prompt > max_seq_len). */
 loom_status loom__kv_admit_need(const loom__kv *kv, uint64_t cache_salt, const int32_t *prompt,
-                               int32_t n_prompt, int32_t n_first, int32_t *need, int32_t *n_cached);
+                                int32_t n_prompt, int32_t n_first, int32_t *need,
+                                int32_t *n_cached);
 
 /* True when every group can give need[g] blocks now; with keep_watermark (new admissions),
  * while still leaving the group's watermark blocks (watermark * n_blocks rounded down, at least
@@ -311,8 +312,8 @@ loom_status loom__kv_seq_get_info(const loom__kv *kv, int32_t seq, loom__kv_seq_
 /* A read-only view of the sequence's table in one group: (*table)[0 .. *n) with n = n_table,
  * LOOM_KV_NO_BLOCK for entries not held. Valid until the next call that changes the manager.
  * Errors: LOOM_ERR_INVALID_ARG (NULL, bad id or group). */
-loom_status loom__kv_seq_table(const loom__kv *kv, int32_t seq, int32_t group, const int32_t **table,
-                              int32_t *n);
+loom_status loom__kv_seq_table(const loom__kv *kv, int32_t seq, int32_t group,
+                               const int32_t **table, int32_t *n);
 
 /* Verifies every invariant: each block is exactly one of free, cached-evictable or owned;
  * reference counts equal the table references and pins equal the pending copies; a block a
@@ -320,4 +321,3 @@ loom_status loom__kv_seq_table(const loom__kv *kv, int32_t seq, int32_t group, c
  * consistent; counters match. Returns LOOM_OK or LOOM_ERR_INTERNAL with a message naming the
  * first violation. O(pools + tables); meant for tests and debug builds. */
 loom_status loom__kv_check(const loom__kv *kv);
-

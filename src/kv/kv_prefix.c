@@ -11,7 +11,8 @@
 uint64_t loom__kv_hash_root(uint64_t model_salt, uint64_t cache_salt) {
     /* Nested so that (model, cache) salts never commute, and bijective in each for the other
      * fixed: different cache salts always give different roots. */
-    return loom__hash_mix64(loom__hash_mix64(model_salt ^ 0x6b76726f6f744d53ULL) ^ cache_salt ^ 0x9e3779b97f4a7c15ULL);
+    return loom__hash_mix64(loom__hash_mix64(model_salt ^ 0x6b76726f6f744d53ULL) ^ cache_salt ^
+                            0x9e3779b97f4a7c15ULL);
 }
 
 uint64_t loom__kv_hash_token(uint64_t state, int32_t token) {
@@ -24,7 +25,6 @@ uint64_t loom__kv_hash_finish(uint64_t state) {
     /* Marks the block boundary, so a block's hash differs from its last token's state. */
     return loom__hash_mix64(state ^ 0xb10cb10cb10cb10cULL);
 }
-
 
 /* ==== the index =============================================================================== */
 

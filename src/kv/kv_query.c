@@ -14,10 +14,10 @@ int64_t loom__kv_desc_block_cap(const loom__kv *kv, int32_t n_seqs) {
     return (int64_t)n_seqs * kv->max_blocks;
 }
 
-loom_status loom__kv_fill_desc(const loom__kv *kv, int32_t group, int32_t n_seqs, const int32_t *seqs,
-                              const int32_t *n_new, int32_t *indptr, int32_t *block_ids,
-                              int64_t block_cap, int32_t *q_start, int32_t *pos_start,
-                              int32_t *kv_len) {
+loom_status loom__kv_fill_desc(const loom__kv *kv, int32_t group, int32_t n_seqs,
+                               const int32_t *seqs, const int32_t *n_new, int32_t *indptr,
+                               int32_t *block_ids, int64_t block_cap, int32_t *q_start,
+                               int32_t *pos_start, int32_t *kv_len) {
     LOOM_CHECK_ARG(kv != NULL && indptr != NULL && n_seqs >= 0 && (seqs != NULL || n_seqs == 0));
     LOOM_RETURN_IF(group < 0 || group >= kv->n_groups, LOOM_ERR_INVALID_ARG,
                    "kv: group %d outside [0, %d)", group, kv->n_groups);
@@ -93,8 +93,8 @@ loom_status loom__kv_seq_need(const loom__kv *kv, int32_t seq, int32_t n, int32_
 }
 
 loom_status loom__kv_admit_need(const loom__kv *kv, uint64_t cache_salt, const int32_t *prompt,
-                               int32_t n_prompt, int32_t n_first, int32_t *need,
-                               int32_t *n_cached) {
+                                int32_t n_prompt, int32_t n_first, int32_t *need,
+                                int32_t *n_cached) {
     LOOM_CHECK_ARG(kv != NULL && prompt != NULL && need != NULL && n_prompt >= 1 && n_first >= 0);
     LOOM_RETURN_IF(n_prompt > kv->max_seq_len, LOOM_ERR_CONTEXT_FULL,
                    "kv: prompt of %d tokens exceeds max_seq_len %d", n_prompt, kv->max_seq_len);
@@ -225,8 +225,8 @@ loom_status loom__kv_seq_get_info(const loom__kv *kv, int32_t seq, loom__kv_seq_
     return LOOM_OK;
 }
 
-loom_status loom__kv_seq_table(const loom__kv *kv, int32_t seq, int32_t group, const int32_t **table,
-                              int32_t *n) {
+loom_status loom__kv_seq_table(const loom__kv *kv, int32_t seq, int32_t group,
+                               const int32_t **table, int32_t *n) {
     LOOM_CHECK_ARG(kv != NULL && table != NULL && n != NULL);
     LOOM_TRY(loom__kv_seq_valid(kv, seq));
     LOOM_RETURN_IF(group < 0 || group >= kv->n_groups, LOOM_ERR_INVALID_ARG,

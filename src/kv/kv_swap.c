@@ -14,7 +14,7 @@ static int32_t held_blocks(const loom__kv *kv, int32_t seq) {
 }
 
 loom_status loom__kv_swap_out(loom__kv *kv, int32_t seq, int32_t *blocks, int32_t cap,
-                             int32_t *offsets) {
+                              int32_t *offsets) {
     LOOM_CHECK_ARG(kv != NULL && offsets != NULL && (blocks != NULL || cap == 0));
     LOOM_TRY(loom__kv_seq_valid(kv, seq));
     loom__kv_seq *s = &kv->seqs[seq];
@@ -47,7 +47,7 @@ loom_status loom__kv_swap_out(loom__kv *kv, int32_t seq, int32_t *blocks, int32_
 }
 
 loom_status loom__kv_swap_in(loom__kv *kv, int32_t seq, int32_t *blocks, int32_t cap,
-                            int32_t *offsets) {
+                             int32_t *offsets) {
     LOOM_CHECK_ARG(kv != NULL && offsets != NULL && (blocks != NULL || cap == 0));
     LOOM_TRY(loom__kv_seq_valid(kv, seq));
     loom__kv_seq *s = &kv->seqs[seq];

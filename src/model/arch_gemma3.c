@@ -15,7 +15,7 @@
 #include "model/model.h"
 
 #define GEMMA3_LOCAL_ROPE_BASE 10000.0f
-#define GEMMA3_PATTERN_PERIOD 6
+#define GEMMA3_PATTERN_PERIOD  6
 
 /* Marks which layers are local (sliding window) from the metadata or the published pattern. */
 static loom_status read_layer_pattern(const loom__gguf *g, loom__model_config *c) {
@@ -51,7 +51,7 @@ loom_status loom__gemma3_read_config(const loom__gguf *g, loom__model_config *c)
                    "model: gemma3.attention.sliding_window must be positive");
     float local_base = GEMMA3_LOCAL_ROPE_BASE;
     LOOM_TRY(loom__gguf_get_f32(g, "gemma3.rope.freq_base_swa", false, GEMMA3_LOCAL_ROPE_BASE,
-                               &local_base));
+                                &local_base));
     LOOM_RETURN_IF(!(local_base > 0) || !isfinite(local_base), LOOM_ERR_BAD_MODEL,
                    "model: gemma3.rope.freq_base_swa must be positive");
     int32_t pre_attn_scalar = c->head_dim;

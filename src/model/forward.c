@@ -72,13 +72,12 @@ static void add_matmul(loom_matmul_shape *ms, int32_t *n, const loom_tensor *w, 
         }
     }
     if (*n == LOOM_MAX_MATMUL_SHAPES) return; /* more is never seen; a stream grows if need be */
-    ms[(*n)++] = (loom_matmul_shape){.type = w->type, .k = w->ne[0], .n = w->ne[1],
-                                     .max_rows = rows};
+    ms[(*n)++] =
+        (loom_matmul_shape){.type = w->type, .k = w->ne[0], .n = w->ne[1], .max_rows = rows};
 }
 
-void loom__model_step_shape(const loom_model *m, const loom__exec_shape *es,
-                            int32_t n_logit_rows, loom_matmul_shape *matmuls,
-                            loom_step_shape *out) {
+void loom__model_step_shape(const loom_model *m, const loom__exec_shape *es, int32_t n_logit_rows,
+                            loom_matmul_shape *matmuls, loom_step_shape *out) {
     const loom__model_config *c = &m->cfg;
     int32_t n = 0, t = es->max_tokens;
     for (int32_t il = 0; il < c->n_layer; il++) {

@@ -25,28 +25,28 @@ typedef struct loom__exec {
     void *stream;
     loom_buffer *buf;
     int32_t n_batch;
-    int32_t n_logit_rows; /* rows of logits computed per output matmul (bounds its buffer) */
+    int32_t n_logit_rows;   /* rows of logits computed per output matmul (bounds its buffer) */
     size_t workspace_bytes; /* what the backend said the stream's workspace takes */
-    loom_tensor x;        /* [T, D] residual stream */
-    loom_tensor xn;       /* [T, D] normed */
-    loom_tensor q;        /* [T, H*hd] */
-    loom_tensor k;        /* [T, Hkv*hd] */
-    loom_tensor v;        /* [T, Hkv*hd] */
-    loom_tensor att;      /* [T, H*hd] attention output */
-    loom_tensor proj;     /* [T, D] attention / FFN projection */
-    loom_tensor gate;     /* [T, F] */
-    loom_tensor up;       /* [T, F] */
-    loom_tensor ids;      /* I32 [T] token ids */
-    loom_tensor pos;      /* I32 [T] positions */
-    loom_tensor out_ids;  /* I32 [n_logit_rows] rows that get logits */
-    loom_tensor sel;      /* [n_logit_rows, D] gathered rows */
-    loom_tensor logits;   /* [n_logit_rows, V] */
+    loom_tensor x;          /* [T, D] residual stream */
+    loom_tensor xn;         /* [T, D] normed */
+    loom_tensor q;          /* [T, H*hd] */
+    loom_tensor k;          /* [T, Hkv*hd] */
+    loom_tensor v;          /* [T, Hkv*hd] */
+    loom_tensor att;        /* [T, H*hd] attention output */
+    loom_tensor proj;       /* [T, D] attention / FFN projection */
+    loom_tensor gate;       /* [T, F] */
+    loom_tensor up;         /* [T, F] */
+    loom_tensor ids;        /* I32 [T] token ids */
+    loom_tensor pos;        /* I32 [T] positions */
+    loom_tensor out_ids;    /* I32 [n_logit_rows] rows that get logits */
+    loom_tensor sel;        /* [n_logit_rows, D] gathered rows */
+    loom_tensor logits;     /* [n_logit_rows, V] */
 } loom__exec;
 
 /* The tokens of one step: rows in the order the kv descriptor's q_start describes. */
 typedef struct loom__batch {
-    const loom_token *tokens;  /* [n_tokens] ids, checked < n_vocab by the caller */
-    const int32_t *pos;        /* [n_tokens] positions */
+    const loom_token *tokens; /* [n_tokens] ids, checked < n_vocab by the caller */
+    const int32_t *pos;       /* [n_tokens] positions */
     int32_t n_tokens;
     const int32_t *logit_rows; /* [n_logits] rows whose logits are wanted, ascending */
     int32_t n_logits;
@@ -67,9 +67,8 @@ typedef struct loom__batch {
 
 /* The loom_step_shape of an execution context of the model (matmuls[LOOM_MAX_MATMUL_SHAPES]
  * receives its distinct matmul shapes; the shape points into it). */
-void loom__model_step_shape(const loom_model *m, const loom__exec_shape *es,
-                            int32_t n_logit_rows, loom_matmul_shape *matmuls,
-                            loom_step_shape *out);
+void loom__model_step_shape(const loom_model *m, const loom__exec_shape *es, int32_t n_logit_rows,
+                            loom_matmul_shape *matmuls, loom_step_shape *out);
 
 /* Creates the stream and the buffers for steps up to es. Errors: those of the backend's
  * stream_create and buffer_alloc. */

@@ -7,8 +7,8 @@
 
 #include "model/model.h"
 
-loom_status loom__hparam_dim(const loom__gguf *g, const char *arch, const char *key,
-                             bool required, uint32_t def, int32_t *out) {
+loom_status loom__hparam_dim(const loom__gguf *g, const char *arch, const char *key, bool required,
+                             uint32_t def, int32_t *out) {
     char full[128];
     snprintf(full, sizeof full, "%s.%s", arch, key);
     uint32_t v = 0;
@@ -19,8 +19,8 @@ loom_status loom__hparam_dim(const loom__gguf *g, const char *arch, const char *
     return LOOM_OK;
 }
 
-static loom_status hparam_f32(const loom__gguf *g, const char *arch, const char *key,
-                              bool required, float def, float *out) {
+static loom_status hparam_f32(const loom__gguf *g, const char *arch, const char *key, bool required,
+                              float def, float *out) {
     char full[128];
     snprintf(full, sizeof full, "%s.%s", arch, key);
     LOOM_TRY(loom__gguf_get_f32(g, full, required, def, out));
@@ -90,13 +90,13 @@ loom_status loom__hparams_common(const loom__gguf *g, const char *arch, loom__mo
     LOOM_RETURN_IF(c->n_layer > 4096, LOOM_ERR_BAD_MODEL, "model: %s.block_count %d too large",
                    arch, c->n_layer);
     LOOM_RETURN_IF(c->n_head_kv <= 0 || c->n_head % c->n_head_kv != 0, LOOM_ERR_BAD_MODEL,
-                   "model: %s.attention.head_count %d is not a multiple of head_count_kv %d",
-                   arch, c->n_head, c->n_head_kv);
+                   "model: %s.attention.head_count %d is not a multiple of head_count_kv %d", arch,
+                   c->n_head, c->n_head_kv);
     LOOM_TRY(loom__hparam_dim(g, arch, "attention.key_length", false,
                               (uint32_t)(c->n_embd / c->n_head), &c->head_dim));
     int32_t v_dim = 0;
-    LOOM_TRY(loom__hparam_dim(g, arch, "attention.value_length", false, (uint32_t)c->head_dim,
-                              &v_dim));
+    LOOM_TRY(
+        loom__hparam_dim(g, arch, "attention.value_length", false, (uint32_t)c->head_dim, &v_dim));
     LOOM_RETURN_IF(c->head_dim <= 0 || v_dim != c->head_dim, LOOM_ERR_UNSUPPORTED,
                    "model: key_length %d and value_length %d must be equal and positive",
                    c->head_dim, v_dim);
@@ -108,11 +108,10 @@ loom_status loom__hparams_common(const loom__gguf *g, const char *arch, loom__mo
     memset(&r, 0, sizeof r);
     r.mode = LOOM_ROPE_NORMAL;
     LOOM_TRY(hparam_f32(g, arch, "rope.freq_base", false, 10000.0f, &r.theta_base));
-    LOOM_TRY(loom__hparam_dim(g, arch, "rope.dimension_count", false, (uint32_t)c->head_dim,
-                              &r.n_rot));
-    LOOM_RETURN_IF(r.n_rot <= 0 || r.n_rot > c->head_dim || r.n_rot % 2 != 0,
-                   LOOM_ERR_BAD_MODEL, "model: %s.rope.dimension_count %d is invalid", arch,
-                   r.n_rot);
+    LOOM_TRY(
+        loom__hparam_dim(g, arch, "rope.dimension_count", false, (uint32_t)c->head_dim, &r.n_rot));
+    LOOM_RETURN_IF(r.n_rot <= 0 || r.n_rot > c->head_dim || r.n_rot % 2 != 0, LOOM_ERR_BAD_MODEL,
+                   "model: %s.rope.dimension_count %d is invalid", arch, r.n_rot);
     LOOM_RETURN_IF(!(r.theta_base > 0), LOOM_ERR_BAD_MODEL,
                    "model: %s.rope.freq_base must be positive", arch);
     LOOM_TRY(read_rope_scaling(g, arch, &r.freq_scale));

@@ -30,7 +30,7 @@ typedef struct loom__layer_config {
 typedef struct loom__model_config {
     loom__arch arch;
     int32_t n_vocab;
-    int32_t n_embd;    /* model width D */
+    int32_t n_embd; /* model width D */
     int32_t n_layer;
     int32_t n_head;    /* query heads H */
     int32_t n_head_kv; /* key/value heads (H for MHA, fewer for GQA) */
@@ -38,12 +38,12 @@ typedef struct loom__model_config {
     int32_t n_ff;      /* feed-forward width F */
     int32_t n_ctx_train;
     float rms_eps;
-    float embd_scale;   /* the embedding rows are multiplied by this (1, or sqrt(D) for gemma) */
-    float attn_scale;   /* multiplies q·k (1/sqrt(head_dim) unless the architecture says) */
-    loom_glu_kind glu;  /* feed-forward activation */
-    int32_t n_swa;      /* sliding window of the local layers (0: none) */
+    float embd_scale;  /* the embedding rows are multiplied by this (1, or sqrt(D) for gemma) */
+    float attn_scale;  /* multiplies q·k (1/sqrt(head_dim) unless the architecture says) */
+    loom_glu_kind glu; /* feed-forward activation */
+    int32_t n_swa;     /* sliding window of the local layers (0: none) */
     loom__layer_config *layers; /* [n_layer], owned by the model */
-    int32_t n_kv_groups;       /* distinct windows among the layers (1 or 2 here) */
+    int32_t n_kv_groups;        /* distinct windows among the layers (1 or 2 here) */
     int32_t kv_group_window[LOOM_MAX_KV_GROUPS]; /* window of each group (0: full) */
 } loom__model_config;
 
@@ -80,17 +80,17 @@ struct loom_model {
     bool weights_in_place;  /* some prepared weight points into the mapped file */
     loom_tensor rope_freqs; /* F32 [n_rot/2] llama3 rope divisors (prepared), or data NULL */
 
-    loom_tensor tok_embd;       /* [V, D] */
-    loom_tensor output_norm;    /* F32 [D] */
-    loom_tensor output;         /* [V, D]; the embedding table when tied */
+    loom_tensor tok_embd;        /* [V, D] */
+    loom_tensor output_norm;     /* F32 [D] */
+    loom_tensor output;          /* [V, D]; the embedding table when tied */
     loom__layer_weights *layers; /* [n_layer] */
 };
 
 /* ---- shared by the architecture files (hparams.c) ---- */
 
 /* Reads "<arch>.<key>" as a dimension (a non-negative count below 2^24). */
-loom_status loom__hparam_dim(const loom__gguf *g, const char *arch, const char *key,
-                             bool required, uint32_t def, int32_t *out);
+loom_status loom__hparam_dim(const loom__gguf *g, const char *arch, const char *key, bool required,
+                             uint32_t def, int32_t *out);
 
 /* Reads the hyper-parameters every decoder here shares: context, widths, heads, head_dim,
  * rms eps, rope base / dimension / linear scaling (into every layer's rope, normal mode) and

@@ -101,8 +101,8 @@ static loom_status need_weight(const loom_model *m, const loom_tensor *w, loom_o
     if (w->data == NULL) return LOOM_OK;
     loom_op_desc d = {.op = op, .type = w->type};
     char what[128];
-    snprintf(what, sizeof what, "%s over %s weights (%s)", op == LOOM_OP_MATMUL ? "matmul" : "get_rows",
-             loom__type_name(w->type), name);
+    snprintf(what, sizeof what, "%s over %s weights (%s)",
+             op == LOOM_OP_MATMUL ? "matmul" : "get_rows", loom__type_name(w->type), name);
     return need_op(m, &d, what);
 }
 
@@ -112,8 +112,8 @@ loom_status loom__model_check_support(const loom_model *m, loom_type kv_type) {
     LOOM_TRY(need_weight(m, &m->output, LOOM_OP_MATMUL, "the output projection"));
     for (int32_t il = 0; il < c->n_layer; il++) {
         const loom__layer_weights *w = &m->layers[il];
-        const loom_tensor *mats[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up,
-                                     &w->w_down};
+        const loom_tensor *mats[] = {&w->wq,     &w->wk,   &w->wv,    &w->wo,
+                                     &w->w_gate, &w->w_up, &w->w_down};
         for (size_t k = 0; k < sizeof mats / sizeof *mats; k++)
             LOOM_TRY(need_weight(m, mats[k], LOOM_OP_MATMUL, "a layer's projection"));
     }
@@ -138,8 +138,8 @@ loom_status loom__model_check_support(const loom_model *m, loom_type kv_type) {
             char what[160];
             snprintf(what, sizeof what,
                      "%s over %s KV pages with head_dim %d, %d/%d heads, window %d",
-                     k ? "attention" : "kv_store", loom__type_name(kv_type), c->head_dim,
-                     c->n_head, c->n_head_kv, c->kv_group_window[g]);
+                     k ? "attention" : "kv_store", loom__type_name(kv_type), c->head_dim, c->n_head,
+                     c->n_head_kv, c->kv_group_window[g]);
             LOOM_TRY(need_op(m, &d, what));
         }
     }
@@ -151,8 +151,7 @@ loom_status loom__model_check_support(const loom_model *m, loom_type kv_type) {
 loom_status loom__model_set_kv_source(loom_model *m, int32_t layer, int32_t src) {
     LOOM_CHECK_ARG(m != NULL && !m->vocab_only);
     loom__model_config *c = &m->cfg;
-    LOOM_RETURN_IF(layer < 0 || layer >= c->n_layer || src < 0 || src > layer,
-                   LOOM_ERR_INVALID_ARG,
+    LOOM_RETURN_IF(layer < 0 || layer >= c->n_layer || src < 0 || src > layer, LOOM_ERR_INVALID_ARG,
                    "model: layer %d cannot read layer %d's KV (an earlier layer of %d)", layer, src,
                    c->n_layer);
     LOOM_RETURN_IF(c->layers[src].kv_group != c->layers[layer].kv_group, LOOM_ERR_INVALID_ARG,

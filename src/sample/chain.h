@@ -103,10 +103,10 @@ typedef struct loom__sample_chain_result {
     float logprob_final;
     loom__sample_chain_logprob *top_raw;   /* [n_logprobs] in: buffer; out: best first */
     loom__sample_chain_logprob *top_final; /* [n_logprobs] in: buffer; out: best first */
-    int32_t n_top_raw;   /* entries written to top_raw (min(n_logprobs, finite raw tokens)) */
-    int32_t n_top_final; /* entries written to top_final (min(n_logprobs, survivors)) */
-    double entropy;      /* H of softmax after bias and penalties (what the correction sees) */
-    double varentropy;   /* its varentropy, nats^2 */
+    int32_t n_top_raw;    /* entries written to top_raw (min(n_logprobs, finite raw tokens)) */
+    int32_t n_top_final;  /* entries written to top_final (min(n_logprobs, survivors)) */
+    double entropy;       /* H of softmax after bias and penalties (what the correction sees) */
+    double varentropy;    /* its varentropy, nats^2 */
     double entropy_final; /* H of the final distribution */
     double temperature;   /* effective temperature 1 / s (0 when greedy) */
     int32_t n_candidates; /* size of the final support */
@@ -133,7 +133,7 @@ size_t loom__sample_chain_workspace_size(int32_t n_vocab);
  * Nothing to free. One workspace serves one thread at a time.
  * Errors: LOOM_ERR_INVALID_ARG (NULL, misaligned, n_vocab <= 0), LOOM_ERR_BUFFER_TOO_SMALL. */
 loom_status loom__sample_chain_workspace_init(void *mem, size_t size, int32_t n_vocab,
-                                             loom__sample_chain_ws **out);
+                                              loom__sample_chain_ws **out);
 
 /* Runs the chain on logits[0..n_vocab) (n_vocab fixed by the workspace; logits not modified)
  * with the request's previous tokens history[0..n_history) (oldest first; the penalty window
@@ -142,6 +142,6 @@ loom_status loom__sample_chain_workspace_init(void *mem, size_t size, int32_t n_
  *   LOOM_ERR_BAD_INPUT (a history id out of range, a +inf logit after bias/penalties, or no
  *   finite logit left; NaN logits are treated as -inf). */
 loom_status loom__sample_chain_run(loom__sample_chain_ws *ws, const loom__sample_chain_config *cfg,
-                                  const float *logits, const loom_token *history,
-                                  int32_t n_history, uint64_t draw_index,
-                                  loom__sample_chain_result *out);
+                                   const float *logits, const loom_token *history,
+                                   int32_t n_history, uint64_t draw_index,
+                                   loom__sample_chain_result *out);

@@ -165,12 +165,12 @@ loom_status loom_sampler_run(loom_sampler *s, const float *logits,
     memset(&r, 0, sizeof r);
     r.top_raw = s->top;
     r.top_final = s->top ? s->top + c.n_logprobs : NULL;
-    LOOM_TRY(loom__sample_chain_run(s->ws, &c, logits, history, (int32_t)n_history, draw_index,
-                                   &r));
+    LOOM_TRY(
+        loom__sample_chain_run(s->ws, &c, logits, history, (int32_t)n_history, draw_index, &r));
     loom_token_info info;
     loom__sampler_info(&r, &info);
-    return loom__abi_result_out(out, &info, sizeof info, LOOM__ABI_END(loom_token_info, n_top_final),
-                                "token_info");
+    return loom__abi_result_out(out, &info, sizeof info,
+                                LOOM__ABI_END(loom_token_info, n_top_final), "token_info");
 }
 
 /* ---- loom_sample ------------------------------------------------------------------------ */

@@ -199,10 +199,10 @@ typedef struct loom__sched_entry {
 typedef struct loom__sched_plan {
     const loom__sched_entry *entries; /* [n_entries]: running decodes first, then chunks in
                                         order of importance */
-    int32_t n_entries;               /* <= max_seqs */
-    int32_t n_tokens;                /* sum of entries' n_tokens, <= max_batched_tokens */
-    int32_t n_decode;                /* entries that are decodes */
-    const uint64_t *preempted;       /* [n_preempted] running requests to preempt now */
+    int32_t n_entries;                /* <= max_seqs */
+    int32_t n_tokens;                 /* sum of entries' n_tokens, <= max_batched_tokens */
+    int32_t n_decode;                 /* entries that are decodes */
+    const uint64_t *preempted;        /* [n_preempted] running requests to preempt now */
     int32_t n_preempted;
     loom__sched_preempt_mode preempt_mode;
     const uint64_t *rejected; /* [n_rejected] requests that can never fit in the KV cache; the
@@ -241,7 +241,7 @@ typedef struct loom__sched loom__sched;
  * INVALID_ARG (NULL, max_seqs < 1, max_batched_tokens < max_seqs, negative chunk cap, watermark
  * or age, unknown policy or mode, a required kv function missing), OUT_OF_MEMORY. */
 loom_status loom__sched_create(const loom__sched_config *cfg, const loom__sched_kv_iface *kv,
-                              loom__sched **out);
+                               loom__sched **out);
 
 /* Frees the scheduler and its plan memory. NULL is a no-op. */
 void loom__sched_destroy(loom__sched *s);
@@ -266,7 +266,7 @@ loom_status loom__sched_schedule(loom__sched *s, int64_t now_us, loom__sched_pla
  * tokens for an entry without `sample`, a sampling entry without a result, time going back);
  * nothing is committed then. */
 loom_status loom__sched_on_step_done(loom__sched *s, const loom__sched_result *results,
-                                    int32_t n_results, int64_t now_us);
+                                     int32_t n_results, int64_t now_us);
 
 /* Removes request id in whatever state it is; *holds (may be NULL) says what the engine must
  * free. If it is in the pending plan, the engine drops its entry (if it has not run yet) and

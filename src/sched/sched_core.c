@@ -65,7 +65,7 @@ void loom__sched_destroy(loom__sched *s) {
 }
 
 loom_status loom__sched_create(const loom__sched_config *cfg, const loom__sched_kv_iface *kv,
-                              loom__sched **out) {
+                               loom__sched **out) {
     LOOM_CHECK_ARG(cfg && kv && out);
     LOOM_TRY(check_config(cfg));
     LOOM_RETURN_IF(!kv->blocks_free || !kv->blocks_needed || !kv->blocks_reclaimable,
@@ -180,7 +180,8 @@ loom_status loom__sched_add(loom__sched *s, const loom__sched_request_info *info
     LOOM_CHECK_ARG(s && info);
     LOOM_TRY(check_now(s, now_us, __func__));
     LOOM_RETURN_IF(loom__sched_index_find(&s->index, info->id) >= 0, LOOM_ERR_INVALID_ARG,
-                   "loom__sched_add: request id %llu already present", (unsigned long long)info->id);
+                   "loom__sched_add: request id %llu already present",
+                   (unsigned long long)info->id);
     LOOM_RETURN_IF(info->n_prompt < 1 || info->max_new_tokens < 1, LOOM_ERR_INVALID_ARG,
                    "loom__sched_add: request %llu: n_prompt %d and max_new_tokens %d must be >= 1",
                    (unsigned long long)info->id, info->n_prompt, info->max_new_tokens);
@@ -189,7 +190,8 @@ loom_status loom__sched_add(loom__sched *s, const loom__sched_request_info *info
                    "loom__sched_add: request %llu: n_prompt + max_new_tokens overflows",
                    (unsigned long long)info->id);
     LOOM_RETURN_IF(info->ttft_us < 0 || info->tpot_us < 0, LOOM_ERR_INVALID_ARG,
-                   "loom__sched_add: request %llu: negative deadline", (unsigned long long)info->id);
+                   "loom__sched_add: request %llu: negative deadline",
+                   (unsigned long long)info->id);
     LOOM_RETURN_IF(info->arrival_us > now_us, LOOM_ERR_INVALID_ARG,
                    "loom__sched_add: request %llu arrives at %lld, after now %lld",
                    (unsigned long long)info->id, (long long)info->arrival_us, (long long)now_us);
@@ -240,11 +242,11 @@ static loom_status check_results(loom__sched *s, const loom__sched_result *res, 
         LOOM_RETURN_IF(s->entry_seen[k], LOOM_ERR_INVALID_ARG,
                        "loom__sched_on_step_done: request %llu reported twice", id);
         s->entry_seen[k] = true;
-        LOOM_RETURN_IF(res[i].n_new_tokens < 0 ||
-                           (res[i].n_new_tokens > 0 && !s->entries[k].sample),
-                       LOOM_ERR_INVALID_ARG,
-                       "loom__sched_on_step_done: request %llu: %d tokens from an entry that %s", id,
-                       res[i].n_new_tokens, s->entries[k].sample ? "samples" : "does not sample");
+        LOOM_RETURN_IF(
+            res[i].n_new_tokens < 0 || (res[i].n_new_tokens > 0 && !s->entries[k].sample),
+            LOOM_ERR_INVALID_ARG,
+            "loom__sched_on_step_done: request %llu: %d tokens from an entry that %s", id,
+            res[i].n_new_tokens, s->entries[k].sample ? "samples" : "does not sample");
         LOOM_RETURN_IF(s->entries[k].sample && res[i].n_new_tokens == 0 && !res[i].finished,
                        LOOM_ERR_INVALID_ARG,
                        "loom__sched_on_step_done: request %llu sampled no token and did not finish",
@@ -288,7 +290,7 @@ static void finish(loom__sched *s, int32_t slot) {
 }
 
 loom_status loom__sched_on_step_done(loom__sched *s, const loom__sched_result *results,
-                                    int32_t n_results, int64_t now_us) {
+                                     int32_t n_results, int64_t now_us) {
     LOOM_CHECK_ARG(s && n_results >= 0 && (results || n_results == 0));
     LOOM_TRY(check_now(s, now_us, __func__));
     if (!s->pending) {

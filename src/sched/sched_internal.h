@@ -90,12 +90,12 @@ struct loom__sched {
 
     /* the plan, sized at create time */
     loom__sched_entry *entries; /* [max_seqs] */
-    int32_t *entry_slot;       /* [max_seqs] slot of each entry; -1 once cancelled */
-    bool *entry_seen;          /* [max_seqs] scratch for on_step_done's duplicate check */
-    uint64_t *preempted;       /* [max_seqs] */
-    uint64_t *rejected;        /* [max_seqs] */
-    bool pending;              /* a plan with entries awaits on_step_done */
-    int32_t n_pending;         /* its entries */
+    int32_t *entry_slot;        /* [max_seqs] slot of each entry; -1 once cancelled */
+    bool *entry_seen;           /* [max_seqs] scratch for on_step_done's duplicate check */
+    uint64_t *preempted;        /* [max_seqs] */
+    uint64_t *rejected;         /* [max_seqs] */
+    bool pending;               /* a plan with entries awaits on_step_done */
+    int32_t n_pending;          /* its entries */
 
     uint64_t next_seq;
     int64_t last_now_us;

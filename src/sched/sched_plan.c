@@ -424,8 +424,8 @@ static int32_t step_budget(const loom__sched *s, int64_t now) {
 loom_status loom__sched_schedule(loom__sched *s, int64_t now_us, loom__sched_plan *plan) {
     LOOM_CHECK_ARG(s && plan);
     LOOM_RETURN_IF(now_us < s->last_now_us, LOOM_ERR_INVALID_ARG,
-                   "loom__sched_schedule: now %lld before an earlier call's %lld", (long long)now_us,
-                   (long long)s->last_now_us);
+                   "loom__sched_schedule: now %lld before an earlier call's %lld",
+                   (long long)now_us, (long long)s->last_now_us);
     LOOM_RETURN_IF(s->pending, LOOM_ERR_INVALID_ARG,
                    "loom__sched_schedule: the last plan awaits loom__sched_on_step_done");
     s->last_now_us = now_us;

@@ -41,10 +41,11 @@
  * (which sum lane partials in a SIMD-width-dependent order) only by float32 rounding.
  *
  * SIMD paths are chosen at run time among the variants the build compiled (qdot_dispatch.c):
- * AVX2 with F16C and FMA; the same with AVX-VNNI; AVX-512 with VNNI vpdpbusd / vpdpwssd. With AVX-512 the block formats use
- * 256-bit vectors with the EVEX VNNI forms (decode is memory-bound; 512-bit block kernels are
- * left for later) and f16 / bf16 use 512-bit vectors. Every SIMD kernel performs the same float
- * operations in the same order as the portable C one, so both give the same bits (tested).
+ * AVX2 with F16C and FMA; the same with AVX-VNNI; AVX-512 with VNNI vpdpbusd / vpdpwssd. With
+ * AVX-512 the block formats use 256-bit vectors with the EVEX VNNI forms (decode is memory-bound;
+ * 512-bit block kernels are left for later) and f16 / bf16 use 512-bit vectors. Every SIMD kernel
+ * performs the same float operations in the same order as the portable C one, so both give the same
+ * bits (tested).
  *
  * Everything here is thread-safe and allocation-free. */
 #pragma once

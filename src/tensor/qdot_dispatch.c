@@ -36,11 +36,10 @@ int loom__qdot_isa_list(const loom__qdot_isa *out[4]) {
     __builtin_cpu_init();
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                       __builtin_cpu_supports("f16c");
-    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
-                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                        __builtin_cpu_supports("avx512dq") &&
-                        __builtin_cpu_supports("avx512vnni") &&
-                        __builtin_cpu_supports("avx512bf16");
+    const bool avx512 =
+        avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
     const bool avxvnni = avx2 && __builtin_cpu_supports("avxvnni");
     if (avx512) out[n++] = loom__qdot_isa_avx512();
     if (avxvnni) out[n++] = loom__qdot_isa_avx2vnni();

@@ -178,8 +178,8 @@ LOOM__QINLINE __m256 loom__qd_f16x8(const void *base, int stride, int nk) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256i idx = _mm256_mullo_epi32(lane, _mm256_set1_epi32(stride));
     __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nk), lane);
-    __m256i v = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)base, idx, mask,
-                                            1);
+    __m256i v =
+        _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)base, idx, mask, 1);
     v = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
     __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     return _mm256_cvtph_ps(h);
@@ -204,8 +204,8 @@ LOOM__QINLINE __m256i loom__qd_nibbles(const uint8_t qs[16]) {
 
 /* Bit 4 of each q5 code (value j's from bit j of the block's little-endian qh word). */
 LOOM__QINLINE __m256i loom__qd_fifth_bits(const uint8_t qh[4]) {
-    uint32_t bits = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
-                    (uint32_t)qh[3] << 24;
+    uint32_t bits =
+        (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
     return _mm256_and_si256(loom__qd_bits_to_bytes(bits), _mm256_set1_epi8(16));
 }
 

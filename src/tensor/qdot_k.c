@@ -259,8 +259,8 @@ LOOM__QINLINE __m256i sub16_pair(__m256i acc, __m256i u, const loom__block_q8_K 
     return add_scaled(acc, prod, scale_pair(sc8, p));
 }
 
-LOOM__QINLINE void isum_q2_K_avx2(const loom__block_q2_K *w, const loom__block_q8_K *x, int32_t *isum,
-                                  int32_t *msum) {
+LOOM__QINLINE void isum_q2_K_avx2(const loom__block_q2_K *w, const loom__block_q8_K *x,
+                                  int32_t *isum, int32_t *msum) {
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i raw = _mm_loadu_si128((const __m128i *)w->scales), m4 = _mm_set1_epi8(15);
     const __m128i sc8 = _mm_and_si128(raw, m4);
@@ -277,8 +277,8 @@ LOOM__QINLINE void isum_q2_K_avx2(const loom__block_q2_K *w, const loom__block_q
     *msum = scales_dot_bsums(mn8, x);
 }
 
-LOOM__QINLINE void isum_q3_K_avx2(const loom__block_q3_K *w, const loom__block_q8_K *x, int32_t *isum,
-                                  int32_t *msum) {
+LOOM__QINLINE void isum_q3_K_avx2(const loom__block_q3_K *w, const loom__block_q8_K *x,
+                                  int32_t *isum, int32_t *msum) {
     const __m256i m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
     int8_t sc[16];
     unpack_q3_K_scales8(w->scales, sc);
@@ -339,24 +339,24 @@ LOOM__QINLINE int32_t mins_dot_bsums(const uint8_t mn[8], const loom__block_q8_K
     return _mm_cvtsi128_si32(p);
 }
 
-LOOM__QINLINE void isum_q4_K_avx2(const loom__block_q4_K *w, const loom__block_q8_K *x, int32_t *isum,
-                                  int32_t *msum) {
+LOOM__QINLINE void isum_q4_K_avx2(const loom__block_q4_K *w, const loom__block_q8_K *x,
+                                  int32_t *isum, int32_t *msum) {
     uint8_t sc[8], mn[8];
     unpack_k4_scales8(w->scales, sc, mn);
     *isum = isum_k4_avx2(w->qs, NULL, x, sc);
     *msum = mins_dot_bsums(mn, x);
 }
 
-LOOM__QINLINE void isum_q5_K_avx2(const loom__block_q5_K *w, const loom__block_q8_K *x, int32_t *isum,
-                                  int32_t *msum) {
+LOOM__QINLINE void isum_q5_K_avx2(const loom__block_q5_K *w, const loom__block_q8_K *x,
+                                  int32_t *isum, int32_t *msum) {
     uint8_t sc[8], mn[8];
     unpack_k4_scales8(w->scales, sc, mn);
     *isum = isum_k4_avx2(w->qs, w->qh, x, sc);
     *msum = mins_dot_bsums(mn, x);
 }
 
-LOOM__QINLINE void isum_q6_K_avx2(const loom__block_q6_K *w, const loom__block_q8_K *x, int32_t *isum,
-                                  int32_t *msum) {
+LOOM__QINLINE void isum_q6_K_avx2(const loom__block_q6_K *w, const loom__block_q8_K *x,
+                                  int32_t *isum, int32_t *msum) {
     const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
     const __m128i sc8 = _mm_loadu_si128((const __m128i *)w->scales);
     __m256i acc = _mm256_setzero_si256();
@@ -392,17 +392,17 @@ LOOM__QINLINE float kq_term(float dx, float d, float dmin, int32_t isum, int32_t
 }
 
 /* f16 -> f32 per path (both exact, so the same values). */
-#define KQ_CVT_portable(h) loom__f16_to_f32(h)
+#define KQ_CVT_portable(h)         loom__f16_to_f32(h)
 #define KQ_PREFETCH_portable(p, n) ((void)0)
 #if defined(LOOM_QDOT_AVX2)
-#define KQ_CVT_avx2(h) _cvtsh_ss(h)
+#define KQ_CVT_avx2(h)         _cvtsh_ss(h)
 #define KQ_PREFETCH_avx2(p, n) loom__qd_prefetch(p, n)
 #endif
 
 #define KQ_ROW(fmt, path, has_min, dmin_field)                                                     \
     static float dot_##fmt##_##path(const void *w_row, const void *x_act, int64_t n) {             \
-        const loom__block_##fmt *w = (const loom__block_##fmt *)w_row;                               \
-        const loom__block_q8_K *x = (const loom__block_q8_K *)x_act;                                 \
+        const loom__block_##fmt *w = (const loom__block_##fmt *)w_row;                             \
+        const loom__block_q8_K *x = (const loom__block_q8_K *)x_act;                               \
         float sum = 0.0f;                                                                          \
         for (int64_t b = 0; b < n / LOOM_QK_K; b++) {                                              \
             KQ_PREFETCH_##path(&w[b], sizeof w[b]);                                                \

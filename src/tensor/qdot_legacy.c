@@ -96,7 +96,8 @@ LOOM__QINLINE float legacy_dot_portable(const void *w_row, const void *x_act, in
                                         size_t w_bytes, bool with_min,
                                         int32_t (*isum)(const void *, const int8_t *)) {
     const size_t x_bytes = with_min ? sizeof(loom__block_q8_1) : sizeof(loom__block_q8_0);
-    const size_t x_codes = with_min ? offsetof(loom__block_q8_1, qs) : offsetof(loom__block_q8_0, qs);
+    const size_t x_codes =
+        with_min ? offsetof(loom__block_q8_1, qs) : offsetof(loom__block_q8_0, qs);
     const uint8_t *w = (const uint8_t *)w_row, *x = (const uint8_t *)x_act;
     float acc[8] = {0};
     for (int64_t b = 0; b < n / LOOM_QK_LEGACY; b++, w += w_bytes, x += x_bytes) {
@@ -196,7 +197,7 @@ LOOM__QINLINE float legacy_dot_avx2(const void *w_row, const void *x_act, int64_
 
 #define LEGACY_PORTABLE(fmt, with_min)                                                             \
     static float dot_##fmt##_portable(const void *w, const void *x, int64_t n) {                   \
-        return legacy_dot_portable(w, x, n, sizeof(loom__block_##fmt), with_min, isum_##fmt);       \
+        return legacy_dot_portable(w, x, n, sizeof(loom__block_##fmt), with_min, isum_##fmt);      \
     }
 
 LEGACY_PORTABLE(q4_0, false)
@@ -208,7 +209,7 @@ LEGACY_PORTABLE(q8_0, false)
 #if defined(LOOM_QDOT_AVX2)
 #define LEGACY_AVX2(fmt, with_min)                                                                 \
     static float dot_##fmt##_avx2(const void *w, const void *x, int64_t n) {                       \
-        return legacy_dot_avx2(w, x, n, (int)sizeof(loom__block_##fmt), with_min, vsum_##fmt);      \
+        return legacy_dot_avx2(w, x, n, (int)sizeof(loom__block_##fmt), with_min, vsum_##fmt);     \
     }
 LEGACY_AVX2(q4_0, false)
 LEGACY_AVX2(q4_1, true)

@@ -33,8 +33,8 @@
  * weight rows w_stride bytes apart, prepared token rows x_stride bytes apart (64-byte
  * aligned). */
 typedef void (*loom__qgemm_tile_fn)(const void *w, size_t w_stride, int nr, const void *x,
-                                   size_t x_stride, int nt, int64_t K, float *out,
-                                   size_t out_stride);
+                                    size_t x_stride, int nt, int64_t K, float *out,
+                                    size_t out_stride);
 
 typedef struct loom__qgemm_kernels {
     /* Fewest tokens for which the tile beats the one-row kernels (loom-kernel-bench): 1 for the

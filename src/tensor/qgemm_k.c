@@ -58,7 +58,8 @@ LOOM__QINLINE void row_tokens(const uint8_t *w, const uint8_t *x0, size_t x_stri
         for (int k = 0; k < 8; k++) {
             const __m256i u = chunk_codes(blk, k, fmt), sc = chunk_scales(&m, k);
             for (int j = 0; j < NT; j++) {
-                const loom__block_q8_K *x = (const loom__block_q8_K *)(x0 + (size_t)j * x_stride) + b;
+                const loom__block_q8_K *x =
+                    (const loom__block_q8_K *)(x0 + (size_t)j * x_stride) + b;
                 __m256i p =
                     _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(x->qs + 32 * k)));
                 acc[j] = add_scaled(acc[j], p, sc);
@@ -108,10 +109,10 @@ LOOM__QINLINE void tile_k(const void *w, size_t w_stride, int nr, const void *x,
                            int64_t K, float *out, size_t os) {                                     \
         tile_k(w, ws, nr, x, xs, nt, K, out, os, FMT);                                             \
     }                                                                                              \
-    static const loom__qgemm_kernels kernels_##fmt = {.min_tokens = 2,                              \
-                                                     .x_row_bytes = x_row_bytes,                   \
-                                                     .prepare_x = prepare_q8_K,                    \
-                                                     .tile = tile_##fmt};
+    static const loom__qgemm_kernels kernels_##fmt = {.min_tokens = 2,                             \
+                                                      .x_row_bytes = x_row_bytes,                  \
+                                                      .prepare_x = prepare_q8_K,                   \
+                                                      .tile = tile_##fmt};
 K_TILE(q4_K, FMT_Q4_K)
 K_TILE(q5_K, FMT_Q5_K)
 /* No q6_K here: its two scales per chunk cost more to spread per row than the one-row kernel

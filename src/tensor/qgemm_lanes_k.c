@@ -78,19 +78,19 @@ LOOM__QINLINE void tile8_k(const void *w, size_t w_stride, int nr, const void *x
             vi isum = V_ZERO_SI();
             if (fmt == FMT_Q6_K) {
                 for (int i = 0; i < 16; i++) /* 16-value sub-blocks: 4 chunks each */
-                    isum = V_ADD_EPI32(isum, V_MULLO_EPI32(chunk_sums(u, xb, 4 * i, 4),
-                                                           V_SET1_EPI32(sc[i])));
+                    isum = V_ADD_EPI32(
+                        isum, V_MULLO_EPI32(chunk_sums(u, xb, 4 * i, 4), V_SET1_EPI32(sc[i])));
             } else {
                 for (int i = 0; i < 8; i++) /* 32-value sub-blocks: 8 chunks each */
-                    isum = V_ADD_EPI32(isum, V_MULLO_EPI32(chunk_sums(u, xb, 8 * i, 8),
-                                                           V_SET1_EPI32(sc[i])));
+                    isum = V_ADD_EPI32(
+                        isum, V_MULLO_EPI32(chunk_sums(u, xb, 8 * i, 8), V_SET1_EPI32(sc[i])));
             }
             vi msum = V_ZERO_SI();
             for (int p = 0; p < 8; p++) {
                 const int32_t pair = (int32_t)((uint32_t)(uint16_t)m16[2 * p] |
                                                (uint32_t)(uint16_t)m16[2 * p + 1] << 16);
-                msum = V_ADD_EPI32(msum, V_MADD_EPI16(V_LOAD_SI(xb + XK_BSUMS + 4 * LW * p),
-                                                      V_SET1_EPI32(pair)));
+                msum = V_ADD_EPI32(
+                    msum, V_MADD_EPI16(V_LOAD_SI(xb + XK_BSUMS + 4 * LW * p), V_SET1_EPI32(pair)));
             }
             const vf dx = V_LOAD_PS((const float *)(xb + XK_D));
             vf t;
@@ -110,7 +110,7 @@ LOOM__QINLINE void tile8_k(const void *w, size_t w_stride, int nr, const void *x
 }
 
 #define LANES_TILE(fmt, FMT)                                                                       \
-    static void tile8_##fmt(const void *w, size_t ws, int nr, const void *x8, int nt, int64_t K,  \
+    static void tile8_##fmt(const void *w, size_t ws, int nr, const void *x8, int nt, int64_t K,   \
                             float *out, size_t os) {                                               \
         tile8_k(w, ws, nr, x8, nt, K, out, os, FMT);                                               \
     }                                                                                              \

@@ -26,7 +26,7 @@
 
 #include "tensor/qgemm_lanes.h"
 
-#define LQ     32                  /* values per block */
+#define LQ     32                     /* values per block */
 #define XB     (LW * 32 + 3 * LW * 4) /* prepared bytes per block: codes, dx, sx, xoff */
 #define XB_DX  (LW * 32)
 #define XB_SX  (LW * 36)
@@ -68,8 +68,7 @@ LANES_PREPARE(prepare_off128, false, 128)
 LANES_PREPARE(prepare_q8_1, true, 0)
 
 /* One block of one row against the LW tokens: t of qdot_legacy.c, lanes = tokens. */
-LOOM__QINLINE vf block_term(const uint8_t *blk, const uint8_t *xb, legacy_fmt fmt,
-                            bool with_min) {
+LOOM__QINLINE vf block_term(const uint8_t *blk, const uint8_t *xb, legacy_fmt fmt, bool with_min) {
     vi s = V_ZERO_SI();
     if (fmt == FMT_Q8_0) {
         /* the codes are bytes already: broadcast them from the block, flip the top bits */
@@ -134,7 +133,7 @@ LOOM__QINLINE void tile8_legacy(const void *w, size_t w_stride, int nr, const vo
 }
 
 #define LANES_TILE(fmt, FMT, with_min, prep)                                                       \
-    static void tile8_##fmt(const void *w, size_t ws, int nr, const void *x8, int nt, int64_t K,  \
+    static void tile8_##fmt(const void *w, size_t ws, int nr, const void *x8, int nt, int64_t K,   \
                             float *out, size_t os) {                                               \
         tile8_legacy(w, ws, nr, x8, nt, K, out, os, FMT, with_min);                                \
     }                                                                                              \

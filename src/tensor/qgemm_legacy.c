@@ -166,7 +166,7 @@ LEGACY_TILE(q5_1, FMT_Q5_1, true)
 LEGACY_TILE(q8_0, FMT_Q8_0, false)
 
 #define LEGACY_KERNELS(fmt, prep)                                                                  \
-    static const loom__qgemm_kernels kernels_##fmt = {                                              \
+    static const loom__qgemm_kernels kernels_##fmt = {                                             \
         .min_tokens = 1, .x_row_bytes = x_row_bytes, .prepare_x = prep, .tile = tile_##fmt};
 LEGACY_KERNELS(q4_0, prepare_q8_0_off8)
 LEGACY_KERNELS(q4_1, prepare_q8_1_off0)

@@ -44,8 +44,9 @@ LOOM__QINLINE __m256i block_codes(const uint8_t *blk, legacy_fmt fmt) {
         return _mm256_or_si256(loom__qd_nibbles(b->qs), loom__qd_fifth_bits(b->qh));
     }
     default: /* q8_0: signed codes + 128 = their bytes with the top bit flipped */
-        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((const loom__block_q8_0 *)blk)->qs),
-                                _mm256_set1_epi8((char)0x80));
+        return _mm256_xor_si256(
+            _mm256_loadu_si256((const __m256i *)((const loom__block_q8_0 *)blk)->qs),
+            _mm256_set1_epi8((char)0x80));
     }
 }
 
@@ -67,8 +68,8 @@ LOOM__QINLINE uint32_t le32(const uint8_t *p) {
 /* One super-block's unpacked metadata: scales (as int16, both 128-bit lanes) and the bsum
  * multipliers. */
 typedef struct sb_meta {
-    __m256i sc16;  /* q4_K / q5_K: 8 scales in lanes 0..7 of each half; q6_K: 16 scales */
-    __m256i m16;   /* multipliers of bsums[0..16) */
+    __m256i sc16; /* q4_K / q5_K: 8 scales in lanes 0..7 of each half; q6_K: 16 scales */
+    __m256i m16;  /* multipliers of bsums[0..16) */
     float d, dmin;
 } sb_meta;
 
@@ -121,8 +122,8 @@ LOOM__QINLINE __m256i chunk_codes(const void *blk, int k, k_fmt fmt) {
     }
     /* q4_K: chunk 2c = low nibbles of qs[32c .. 32c+32), chunk 2c+1 their high nibbles; q5_K
      * adds bit 4 of value v from bit v / 32 of qh[v % 32] */
-    const uint8_t *qs = fmt == FMT_Q4_K ? ((const loom__block_q4_K *)blk)->qs
-                                        : ((const loom__block_q5_K *)blk)->qs;
+    const uint8_t *qs =
+        fmt == FMT_Q4_K ? ((const loom__block_q4_K *)blk)->qs : ((const loom__block_q5_K *)blk)->qs;
     const int c = k / 2;
     __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
     __m256i u = _mm256_and_si256(k % 2 ? _mm256_srli_epi16(q, 4) : q, m4);
@@ -152,8 +153,9 @@ LOOM__QINLINE sb_meta block_meta(const void *blk, k_fmt fmt) {
 }
 
 LOOM__QINLINE size_t k_block_bytes(k_fmt fmt) {
-    return fmt == FMT_Q4_K ? sizeof(loom__block_q4_K)
-                           : fmt == FMT_Q5_K ? sizeof(loom__block_q5_K) : sizeof(loom__block_q6_K);
+    return fmt == FMT_Q4_K   ? sizeof(loom__block_q4_K)
+           : fmt == FMT_Q5_K ? sizeof(loom__block_q5_K)
+                             : sizeof(loom__block_q6_K);
 }
 
 #endif /* LOOM_QDOT_VNNI */

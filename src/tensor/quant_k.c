@@ -201,10 +201,10 @@ static void quant_row_q8_K(const float *src, void *dst, int64_t n) {
 
 #define K_ROW_KERNELS(fmt)                                                                         \
     static void dequant_row_##fmt(const void *src, float *dst, int64_t n) {                        \
-        loom__dequant_blocks(src, dst, n, sizeof(loom__block_##fmt), LOOM_QK_K, decode_##fmt);      \
+        loom__dequant_blocks(src, dst, n, sizeof(loom__block_##fmt), LOOM_QK_K, decode_##fmt);     \
     }                                                                                              \
     static float dot_##fmt(const void *w, const float *x, int64_t n) {                             \
-        return loom__dot_blocks(w, x, n, sizeof(loom__block_##fmt), LOOM_QK_K, decode_##fmt);       \
+        return loom__dot_blocks(w, x, n, sizeof(loom__block_##fmt), LOOM_QK_K, decode_##fmt);      \
     }                                                                                              \
     static const loom__qkernels kernels_##fmt = {                                                  \
         .dequant_row = dequant_row_##fmt, .quant_row = NULL, .dot = dot_##fmt};

@@ -196,13 +196,14 @@ static void quant_block_q8_0(const float *x, loom__block_q8_0 *b) {
  * direct calls by the constant decoder. */
 #define LEGACY_ROW_KERNELS(fmt)                                                                    \
     static void dequant_row_##fmt(const void *src, float *dst, int64_t n) {                        \
-        loom__dequant_blocks(src, dst, n, sizeof(loom__block_##fmt), LOOM_QK_LEGACY, decode_##fmt); \
+        loom__dequant_blocks(src, dst, n, sizeof(loom__block_##fmt), LOOM_QK_LEGACY,               \
+                             decode_##fmt);                                                        \
     }                                                                                              \
     static float dot_##fmt(const void *w, const float *x, int64_t n) {                             \
-        return loom__dot_blocks(w, x, n, sizeof(loom__block_##fmt), LOOM_QK_LEGACY, decode_##fmt);  \
+        return loom__dot_blocks(w, x, n, sizeof(loom__block_##fmt), LOOM_QK_LEGACY, decode_##fmt); \
     }                                                                                              \
     static void quant_row_##fmt(const float *src, void *dst, int64_t n) {                          \
-        loom__block_##fmt *b = (loom__block_##fmt *)dst;                                             \
+        loom__block_##fmt *b = (loom__block_##fmt *)dst;                                           \
         for (int64_t i = 0; i < n / LOOM_QK_LEGACY; i++)                                           \
             quant_block_##fmt(src + i * LOOM_QK_LEGACY, &b[i]);                                    \
     }                                                                                              \

@@ -12,7 +12,6 @@
 
 #include "loom_backend.h"
 
-
 typedef struct loom__type_traits {
     const char *name;     /* "q4_K", as GGUF tools print it; NULL for an id loom does not know */
     uint32_t block_elems; /* values per block (1 for plain types) */

@@ -121,7 +121,8 @@ loom_status loom__chat_detect_text(const char *tmpl, size_t len, loom__chat_kind
                       len, excerpt);
 }
 
-loom_status loom__chat_detect_gguf(const loom__gguf *g, const char *arch_name, loom__chat_kind *out) {
+loom_status loom__chat_detect_gguf(const loom__gguf *g, const char *arch_name,
+                                   loom__chat_kind *out) {
     LOOM_CHECK_ARG(g != NULL && arch_name != NULL && out != NULL);
     const loom__gguf_kv *kv = loom__gguf_find_kv(g, "tokenizer.chat_template");
     if (kv) {

@@ -54,7 +54,8 @@ loom_status loom__chat_detect_text(const char *tmpl, size_t len, loom__chat_kind
  * otherwise by architecture name ("gemma3" → gemma, "qwen2" → chatml).
  * Errors: LOOM_ERR_UNSUPPORTED (the message names what the file has), LOOM_ERR_BAD_MODEL
  * (tokenizer.chat_template is not a string). */
-loom_status loom__chat_detect_gguf(const loom__gguf *g, const char *arch_name, loom__chat_kind *out);
+loom_status loom__chat_detect_gguf(const loom__gguf *g, const char *arch_name,
+                                   loom__chat_kind *out);
 
 /* Renders msgs[0..n) (msgs may be NULL when n is 0) in format kind. Writes at most cap bytes to
  * out (no NUL; out may be NULL when cap is 0) and sets *n_out to the length of the whole text.

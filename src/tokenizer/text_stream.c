@@ -98,8 +98,8 @@ void loom__text_stream_flush(loom__text_stream *ts, const char **out, size_t *ou
 }
 
 bool loom__text_stream_push_final(loom__text_stream *ts, const loom__stop_set *stops,
-                                  const char *piece, size_t n, const char **out,
-                                  size_t *out_len, bool *stopped) {
+                                  const char *piece, size_t n, const char **out, size_t *out_len,
+                                  bool *stopped) {
     if (!loom__text_stream_push(ts, stops, piece, n, out, out_len, stopped)) return false;
     if (!*stopped) {
         /* Release the held-back tail too: nothing can complete it any more. The released

@@ -7,7 +7,7 @@
 #include <stddef.h>
 
 typedef struct loom__text_stream {
-    char *buf;  /* [cap] bytes received but not yet released */
+    char *buf; /* [cap] bytes received but not yet released */
     size_t len;
     size_t cap;      /* longest stop string + the longest piece + 4 */
     size_t released; /* bytes at the front of buf handed out by the last push */
@@ -32,8 +32,8 @@ bool loom__text_stream_push(loom__text_stream *ts, const loom__stop_set *stops, 
 /* The last piece of a sample: like push, but nothing is held back unless a stop string is
  * found (then the text before it). */
 bool loom__text_stream_push_final(loom__text_stream *ts, const loom__stop_set *stops,
-                                  const char *piece, size_t n, const char **out,
-                                  size_t *out_len, bool *stopped);
+                                  const char *piece, size_t n, const char **out, size_t *out_len,
+                                  bool *stopped);
 
 /* What is left at the end of a sample (a held-back partial stop string is real text then;
  * an incomplete UTF-8 sequence is emitted as is). Same out contract. */

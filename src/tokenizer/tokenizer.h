@@ -67,7 +67,7 @@ bool loom__tokenizer_is_control(const loom__tokenizer *t, loom_token id);
  *   character that a vocabulary without byte tokens and without an unknown token cannot
  *   encode), LOOM_ERR_BUFFER_TOO_SMALL, LOOM_ERR_OUT_OF_MEMORY. */
 loom_status loom__tokenizer_encode(const loom__tokenizer *t, const char *text, size_t len,
-                                  unsigned flags, loom_token *out, size_t cap, size_t *n_out);
+                                   unsigned flags, loom_token *out, size_t cap, size_t *n_out);
 
 /* Decodes toks[0..n) with LOOM_DETOKENIZE_* flags into out (no NUL added); writes at most cap
  * bytes, always sets *n_out to the full length. LOOM_DETOKENIZE_STRIP_LEADING removes one
@@ -76,14 +76,15 @@ loom_status loom__tokenizer_encode(const loom__tokenizer *t, const char *text, s
  * Errors: LOOM_ERR_INVALID_ARG, LOOM_ERR_BAD_INPUT (id out of range; the message gives its
  *   index), LOOM_ERR_BUFFER_TOO_SMALL. */
 loom_status loom__tokenizer_decode(const loom__tokenizer *t, const loom_token *toks, size_t n,
-                                  unsigned flags, char *out, size_t cap, size_t *n_out);
+                                   unsigned flags, char *out, size_t cap, size_t *n_out);
 
 /* The piece of one token (LOOM_DETOKENIZE_RENDER_SPECIAL decides whether control tokens show
  * their text); same buffer contract and errors as loom__tokenizer_decode. */
-loom_status loom__tokenizer_piece(const loom__tokenizer *t, loom_token id, unsigned flags, char *out,
-                                 size_t cap, size_t *n_out);
+loom_status loom__tokenizer_piece(const loom__tokenizer *t, loom_token id, unsigned flags,
+                                  char *out, size_t cap, size_t *n_out);
 
-/* ---- building from memory (tests, and what loom__tokenizer_load uses) ------------------------- */
+/* ---- building from memory (tests, and what loom__tokenizer_load uses) -------------------------
+ */
 
 typedef enum loom__tokenizer_kind {
     LOOM_TOKENIZER_SPM = 0, /* tokenizer.ggml.model "llama" */
@@ -128,11 +129,11 @@ typedef struct loom__tokenizer_spec {
     loom__tokenizer_text pre; /* tokenizer.ggml.pre; ptr NULL when absent */
     size_t n_vocab;
     const loom__tokenizer_text *tokens; /* [n_vocab] tokenizer.ggml.tokens */
-    const float *scores;               /* [n_vocab] tokenizer.ggml.scores, or NULL (all 0) */
-    const int32_t *types;              /* [n_vocab] tokenizer.ggml.token_type, or NULL (normal) */
+    const float *scores;                /* [n_vocab] tokenizer.ggml.scores, or NULL (all 0) */
+    const int32_t *types;               /* [n_vocab] tokenizer.ggml.token_type, or NULL (normal) */
     size_t n_merges;
     const loom__tokenizer_text *merges; /* [n_merges] "left right"; required for BPE */
-    bool has_merges;                   /* tokenizer.ggml.merges present (BPE requires it) */
+    bool has_merges;                    /* tokenizer.ggml.merges present (BPE requires it) */
     loom__tokenizer_opt_id bos, eos, unk, pad, eot, eom; /* tokenizer.ggml.*_token_id */
     /* fill-in-the-middle markers: pad/rep/sep end generation; all are control tokens */
     loom__tokenizer_opt_id fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;

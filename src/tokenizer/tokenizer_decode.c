@@ -139,7 +139,7 @@ static const char *piece_of(const loom__tokenizer *t, int32_t id, unsigned flags
 }
 
 loom_status loom__tokenizer_decode(const loom__tokenizer *t, const loom_token *toks, size_t n,
-                                  unsigned flags, char *out, size_t cap, size_t *n_out) {
+                                   unsigned flags, char *out, size_t cap, size_t *n_out) {
     LOOM_CHECK_ARG(t != NULL && n_out != NULL);
     LOOM_CHECK_ARG(toks != NULL || n == 0);
     LOOM_CHECK_ARG(out != NULL || cap == 0);
@@ -174,8 +174,8 @@ loom_status loom__tokenizer_decode(const loom__tokenizer *t, const loom_token *t
     return LOOM_OK;
 }
 
-loom_status loom__tokenizer_piece(const loom__tokenizer *t, loom_token id, unsigned flags, char *out,
-                                 size_t cap, size_t *n_out) {
+loom_status loom__tokenizer_piece(const loom__tokenizer *t, loom_token id, unsigned flags,
+                                  char *out, size_t cap, size_t *n_out) {
     LOOM_CHECK_ARG(t != NULL && n_out != NULL);
     LOOM_CHECK_ARG(out != NULL || cap == 0);
     LOOM_RETURN_IF(id < 0 || id >= t->n_vocab, LOOM_ERR_BAD_INPUT,

@@ -89,7 +89,7 @@ static loom_status partition(const loom__tokenizer *t, const char *text, size_t 
 }
 
 loom_status loom__tokenizer_encode(const loom__tokenizer *t, const char *text, size_t len,
-                                  unsigned flags, loom_token *out, size_t cap, size_t *n_out) {
+                                   unsigned flags, loom_token *out, size_t cap, size_t *n_out) {
     LOOM_CHECK_ARG(t != NULL && n_out != NULL);
     LOOM_CHECK_ARG(text != NULL || len == 0);
     LOOM_CHECK_ARG(out != NULL || cap == 0);

@@ -62,8 +62,8 @@ loom_status loom__tokvec_push(loom__tokvec *v, loom_token id);
 
 /* Encodes one text fragment (no special tokens inside) and appends the ids to out.
  * SPM: add_prefix says whether to put a space before it. text is valid UTF-8. */
-loom_status loom__spm_encode(const loom__tokenizer *t, const char *text, size_t len, bool add_prefix,
-                             loom__tokvec *out);
+loom_status loom__spm_encode(const loom__tokenizer *t, const char *text, size_t len,
+                             bool add_prefix, loom__tokvec *out);
 loom_status loom__bpe_encode(const loom__tokenizer *t, const char *text, size_t len,
                              loom__tokvec *out);
 

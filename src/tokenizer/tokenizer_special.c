@@ -93,7 +93,8 @@ static int32_t find_name(const loom__tokenizer *t, const char *name) {
 
 /* The id of the key when present; otherwise the lowest id named in names (made a control
  * token), or -1. */
-static int32_t key_or_name(loom__tokenizer *t, loom__tokenizer_opt_id key, const char *const *names) {
+static int32_t key_or_name(loom__tokenizer *t, loom__tokenizer_opt_id key,
+                           const char *const *names) {
     if (key.present) return (int32_t)key.value;
     int32_t best = -1;
     for (size_t i = 0; names[i]; i++) {

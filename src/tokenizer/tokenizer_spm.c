@@ -61,8 +61,8 @@ static loom_status emit_symbol(const loom__tokenizer *t, const char *s, size_t l
                       (unsigned)loom__utf8_next(s, &i));
 }
 
-loom_status loom__spm_encode(const loom__tokenizer *t, const char *text, size_t len, bool add_prefix,
-                             loom__tokvec *out) {
+loom_status loom__spm_encode(const loom__tokenizer *t, const char *text, size_t len,
+                             bool add_prefix, loom__tokvec *out) {
     /* Escape: every space (and the prefix) becomes the 3-byte U+2581. */
     size_t n_spaces = add_prefix, n_chars = add_prefix;
     for (size_t i = 0; i < len; i++) {

@@ -27,7 +27,9 @@ static loom_status fake_open(const loom_backend_open_params *p, void **dev) {
     if (g_host != NULL) g_host->log(LOOM_LOG_INFO, "fake: looking for a device");
     return fail(LOOM_ERR_NO_DEVICE, "fake: no driver (libfakedriver.so.1 is not installed)");
 }
-static void fake_close(void *dev) { (void)dev; }
+static void fake_close(void *dev) {
+    (void)dev;
+}
 static loom_status fake_memory_info(void *dev, size_t *f, size_t *t) {
     (void)dev, (void)f, (void)t;
     return fail(LOOM_ERR_BACKEND, "fake: unreachable");
@@ -40,7 +42,9 @@ static loom_status fake_buffer_alloc(void *dev, size_t n, loom_buffer **out) {
     (void)dev, (void)n, (void)out;
     return fail(LOOM_ERR_BACKEND, "fake: unreachable");
 }
-static void fake_buffer_free(void *dev, loom_buffer *b) { (void)dev, (void)b; }
+static void fake_buffer_free(void *dev, loom_buffer *b) {
+    (void)dev, (void)b;
+}
 static void *fake_buffer_base(void *dev, loom_buffer *b) {
     (void)dev, (void)b;
     return NULL;
@@ -49,7 +53,9 @@ static loom_status fake_host_alloc(void *dev, size_t n, void **out) {
     (void)dev, (void)n, (void)out;
     return fail(LOOM_ERR_BACKEND, "fake: unreachable");
 }
-static void fake_host_free(void *dev, void *p) { (void)dev, (void)p; }
+static void fake_host_free(void *dev, void *p) {
+    (void)dev, (void)p;
+}
 static loom_status fake_weight_prepare(void *dev, const loom_weight_src *s, loom_tensor *o) {
     (void)dev, (void)s, (void)o;
     return fail(LOOM_ERR_BACKEND, "fake: unreachable");
@@ -58,7 +64,9 @@ static loom_status fake_stream_create(void *dev, const loom_step_shape *sh, void
     (void)dev, (void)sh, (void)out;
     return fail(LOOM_ERR_BACKEND, "fake: unreachable");
 }
-static void fake_stream_destroy(void *s) { (void)s; }
+static void fake_stream_destroy(void *s) {
+    (void)s;
+}
 static loom_status fake_move(void *s, void *dst, const void *src, size_t n) {
     (void)s, (void)dst, (void)src, (void)n;
     return fail(LOOM_ERR_BACKEND, "fake: unreachable");
@@ -76,7 +84,8 @@ static loom_status fake_get_rows(void *s, const loom_tensor *t, const loom_tenso
     (void)s, (void)t, (void)i, (void)o;
     return fail(LOOM_ERR_BACKEND, "fake: unreachable");
 }
-static loom_status fake_matmul(void *s, const loom_tensor *w, const loom_tensor *x, loom_tensor *o) {
+static loom_status fake_matmul(void *s, const loom_tensor *w, const loom_tensor *x,
+                               loom_tensor *o) {
     (void)s, (void)w, (void)x, (void)o;
     return fail(LOOM_ERR_BACKEND, "fake: unreachable");
 }
@@ -95,8 +104,10 @@ static loom_status fake_kv_store(void *s, const loom_tensor *k, const loom_tenso
     (void)s, (void)k, (void)v, (void)d, (void)l;
     return fail(LOOM_ERR_BACKEND, "fake: unreachable");
 }
-__attribute__((unused)) static loom_status fake_attention(void *s, const loom_tensor *q, const loom_kv_desc *d,
-                                  const loom_attn_params *p, loom_tensor *o) {
+__attribute__((unused)) static loom_status fake_attention(void *s, const loom_tensor *q,
+                                                          const loom_kv_desc *d,
+                                                          const loom_attn_params *p,
+                                                          loom_tensor *o) {
     (void)s, (void)q, (void)d, (void)p, (void)o;
     return fail(LOOM_ERR_BACKEND, "fake: unreachable");
 }
@@ -175,5 +186,7 @@ LOOM_BACKEND_EXPORT loom_status loom_backend_entry(uint32_t abi_version,
 #else
 /* Something to export, so the library is not empty. */
 LOOM_BACKEND_EXPORT int loom_fake_plugin_without_entry(void);
-LOOM_BACKEND_EXPORT int loom_fake_plugin_without_entry(void) { return (int)sizeof fake_ops; }
+LOOM_BACKEND_EXPORT int loom_fake_plugin_without_entry(void) {
+    return (int)sizeof fake_ops;
+}
 #endif

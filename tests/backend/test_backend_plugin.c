@@ -111,7 +111,8 @@ static void same_bits_as_builtin(const char *path) {
     assert_true(strlen(ib.backend_path) > strlen(tail));
     assert_string_equal(ib.backend_path + strlen(ib.backend_path) - strlen(tail), tail);
     const int32_t V = ia.n_vocab;
-    float *la = malloc(sizeof(float) * 46 * (size_t)V), *lb = malloc(sizeof(float) * 46 * (size_t)V);
+    float *la = malloc(sizeof(float) * 46 * (size_t)V),
+          *lb = malloc(sizeof(float) * 46 * (size_t)V);
     assert_non_null(la);
     assert_non_null(lb);
     session_logits(a, la, V);

@@ -13,10 +13,11 @@
  * different offsets, window-released blocks marked -1) gives every row bitwise as the
  * one-call batch; 1, 2 and 3 threads bitwise; what the ops themselves refuse (a cache type,
  * layout or layer they cannot use, shapes, parameters) gives the right status — the contents of
- * a descriptor are checked once per step by loom__kv_desc_check (tests/kv/test_kv_desc.c). Gemma-like shapes (head_dim 256, 4 query heads on 1 kv head, windows crossing the
- * kernel's 64-position tiles) and odd ones (head_dim 20, 40, 72; 3 heads per kv head); contexts
- * past several 256-position segments, whose decode rows spread over the threads. The
- * softmax exp is checked on its own against libm. */
+ * a descriptor are checked once per step by loom__kv_desc_check (tests/kv/test_kv_desc.c).
+ * Gemma-like shapes (head_dim 256, 4 query heads on 1 kv head, windows crossing the kernel's
+ * 64-position tiles) and odd ones (head_dim 20, 40, 72; 3 heads per kv head); contexts past several
+ * 256-position segments, whose decode rows spread over the threads. The softmax exp is checked on
+ * its own against libm. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -232,10 +233,8 @@ static loom_status run_attention(loom__backend_stream *be, kvtest *kt, const loo
     const int64_t W = (int64_t)kt->sc.n_head * kt->sc.head_dim;
     loom_tensor tq = loom_tensor_2d(LOOM_TYPE_F32, (void *)q, W, T, (size_t)W * 4);
     loom_tensor to = loom_tensor_2d(LOOM_TYPE_F32, out, W, T, (size_t)W * 4);
-    loom_attn_params p = {.n_head = kt->sc.n_head,
-                          .layer = layer,
-                          .scale = kt->sc.scale,
-                          .softcap = kt->sc.softcap};
+    loom_attn_params p = {
+        .n_head = kt->sc.n_head, .layer = layer, .scale = kt->sc.scale, .softcap = kt->sc.softcap};
     return be->ops->attention(be->ctx, &tq, d, &p, &to);
 }
 
@@ -282,7 +281,8 @@ static void ref_attention(const kvtest *kt, double *ref) {
  * earlier rows' K/V already in the pools as a chunked prefill leaves them. With a window, the
  * block-table entries wholly before the window of a sequence's first row are released (-1), as
  * the KV manager does. Every row must be bitwise the row of the one-call batch `want`. */
-static void check_chunked(kvtest *kt, const float *want, const int32_t *chunk, loom__backend_stream *be) {
+static void check_chunked(kvtest *kt, const float *want, const int32_t *chunk,
+                          loom__backend_stream *be) {
     const scen *sc = &kt->sc;
     const int64_t W = (int64_t)sc->n_head * sc->head_dim;
     const size_t n_ids = (size_t)kt->indptr[sc->n_seqs];
@@ -721,8 +721,7 @@ static void test_kv_bad(void **state) {
         bad.kv_type = other_types[i];
         assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &bad, 1), LOOM_ERR_UNSUPPORTED);
         assert_non_null(strstr(loom_last_error(), "kv type"));
-        assert_int_equal(run_attention(be, &kt, &bad, kt.q, kt.T, out, 1),
-                         LOOM_ERR_UNSUPPORTED);
+        assert_int_equal(run_attention(be, &kt, &bad, kt.q, kt.T, out, 1), LOOM_ERR_UNSUPPORTED);
     }
     bad = d;
     bad.scale_kind = LOOM_KV_SCALE_PER_HEAD;

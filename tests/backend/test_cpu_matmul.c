@@ -32,8 +32,9 @@ static void free_backend(loom__backend_stream *be) {
     free(be);
 }
 
-static void run_matmul(loom__backend_stream *be, uint32_t t, const uint8_t *w, size_t w_stride, int64_t N,
-                       const float *x, size_t x_stride, int64_t T, int64_t K, float *out) {
+static void run_matmul(loom__backend_stream *be, uint32_t t, const uint8_t *w, size_t w_stride,
+                       int64_t N, const float *x, size_t x_stride, int64_t T, int64_t K,
+                       float *out) {
     loom_tensor tw = loom_tensor_2d(t, (void *)w, K, N, w_stride);
     loom_tensor tx = loom_tensor_2d(LOOM_TYPE_F32, (void *)x, K, T, x_stride);
     loom_tensor to = loom_tensor_2d(LOOM_TYPE_F32, out, N, T, (size_t)N * sizeof(float));

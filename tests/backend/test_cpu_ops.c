@@ -381,8 +381,12 @@ static void test_supports(void **state) {
     assert_false(loom__backend_supports(be, NULL));
 #undef SUPPORTS
     /* Attention routes on its variant: kv type, head dim, window, soft-cap, layout, scales. */
-    loom_op_desc att = {.op = LOOM_OP_ATTENTION, .type = LOOM_TYPE_F16, .head_dim = 256,
-                        .n_head = 4, .n_kv_heads = 1, .window = 512};
+    loom_op_desc att = {.op = LOOM_OP_ATTENTION,
+                        .type = LOOM_TYPE_F16,
+                        .head_dim = 256,
+                        .n_head = 4,
+                        .n_kv_heads = 1,
+                        .window = 512};
     assert_true(loom__backend_supports(be, &att));
     att.softcap = 30.0f;
     assert_true(loom__backend_supports(be, &att));
@@ -477,8 +481,12 @@ static void test_weight_prepare(void **state) {
     loom__backend_stream *be = g_be[0];
     float rows[4][8];
     for (int i = 0; i < 32; i++) rows[i / 8][i % 8] = (float)i * 0.5f;
-    loom_weight_src src = {.name = "w", .type = LOOM_TYPE_F32, .ne = {8, 4},
-                           .row_stride = sizeof rows[0], .data = rows, .persistent = true,
+    loom_weight_src src = {.name = "w",
+                           .type = LOOM_TYPE_F32,
+                           .ne = {8, 4},
+                           .row_stride = sizeof rows[0],
+                           .data = rows,
+                           .persistent = true,
                            .use = LOOM_WEIGHT_MATMUL};
     loom_tensor t;
     assert_int_equal(be->ops->weight_prepare(be->dev, &src, &t), LOOM_OK);
@@ -516,9 +524,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registry),     cmocka_unit_test(test_supports),
         cmocka_unit_test(test_buffers),      cmocka_unit_test(test_weight_prepare),
-        cmocka_unit_test(test_matmul_f32),
-        cmocka_unit_test(test_matmul_quant), cmocka_unit_test(test_matmul_bad),
-        cmocka_unit_test(test_get_rows),
+        cmocka_unit_test(test_matmul_f32),   cmocka_unit_test(test_matmul_quant),
+        cmocka_unit_test(test_matmul_bad),   cmocka_unit_test(test_get_rows),
         cmocka_unit_test(test_get_rows_bad),
     };
     return cmocka_run_group_tests(tests, cpu_group_setup, cpu_group_teardown);

@@ -83,7 +83,8 @@ static void test_result_out(void **state) {
     assert_int_equal(newer.a, 1);
     assert_int_equal(newer.c, -1);
     v1 unset = {0};
-    assert_int_equal(loom__abi_result_out(&unset, &src, sizeof src, MIN, "t"), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__abi_result_out(&unset, &src, sizeof src, MIN, "t"),
+                     LOOM_ERR_INVALID_ARG);
     assert_int_equal(loom__abi_result_out(NULL, &src, sizeof src, MIN, "t"), LOOM_ERR_INVALID_ARG);
 }
 

@@ -165,8 +165,10 @@ static void test_backend_same_bits(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_plans),       cmocka_unit_test(test_pinning),
-        cmocka_unit_test(test_placement),   cmocka_unit_test(test_fallback),
+        cmocka_unit_test(test_plans),
+        cmocka_unit_test(test_pinning),
+        cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_fallback),
         cmocka_unit_test(test_backend_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -51,7 +51,8 @@ typedef struct job {
 } job;
 
 static loom_request_params request(job *j, int r, loom_token *prompt, loom_sampler_params *sp) {
-    for (int i = 0; i < 24; i++) prompt[i] = (loom_token)(4 + (j->salt * 53 + r * 29 + i * 11) % 290);
+    for (int i = 0; i < 24; i++)
+        prompt[i] = (loom_token)(4 + (j->salt * 53 + r * 29 + i * 11) % 290);
     loom_request_params rq = loom_request_default_params();
     rq.prompt_tokens = prompt;
     rq.n_prompt_tokens = 6 + 2 * (size_t)r;
@@ -80,8 +81,10 @@ static loom_status run_job(job *j) {
         loom_generation *g = NULL;
         st = loom_engine_generate(e, &rq, NULL, NULL, &g);
         if (st == LOOM_OK) {
-            if (g->n_tokens != N_TOKEN) st = LOOM_ERR_INTERNAL;
-            else memcpy(j->out[r], g->tokens, sizeof j->out[r]);
+            if (g->n_tokens != N_TOKEN)
+                st = LOOM_ERR_INTERNAL;
+            else
+                memcpy(j->out[r], g->tokens, sizeof j->out[r]);
         }
         loom_generation_free(g);
     }
@@ -131,8 +134,7 @@ static void *session_thread(void *arg) {
     for (int i = 30; i < 40 && j->st == LOOM_OK; i++) {
         j->st = loom_session_decode(s, t + i, 1, false);
         if (j->st == LOOM_OK)
-            memcpy(j->logits + (size_t)i * j->V, loom_session_logits(s, -1),
-                   sizeof(float) * j->V);
+            memcpy(j->logits + (size_t)i * j->V, loom_session_logits(s, -1), sizeof(float) * j->V);
     }
     loom_session_free(s);
     return NULL;
@@ -171,8 +173,8 @@ static void test_sessions_and_engine(void **state) {
     const int32_t V = info.n_vocab;
     sjob alone[2], together[2];
     for (int k = 0; k < 2; k++) {
-        alone[k] = (sjob){.model = m, .salt = k, .V = V,
-                          .logits = malloc(sizeof(float) * 40 * (size_t)V)};
+        alone[k] =
+            (sjob){.model = m, .salt = k, .V = V, .logits = malloc(sizeof(float) * 40 * (size_t)V)};
         together[k] = alone[k];
         together[k].logits = malloc(sizeof(float) * 40 * (size_t)V);
         assert_non_null(alone[k].logits);

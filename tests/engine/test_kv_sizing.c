@@ -100,14 +100,14 @@ static void test_one_group_and_sliding_only(void **state) {
     int32_t n[3];
     /* One full-attention group (llama): budget / block bytes, as before. */
     loom__engine_kv_shape sh = {.budget = 10000000,
-                               .n_groups = 1,
-                               .window = {0},
-                               .block_bytes = {65536},
-                               .block_size = 16,
-                               .max_seqs = 8,
-                               .max_batched_tokens = 64,
-                               .max_ctx = 256,
-                               .prefix_cache = true};
+                                .n_groups = 1,
+                                .window = {0},
+                                .block_bytes = {65536},
+                                .block_size = 16,
+                                .max_seqs = 8,
+                                .max_batched_tokens = 64,
+                                .max_ctx = 256,
+                                .prefix_cache = true};
     plan_ok(&sh, n);
     assert_int_equal(n[0], 10000000 / 65536);
     /* Only sliding groups: the scheduler's group is a sliding one, and every group keeps the
@@ -123,13 +123,13 @@ static void test_one_group_and_sliding_only(void **state) {
     assert_int_equal(n[1], n[0]);
     /* Two full groups and a sliding one: the full groups always share one count. */
     sh = (loom__engine_kv_shape){.budget = 1 << 30,
-                                .n_groups = 3,
-                                .window = {0, 0, 32},
-                                .block_bytes = {4096, 8192, 40960},
-                                .block_size = 16,
-                                .max_seqs = 8,
-                                .max_batched_tokens = 64,
-                                .max_ctx = 1024};
+                                 .n_groups = 3,
+                                 .window = {0, 0, 32},
+                                 .block_bytes = {4096, 8192, 40960},
+                                 .block_size = 16,
+                                 .max_seqs = 8,
+                                 .max_batched_tokens = 64,
+                                 .max_ctx = 1024};
     plan_ok(&sh, n);
     assert_int_equal(n[0], n[1]);
     assert_int_equal(n[2], expect_cap(&sh, 32));
@@ -291,7 +291,8 @@ static void sim_step(sim *s) {
         if (c > budget) c = budget;
         loom__kv_copy copies[4];
         int32_t n_copies = 0;
-        loom_status st = loom__kv_reserve(s->kv, q->id, c, q->toks + q->n_pos, copies, 4, &n_copies);
+        loom_status st =
+            loom__kv_reserve(s->kv, q->id, c, q->toks + q->n_pos, copies, 4, &n_copies);
         if (st != LOOM_OK)
             fail_msg("reserve of %d tokens at %d: %s (%s)", c, q->n_pos, loom_status_str(st),
                      loom_last_error());
@@ -325,14 +326,14 @@ static void run_sim(int32_t bs, int32_t window, int32_t max_seqs, int32_t tokens
     /* The sliding pool as planned without the prefix-cache share (which is for hits, not for
      * safety), with the budget large enough for the cap to bind. */
     s->sh = (loom__engine_kv_shape){.budget = 1LL << 40,
-                                   .n_groups = 2,
-                                   .window = {0, window},
-                                   .block_bytes = {1024, 4096},
-                                   .block_size = bs,
-                                   .max_seqs = max_seqs,
-                                   .max_batched_tokens = tokens,
-                                   .max_ctx = max_ctx,
-                                   .prefix_cache = false};
+                                    .n_groups = 2,
+                                    .window = {0, window},
+                                    .block_bytes = {1024, 4096},
+                                    .block_size = bs,
+                                    .max_seqs = max_seqs,
+                                    .max_batched_tokens = tokens,
+                                    .max_ctx = max_ctx,
+                                    .prefix_cache = false};
     int32_t planned[2];
     plan_ok(&s->sh, planned);
     assert_int_equal(planned[1], expect_cap(&s->sh, window));
@@ -367,13 +368,13 @@ static void run_sim(int32_t bs, int32_t window, int32_t max_seqs, int32_t tokens
 static void test_bound_reached(void **state) {
     (void)state;
     loom__engine_kv_shape sh = {.budget = 1LL << 40,
-                               .n_groups = 2,
-                               .window = {0, 32},
-                               .block_bytes = {1024, 4096},
-                               .block_size = 16,
-                               .max_seqs = 8,
-                               .max_batched_tokens = 56,
-                               .max_ctx = 256};
+                                .n_groups = 2,
+                                .window = {0, 32},
+                                .block_bytes = {1024, 4096},
+                                .block_size = 16,
+                                .max_seqs = 8,
+                                .max_batched_tokens = 56,
+                                .max_ctx = 256};
     int32_t planned[2];
     plan_ok(&sh, planned);
     assert_int_equal(planned[1], 34 + 8);

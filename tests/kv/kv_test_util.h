@@ -17,10 +17,11 @@
 #define CHECK(kv) KV_OK(loom__kv_check(kv))
 
 static inline loom__kv *make_kv(int32_t bs, int32_t n_groups, const int32_t *n_blocks,
-                               const int32_t *windows, int32_t max_seqs, int32_t max_len) {
+                                const int32_t *windows, int32_t max_seqs, int32_t max_len) {
     loom__kv_group_params gp[4];
     for (int32_t g = 0; g < n_groups; g++)
-        gp[g] = (loom__kv_group_params){.n_blocks = n_blocks[g], .window = windows ? windows[g] : 0};
+        gp[g] =
+            (loom__kv_group_params){.n_blocks = n_blocks[g], .window = windows ? windows[g] : 0};
     loom__kv_params p = loom__kv_default_params();
     p.block_size = bs;
     p.n_groups = n_groups;

@@ -352,7 +352,7 @@ static void test_cow_after_diverged_rollback(void **state) {
     KV_OK(loom__kv_reserve(kv, child, 1, &tok, cp, 1, &nc));
     assert_int_equal(nc, 1);
     KV_OK(loom__kv_reserve(kv, a, 1, &tok, cp, 1, &nc));
-    assert_int_equal(nc, 0);            /* equal fills: in place */
+    assert_int_equal(nc, 0);             /* equal fills: in place */
     KV_OK(loom__kv_commit(kv, a));       /* a: fill 3, slot 2 is its own */
     KV_OK(loom__kv_rollback(kv, child)); /* child: back on the block, fill 2 */
     CHECK(kv);

@@ -19,10 +19,10 @@
  * A simulated engine: store[g][block * bs + slot] holds the token whose KV was written there.
  * (Its KV depends on the whole prefix, so the store holds a fingerprint of the tokens up to
  * that position.) Every operation goes through the manager and mirrors the data movement it asks
- * for (copies, writes, swap copies); afterwards loom__kv_check must pass and every resident sequence
- * must read its own tokens at every position its next query can see. A wrong prefix hit, a missed
- * copy-on-write, a block reused while still readable, or a scrambled swap shows up as a wrong
- * token. */
+ * for (copies, writes, swap copies); afterwards loom__kv_check must pass and every resident
+ * sequence must read its own tokens at every position its next query can see. A wrong prefix hit, a
+ * missed copy-on-write, a block reused while still readable, or a scrambled swap shows up as a
+ * wrong token. */
 
 enum { P_MAX_SEQS = 10, P_MAX_LEN = 96, P_VOCAB = 1000, P_PREFIXES = 4 };
 

@@ -5,4 +5,6 @@
 #include "sched/sched.h"
 
 int loom__layering_probe(void);
-int loom__layering_probe(void) { return 0; }
+int loom__layering_probe(void) {
+    return 0;
+}

@@ -96,16 +96,14 @@ static inline int synth_write(const char *path, const synth_shape *s, uint64_t s
     tb_kv(&kv, KEY("feed_forward_length"), LOOM_GGUF_U32), tb_u32(&kv, (uint32_t)F), n_kv++;
     tb_kv(&kv, KEY("attention.head_count"), LOOM_GGUF_U32), tb_u32(&kv, (uint32_t)s->n_head),
         n_kv++;
-    tb_kv(&kv, KEY("attention.head_count_kv"), LOOM_GGUF_U32),
-        tb_u32(&kv, (uint32_t)s->n_head_kv), n_kv++;
-    tb_kv(&kv, KEY("attention.layer_norm_rms_epsilon"), LOOM_GGUF_F32), tb_f32(&kv, 1e-5f),
+    tb_kv(&kv, KEY("attention.head_count_kv"), LOOM_GGUF_U32), tb_u32(&kv, (uint32_t)s->n_head_kv),
         n_kv++;
+    tb_kv(&kv, KEY("attention.layer_norm_rms_epsilon"), LOOM_GGUF_F32), tb_f32(&kv, 1e-5f), n_kv++;
     tb_kv(&kv, KEY("rope.freq_base"), LOOM_GGUF_F32), tb_f32(&kv, 10000.0f), n_kv++;
     if (gemma) {
         tb_kv(&kv, KEY("attention.sliding_window"), LOOM_GGUF_U32),
             tb_u32(&kv, (uint32_t)s->window), n_kv++;
-        tb_kv(&kv, KEY("attention.sliding_window_pattern"), LOOM_GGUF_U32), tb_u32(&kv, 3),
-            n_kv++;
+        tb_kv(&kv, KEY("attention.sliding_window_pattern"), LOOM_GGUF_U32), tb_u32(&kv, 3), n_kv++;
     }
 #undef KEY
     tb_kv(&kv, "tokenizer.ggml.model", LOOM_GGUF_STR), tb_str(&kv, "llama"), n_kv++;

@@ -98,7 +98,8 @@ static int make_case(int kind, float *x) {
     case CASE_EQUAL:
         for (int i = 0; i < n; i++) x[i] = 0.25f;
         break;
-    default: break;
+    default:
+        break;
     }
     return n;
 }
@@ -200,7 +201,8 @@ static void test_edt_floor(void **state) {
 /* The temperature each mode should produce from H (entropy after bias/penalties). */
 static double ref_mode_temperature(const loom__sample_chain_config *c, double h, int n_finite) {
     switch (c->entropy_mode) {
-    case LOOM_ENTROPY_EXP: return c->temperature / exp(-(double)c->exp_beta * h);
+    case LOOM_ENTROPY_EXP:
+        return c->temperature / exp(-(double)c->exp_beta * h);
     case LOOM_ENTROPY_EDT: {
         double he = h > c->edt_h_min ? h : c->edt_h_min;
         return c->temperature * pow(c->edt_n, c->edt_theta / he);
@@ -210,7 +212,8 @@ static double ref_mode_temperature(const loom__sample_chain_config *c, double h,
         if (r > 1) r = 1;
         return c->dyn_t_min + ((double)c->dyn_t_max - c->dyn_t_min) * pow(r, c->dyn_exponent);
     }
-    default: return c->temperature;
+    default:
+        return c->temperature;
     }
 }
 
@@ -344,8 +347,10 @@ static void expect_fit(const char *name, const loom__sample_chain_config *c, con
     double stat = chi2(counts, p, &df);
     double thr = df > 0 ? chi2_threshold(df) : 0;
     print_message("  chi2 %-22s df %d  stat %8.3f  threshold %7.3f\n", name, df, stat, thr);
-    if (df == 0) assert_true(stat == 0);
-    else assert_true(stat < thr);
+    if (df == 0)
+        assert_true(stat == 0);
+    else
+        assert_true(stat < thr);
 }
 
 static void test_distributions(void **state) {
@@ -577,10 +582,10 @@ static void test_bad_input(void **state) {
     loom__sample_chain_result r = {0};
 #define EXPECT_BAD(field_set)                                                                      \
     do {                                                                                           \
-        loom__sample_chain_config c = loom__sample_chain_default_config();                           \
+        loom__sample_chain_config c = loom__sample_chain_default_config();                         \
         field_set;                                                                                 \
-        assert_int_equal(loom__sample_chain_validate(&c, NV), LOOM_ERR_INVALID_ARG);                \
-        assert_int_equal(loom__sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, 0, &r),               \
+        assert_int_equal(loom__sample_chain_validate(&c, NV), LOOM_ERR_INVALID_ARG);               \
+        assert_int_equal(loom__sample_chain_run(ws, &c, DIST_LOGITS, NULL, 0, 0, &r),              \
                          LOOM_ERR_INVALID_ARG);                                                    \
         assert_non_null(strstr(loom_last_error(), "sample chain"));                                \
     } while (0)

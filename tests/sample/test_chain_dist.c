@@ -22,18 +22,18 @@
 
 #include "sample/chain.h"
 
-#define NV 32
-#define N_DRAWS 100000
+#define NV           32
+#define N_DRAWS      100000
 #define MIN_EXPECTED 5.0
-#define ALPHA 0.001
+#define ALPHA        0.001
 
 /* 24 distinct finite logits scattered among 8 banned tokens (so n_finite < n_vocab matters to
  * DYNATEMP and to top-p's cut), with mass spread enough that each filter cuts mid-support. */
 static const float LOGITS[NV] = {
-    1.9f,  -INFINITY, 3.1f,  0.4f,  -2.4f,     -0.2f, -INFINITY, 2.6f,
-    -1.1f, 0.9f,      -9.0f, -INFINITY, 2.2f,  -4.2f, 1.2f,      -INFINITY,
-    -0.5f, -5.0f,     0.1f,  -INFINITY, -1.5f, 0.7f,  -2.9f,     -INFINITY,
-    -6.0f, 1.5f,      -3.5f, -0.8f,     -INFINITY, -7.5f, -1.9f, -INFINITY,
+    1.9f,  -INFINITY, 3.1f,  0.4f,      -2.4f,     -0.2f, -INFINITY, 2.6f,
+    -1.1f, 0.9f,      -9.0f, -INFINITY, 2.2f,      -4.2f, 1.2f,      -INFINITY,
+    -0.5f, -5.0f,     0.1f,  -INFINITY, -1.5f,     0.7f,  -2.9f,     -INFINITY,
+    -6.0f, 1.5f,      -3.5f, -0.8f,     -INFINITY, -7.5f, -1.9f,     -INFINITY,
 };
 
 /* ---- chi-square p-value ----------------------------------------------------------------- */
@@ -73,7 +73,9 @@ static double gamma_q(double a, double x) {
 }
 
 /* P(chi-square with df degrees of freedom > stat). */
-static double chi2_pvalue(double stat, int df) { return gamma_q(0.5 * df, 0.5 * stat); }
+static double chi2_pvalue(double stat, int df) {
+    return gamma_q(0.5 * df, 0.5 * stat);
+}
 
 static void test_pvalue_function(void **state) {
     (void)state;
@@ -82,7 +84,7 @@ static void test_pvalue_function(void **state) {
         int df;
         double x, p;
     } known[] = {
-        {1, 3.841458820694124, 0.05},  {1, 10.827566170662733, 0.001},
+        {1, 3.841458820694124, 0.05},   {1, 10.827566170662733, 0.001},
         {2, 13.815510557964274, 0.001}, {5, 11.070497693516351, 0.05},
         {10, 18.307038053275146, 0.05}, {10, 2.558212160993, 0.99},
         {30, 59.70306308, 0.001},       {100, 149.4493, 0.001},
@@ -245,7 +247,9 @@ static double ref_target(const target_cfg *t, double *p, double *temperature_out
     /* 4. the effective temperature */
     double temp = t->temperature;
     switch (t->mode) {
-    case LOOM_ENTROPY_EXP: temp = t->temperature * exp(t->beta * h); break;
+    case LOOM_ENTROPY_EXP:
+        temp = t->temperature * exp(t->beta * h);
+        break;
     case LOOM_ENTROPY_EDT:
         temp = t->temperature * pow(t->edt_n, t->edt_theta / (h > t->edt_h_min ? h : t->edt_h_min));
         break;
@@ -255,7 +259,8 @@ static double ref_target(const target_cfg *t, double *p, double *temperature_out
         temp = t->dyn_min + (t->dyn_max - t->dyn_min) * pow(r, t->dyn_exp);
         break;
     }
-    default: break;
+    default:
+        break;
     }
     *temperature_out = temp;
     for (int i = 0; i < NV; i++) {
@@ -339,8 +344,8 @@ static double fit(const char *name, const target_cfg *t) {
         if (p[i] > 0) {
             support++;
         } else if (counts[i] != 0) {
-            fail_msg("%s: token %d is outside the target's support but was drawn %ld times",
-                     name, i, counts[i]);
+            fail_msg("%s: token %d is outside the target's support but was drawn %ld times", name,
+                     i, counts[i]);
         }
     }
     /* Cells by expected count, smallest first; small ones are pooled until the pool reaches
@@ -463,14 +468,10 @@ static void test_all_filters(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pvalue_function),
-        cmocka_unit_test(test_temperature),
-        cmocka_unit_test(test_top_k),
-        cmocka_unit_test(test_top_p),
-        cmocka_unit_test(test_min_p),
-        cmocka_unit_test(test_typical_p),
-        cmocka_unit_test(test_entropy_modes),
-        cmocka_unit_test(test_bias_and_penalties),
+        cmocka_unit_test(test_pvalue_function), cmocka_unit_test(test_temperature),
+        cmocka_unit_test(test_top_k),           cmocka_unit_test(test_top_p),
+        cmocka_unit_test(test_min_p),           cmocka_unit_test(test_typical_p),
+        cmocka_unit_test(test_entropy_modes),   cmocka_unit_test(test_bias_and_penalties),
         cmocka_unit_test(test_all_filters),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

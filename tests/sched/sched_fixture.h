@@ -47,10 +47,10 @@ static void add_info(fx *f, loom__sched_request_info info) {
 
 static void add_req(fx *f, uint64_t id, int32_t prio, int32_t n_prompt, int32_t max_new) {
     add_info(f, (loom__sched_request_info){.id = id,
-                                          .priority = prio,
-                                          .n_prompt = n_prompt,
-                                          .max_new_tokens = max_new,
-                                          .arrival_us = f->now});
+                                           .priority = prio,
+                                           .n_prompt = n_prompt,
+                                           .max_new_tokens = max_new,
+                                           .arrival_us = f->now});
 }
 
 /* Schedules at f->now, checks the plan's shape and carries it out on the fake KV. */

@@ -100,11 +100,11 @@ static void test_priority_order(void **state) {
     add_req(&f, 3, 1, 4, 1);
     /* Priority beats a deadline. */
     add_info(&f, (loom__sched_request_info){.id = 4,
-                                           .priority = 0,
-                                           .n_prompt = 4,
-                                           .max_new_tokens = 1,
-                                           .arrival_us = f.now,
-                                           .ttft_us = 1});
+                                            .priority = 0,
+                                            .n_prompt = 4,
+                                            .max_new_tokens = 1,
+                                            .arrival_us = f.now,
+                                            .ttft_us = 1});
     static const uint64_t order[] = {2, 3, 4, 1};
     expect_service_order(&f, order, 4);
     fx_close(&f);
@@ -147,9 +147,9 @@ static void test_arrival_order(void **state) {
     static const int64_t arrival[] = {30, 10, 20};
     for (int i = 0; i < 3; i++)
         add_info(&f, (loom__sched_request_info){.id = (uint64_t)i + 1,
-                                               .n_prompt = 4,
-                                               .max_new_tokens = 1,
-                                               .arrival_us = arrival[i]});
+                                                .n_prompt = 4,
+                                                .max_new_tokens = 1,
+                                                .arrival_us = arrival[i]});
     static const uint64_t order[] = {2, 3, 1};
     expect_service_order(&f, order, 3);
     fx_close(&f);
@@ -565,11 +565,11 @@ static void test_fcfs(void **state) {
     add_info(&f, (loom__sched_request_info){
                      .id = 2, .priority = 9, .n_prompt = 4, .max_new_tokens = 1, .arrival_us = 2});
     add_info(&f, (loom__sched_request_info){.id = 3,
-                                           .priority = 5,
-                                           .n_prompt = 4,
-                                           .max_new_tokens = 1,
-                                           .arrival_us = 3,
-                                           .ttft_us = 1});
+                                            .priority = 5,
+                                            .n_prompt = 4,
+                                            .max_new_tokens = 1,
+                                            .arrival_us = 3,
+                                            .ttft_us = 1});
     static const uint64_t order[] = {1, 2, 3};
     expect_service_order(&f, order, 3);
     add_req(&f, 4, 0, 4, 100);

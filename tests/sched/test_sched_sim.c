@@ -141,8 +141,8 @@ static void cancel_random(sim *x) {
     loom__sched_holds h;
     assert_int_equal(loom__sched_cancel(x->s, id, &h), LOOM_OK);
     loom__sched_holds expect = r->state == M_RUNNING ? LOOM_SCHED_HOLDS_KV
-                              : r->swapped          ? LOOM_SCHED_HOLDS_SWAP
-                                                    : LOOM_SCHED_HOLDS_NOTHING;
+                               : r->swapped          ? LOOM_SCHED_HOLDS_SWAP
+                                                     : LOOM_SCHED_HOLDS_NOTHING;
     assert_int_equal(h, expect);
     gone(x, id);
     x->out.cancelled++;

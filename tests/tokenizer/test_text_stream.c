@@ -25,8 +25,8 @@ static void push_all(const char *const *pieces, size_t n, const loom__stop_set *
     for (size_t i = 0; i < n && !r->stopped; i++) {
         const char *o;
         size_t ol;
-        assert_true(loom__text_stream_push(&ts, stops, pieces[i], strlen(pieces[i]), &o, &ol,
-                                           &r->stopped));
+        assert_true(
+            loom__text_stream_push(&ts, stops, pieces[i], strlen(pieces[i]), &o, &ol, &r->stopped));
         memcpy(r->out + r->len, o, ol);
         r->len += ol;
     }

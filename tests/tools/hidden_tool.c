@@ -45,7 +45,8 @@ int main(int argc, char **argv) {
     float *out = NULL;
     if (st == LOOM_OK) {
         out = malloc(n * (size_t)info.n_embd * sizeof *out);
-        st = out ? loom__session_hidden(s, toks, (int32_t)n, n_layers, out) : LOOM_ERR_OUT_OF_MEMORY;
+        st =
+            out ? loom__session_hidden(s, toks, (int32_t)n, n_layers, out) : LOOM_ERR_OUT_OF_MEMORY;
     }
     if (st == LOOM_OK) {
         FILE *f = fopen(argv[3], "wb");

@@ -104,8 +104,8 @@ static void attn_qvecs_init(const attn_task *t, attn_qvec *qv, int n, int64_t r0
 }
 
 /* Each vector's lanes of the tile at j0: its positions lo..pos there (ia > ib: none). */
-static void attn_qvecs_lanes(const loom_kv_desc *kv, attn_qvec *qv, int n, int32_t nh,
-                             int64_t pos0, int64_t j0) {
+static void attn_qvecs_lanes(const loom_kv_desc *kv, attn_qvec *qv, int n, int32_t nh, int64_t pos0,
+                             int64_t j0) {
     for (int k = 0; k < n; k++) {
         const int64_t pos = pos0 + k / nh, a = attn_lo(kv, pos) - j0, b = pos - j0;
         qv[k].ia = a > 0 ? (a < ATTN_TILE ? (int)a : ATTN_TILE) : 0;
@@ -340,8 +340,8 @@ static void attn_plan(attn_task *t, int64_t n_rows, int32_t n_kv_heads, int n_th
     }
 }
 
-void loom__cpu_attention_need(int n_threads, int64_t T, int32_t n_head, int32_t hd,
-                              int32_t max_ctx, size_t *scratch_floats, size_t *parts_bytes) {
+void loom__cpu_attention_need(int n_threads, int64_t T, int32_t n_head, int32_t hd, int32_t max_ctx,
+                              size_t *scratch_floats, size_t *parts_bytes) {
     /* An item holds at most ATTN_ITEM_QVECS query vectors (attn_plan: rows * heads). */
     *scratch_floats = (size_t)attn_scratch_floats(ATTN_ITEM_QVECS, hd);
     *parts_bytes = 0;

@@ -109,8 +109,8 @@ loom_status loom__cpu_check_kv_use(const char *op, const loom_kv_desc *kv, int32
     int32_t src = via_layer_src && kv->layer_src != NULL ? kv->layer_src[layer] : layer;
     /* kv_store writes only the layers that own pools (a reusing layer stores nothing). */
     LOOM_RETURN_IF(!via_layer_src && kv->layer_src != NULL && kv->layer_src[layer] != layer,
-                   LOOM_ERR_INVALID_ARG, "%s: layer %d reads layer %d's pools and stores none",
-                   op, layer, kv->layer_src[layer]);
+                   LOOM_ERR_INVALID_ARG, "%s: layer %d reads layer %d's pools and stores none", op,
+                   layer, kv->layer_src[layer]);
     *pool_layer = src;
     return LOOM_OK;
 }

@@ -121,8 +121,8 @@ loom_status loom__cpu_host_alloc(void *dev, size_t bytes, void **out) {
     (void)dev;
     LOOM_CHECK_ARG(out != NULL);
     void *p = aligned_bytes(bytes, LOOM_CPU_ALIGN);
-    LOOM_RETURN_IF(p == NULL, LOOM_ERR_OUT_OF_MEMORY, "cpu: cannot allocate %zu bytes of host memory",
-                   bytes);
+    LOOM_RETURN_IF(p == NULL, LOOM_ERR_OUT_OF_MEMORY,
+                   "cpu: cannot allocate %zu bytes of host memory", bytes);
     *out = p;
     return LOOM_OK;
 }
@@ -202,8 +202,8 @@ loom_status loom__cpu_weight_prepare(void *dev, const loom_weight_src *src, loom
         /* Used where it lies: its pages follow the NUMA plan as they fault in. */
         (void)loom__numa_place(&d->numa, (void *)src->data,
                                (size_t)(src->ne[1] - 1) * src->row_stride + row_bytes);
-        *out = loom_tensor_2d(src->type, (void *)src->data, src->ne[0], src->ne[1],
-                              src->row_stride);
+        *out =
+            loom_tensor_2d(src->type, (void *)src->data, src->ne[0], src->ne[1], src->row_stride);
         return LOOM_OK;
     }
     char *dst = weight_room(d, bytes);
@@ -213,8 +213,8 @@ loom_status loom__cpu_weight_prepare(void *dev, const loom_weight_src *src, loom
         memcpy(dst, src->data, bytes);
     } else {
         for (int64_t r = 0; r < src->ne[1]; r++)
-            memcpy(dst + (size_t)r * row_bytes, (const char *)src->data + (size_t)r * src->row_stride,
-                   row_bytes);
+            memcpy(dst + (size_t)r * row_bytes,
+                   (const char *)src->data + (size_t)r * src->row_stride, row_bytes);
     }
     *out = loom_tensor_2d(src->type, dst, src->ne[0], src->ne[1], row_bytes);
     return LOOM_OK;

@@ -94,8 +94,8 @@ typedef struct loom__cpu_workspace {
     int rope_rot;
 } loom__cpu_workspace;
 
-loom_status loom__cpu_workspace_plan(int n_threads, bool f32_activations, const loom_step_shape *shape,
-                                loom__cpu_workspace *out);
+loom_status loom__cpu_workspace_plan(int n_threads, bool f32_activations,
+                                     const loom_step_shape *shape, loom__cpu_workspace *out);
 
 /* The sizing functions behind it, shared with the ops (cpu_matmul.c, cpu_attention.c). */
 /* Scratch floats per thread and activation bytes one matmul of x [T, K] over weights of type
@@ -104,8 +104,8 @@ loom_status loom__cpu_matmul_need(bool f32_activations, loom_type w_type, int64_
                                   size_t *scratch_floats, size_t *act_bytes);
 /* The largest per-thread scratch (floats) and state area (bytes) attention can reserve for
  * T rows of n_head heads (head_dim hd) over sequences of up to max_ctx positions. */
-void loom__cpu_attention_need(int n_threads, int64_t T, int32_t n_head, int32_t hd,
-                              int32_t max_ctx, size_t *scratch_floats, size_t *parts_bytes);
+void loom__cpu_attention_need(int n_threads, int64_t T, int32_t n_head, int32_t hd, int32_t max_ctx,
+                              size_t *scratch_floats, size_t *parts_bytes);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Device (cpu_device.c) and stream (cpu_stream.c) slots of the ops table                     */

@@ -138,11 +138,11 @@ static void mm_worker(void *p, int ith, int nth) {
 
 typedef struct mmq_task {
     loom__workshare *share;      /* the groups of rows */
-    const mm_set *set;          /* weights [N_j, K] of a type with an activation format, outs */
-    const loom_tensor *x;       /* [T, K] f32 */
+    const mm_set *set;           /* weights [N_j, K] of a type with an activation format, outs */
+    const loom_tensor *x;        /* [T, K] f32 */
     loom__quantize_act_fn quant; /* f32 row -> activation format */
     loom__vec_dot_q_fn dot;      /* weight row . activation row */
-    uint8_t *act;               /* [T] rounded rows, act_stride bytes apart */
+    uint8_t *act;                /* [T] rounded rows, act_stride bytes apart */
     size_t act_stride;
     int64_t rb; /* weight rows per group */
 } mmq_task;
@@ -193,7 +193,7 @@ typedef struct mmt_task {
     const loom_tensor *x;
     loom__cpu_ctx *c;
     const loom__qgemm_kernels *k;   /* per-pair tiles, or (k NULL) */
-    bool prepared;                 /* k's tile_prepared, rows prepared in each thread's scratch */
+    bool prepared;                  /* k's tile_prepared, rows prepared in each thread's scratch */
     const loom__qgemm_lanes *lanes; /* token lanes */
     loom__quantize_act_fn quant;
     uint8_t *xp;       /* prepared units: [T] token rows (tiles) or [ceil(T / width)] groups */

@@ -66,7 +66,8 @@ void loom__cpu_rope_tables_free(loom__cpu_rope_tables *rt) {
 size_t loom__cpu_rope_tables_bytes(int64_t n_pos, int n_rot) {
     if (n_pos <= 0 || n_rot < 2) return 0;
     const size_t half = (size_t)(n_rot / 2);
-    return ROPE_TABLES * ((size_t)n_pos * sizeof(int32_t) + 2 * (size_t)n_pos * half * sizeof(float));
+    return ROPE_TABLES *
+           ((size_t)n_pos * sizeof(int32_t) + 2 * (size_t)n_pos * half * sizeof(float));
 }
 
 loom_status loom__cpu_rope_tables_create(int64_t n_pos, int n_rot, loom__cpu_rope_tables **out) {
@@ -75,7 +76,8 @@ loom_status loom__cpu_rope_tables_create(int64_t n_pos, int n_rot, loom__cpu_rop
     const size_t half = n_rot >= 2 ? (size_t)(n_rot / 2) : 0;
     if (n_pos > 0 && half > 0 && n_rot <= ROPE_MAX_ROT) {
         size_t need;
-        if (loom__mul_overflow_size((size_t)n_pos, half, &need) || need > SIZE_MAX / sizeof(float)) {
+        if (loom__mul_overflow_size((size_t)n_pos, half, &need) ||
+            need > SIZE_MAX / sizeof(float)) {
             free(rt);
             return loom__fail(LOOM_ERR_INVALID_ARG, "rope: a table of %lld x %zu overflows",
                               (long long)n_pos, half);

@@ -77,8 +77,7 @@ loom_status loom__cpu_reserve_act(loom__cpu_ctx *c, size_t n_bytes) {
 }
 
 loom_status loom__cpu_reserve_attn_parts(loom__cpu_ctx *c, size_t n_bytes) {
-    return reserve_area(c, &c->attn_parts, &c->attn_parts_cap, n_bytes,
-                        "attention segment states");
+    return reserve_area(c, &c->attn_parts, &c->attn_parts_cap, n_bytes, "attention segment states");
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -90,7 +89,7 @@ static size_t max_size(size_t a, size_t b) {
 }
 
 loom_status loom__cpu_workspace_plan(int n_threads, bool f32_activations, const loom_step_shape *sh,
-                                loom__cpu_workspace *out) {
+                                     loom__cpu_workspace *out) {
     memset(out, 0, sizeof *out);
     out->scratch_floats = LOOM_CPU_SCRATCH_MIN;
     if (sh == NULL) return LOOM_OK;

@@ -55,7 +55,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 
 #define LOOM_VERSION_MAJOR 0
-#define LOOM_VERSION_MINOR 1
+#define LOOM_VERSION_MINOR 2
 #define LOOM_VERSION_PATCH 0
 #define LOOM_VERSION_NUMBER                                                                        \
     (LOOM_VERSION_MAJOR * 10000 + LOOM_VERSION_MINOR * 100 + LOOM_VERSION_PATCH)

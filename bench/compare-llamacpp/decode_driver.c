@@ -1,9 +1,12 @@
 /* decode_driver.c — loom-decode-driver: decode a fixed sequence of token ids, one per call.
  *
- *   loom-decode-driver -m MODEL [-n N] [-p P] [-t THREADS] [--seed S]
+ *   loom-decode-driver -m MODEL [-n N] [-p P] [-t THREADS] [--seed S] [--seqs S]
  *
  * Loads MODEL, runs a prompt of P token ids in one loom_session_decode call, then N calls of
- * one token each, and prints the timings on stderr. Token ids are drawn from a fixed-seed
+ * one token each, and prints the timings on stderr. With --seqs S (S > 1) it runs S requests
+ * of P prompt tokens each through an engine instead, greedy for N tokens each, and times the
+ * steps from the one in which every sequence has its first token to the end: batched decode,
+ * S tokens a step (compare.py's "batched" figure). Token ids are drawn from a fixed-seed
  * generator over [3, n_vocab), so every run does exactly the same work: there is no sampling,
  * no end-of-sequence stop and no tokenizer. bench/compare-llamacpp/compare.py --callgrind runs
  * it under callgrind with two values of N; the difference of the instruction counts divided
@@ -31,7 +34,9 @@ static void usage(FILE *f) {
                "  -n N        tokens decoded one per call after the prompt (default 16)\n"
                "  -p P        prompt tokens, decoded in one call (default 4)\n"
                "  -t THREADS  compute threads (default 1)\n"
-               "  --seed S    seed of the token ids (default 1)\n");
+               "  --seed S    seed of the token ids (default 1)\n"
+               "  --seqs S    S sequences decoding together through an engine (default 1: a\n"
+               "              session)\n");
 }
 
 /* Parses a non-negative integer argument or exits with a message naming the flag. */
@@ -65,9 +70,75 @@ static int fail(loom_status st, const char *what) {
     return 1;
 }
 
+/* The driver builds against the header of the library it runs (steps.py compiles it against
+ * older commits too): loom 0.2 gave results a size field and handed out event pointers. */
+#if LOOM_VERSION_NUMBER >= 200
+#define RESULT_INIT(x) {.size = sizeof(x)}
+typedef const loom_event *const *event_list;
+#define EVENT(list, k) ((list)[k])
+#else
+#define RESULT_INIT(x) {0}
+typedef const loom_event *event_list;
+#define EVENT(list, k) (&(list)[k])
+#endif
+
+/* n_seqs requests of the prompt ids[s*n_prompt ..], greedy for n_decode tokens each; returns
+ * batched decode tokens/s (the steps after every sequence has its first token). */
+static int run_batched(loom_model *model, const loom_token *ids, long n_seqs, long n_prompt,
+                       long n_decode, double *tok_s) {
+    loom_engine_params ep = loom_engine_default_params();
+    ep.kv_bytes = (int64_t)256 << 20;
+    ep.max_seqs = (int32_t)n_seqs;
+    ep.max_batched_tokens = (int32_t)(n_seqs * n_prompt > 512 ? n_seqs * n_prompt : 512);
+    ep.max_ctx = (int32_t)(n_prompt + n_decode + 16);
+    loom_engine *e = NULL;
+    loom_status st = loom_engine_create(model, &ep, &e);
+    if (st != LOOM_OK) return fail(st, "creating the engine");
+#if LOOM_VERSION_NUMBER >= 200
+    loom_sampler_params sp = loom_sampler_default_params();
+    sp.temperature = 0.0f;
+#endif
+    for (long s = 0; s < n_seqs && st == LOOM_OK; s++) {
+        loom_request_params rq = loom_request_default_params();
+        rq.prompt_tokens = ids + s * n_prompt;
+        rq.n_prompt_tokens = (size_t)n_prompt;
+        rq.max_tokens = (int32_t)n_decode;
+        rq.ignore_eos = true;
+#if LOOM_VERSION_NUMBER >= 200
+        rq.sampler = &sp;
+#else
+        rq.sampler.temperature = 0.0f;
+#endif
+        loom_request_id id;
+        st = loom_engine_submit(e, &rq, &id);
+    }
+    long started = 0, counted = 0;
+    double t0 = 0;
+    while (st == LOOM_OK && loom_engine_has_work(e)) {
+        event_list ev = NULL;
+        size_t n = 0;
+        st = loom_engine_step(e, &ev, &n);
+        for (size_t k = 0; st == LOOM_OK && k < n; k++) {
+            const loom_event *x = EVENT(ev, k);
+            if (x->kind == LOOM_EVENT_FAILED) st = x->status;
+            if (x->kind != LOOM_EVENT_TOKEN) continue;
+            if (t0 > 0)
+                counted++;
+            else
+                started++;
+        }
+        if (t0 == 0 && started >= n_seqs) t0 = now_s();
+    }
+    double t1 = now_s();
+    loom_engine_destroy(e);
+    if (st != LOOM_OK) return fail(st, "batched decode");
+    *tok_s = counted > 0 ? (double)counted / (t1 - t0) : 0;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *model_path = NULL;
-    long n_decode = 16, n_prompt = 4, n_threads = 1, seed = 1;
+    long n_decode = 16, n_prompt = 4, n_threads = 1, seed = 1, n_seqs = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -83,6 +154,8 @@ int main(int argc, char **argv) {
             n_threads = int_arg(argc, argv, &i);
         } else if (!strcmp(a, "--seed")) {
             seed = int_arg(argc, argv, &i);
+        } else if (!strcmp(a, "--seqs")) {
+            n_seqs = int_arg(argc, argv, &i);
         } else {
             usage(stderr);
             return 2;
@@ -99,8 +172,24 @@ int main(int argc, char **argv) {
     loom_model *model = NULL;
     loom_status st = loom_model_load(model_path, &mp, &model);
     if (st != LOOM_OK) return fail(st, "loading the model");
-    loom_model_info info = {.size = sizeof info};
+    loom_model_info info = RESULT_INIT(info);
     loom_model_get_info(model, &info);
+
+    if (n_seqs > 1) {
+        loom_token *ids = malloc((size_t)(n_seqs * n_prompt) * sizeof *ids);
+        if (!ids) return fail(LOOM_ERR_OUT_OF_MEMORY, "token ids");
+        uint64_t rng = (uint64_t)seed;
+        for (long i = 0; i < n_seqs * n_prompt; i++)
+            ids[i] = 3 + (loom_token)(next_u64(&rng) % (uint64_t)(info.n_vocab - 3));
+        double tok_s = 0;
+        int rc = run_batched(model, ids, n_seqs, n_prompt, n_decode, &tok_s);
+        if (rc == 0)
+            fprintf(stderr, "loom-decode-driver: %s, %ld threads: batched %ld sequences %.2f tok/s\n",
+                    info.name, n_threads, n_seqs, tok_s);
+        free(ids);
+        loom_model_free(model);
+        return rc;
+    }
 
     loom_session_params sp = loom_session_default_params();
     sp.n_ctx = (int32_t)(n_prompt + n_decode);

@@ -10,6 +10,7 @@ drift of the shared machine does not favour either end — twice:
 
   -p 128 -n 64   prompt processing of 128 tokens, then 64 one-token decode calls
   -p 512 -n 1    prompt processing of 512 tokens
+  --seqs S -p 16 -n 64   (with --batched S) S sequences decoding together through an engine
 
 and prints, per metric, each commit's median tokens/s and the step ratio: the median over the
 rounds of (this commit / the previous one) within a round, whose runs were seconds apart, with
@@ -80,6 +81,7 @@ def build(commit, work):
 
 
 RX = re.compile(r"prompt (\d+) tokens ([0-9.]+) s; decode (\d+) tokens ([0-9.]+) s")
+RX_BATCHED = re.compile(r"batched (\d+) sequences ([0-9.]+) tok/s")
 
 
 def run(drv, model, threads, p, n):
@@ -88,6 +90,14 @@ def run(drv, model, threads, p, n):
     if not m:
         raise SystemExit(f"steps.py: unexpected driver output: {out[-500:]}")
     return int(m.group(1)) / float(m.group(2)), int(m.group(3)) / float(m.group(4))
+
+
+def run_batched(drv, model, threads, seqs):
+    out = sh([drv, "-m", model, "-t", str(threads), "-p", "16", "-n", "64", "--seqs", str(seqs)])
+    m = RX_BATCHED.search(out)
+    if not m:
+        raise SystemExit(f"steps.py: unexpected driver output: {out[-500:]}")
+    return float(m.group(2))
 
 
 def main():
@@ -99,6 +109,8 @@ def main():
     ap.add_argument("--work", default="/tmp/loom-steps", help="exports and builds go here")
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/loom-bench"))
     ap.add_argument("--md", help="also write the tables as markdown to this file")
+    ap.add_argument("--batched", type=int, default=0,
+                    help="also S sequences decoding together (an engine), e.g. 16")
     a = ap.parse_args()
 
     steps = ([(c, "") for c in a.commits.split(",")] if a.commits else DEFAULT_STEPS)
@@ -114,6 +126,8 @@ def main():
     paths = {n: paths[n] for n in names}
 
     metrics = ["pp 128", "decode 64", "pp 512"]
+    if a.batched > 1:
+        metrics.append(f"batched {a.batched}")
     res = {}  # (model, metric, sha) -> [tok/s per round]
     load0 = os.getloadavg()
     t_start = time.time()
@@ -123,7 +137,11 @@ def main():
             for sha, _, drv in order:
                 pp, dec = run(drv, path, a.threads, 128, 64)
                 pp512, _ = run(drv, path, a.threads, 512, 1)
-                for k, v in (("pp 128", pp), ("decode 64", dec), ("pp 512", pp512)):
+                got = [("pp 128", pp), ("decode 64", dec), ("pp 512", pp512)]
+                if a.batched > 1:
+                    got.append((f"batched {a.batched}", run_batched(drv, path, a.threads,
+                                                                     a.batched)))
+                for k, v in got:
                     res.setdefault((name, k, sha), []).append(v)
             print(f"{name}: round {r + 1}/{a.rounds} done ({time.time() - t_start:.0f} s)",
                   file=sys.stderr)

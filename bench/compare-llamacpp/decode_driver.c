@@ -73,11 +73,13 @@ static int fail(loom_status st, const char *what) {
 /* The driver builds against the header of the library it runs (steps.py compiles it against
  * older commits too): loom 0.2 gave results a size field and handed out event pointers. */
 #if LOOM_VERSION_NUMBER >= 200
-#define RESULT_INIT(x) {.size = sizeof(x)}
+#define RESULT_INIT(x)                                                                             \
+    { .size = sizeof(x) }
 typedef const loom_event *const *event_list;
 #define EVENT(list, k) ((list)[k])
 #else
-#define RESULT_INIT(x) {0}
+#define RESULT_INIT(x)                                                                             \
+    { 0 }
 typedef const loom_event *event_list;
 #define EVENT(list, k) (&(list)[k])
 #endif
@@ -184,7 +186,8 @@ int main(int argc, char **argv) {
         double tok_s = 0;
         int rc = run_batched(model, ids, n_seqs, n_prompt, n_decode, &tok_s);
         if (rc == 0)
-            fprintf(stderr, "loom-decode-driver: %s, %ld threads: batched %ld sequences %.2f tok/s\n",
+            fprintf(stderr,
+                    "loom-decode-driver: %s, %ld threads: batched %ld sequences %.2f tok/s\n",
                     info.name, n_threads, n_seqs, tok_s);
         free(ids);
         loom_model_free(model);

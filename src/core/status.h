@@ -20,6 +20,14 @@ void loom__clear_error(void);
 /* Prepends "prefix: " to the current thread-local message (adds context on the way up). */
 void loom__error_prefix(const char *fmt, ...) LOOM_PRINTF(1, 2);
 
+/* The calling thread's message (what loom_last_error returns). */
+const char *loom__error_message(void);
+
+/* NULL in libloom. A plugin built from loom's sources points it at its host's set_error, so
+ * every message it records reaches the application too (backend/plugin/plugin_host.c). */
+typedef void (*loom__error_sink_fn)(const char *message);
+extern loom__error_sink_fn _Atomic loom__error_sink;
+
 #define LOOM_RETURN_IF(cond, status, ...)                                                          \
     do {                                                                                           \
         if (cond) {                                                                                \

@@ -174,6 +174,13 @@ static void test_bad_plugins(void **state) {
     loom_model *m = NULL;
     assert_int_equal(loom_model_load(g_llama, &p, &m), LOOM_ERR_NO_DEVICE);
     assert_non_null(strstr(loom_last_error(), "device 3"));
+    /* The same refusal from inside a plugin: its message crosses through the host's set_error. */
+    p.backend = "cpuplugin";
+    assert_int_equal(loom_model_load(NULL, &p, &m), LOOM_ERR_INVALID_ARG); /* another message */
+    assert_null(strstr(loom_last_error(), "device 3"));
+    assert_int_equal(loom_model_load(g_llama, &p, &m), LOOM_ERR_NO_DEVICE);
+    assert_non_null(strstr(loom_last_error(), "cpu: device 3 does not exist"));
+    p.backend = "cpu";
     p.device = -1;
     assert_int_equal(loom_model_load(g_llama, &p, &m), LOOM_ERR_INVALID_ARG);
     assert_null(m);

@@ -1,9 +1,9 @@
 /* plugin_host.h — what a backend plugin built from loom's own sources (the test-only
- * libloom-cpuplugin.so; a CUDA plugin later) links instead of libloom's error and log code:
- * loom__fail, loom__error_prefix, loom__clear_error and loom__log (core/status.h, core/log.h)
- * keep the plugin's own thread-local message and hand every message and log line to the host
- * (loom_backend.h's loom_backend_host), so they reach loom_last_error() and loom_log_set's sink
- * in the application's libloom. Compiled into plugins only (cmake: LOOM_PLUGIN_HOST_SOURCES). */
+ * libloom-cpuplugin.so; a CUDA plugin later) links instead of libloom's public error and log
+ * code (core/status.c, core/log.c): the messages core/error.c records and the lines loom__log
+ * writes are handed to the host (loom_backend.h's loom_backend_host), so they reach
+ * loom_last_error() and loom_log_set's sink in the application's libloom. Compiled into
+ * plugins only. */
 #pragma once
 
 #include "loom_backend.h"

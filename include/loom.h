@@ -191,7 +191,11 @@ static inline loom_model_params loom_model_default_params(void) {
 LOOM_API loom_status loom_model_load(const char *path, const loom_model_params *params,
                                      loom_model **out);
 
-/* Releases the model. The caller must have freed every session made from it. NULL is a no-op. */
+/* Releases the caller's hold on the model. Sessions and engines made from it hold it too: the
+ * model's memory goes with the last of them, so they may be freed before or after this call
+ * (as a garbage collector does), but the caller must not use the model handle itself after
+ * it. Thread-safe with respect to sessions and engines freed on other threads. NULL is a
+ * no-op. */
 LOOM_API void loom_model_free(loom_model *model);
 
 typedef struct loom_model_info {
@@ -323,7 +327,7 @@ static inline loom_session_params loom_session_default_params(void) {
 }
 
 /* Creates a session over model, allocating its KV cache and work buffers up front (nothing is
- * allocated per token). params may be NULL. The model must outlive the session.
+ * allocated per token). params may be NULL. The session holds the model (loom_model_free).
  * Errors: LOOM_ERR_INVALID_ARG, LOOM_ERR_OUT_OF_MEMORY, LOOM_ERR_BACKEND. */
 LOOM_API loom_status loom_session_create(loom_model *model, const loom_session_params *params,
                                          loom_session **out);
@@ -782,8 +786,8 @@ static inline loom_request_params loom_request_default_params(void) {
  * same clock in nanoseconds (its origin_ns). Thread-safe. Never fails. */
 LOOM_API double loom_engine_now(void);
 
-/* Creates an engine over model (which must outlive it); params may be NULL. Sizes the KV cache
- * and every per-step buffer now. With params->on_event set, starts the background thread.
+/* Creates an engine over model (which it holds: loom_model_free); params may be NULL. Sizes the KV
+ * cache and every per-step buffer now. With params->on_event set, starts the background thread.
  * Errors: INVALID_ARG (NULL, vocab_only model, bad params), OUT_OF_MEMORY (the KV budget
  * cannot be allocated, or gives some KV group fewer blocks than one request of max_ctx needs:
  * ceil(max_ctx / block_size) + 1 in a full-attention group; the message names the group),

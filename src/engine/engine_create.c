@@ -156,6 +156,7 @@ loom_status loom_engine_create(loom_model *model, const loom_engine_params *para
     loom_engine *e = calloc(1, sizeof *e);
     LOOM_RETURN_IF(!e, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
     e->model = model;
+    loom__model_retain(model);
     e->ops = model->backend->ops;
     e->params = p;
     e->max_ctx = p.max_ctx;
@@ -229,6 +230,7 @@ void loom_engine_destroy(loom_engine *e) {
     }
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    loom__model_release(e->model);
     free(e);
 }
 

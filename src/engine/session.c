@@ -107,6 +107,7 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
     loom_session *s = calloc(1, sizeof *s);
     LOOM_RETURN_IF(!s, LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
     s->model = model;
+    loom__model_retain(model);
     s->params = p;
     s->seq = -1;
     loom__exec_shape es = {
@@ -143,6 +144,7 @@ void loom_session_free(loom_session *s) {
     free(s->pos);
     free(s->rows);
     free(s->logits);
+    loom__model_release(s->model);
     free(s);
 }
 

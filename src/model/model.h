@@ -4,6 +4,8 @@
  * its configuration; model_weights.c binds and prepares its tensors; forward.c runs them all. */
 #pragma once
 
+#include <stdatomic.h>
+
 #include "backend/backend.h"
 #include "core/status.h"
 #include "gguf/gguf.h"
@@ -64,6 +66,11 @@ typedef struct loom__layer_weights {
 } loom__layer_weights;
 
 struct loom_model {
+    /* The application's reference (until loom_model_free) plus one per live session and engine:
+     * the model is released with the last, in whatever order they go (a binding's garbage
+     * collector may free a session after its model). */
+    atomic_int refs;
+
     loom__gguf *gguf; /* the open file; tensors of a mapped CPU model point into it */
     loom__tokenizer *tok;
     loom__model_config cfg;
@@ -85,6 +92,11 @@ struct loom_model {
     loom_tensor output;          /* [V, D]; the embedding table when tied */
     loom__layer_weights *layers; /* [n_layer] */
 };
+
+/* A session or engine over the model takes a reference at create and drops it at free. Any
+ * thread. */
+void loom__model_retain(loom_model *model);
+void loom__model_release(loom_model *model);
 
 /* ---- shared by the architecture files (hparams.c) ---- */
 

@@ -183,6 +183,7 @@ loom_status loom_model_load(const char *path, const loom_model_params *params, l
 
     loom_model *m = calloc(1, sizeof *m);
     LOOM_RETURN_IF(!m, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
+    atomic_init(&m->refs, 1);
     double t0 = loom__now_ms();
     loom_status st = load_model(m, path, &p);
     if (st != LOOM_OK) {
@@ -196,8 +197,7 @@ loom_status loom_model_load(const char *path, const loom_model_params *params, l
     return LOOM_OK;
 }
 
-void loom_model_free(loom_model *m) {
-    if (!m) return;
+static void model_destroy(loom_model *m) {
     loom__backend_close(m->backend); /* its device owns the prepared weights */
     free(m->layers);
     free(m->cfg.layers);
@@ -206,6 +206,19 @@ void loom_model_free(loom_model *m) {
     loom__tokenizer_free(m->tok);
     loom__gguf_close(m->gguf);
     free(m);
+}
+
+void loom__model_retain(loom_model *m) {
+    atomic_fetch_add_explicit(&m->refs, 1, memory_order_relaxed);
+}
+
+void loom__model_release(loom_model *m) {
+    /* acq_rel: every use of the model by the releasing threads happens before the destroy. */
+    if (atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) == 1) model_destroy(m);
+}
+
+void loom_model_free(loom_model *m) {
+    if (m) loom__model_release(m);
 }
 
 loom_status loom_model_get_info(const loom_model *m, loom_model_info *caller) {

@@ -1,7 +1,8 @@
 /* test_engine_threads.c — a model shared by threads, as loom.h promises: two engines on one
  * model, each driven by loom_engine_generate (and by loom_engine_step) from its own thread at
  * the same time, give bitwise the tokens each gives alone; so do two sessions decoding on two
- * threads, and an engine beside a session. Each engine and session has its own execution
+ * threads, and an engine beside a session; a model freed before its session and engine lives
+ * on until the last of them goes. Each engine and session has its own execution
  * context (stream, thread pool, scratch); before, both threads met in the model's one thread
  * pool and hung. Run under ThreadSanitizer too (scripts/test.sh), where it must be clean. */
 #include <setjmp.h>
@@ -204,10 +205,73 @@ static void test_sessions_and_engine(void **state) {
     loom_model_free(m);
 }
 
+/* Frees a session or an engine (the arg says which) on its own thread. */
+typedef struct holder {
+    loom_session *s;
+    loom_engine *e;
+} holder;
+
+static void *free_thread(void *arg) {
+    holder *h = arg;
+    loom_session_free(h->s);
+    loom_engine_destroy(h->e);
+    return NULL;
+}
+
+/* The application frees the model first (a garbage collector's order): the session and the
+ * engine made from it still work, bitwise as before, and the model goes with the last of them,
+ * freed here on two threads at once (ASan: nothing used after free or leaked; TSan: clean). */
+static void test_model_freed_first(void **state) {
+    (void)state;
+    loom_model *m = load(g_path[1]);
+    loom_model_info info = {.size = sizeof info};
+    assert_int_equal(loom_model_get_info(m, &info), LOOM_OK);
+    const int32_t V = info.n_vocab;
+    sjob before = {.model = m, .salt = 3, .V = V, .logits = malloc(sizeof(float) * 40 * (size_t)V)};
+    assert_non_null(before.logits);
+    session_thread(&before);
+    assert_int_equal(before.st, LOOM_OK);
+    static job ej_before, ej_after;
+    ej_before = (job){.model = m, .salt = 9};
+    job_thread(&ej_before);
+    assert_int_equal(ej_before.st, LOOM_OK);
+
+    loom_session *s = NULL;
+    loom_engine *e = NULL;
+    assert_int_equal(loom_session_create(m, NULL, &s), LOOM_OK);
+    loom_engine_params ep = loom_engine_default_params();
+    ep.kv_bytes = 2 << 20;
+    ep.max_ctx = 96;
+    assert_int_equal(loom_engine_create(m, &ep, &e), LOOM_OK);
+    loom_model_free(m);
+
+    loom_token t[40];
+    for (int i = 0; i < 40; i++) t[i] = (loom_token)(3 + (3 * 7 + i * 13) % (V - 3));
+    assert_int_equal(loom_session_decode(s, t, 30, true), LOOM_OK);
+    assert_memory_equal(loom_session_logits(s, 0), before.logits, sizeof(float) * 30 * (size_t)V);
+    loom_token prompt[24];
+    loom_sampler_params sp;
+    ej_after = (job){.salt = 9};
+    loom_request_params rq = request(&ej_after, 0, prompt, &sp);
+    loom_generation *g = NULL;
+    assert_int_equal(loom_engine_generate(e, &rq, NULL, NULL, &g), LOOM_OK);
+    assert_int_equal(g->n_tokens, N_TOKEN);
+    assert_memory_equal(g->tokens, ej_before.out[0], sizeof ej_before.out[0]);
+    loom_generation_free(g);
+
+    holder hs = {.s = s}, he = {.e = e};
+    pthread_t th[2];
+    assert_int_equal(pthread_create(&th[0], NULL, free_thread, &hs), 0);
+    assert_int_equal(pthread_create(&th[1], NULL, free_thread, &he), 0);
+    for (int k = 0; k < 2; k++) assert_int_equal(pthread_join(th[k], NULL), 0);
+    free(before.logits);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_engines),
         cmocka_unit_test(test_sessions_and_engine),
+        cmocka_unit_test(test_model_freed_first),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -6,10 +6,12 @@ times, the two sides alternated (A B A B) in one process on the same file, threa
 ids, and prints for each side the distribution of tokens/s over the runs: min, quartiles, max,
 and the coefficient of variation. With --hog K, K busy loops (other processes, one each) run the
 whole time, as neighbours on a shared VM do: with two vCPUs and one hog, one of each side's two
-compute threads has to share a CPU.
+compute threads has to share a CPU. --duty F --period P makes each hog busy for F x P seconds
+of every P and asleep for the rest, as a neighbour compiling or testing in bursts is.
 
   .venv/bin/python bench/compare-llamacpp/steadiness.py --models q4_k_m,q8_0 --runs 20
   .venv/bin/python bench/compare-llamacpp/steadiness.py --models q4_k_m --runs 20 --hog 1
+  .venv/bin/python bench/compare-llamacpp/steadiness.py --models q4_k_m --hog 1 --duty 0.3
 
 Uses compare.py's model cache and its two sides (LoomSide, LlamaSide).
 """
@@ -29,9 +31,14 @@ import numpy as np  # noqa: E402
 import compare  # noqa: E402
 
 
-def hog(stop_at):
+def hog(stop_at, duty, period):
+    """Busy for duty x period seconds, asleep for the rest, until stop_at (duty 1: always)."""
     while time.time() < stop_at:
-        pass
+        t0 = time.time()
+        while time.time() - t0 < duty * period:
+            pass
+        if duty < 1:
+            time.sleep((1 - duty) * period)
 
 
 def quantiles(xs):
@@ -47,13 +54,16 @@ def main():
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--hog", type=int, default=0, help="busy loops running beside")
+    ap.add_argument("--duty", type=float, default=1.0,
+                    help="fraction of each --period a hog is busy (a bursty neighbour)")
+    ap.add_argument("--period", type=float, default=0.05, help="a hog's cycle, seconds")
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/loom-bench"))
     ap.add_argument("--md", help="also write the table as markdown to this file")
     a = ap.parse_args()
 
     names = a.models.split(",")
     paths = compare.model_paths(names, a.cache_dir, lambda m: print(m, file=sys.stderr))
-    hogs = [mp.Process(target=hog, args=(time.time() + 24 * 3600,)) for _ in range(a.hog)]
+    hogs = [mp.Process(target=hog, args=(time.time() + 24 * 3600, a.duty, a.period)) for _ in range(a.hog)]
     for h in hogs:
         h.start()
     rows = []
@@ -85,7 +95,8 @@ def main():
             h.terminate()
     load1 = os.getloadavg()
     lines = [f"- {a.runs} runs of decode {a.tg} per side, alternated; {a.threads} threads; "
-             f"{a.hog} busy loop(s) beside; load average at start {load0[0]:.2f}, at end "
+             f"{a.hog} busy loop(s) beside (busy {100 * a.duty:.0f}% of each "
+             f"{1000 * a.period:.0f} ms); load average at start {load0[0]:.2f}, at end "
              f"{load1[0]:.2f}", "",
              "| model | side | min | q1 | median | q3 | max | cv |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]

@@ -4,9 +4,20 @@
  * generation, calls fn for its own ith, and decrements a pending counter; the caller runs
  * ith = 0 itself and then waits for pending to reach zero.
  *
- * Waiting, on both sides, first spins a bounded number of times with a pause instruction (ops
- * in a forward pass come microseconds apart, and a futex wake-up costs more than that), then
- * sleeps on a condition variable so an idle pool costs no CPU. The sleep is made race-free
+ * Waiting, on both sides, has three phases. It spins with a pause instruction for about 50 us
+ * (ops in a forward pass come microseconds apart, and a futex wake-up costs more than that);
+ * then, for up to 10 ms, it yields the CPU between looks (sched_yield), staying runnable
+ * without taking a CPU another task wants; then it sleeps on a condition variable so an idle
+ * pool costs no CPU. Why the middle phase: on a shared machine a neighbour that runs in bursts
+ * deschedules one of the run's threads for milliseconds; the others' 50 us spin then ran out,
+ * they slept, and every later op of the forward paid a wake-up that itself had to wait behind
+ * the neighbour. Spinning longer instead is worse when the machine is oversubscribed: a
+ * spinner burns the slice the thread it waits for needs (with one always-busy neighbour on 2
+ * vCPUs, a 1-3 ms pause spin fell to 3-9 tok/s from 41). Yielding keeps the thread hot and
+ * gives way. bench/results/steadiness.md has the measurements (2 vCPUs, Q4_K_M, processes
+ * alternated): one-sequence decode beside a neighbour busy 30% of each 50 ms went from 109 to
+ * 127 tok/s, beside an always-busy one from 41 to 49, alone unchanged (171, 169). The sleep
+ * is made race-free
  * with a Dekker-style handshake on sequentially consistent atomics: a sleeper announces itself
  * (n_sleeping / caller_sleeping) under the mutex and re-checks the condition before waiting;
  * the waker changes the condition first and then looks for announced sleepers, taking the
@@ -15,8 +26,10 @@
 #include "core/threadpool.h"
 
 #include "core/status.h"
+#include "core/timer.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -31,8 +44,28 @@
 #define LOOM_CPU_PAUSE() ((void)0)
 #endif
 
-/* Pause iterations before sleeping: a few tens of microseconds on current x86 cores. */
-#define LOOM_TP_SPIN_ITERS 4096
+/* The waiting phases (threadpool.h) are measured in time, not in iterations, because a pause
+ * instruction lasts from 10 to 140 cycles across x86 cores. */
+
+/* Call with i = 0, 1, 2, ... between looks at the awaited condition; false when it is time to
+ * sleep. Pauses between looks, and every 64th look reads the clock and, past the spin phase,
+ * yields. */
+static inline bool tp_keep_waiting(int i, int64_t *t0) {
+    if ((i & 63) != 0) {
+        LOOM_CPU_PAUSE();
+        return true;
+    }
+    int64_t now = loom__now_ns();
+    if (i == 0) {
+        *t0 = now;
+        return true;
+    }
+    int64_t waited = now - *t0;
+    if (waited < LOOM__TP_SPIN_NS) return true;
+    if (waited >= LOOM__TP_WAKEFUL_NS) return false;
+    sched_yield();
+    return true;
+}
 
 /* More threads than this is surely a mistake (and would make the spin phase useless). */
 #define LOOM_TP_MAX_THREADS 1024
@@ -70,10 +103,10 @@ struct loom__threadpool {
 
 /* Returns the first generation different from seen. */
 static unsigned tp_wait_for_work(loom__threadpool *tp, unsigned seen) {
-    for (int i = 0; i < LOOM_TP_SPIN_ITERS; i++) {
+    int64_t t0 = 0;
+    for (int i = 0; tp_keep_waiting(i, &t0); i++) {
         unsigned g = atomic_load_explicit(&tp->generation, memory_order_acquire);
         if (g != seen) return g;
-        LOOM_CPU_PAUSE();
     }
     pthread_mutex_lock(&tp->mutex);
     atomic_fetch_add(&tp->n_sleeping, 1); /* seq_cst: pairs with the caller's bump + check */
@@ -123,10 +156,9 @@ static void tp_publish(loom__threadpool *tp) {
 }
 
 static void tp_wait_done(loom__threadpool *tp) {
-    for (int i = 0; i < LOOM_TP_SPIN_ITERS; i++) {
+    int64_t t0 = 0;
+    for (int i = 0; tp_keep_waiting(i, &t0); i++)
         if (atomic_load_explicit(&tp->pending, memory_order_acquire) == 0) return;
-        LOOM_CPU_PAUSE();
-    }
     pthread_mutex_lock(&tp->mutex);
     atomic_store(&tp->caller_sleeping, true);
     while (atomic_load(&tp->pending) != 0) pthread_cond_wait(&tp->done_cond, &tp->mutex);

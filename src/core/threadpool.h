@@ -1,13 +1,19 @@
 /* threadpool.h — persistent workers for per-token compute.
  *
  * loom__threadpool_run(tp, fn, arg) calls fn(arg, ith, nth) once for every ith in 0..nth-1
- * (the caller runs ith = 0) and returns when all calls have returned. Workers wait between
- * runs by spinning briefly, then sleeping on a condition variable, so back-to-back small ops
- * cost little and an idle pool costs no CPU. One run at a time: the pool is driven by one
- * thread (the engine's step thread). */
+ * (the caller runs ith = 0) and returns when all calls have returned. Workers (and the
+ * caller, for the workers) wait by spinning briefly, then yielding the CPU between looks, then
+ * sleeping on a condition variable (threadpool.c says why), so back-to-back small ops cost
+ * little and an idle pool costs no CPU once LOOM__TP_WAKEFUL_NS have passed. One run at a
+ * time: the pool is driven by one thread (the engine's step thread). */
 #pragma once
 
 #include "loom.h"
+
+/* The waiting phases: a pause spin of LOOM__TP_SPIN_NS, then yields until LOOM__TP_WAKEFUL_NS
+ * have passed since the wait began, then the sleep. */
+#define LOOM__TP_SPIN_NS    (50 * 1000)
+#define LOOM__TP_WAKEFUL_NS (LOOM__TP_SPIN_NS + 10 * 1000 * 1000)
 
 typedef struct loom__threadpool loom__threadpool;
 

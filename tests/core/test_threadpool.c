@@ -109,7 +109,7 @@ static void test_sleep_wake(void **state) {
     assert_int_equal(loom__threadpool_create(3, &tp), LOOM_OK);
     count_arg a;
     for (int r = 0; r < 20; r++) {
-        struct timespec ts = {0, 2 * 1000 * 1000}; /* 2 ms */
+        struct timespec ts = {0, LOOM__TP_WAKEFUL_NS + 2 * 1000 * 1000};
         nanosleep(&ts, NULL);
         memset(&a, 0, sizeof a);
         a.expect_nth = 3;
@@ -119,11 +119,12 @@ static void test_sleep_wake(void **state) {
     loom__threadpool_destroy(tp);
 }
 
-/* A slow task on one worker makes the caller wait past its spin phase (the done condvar). */
+/* A slow task on one worker makes the caller wait past its spin and yield phases (the done
+ * condvar). */
 static void slow_task(void *p, int ith, int nth) {
     count_task(p, ith, nth);
     if (ith == nth - 1) {
-        struct timespec ts = {0, 3 * 1000 * 1000};
+        struct timespec ts = {0, LOOM__TP_WAKEFUL_NS + 2 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
 }

@@ -16,8 +16,10 @@
  * vCPUs, a 1-3 ms pause spin fell to 3-9 tok/s from 41). Yielding keeps the thread hot and
  * gives way. bench/results/steadiness.md has the measurements (2 vCPUs, Q4_K_M, processes
  * alternated): one-sequence decode beside a neighbour busy 30% of each 50 ms went from 109 to
- * 127 tok/s, beside an always-busy one from 41 to 49, alone unchanged (171, 169). The sleep
- * is made race-free
+ * 127 tok/s, beside an always-busy one from 41 to 49, alone unchanged (171, 169). A pool run
+ * once in a while (the engine's sampling pool) skips the yield phase (its wakeful time is the
+ * spin's), so its idle threads leave the CPUs to the compute threads. The sleep is made
+ * race-free
  * with a Dekker-style handshake on sequentially consistent atomics: a sleeper announces itself
  * (n_sleeping / caller_sleeping) under the mutex and re-checks the condition before waiting;
  * the waker changes the condition first and then looks for announced sleepers, taking the
@@ -44,13 +46,11 @@
 #define LOOM_CPU_PAUSE() ((void)0)
 #endif
 
-/* The waiting phases (threadpool.h) are measured in time, not in iterations, because a pause
- * instruction lasts from 10 to 140 cycles across x86 cores. */
-
 /* Call with i = 0, 1, 2, ... between looks at the awaited condition; false when it is time to
- * sleep. Pauses between looks, and every 64th look reads the clock and, past the spin phase,
- * yields. */
-static inline bool tp_keep_waiting(int i, int64_t *t0) {
+ * sleep (once wakeful_ns have passed). Pauses between looks; every 64th look reads the clock
+ * and, past the spin phase, yields. The phases (threadpool.h) are timed, not counted, because
+ * a pause instruction lasts from 10 to 140 cycles across x86 cores. */
+static inline bool tp_keep_waiting(int64_t wakeful_ns, int i, int64_t *t0) {
     if ((i & 63) != 0) {
         LOOM_CPU_PAUSE();
         return true;
@@ -62,7 +62,7 @@ static inline bool tp_keep_waiting(int i, int64_t *t0) {
     }
     int64_t waited = now - *t0;
     if (waited < LOOM__TP_SPIN_NS) return true;
-    if (waited >= LOOM__TP_WAKEFUL_NS) return false;
+    if (waited >= wakeful_ns) return false;
     sched_yield();
     return true;
 }
@@ -78,6 +78,7 @@ typedef struct loom__tp_worker {
 
 struct loom__threadpool {
     int n_threads;            /* including the caller */
+    int64_t wakeful_ns;       /* a waiter's spin + yield time (threadpool.h); set before start */
     loom__tp_worker *workers; /* [n_threads - 1]: worker k runs ith = k + 1 */
     int n_started;            /* workers whose thread exists (for cleanup after a failed start) */
 
@@ -104,7 +105,7 @@ struct loom__threadpool {
 /* Returns the first generation different from seen. */
 static unsigned tp_wait_for_work(loom__threadpool *tp, unsigned seen) {
     int64_t t0 = 0;
-    for (int i = 0; tp_keep_waiting(i, &t0); i++) {
+    for (int i = 0; tp_keep_waiting(tp->wakeful_ns, i, &t0); i++) {
         unsigned g = atomic_load_explicit(&tp->generation, memory_order_acquire);
         if (g != seen) return g;
     }
@@ -157,7 +158,7 @@ static void tp_publish(loom__threadpool *tp) {
 
 static void tp_wait_done(loom__threadpool *tp) {
     int64_t t0 = 0;
-    for (int i = 0; tp_keep_waiting(i, &t0); i++)
+    for (int i = 0; tp_keep_waiting(tp->wakeful_ns, i, &t0); i++)
         if (atomic_load_explicit(&tp->pending, memory_order_acquire) == 0) return;
     pthread_mutex_lock(&tp->mutex);
     atomic_store(&tp->caller_sleeping, true);
@@ -203,14 +204,18 @@ static void tp_shutdown(loom__threadpool *tp) {
     tp->n_started = 0;
 }
 
-loom_status loom__threadpool_create(int n_threads, loom__threadpool **out) {
+loom_status loom__threadpool_create(int n_threads, int64_t wakeful_ns, loom__threadpool **out) {
     LOOM_CHECK_ARG(out != NULL);
     LOOM_RETURN_IF(n_threads < 1 || n_threads > LOOM_TP_MAX_THREADS, LOOM_ERR_INVALID_ARG,
                    "threadpool: n_threads %d outside [1, %d]", n_threads, LOOM_TP_MAX_THREADS);
+    LOOM_RETURN_IF(wakeful_ns < LOOM__TP_SPIN_NS || wakeful_ns > 1000000000, LOOM_ERR_INVALID_ARG,
+                   "threadpool: wakeful time %lld ns outside [%d, 1e9]", (long long)wakeful_ns,
+                   LOOM__TP_SPIN_NS);
 
     loom__threadpool *tp = calloc(1, sizeof *tp);
     LOOM_RETURN_IF(tp == NULL, LOOM_ERR_OUT_OF_MEMORY, "threadpool: out of memory");
     tp->n_threads = n_threads;
+    tp->wakeful_ns = wakeful_ns;
     atomic_init(&tp->generation, 0);
     atomic_init(&tp->pending, 0);
     atomic_init(&tp->stop, false);

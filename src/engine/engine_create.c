@@ -94,7 +94,8 @@ static loom_status alloc_step_arrays(loom_engine *e) {
         LOOM_TRY(loom__sample_chain_workspace_init(e->sample_mem[k], sz, e->model->cfg.n_vocab,
                                                    &e->sample_ws[k]));
     }
-    if (e->n_samplers > 1) LOOM_TRY(loom__threadpool_create(e->n_samplers, &e->sample_tp));
+    if (e->n_samplers > 1)
+        LOOM_TRY(loom__threadpool_create(e->n_samplers, LOOM__TP_SPIN_NS, &e->sample_tp));
     return LOOM_OK;
 }
 

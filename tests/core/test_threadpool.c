@@ -36,7 +36,7 @@ static void count_task(void *p, int ith, int nth) {
 
 static void check_runs(int n_threads, int n_runs) {
     loom__threadpool *tp = NULL;
-    assert_int_equal(loom__threadpool_create(n_threads, &tp), LOOM_OK);
+    assert_int_equal(loom__threadpool_create(n_threads, LOOM__TP_WAKEFUL_NS, &tp), LOOM_OK);
     assert_non_null(tp);
     assert_int_equal(loom__threadpool_size(tp), n_threads);
     count_arg a;
@@ -87,7 +87,7 @@ static void test_results(void **state) {
     }
     for (int n = 1; n <= 4; n++) {
         loom__threadpool *tp = NULL;
-        assert_int_equal(loom__threadpool_create(n, &tp), LOOM_OK);
+        assert_int_equal(loom__threadpool_create(n, LOOM__TP_WAKEFUL_NS, &tp), LOOM_OK);
         for (int r = 0; r < 2000; r++) {
             sum_arg a = {.v = v, .n = N - (r % 50)};
             int64_t want = expect;
@@ -105,18 +105,22 @@ static void test_results(void **state) {
  * wake-up path (not only the spin path) is exercised. */
 static void test_sleep_wake(void **state) {
     (void)state;
-    loom__threadpool *tp = NULL;
-    assert_int_equal(loom__threadpool_create(3, &tp), LOOM_OK);
-    count_arg a;
-    for (int r = 0; r < 20; r++) {
-        struct timespec ts = {0, LOOM__TP_WAKEFUL_NS + 2 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-        memset(&a, 0, sizeof a);
-        a.expect_nth = 3;
-        loom__threadpool_run(tp, count_task, &a);
-        for (int i = 0; i < 3; i++) assert_int_equal(atomic_load(&a.calls[i]), 1);
+    /* A compute pool (awake for 10 ms) and a pool that sleeps after its spin (sampling). */
+    const int64_t wakeful[2] = {LOOM__TP_WAKEFUL_NS, LOOM__TP_SPIN_NS};
+    for (int w = 0; w < 2; w++) {
+        loom__threadpool *tp = NULL;
+        assert_int_equal(loom__threadpool_create(3, wakeful[w], &tp), LOOM_OK);
+        count_arg a;
+        for (int r = 0; r < 20; r++) {
+            struct timespec ts = {0, (long)wakeful[w] + 2 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            memset(&a, 0, sizeof a);
+            a.expect_nth = 3;
+            loom__threadpool_run(tp, count_task, &a);
+            for (int i = 0; i < 3; i++) assert_int_equal(atomic_load(&a.calls[i]), 1);
+        }
+        loom__threadpool_destroy(tp);
     }
-    loom__threadpool_destroy(tp);
 }
 
 /* A slow task on one worker makes the caller wait past its spin and yield phases (the done
@@ -132,7 +136,7 @@ static void slow_task(void *p, int ith, int nth) {
 static void test_caller_waits(void **state) {
     (void)state;
     loom__threadpool *tp = NULL;
-    assert_int_equal(loom__threadpool_create(2, &tp), LOOM_OK);
+    assert_int_equal(loom__threadpool_create(2, LOOM__TP_WAKEFUL_NS, &tp), LOOM_OK);
     count_arg a;
     for (int r = 0; r < 10; r++) {
         memset(&a, 0, sizeof a);
@@ -151,13 +155,18 @@ static void test_caller_waits(void **state) {
 static void test_bad_args(void **state) {
     (void)state;
     loom__threadpool *tp = NULL;
-    assert_int_equal(loom__threadpool_create(0, &tp), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__threadpool_create(0, LOOM__TP_WAKEFUL_NS, &tp), LOOM_ERR_INVALID_ARG);
     assert_null(tp);
-    assert_int_equal(loom__threadpool_create(-3, &tp), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__threadpool_create(-3, LOOM__TP_WAKEFUL_NS, &tp), LOOM_ERR_INVALID_ARG);
     assert_null(tp);
-    assert_int_equal(loom__threadpool_create(1 << 20, &tp), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__threadpool_create(1 << 20, LOOM__TP_WAKEFUL_NS, &tp),
+                     LOOM_ERR_INVALID_ARG);
     assert_null(tp);
-    assert_int_equal(loom__threadpool_create(2, NULL), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__threadpool_create(2, LOOM__TP_WAKEFUL_NS, NULL), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__threadpool_create(2, LOOM__TP_SPIN_NS - 1, &tp), LOOM_ERR_INVALID_ARG);
+    assert_null(tp);
+    assert_int_equal(loom__threadpool_create(2, 2000000000, &tp), LOOM_ERR_INVALID_ARG);
+    assert_null(tp);
     assert_true(strlen(loom_last_error()) > 0);
     loom__threadpool_destroy(NULL);
     assert_int_equal(loom__threadpool_size(NULL), 0);
@@ -167,7 +176,7 @@ static void test_create_destroy_many(void **state) {
     (void)state;
     for (int r = 0; r < 200; r++) {
         loom__threadpool *tp = NULL;
-        assert_int_equal(loom__threadpool_create(1 + r % 4, &tp), LOOM_OK);
+        assert_int_equal(loom__threadpool_create(1 + r % 4, LOOM__TP_WAKEFUL_NS, &tp), LOOM_OK);
         if (r % 2 == 0) { /* half the pools never run anything */
             count_arg a;
             memset(&a, 0, sizeof a);

@@ -74,7 +74,7 @@ static void test_steal_order(void **state) {
     (void)state;
     loom__threadpool *tp = NULL;
     loom__workshare *ws = NULL;
-    assert_int_equal(loom__threadpool_create(2, &tp), LOOM_OK);
+    assert_int_equal(loom__threadpool_create(2, LOOM__TP_WAKEFUL_NS, &tp), LOOM_OK);
     assert_int_equal(loom__workshare_create(2, &ws), LOOM_OK);
     order_arg a;
     memset(&a, 0, sizeof a);
@@ -122,7 +122,7 @@ static void count_task(void *p, int ith, int nth) {
 static void check_counts(int n_threads, int64_t n, int slow) {
     loom__threadpool *tp = NULL;
     loom__workshare *ws = NULL;
-    assert_int_equal(loom__threadpool_create(n_threads, &tp), LOOM_OK);
+    assert_int_equal(loom__threadpool_create(n_threads, LOOM__TP_WAKEFUL_NS, &tp), LOOM_OK);
     assert_int_equal(loom__workshare_create(n_threads, &ws), LOOM_OK);
     count_arg *a = calloc(1, sizeof *a);
     assert_non_null(a);
@@ -155,7 +155,7 @@ static void test_reuse(void **state) {
     (void)state;
     loom__threadpool *tp = NULL;
     loom__workshare *ws = NULL;
-    assert_int_equal(loom__threadpool_create(3, &tp), LOOM_OK);
+    assert_int_equal(loom__threadpool_create(3, LOOM__TP_WAKEFUL_NS, &tp), LOOM_OK);
     assert_int_equal(loom__workshare_create(3, &ws), LOOM_OK);
     count_arg *a = calloc(1, sizeof *a);
     assert_non_null(a);

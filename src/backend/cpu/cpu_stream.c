@@ -170,7 +170,7 @@ loom_status loom__cpu_stream_create(void *dev, const loom_step_shape *shape, voi
     c->n_threads = d->n_threads;
     c->f32_activations = d->f32_activations;
     loom_status st;
-    LOOM_TRY_GOTO(st, loom__threadpool_create(c->n_threads, &c->tp), fail);
+    LOOM_TRY_GOTO(st, loom__threadpool_create(c->n_threads, LOOM__TP_WAKEFUL_NS, &c->tp), fail);
     LOOM_TRY_GOTO(st, loom__workshare_create(c->n_threads, &c->share), fail);
     if (d->numa.mode != LOOM_NUMA_OFF) loom__threadpool_run(c->tp, pin_worker, c);
     LOOM_TRY_GOTO(st, loom__cpu_reserve_scratch(c, w.scratch_floats), fail);

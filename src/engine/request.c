@@ -192,6 +192,7 @@ void loom__req_free(loom__req *r) {
         for (int32_t i = 0; i < r->n_samples; i++) {
             free(r->samples[i].tokens);
             free(r->samples[i].top);
+            free(r->samples[i].swap_slots);
         }
     }
     free(r->samples);

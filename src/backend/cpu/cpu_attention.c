@@ -371,9 +371,9 @@ static loom_status attn_check_params(const loom_attn_params *p, const loom_kv_de
 loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_desc *kv,
                                 const loom_attn_params *p, loom_tensor *out) {
     loom__cpu_ctx *c = ctx;
-    LOOM_TRY(loom__cpu_check_f32("attention", "q", q));
-    LOOM_TRY(loom__cpu_check_f32("attention", "out", out));
-    LOOM_TRY(loom__cpu_check_same_shape("attention", "q", q, "out", out));
+    LOOM_TRY(loom__check_f32("attention", "q", q));
+    LOOM_TRY(loom__check_f32("attention", "out", out));
+    LOOM_TRY(loom__check_same_shape("attention", "q", q, "out", out));
     LOOM_RETURN_IF(p == NULL, LOOM_ERR_INVALID_ARG, "attention: params are NULL");
     int32_t pool_layer;
     LOOM_TRY(loom__cpu_check_kv_use("attention", kv, p->layer, true, &pool_layer));
@@ -385,7 +385,7 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
     LOOM_RETURN_IF(q->ne[1] != n_rows, LOOM_ERR_INVALID_ARG,
                    "attention: q has %lld rows but the descriptor has %lld new rows",
                    (long long)q->ne[1], (long long)n_rows);
-    LOOM_RETURN_IF(loom__cpu_tensors_overlap(q, out), LOOM_ERR_INVALID_ARG,
+    LOOM_RETURN_IF(loom__tensors_overlap(q, out), LOOM_ERR_INVALID_ARG,
                    "attention: out overlaps q (no in-place attention)");
     if (n_rows == 0) return LOOM_OK;
 

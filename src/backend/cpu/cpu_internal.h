@@ -11,6 +11,7 @@
 #include "core/numa.h"
 #include "core/threadpool.h"
 #include "core/workshare.h"
+#include "tensor/tensor_check.h"
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -136,22 +137,6 @@ const loom_backend_ops *loom__cpu_backend_ops(void);
 /* ------------------------------------------------------------------------------------------ */
 /* Argument checks (cpu_check.c). Each names the op and the argument in its message.          */
 /* ------------------------------------------------------------------------------------------ */
-
-/* t is non-NULL, of F32 type, ne[0] >= 1, ne[1] >= 0, rows float-aligned and not overlapping
- * (row_stride >= ne[0] * 4), data non-NULL when there is any row. */
-loom_status loom__cpu_check_f32(const char *op, const char *name, const loom_tensor *t);
-
-/* A table whose rows are of a dequantizable type: ne[0] a whole number of blocks, rows at
- * least one encoded row apart. */
-loom_status loom__cpu_check_weight(const char *op, const char *name, const loom_tensor *t);
-
-/* a and b have the same ne[0] and ne[1]. */
-loom_status loom__cpu_check_same_shape(const char *op, const char *name_a, const loom_tensor *a,
-                                       const char *name_b, const loom_tensor *b);
-
-/* The byte ranges the two tensors span intersect (used to reject in-place use where an op
- * reads inputs after writing outputs). */
-bool loom__cpu_tensors_overlap(const loom_tensor *a, const loom_tensor *b);
 
 /* The descriptor is one the CPU stores and reads (F16 or F32 values, NHD, no scales) and
  * `layer` is one of its layers; *pool_layer = the layer whose pools the op uses (layer itself

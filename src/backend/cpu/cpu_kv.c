@@ -51,9 +51,9 @@ static void kvs_worker(void *arg, int ith, int nth) {
 loom_status loom__cpu_kv_store(void *ctx, const loom_tensor *k, const loom_tensor *v,
                                const loom_kv_desc *kv, int32_t layer) {
     loom__cpu_ctx *c = ctx;
-    LOOM_TRY(loom__cpu_check_f32("kv_store", "k", k));
-    LOOM_TRY(loom__cpu_check_f32("kv_store", "v", v));
-    LOOM_TRY(loom__cpu_check_same_shape("kv_store", "k", k, "v", v));
+    LOOM_TRY(loom__check_f32("kv_store", "k", k));
+    LOOM_TRY(loom__check_f32("kv_store", "v", v));
+    LOOM_TRY(loom__check_same_shape("kv_store", "k", k, "v", v));
     int32_t pool_layer;
     LOOM_TRY(loom__cpu_check_kv_use("kv_store", kv, layer, false, &pool_layer));
     const int64_t n_rows = kv->q_start[kv->n_seqs];

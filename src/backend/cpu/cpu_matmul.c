@@ -461,9 +461,9 @@ static loom_status mm_run_quant(loom__cpu_ctx *c, mm_set *set, const loom_tensor
 
 /* The checks every matmul's arguments pass. */
 static loom_status mm_check(const loom_tensor *w, const loom_tensor *x, const loom_tensor *out) {
-    LOOM_TRY(loom__cpu_check_weight("matmul", "w", w));
-    LOOM_TRY(loom__cpu_check_f32("matmul", "x", x));
-    LOOM_TRY(loom__cpu_check_f32("matmul", "out", out));
+    LOOM_TRY(loom__check_weight("cpu", "matmul", "w", w));
+    LOOM_TRY(loom__check_f32("matmul", "x", x));
+    LOOM_TRY(loom__check_f32("matmul", "out", out));
     LOOM_RETURN_IF(w->ne[1] < 1, LOOM_ERR_INVALID_ARG, "matmul: w has no rows");
     LOOM_RETURN_IF(x->ne[0] != w->ne[0], LOOM_ERR_INVALID_ARG,
                    "matmul: x has %lld columns but w rows have %lld (K must match)",
@@ -472,7 +472,7 @@ static loom_status mm_check(const loom_tensor *w, const loom_tensor *x, const lo
                    "matmul: out is [%lld, %lld] but must be [T=%lld, N=%lld]",
                    (long long)out->ne[1], (long long)out->ne[0], (long long)x->ne[1],
                    (long long)w->ne[1]);
-    LOOM_RETURN_IF(loom__cpu_tensors_overlap(out, x) || loom__cpu_tensors_overlap(out, w),
+    LOOM_RETURN_IF(loom__tensors_overlap(out, x) || loom__tensors_overlap(out, w),
                    LOOM_ERR_INVALID_ARG, "matmul: out overlaps an input (no in-place matmul)");
     return LOOM_OK;
 }
@@ -507,10 +507,10 @@ loom_status loom__cpu_matmul_multi(void *ctx, int n, const loom_tensor *const *w
                        "matmul_multi: weight or output %d is NULL", j);
         LOOM_TRY(mm_check(ws[j], x, outs[j]));
         for (int i = 0; i < n; i++)
-            LOOM_RETURN_IF(i != j && loom__cpu_tensors_overlap(outs[j], ws[i]),
-                           LOOM_ERR_INVALID_ARG, "matmul_multi: out %d overlaps weight %d", j, i);
+            LOOM_RETURN_IF(i != j && loom__tensors_overlap(outs[j], ws[i]), LOOM_ERR_INVALID_ARG,
+                           "matmul_multi: out %d overlaps weight %d", j, i);
         for (int i = 0; i < j; i++)
-            LOOM_RETURN_IF(loom__cpu_tensors_overlap(outs[j], outs[i]), LOOM_ERR_INVALID_ARG,
+            LOOM_RETURN_IF(loom__tensors_overlap(outs[j], outs[i]), LOOM_ERR_INVALID_ARG,
                            "matmul_multi: outs %d and %d overlap", i, j);
         same_type = same_type && ws[j]->type == ws[0]->type;
     }

@@ -272,7 +272,7 @@ static loom_status rope_check_params(const loom_tensor *x, const loom_rope_param
 loom_status loom__cpu_rope(void *ctx, loom_tensor *x, const loom_tensor *pos,
                            const loom_rope_params *p) {
     loom__cpu_ctx *c = ctx;
-    LOOM_TRY(loom__cpu_check_f32("rope", "x", x));
+    LOOM_TRY(loom__check_f32("rope", "x", x));
     LOOM_TRY(rope_check_params(x, p));
     LOOM_RETURN_IF(pos == NULL, LOOM_ERR_INVALID_ARG, "rope: pos is NULL");
     LOOM_RETURN_IF(pos->type != LOOM_TYPE_I32, LOOM_ERR_UNSUPPORTED,

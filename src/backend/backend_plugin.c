@@ -102,7 +102,11 @@ loom_status loom__backend_plugin_load(const char *name, const loom_backend_ops *
                           env ? "is \"" : "is not set", env ? env : "", env ? "\"" : "");
     }
     dlerror();
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    /* RTLD_NODELETE: a plugin stays mapped after its last dlclose. A device runtime linked into
+     * it (the CUDA runtime in libloom-cuda.so) registers exit handlers and thread-local
+     * destructors that run at process exit, and would jump into unmapped code if the library
+     * were gone (seen under ThreadSanitizer after AUTO passed over the cuda plugin). */
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (h == NULL) {
         const char *why = dlerror();
         return loom__fail(LOOM_ERR_NO_DEVICE, "backend %s: cannot load %s: %s", name, path,

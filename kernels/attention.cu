@@ -1,0 +1,244 @@
+/* attention.cu — attention over the paged KV cache, split-KV (flash-decoding): every query row
+ * attends to positions max(0, p - window + 1) .. p of its sequence, cut into splits whose
+ * number and bounds depend only on that length (ceil(len / 256) splits, at most 16), so a
+ * row's result never depends on what else is in the batch. One block per (split, KV head,
+ * row) handles the query heads of one GQA group together, so each K/V position is read once
+ * for all of them; four warps take every fourth position and keep an online softmax (float32
+ * maximum, sum and accumulator) per head; the warps' states meet in shared memory, and a merge
+ * kernel combines the splits in order.
+ *
+ * This kernel serves prefill rows too (each row reading its own range); the tiled tensor-core
+ * prefill kernel is the next step (see the CUDA issue's note). */
+#include "common.cuh"
+
+#include <math.h>
+
+#define ATTN_WARPS 4
+
+typedef struct attn_args {
+    loom__k_kv kv;
+    loom__k_attn p;
+    int32_t row0; /* first row of this launch */
+} attn_args;
+
+/* A row's splits: its attended range [lo, pos] and how it is cut. */
+static __device__ __forceinline__ void row_range(const loom__k_kv &kv, int r, int *lo, int *pos,
+                                                 int *n_splits, int *chunk) {
+    const int s = kv.row_seq[r];
+    *pos = kv.pos_start[s] + (r - kv.q_start[s]);
+    *lo = kv.window > 0 && *pos - kv.window + 1 > 0 ? *pos - kv.window + 1 : 0;
+    const int len = *pos - *lo + 1;
+    int ns = (len + LOOM_K_ATTN_SPLIT_MIN - 1) / LOOM_K_ATTN_SPLIT_MIN;
+    if (ns > LOOM_K_ATTN_MAX_SPLITS) ns = LOOM_K_ATTN_MAX_SPLITS;
+    *n_splits = ns;
+    *chunk = (len + ns - 1) / ns;
+}
+
+template <int KV> static __device__ __forceinline__ float load_kv(const char *base, int e) {
+    if (KV == LOOM_K_F32) return ((const float *)base)[e];
+    if (KV == LOOM_K_F16) return __half2float(((const __half *)base)[e]);
+    return __bfloat162float(((const __nv_bfloat16 *)base)[e]);
+}
+
+/* Workspace: partial outputs [rows][n_head][splits][head_dim], then (max, sum) pairs
+ * [rows][n_head][splits][2]. */
+static __device__ __forceinline__ float *part_out(const attn_args &a, int rr, int h, int sp) {
+    return a.p.work + (((size_t)rr * a.p.n_head + h) * LOOM_K_ATTN_MAX_SPLITS + sp) * a.kv.head_dim;
+}
+static __device__ __forceinline__ float *part_ml(const attn_args &a, int rr, int h, int sp) {
+    return a.p.work +
+           (size_t)LOOM_K_ATTN_ROWS * a.p.n_head * LOOM_K_ATTN_MAX_SPLITS * a.kv.head_dim +
+           (((size_t)rr * a.p.n_head + h) * LOOM_K_ATTN_MAX_SPLITS + sp) * 2;
+}
+
+/* HDC: head elements per lane (head_dim <= 32 * HDC); MAXG: most query heads per KV head. */
+template <int KV, int HDC, int MAXG>
+static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn_args a) {
+    const loom__k_kv &kv = a.kv;
+    const int split = blockIdx.x, kvh = blockIdx.y, rr = blockIdx.z, r = a.row0 + rr;
+    int lo, pos, ns, chunk;
+    row_range(kv, r, &lo, &pos, &ns, &chunk);
+    if (split >= ns) return;
+    const int a0 = lo + split * chunk;
+    const int a1 = a0 + chunk < pos + 1 ? a0 + chunk : pos + 1;
+    const int hd = kv.head_dim, G = a.p.n_head / kv.n_kv_heads;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    extern __shared__ float sm[];
+    float *q_s = sm;                        /* [G][hd] */
+    float *comb = q_s + G * hd;             /* [ATTN_WARPS][G][hd] */
+    float *ml = comb + ATTN_WARPS * G * hd; /* [ATTN_WARPS][G][2] */
+    const float *qrow = (const float *)((const char *)a.p.q + (size_t)r * a.p.q_stride);
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q_s[i] = qrow[kvh * G * hd + i];
+    __syncthreads();
+
+    float m[MAXG], l[MAXG], acc[MAXG][HDC];
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < HDC; i++) acc[g][i] = 0.0f;
+    }
+    const int32_t *table = kv.block_ids + kv.indptr[kv.row_seq[r]];
+    const size_t elt = KV == LOOM_K_F32 ? 4 : 2;
+    for (int t = a0 + warp; t < a1; t += ATTN_WARPS) {
+        const size_t at = (size_t)table[t / kv.block_size] * kv.block_stride +
+                          (size_t)(t % kv.block_size) * kv.token_stride + (size_t)kvh * hd * elt;
+        const char *kp = (const char *)a.p.k_pool + at, *vp = (const char *)a.p.v_pool + at;
+        float kf[HDC], vf[HDC];
+#pragma unroll
+        for (int i = 0; i < HDC; i++) {
+            const int e = lane + 32 * i;
+            kf[i] = e < hd ? load_kv<KV>(kp, e) : 0.0f;
+            vf[i] = e < hd ? load_kv<KV>(vp, e) : 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < MAXG; g++) {
+            if (g < G) {
+                float d = 0.0f;
+#pragma unroll
+                for (int i = 0; i < HDC; i++) {
+                    const int e = lane + 32 * i;
+                    if (e < hd) d = fmaf(q_s[g * hd + e], kf[i], d);
+                }
+                float sc = loom_warp_sum(d) * a.p.scale;
+                if (a.p.softcap > 0.0f) sc = a.p.softcap * tanhf(sc / a.p.softcap);
+                const float mn = fmaxf(m[g], sc);
+                const float co = expf(m[g] - mn), cn = expf(sc - mn);
+                l[g] = l[g] * co + cn;
+#pragma unroll
+                for (int i = 0; i < HDC; i++) acc[g][i] = acc[g][i] * co + cn * vf[i];
+                m[g] = mn;
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+        if (g < G) {
+#pragma unroll
+            for (int i = 0; i < HDC; i++) {
+                const int e = lane + 32 * i;
+                if (e < hd) comb[(warp * G + g) * hd + e] = acc[g][i];
+            }
+            if (lane == 0) {
+                ml[(warp * G + g) * 2] = m[g];
+                ml[(warp * G + g) * 2 + 1] = l[g];
+            }
+        }
+    }
+    __syncthreads();
+    /* The warps' states, in warp order; a warp that saw no position has m = -inf. */
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
+        const int g = i / hd, e = i % hd;
+        float M = -INFINITY;
+        for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, ml[(w * G + g) * 2]);
+        float A = 0.0f, L = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            const float mw = ml[(w * G + g) * 2];
+            if (mw == -INFINITY) continue;
+            const float f = expf(mw - M);
+            A += comb[(w * G + g) * hd + e] * f;
+            L += ml[(w * G + g) * 2 + 1] * f;
+        }
+        const int h = kvh * G + g;
+        part_out(a, rr, h, split)[e] = A;
+        if (e == 0) {
+            part_ml(a, rr, h, split)[0] = M;
+            part_ml(a, rr, h, split)[1] = L;
+        }
+    }
+}
+
+/* One block per (row, query head): the row's splits in order. */
+static __global__ void attn_merge_kernel(attn_args a) {
+    const int rr = blockIdx.x, h = blockIdx.y, r = a.row0 + rr;
+    int lo, pos, ns, chunk;
+    row_range(a.kv, r, &lo, &pos, &ns, &chunk);
+    const int hd = a.kv.head_dim;
+    float M = -INFINITY;
+    for (int sp = 0; sp < ns; sp++) M = fmaxf(M, part_ml(a, rr, h, sp)[0]);
+    float L = 0.0f;
+    for (int sp = 0; sp < ns; sp++) {
+        const float ms = part_ml(a, rr, h, sp)[0];
+        if (ms != -INFINITY) L += part_ml(a, rr, h, sp)[1] * expf(ms - M);
+    }
+    float *o = (float *)((char *)a.p.out + (size_t)r * a.p.out_stride) + (size_t)h * hd;
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        float A = 0.0f;
+        for (int sp = 0; sp < ns; sp++) {
+            const float ms = part_ml(a, rr, h, sp)[0];
+            if (ms != -INFINITY) A += part_out(a, rr, h, sp)[e] * expf(ms - M);
+        }
+        o[e] = A / L;
+    }
+}
+
+/* Head elements per lane, and the most query heads per KV head, for a head size. */
+static int attn_hdc(int32_t head_dim) {
+    return head_dim <= 64 ? 2 : head_dim <= 128 ? 4 : head_dim <= 256 ? 8 : 0;
+}
+static int attn_maxg(int hdc) {
+    return hdc == 8 ? 8 : 16;
+}
+
+extern "C" size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim) {
+    return (size_t)LOOM_K_ATTN_ROWS * (size_t)n_head * LOOM_K_ATTN_MAX_SPLITS *
+           ((size_t)head_dim + 2) * sizeof(float);
+}
+
+extern "C" int loom__cuda_attention_shape_ok(int32_t n_head, int32_t n_kv_heads, int32_t head_dim) {
+    if (n_head < 1 || n_kv_heads < 1 || n_head % n_kv_heads != 0 || head_dim < 1) return 0;
+    const int hdc = attn_hdc(head_dim);
+    return hdc != 0 && n_head / n_kv_heads <= attn_maxg(hdc) && n_kv_heads <= 65535;
+}
+
+template <int KV, int HDC, int MAXG>
+static loom_status attn_run(cudaStream_t stream, const loom__k_kv *kv, const loom__k_attn *p) {
+    const int G = p->n_head / kv->n_kv_heads;
+    const size_t smem =
+        ((size_t)G * kv->head_dim * (1 + ATTN_WARPS) + ATTN_WARPS * G * 2) * sizeof(float);
+    for (int32_t row0 = 0; row0 < kv->n_rows; row0 += LOOM_K_ATTN_ROWS) {
+        const int rows =
+            kv->n_rows - row0 < LOOM_K_ATTN_ROWS ? kv->n_rows - row0 : LOOM_K_ATTN_ROWS;
+        attn_args a = {*kv, *p, row0};
+        dim3 grid(LOOM_K_ATTN_MAX_SPLITS, (unsigned)kv->n_kv_heads, (unsigned)rows);
+        attn_split_kernel<KV, HDC, MAXG><<<grid, ATTN_WARPS * 32, smem, stream>>>(a);
+        LOOM_K_LAUNCHED("attention (splits)");
+        attn_merge_kernel<<<dim3((unsigned)rows, (unsigned)p->n_head), 128, 0, stream>>>(a);
+        LOOM_K_LAUNCHED("attention (merge)");
+    }
+    return LOOM_OK;
+}
+
+template <int KV>
+static loom_status attn_by_hd(cudaStream_t stream, const loom__k_kv *kv, const loom__k_attn *p) {
+    switch (attn_hdc(kv->head_dim)) {
+    case 2:
+        return attn_run<KV, 2, 16>(stream, kv, p);
+    case 4:
+        return attn_run<KV, 4, 16>(stream, kv, p);
+    case 8:
+        return attn_run<KV, 8, 8>(stream, kv, p);
+    default:
+        LOOM_K_UNSUPPORTED("cuda: attention with head_dim %d (at most 256)", kv->head_dim);
+    }
+}
+
+extern "C" loom_status loom__cuda_attention(cudaStream_t stream, const loom__k_kv *kv,
+                                            const loom__k_attn *p) {
+    if (kv->n_rows == 0) return LOOM_OK;
+    if (!loom__cuda_attention_shape_ok(p->n_head, kv->n_kv_heads, kv->head_dim))
+        LOOM_K_UNSUPPORTED("cuda: attention with %d query heads, %d kv heads of %d", p->n_head,
+                           kv->n_kv_heads, kv->head_dim);
+    switch (kv->kv_type) {
+    case LOOM_K_F32:
+        return attn_by_hd<LOOM_K_F32>(stream, kv, p);
+    case LOOM_K_F16:
+        return attn_by_hd<LOOM_K_F16>(stream, kv, p);
+    case LOOM_K_BF16:
+        return attn_by_hd<LOOM_K_BF16>(stream, kv, p);
+    default:
+        LOOM_K_UNSUPPORTED("cuda: attention over kv type %u", (unsigned)kv->kv_type);
+    }
+}

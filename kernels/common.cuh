@@ -1,0 +1,61 @@
+/* common.cuh — what every kernel file shares: the launch check that turns a CUDA error into a
+ * status and a message, warp reductions, and half/bfloat16 conversions. Device code only
+ * (included by kernels/*.cu). */
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "loom_kernels.h"
+
+extern "C" loom_status loom__fail(loom_status status, const char *fmt, ...);
+
+/* After a launch: a launch error (bad configuration, no kernel image for this device) becomes
+ * LOOM_ERR_BACKEND with the kernel's name and CUDA's message. Errors of the kernel's execution
+ * surface at the stream's next synchronization, which the host code checks. */
+#define LOOM_K_LAUNCHED(name)                                                                      \
+    do {                                                                                           \
+        cudaError_t loom__e = cudaGetLastError();                                                  \
+        if (loom__e != cudaSuccess)                                                                \
+            return loom__fail(LOOM_ERR_BACKEND, "cuda: launching %s: %s (%s)", name,               \
+                              cudaGetErrorString(loom__e), cudaGetErrorName(loom__e));             \
+    } while (0)
+
+#define LOOM_K_UNSUPPORTED(...) return loom__fail(LOOM_ERR_UNSUPPORTED, __VA_ARGS__)
+
+/* Sum over the 32 lanes of a warp, every lane receiving it; a fixed butterfly, so the order of
+ * the additions is the same in every call. */
+static __device__ __forceinline__ float loom_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float loom_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* IEEE binary16 and bfloat16 bits to float (weights store raw bits, tensor/quant_layouts.h). */
+static __device__ __forceinline__ float loom_h2f(uint16_t bits) {
+    return __half2float(__ushort_as_half(bits));
+}
+static __device__ __forceinline__ float loom_bf2f(uint16_t bits) {
+    return __uint_as_float((uint32_t)bits << 16);
+}
+
+/* Unaligned-safe little-endian loads from block formats (blocks are 2-byte aligned at best). */
+static __device__ __forceinline__ uint16_t loom_ld16(const uint8_t *p) {
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static __device__ __forceinline__ uint32_t loom_ld32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* ceil(a / b) for positive b. */
+static __host__ __device__ __forceinline__ int64_t loom_cdiv(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}

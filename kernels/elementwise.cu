@@ -1,0 +1,148 @@
+/* elementwise.cu — the row-wise and element-wise ops of the forward pass: rms_norm (one block
+ * per row), add (with a broadcast row), scale, and the gated activations (SwiGLU, GeGLU with
+ * the tanh approximation). Float32 throughout, like the CPU backend's. */
+#include "common.cuh"
+
+/* ---- rms_norm ------------------------------------------------------------------------------ */
+
+#define RMS_THREADS 256
+
+typedef struct rms_args {
+    loom__k_rows shape;
+    const float *x, *w;
+    float *out;
+    float eps;
+} rms_args;
+
+/* One block per row: the sum of squares in a fixed order (each thread's stride, then the
+ * warps' sums in order), then the row scaled. The row is read whole before it is written, so
+ * out may be x. */
+static __global__ void __launch_bounds__(RMS_THREADS) rms_norm_kernel(rms_args a) {
+    __shared__ float warp_sums[RMS_THREADS / 32];
+    const int64_t r = blockIdx.x, D = a.shape.n_cols;
+    const float *x = (const float *)((const char *)a.x + r * a.shape.x_stride);
+    float *o = (float *)((char *)a.out + r * a.shape.out_stride);
+    float s = 0.0f;
+    for (int64_t i = threadIdx.x; i < D; i += RMS_THREADS) s = fmaf(x[i], x[i], s);
+    s = loom_warp_sum(s);
+    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < RMS_THREADS / 32; w++) total += warp_sums[w];
+    const float inv = 1.0f / sqrtf(total / (float)D + a.eps);
+    __syncthreads(); /* every thread has read x's sum before any writes out (out may be x) */
+    for (int64_t i = threadIdx.x; i < D; i += RMS_THREADS)
+        o[i] = a.w ? x[i] * inv * a.w[i] : x[i] * inv;
+}
+
+extern "C" loom_status loom__cuda_rms_norm(cudaStream_t stream, const loom__k_rows *shape,
+                                           const float *x, const float *w, float eps, float *out) {
+    if (shape->n_rows == 0) return LOOM_OK;
+    rms_args a = {*shape, x, w, out, eps};
+    rms_norm_kernel<<<(unsigned)shape->n_rows, RMS_THREADS, 0, stream>>>(a);
+    LOOM_K_LAUNCHED("rms_norm");
+    return LOOM_OK;
+}
+
+/* ---- add, scale, glu ----------------------------------------------------------------------- */
+
+enum { EW_ADD, EW_SCALE, EW_SILU, EW_GELU_TANH };
+
+typedef struct ew_args {
+    loom__k_rows shape;
+    const float *x, *y;
+    float *out;
+    float s;
+} ew_args;
+
+/* sqrt(2/pi) and the cubic's coefficient of the tanh approximation of GELU. */
+#define GELU_K 0.7978845608028654f
+#define GELU_C 0.044715f
+
+template <int OP> static __global__ void ew_kernel(ew_args a) {
+    const int64_t r = blockIdx.y;
+    const float *x = (const float *)((const char *)a.x + r * a.shape.x_stride);
+    const float *y = a.y ? (const float *)((const char *)a.y + r * a.shape.y_stride) : nullptr;
+    float *o = (float *)((char *)a.out + r * a.shape.out_stride);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.shape.n_cols;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float v = x[i];
+        float res;
+        if (OP == EW_ADD) {
+            res = v + y[i];
+        } else if (OP == EW_SCALE) {
+            res = v * a.s;
+        } else if (OP == EW_SILU) {
+            res = v / (1.0f + expf(-v)) * y[i];
+        } else {
+            const float inner = GELU_K * fmaf(GELU_C * v * v, v, v);
+            res = 0.5f * v * (1.0f + tanhf(inner)) * y[i];
+        }
+        o[i] = res;
+    }
+}
+
+template <int OP>
+static loom_status ew_launch(cudaStream_t stream, const ew_args &a, const char *name) {
+    if (a.shape.n_rows == 0 || a.shape.n_cols == 0) return LOOM_OK;
+    const int threads = 256;
+    int64_t bx = loom_cdiv(a.shape.n_cols, threads);
+    if (bx > 1024) bx = 1024;
+    if (a.shape.n_rows > 65535)
+        LOOM_K_UNSUPPORTED("cuda: %s of %lld rows (at most 65535)", name,
+                           (long long)a.shape.n_rows);
+    dim3 grid((unsigned)bx, (unsigned)a.shape.n_rows);
+    ew_kernel<OP><<<grid, threads, 0, stream>>>(a);
+    LOOM_K_LAUNCHED(name);
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom__cuda_add(cudaStream_t stream, const loom__k_rows *shape,
+                                      const float *x, const float *y, float *out) {
+    ew_args a = {*shape, x, y, out, 0.0f};
+    return ew_launch<EW_ADD>(stream, a, "add");
+}
+
+extern "C" loom_status loom__cuda_scale(cudaStream_t stream, const loom__k_rows *shape,
+                                        const float *x, float s, float *out) {
+    ew_args a = {*shape, x, nullptr, out, s};
+    return ew_launch<EW_SCALE>(stream, a, "scale");
+}
+
+extern "C" loom_status loom__cuda_glu(cudaStream_t stream, const loom__k_rows *shape,
+                                      const float *x, const float *y, int kind, float *out) {
+    ew_args a = {*shape, x, y, out, 0.0f};
+    switch (kind) {
+    case 0:
+        return ew_launch<EW_SILU>(stream, a, "glu (swiglu)");
+    case 1:
+        return ew_launch<EW_GELU_TANH>(stream, a, "glu (geglu_tanh)");
+    default:
+        LOOM_K_UNSUPPORTED("cuda: glu kind %d", kind);
+    }
+}
+
+/* ---- the probe ----------------------------------------------------------------------------- */
+
+#define LOOM_K_STR2(x) #x
+#define LOOM_K_STR(x)  LOOM_K_STR2(x)
+
+extern "C" loom_status loom__cuda_kernels_probe(void) {
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, rms_norm_kernel);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return loom__fail(LOOM_ERR_BACKEND,
+                          "libloom-cuda has no code for this device: %s (built for "
+                          "LOOM_CUDA_ARCHITECTURES=%s; rebuild with this device's)",
+                          cudaGetErrorString(e),
+#ifdef LOOM_CUDA_ARCHS_BUILT
+                          LOOM_K_STR(LOOM_CUDA_ARCHS_BUILT)
+#else
+                          "?"
+#endif
+        );
+    }
+    return LOOM_OK;
+}

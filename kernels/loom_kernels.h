@@ -1,0 +1,145 @@
+/* loom_kernels.h — the launcher interface of loom's CUDA kernels: one parameter struct and one
+ * extern "C" entry per kernel family, called by the CUDA backend's host code
+ * (src/backend/cuda/). Plain C, so the host code compiles with the C compiler; every pointer
+ * in a parameter struct is a device address unless its comment says otherwise, and every
+ * stride is in bytes.
+ *
+ * Each entry queues its kernels on `stream` and returns LOOM_OK, or LOOM_ERR_BACKEND (launch
+ * failure, with the CUDA error in the calling thread's message) / LOOM_ERR_UNSUPPORTED (a
+ * type or size the kernels were not built for). Arguments are validated by the host code
+ * before they get here; the entries check only what decides which kernel runs. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "loom.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Types the kernels read (loom_type values, loom_backend.h). */
+#define LOOM_K_F32  0
+#define LOOM_K_F16  1
+#define LOOM_K_Q4_0 2
+#define LOOM_K_Q5_0 6
+#define LOOM_K_Q8_0 8
+#define LOOM_K_Q4_K 12
+#define LOOM_K_Q5_K 13
+#define LOOM_K_Q6_K 14
+#define LOOM_K_BF16 30
+
+/* LOOM_OK where this binary holds code the current device runs; else BACKEND, naming the
+ * architectures it was built for. */
+loom_status loom__cuda_kernels_probe(void);
+
+/* Whether the matmul and get_rows kernels read weights of this type in place. */
+int loom__cuda_weight_type_native(uint32_t type);
+
+/* ---- elementwise (elementwise.cu) --------------------------------------------------------- */
+
+typedef struct loom__k_rows {
+    int64_t n_rows, n_cols;
+    size_t x_stride, y_stride, out_stride; /* y: the second operand (add, glu), where there is
+                                              one; y_stride 0 broadcasts its row 0 (add) */
+} loom__k_rows;
+
+/* out = x / sqrt(mean(x^2) + eps) * (w ? w : 1), per row; w [n_cols] F32 or NULL. */
+loom_status loom__cuda_rms_norm(cudaStream_t stream, const loom__k_rows *shape, const float *x,
+                                const float *w, float eps, float *out);
+/* out = x + y. */
+loom_status loom__cuda_add(cudaStream_t stream, const loom__k_rows *shape, const float *x,
+                           const float *y, float *out);
+/* out = x * s. */
+loom_status loom__cuda_scale(cudaStream_t stream, const loom__k_rows *shape, const float *x,
+                             float s, float *out);
+/* out = act(x) * y; kind 0: silu, 1: gelu (tanh approximation). */
+loom_status loom__cuda_glu(cudaStream_t stream, const loom__k_rows *shape, const float *x,
+                           const float *y, int kind, float *out);
+
+/* ---- rope (rope.cu) ----------------------------------------------------------------------- */
+
+typedef struct loom__k_rope {
+    int64_t n_rows;
+    size_t x_stride;
+    int32_t n_head, head_dim, n_rot;
+    int32_t neox; /* 1: rotate halves (NeoX), 0: adjacent pairs */
+    float theta_base, freq_scale;
+    const float *freq_factors; /* [n_rot/2] or NULL */
+    const int32_t *pos;        /* [n_rows] */
+} loom__k_rope;
+
+loom_status loom__cuda_rope(cudaStream_t stream, const loom__k_rope *p, float *x);
+
+/* ---- weights: get_rows and matmul (get_rows.cu, gemv.cu) ----------------------------------- */
+
+typedef struct loom__k_weight {
+    uint32_t type; /* LOOM_K_* */
+    int64_t k;     /* elements per row */
+    int64_t n;     /* rows */
+    size_t stride; /* bytes between rows */
+    const void *data;
+} loom__k_weight;
+
+/* out[i, :] = dequant(w[ids[i], :]) for i < n_ids. The ids live in device memory, out of the
+ * host's sight: an id outside [0, w->n) gives a row of NaN, never a read out of bounds. */
+loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_weight *w, const int32_t *ids,
+                                int64_t n_ids, float *out, size_t out_stride);
+
+/* out[t, o] = sum_k x[t, k] * w[o, k] for t < n_tokens. Each output's sum runs in one order,
+ * whatever n_tokens is (lanes over 32-value chunks, then a fixed tree). */
+loom_status loom__cuda_matmul(cudaStream_t stream, const loom__k_weight *w, const float *x,
+                              size_t x_stride, int64_t n_tokens, float *out, size_t out_stride);
+
+/* ---- the paged KV cache (kv_store.cu, attention.cu) ---------------------------------------- */
+
+/* One KV group's step descriptor in device memory (uploaded by step_begin). */
+typedef struct loom__k_kv {
+    const int32_t *indptr;    /* [n_seqs + 1] */
+    const int32_t *block_ids; /* [indptr[n_seqs]] */
+    const int32_t *q_start;   /* [n_seqs + 1] */
+    const int32_t *pos_start; /* [n_seqs] */
+    const int32_t *row_seq;   /* [n_rows] the sequence of each row of the step */
+    int32_t n_seqs, n_rows;
+    int32_t block_size, n_kv_heads, head_dim, window;
+    uint32_t kv_type; /* LOOM_K_F32, LOOM_K_F16 or LOOM_K_BF16 */
+    size_t token_stride, block_stride;
+} loom__k_kv;
+
+/* Writes rows of k and v [n_rows, n_kv_heads*head_dim] into the pools at their positions. */
+loom_status loom__cuda_kv_store(cudaStream_t stream, const loom__k_kv *kv, const float *k,
+                                size_t k_stride, const float *v, size_t v_stride, void *k_pool,
+                                void *v_pool);
+
+/* Most splits of one row's attention (split-KV); the workspace holds them. */
+#define LOOM_K_ATTN_MAX_SPLITS 16
+/* Positions per split at the least: a row attends to ceil(len / 256) splits, at most
+ * LOOM_K_ATTN_MAX_SPLITS, so its splits depend on its own length only. */
+#define LOOM_K_ATTN_SPLIT_MIN 256
+/* Rows one launch pair (splits, merge) covers: the workspace is sized for this many. */
+#define LOOM_K_ATTN_ROWS 64
+
+typedef struct loom__k_attn {
+    const float *q;
+    size_t q_stride;
+    float *out;
+    size_t out_stride;
+    const void *k_pool, *v_pool;
+    int32_t n_head;
+    float scale, softcap;
+    float *work; /* loom__cuda_attention_work_bytes(n_head, head_dim) bytes */
+} loom__k_attn;
+
+size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim);
+/* Whether the kernels run this head shape (head_dim <= 256, a multiple of 8; the query heads
+ * of one KV head within the registers one warp holds). */
+int loom__cuda_attention_shape_ok(int32_t n_head, int32_t n_kv_heads, int32_t head_dim);
+/* out = softmax(scale * q k^T, causal and window masked, soft-capped) v over the pools. */
+loom_status loom__cuda_attention(cudaStream_t stream, const loom__k_kv *kv, const loom__k_attn *p);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,122 @@
+/* cuda_internal.h — what the CUDA backend's host files share: the device (one per model: the
+ * GPU it opened, the weights it uploaded), the stream (one per engine or session: its CUDA
+ * stream, the step's descriptors in device memory, attention's workspace), the CUDA error
+ * check, and the entry points the ops table in cuda_backend.c points at. The kernels are
+ * reached through kernels/loom_kernels.h only. Compiled into libloom-cuda.so, never into
+ * libloom. */
+#pragma once
+
+#include "loom_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "loom_kernels.h"
+#include "core/status.h"
+
+/* A CUDA runtime call's failure as a status: OUT_OF_MEMORY for an allocation CUDA refused,
+ * BACKEND for anything else, the call and CUDA's message in the text. */
+loom_status loom__cuda_status(cudaError_t e, const char *call);
+
+#define LOOM_CU_TRY(call)                                                                          \
+    do {                                                                                           \
+        cudaError_t loom__ce = (call);                                                             \
+        if (loom__ce != cudaSuccess) return loom__cuda_status(loom__ce, #call);                    \
+    } while (0)
+
+/* One block of uploaded weights (a singly linked list: the arena, then any overflow). */
+typedef struct loom__cuda_chunk loom__cuda_chunk;
+
+typedef struct loom__cuda_dev {
+    int device; /* CUDA device ordinal */
+    int cc_major, cc_minor, n_sms;
+    char name[256];
+    size_t weight_bytes; /* the open-time hint: the first upload allocates one arena this big */
+    pthread_mutex_t mu;  /* guards chunks and converted_logged (weight_prepare may run on any
+                            thread) */
+    loom__cuda_chunk *chunks;
+    uint64_t converted_logged; /* bit t: type t's "dequantized to bf16" line was logged */
+} loom__cuda_dev;
+
+/* Most descriptors (KV groups) one step hands over. */
+#define LOOM_CUDA_MAX_KV 8
+
+/* One KV group's descriptor of the current step, in device memory. */
+typedef struct loom__cuda_step_kv {
+    const loom_kv_desc *host; /* the descriptor libloom handed to step_begin */
+    loom__k_kv dev;           /* the kernels' view (device arrays inside meta_dev) */
+} loom__cuda_step_kv;
+
+typedef struct loom__cuda_stream {
+    loom__cuda_dev *dev;
+    cudaStream_t s;
+    /* Step descriptors: packed on the host into pinned meta_host, then one upload to meta_dev;
+     * meta_done marks the upload finished, so the next step does not overwrite meta_host while
+     * a copy still reads it. */
+    int32_t *meta_host, *meta_dev;
+    size_t meta_cap; /* int32s in each */
+    cudaEvent_t meta_done;
+    bool meta_pending;
+    int32_t n_kv;
+    loom__cuda_step_kv kv[LOOM_CUDA_MAX_KV];
+    /* Attention's split-KV partials (loom__cuda_attention_work_bytes). */
+    void *attn_work;
+    size_t attn_work_cap;
+    int64_t n_grows; /* allocations after stream_create (a stream made without a shape) */
+} loom__cuda_stream;
+
+/* Makes the stream's device current on the calling thread (CUDA's current device is per
+ * thread; streams of one model may be driven from any thread). */
+loom_status loom__cuda_bind(const loom__cuda_dev *d);
+
+/* ---- device (cuda_device.c) ---- */
+loom_status loom__cuda_open(const loom_backend_open_params *p, void **dev);
+void loom__cuda_close(void *dev);
+loom_status loom__cuda_memory_info(void *dev, size_t *free_bytes, size_t *total_bytes);
+loom_status loom__cuda_buffer_alloc(void *dev, size_t bytes, loom_buffer **out);
+void loom__cuda_buffer_free(void *dev, loom_buffer *buf);
+void *loom__cuda_buffer_base(void *dev, loom_buffer *buf);
+loom_status loom__cuda_host_alloc(void *dev, size_t bytes, void **out);
+void loom__cuda_host_free(void *dev, void *ptr);
+loom_status loom__cuda_weight_prepare(void *dev, const loom_weight_src *src, loom_tensor *out);
+
+/* ---- streams (cuda_stream.c) ---- */
+loom_status loom__cuda_workspace_size(void *dev, const loom_step_shape *shape, size_t *bytes);
+loom_status loom__cuda_stream_create(void *dev, const loom_step_shape *shape, void **stream);
+void loom__cuda_stream_destroy(void *stream);
+loom_status loom__cuda_tensor_set(void *stream, void *dst, const void *src, size_t bytes);
+loom_status loom__cuda_tensor_get(void *stream, void *dst, const void *src, size_t bytes);
+loom_status loom__cuda_copy_batch(void *stream, loom_copy_kind kind, const loom_copy_range *ranges,
+                                  size_t n);
+loom_status loom__cuda_synchronize(void *stream);
+loom_status loom__cuda_step_begin(void *stream, const loom_step_desc *step);
+/* The device view of one of the current step's descriptors (the address libloom passed to
+ * step_begin). Errors: INVALID_ARG for a descriptor that is not the step's. */
+loom_status loom__cuda_find_step_kv(loom__cuda_stream *c, const char *op, const loom_kv_desc *kv,
+                                    const loom__k_kv **out);
+/* Makes attention's workspace hold at least bytes. */
+loom_status loom__cuda_reserve_attn(loom__cuda_stream *c, size_t bytes);
+
+/* ---- ops (cuda_ops.c) ---- */
+loom_status loom__cuda_get_rows_op(void *stream, const loom_tensor *table, const loom_tensor *ids,
+                                   loom_tensor *out);
+loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_tensor *x,
+                                 loom_tensor *out);
+loom_status loom__cuda_rms_norm_op(void *stream, const loom_tensor *x, const loom_tensor *w,
+                                   float eps, loom_tensor *out);
+loom_status loom__cuda_rope_op(void *stream, loom_tensor *x, const loom_tensor *pos,
+                               const loom_rope_params *p);
+loom_status loom__cuda_kv_store_op(void *stream, const loom_tensor *k, const loom_tensor *v,
+                                   const loom_kv_desc *kv, int32_t layer);
+loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const loom_kv_desc *kv,
+                                    const loom_attn_params *p, loom_tensor *out);
+loom_status loom__cuda_glu_op(void *stream, const loom_tensor *gate, const loom_tensor *up,
+                              loom_glu_kind kind, loom_tensor *out);
+loom_status loom__cuda_add_op(void *stream, const loom_tensor *a, const loom_tensor *b,
+                              loom_tensor *out);
+loom_status loom__cuda_scale_op(void *stream, const loom_tensor *x, float s, loom_tensor *out);
+
+/* The ops table (cuda_backend.c). */
+const loom_backend_ops *loom__cuda_backend_ops(void);

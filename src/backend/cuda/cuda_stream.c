@@ -1,0 +1,264 @@
+/* cuda_stream.c — the CUDA backend's streams: one CUDA stream per engine or session, the copies
+ * that cross PCIe (host <-> device, queued in order; tensor_get waits), the batched block copy
+ * of copy-on-write and swap, and step_begin, which packs every descriptor of a step (with the
+ * sequence of each row) into pinned memory and uploads it in one copy. */
+#include "backend/cuda/cuda_internal.h"
+
+#include "core/checked.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* Workspace sizing                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* int32s of one step's packed descriptors for the largest step of shape (n_kv groups). */
+static size_t meta_ints(const loom_step_shape *shape, int n_kv) {
+    const size_t S = (size_t)shape->max_seqs, T = (size_t)shape->max_tokens;
+    const size_t bs = (size_t)shape->block_size;
+    const size_t blocks_per_seq = ((size_t)shape->max_ctx + bs - 1) / bs + 1;
+    /* indptr, q_start (S + 1 each), pos_start (S), block ids, row_seq (T) */
+    return (size_t)n_kv * (3 * S + 2 + S * blocks_per_seq + T);
+}
+
+loom_status loom__cuda_workspace_size(void *dev, const loom_step_shape *shape, size_t *bytes) {
+    LOOM_CHECK_ARG(dev != NULL && shape != NULL && bytes != NULL);
+    LOOM_CHECK_ARG(shape->max_tokens > 0 && shape->max_seqs > 0 && shape->block_size > 0 &&
+                   shape->max_ctx > 0);
+    *bytes = loom__cuda_attention_work_bytes(shape->n_head, shape->head_dim) +
+             meta_ints(shape, LOOM_CUDA_MAX_KV) * sizeof(int32_t);
+    return LOOM_OK;
+}
+
+static loom_status reserve_meta(loom__cuda_stream *c, size_t ints) {
+    if (ints <= c->meta_cap) return LOOM_OK;
+    if (c->meta_pending) {
+        LOOM_CU_TRY(cudaEventSynchronize(c->meta_done));
+        c->meta_pending = false;
+    }
+    int32_t *h = NULL, *d = NULL;
+    LOOM_CU_TRY(cudaHostAlloc((void **)&h, ints * sizeof *h, cudaHostAllocPortable));
+    cudaError_t e = cudaMalloc((void **)&d, ints * sizeof *d);
+    if (e != cudaSuccess) {
+        (void)cudaFreeHost(h);
+        return loom__cuda_status(e, "cudaMalloc (step descriptors)");
+    }
+    /* The old device copy may still be read by queued kernels: free it after them. */
+    if (c->meta_dev != NULL) {
+        LOOM_CU_TRY(cudaStreamSynchronize(c->s));
+        (void)cudaFree(c->meta_dev);
+        (void)cudaFreeHost(c->meta_host);
+    }
+    c->meta_host = h;
+    c->meta_dev = d;
+    c->meta_cap = ints;
+    return LOOM_OK;
+}
+
+loom_status loom__cuda_reserve_attn(loom__cuda_stream *c, size_t bytes) {
+    if (bytes <= c->attn_work_cap) return LOOM_OK;
+    void *w = NULL;
+    LOOM_CU_TRY(cudaMalloc(&w, bytes));
+    if (c->attn_work != NULL) {
+        cudaError_t e = cudaStreamSynchronize(c->s);
+        if (e != cudaSuccess) {
+            (void)cudaFree(w);
+            return loom__cuda_status(e, "cudaStreamSynchronize");
+        }
+        (void)cudaFree(c->attn_work);
+    }
+    c->attn_work = w;
+    c->attn_work_cap = bytes;
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Create, destroy                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+loom_status loom__cuda_stream_create(void *dev, const loom_step_shape *shape, void **out) {
+    LOOM_CHECK_ARG(dev != NULL && out != NULL);
+    loom__cuda_dev *d = dev;
+    LOOM_TRY(loom__cuda_bind(d));
+    loom__cuda_stream *c = calloc(1, sizeof *c);
+    LOOM_RETURN_IF(c == NULL, LOOM_ERR_OUT_OF_MEMORY, "cuda: out of memory");
+    c->dev = d;
+    loom_status st = LOOM_OK;
+    cudaError_t e = cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming);
+    if (e != cudaSuccess) st = loom__cuda_status(e, "cudaStreamCreate");
+    if (st == LOOM_OK && shape != NULL) {
+        LOOM_TRY_GOTO(st, reserve_meta(c, meta_ints(shape, LOOM_CUDA_MAX_KV)), fail);
+        LOOM_TRY_GOTO(st,
+                      loom__cuda_reserve_attn(
+                          c, loom__cuda_attention_work_bytes(shape->n_head, shape->head_dim)),
+                      fail);
+    }
+    if (st == LOOM_OK) {
+        *out = c;
+        return LOOM_OK;
+    }
+fail:
+    loom__cuda_stream_destroy(c);
+    return st;
+}
+
+void loom__cuda_stream_destroy(void *stream) {
+    loom__cuda_stream *c = stream;
+    if (c == NULL) return;
+    (void)cudaSetDevice(c->dev->device);
+    if (c->s != NULL) (void)cudaStreamSynchronize(c->s);
+    (void)cudaFree(c->attn_work);
+    (void)cudaFree(c->meta_dev);
+    (void)cudaFreeHost(c->meta_host);
+    if (c->meta_done != NULL) (void)cudaEventDestroy(c->meta_done);
+    if (c->s != NULL) (void)cudaStreamDestroy(c->s);
+    free(c);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Copies                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+loom_status loom__cuda_tensor_set(void *stream, void *dst, const void *src, size_t bytes) {
+    loom__cuda_stream *c = stream;
+    LOOM_CHECK_ARG(c != NULL && (bytes == 0 || (dst != NULL && src != NULL)));
+    if (bytes == 0) return LOOM_OK;
+    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->s));
+    return LOOM_OK;
+}
+
+loom_status loom__cuda_tensor_get(void *stream, void *dst, const void *src, size_t bytes) {
+    loom__cuda_stream *c = stream;
+    LOOM_CHECK_ARG(c != NULL && (bytes == 0 || (dst != NULL && src != NULL)));
+    LOOM_TRY(loom__cuda_bind(c->dev));
+    if (bytes > 0) LOOM_CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->s));
+    /* Also where a kernel queued before failed: its error surfaces here, with its text. */
+    LOOM_CU_TRY(cudaStreamSynchronize(c->s));
+    return LOOM_OK;
+}
+
+loom_status loom__cuda_copy_batch(void *stream, loom_copy_kind kind, const loom_copy_range *ranges,
+                                  size_t n) {
+    loom__cuda_stream *c = stream;
+    LOOM_CHECK_ARG(c != NULL && (n == 0 || ranges != NULL));
+    enum cudaMemcpyKind k;
+    switch (kind) {
+    case LOOM_COPY_DEVICE:
+        k = cudaMemcpyDeviceToDevice;
+        break;
+    case LOOM_COPY_TO_HOST:
+        k = cudaMemcpyDeviceToHost;
+        break;
+    case LOOM_COPY_FROM_HOST:
+        k = cudaMemcpyHostToDevice;
+        break;
+    default:
+        return loom__fail(LOOM_ERR_INVALID_ARG, "copy_batch: unknown kind %d", (int)kind);
+    }
+    for (size_t i = 0; i < n; i++)
+        LOOM_RETURN_IF(ranges[i].bytes > 0 && (ranges[i].src == NULL || ranges[i].dst == NULL),
+                       LOOM_ERR_INVALID_ARG, "copy_batch: range %zu has a NULL side", i);
+    LOOM_TRY(loom__cuda_bind(c->dev));
+    /* Queued in order on the stream: a block copied to host memory is there once the stream is
+     * synchronized (the engine does before it reuses the block). */
+    for (size_t i = 0; i < n; i++)
+        if (ranges[i].bytes > 0)
+            LOOM_CU_TRY(cudaMemcpyAsync(ranges[i].dst, ranges[i].src, ranges[i].bytes, k, c->s));
+    return LOOM_OK;
+}
+
+loom_status loom__cuda_synchronize(void *stream) {
+    loom__cuda_stream *c = stream;
+    LOOM_CHECK_ARG(c != NULL);
+    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_CU_TRY(cudaStreamSynchronize(c->s));
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Steps                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Copies n ints to the packed area at *at, returning where they landed on the device. */
+static const int32_t *pack(loom__cuda_stream *c, size_t *at, const int32_t *src, size_t n) {
+    memcpy(c->meta_host + *at, src, n * sizeof *src);
+    const int32_t *dev = c->meta_dev + *at;
+    *at += n;
+    return dev;
+}
+
+loom_status loom__cuda_step_begin(void *stream, const loom_step_desc *step) {
+    loom__cuda_stream *c = stream;
+    LOOM_CHECK_ARG(c != NULL && step != NULL && step->n_tokens >= 0);
+    LOOM_CHECK_ARG(step->n_kv >= 0 && (step->n_kv == 0 || step->kv != NULL));
+    LOOM_RETURN_IF(step->n_kv > LOOM_CUDA_MAX_KV, LOOM_ERR_UNSUPPORTED,
+                   "step_begin: %d kv groups (the cuda backend takes %d)", step->n_kv,
+                   LOOM_CUDA_MAX_KV);
+    LOOM_TRY(loom__cuda_bind(c->dev));
+    size_t ints = 0;
+    for (int32_t g = 0; g < step->n_kv; g++) {
+        const loom_kv_desc *kv = &step->kv[g];
+        ints +=
+            3 * (size_t)kv->n_seqs + 2 + (size_t)kv->indptr[kv->n_seqs] + (size_t)step->n_tokens;
+    }
+    if (ints > c->meta_cap) c->n_grows++;
+    LOOM_TRY(reserve_meta(c, ints));
+    if (c->meta_pending) {
+        LOOM_CU_TRY(cudaEventSynchronize(c->meta_done));
+        c->meta_pending = false;
+    }
+    size_t at = 0;
+    for (int32_t g = 0; g < step->n_kv; g++) {
+        const loom_kv_desc *kv = &step->kv[g];
+        LOOM_RETURN_IF(kv->q_start[kv->n_seqs] != step->n_tokens, LOOM_ERR_INVALID_ARG,
+                       "step_begin: descriptor %d covers %d rows; the step has %d", g,
+                       kv->q_start[kv->n_seqs], step->n_tokens);
+        loom__cuda_step_kv *sk = &c->kv[g];
+        sk->host = kv;
+        loom__k_kv *d = &sk->dev;
+        d->indptr = pack(c, &at, kv->indptr, (size_t)kv->n_seqs + 1);
+        d->block_ids = pack(c, &at, kv->block_ids, (size_t)kv->indptr[kv->n_seqs]);
+        d->q_start = pack(c, &at, kv->q_start, (size_t)kv->n_seqs + 1);
+        d->pos_start = pack(c, &at, kv->pos_start, (size_t)kv->n_seqs);
+        int32_t *rs = c->meta_host + at;
+        for (int32_t s = 0; s < kv->n_seqs; s++)
+            for (int32_t r = kv->q_start[s]; r < kv->q_start[s + 1]; r++) rs[r] = s;
+        d->row_seq = c->meta_dev + at;
+        at += (size_t)step->n_tokens;
+        d->n_seqs = kv->n_seqs;
+        d->n_rows = step->n_tokens;
+        d->block_size = kv->block_size;
+        d->n_kv_heads = kv->n_kv_heads;
+        d->head_dim = kv->head_dim;
+        d->window = kv->window;
+        d->kv_type = (uint32_t)kv->kv_type;
+        d->token_stride = kv->token_stride;
+        d->block_stride = kv->block_stride;
+    }
+    c->n_kv = step->n_kv;
+    if (at > 0) {
+        LOOM_CU_TRY(cudaMemcpyAsync(c->meta_dev, c->meta_host, at * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, c->s));
+        LOOM_CU_TRY(cudaEventRecord(c->meta_done, c->s));
+        c->meta_pending = true;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom__cuda_find_step_kv(loom__cuda_stream *c, const char *op, const loom_kv_desc *kv,
+                                    const loom__k_kv **out) {
+    LOOM_RETURN_IF(kv == NULL, LOOM_ERR_INVALID_ARG, "%s: kv descriptor is NULL", op);
+    for (int32_t g = 0; g < c->n_kv; g++) {
+        if (c->kv[g].host == kv) {
+            *out = &c->kv[g].dev;
+            return LOOM_OK;
+        }
+    }
+    return loom__fail(LOOM_ERR_INVALID_ARG,
+                      "%s: the kv descriptor is not one of this step's (the cuda backend reads "
+                      "the descriptors step_begin uploaded)",
+                      op);
+}

@@ -1,0 +1,805 @@
+/* test_cuda_ops.c — every op of the CUDA backend against the CPU backend's (float32
+ * activations) or a float64 reference, on fresh random inputs with the outputs poisoned (NaN)
+ * before each run, on awkward shapes: 1, 17 and 64 rows; contexts 1, 54, 97, 4099 and 16384;
+ * block sizes 1, 8 and 16; head sizes 64, 128 and 256; 1, 4 and 8 query heads per KV head;
+ * windows and soft-capping on and off; F32, F16 and BF16 pages. Then whole models: logits of
+ * the synthetic llama and gemma3 on CUDA against the CPU.
+ *
+ * Tolerances (stated per check below) are tight enough that a wrong page index or an
+ * off-by-one in a mask fails: attention is compared row by row at 2e-5 of the row's largest
+ * value, where attending to one position too many or too few moves a 4099-long row by about
+ * 1/4099 = 2.4e-4.
+ *
+ * Exits 77 (skipped) where the CUDA plugin is not built or finds no device. */
+#include "backend/qweight_util.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#include "backend/backend.h"
+#include "kv/kv_desc.h"
+#include "loom.h"
+#include "model/synth_model.h"
+
+static loom__backend_stream g_cpu, g_gpu;
+
+static void fill_rand(float *p, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) p[i] = rng_f() * scale;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Memory on the two backends                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+#define MAX_BUFS 256
+static loom_buffer *g_bufs[MAX_BUFS];
+static int g_n_bufs;
+
+/* bytes of device memory (freed at the end of each test). */
+static void *gpu_alloc(size_t bytes) {
+    assert_true(g_n_bufs < MAX_BUFS);
+    loom_buffer *b = NULL;
+    if (g_gpu.ops->buffer_alloc(g_gpu.dev, bytes, &b) != LOOM_OK)
+        fail_msg("buffer_alloc %zu: %s", bytes, loom_last_error());
+    g_bufs[g_n_bufs++] = b;
+    return g_gpu.ops->buffer_base(g_gpu.dev, b);
+}
+
+static void gpu_free_all(void) {
+    assert_int_equal(g_gpu.ops->synchronize(g_gpu.ctx), LOOM_OK);
+    for (int i = 0; i < g_n_bufs; i++) g_gpu.ops->buffer_free(g_gpu.dev, g_bufs[i]);
+    g_n_bufs = 0;
+}
+
+static void gpu_put(void *dst, const void *src, size_t bytes) {
+    if (g_gpu.ops->tensor_set(g_gpu.ctx, dst, src, bytes) != LOOM_OK)
+        fail_msg("tensor_set: %s", loom_last_error());
+    assert_int_equal(g_gpu.ops->synchronize(g_gpu.ctx), LOOM_OK);
+}
+
+static void gpu_get(void *dst, const void *src, size_t bytes) {
+    if (g_gpu.ops->tensor_get(g_gpu.ctx, dst, src, bytes) != LOOM_OK)
+        fail_msg("tensor_get: %s", loom_last_error());
+}
+
+/* A [rows, cols] F32 tensor on the device holding host, and its poisoned twin for outputs. */
+static loom_tensor gpu_f32(const float *host, int64_t cols, int64_t rows) {
+    size_t bytes = (size_t)(cols * rows) * sizeof(float);
+    float *d = gpu_alloc(bytes ? bytes : 4);
+    if (host) gpu_put(d, host, bytes);
+    return loom_tensor_2d(LOOM_TYPE_F32, d, cols, rows, (size_t)cols * sizeof(float));
+}
+
+static void gpu_poison(const loom_tensor *t) {
+    size_t n = (size_t)(t->ne[0] * t->ne[1]);
+    float *nan = xmalloc(n * sizeof *nan);
+    for (size_t i = 0; i < n; i++) nan[i] = NAN;
+    gpu_put(t->data, nan, n * sizeof *nan);
+    free(nan);
+}
+
+static float *host_f32(int64_t n) {
+    float *p = xmalloc((size_t)n * sizeof *p);
+    for (int64_t i = 0; i < n; i++) p[i] = NAN;
+    return p;
+}
+
+static loom_tensor cpu_view(float *p, int64_t cols, int64_t rows) {
+    return loom_tensor_2d(LOOM_TYPE_F32, p, cols, rows, (size_t)cols * sizeof(float));
+}
+
+static void expect_ok(loom_status st, const char *what) {
+    if (st != LOOM_OK) fail_msg("%s: %s (%s)", what, loom_status_str(st), loom_last_error());
+}
+
+/* Largest |a - b| over n values, relative to the largest |b| (ggml-style normalised max
+ * error); any NaN in a fails. */
+static double norm_err(const float *a, const float *b, size_t n) {
+    double num = 0.0, den = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i])) return INFINITY;
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > num) num = d;
+        if (fabs((double)b[i]) > den) den = fabs((double)b[i]);
+    }
+    return num / den;
+}
+
+static void expect_close(const float *gpu, const float *ref, size_t n, double tol,
+                         const char *what) {
+    double e = norm_err(gpu, ref, n);
+    if (!(e <= tol)) fail_msg("%s: normalised error %.3g > %.3g", what, e, tol);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Weights: get_rows and matmul                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static const uint32_t g_types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16, LOOM_TYPE_Q8_0,
+                                   LOOM_TYPE_Q4_0, LOOM_TYPE_Q5_0, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K,
+                                   LOOM_TYPE_Q6_K,
+                                   /* not read in place: decoded to bf16 at load */
+                                   LOOM_TYPE_Q4_1, LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K};
+#define N_TYPES (sizeof g_types / sizeof g_types[0])
+
+typedef struct weight_pair {
+    uint8_t *host; /* [n][row_bytes] */
+    loom_tensor cpu, gpu;
+    float *deq; /* [n][k] the values the GPU holds (bf16-rounded where converted) */
+} weight_pair;
+
+static uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static void make_weight(uint32_t t, int64_t k, int64_t n, loom_weight_use use, weight_pair *w) {
+    size_t rb = row_bytes(t, k);
+    w->host = xmalloc(rb * (size_t)n);
+    if (t == LOOM_TYPE_F32) {
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t i = 0; i < k; i++) ((float *)w->host)[r * k + i] = rng_f();
+    } else {
+        for (int64_t r = 0; r < n; r++) make_weight_row(t, k, w->host + (size_t)r * rb);
+    }
+    loom_weight_src src = {.name = "test.weight",
+                           .type = (loom_type)t,
+                           .ne = {k, n},
+                           .row_stride = rb,
+                           .data = w->host,
+                           .persistent = true,
+                           .use = use};
+    expect_ok(g_cpu.ops->weight_prepare(g_cpu.dev, &src, &w->cpu), "cpu weight_prepare");
+    expect_ok(g_gpu.ops->weight_prepare(g_gpu.dev, &src, &w->gpu), "cuda weight_prepare");
+    w->deq = xmalloc((size_t)(k * n) * sizeof(float));
+    for (int64_t r = 0; r < n; r++)
+        assert_true(loom__dequantize_row(t, w->host + (size_t)r * rb, w->deq + r * k, k));
+    if (w->gpu.type == LOOM_TYPE_BF16 && t != LOOM_TYPE_BF16) {
+        for (int64_t i = 0; i < k * n; i++) {
+            uint32_t u = (uint32_t)bf16_of(w->deq[i]) << 16;
+            memcpy(&w->deq[i], &u, 4);
+        }
+    }
+}
+
+static void free_weight(weight_pair *w) {
+    free(w->host);
+    free(w->deq);
+}
+
+static bool native(uint32_t t) {
+    return t != LOOM_TYPE_Q4_1 && t != LOOM_TYPE_Q3_K && t != LOOM_TYPE_Q2_K;
+}
+
+static void test_get_rows(void **state) {
+    (void)state;
+    const int64_t k = 768, n = 37, n_ids = 17;
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t t = g_types[ti];
+        weight_pair w;
+        make_weight(t, k, n, LOOM_WEIGHT_GET_ROWS, &w);
+        assert_int_equal(w.gpu.type, native(t) ? (loom_type)t : LOOM_TYPE_BF16);
+        int32_t ids[17];
+        for (int i = 0; i < n_ids; i++) ids[i] = (int32_t)(rng_u64() % (uint64_t)n);
+        ids[0] = 0;
+        ids[1] = (int32_t)n - 1;
+        int32_t *d_ids = gpu_alloc(sizeof ids);
+        gpu_put(d_ids, ids, sizeof ids);
+        loom_tensor gid = loom_tensor_2d(LOOM_TYPE_I32, d_ids, n_ids, 1, sizeof ids);
+        loom_tensor gout = gpu_f32(NULL, k, n_ids);
+        gpu_poison(&gout);
+        expect_ok(g_gpu.ops->get_rows(g_gpu.ctx, &w.gpu, &gid, &gout), "cuda get_rows");
+        float *got = host_f32(k * n_ids), *ref = host_f32(k * n_ids);
+        gpu_get(got, gout.data, (size_t)(k * n_ids) * 4);
+        loom_tensor cid = loom_tensor_2d(LOOM_TYPE_I32, ids, n_ids, 1, sizeof ids);
+        loom_tensor cout = cpu_view(ref, k, n_ids);
+        expect_ok(g_cpu.ops->get_rows(g_cpu.ctx, &w.cpu, &cid, &cout), "cpu get_rows");
+        if (native(t)) {
+            /* decoded in place with the CPU's rounding: bit for bit */
+            if (memcmp(got, ref, (size_t)(k * n_ids) * 4) != 0)
+                fail_msg("get_rows %s: not bitwise the CPU's", loom__type_name(t));
+        } else {
+            /* decoded to bf16 at load: within bf16's rounding of the CPU's values */
+            for (int64_t i = 0; i < k * n_ids; i++)
+                if (!(fabsf(got[i] - ref[i]) <= 0x1p-8f * fabsf(ref[i]) + 1e-30f))
+                    fail_msg("get_rows %s [%lld]: %g vs %g", loom__type_name(t), (long long)i,
+                             (double)got[i], (double)ref[i]);
+        }
+        /* An id outside the table, out of the host's sight in device memory: a NaN row. */
+        int32_t bad[2] = {(int32_t)n, -1};
+        gpu_put(d_ids, bad, sizeof bad);
+        gid.ne[0] = 2;
+        loom_tensor gout2 = gout;
+        gout2.ne[1] = 2;
+        expect_ok(g_gpu.ops->get_rows(g_gpu.ctx, &w.gpu, &gid, &gout2), "cuda get_rows (bad)");
+        gpu_get(got, gout.data, (size_t)(k * 2) * 4);
+        for (int64_t i = 0; i < 2 * k; i++) assert_true(isnan(got[i]));
+        free(got);
+        free(ref);
+        free_weight(&w);
+        gpu_free_all();
+    }
+}
+
+/* out against a float64 sum over the GPU's weight values, each output within 1e-5 of the sum
+ * of |w x| (float32 accumulation); and a token's outputs bitwise the same in every batch. */
+static void test_matmul(void **state) {
+    (void)state;
+    const int64_t shapes[][2] = {{768, 67}, {256, 33}, {1536, 129}};
+    const int64_t Ts[] = {1, 3, 8, 9, 17, 64};
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            uint32_t t = g_types[ti];
+            const int64_t k = shapes[si][0], n = shapes[si][1];
+            weight_pair w;
+            make_weight(t, k, n, LOOM_WEIGHT_MATMUL, &w);
+            const int64_t T_max = 64;
+            float *x = xmalloc((size_t)(k * T_max) * 4);
+            fill_acts(x, k * T_max, 1.0f);
+            loom_tensor gx = gpu_f32(x, k, T_max);
+            loom_tensor gout = gpu_f32(NULL, n, T_max);
+            float *got = host_f32(n * T_max), *last = host_f32(n * T_max);
+            for (size_t bi = 0; bi < sizeof Ts / sizeof Ts[0]; bi++) {
+                const int64_t T = Ts[bi];
+                loom_tensor vx = gx, vo = gout;
+                vx.ne[1] = vo.ne[1] = T;
+                gpu_poison(&gout);
+                expect_ok(g_gpu.ops->matmul(g_gpu.ctx, &w.gpu, &vx, &vo), "cuda matmul");
+                gpu_get(got, gout.data, (size_t)(n * T) * 4);
+                for (int64_t tk = 0; tk < T; tk++) {
+                    for (int64_t o = 0; o < n; o++) {
+                        double s = 0.0, a = 0.0;
+                        for (int64_t i = 0; i < k; i++) {
+                            double p = (double)w.deq[o * k + i] * (double)x[tk * k + i];
+                            s += p;
+                            a += fabs(p);
+                        }
+                        double g = got[tk * n + o];
+                        if (!(fabs(g - s) <= 1e-5 * a + 1e-30))
+                            fail_msg("matmul %s k=%lld T=%lld: out[%lld,%lld] = %.9g, float64 "
+                                     "%.9g (|w||x| %.3g)",
+                                     loom__type_name(t), (long long)k, (long long)T, (long long)tk,
+                                     (long long)o, g, s, a);
+                    }
+                }
+                /* batch invariance: the rows a smaller batch also computed are the same bits */
+                if (bi > 0) {
+                    const int64_t Tp = Ts[bi - 1];
+                    if (memcmp(got, last, (size_t)(n * Tp) * 4) != 0)
+                        fail_msg("matmul %s: tokens of a %lld-token batch differ from the same "
+                                 "tokens in a %lld-token batch",
+                                 loom__type_name(t), (long long)Tp, (long long)T);
+                }
+                memcpy(last, got, (size_t)(n * T) * 4);
+            }
+            free(got);
+            free(last);
+            free(x);
+            free_weight(&w);
+            gpu_free_all();
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Row-wise and element-wise                                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum ew_kind {
+    EW_RMS,
+    EW_RMS_NOW,
+    EW_ADD,
+    EW_ADD_ROW,
+    EW_SCALE,
+    EW_SWIGLU,
+    EW_GEGLU
+} ew_kind;
+
+static void run_ew(const loom__backend_stream *b, ew_kind kind, loom_tensor *x, loom_tensor *y,
+                   loom_tensor *w, loom_tensor *out) {
+    loom_status st = LOOM_OK;
+    switch (kind) {
+    case EW_RMS:
+        st = b->ops->rms_norm(b->ctx, x, w, 1e-6f, out);
+        break;
+    case EW_RMS_NOW:
+        st = b->ops->rms_norm(b->ctx, x, NULL, 1e-5f, out);
+        break;
+    case EW_ADD:
+        st = b->ops->add(b->ctx, x, y, out);
+        break;
+    case EW_ADD_ROW:
+        st = b->ops->add(b->ctx, x, w, out);
+        break;
+    case EW_SCALE:
+        st = b->ops->scale(b->ctx, x, 0.37f, out);
+        break;
+    case EW_SWIGLU:
+        st = b->ops->glu(b->ctx, x, y, LOOM_GLU_SWIGLU, out);
+        break;
+    case EW_GEGLU:
+        st = b->ops->glu(b->ctx, x, y, LOOM_GLU_GEGLU_TANH, out);
+        break;
+    }
+    expect_ok(st, b == &g_gpu ? "cuda elementwise" : "cpu elementwise");
+}
+
+static void test_elementwise(void **state) {
+    (void)state;
+    const int64_t rows_list[] = {1, 17, 64};
+    const int64_t D = 1000;
+    const char *names[] = {"rms_norm", "rms_norm (no w)", "add",       "add (row)",
+                           "scale",    "swiglu",          "geglu_tanh"};
+    for (int kind = EW_RMS; kind <= EW_GEGLU; kind++) {
+        for (size_t ri = 0; ri < 3; ri++) {
+            for (int inplace = 0; inplace < 2; inplace++) {
+                const int64_t R = rows_list[ri];
+                float *x = xmalloc((size_t)(R * D) * 4), *y = xmalloc((size_t)(R * D) * 4);
+                float *w = xmalloc((size_t)D * 4);
+                fill_acts(x, R * D, 3.0f);
+                fill_acts(y, R * D, 1.0f);
+                fill_rand(w, (size_t)D, 1.5f);
+                loom_tensor gx = gpu_f32(x, D, R), gy = gpu_f32(y, D, R), gw = gpu_f32(w, D, 1);
+                loom_tensor gout = inplace ? gx : gpu_f32(NULL, D, R);
+                if (!inplace) gpu_poison(&gout);
+                float *cx = xmalloc((size_t)(R * D) * 4);
+                memcpy(cx, x, (size_t)(R * D) * 4);
+                float *cref = inplace ? cx : host_f32(R * D);
+                loom_tensor tx = cpu_view(cx, D, R), ty = cpu_view(y, D, R), tw = cpu_view(w, D, 1);
+                loom_tensor tout = cpu_view(cref, D, R);
+                run_ew(&g_gpu, (ew_kind)kind, &gx, &gy, &gw, &gout);
+                run_ew(&g_cpu, (ew_kind)kind, &tx, &ty, &tw, &tout);
+                float *got = host_f32(R * D);
+                gpu_get(got, gout.data, (size_t)(R * D) * 4);
+                char what[96];
+                snprintf(what, sizeof what, "%s, %lld rows%s", names[kind], (long long)R,
+                         inplace ? ", in place" : "");
+                /* float32 with another order of the rms sum, and CUDA's expf/tanhf */
+                expect_close(got, cref, (size_t)(R * D), 2e-6, what);
+                free(got);
+                if (!inplace) free(cref);
+                free(cx);
+                free(x);
+                free(y);
+                free(w);
+                gpu_free_all();
+            }
+        }
+    }
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    const int64_t T = 17;
+    const int configs[][4] = {/* n_head, head_dim, n_rot, neox */
+                              {8, 64, 64, 0},
+                              {4, 128, 128, 1},
+                              {2, 256, 256, 1},
+                              {6, 96, 32, 0}};
+    for (size_t ci = 0; ci < 4; ci++) {
+        for (int factors = 0; factors < 2; factors++) {
+            const int nh = configs[ci][0], hd = configs[ci][1], nrot = configs[ci][2];
+            const int64_t D = (int64_t)nh * hd;
+            float *x = xmalloc((size_t)(T * D) * 4), *ff = xmalloc((size_t)nrot / 2 * 4);
+            fill_rand(x, (size_t)(T * D), 2.0f);
+            for (int i = 0; i < nrot / 2; i++) ff[i] = 1.0f + 7.0f * (float)(rng_u64() % 100) / 100;
+            int32_t pos[17];
+            for (int i = 0; i < T; i++) pos[i] = (int32_t)(rng_u64() % 16384);
+            pos[0] = 0;
+            pos[1] = 16383;
+            loom_rope_params p = {.mode = configs[ci][3] ? LOOM_ROPE_NEOX : LOOM_ROPE_NORMAL,
+                                  .n_head = nh,
+                                  .head_dim = hd,
+                                  .n_rot = nrot,
+                                  .theta_base = factors ? 500000.0f : 10000.0f,
+                                  .freq_scale = factors ? 1.0f : 0.25f};
+            loom_weight_src src = {.name = "rope_freqs.weight",
+                                   .type = LOOM_TYPE_F32,
+                                   .ne = {nrot / 2, 1},
+                                   .row_stride = (size_t)nrot / 2 * 4,
+                                   .data = ff,
+                                   .persistent = true,
+                                   .use = LOOM_WEIGHT_VECTOR};
+            loom_tensor fc, fg;
+            expect_ok(g_cpu.ops->weight_prepare(g_cpu.dev, &src, &fc), "cpu prepare");
+            expect_ok(g_gpu.ops->weight_prepare(g_gpu.dev, &src, &fg), "cuda prepare");
+            loom_tensor gx = gpu_f32(x, D, T);
+            int32_t *dpos = gpu_alloc(sizeof pos);
+            gpu_put(dpos, pos, sizeof pos);
+            loom_tensor gpos = loom_tensor_2d(LOOM_TYPE_I32, dpos, T, 1, sizeof pos);
+            loom_tensor cpos = loom_tensor_2d(LOOM_TYPE_I32, pos, T, 1, sizeof pos);
+            loom_rope_params pg = p, pc = p;
+            if (factors) {
+                pg.freq_factors = fg.data;
+                pc.freq_factors = fc.data;
+            }
+            expect_ok(g_gpu.ops->rope(g_gpu.ctx, &gx, &gpos, &pg), "cuda rope");
+            loom_tensor cx = cpu_view(x, D, T);
+            expect_ok(g_cpu.ops->rope(g_cpu.ctx, &cx, &cpos, &pc), "cpu rope");
+            float *got = host_f32(T * D);
+            gpu_get(got, gx.data, (size_t)(T * D) * 4);
+            /* the same float factors (double-precision angles), a float multiply-add each */
+            expect_close(got, x, (size_t)(T * D), 1e-6, "rope");
+            free(got);
+            free(x);
+            free(ff);
+            gpu_free_all();
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The paged KV cache: kv_store and attention                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct attn_case {
+    int32_t block_size, head_dim, n_kv_heads, group, window;
+    float softcap;
+    loom_type kv_type;
+    int32_t n_seqs;
+    const int32_t *kv_len; /* positions each sequence holds after the step */
+    const int32_t *n_new;  /* its new rows this step */
+} attn_case;
+
+/* One descriptor over n_seqs sequences (rows: n_new of each at the end of its kv_len), blocks
+ * from a shuffled pool; when hole, blocks wholly before a windowed sequence's first new row's
+ * window are LOOM_KV_NO_BLOCK. */
+typedef struct kv_layout {
+    int32_t *indptr, *block_ids, *q_start, *pos_start, *kv_len;
+    int32_t n_blocks, n_rows;
+} kv_layout;
+
+static void layout_make(const attn_case *c, bool history, bool hole, const int32_t *perm,
+                        kv_layout *L) {
+    const int32_t S = c->n_seqs, bs = c->block_size;
+    L->indptr = xmalloc(sizeof(int32_t) * (size_t)(S + 1));
+    L->q_start = xmalloc(sizeof(int32_t) * (size_t)(S + 1));
+    L->pos_start = xmalloc(sizeof(int32_t) * (size_t)S);
+    L->kv_len = xmalloc(sizeof(int32_t) * (size_t)S);
+    int32_t nb = 0, rows = 0;
+    for (int32_t s = 0; s < S; s++) nb += (c->kv_len[s] + bs - 1) / bs;
+    L->block_ids = xmalloc(sizeof(int32_t) * (size_t)(nb ? nb : 1));
+    L->n_blocks = nb + 3;
+    int32_t at = 0;
+    L->indptr[0] = L->q_start[0] = 0;
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t len = c->kv_len[s], nnew = history ? len : c->n_new[s];
+        const int32_t first = len - nnew;
+        const int32_t lo = c->window > 0 && first - c->window + 1 > 0 ? first - c->window + 1 : 0;
+        for (int32_t b = 0; b < (len + bs - 1) / bs; b++) {
+            L->block_ids[at] = perm[at];
+            if (hole && (b + 1) * bs <= lo) L->block_ids[at] = LOOM_KV_NO_BLOCK;
+            at++;
+        }
+        L->indptr[s + 1] = at;
+        L->pos_start[s] = first;
+        L->kv_len[s] = len;
+        rows += nnew;
+        L->q_start[s + 1] = rows;
+    }
+    L->n_rows = rows;
+}
+
+static void layout_free(kv_layout *L) {
+    free(L->indptr);
+    free(L->block_ids);
+    free(L->q_start);
+    free(L->pos_start);
+    free(L->kv_len);
+}
+
+static loom_kv_desc desc_of(const attn_case *c, const kv_layout *L, void *const *kb,
+                            void *const *vb) {
+    const size_t elt = c->kv_type == LOOM_TYPE_F32 ? 4 : 2;
+    const size_t token = (size_t)c->n_kv_heads * (size_t)c->head_dim * elt;
+    return (loom_kv_desc){.n_seqs = c->n_seqs,
+                          .indptr = L->indptr,
+                          .block_ids = L->block_ids,
+                          .q_start = L->q_start,
+                          .pos_start = L->pos_start,
+                          .kv_len = L->kv_len,
+                          .block_size = c->block_size,
+                          .n_blocks = L->n_blocks,
+                          .n_kv_heads = c->n_kv_heads,
+                          .head_dim = c->head_dim,
+                          .window = c->window,
+                          .kv_type = c->kv_type,
+                          .layout = LOOM_KV_LAYOUT_NHD,
+                          .token_stride = token,
+                          .block_stride = token * (size_t)c->block_size,
+                          .n_layers = 1,
+                          .k_base = kb,
+                          .v_base = vb,
+                          .layer_src = NULL,
+                          .scale_kind = LOOM_KV_SCALE_NONE};
+}
+
+static void step_begin(const loom__backend_stream *b, const loom_kv_desc *kv, int32_t rows) {
+    if (b->ops->step_begin == NULL) return;
+    loom_step_desc st = {.n_tokens = rows, .n_kv = 1, .kv = kv};
+    expect_ok(b->ops->step_begin(b->ctx, &st), "step_begin");
+}
+
+static void run_attn_case(const attn_case *c, const char *label) {
+    const int32_t hd = c->head_dim, nkv = c->n_kv_heads, nh = nkv * c->group;
+    const int64_t kvd = (int64_t)nkv * hd, qd = (int64_t)nh * hd;
+    kv_layout H, L;
+    /* a shuffled pool: sequences' blocks scattered */
+    int32_t total = 0;
+    for (int32_t s = 0; s < c->n_seqs; s++)
+        total += (c->kv_len[s] + c->block_size - 1) / c->block_size;
+    int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)(total + 3));
+    for (int32_t i = 0; i < total + 3; i++) perm[i] = i;
+    for (int32_t i = total + 2; i > 0; i--) {
+        int32_t j = (int32_t)(rng_u64() % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    layout_make(c, true, false, perm, &H);
+    layout_make(c, false, c->window > 0, perm, &L);
+    const size_t elt = c->kv_type == LOOM_TYPE_F32 ? 4 : 2;
+    const size_t pool = (size_t)H.n_blocks * (size_t)c->block_size * (size_t)kvd * elt;
+    void *gk = gpu_alloc(pool), *gv = gpu_alloc(pool);
+    void *ck = xmalloc(pool), *cv = xmalloc(pool);
+    void *gkb[1] = {gk}, *gvb[1] = {gv}, *ckb[1] = {ck}, *cvb[1] = {cv};
+
+    /* Step 1: every position's K and V stored (no attention). */
+    float *kh = xmalloc((size_t)(H.n_rows * kvd) * 4), *vh = xmalloc((size_t)(H.n_rows * kvd) * 4);
+    fill_rand(kh, (size_t)(H.n_rows * kvd), 2.0f);
+    fill_rand(vh, (size_t)(H.n_rows * kvd), 1.0f);
+    loom_kv_desc dg = desc_of(c, &H, gkb, gvb), dc = desc_of(c, &H, ckb, cvb);
+    expect_ok(loom__kv_desc_check(&dc, H.n_rows), "descriptor (history)");
+    step_begin(&g_gpu, &dg, H.n_rows);
+    loom_tensor gkt = gpu_f32(kh, kvd, H.n_rows), gvt = gpu_f32(vh, kvd, H.n_rows);
+    expect_ok(g_gpu.ops->kv_store(g_gpu.ctx, &gkt, &gvt, &dg, 0), "cuda kv_store");
+    loom_tensor ckt = cpu_view(kh, kvd, H.n_rows), cvt = cpu_view(vh, kvd, H.n_rows);
+    expect_ok(g_cpu.ops->kv_store(g_cpu.ctx, &ckt, &cvt, &dc, 0), "cpu kv_store");
+    /* the pools hold the same bits (the same conversion) where the CPU wrote */
+    {
+        uint8_t *gp = xmalloc(pool);
+        gpu_get(gp, gk, pool);
+        for (int32_t s = 0; s < c->n_seqs; s++) {
+            for (int32_t p = 0; p < c->kv_len[s]; p += 1 + p / 7) {
+                int32_t blk = H.block_ids[H.indptr[s] + p / c->block_size];
+                size_t off = ((size_t)blk * (size_t)c->block_size + (size_t)(p % c->block_size)) *
+                             (size_t)kvd * elt;
+                if (memcmp(gp + off, (uint8_t *)ck + off, (size_t)kvd * elt) != 0)
+                    fail_msg("%s: kv_store of sequence %d position %d differs", label, s, p);
+            }
+        }
+        free(gp);
+    }
+
+    /* Step 2: the new rows again (stored again, the same values) and attention. */
+    float *q = xmalloc((size_t)(L.n_rows * qd) * 4);
+    fill_rand(q, (size_t)(L.n_rows * qd), 1.5f);
+    float *kn = xmalloc((size_t)(L.n_rows * kvd) * 4), *vn = xmalloc((size_t)(L.n_rows * kvd) * 4);
+    for (int32_t s = 0, r = 0; s < c->n_seqs; s++)
+        for (int32_t i = 0; i < c->n_new[s]; i++, r++) {
+            int32_t hr = H.q_start[s] + L.pos_start[s] + i;
+            memcpy(kn + r * kvd, kh + hr * kvd, (size_t)kvd * 4);
+            memcpy(vn + r * kvd, vh + hr * kvd, (size_t)kvd * 4);
+        }
+    dg = desc_of(c, &L, gkb, gvb);
+    dc = desc_of(c, &L, ckb, cvb);
+    expect_ok(loom__kv_desc_check(&dc, L.n_rows), "descriptor (step)");
+    step_begin(&g_gpu, &dg, L.n_rows);
+    loom_tensor gkn = gpu_f32(kn, kvd, L.n_rows), gvn = gpu_f32(vn, kvd, L.n_rows);
+    expect_ok(g_gpu.ops->kv_store(g_gpu.ctx, &gkn, &gvn, &dg, 0), "cuda kv_store");
+    loom_tensor ckn = cpu_view(kn, kvd, L.n_rows), cvn = cpu_view(vn, kvd, L.n_rows);
+    expect_ok(g_cpu.ops->kv_store(g_cpu.ctx, &ckn, &cvn, &dc, 0), "cpu kv_store");
+    loom_attn_params ap = {
+        .n_head = nh, .layer = 0, .scale = 1.0f / sqrtf((float)hd), .softcap = c->softcap};
+    loom_tensor gq = gpu_f32(q, qd, L.n_rows), gout = gpu_f32(NULL, qd, L.n_rows);
+    gpu_poison(&gout);
+    expect_ok(g_gpu.ops->attention(g_gpu.ctx, &gq, &dg, &ap, &gout), "cuda attention");
+    float *ref = host_f32(L.n_rows * qd), *got = host_f32(L.n_rows * qd);
+    loom_tensor cq = cpu_view(q, qd, L.n_rows), cout = cpu_view(ref, qd, L.n_rows);
+    expect_ok(g_cpu.ops->attention(g_cpu.ctx, &cq, &dc, &ap, &cout), "cpu attention");
+    gpu_get(got, gout.data, (size_t)(L.n_rows * qd) * 4);
+    for (int32_t r = 0; r < L.n_rows; r++) {
+        double e = norm_err(got + r * qd, ref + r * qd, (size_t)qd);
+        if (!(e <= 2e-5)) {
+            int32_t s = 0;
+            while (L.q_start[s + 1] <= r) s++;
+            fail_msg("%s: row %d (sequence %d, position %d of %d) normalised error %.3g", label, r,
+                     s, L.pos_start[s] + r - L.q_start[s], c->kv_len[s], e);
+        }
+    }
+    free(ref);
+    free(got);
+    free(q);
+    free(kn);
+    free(vn);
+    free(kh);
+    free(vh);
+    free(ck);
+    free(cv);
+    free(perm);
+    layout_free(&H);
+    layout_free(&L);
+    gpu_free_all();
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    /* 17 decoding sequences of awkward lengths, one chunked-prefill sequence (64 new rows after
+     * 33 cached), and one whose only row is its first position */
+    static const int32_t lens[] = {1,   54, 97, 4099, 2,  17, 255,  256, 257, 513,
+                                   600, 33, 8,  9,    16, 31, 1000, 97,  1};
+    static const int32_t news[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 64, 1};
+    const int32_t n_seqs = (int32_t)(sizeof lens / sizeof lens[0]);
+    const int32_t block_sizes[] = {1, 8, 16};
+    const int32_t head_dims[] = {64, 128, 256};
+    const int32_t groups[] = {1, 4, 8};
+    const loom_type kv_types[] = {LOOM_TYPE_F16, LOOM_TYPE_F32, LOOM_TYPE_F16};
+    int n = 0;
+    for (int bi = 0; bi < 3; bi++)
+        for (int hi = 0; hi < 3; hi++)
+            for (int gi = 0; gi < 3; gi++) {
+                /* windows and soft-capping alternate over the sweep */
+                attn_case c = {.block_size = block_sizes[bi],
+                               .head_dim = head_dims[hi],
+                               .n_kv_heads = groups[gi] == 8 ? 1 : 2,
+                               .group = groups[gi],
+                               .window = (n % 3 == 1) ? 37 : (n % 3 == 2 ? 600 : 0),
+                               .softcap = (n % 2) ? 30.0f : 0.0f,
+                               .kv_type = kv_types[(bi + hi + gi) % 3],
+                               .n_seqs = n_seqs,
+                               .kv_len = lens,
+                               .n_new = news};
+                char label[160];
+                snprintf(label, sizeof label,
+                         "attention bs=%d hd=%d kv_heads=%d group=%d window=%d softcap=%g %s",
+                         c.block_size, c.head_dim, c.n_kv_heads, c.group, c.window,
+                         (double)c.softcap, loom__type_name(c.kv_type));
+                run_attn_case(&c, label);
+                n++;
+            }
+    /* One long context: 16384 positions, head_dim 128, GQA 4, f16 pages (bf16 pages have no
+     * CPU counterpart to compare with); a decode row and 17 prefill rows at the end. */
+    static const int32_t long_len[] = {16384, 16384};
+    static const int32_t long_new[] = {1, 17};
+    attn_case c = {.block_size = 16,
+                   .head_dim = 128,
+                   .n_kv_heads = 2,
+                   .group = 4,
+                   .window = 0,
+                   .softcap = 0.0f,
+                   .kv_type = LOOM_TYPE_F16,
+                   .n_seqs = 2,
+                   .kv_len = long_len,
+                   .n_new = long_new};
+    run_attn_case(&c, "attention 16384 positions");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Copies                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+static void test_copy_batch(void **state) {
+    (void)state;
+    const size_t n = 1 << 16;
+    uint8_t *host = xmalloc(n), *back = xmalloc(n);
+    for (size_t i = 0; i < n; i++) host[i] = (uint8_t)rng_u64();
+    uint8_t *a = gpu_alloc(n), *b = gpu_alloc(n);
+    gpu_put(a, host, n);
+    void *pinned = NULL;
+    expect_ok(g_gpu.ops->host_alloc(g_gpu.dev, n, &pinned), "host_alloc");
+    /* blocks of 4 KiB reversed a -> b, then b -> pinned host, then host -> a shifted */
+    loom_copy_range r[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = (loom_copy_range){a + (size_t)i * 4096, b + (size_t)(15 - i) * 4096, 4096};
+    expect_ok(g_gpu.ops->copy_batch(g_gpu.ctx, LOOM_COPY_DEVICE, r, 16), "copy device");
+    for (int i = 0; i < 16; i++)
+        r[i] = (loom_copy_range){b + (size_t)i * 4096, (uint8_t *)pinned + (size_t)i * 4096, 4096};
+    expect_ok(g_gpu.ops->copy_batch(g_gpu.ctx, LOOM_COPY_TO_HOST, r, 16), "copy to host");
+    expect_ok(g_gpu.ops->synchronize(g_gpu.ctx), "synchronize");
+    for (int i = 0; i < 16; i++)
+        assert_memory_equal((uint8_t *)pinned + (size_t)i * 4096, host + (size_t)(15 - i) * 4096,
+                            4096);
+    for (int i = 0; i < 16; i++)
+        r[i] = (loom_copy_range){(uint8_t *)pinned + (size_t)i * 4096, a + (size_t)i * 4096, 4096};
+    expect_ok(g_gpu.ops->copy_batch(g_gpu.ctx, LOOM_COPY_FROM_HOST, r, 16), "copy from host");
+    gpu_get(back, a, n);
+    for (int i = 0; i < 16; i++)
+        assert_memory_equal(back + (size_t)i * 4096, host + (size_t)(15 - i) * 4096, 4096);
+    /* bad arguments: a status, no crash */
+    assert_int_equal(g_gpu.ops->copy_batch(g_gpu.ctx, (loom_copy_kind)9, r, 1),
+                     LOOM_ERR_INVALID_ARG);
+    r[0].src = NULL;
+    assert_int_equal(g_gpu.ops->copy_batch(g_gpu.ctx, LOOM_COPY_DEVICE, r, 1),
+                     LOOM_ERR_INVALID_ARG);
+    size_t fr = 0, tot = 0;
+    expect_ok(g_gpu.ops->memory_info(g_gpu.dev, &fr, &tot), "memory_info");
+    assert_true(fr > 0 && fr <= tot);
+    g_gpu.ops->host_free(g_gpu.dev, pinned);
+    free(host);
+    free(back);
+    gpu_free_all();
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Whole models                                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static loom_model *load_on(const char *path, const char *backend) {
+    loom_model_params p = loom_model_default_params();
+    p.backend = backend;
+    p.n_threads = 2;
+    p.f32_activations = true;
+    loom_model *m = NULL;
+    if (loom_model_load(path, &p, &m) != LOOM_OK)
+        fail_msg("load %s on %s: %s", path, backend, loom_last_error());
+    return m;
+}
+
+/* Teacher-forced logits of 40 tokens then 6 decodes, CUDA against the CPU. */
+static void test_models_logits(void **state) {
+    (void)state;
+    const synth_shape *shapes[] = {&SYNTH_LLAMA, &SYNTH_GEMMA3};
+    for (int mi = 0; mi < 2; mi++) {
+        char path[512];
+        synth_path(path, sizeof path, mi ? "cuda-gemma3.gguf" : "cuda-llama.gguf");
+        assert_int_equal(synth_write(path, shapes[mi], 31 + (uint64_t)mi), 0);
+        loom_model *mc = load_on(path, "cpu"), *mg = load_on(path, "cuda");
+        loom_model_info info = {.size = sizeof info};
+        assert_int_equal(loom_model_get_info(mg, &info), LOOM_OK);
+        assert_string_equal(info.backend, "cuda");
+        const int32_t V = info.n_vocab;
+        loom_session *sc = NULL, *sg = NULL;
+        expect_ok(loom_session_create(mc, NULL, &sc), "cpu session");
+        expect_ok(loom_session_create(mg, NULL, &sg), "cuda session");
+        loom_token toks[46];
+        for (int i = 0; i < 46; i++) toks[i] = (loom_token)(3 + (i * 37) % (V - 3));
+        expect_ok(loom_session_decode(sc, toks, 40, true), "cpu decode");
+        expect_ok(loom_session_decode(sg, toks, 40, true), "cuda decode");
+        for (int i = 0; i < 40; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "%s logits, position %d", shapes[mi]->arch, i);
+            expect_close(loom_session_logits(sg, i), loom_session_logits(sc, i), (size_t)V, 1e-4,
+                         what);
+        }
+        for (int i = 40; i < 46; i++) {
+            expect_ok(loom_session_decode(sc, toks + i, 1, false), "cpu decode");
+            expect_ok(loom_session_decode(sg, toks + i, 1, false), "cuda decode");
+            expect_close(loom_session_logits(sg, -1), loom_session_logits(sc, -1), (size_t)V, 1e-4,
+                         "decode logits");
+        }
+        loom_session_free(sc);
+        loom_session_free(sg);
+        loom_model_free(mc);
+        loom_model_free(mg);
+    }
+}
+
+int main(void) {
+#if !defined(LOOM_TEST_CUDA_BUILT)
+    printf("SKIP: the CUDA backend is not built\n");
+    return 77;
+#endif
+    loom_backend_open_params gp = {.device = 0, .n_threads = 2};
+    loom_status st = loom__backend_stream_open("cuda", &gp, &g_gpu);
+    if (st == LOOM_ERR_NO_DEVICE) {
+        printf("SKIP: no CUDA device: %s\n", loom_last_error());
+        return 77;
+    }
+    if (st != LOOM_OK) {
+        fprintf(stderr, "cuda backend: %s\n", loom_last_error());
+        return 1;
+    }
+    loom_backend_open_params cp = {.device = 0, .n_threads = 4, .f32_activations = true};
+    if (loom__backend_stream_open("cpu", &cp, &g_cpu) != LOOM_OK) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_copy_batch),    cmocka_unit_test(test_get_rows),
+        cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_matmul),        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_models_logits),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    loom__backend_stream_close(&g_cpu);
+    loom__backend_stream_close(&g_gpu);
+    return rc;
+}

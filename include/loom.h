@@ -198,6 +198,50 @@ LOOM_API loom_status loom_model_load(const char *path, const loom_model_params *
  * no-op. */
 LOOM_API void loom_model_free(loom_model *model);
 
+/* ---- Experimental: synthetic models built in memory --------------------------------------- */
+/* A model of any llama / qwen2 / gemma3 shape with seeded random weights of one type, built in
+ * memory without a file: for tests and benchmarks that need shapes no small file gives (a
+ * Llama-3-8B shape on a machine that receives no large files). The numbers it computes are
+ * meaningless; the work is the real model's. Its vocabulary is a SentencePiece-style table
+ * (<unk>, <s>, </s>, the 256 byte tokens, then filler pieces), so tokenizing text works.
+ * EXPERIMENTAL: this interface may change in any release. */
+typedef struct loom_synthetic_params {
+    size_t size; /* sizeof(loom_synthetic_params) */
+    /* A named shape filling every field below that is 0: "llama3-8b", "gemma3-270m",
+     * "qwen2-7b", "smollm2-135m", or NULL (set the fields yourself). Borrowed. */
+    const char *preset;
+    const char *arch; /* "llama", "qwen2" or "gemma3" (NULL: the preset's). Borrowed. */
+    int32_t n_vocab, n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx;
+    /* gemma3: the local layers' sliding window (every 6th layer global); llama/qwen2: one
+     * window for every layer; 0: none (the preset's, for gemma3). */
+    int32_t window;
+    float rope_base; /* 0: the preset's, else 10000 */
+    /* Weight type of every matrix by its GGUF name: "f32", "f16", "bf16", "q8_0", "q4_0",
+     * "q5_0", "q4_K", "q5_K", "q6_K" (any type loom reads; norms are always f32). NULL: "f16".
+     * Borrowed. */
+    const char *weight_type;
+    uint64_t seed; /* weights and their scales (default 1) */
+} loom_synthetic_params;
+
+/* Fills p[0 .. size) with the defaults (as loom_model_params_init). Thread-safe. */
+LOOM_API void loom_synthetic_params_init(loom_synthetic_params *p, size_t size);
+
+static inline loom_synthetic_params loom_synthetic_default_params(void) {
+    loom_synthetic_params p;
+    loom_synthetic_params_init(&p, sizeof p);
+    return p;
+}
+
+/* Builds the synthetic model sp describes and loads it as loom_model_load loads a file
+ * (params: the backend and the rest, NULL for the defaults). The model owns its image (about
+ * the size of its weights in host memory, for the model's lifetime). Errors: INVALID_ARG (NULL
+ * out or sp, an unknown preset or arch, a size that is not positive or is inconsistent —
+ * n_head not a multiple of n_head_kv, n_embd not a whole number of blocks of the weight type),
+ * UNSUPPORTED (a weight type loom cannot read), OUT_OF_MEMORY, and what loom_model_load
+ * returns. */
+LOOM_API loom_status loom_model_load_synthetic(const loom_synthetic_params *sp,
+                                               const loom_model_params *params, loom_model **out);
+
 typedef struct loom_model_info {
     size_t size;              /* set by the caller: sizeof(loom_model_info) */
     const char *architecture; /* "llama", ... (owned by the model) */

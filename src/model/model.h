@@ -72,6 +72,7 @@ struct loom_model {
     atomic_int refs;
 
     loom__gguf *gguf; /* the open file; tensors of a mapped CPU model point into it */
+    void *image;      /* a synthetic model's GGUF image in memory (gguf reads it); else NULL */
     loom__tokenizer *tok;
     loom__model_config cfg;
     bool vocab_only;
@@ -118,6 +119,13 @@ loom_status loom__model_assign_kv_groups(loom__model_config *cfg);
 
 /* Binds every weight tensor of the configured architecture (shapes checked against cfg). */
 loom_status loom__model_bind_weights(loom_model *model);
+
+/* model_load.c, shared with model_synthetic.c: a new model (one reference, all else zero); the
+ * caller's loom_model_params read and checked into *p; and the rest of a load once m->gguf is
+ * open (configuration, tokenizer, backend, weights). */
+loom_model *loom__model_new(void);
+loom_status loom__model_params_in(const loom_model_params *params, loom_model_params *p);
+loom_status loom__model_load_gguf(loom_model *m, const loom_model_params *p);
 
 /* Finds tensor name with the given shape (ne0 = row length, ne1 = rows; ne1 = 1 for vectors,
  * which are converted to F32) and has the backend prepare it for `use`; *out is the view the

@@ -115,8 +115,7 @@ static loom_status read_general(loom_model *m) {
     return LOOM_OK;
 }
 
-static loom_status load_model(loom_model *m, const char *path, const loom_model_params *p) {
-    LOOM_TRY(loom__gguf_open(path, &m->gguf));
+loom_status loom__model_load_gguf(loom_model *m, const loom_model_params *p) {
     LOOM_TRY(read_general(m));
     LOOM_TRY(loom__tokenizer_load(m->gguf, &m->tok));
 
@@ -170,20 +169,35 @@ static loom_status load_model(loom_model *m, const char *path, const loom_model_
     return LOOM_OK;
 }
 
+static loom_status load_model(loom_model *m, const char *path, const loom_model_params *p) {
+    LOOM_TRY(loom__gguf_open(path, &m->gguf));
+    return loom__model_load_gguf(m, p);
+}
+
+loom_status loom__model_params_in(const loom_model_params *params, loom_model_params *p) {
+    *p = loom_model_default_params();
+    LOOM_TRY(loom__abi_params_in(p, sizeof *p, params, LOOM__ABI_END(loom_model_params, numa),
+                                 "model_params"));
+    LOOM_CHECK_ARG(p->n_threads <= 1024);
+    LOOM_CHECK_ARG(p->device >= 0);
+    LOOM_CHECK_ARG(p->numa >= LOOM_NUMA_AUTO && p->numa <= LOOM_NUMA_ISOLATE);
+    return LOOM_OK;
+}
+
+loom_model *loom__model_new(void) {
+    loom_model *m = calloc(1, sizeof *m);
+    if (m) atomic_init(&m->refs, 1);
+    return m;
+}
+
 loom_status loom_model_load(const char *path, const loom_model_params *params, loom_model **out) {
     loom__clear_error();
     LOOM_CHECK_ARG(path != NULL);
     LOOM_CHECK_ARG(out != NULL);
-    loom_model_params p = loom_model_default_params();
-    LOOM_TRY(loom__abi_params_in(&p, sizeof p, params, LOOM__ABI_END(loom_model_params, numa),
-                                 "model_params"));
-    LOOM_CHECK_ARG(p.n_threads <= 1024);
-    LOOM_CHECK_ARG(p.device >= 0);
-    LOOM_CHECK_ARG(p.numa >= LOOM_NUMA_AUTO && p.numa <= LOOM_NUMA_ISOLATE);
-
-    loom_model *m = calloc(1, sizeof *m);
+    loom_model_params p;
+    LOOM_TRY(loom__model_params_in(params, &p));
+    loom_model *m = loom__model_new();
     LOOM_RETURN_IF(!m, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
-    atomic_init(&m->refs, 1);
     double t0 = loom__now_ms();
     loom_status st = load_model(m, path, &p);
     if (st != LOOM_OK) {
@@ -205,6 +219,7 @@ static void model_destroy(loom_model *m) {
     free(m->name);
     loom__tokenizer_free(m->tok);
     loom__gguf_close(m->gguf);
+    free(m->image);
     free(m);
 }
 

@@ -60,26 +60,28 @@ typedef struct ew_args {
 #define GELU_K 0.7978845608028654f
 #define GELU_C 0.044715f
 
+/* Rows over grid.y (looping past its 65535 limit), columns over grid.x. */
 template <int OP> static __global__ void ew_kernel(ew_args a) {
-    const int64_t r = blockIdx.y;
-    const float *x = (const float *)((const char *)a.x + r * a.shape.x_stride);
-    const float *y = a.y ? (const float *)((const char *)a.y + r * a.shape.y_stride) : nullptr;
-    float *o = (float *)((char *)a.out + r * a.shape.out_stride);
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.shape.n_cols;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const float v = x[i];
-        float res;
-        if (OP == EW_ADD) {
-            res = v + y[i];
-        } else if (OP == EW_SCALE) {
-            res = v * a.s;
-        } else if (OP == EW_SILU) {
-            res = v / (1.0f + expf(-v)) * y[i];
-        } else {
-            const float inner = GELU_K * fmaf(GELU_C * v * v, v, v);
-            res = 0.5f * v * (1.0f + tanhf(inner)) * y[i];
+    for (int64_t r = blockIdx.y; r < a.shape.n_rows; r += gridDim.y) {
+        const float *x = (const float *)((const char *)a.x + r * a.shape.x_stride);
+        const float *y = a.y ? (const float *)((const char *)a.y + r * a.shape.y_stride) : nullptr;
+        float *o = (float *)((char *)a.out + r * a.shape.out_stride);
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.shape.n_cols;
+             i += (int64_t)gridDim.x * blockDim.x) {
+            const float v = x[i];
+            float res;
+            if (OP == EW_ADD) {
+                res = v + y[i];
+            } else if (OP == EW_SCALE) {
+                res = v * a.s;
+            } else if (OP == EW_SILU) {
+                res = v / (1.0f + expf(-v)) * y[i];
+            } else {
+                const float inner = GELU_K * fmaf(GELU_C * v * v, v, v);
+                res = 0.5f * v * (1.0f + tanhf(inner)) * y[i];
+            }
+            o[i] = res;
         }
-        o[i] = res;
     }
 }
 
@@ -89,10 +91,8 @@ static loom_status ew_launch(cudaStream_t stream, const ew_args &a, const char *
     const int threads = 256;
     int64_t bx = loom_cdiv(a.shape.n_cols, threads);
     if (bx > 1024) bx = 1024;
-    if (a.shape.n_rows > 65535)
-        LOOM_K_UNSUPPORTED("cuda: %s of %lld rows (at most 65535)", name,
-                           (long long)a.shape.n_rows);
-    dim3 grid((unsigned)bx, (unsigned)a.shape.n_rows);
+    const int64_t by = a.shape.n_rows < 65535 ? a.shape.n_rows : 65535;
+    dim3 grid((unsigned)bx, (unsigned)by);
     ew_kernel<OP><<<grid, threads, 0, stream>>>(a);
     LOOM_K_LAUNCHED(name);
     return LOOM_OK;

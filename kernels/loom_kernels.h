@@ -134,8 +134,8 @@ typedef struct loom__k_attn {
 } loom__k_attn;
 
 size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim);
-/* Whether the kernels run this head shape (head_dim <= 256, a multiple of 8; the query heads
- * of one KV head within the registers one warp holds). */
+/* Whether the kernels run this head shape (head_dim <= 256; the query heads of one KV head
+ * within the registers one warp holds: at most 16, 8 for head_dim > 128). */
 int loom__cuda_attention_shape_ok(int32_t n_head, int32_t n_kv_heads, int32_t head_dim);
 /* out = softmax(scale * q k^T, causal and window masked, soft-capped) v over the pools. */
 loom_status loom__cuda_attention(cudaStream_t stream, const loom__k_kv *kv, const loom__k_attn *p);

@@ -227,12 +227,14 @@ static void test_get_rows(void **state) {
  * of |w x| (float32 accumulation); and a token's outputs bitwise the same in every batch. */
 static void test_matmul(void **state) {
     (void)state;
-    const int64_t shapes[][2] = {{768, 67}, {256, 33}, {1536, 129}};
+    /* K = 1000 (not whole 32-value chunks) for the float types only: the tail path */
+    const int64_t shapes[][2] = {{768, 67}, {256, 33}, {1536, 129}, {1000, 45}};
     const int64_t Ts[] = {1, 3, 8, 9, 17, 64};
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             uint32_t t = g_types[ti];
             const int64_t k = shapes[si][0], n = shapes[si][1];
+            if (k % 32 != 0 && loom__type_get_traits(t)->block_elems != 1) continue;
             weight_pair w;
             make_weight(t, k, n, LOOM_WEIGHT_MATMUL, &w);
             const int64_t T_max = 64;
@@ -558,18 +560,21 @@ static void run_attn_case(const attn_case *c, const char *label) {
     expect_ok(g_cpu.ops->kv_store(g_cpu.ctx, &ckt, &cvt, &dc, 0), "cpu kv_store");
     /* the pools hold the same bits (the same conversion) where the CPU wrote */
     {
-        uint8_t *gp = xmalloc(pool);
+        uint8_t *gp = xmalloc(pool), *gq = xmalloc(pool);
         gpu_get(gp, gk, pool);
+        gpu_get(gq, gv, pool);
         for (int32_t s = 0; s < c->n_seqs; s++) {
             for (int32_t p = 0; p < c->kv_len[s]; p += 1 + p / 7) {
                 int32_t blk = H.block_ids[H.indptr[s] + p / c->block_size];
                 size_t off = ((size_t)blk * (size_t)c->block_size + (size_t)(p % c->block_size)) *
                              (size_t)kvd * elt;
-                if (memcmp(gp + off, (uint8_t *)ck + off, (size_t)kvd * elt) != 0)
+                if (memcmp(gp + off, (uint8_t *)ck + off, (size_t)kvd * elt) != 0 ||
+                    memcmp(gq + off, (uint8_t *)cv + off, (size_t)kvd * elt) != 0)
                     fail_msg("%s: kv_store of sequence %d position %d differs", label, s, p);
             }
         }
         free(gp);
+        free(gq);
     }
 
     /* Step 2: the new rows again (stored again, the same values) and attention. */
@@ -673,6 +678,25 @@ static void test_attention(void **state) {
                    .kv_len = long_len,
                    .n_new = long_new};
     run_attn_case(&c, "attention 16384 positions");
+    /* Head sizes that are not a multiple of 32 and groups that are not powers of two: the
+     * kernels' partial-lane and partial-group paths. */
+    static const int32_t odd[][4] = {{8, 96, 1, 7}, {16, 80, 2, 3}, {1, 40, 3, 5}};
+    for (int i = 0; i < 3; i++) {
+        attn_case o = {.block_size = odd[i][0],
+                       .head_dim = odd[i][1],
+                       .n_kv_heads = odd[i][2],
+                       .group = odd[i][3],
+                       .window = i == 1 ? 37 : 0,
+                       .softcap = i == 2 ? 50.0f : 0.0f,
+                       .kv_type = i == 0 ? LOOM_TYPE_F32 : LOOM_TYPE_F16,
+                       .n_seqs = n_seqs,
+                       .kv_len = lens,
+                       .n_new = news};
+        char label[96];
+        snprintf(label, sizeof label, "attention hd=%d group=%d kv_heads=%d", o.head_dim, o.group,
+                 o.n_kv_heads);
+        run_attn_case(&o, label);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */

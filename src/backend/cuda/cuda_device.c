@@ -277,8 +277,10 @@ loom_status loom__cuda_weight_prepare(void *dev, const loom_weight_src *src, loo
     }
     pthread_mutex_unlock(&d->mu);
     if (st == LOOM_OK && bytes > 0) {
-        cudaError_t e = cudaMemcpy2D(dst, row_bytes, host, host_stride, row_bytes,
-                                     (size_t)src->ne[1], cudaMemcpyHostToDevice);
+        cudaError_t e = src->ne[1] == 1 || host_stride == row_bytes
+                            ? cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice)
+                            : cudaMemcpy2D(dst, row_bytes, host, host_stride, row_bytes,
+                                           (size_t)src->ne[1], cudaMemcpyHostToDevice);
         if (e != cudaSuccess) st = loom__cuda_status(e, "cudaMemcpy2D (weight upload)");
     }
     free(decoded);

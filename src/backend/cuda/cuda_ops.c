@@ -9,16 +9,6 @@
 
 #include <math.h>
 
-static loom__k_rows rows_of(const loom_tensor *x, const loom_tensor *y, const loom_tensor *out) {
-    loom__k_rows r = {.n_rows = out->ne[1],
-                      .n_cols = out->ne[0],
-                      .x_stride = x->row_stride,
-                      .y_stride = y ? (y->ne[1] == 1 ? 0 : y->row_stride) : 0,
-                      .out_stride = out->row_stride};
-    if (out->ne[1] == 1) r.x_stride = r.out_stride = 0; /* one row: strides unused */
-    return r;
-}
-
 static loom__k_weight weight_of(const loom_tensor *w) {
     return (loom__k_weight){.type = (uint32_t)w->type,
                             .k = w->ne[0],
@@ -107,9 +97,10 @@ loom_status loom__cuda_rms_norm_op(void *stream, const loom_tensor *x, const loo
     LOOM_RETURN_IF(!(eps >= 0.0f) || !isfinite(eps), LOOM_ERR_INVALID_ARG,
                    "rms_norm: eps %g must be finite and >= 0", (double)eps);
     LOOM_TRY(loom__cuda_bind(c->dev));
-    loom__k_rows r = rows_of(x, NULL, out);
-    r.x_stride = x->row_stride;
-    r.out_stride = out->row_stride;
+    loom__k_rows r = {.n_rows = out->ne[1],
+                      .n_cols = out->ne[0],
+                      .x_stride = x->row_stride,
+                      .out_stride = out->row_stride};
     return loom__cuda_rms_norm(c->s, &r, x->data, w ? w->data : NULL, eps, out->data);
 }
 

@@ -46,7 +46,12 @@ static loom_status reserve_meta(loom__cuda_stream *c, size_t ints) {
     }
     /* The old device copy may still be read by queued kernels: free it after them. */
     if (c->meta_dev != NULL) {
-        LOOM_CU_TRY(cudaStreamSynchronize(c->s));
+        e = cudaStreamSynchronize(c->s);
+        if (e != cudaSuccess) {
+            (void)cudaFree(d);
+            (void)cudaFreeHost(h);
+            return loom__cuda_status(e, "cudaStreamSynchronize");
+        }
         (void)cudaFree(c->meta_dev);
         (void)cudaFreeHost(c->meta_host);
     }
@@ -85,6 +90,11 @@ loom_status loom__cuda_stream_create(void *dev, const loom_step_shape *shape, vo
     LOOM_RETURN_IF(c == NULL, LOOM_ERR_OUT_OF_MEMORY, "cuda: out of memory");
     c->dev = d;
     loom_status st = LOOM_OK;
+    if (shape != NULL && (shape->max_tokens < 1 || shape->max_seqs < 1 || shape->block_size < 1 ||
+                          shape->max_ctx < 1 || shape->n_head < 0 || shape->head_dim < 0)) {
+        free(c);
+        return loom__fail(LOOM_ERR_INVALID_ARG, "cuda: stream_create: bad step shape");
+    }
     cudaError_t e = cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming);
     if (e != cudaSuccess) st = loom__cuda_status(e, "cudaStreamCreate");
@@ -184,7 +194,7 @@ loom_status loom__cuda_synchronize(void *stream) {
 
 /* Copies n ints to the packed area at *at, returning where they landed on the device. */
 static const int32_t *pack(loom__cuda_stream *c, size_t *at, const int32_t *src, size_t n) {
-    memcpy(c->meta_host + *at, src, n * sizeof *src);
+    if (n > 0) memcpy(c->meta_host + *at, src, n * sizeof *src);
     const int32_t *dev = c->meta_dev + *at;
     *at += n;
     return dev;
@@ -198,6 +208,8 @@ loom_status loom__cuda_step_begin(void *stream, const loom_step_desc *step) {
                    "step_begin: %d kv groups (the cuda backend takes %d)", step->n_kv,
                    LOOM_CUDA_MAX_KV);
     LOOM_TRY(loom__cuda_bind(c->dev));
+    /* Until this step's descriptors are in place, no op may find the last step's. */
+    c->n_kv = 0;
     size_t ints = 0;
     for (int32_t g = 0; g < step->n_kv; g++) {
         const loom_kv_desc *kv = &step->kv[g];

@@ -1,0 +1,352 @@
+/* gpu_bench.c — loom-gpu-bench: the card's ceilings, measured here (a large device-to-device
+ * copy, a cuBLAS BF16 GEMM), then loom's CUDA kernels timed through the backend's ops table as
+ * a fraction of them. One JSON object per line on stdout, for bench/gpu/peers.py to set beside
+ * PyTorch's time for the same shape and turn into the table of bench/gpu/check.sh.
+ *
+ * Timing: each measurement is the median of 25 runs; a run queues `reps` calls and waits for
+ * the stream (so launch cost is amortised as in a real step); inputs rotate over enough copies
+ * that each run reads past the 60 MB L2 of an H200. Usage: loom-gpu-bench [--quick]. */
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "tensor/fp16.h"
+#include "tensor/quant.h"
+#include "tensor/types.h"
+
+#define RUNS 25
+
+static loom__backend_stream g_gpu;
+static uint64_t g_rng = 0x243f6a8885a308d3ull;
+
+static uint64_t rng_u64(void) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_f(void) {
+    return (float)((double)(rng_u64() >> 11) * 0x1p-52 - 1.0);
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "loom-gpu-bench: %s: %s\n", what, loom_last_error());
+    exit(1);
+}
+
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "loom-gpu-bench: %s: %s\n", #call, cudaGetErrorString(e_));            \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void *dev_alloc(size_t bytes) {
+    loom_buffer *b = NULL;
+    if (g_gpu.ops->buffer_alloc(g_gpu.dev, bytes, &b) != LOOM_OK) die("buffer_alloc");
+    return g_gpu.ops->buffer_base(g_gpu.dev, b); /* kept until exit */
+}
+
+static void dev_fill(void *d, size_t bytes) {
+    size_t chunk = 1 << 24;
+    float *h = malloc(chunk);
+    for (size_t i = 0; i < chunk / 4; i++) h[i] = rng_f();
+    for (size_t at = 0; at < bytes; at += chunk) {
+        size_t n = bytes - at < chunk ? bytes - at : chunk;
+        if (g_gpu.ops->tensor_set(g_gpu.ctx, (char *)d + at, h, n) != LOOM_OK) die("tensor_set");
+    }
+    if (g_gpu.ops->synchronize(g_gpu.ctx) != LOOM_OK) die("synchronize");
+    free(h);
+}
+
+/* ---- ceilings ------------------------------------------------------------------------------ */
+
+static double g_copy_gbs, g_gemm_tflops;
+
+static void ceilings(void) {
+    const size_t bytes = (size_t)2 << 30;
+    void *a, *b;
+    CU(cudaMalloc(&a, bytes));
+    CU(cudaMalloc(&b, bytes));
+    CU(cudaMemset(a, 1, bytes));
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    double t[RUNS];
+    for (int r = -3; r < RUNS; r++) {
+        CU(cudaEventRecord(e0, 0));
+        CU(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+        CU(cudaEventRecord(e1, 0));
+        CU(cudaEventSynchronize(e1));
+        float ms;
+        CU(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 0) t[r] = ms * 1e-3;
+    }
+    double s = median(t, RUNS);
+    g_copy_gbs = 2.0 * (double)bytes / s * 1e-9; /* read + write */
+    printf("{\"kind\":\"ceiling\",\"name\":\"d2d copy\",\"bytes\":%zu,\"s\":%.6e,"
+           "\"gbs_rw\":%.1f}\n",
+           bytes, s, g_copy_gbs);
+    CU(cudaFree(a));
+    CU(cudaFree(b));
+
+    const int n = 8192;
+    void *A, *B, *C;
+    CU(cudaMalloc(&A, (size_t)n * n * 2));
+    CU(cudaMalloc(&B, (size_t)n * n * 2));
+    CU(cudaMalloc(&C, (size_t)n * n * 2));
+    CU(cudaMemset(A, 0x3c, (size_t)n * n * 2)); /* bf16 values near 0.0116 */
+    CU(cudaMemset(B, 0x3c, (size_t)n * n * 2));
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "loom-gpu-bench: cublasCreate failed\n");
+        exit(1);
+    }
+    const float one = 1.0f, zero = 0.0f;
+    for (int r = -3; r < RUNS; r++) {
+        CU(cudaEventRecord(e0, 0));
+        cublasStatus_t cs = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, A, CUDA_R_16BF,
+                                         n, B, CUDA_R_16BF, n, &zero, C, CUDA_R_16BF, n,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (cs != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "loom-gpu-bench: cublasGemmEx: status %d\n", (int)cs);
+            exit(1);
+        }
+        CU(cudaEventRecord(e1, 0));
+        CU(cudaEventSynchronize(e1));
+        float ms;
+        CU(cudaEventElapsedTime(&ms, e0, e1));
+        if (r >= 0) t[r] = ms * 1e-3;
+    }
+    s = median(t, RUNS);
+    g_gemm_tflops = 2.0 * n * (double)n * n / s * 1e-12;
+    printf("{\"kind\":\"ceiling\",\"name\":\"cublas bf16 gemm\",\"n\":%d,\"s\":%.6e,"
+           "\"tflops\":%.1f}\n",
+           n, s, g_gemm_tflops);
+    cublasDestroy(h);
+    CU(cudaFree(A));
+    CU(cudaFree(B));
+    CU(cudaFree(C));
+}
+
+/* ---- timing a queued op --------------------------------------------------------------------- */
+
+typedef void (*run_fn)(void *ctx, int copy);
+
+/* Median seconds per call of fn over RUNS runs of reps calls, rotating over n_copies inputs. */
+static double time_op(run_fn fn, void *ctx, int n_copies, int reps) {
+    for (int i = 0; i < 3; i++) fn(ctx, i % n_copies); /* warm-up */
+    if (g_gpu.ops->synchronize(g_gpu.ctx) != LOOM_OK) die("synchronize (warm-up)");
+    double t[RUNS];
+    int c = 0;
+    for (int r = 0; r < RUNS; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < reps; i++) fn(ctx, c++ % n_copies);
+        if (g_gpu.ops->synchronize(g_gpu.ctx) != LOOM_OK) die("synchronize");
+        t[r] = (now_s() - t0) / reps;
+    }
+    return median(t, RUNS);
+}
+
+/* ---- matmul ------------------------------------------------------------------------------- */
+
+typedef struct mm_ctx {
+    loom_tensor w[8], x, out;
+    int n_copies;
+} mm_ctx;
+
+static void mm_run(void *p, int copy) {
+    mm_ctx *m = p;
+    if (g_gpu.ops->matmul(g_gpu.ctx, &m->w[copy], &m->x, &m->out) != LOOM_OK) die("matmul");
+}
+
+/* A random row of type t: quantized from floats where loom can, else random codes with small
+ * positive f16 scales (K-quants). */
+static void make_row(uint32_t t, int64_t k, uint8_t *row, size_t rb, float *tmp) {
+    for (int64_t i = 0; i < k; i++) tmp[i] = rng_f();
+    if (loom__quantize_row(t, tmp, row, k)) return;
+    for (size_t b = 0; b < rb; b++) row[b] = (uint8_t)rng_u64();
+    const loom__type_traits *tr = loom__type_get_traits(t);
+    for (int64_t blk = 0; blk < k / tr->block_elems; blk++) {
+        uint8_t *bp = row + (size_t)blk * tr->block_bytes;
+        uint16_t d = loom__f32_to_f16(0.01f);
+        size_t at = t == LOOM_TYPE_Q6_K ? 208 : 0;
+        memcpy(bp + at, &d, 2);
+        if (t == LOOM_TYPE_Q4_K || t == LOOM_TYPE_Q5_K) memcpy(bp + 2, &d, 2);
+    }
+}
+
+static void bench_matmul(uint32_t t, int64_t k, int64_t n, int64_t T) {
+    mm_ctx m = {0};
+    size_t rb;
+    if (!loom__type_row_bytes(t, k, &rb)) die("row bytes");
+    const size_t bytes = rb * (size_t)n;
+    m.n_copies = (int)((200u << 20) / bytes + 1);
+    if (m.n_copies > 8) m.n_copies = 8;
+    uint8_t *host = malloc(bytes);
+    float *tmp = malloc((size_t)k * sizeof *tmp);
+    for (int64_t r = 0; r < n; r++) make_row(t, k, host + (size_t)r * rb, rb, tmp);
+    for (int c = 0; c < m.n_copies; c++) {
+        loom_weight_src src = {.name = "bench.weight",
+                               .type = (loom_type)t,
+                               .ne = {k, n},
+                               .row_stride = rb,
+                               .data = host,
+                               .persistent = true,
+                               .use = LOOM_WEIGHT_MATMUL};
+        if (g_gpu.ops->weight_prepare(g_gpu.dev, &src, &m.w[c]) != LOOM_OK) die("prepare");
+    }
+    free(host);
+    free(tmp);
+    float *x = dev_alloc((size_t)(k * T) * 4), *o = dev_alloc((size_t)(n * T) * 4);
+    dev_fill(x, (size_t)(k * T) * 4);
+    m.x = loom_tensor_2d(LOOM_TYPE_F32, x, k, T, (size_t)k * 4);
+    m.out = loom_tensor_2d(LOOM_TYPE_F32, o, n, T, (size_t)n * 4);
+    double s = time_op(mm_run, &m, m.n_copies, T <= 8 ? 20 : 3);
+    double gbs = (double)bytes / s * 1e-9, tflops = 2.0 * (double)k * n * T / s * 1e-12;
+    printf("{\"kind\":\"matmul\",\"type\":\"%s\",\"k\":%lld,\"n\":%lld,\"t\":%lld,\"s\":%.6e,"
+           "\"weight_bytes\":%zu,\"gbs\":%.1f,\"pct_bw\":%.1f,\"tflops\":%.2f,"
+           "\"pct_gemm\":%.1f}\n",
+           loom__type_name(t), (long long)k, (long long)n, (long long)T, s, bytes, gbs,
+           100.0 * gbs / (g_copy_gbs / 2.0), tflops, 100.0 * tflops / g_gemm_tflops);
+    fflush(stdout);
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+
+typedef struct at_ctx {
+    loom_tensor q, out;
+    loom_kv_desc kv[4];
+    void *k[4], *v[4];
+    loom_attn_params p;
+    int32_t n_rows;
+} at_ctx;
+
+static void at_run(void *p, int copy) {
+    at_ctx *a = p;
+    if (g_gpu.ops->attention(g_gpu.ctx, &a->q, &a->kv[copy], &a->p, &a->out) != LOOM_OK)
+        die("attention");
+}
+
+/* batch sequences of ctx positions, new rows each (1: decode), n_head over n_kv heads. */
+static void bench_attention(int32_t batch, int32_t ctx, int32_t new_rows, int32_t n_head,
+                            int32_t n_kv, int32_t hd) {
+    at_ctx a = {0};
+    const int32_t bs = 16, blocks_per = (ctx + bs - 1) / bs, nb = batch * blocks_per;
+    const size_t token = (size_t)n_kv * hd * 2, pool = (size_t)nb * bs * token;
+    const int n_copies = pool * 2 >= (200u << 20) ? 1 : (int)((200u << 20) / (pool * 2) + 1);
+    const int copies = n_copies > 4 ? 4 : n_copies;
+    int32_t *indptr = malloc(sizeof(int32_t) * (size_t)(batch + 1));
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)nb);
+    int32_t *q_start = malloc(sizeof(int32_t) * (size_t)(batch + 1));
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)batch),
+            *len = malloc(sizeof(int32_t) * (size_t)batch);
+    for (int32_t s = 0; s <= batch; s++) {
+        indptr[s] = s * blocks_per;
+        q_start[s] = s * new_rows;
+    }
+    for (int32_t i = 0; i < nb; i++) ids[i] = i;
+    for (int32_t s = 0; s < batch; s++) {
+        pos[s] = ctx - new_rows;
+        len[s] = ctx;
+    }
+    a.n_rows = batch * new_rows;
+    for (int c = 0; c < copies; c++) {
+        a.k[c] = dev_alloc(pool);
+        a.v[c] = dev_alloc(pool);
+        dev_fill(a.k[c], pool);
+        dev_fill(a.v[c], pool);
+        a.kv[c] = (loom_kv_desc){.n_seqs = batch,
+                                 .indptr = indptr,
+                                 .block_ids = ids,
+                                 .q_start = q_start,
+                                 .pos_start = pos,
+                                 .kv_len = len,
+                                 .block_size = bs,
+                                 .n_blocks = nb,
+                                 .n_kv_heads = n_kv,
+                                 .head_dim = hd,
+                                 .kv_type = LOOM_TYPE_F16,
+                                 .layout = LOOM_KV_LAYOUT_NHD,
+                                 .token_stride = token,
+                                 .block_stride = token * bs,
+                                 .n_layers = 1,
+                                 .k_base = &a.k[c],
+                                 .v_base = &a.v[c]};
+    }
+    const int64_t qd = (int64_t)n_head * hd;
+    float *q = dev_alloc((size_t)(a.n_rows * qd) * 4), *o = dev_alloc((size_t)(a.n_rows * qd) * 4);
+    dev_fill(q, (size_t)(a.n_rows * qd) * 4);
+    a.q = loom_tensor_2d(LOOM_TYPE_F32, q, qd, a.n_rows, (size_t)qd * 4);
+    a.out = loom_tensor_2d(LOOM_TYPE_F32, o, qd, a.n_rows, (size_t)qd * 4);
+    a.p = (loom_attn_params){.n_head = n_head, .layer = 0, .scale = 1.0f / sqrtf((float)hd)};
+    /* One step holding every copy's descriptor, as a step hands all its KV groups over at once:
+     * the timed calls are the attention kernels alone, as in a layer of a step. */
+    loom_step_desc st = {.n_tokens = a.n_rows, .n_kv = copies, .kv = a.kv};
+    if (g_gpu.ops->step_begin(g_gpu.ctx, &st) != LOOM_OK) die("step_begin");
+    double s = time_op(at_run, &a, copies, new_rows == 1 ? 10 : 2);
+    const double kv_bytes = 2.0 * (double)pool;
+    const double flops = 4.0 * (double)batch * n_head * hd * (double)new_rows * ctx;
+    double gbs = kv_bytes / s * 1e-9;
+    printf("{\"kind\":\"attention\",\"batch\":%d,\"ctx\":%d,\"new_rows\":%d,\"n_head\":%d,"
+           "\"n_kv\":%d,\"hd\":%d,\"s\":%.6e,\"kv_bytes\":%.0f,\"gbs\":%.1f,\"pct_bw\":%.1f,"
+           "\"tflops\":%.2f}\n",
+           batch, ctx, new_rows, n_head, n_kv, hd, s, kv_bytes, gbs,
+           100.0 * gbs / (g_copy_gbs / 2.0), flops / s * 1e-12);
+    fflush(stdout);
+    free(indptr);
+    free(ids);
+    free(q_start);
+    free(pos);
+    free(len);
+}
+
+int main(int argc, char **argv) {
+    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    loom_backend_open_params op = {.device = 0};
+    if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
+    ceilings();
+    /* Decode GEMV and small-batch matmuls on Llama-3-8B's shapes (up/gate: 4096 -> 14336; down:
+     * 14336 -> 4096), then a prefill-sized one. */
+    const uint32_t types[] = {LOOM_TYPE_BF16, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_K};
+    for (int ti = 0; ti < 3; ti++) {
+        bench_matmul(types[ti], 4096, 14336, 1);
+        bench_matmul(types[ti], 14336, 4096, 1);
+        bench_matmul(types[ti], 4096, 14336, 8);
+        if (!quick) bench_matmul(types[ti], 4096, 14336, 16);
+        if (!quick) bench_matmul(types[ti], 4096, 4096, 512);
+    }
+    /* Decode attention at long contexts (Llama-3-8B heads: 32 over 8, head_dim 128), Gemma 3
+     * 270M's (4 over 1, head_dim 256), and a prefill chunk. */
+    bench_attention(16, 8192, 1, 32, 8, 128);
+    bench_attention(64, 8192, 1, 32, 8, 128);
+    bench_attention(1, 16384, 1, 32, 8, 128);
+    bench_attention(16, 8192, 1, 4, 1, 256);
+    if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128);
+    loom__backend_stream_close(&g_gpu);
+    return 0;
+}

@@ -1,0 +1,137 @@
+"""peers.py — the same work as loom-gpu-bench's, done by PyTorch on the same GPU in the same run,
+and the table bench/gpu/check.sh commits.
+
+Reads loom-gpu-bench's JSON lines (argv[1]); for each matmul shape times torch.matmul on bf16
+(cuBLAS), for each attention shape torch's scaled_dot_product_attention with the flash backend
+(bf16, GQA through enable_gqa), each the median of 25 CUDA-event timings after warm-up with
+inputs rotated past the L2. Then, time allowing (--hf-seconds), Hugging Face transformers
+generating with a randomly initialised Llama-3-8B-shaped model (bf16, static cache, no
+download). Prints Markdown: ratios are peer time / loom time (above 1: loom is faster)."""
+import json
+import sys
+import time
+
+import torch
+
+RUNS = 25
+
+
+def cuda_time(fn, copies):
+    for i in range(3):
+        fn(i % copies)
+    torch.cuda.synchronize()
+    ts = []
+    for r in range(RUNS):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(r % copies)
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3)
+    ts.sort()
+    return ts[RUNS // 2]
+
+
+def copies_for(nbytes):
+    return max(1, min(8, (200 << 20) // max(1, nbytes) + 1))
+
+
+def torch_matmul(k, n, t):
+    nbytes = k * n * 2
+    c = copies_for(nbytes)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(c)]
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    return cuda_time(lambda i: torch.matmul(x, ws[i].t()), c)
+
+
+def torch_attention(batch, ctx, new_rows, n_head, n_kv, hd):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    kvb = 2 * batch * n_kv * ctx * hd * 2
+    c = copies_for(kvb)
+    ks = [torch.randn(batch, n_kv, ctx, hd, device="cuda", dtype=torch.bfloat16) for _ in range(c)]
+    vs = [torch.randn(batch, n_kv, ctx, hd, device="cuda", dtype=torch.bfloat16) for _ in range(c)]
+    q = torch.randn(batch, n_head, new_rows, hd, device="cuda", dtype=torch.bfloat16)
+    causal = new_rows > 1
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.CUDNN_ATTENTION):
+        try:
+            with sdpa_kernel(backend):
+                f = lambda i: torch.nn.functional.scaled_dot_product_attention(
+                    q, ks[i], vs[i], is_causal=causal, enable_gqa=True)
+                f(0)
+                return cuda_time(f, c), str(backend).split(".")[-1].lower()
+        except RuntimeError:
+            continue
+    return float("nan"), "none"
+
+
+def hf_generate(seconds):
+    """Decode tokens/s of transformers generating with a random Llama-3-8B-shaped model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    t0 = time.time()
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                      max_position_embeddings=8192, rope_theta=500000.0)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, 16), device="cuda")
+    out = {}
+    for new in (8, 72):
+        if time.time() - t0 > seconds:
+            return None
+        torch.cuda.synchronize()
+        a = time.time()
+        model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                       cache_implementation="static")
+        torch.cuda.synchronize()
+        out[new] = time.time() - a
+    # the difference of a long and a short run: 64 decode steps, prefill and set-up cancelled
+    return 64.0 / (out[72] - out[8])
+
+
+def main():
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+    hf_seconds = float(sys.argv[sys.argv.index("--hf-seconds") + 1]) if "--hf-seconds" in sys.argv else 0
+    ceil = {r["name"]: r for r in rows if r["kind"] == "ceiling"}
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}\n")
+    print("| ceiling | measured |\n|---|---:|")
+    if "d2d copy" in ceil:
+        print(f"| device-to-device copy (read + write) | {ceil['d2d copy']['gbs_rw']:.0f} GB/s |")
+    if "cublas bf16 gemm" in ceil:
+        print(f"| cuBLAS BF16 GEMM 8192³ | {ceil['cublas bf16 gemm']['tflops']:.0f} TFLOP/s |")
+    print("\nBandwidth % is of half the copy's read+write rate (what one stream of reads can "
+          "take); TFLOP/s % is of the cuBLAS GEMM.\n")
+    print("| kernel | shape | loom µs | loom | % of ceiling | torch µs | torch/loom |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        if r["kind"] == "matmul":
+            peer = torch_matmul(r["k"], r["n"], r["t"])
+            big = r["t"] > 16
+            what = f"{r['tflops']:.1f} TFLOP/s" if big else f"{r['gbs']:.0f} GB/s"
+            pct = r["pct_gemm"] if big else r["pct_bw"]
+            print(f"| matmul {r['type']} | K={r['k']} N={r['n']} T={r['t']} | {r['s']*1e6:.1f} | "
+                  f"{what} | {pct:.0f}% | {peer*1e6:.1f} | {peer / r['s']:.2f} |")
+        elif r["kind"] == "attention":
+            peer, be = torch_attention(r["batch"], r["ctx"], r["new_rows"], r["n_head"], r["n_kv"],
+                                       r["hd"])
+            kind = "decode" if r["new_rows"] == 1 else "prefill"
+            big = r["new_rows"] > 1
+            what = f"{r['tflops']:.1f} TFLOP/s" if big else f"{r['gbs']:.0f} GB/s"
+            pct = 100.0 * r["tflops"] / ceil["cublas bf16 gemm"]["tflops"] if big else r["pct_bw"]
+            print(f"| attention {kind} (f16 pages; torch {be}, bf16) | B={r['batch']} ctx={r['ctx']} "
+                  f"rows={r['new_rows']} H={r['n_head']}/{r['n_kv']} hd={r['hd']} | "
+                  f"{r['s']*1e6:.1f} | {what} | {pct:.0f}% | {peer*1e6:.1f} | {peer / r['s']:.2f} |")
+        sys.stdout.flush()
+    if hf_seconds > 0:
+        try:
+            tps = hf_generate(hf_seconds)
+            print(f"\nHugging Face transformers, random Llama-3-8B shape, bf16, static cache, "
+                  f"batch 1: {'%.1f decode tokens/s' % tps if tps else 'skipped (time)'}")
+        except Exception as e:  # the peer's failure is reported, not fatal
+            print(f"\nHugging Face transformers: failed: {type(e).__name__}: {e}")
+
+
+if __name__ == "__main__":
+    main()

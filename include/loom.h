@@ -210,8 +210,15 @@ typedef struct loom_synthetic_params {
     /* A named shape filling every field below that is 0: "llama3-8b", "gemma3-270m",
      * "qwen2-7b", "smollm2-135m", or NULL (set the fields yourself). Borrowed. */
     const char *preset;
-    const char *arch; /* "llama", "qwen2" or "gemma3" (NULL: the preset's). Borrowed. */
-    int32_t n_vocab, n_embd, n_head, n_head_kv, head_dim, n_ff, n_layer, n_ctx;
+    const char *arch;  /* "llama", "qwen2" or "gemma3" (NULL: the preset's). Borrowed. */
+    int32_t n_vocab;   /* tokens (at least 260: control, byte and filler tokens) */
+    int32_t n_embd;    /* model width */
+    int32_t n_head;    /* query heads */
+    int32_t n_head_kv; /* key/value heads (n_head a multiple of it) */
+    int32_t head_dim;  /* elements per head (0: n_embd / n_head) */
+    int32_t n_ff;      /* feed-forward width */
+    int32_t n_layer;
+    int32_t n_ctx; /* training context (0: the preset's, else 4096) */
     /* gemma3: the local layers' sliding window (every 6th layer global); llama/qwen2: one
      * window for every layer; 0: none (the preset's, for gemma3). */
     int32_t window;

@@ -22,6 +22,10 @@
 #include "model/synth_model.h"
 
 static loom__backend_stream g_cpu, g_gpu;
+/* LOOM_TEST_CUDA_STANDIN=cpu runs the whole test with a second CPU backend in the GPU's place:
+ * a check of the test itself (its descriptors, references and tolerances) on a machine without
+ * a GPU. Not run by CI. */
+static const char *g_gpu_name = "cuda";
 
 static void fill_rand(float *p, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) p[i] = rng_f() * scale;
@@ -180,7 +184,8 @@ static void test_get_rows(void **state) {
         uint32_t t = g_types[ti];
         weight_pair w;
         make_weight(t, k, n, LOOM_WEIGHT_GET_ROWS, &w);
-        assert_int_equal(w.gpu.type, native(t) ? (loom_type)t : LOOM_TYPE_BF16);
+        if (strcmp(g_gpu_name, "cuda") == 0)
+            assert_int_equal(w.gpu.type, native(t) ? (loom_type)t : LOOM_TYPE_BF16);
         int32_t ids[17];
         for (int i = 0; i < n_ids; i++) ids[i] = (int32_t)(rng_u64() % (uint64_t)n);
         ids[0] = 0;
@@ -196,7 +201,7 @@ static void test_get_rows(void **state) {
         loom_tensor cid = loom_tensor_2d(LOOM_TYPE_I32, ids, n_ids, 1, sizeof ids);
         loom_tensor cout = cpu_view(ref, k, n_ids);
         expect_ok(g_cpu.ops->get_rows(g_cpu.ctx, &w.cpu, &cid, &cout), "cpu get_rows");
-        if (native(t)) {
+        if (native(t) || w.gpu.type == (loom_type)t) {
             /* decoded in place with the CPU's rounding: bit for bit */
             if (memcmp(got, ref, (size_t)(k * n_ids) * 4) != 0)
                 fail_msg("get_rows %s: not bitwise the CPU's", loom__type_name(t));
@@ -213,9 +218,14 @@ static void test_get_rows(void **state) {
         gid.ne[0] = 2;
         loom_tensor gout2 = gout;
         gout2.ne[1] = 2;
-        expect_ok(g_gpu.ops->get_rows(g_gpu.ctx, &w.gpu, &gid, &gout2), "cuda get_rows (bad)");
-        gpu_get(got, gout.data, (size_t)(k * 2) * 4);
-        for (int64_t i = 0; i < 2 * k; i++) assert_true(isnan(got[i]));
+        if (strcmp(g_gpu_name, "cuda") == 0) {
+            expect_ok(g_gpu.ops->get_rows(g_gpu.ctx, &w.gpu, &gid, &gout2), "cuda get_rows (bad)");
+            gpu_get(got, gout.data, (size_t)(k * 2) * 4);
+            for (int64_t i = 0; i < 2 * k; i++) assert_true(isnan(got[i]));
+        } else { /* the CPU sees the ids and refuses them */
+            assert_int_equal(g_gpu.ops->get_rows(g_gpu.ctx, &w.gpu, &gid, &gout2),
+                             LOOM_ERR_BAD_INPUT);
+        }
         free(got);
         free(ref);
         free_weight(&w);
@@ -768,10 +778,10 @@ static void test_models_logits(void **state) {
         char path[512];
         synth_path(path, sizeof path, mi ? "cuda-gemma3.gguf" : "cuda-llama.gguf");
         assert_int_equal(synth_write(path, shapes[mi], 31 + (uint64_t)mi), 0);
-        loom_model *mc = load_on(path, "cpu"), *mg = load_on(path, "cuda");
+        loom_model *mc = load_on(path, "cpu"), *mg = load_on(path, g_gpu_name);
         loom_model_info info = {.size = sizeof info};
         assert_int_equal(loom_model_get_info(mg, &info), LOOM_OK);
-        assert_string_equal(info.backend, "cuda");
+        assert_string_equal(info.backend, g_gpu_name);
         const int32_t V = info.n_vocab;
         loom_session *sc = NULL, *sg = NULL;
         expect_ok(loom_session_create(mc, NULL, &sc), "cpu session");
@@ -799,13 +809,105 @@ static void test_models_logits(void **state) {
     }
 }
 
+/* The engine's concurrent-requests run on a model: 16 requests (four of them n = 4 samples,
+ * half sampled at temperature 0.8), prompts sharing prefixes (prefix-cache hits), a 32-token
+ * step budget (chunked prefill) and a KV budget small enough to preempt — by recompute, then
+ * by swap. Tokens of every sample into out[16][4][24]. */
+#define ENG_REQ 16
+static void engine_run(loom_model *m, loom_preempt_mode mode, loom_token out[ENG_REQ][4][24],
+                       loom_engine_stats *st) {
+    loom_engine_params ep = loom_engine_default_params();
+    ep.kv_bytes = 96 << 10;
+    ep.max_ctx = 128;
+    ep.max_batched_tokens = 32;
+    ep.max_seqs = 16;
+    ep.prefix_cache = true;
+    ep.preempt = mode;
+    loom_engine *e = NULL;
+    if (loom_engine_create(m, &ep, &e) != LOOM_OK) fail_msg("engine: %s", loom_last_error());
+    loom_request_id ids[ENG_REQ];
+    static loom_token prompt[ENG_REQ][40];
+    for (int r = 0; r < ENG_REQ; r++) {
+        for (int i = 0; i < 40; i++)
+            prompt[r][i] =
+                (loom_token)(5 + (i < 24 ? (r % 3) * 11 + i * 7 : r * 31 + i * 17) % 250);
+        loom_request_params rq = loom_request_default_params();
+        loom_sampler_params sp = loom_sampler_default_params();
+        rq.sampler = &sp;
+        rq.prompt_tokens = prompt[r];
+        rq.n_prompt_tokens = 24 + (size_t)(r % 5) * 4;
+        rq.max_tokens = 24;
+        rq.n = r % 4 == 3 ? 4 : 1;
+        rq.ignore_eos = true;
+        sp.temperature = r % 2 ? 0.8f : 0.0f;
+        sp.seed = 1000 + (uint64_t)r;
+        if (loom_engine_submit(e, &rq, &ids[r]) != LOOM_OK)
+            fail_msg("submit: %s", loom_last_error());
+    }
+    int n[ENG_REQ][4] = {{0}};
+    while (loom_engine_has_work(e)) {
+        const loom_event *const *ev;
+        size_t n_ev;
+        expect_ok(loom_engine_step(e, &ev, &n_ev), "engine step");
+        for (size_t k = 0; k < n_ev; k++) {
+            assert_int_not_equal(ev[k]->kind, LOOM_EVENT_FAILED);
+            for (int r = 0; r < ENG_REQ; r++)
+                if (ev[k]->kind == LOOM_EVENT_TOKEN && ev[k]->id == ids[r])
+                    out[r][ev[k]->sample][n[r][ev[k]->sample]++] = ev[k]->token;
+        }
+    }
+    for (int r = 0; r < ENG_REQ; r++)
+        for (int i = 0; i < (r % 4 == 3 ? 4 : 1); i++) assert_int_equal(n[r][i], 24);
+    st->size = sizeof *st;
+    expect_ok(loom_engine_get_stats(e, st), "engine stats");
+    loom_engine_destroy(e);
+}
+
+static void test_models_engine(void **state) {
+    (void)state;
+    const synth_shape *shapes[] = {&SYNTH_LLAMA, &SYNTH_GEMMA3};
+    static loom_token a[ENG_REQ][4][24], b[ENG_REQ][4][24];
+    for (int mi = 0; mi < 2; mi++) {
+        char path[512];
+        synth_path(path, sizeof path, mi ? "cuda-eng-gemma3.gguf" : "cuda-eng-llama.gguf");
+        assert_int_equal(synth_write(path, shapes[mi], 41 + (uint64_t)mi), 0);
+        loom_model *mc = load_on(path, "cpu"), *mg = load_on(path, g_gpu_name);
+        for (int mode = 0; mode < 2; mode++) {
+            memset(a, 0, sizeof a);
+            memset(b, 0, sizeof b);
+            loom_engine_stats sc, sg;
+            engine_run(mc, (loom_preempt_mode)mode, a, &sc);
+            engine_run(mg, (loom_preempt_mode)mode, b, &sg);
+            printf("%s, preempt by %s: cpu %lld preemptions, %lld prefix-cached tokens; cuda %lld, "
+                   "%lld\n",
+                   shapes[mi]->arch, mode ? "swap" : "recompute", (long long)sc.preemptions,
+                   (long long)sc.prefix_hit_tokens, (long long)sg.preemptions,
+                   (long long)sg.prefix_hit_tokens);
+            assert_true(sg.preemptions > 0); /* the budget is meant to force them */
+            for (int r = 0; r < ENG_REQ; r++)
+                for (int i = 0; i < 4; i++)
+                    for (int t = 0; t < 24; t++)
+                        if (a[r][i][t] != b[r][i][t])
+                            fail_msg("%s (%s): request %d sample %d token %d: cpu %d, cuda %d",
+                                     shapes[mi]->arch, mode ? "swap" : "recompute", r, i, t,
+                                     a[r][i][t], b[r][i][t]);
+        }
+        loom_model_free(mc);
+        loom_model_free(mg);
+    }
+}
+
 int main(void) {
 #if !defined(LOOM_TEST_CUDA_BUILT)
-    printf("SKIP: the CUDA backend is not built\n");
-    return 77;
+    if (getenv("LOOM_TEST_CUDA_STANDIN") == NULL) {
+        printf("SKIP: the CUDA backend is not built\n");
+        return 77;
+    }
 #endif
-    loom_backend_open_params gp = {.device = 0, .n_threads = 2};
-    loom_status st = loom__backend_stream_open("cuda", &gp, &g_gpu);
+    const char *standin = getenv("LOOM_TEST_CUDA_STANDIN");
+    if (standin != NULL && strcmp(standin, "cpu") == 0) g_gpu_name = "cpu";
+    loom_backend_open_params gp = {.device = 0, .n_threads = 2, .f32_activations = true};
+    loom_status st = loom__backend_stream_open(g_gpu_name, &gp, &g_gpu);
     if (st == LOOM_ERR_NO_DEVICE) {
         printf("SKIP: no CUDA device: %s\n", loom_last_error());
         return 77;
@@ -820,7 +922,7 @@ int main(void) {
         cmocka_unit_test(test_copy_batch),    cmocka_unit_test(test_get_rows),
         cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_rope),
         cmocka_unit_test(test_matmul),        cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_models_logits),
+        cmocka_unit_test(test_models_logits), cmocka_unit_test(test_models_engine),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     loom__backend_stream_close(&g_cpu);

@@ -356,37 +356,13 @@ void loom__cpu_attention_need(int n_threads, int64_t T, int32_t n_head, int32_t 
     *parts_bytes = (size_t)(bytes < ATTN_PARTS_MAX_BYTES ? bytes : ATTN_PARTS_MAX_BYTES);
 }
 
-static loom_status attn_check_params(const loom_attn_params *p, const loom_kv_desc *kv) {
-    LOOM_RETURN_IF(p == NULL, LOOM_ERR_INVALID_ARG, "attention: params are NULL");
-    LOOM_RETURN_IF(p->n_head < 1 || p->n_head % kv->n_kv_heads != 0, LOOM_ERR_INVALID_ARG,
-                   "attention: n_head %d is not a positive multiple of n_kv_heads %d", p->n_head,
-                   kv->n_kv_heads);
-    LOOM_RETURN_IF(!isfinite(p->scale), LOOM_ERR_INVALID_ARG, "attention: scale %g is not finite",
-                   (double)p->scale);
-    LOOM_RETURN_IF(!(p->softcap >= 0.0f) || !isfinite(p->softcap), LOOM_ERR_INVALID_ARG,
-                   "attention: softcap %g must be finite and >= 0", (double)p->softcap);
-    return LOOM_OK;
-}
-
 loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_desc *kv,
                                 const loom_attn_params *p, loom_tensor *out) {
     loom__cpu_ctx *c = ctx;
-    LOOM_TRY(loom__check_f32("attention", "q", q));
-    LOOM_TRY(loom__check_f32("attention", "out", out));
-    LOOM_TRY(loom__check_same_shape("attention", "q", q, "out", out));
-    LOOM_RETURN_IF(p == NULL, LOOM_ERR_INVALID_ARG, "attention: params are NULL");
+    int64_t n_rows;
+    LOOM_TRY(loom__check_attention(q, kv, p, out, &n_rows));
     int32_t pool_layer;
     LOOM_TRY(loom__cpu_check_kv_use("attention", kv, p->layer, true, &pool_layer));
-    LOOM_TRY(attn_check_params(p, kv));
-    const int64_t n_rows = kv->q_start[kv->n_seqs];
-    LOOM_RETURN_IF(q->ne[0] != (int64_t)p->n_head * kv->head_dim, LOOM_ERR_INVALID_ARG,
-                   "attention: q rows have %lld elements but n_head*head_dim = %d*%d",
-                   (long long)q->ne[0], p->n_head, kv->head_dim);
-    LOOM_RETURN_IF(q->ne[1] != n_rows, LOOM_ERR_INVALID_ARG,
-                   "attention: q has %lld rows but the descriptor has %lld new rows",
-                   (long long)q->ne[1], (long long)n_rows);
-    LOOM_RETURN_IF(loom__tensors_overlap(q, out), LOOM_ERR_INVALID_ARG,
-                   "attention: out overlaps q (no in-place attention)");
     if (n_rows == 0) return LOOM_OK;
 
     attn_task t = {.q = q,

@@ -124,13 +124,7 @@ static loom_status ew_run(loom__cpu_ctx *c, ew_task *t) {
 
 loom_status loom__cpu_glu(void *ctx, const loom_tensor *gate, const loom_tensor *up,
                           loom_glu_kind kind, loom_tensor *out) {
-    LOOM_TRY(loom__check_f32("glu", "gate", gate));
-    LOOM_TRY(loom__check_f32("glu", "up", up));
-    LOOM_TRY(loom__check_f32("glu", "out", out));
-    LOOM_TRY(loom__check_same_shape("glu", "gate", gate, "up", up));
-    LOOM_TRY(loom__check_same_shape("glu", "gate", gate, "out", out));
-    LOOM_RETURN_IF(kind != LOOM_GLU_SWIGLU && kind != LOOM_GLU_GEGLU_TANH, LOOM_ERR_INVALID_ARG,
-                   "glu: unknown kind %d", (int)kind);
+    LOOM_TRY(loom__check_glu(gate, up, kind, out));
     ew_task t = {.kind = kind == LOOM_GLU_SWIGLU ? EW_SWIGLU : EW_GEGLU_TANH,
                  .a = gate,
                  .b = up,
@@ -139,22 +133,13 @@ loom_status loom__cpu_glu(void *ctx, const loom_tensor *gate, const loom_tensor 
 }
 
 loom_status loom__cpu_add(void *ctx, const loom_tensor *a, const loom_tensor *b, loom_tensor *out) {
-    LOOM_TRY(loom__check_f32("add", "a", a));
-    LOOM_TRY(loom__check_f32("add", "b", b));
-    LOOM_TRY(loom__check_f32("add", "out", out));
-    LOOM_TRY(loom__check_same_shape("add", "a", a, "out", out));
-    LOOM_RETURN_IF(
-        b->ne[0] != a->ne[0] || (b->ne[1] != a->ne[1] && b->ne[1] != 1), LOOM_ERR_INVALID_ARG,
-        "add: b is [%lld, %lld]; it must be a's shape [%lld, %lld] or one row", (long long)b->ne[1],
-        (long long)b->ne[0], (long long)a->ne[1], (long long)a->ne[0]);
+    LOOM_TRY(loom__check_add(a, b, out));
     ew_task t = {.kind = EW_ADD, .a = a, .b = b, .out = out};
     return ew_run(ctx, &t);
 }
 
 loom_status loom__cpu_scale(void *ctx, const loom_tensor *x, float s, loom_tensor *out) {
-    LOOM_TRY(loom__check_f32("scale", "x", x));
-    LOOM_TRY(loom__check_f32("scale", "out", out));
-    LOOM_TRY(loom__check_same_shape("scale", "x", x, "out", out));
+    LOOM_TRY(loom__check_scale(x, out));
     ew_task t = {.kind = EW_SCALE, .a = x, .out = out, .s = s};
     return ew_run(ctx, &t);
 }
@@ -216,37 +201,14 @@ static loom_status row_run(loom__cpu_ctx *c, row_task *t) {
 
 loom_status loom__cpu_rms_norm(void *ctx, const loom_tensor *x, const loom_tensor *w, float eps,
                                loom_tensor *out) {
-    LOOM_TRY(loom__check_f32("rms_norm", "x", x));
-    LOOM_TRY(loom__check_f32("rms_norm", "out", out));
-    LOOM_TRY(loom__check_same_shape("rms_norm", "x", x, "out", out));
-    if (w != NULL) {
-        LOOM_TRY(loom__check_f32("rms_norm", "w", w));
-        LOOM_RETURN_IF(w->ne[0] != x->ne[0] || w->ne[1] != 1, LOOM_ERR_INVALID_ARG,
-                       "rms_norm: w is [%lld, %lld] but must be [1, %lld]", (long long)w->ne[1],
-                       (long long)w->ne[0], (long long)x->ne[0]);
-    }
-    LOOM_RETURN_IF(!(eps >= 0.0f) || !isfinite(eps), LOOM_ERR_INVALID_ARG,
-                   "rms_norm: eps %g must be finite and >= 0", (double)eps);
+    LOOM_TRY(loom__check_rms_norm(x, w, eps, out));
     row_task t = {.kind = ROW_RMS_NORM, .x = x, .w = w, .out = out, .eps = eps};
     return row_run(ctx, &t);
 }
 
 loom_status loom__cpu_get_rows(void *ctx, const loom_tensor *table, const loom_tensor *ids,
                                loom_tensor *out) {
-    LOOM_TRY(loom__check_weight("cpu", "get_rows", "table", table));
-    LOOM_RETURN_IF(ids == NULL, LOOM_ERR_INVALID_ARG, "get_rows: ids is NULL");
-    LOOM_RETURN_IF(ids->type != LOOM_TYPE_I32, LOOM_ERR_UNSUPPORTED,
-                   "get_rows: ids must be i32, got %s", loom__type_name(ids->type));
-    LOOM_RETURN_IF(ids->ne[0] < 0 || ids->ne[1] != 1, LOOM_ERR_INVALID_ARG,
-                   "get_rows: ids is [%lld, %lld] but must be one row of n ids",
-                   (long long)ids->ne[1], (long long)ids->ne[0]);
-    LOOM_RETURN_IF(ids->ne[0] > 0 && (ids->data == NULL || (uintptr_t)ids->data % 4 != 0),
-                   LOOM_ERR_INVALID_ARG, "get_rows: ids data is NULL or misaligned");
-    LOOM_TRY(loom__check_f32("get_rows", "out", out));
-    LOOM_RETURN_IF(out->ne[0] != table->ne[0] || out->ne[1] != ids->ne[0], LOOM_ERR_INVALID_ARG,
-                   "get_rows: out is [%lld, %lld] but must be [n=%lld, D=%lld]",
-                   (long long)out->ne[1], (long long)out->ne[0], (long long)ids->ne[0],
-                   (long long)table->ne[0]);
+    LOOM_TRY(loom__check_get_rows("cpu", table, ids, out));
     const int32_t *id = ids->data;
     /* Every id is checked before anything is written. */
     for (int64_t i = 0; i < ids->ne[0]; i++)

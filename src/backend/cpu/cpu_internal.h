@@ -11,6 +11,7 @@
 #include "core/numa.h"
 #include "core/threadpool.h"
 #include "core/workshare.h"
+#include "tensor/op_check.h"
 #include "tensor/tensor_check.h"
 
 #include <pthread.h>

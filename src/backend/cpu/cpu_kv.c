@@ -51,19 +51,11 @@ static void kvs_worker(void *arg, int ith, int nth) {
 loom_status loom__cpu_kv_store(void *ctx, const loom_tensor *k, const loom_tensor *v,
                                const loom_kv_desc *kv, int32_t layer) {
     loom__cpu_ctx *c = ctx;
-    LOOM_TRY(loom__check_f32("kv_store", "k", k));
-    LOOM_TRY(loom__check_f32("kv_store", "v", v));
-    LOOM_TRY(loom__check_same_shape("kv_store", "k", k, "v", v));
     int32_t pool_layer;
     LOOM_TRY(loom__cpu_check_kv_use("kv_store", kv, layer, false, &pool_layer));
-    const int64_t n_rows = kv->q_start[kv->n_seqs];
-    int64_t kv_dim = (int64_t)kv->n_kv_heads * kv->head_dim;
-    LOOM_RETURN_IF(k->ne[0] != kv_dim, LOOM_ERR_INVALID_ARG,
-                   "kv_store: k rows have %lld elements but n_kv_heads*head_dim = %d*%d",
-                   (long long)k->ne[0], kv->n_kv_heads, kv->head_dim);
-    LOOM_RETURN_IF(k->ne[1] != n_rows, LOOM_ERR_INVALID_ARG,
-                   "kv_store: k has %lld rows but the descriptor has %lld new rows",
-                   (long long)k->ne[1], (long long)n_rows);
+    int64_t n_rows;
+    LOOM_TRY(loom__check_kv_store(k, v, kv, &n_rows));
+    const int64_t kv_dim = (int64_t)kv->n_kv_heads * kv->head_dim;
     if (n_rows == 0) return LOOM_OK;
 
     kvs_task t = {.k = k,

@@ -461,20 +461,7 @@ static loom_status mm_run_quant(loom__cpu_ctx *c, mm_set *set, const loom_tensor
 
 /* The checks every matmul's arguments pass. */
 static loom_status mm_check(const loom_tensor *w, const loom_tensor *x, const loom_tensor *out) {
-    LOOM_TRY(loom__check_weight("cpu", "matmul", "w", w));
-    LOOM_TRY(loom__check_f32("matmul", "x", x));
-    LOOM_TRY(loom__check_f32("matmul", "out", out));
-    LOOM_RETURN_IF(w->ne[1] < 1, LOOM_ERR_INVALID_ARG, "matmul: w has no rows");
-    LOOM_RETURN_IF(x->ne[0] != w->ne[0], LOOM_ERR_INVALID_ARG,
-                   "matmul: x has %lld columns but w rows have %lld (K must match)",
-                   (long long)x->ne[0], (long long)w->ne[0]);
-    LOOM_RETURN_IF(out->ne[0] != w->ne[1] || out->ne[1] != x->ne[1], LOOM_ERR_INVALID_ARG,
-                   "matmul: out is [%lld, %lld] but must be [T=%lld, N=%lld]",
-                   (long long)out->ne[1], (long long)out->ne[0], (long long)x->ne[1],
-                   (long long)w->ne[1]);
-    LOOM_RETURN_IF(loom__tensors_overlap(out, x) || loom__tensors_overlap(out, w),
-                   LOOM_ERR_INVALID_ARG, "matmul: out overlaps an input (no in-place matmul)");
-    return LOOM_OK;
+    return loom__check_matmul("cpu", w, x, out);
 }
 
 loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor *x,

@@ -242,24 +242,13 @@ static void rope_worker(void *arg, int ith, int nth) {
     }
 }
 
-static loom_status rope_check_params(const loom_tensor *x, const loom_rope_params *p) {
-    LOOM_RETURN_IF(p == NULL, LOOM_ERR_INVALID_ARG, "rope: params are NULL");
-    LOOM_RETURN_IF(p->mode != LOOM_ROPE_NORMAL && p->mode != LOOM_ROPE_NEOX, LOOM_ERR_INVALID_ARG,
-                   "rope: unknown mode %d", (int)p->mode);
-    LOOM_RETURN_IF(p->n_head < 1 || p->head_dim < 1, LOOM_ERR_INVALID_ARG,
-                   "rope: n_head %d and head_dim %d must be >= 1", p->n_head, p->head_dim);
-    LOOM_RETURN_IF(p->n_rot < 2 || p->n_rot % 2 != 0 || p->n_rot > p->head_dim,
-                   LOOM_ERR_INVALID_ARG, "rope: n_rot %d must be even and in [2, head_dim=%d]",
-                   p->n_rot, p->head_dim);
+/* The CPU's own part of rope's checks: its table size, and the frequency factors' values
+ * (host memory here). The rest is tensor/op_check.c's. */
+static loom_status rope_check_params(const loom_tensor *x, const loom_tensor *pos,
+                                     const loom_rope_params *p) {
+    LOOM_TRY(loom__check_rope(x, pos, p));
     LOOM_RETURN_IF(p->n_rot > ROPE_MAX_ROT, LOOM_ERR_UNSUPPORTED,
                    "rope: n_rot %d exceeds the cpu backend's %d", p->n_rot, ROPE_MAX_ROT);
-    LOOM_RETURN_IF((int64_t)p->n_head * p->head_dim != x->ne[0], LOOM_ERR_INVALID_ARG,
-                   "rope: x rows have %lld elements but n_head*head_dim = %d*%d",
-                   (long long)x->ne[0], p->n_head, p->head_dim);
-    LOOM_RETURN_IF(!(p->theta_base > 0.0f) || !isfinite(p->theta_base), LOOM_ERR_INVALID_ARG,
-                   "rope: theta_base %g must be finite and > 0", (double)p->theta_base);
-    LOOM_RETURN_IF(!isfinite(p->freq_scale), LOOM_ERR_INVALID_ARG,
-                   "rope: freq_scale %g is not finite", (double)p->freq_scale);
     if (p->freq_factors != NULL)
         for (int i = 0; i < p->n_rot / 2; i++)
             LOOM_RETURN_IF(!(p->freq_factors[i] > 0.0f) || !isfinite(p->freq_factors[i]),
@@ -272,17 +261,8 @@ static loom_status rope_check_params(const loom_tensor *x, const loom_rope_param
 loom_status loom__cpu_rope(void *ctx, loom_tensor *x, const loom_tensor *pos,
                            const loom_rope_params *p) {
     loom__cpu_ctx *c = ctx;
-    LOOM_TRY(loom__check_f32("rope", "x", x));
-    LOOM_TRY(rope_check_params(x, p));
-    LOOM_RETURN_IF(pos == NULL, LOOM_ERR_INVALID_ARG, "rope: pos is NULL");
-    LOOM_RETURN_IF(pos->type != LOOM_TYPE_I32, LOOM_ERR_UNSUPPORTED,
-                   "rope: pos must be i32, got %s", loom__type_name(pos->type));
-    LOOM_RETURN_IF(pos->ne[0] != x->ne[1] || pos->ne[1] != 1, LOOM_ERR_INVALID_ARG,
-                   "rope: pos is [%lld, %lld] but must be one row of T=%lld positions",
-                   (long long)pos->ne[1], (long long)pos->ne[0], (long long)x->ne[1]);
+    LOOM_TRY(rope_check_params(x, pos, p));
     if (x->ne[1] == 0) return LOOM_OK;
-    LOOM_RETURN_IF(pos->data == NULL || (uintptr_t)pos->data % 4 != 0, LOOM_ERR_INVALID_ARG,
-                   "rope: pos data is NULL or misaligned");
 
     const struct rope_table *table = NULL;
     LOOM_TRY(rope_table_get(c, p, pos->data, x->ne[1], &table));

@@ -4,10 +4,8 @@
  * memory. */
 #include "backend/cuda/cuda_internal.h"
 
-#include "tensor/tensor_check.h"
+#include "tensor/op_check.h"
 #include "tensor/types.h"
-
-#include <math.h>
 
 static loom__k_weight weight_of(const loom_tensor *w) {
     return (loom__k_weight){.type = (uint32_t)w->type,
@@ -17,8 +15,8 @@ static loom__k_weight weight_of(const loom_tensor *w) {
                             .data = w->data};
 }
 
+/* After the shared checks: a type the kernels read in place. */
 static loom_status check_native_weight(const char *op, const loom_tensor *w) {
-    LOOM_TRY(loom__check_weight("cuda", op, "w", w));
     LOOM_RETURN_IF(!loom__cuda_weight_type_native((uint32_t)w->type), LOOM_ERR_UNSUPPORTED,
                    "%s: weight type %s is not read by the cuda kernels (weight_prepare converts "
                    "it to bf16)",
@@ -34,20 +32,8 @@ loom_status loom__cuda_get_rows_op(void *stream, const loom_tensor *table, const
                                    loom_tensor *out) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
+    LOOM_TRY(loom__check_get_rows("cuda", table, ids, out));
     LOOM_TRY(check_native_weight("get_rows", table));
-    LOOM_RETURN_IF(ids == NULL, LOOM_ERR_INVALID_ARG, "get_rows: ids is NULL");
-    LOOM_RETURN_IF(ids->type != LOOM_TYPE_I32, LOOM_ERR_UNSUPPORTED,
-                   "get_rows: ids must be i32, got %s", loom__type_name(ids->type));
-    LOOM_RETURN_IF(ids->ne[0] < 0 || ids->ne[1] != 1, LOOM_ERR_INVALID_ARG,
-                   "get_rows: ids is [%lld, %lld] but must be one row of n ids",
-                   (long long)ids->ne[1], (long long)ids->ne[0]);
-    LOOM_RETURN_IF(ids->ne[0] > 0 && (ids->data == NULL || (uintptr_t)ids->data % 4 != 0),
-                   LOOM_ERR_INVALID_ARG, "get_rows: ids data is NULL or misaligned");
-    LOOM_TRY(loom__check_f32("get_rows", "out", out));
-    LOOM_RETURN_IF(out->ne[0] != table->ne[0] || out->ne[1] != ids->ne[0], LOOM_ERR_INVALID_ARG,
-                   "get_rows: out is [%lld, %lld] but must be [n=%lld, D=%lld]",
-                   (long long)out->ne[1], (long long)out->ne[0], (long long)ids->ne[0],
-                   (long long)table->ne[0]);
     LOOM_TRY(loom__cuda_bind(c->dev));
     loom__k_weight w = weight_of(table);
     return loom__cuda_get_rows(c->s, &w, ids->data, ids->ne[0], out->data, out->row_stride);
@@ -57,19 +43,8 @@ loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_
                                  loom_tensor *out) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
+    LOOM_TRY(loom__check_matmul("cuda", w, x, out));
     LOOM_TRY(check_native_weight("matmul", w));
-    LOOM_TRY(loom__check_f32("matmul", "x", x));
-    LOOM_TRY(loom__check_f32("matmul", "out", out));
-    LOOM_RETURN_IF(w->ne[1] < 1, LOOM_ERR_INVALID_ARG, "matmul: w has no rows");
-    LOOM_RETURN_IF(x->ne[0] != w->ne[0], LOOM_ERR_INVALID_ARG,
-                   "matmul: x has %lld columns but w rows have %lld (K must match)",
-                   (long long)x->ne[0], (long long)w->ne[0]);
-    LOOM_RETURN_IF(out->ne[0] != w->ne[1] || out->ne[1] != x->ne[1], LOOM_ERR_INVALID_ARG,
-                   "matmul: out is [%lld, %lld] but must be [T=%lld, N=%lld]",
-                   (long long)out->ne[1], (long long)out->ne[0], (long long)x->ne[1],
-                   (long long)w->ne[1]);
-    LOOM_RETURN_IF(loom__tensors_overlap(out, x) || loom__tensors_overlap(out, w),
-                   LOOM_ERR_INVALID_ARG, "matmul: out overlaps an input (no in-place matmul)");
     if (x->ne[1] == 0) return LOOM_OK;
     LOOM_TRY(loom__cuda_bind(c->dev));
     loom__k_weight kw = weight_of(w);
@@ -85,17 +60,7 @@ loom_status loom__cuda_rms_norm_op(void *stream, const loom_tensor *x, const loo
                                    float eps, loom_tensor *out) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
-    LOOM_TRY(loom__check_f32("rms_norm", "x", x));
-    LOOM_TRY(loom__check_f32("rms_norm", "out", out));
-    LOOM_TRY(loom__check_same_shape("rms_norm", "x", x, "out", out));
-    if (w != NULL) {
-        LOOM_TRY(loom__check_f32("rms_norm", "w", w));
-        LOOM_RETURN_IF(w->ne[0] != x->ne[0] || w->ne[1] != 1, LOOM_ERR_INVALID_ARG,
-                       "rms_norm: w is [%lld, %lld] but must be [1, %lld]", (long long)w->ne[1],
-                       (long long)w->ne[0], (long long)x->ne[0]);
-    }
-    LOOM_RETURN_IF(!(eps >= 0.0f) || !isfinite(eps), LOOM_ERR_INVALID_ARG,
-                   "rms_norm: eps %g must be finite and >= 0", (double)eps);
+    LOOM_TRY(loom__check_rms_norm(x, w, eps, out));
     LOOM_TRY(loom__cuda_bind(c->dev));
     loom__k_rows r = {.n_rows = out->ne[1],
                       .n_cols = out->ne[0],
@@ -108,14 +73,7 @@ loom_status loom__cuda_add_op(void *stream, const loom_tensor *a, const loom_ten
                               loom_tensor *out) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
-    LOOM_TRY(loom__check_f32("add", "a", a));
-    LOOM_TRY(loom__check_f32("add", "b", b));
-    LOOM_TRY(loom__check_f32("add", "out", out));
-    LOOM_TRY(loom__check_same_shape("add", "a", a, "out", out));
-    LOOM_RETURN_IF(
-        b->ne[0] != a->ne[0] || (b->ne[1] != a->ne[1] && b->ne[1] != 1), LOOM_ERR_INVALID_ARG,
-        "add: b is [%lld, %lld]; it must be a's shape [%lld, %lld] or one row", (long long)b->ne[1],
-        (long long)b->ne[0], (long long)a->ne[1], (long long)a->ne[0]);
+    LOOM_TRY(loom__check_add(a, b, out));
     LOOM_TRY(loom__cuda_bind(c->dev));
     loom__k_rows r = {.n_rows = out->ne[1],
                       .n_cols = out->ne[0],
@@ -128,9 +86,7 @@ loom_status loom__cuda_add_op(void *stream, const loom_tensor *a, const loom_ten
 loom_status loom__cuda_scale_op(void *stream, const loom_tensor *x, float s, loom_tensor *out) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
-    LOOM_TRY(loom__check_f32("scale", "x", x));
-    LOOM_TRY(loom__check_f32("scale", "out", out));
-    LOOM_TRY(loom__check_same_shape("scale", "x", x, "out", out));
+    LOOM_TRY(loom__check_scale(x, out));
     LOOM_TRY(loom__cuda_bind(c->dev));
     loom__k_rows r = {.n_rows = out->ne[1],
                       .n_cols = out->ne[0],
@@ -143,13 +99,7 @@ loom_status loom__cuda_glu_op(void *stream, const loom_tensor *gate, const loom_
                               loom_glu_kind kind, loom_tensor *out) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
-    LOOM_TRY(loom__check_f32("glu", "gate", gate));
-    LOOM_TRY(loom__check_f32("glu", "up", up));
-    LOOM_TRY(loom__check_f32("glu", "out", out));
-    LOOM_TRY(loom__check_same_shape("glu", "gate", gate, "up", up));
-    LOOM_TRY(loom__check_same_shape("glu", "gate", gate, "out", out));
-    LOOM_RETURN_IF(kind != LOOM_GLU_SWIGLU && kind != LOOM_GLU_GEGLU_TANH, LOOM_ERR_INVALID_ARG,
-                   "glu: unknown kind %d", (int)kind);
+    LOOM_TRY(loom__check_glu(gate, up, kind, out));
     LOOM_TRY(loom__cuda_bind(c->dev));
     loom__k_rows r = {.n_rows = out->ne[1],
                       .n_cols = out->ne[0],
@@ -164,31 +114,8 @@ loom_status loom__cuda_rope_op(void *stream, loom_tensor *x, const loom_tensor *
                                const loom_rope_params *p) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
-    LOOM_TRY(loom__check_f32("rope", "x", x));
-    LOOM_RETURN_IF(p == NULL, LOOM_ERR_INVALID_ARG, "rope: params are NULL");
-    LOOM_RETURN_IF(p->mode != LOOM_ROPE_NORMAL && p->mode != LOOM_ROPE_NEOX, LOOM_ERR_INVALID_ARG,
-                   "rope: unknown mode %d", (int)p->mode);
-    LOOM_RETURN_IF(p->n_head < 1 || p->head_dim < 1, LOOM_ERR_INVALID_ARG,
-                   "rope: n_head %d and head_dim %d must be >= 1", p->n_head, p->head_dim);
-    LOOM_RETURN_IF(p->n_rot < 2 || p->n_rot % 2 != 0 || p->n_rot > p->head_dim,
-                   LOOM_ERR_INVALID_ARG, "rope: n_rot %d must be even and in [2, head_dim=%d]",
-                   p->n_rot, p->head_dim);
-    LOOM_RETURN_IF((int64_t)p->n_head * p->head_dim != x->ne[0], LOOM_ERR_INVALID_ARG,
-                   "rope: x rows have %lld elements but n_head*head_dim = %d*%d",
-                   (long long)x->ne[0], p->n_head, p->head_dim);
-    LOOM_RETURN_IF(!(p->theta_base > 0.0f) || !isfinite(p->theta_base), LOOM_ERR_INVALID_ARG,
-                   "rope: theta_base %g must be finite and > 0", (double)p->theta_base);
-    LOOM_RETURN_IF(!isfinite(p->freq_scale), LOOM_ERR_INVALID_ARG,
-                   "rope: freq_scale %g is not finite", (double)p->freq_scale);
-    LOOM_RETURN_IF(pos == NULL, LOOM_ERR_INVALID_ARG, "rope: pos is NULL");
-    LOOM_RETURN_IF(pos->type != LOOM_TYPE_I32, LOOM_ERR_UNSUPPORTED,
-                   "rope: pos must be i32, got %s", loom__type_name(pos->type));
-    LOOM_RETURN_IF(pos->ne[0] != x->ne[1] || pos->ne[1] != 1, LOOM_ERR_INVALID_ARG,
-                   "rope: pos is [%lld, %lld] but must be one row of T=%lld positions",
-                   (long long)pos->ne[1], (long long)pos->ne[0], (long long)x->ne[1]);
+    LOOM_TRY(loom__check_rope(x, pos, p));
     if (x->ne[1] == 0) return LOOM_OK;
-    LOOM_RETURN_IF(pos->data == NULL || (uintptr_t)pos->data % 4 != 0, LOOM_ERR_INVALID_ARG,
-                   "rope: pos data is NULL or misaligned");
     /* The frequency factors are a prepared weight in device memory: validated where the model
      * reads them from its file, not here. */
     LOOM_TRY(loom__cuda_bind(c->dev));
@@ -209,8 +136,8 @@ loom_status loom__cuda_rope_op(void *stream, loom_tensor *x, const loom_tensor *
 /* The paged KV cache                                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The descriptor is one the kernels read (F32, F16 or BF16 values, NHD, no scales) and layer
- * one of its layers; *pool_layer the layer whose pools the op uses. */
+/* The descriptor holds an element type the kernels read (F32, F16 or BF16); the rest of its
+ * use is checked as every backend checks it. */
 static loom_status check_kv_use(const char *op, const loom_kv_desc *kv, int32_t layer,
                                 bool via_layer_src, int32_t *pool_layer) {
     LOOM_RETURN_IF(kv == NULL, LOOM_ERR_INVALID_ARG, "%s: kv descriptor is NULL", op);
@@ -218,35 +145,17 @@ static loom_status check_kv_use(const char *op, const loom_kv_desc *kv, int32_t 
                        kv->kv_type != LOOM_TYPE_BF16,
                    LOOM_ERR_UNSUPPORTED, "%s: kv type %s (cuda stores f16, bf16 and f32)", op,
                    loom__type_name(kv->kv_type));
-    LOOM_RETURN_IF(kv->layout != LOOM_KV_LAYOUT_NHD || kv->scale_kind != LOOM_KV_SCALE_NONE,
-                   LOOM_ERR_UNSUPPORTED, "%s: kv layout %d with scales %d (cuda: NHD, no scales)",
-                   op, (int)kv->layout, (int)kv->scale_kind);
-    LOOM_RETURN_IF(layer < 0 || layer >= kv->n_layers, LOOM_ERR_INVALID_ARG,
-                   "%s: layer %d outside [0, %d)", op, layer, kv->n_layers);
-    LOOM_RETURN_IF(!via_layer_src && kv->layer_src != NULL && kv->layer_src[layer] != layer,
-                   LOOM_ERR_INVALID_ARG, "%s: layer %d reads layer %d's pools and stores none", op,
-                   layer, kv->layer_src[layer]);
-    *pool_layer = via_layer_src && kv->layer_src != NULL ? kv->layer_src[layer] : layer;
-    return LOOM_OK;
+    return loom__check_kv_use("cuda", op, kv, layer, via_layer_src, pool_layer);
 }
 
 loom_status loom__cuda_kv_store_op(void *stream, const loom_tensor *k, const loom_tensor *v,
                                    const loom_kv_desc *kv, int32_t layer) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
-    LOOM_TRY(loom__check_f32("kv_store", "k", k));
-    LOOM_TRY(loom__check_f32("kv_store", "v", v));
-    LOOM_TRY(loom__check_same_shape("kv_store", "k", k, "v", v));
     int32_t pool_layer;
     LOOM_TRY(check_kv_use("kv_store", kv, layer, false, &pool_layer));
-    const int64_t n_rows = kv->q_start[kv->n_seqs];
-    const int64_t kv_dim = (int64_t)kv->n_kv_heads * kv->head_dim;
-    LOOM_RETURN_IF(k->ne[0] != kv_dim, LOOM_ERR_INVALID_ARG,
-                   "kv_store: k rows have %lld elements but n_kv_heads*head_dim = %d*%d",
-                   (long long)k->ne[0], kv->n_kv_heads, kv->head_dim);
-    LOOM_RETURN_IF(k->ne[1] != n_rows, LOOM_ERR_INVALID_ARG,
-                   "kv_store: k has %lld rows but the descriptor has %lld new rows",
-                   (long long)k->ne[1], (long long)n_rows);
+    int64_t n_rows;
+    LOOM_TRY(loom__check_kv_store(k, v, kv, &n_rows));
     if (n_rows == 0) return LOOM_OK;
     const loom__k_kv *dk;
     LOOM_TRY(loom__cuda_find_step_kv(c, "kv_store", kv, &dk));
@@ -259,28 +168,10 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
                                     const loom_attn_params *p, loom_tensor *out) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
-    LOOM_TRY(loom__check_f32("attention", "q", q));
-    LOOM_TRY(loom__check_f32("attention", "out", out));
-    LOOM_TRY(loom__check_same_shape("attention", "q", q, "out", out));
-    LOOM_RETURN_IF(p == NULL, LOOM_ERR_INVALID_ARG, "attention: params are NULL");
+    int64_t n_rows;
+    LOOM_TRY(loom__check_attention(q, kv, p, out, &n_rows));
     int32_t pool_layer;
     LOOM_TRY(check_kv_use("attention", kv, p->layer, true, &pool_layer));
-    LOOM_RETURN_IF(p->n_head < 1 || p->n_head % kv->n_kv_heads != 0, LOOM_ERR_INVALID_ARG,
-                   "attention: n_head %d is not a positive multiple of n_kv_heads %d", p->n_head,
-                   kv->n_kv_heads);
-    LOOM_RETURN_IF(!isfinite(p->scale), LOOM_ERR_INVALID_ARG, "attention: scale %g is not finite",
-                   (double)p->scale);
-    LOOM_RETURN_IF(!(p->softcap >= 0.0f) || !isfinite(p->softcap), LOOM_ERR_INVALID_ARG,
-                   "attention: softcap %g must be finite and >= 0", (double)p->softcap);
-    const int64_t n_rows = kv->q_start[kv->n_seqs];
-    LOOM_RETURN_IF(q->ne[0] != (int64_t)p->n_head * kv->head_dim, LOOM_ERR_INVALID_ARG,
-                   "attention: q rows have %lld elements but n_head*head_dim = %d*%d",
-                   (long long)q->ne[0], p->n_head, kv->head_dim);
-    LOOM_RETURN_IF(q->ne[1] != n_rows, LOOM_ERR_INVALID_ARG,
-                   "attention: q has %lld rows but the descriptor has %lld new rows",
-                   (long long)q->ne[1], (long long)n_rows);
-    LOOM_RETURN_IF(loom__tensors_overlap(q, out), LOOM_ERR_INVALID_ARG,
-                   "attention: out overlaps q (no in-place attention)");
     LOOM_RETURN_IF(!loom__cuda_attention_shape_ok(p->n_head, kv->n_kv_heads, kv->head_dim),
                    LOOM_ERR_UNSUPPORTED,
                    "attention: %d query heads over %d kv heads of %d elements (cuda: head_dim "

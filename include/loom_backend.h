@@ -67,8 +67,9 @@ extern "C" {
 #endif
 
 /* 1: the first table; 2: matmul_multi; 3: plugins — devices and streams, step descriptors,
- * per-tensor weight preparation, batched copies, memory queries, the v2 KV descriptor. */
-#define LOOM_BACKEND_ABI_VERSION 3
+ * per-tensor weight preparation, batched copies, memory queries, the v2 KV descriptor;
+ * 4: add_rms_norm. */
+#define LOOM_BACKEND_ABI_VERSION 4
 
 /* The name of the function a plugin exports (see the top of this file). */
 #define LOOM_BACKEND_ENTRY_SYMBOL "loom_backend_entry"
@@ -473,6 +474,13 @@ struct loom_backend_ops {
     loom_status (*add)(void *stream, const loom_tensor *a, const loom_tensor *b, loom_tensor *out);
     /* out = x * s. out may alias x. */
     loom_status (*scale)(void *stream, const loom_tensor *x, float s, loom_tensor *out);
+
+    /* (optional) The residual add and the next norm in one op: x = x + y (y of x's shape), then
+     * out = rms_norm(x, w, eps) as rms_norm computes it; x holds the sum afterwards. out must
+     * not overlap x or y. A device backend saves a pass over the activations per layer and
+     * norm. NULL: libloom calls add(x, y, x), then rms_norm(x, w, eps, out). */
+    loom_status (*add_rms_norm)(void *stream, loom_tensor *x, const loom_tensor *y,
+                                const loom_tensor *w, float eps, loom_tensor *out);
 };
 
 #ifdef __cplusplus

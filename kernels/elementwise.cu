@@ -9,21 +9,30 @@
 
 typedef struct rms_args {
     loom__k_rows shape;
-    const float *x, *w;
+    float *x;       /* read; written where y is given (the sum) */
+    const float *y; /* the residual to add first, or NULL */
+    const float *w;
     float *out;
     float eps;
 } rms_args;
 
-/* One block per row: the sum of squares in a fixed order (each thread's stride, then the
- * warps' sums in order), then the row scaled. The row is read whole before it is written, so
- * out may be x. */
+/* One block per row: (x += y where y is given,) the sum of squares in a fixed order (each
+ * thread's stride, then the warps' sums in order), then the row scaled. Every thread reads back
+ * only what it wrote itself, and the row is read whole before it is written, so out may be x
+ * (plain rms_norm). The same order with and without y: add_rms_norm has the bits of add then
+ * rms_norm. */
 static __global__ void __launch_bounds__(RMS_THREADS) rms_norm_kernel(rms_args a) {
     __shared__ float warp_sums[RMS_THREADS / 32];
     const int64_t r = blockIdx.x, D = a.shape.n_cols;
-    const float *x = (const float *)((const char *)a.x + r * a.shape.x_stride);
+    float *x = (float *)((char *)a.x + r * a.shape.x_stride);
+    const float *y = a.y ? (const float *)((const char *)a.y + r * a.shape.y_stride) : nullptr;
     float *o = (float *)((char *)a.out + r * a.shape.out_stride);
     float s = 0.0f;
-    for (int64_t i = threadIdx.x; i < D; i += RMS_THREADS) s = fmaf(x[i], x[i], s);
+    for (int64_t i = threadIdx.x; i < D; i += RMS_THREADS) {
+        float v = x[i];
+        if (y) x[i] = v = v + y[i];
+        s = fmaf(v, v, s);
+    }
     s = loom_warp_sum(s);
     if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
     __syncthreads();
@@ -39,9 +48,19 @@ static __global__ void __launch_bounds__(RMS_THREADS) rms_norm_kernel(rms_args a
 extern "C" loom_status loom__cuda_rms_norm(cudaStream_t stream, const loom__k_rows *shape,
                                            const float *x, const float *w, float eps, float *out) {
     if (shape->n_rows == 0) return LOOM_OK;
-    rms_args a = {*shape, x, w, out, eps};
+    rms_args a = {*shape, (float *)x, nullptr, w, out, eps}; /* x is only read here */
     rms_norm_kernel<<<(unsigned)shape->n_rows, RMS_THREADS, 0, stream>>>(a);
     LOOM_K_LAUNCHED("rms_norm");
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom__cuda_add_rms_norm(cudaStream_t stream, const loom__k_rows *shape,
+                                               float *x, const float *y, const float *w, float eps,
+                                               float *out) {
+    if (shape->n_rows == 0) return LOOM_OK;
+    rms_args a = {*shape, x, y, w, out, eps};
+    rms_norm_kernel<<<(unsigned)shape->n_rows, RMS_THREADS, 0, stream>>>(a);
+    LOOM_K_LAUNCHED("add_rms_norm");
     return LOOM_OK;
 }
 

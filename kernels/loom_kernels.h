@@ -50,6 +50,10 @@ typedef struct loom__k_rows {
 /* out = x / sqrt(mean(x^2) + eps) * (w ? w : 1), per row; w [n_cols] F32 or NULL. */
 loom_status loom__cuda_rms_norm(cudaStream_t stream, const loom__k_rows *shape, const float *x,
                                 const float *w, float eps, float *out);
+/* x = x + y, then out = rms_norm(x) * (w ? w : 1): the bits of loom__cuda_add then
+ * loom__cuda_rms_norm, in one pass. */
+loom_status loom__cuda_add_rms_norm(cudaStream_t stream, const loom__k_rows *shape, float *x,
+                                    const float *y, const float *w, float eps, float *out);
 /* out = x + y. */
 loom_status loom__cuda_add(cudaStream_t stream, const loom__k_rows *shape, const float *x,
                            const float *y, float *out);

@@ -166,8 +166,21 @@ static loom_status linear_n(const loom_backend_ops *ops, void *ctx, int n,
     return LOOM_OK;
 }
 
+/* x += y, then xn = rms_norm(x) * w_next where a norm follows (w_next NULL: none): one op
+ * where the backend fuses them (add_rms_norm), else the two. */
+static loom_status add_then_norm(const loom_backend_ops *ops, void *ctx, loom_tensor *x,
+                                 const loom_tensor *y, const loom_tensor *w_next, float eps,
+                                 loom_tensor *xn) {
+    if (w_next == NULL) return ops->add(ctx, x, y, x);
+    if (ops->add_rms_norm != NULL) return ops->add_rms_norm(ctx, x, y, w_next, eps, xn);
+    LOOM_TRY(ops->add(ctx, x, y, x));
+    return ops->rms_norm(ctx, x, w_next, eps, xn);
+}
+
+/* xn_ready: the previous layer's last op left rms_norm(x, attn_norm) in xn already. Ends with
+ * x += attention and xn = the FFN's norm of it. */
 static loom_status attention_block(const loom_model *m, loom__exec *ws, int32_t il, int64_t n,
-                                   const loom_kv_desc *kv) {
+                                   const loom_kv_desc *kv, bool xn_ready) {
     const loom_backend_ops *ops = ws->ops;
     void *ctx = ws->stream;
     const loom__model_config *c = &m->cfg;
@@ -181,7 +194,7 @@ static loom_status attention_block(const loom_model *m, loom__exec *ws, int32_t 
     loom_tensor pos = ws->pos;
     pos.ne[0] = n;
 
-    LOOM_TRY(ops->rms_norm(ctx, &x, &w->attn_norm, c->rms_eps, &xn));
+    if (!xn_ready) LOOM_TRY(ops->rms_norm(ctx, &x, &w->attn_norm, c->rms_eps, &xn));
     {
         const loom_tensor *wts[3] = {&w->wq, &w->wk, &w->wv}, *bs[3] = {&w->bq, &w->bk, &w->bv};
         loom_tensor *outs[3] = {&q, &k, &v};
@@ -218,10 +231,14 @@ static loom_status attention_block(const loom_model *m, loom__exec *ws, int32_t 
     if (w->post_attn_norm.data) {
         LOOM_TRY(ops->rms_norm(ctx, &proj, &w->post_attn_norm, c->rms_eps, &proj));
     }
-    return ops->add(ctx, &x, &proj, &x);
+    return add_then_norm(ops, ctx, &x, &proj, &w->ffn_norm, c->rms_eps, &xn);
 }
 
-static loom_status ffn_block(const loom_model *m, loom__exec *ws, int32_t il, int64_t n) {
+/* Starts from xn = the FFN's norm of x (attention_block's last op); ends with x += the FFN and,
+ * where w_next is given (the next layer's attention norm, or the output norm), xn = its norm
+ * of x. */
+static loom_status ffn_block(const loom_model *m, loom__exec *ws, int32_t il, int64_t n,
+                             const loom_tensor *w_next) {
     const loom_backend_ops *ops = ws->ops;
     void *ctx = ws->stream;
     const loom__model_config *c = &m->cfg;
@@ -229,7 +246,6 @@ static loom_status ffn_block(const loom_model *m, loom__exec *ws, int32_t il, in
     loom_tensor x = rows_of(&ws->x, n), xn = rows_of(&ws->xn, n), proj = rows_of(&ws->proj, n);
     loom_tensor gate = rows_of(&ws->gate, n), up = rows_of(&ws->up, n);
 
-    LOOM_TRY(ops->rms_norm(ctx, &x, &w->ffn_norm, c->rms_eps, &xn));
     {
         const loom_tensor *wts[2] = {&w->w_gate, &w->w_up};
         loom_tensor *outs[2] = {&gate, &up};
@@ -240,23 +256,23 @@ static loom_status ffn_block(const loom_model *m, loom__exec *ws, int32_t il, in
     if (w->post_ffn_norm.data) {
         LOOM_TRY(ops->rms_norm(ctx, &proj, &w->post_ffn_norm, c->rms_eps, &proj));
     }
-    return ops->add(ctx, &x, &proj, &x);
+    return add_then_norm(ops, ctx, &x, &proj, w_next, c->rms_eps, &xn);
 }
 
 static loom_status layer_forward(const loom_model *m, loom__exec *ws, int32_t il, int64_t n,
-                                 const loom_kv_desc *kv) {
-    LOOM_TRY(attention_block(m, ws, il, n, kv));
-    return ffn_block(m, ws, il, n);
+                                 const loom_kv_desc *kv, const loom_tensor *w_next) {
+    LOOM_TRY(attention_block(m, ws, il, n, kv, il > 0));
+    return ffn_block(m, ws, il, n, w_next);
 }
 
-/* Final norm, then logits for the wanted rows, n_logit_rows at a time. */
+/* Logits for the wanted rows, n_logit_rows at a time, from xn = the final norm of x (the last
+ * layer's last op). */
 static loom_status output_forward(const loom_model *m, loom__exec *ws, const loom__batch *b,
                                   float *logits) {
     const loom_backend_ops *ops = ws->ops;
     void *ctx = ws->stream;
     int64_t V = m->cfg.n_vocab;
-    loom_tensor x = rows_of(&ws->x, b->n_tokens), xn = rows_of(&ws->xn, b->n_tokens);
-    LOOM_TRY(ops->rms_norm(ctx, &x, &m->output_norm, m->cfg.rms_eps, &xn));
+    loom_tensor xn = rows_of(&ws->xn, b->n_tokens);
     for (int32_t done = 0; done < b->n_logits; done += ws->n_logit_rows) {
         int32_t r = b->n_logits - done < ws->n_logit_rows ? b->n_logits - done : ws->n_logit_rows;
         loom_tensor ids = ws->out_ids, sel = rows_of(&ws->sel, r);
@@ -296,8 +312,15 @@ loom_status loom__model_forward(const loom_model *m, loom__exec *ws, const loom_
         n_layer = b->stop_after;
     }
     LOOM_CHECK_ARG(!b->on_layers || b->hook_every >= 1);
+    /* Each layer's last op leaves the next norm's output in xn: the next layer's attention
+     * norm, after the last the output norm where logits follow (none where the pass stops
+     * early for the hidden state, or wants no logits). */
+    const bool want_output = b->stop_after <= 0 && b->n_logits > 0;
     for (int32_t il = 0; il < n_layer; il++) {
-        loom_status st = layer_forward(m, ws, il, n, kv);
+        const loom_tensor *w_next = il + 1 < n_layer ? &m->layers[il + 1].attn_norm
+                                    : want_output    ? &m->output_norm
+                                                     : NULL;
+        loom_status st = layer_forward(m, ws, il, n, kv, w_next);
         if (st != LOOM_OK) {
             loom__error_prefix("layer %d", il);
             return st;

@@ -74,6 +74,17 @@ loom_status loom__check_add(const loom_tensor *a, const loom_tensor *b, const lo
     return LOOM_OK;
 }
 
+loom_status loom__check_add_rms_norm(const loom_tensor *x, const loom_tensor *y,
+                                     const loom_tensor *w, float eps, const loom_tensor *out) {
+    LOOM_TRY(loom__check_f32("add_rms_norm", "x", x));
+    LOOM_TRY(loom__check_f32("add_rms_norm", "y", y));
+    LOOM_TRY(loom__check_same_shape("add_rms_norm", "x", x, "y", y));
+    LOOM_TRY(loom__check_rms_norm(x, w, eps, out));
+    LOOM_RETURN_IF(loom__tensors_overlap(out, x) || loom__tensors_overlap(out, y),
+                   LOOM_ERR_INVALID_ARG, "add_rms_norm: out overlaps x or y");
+    return LOOM_OK;
+}
+
 loom_status loom__check_scale(const loom_tensor *x, const loom_tensor *out) {
     LOOM_TRY(loom__check_f32("scale", "x", x));
     LOOM_TRY(loom__check_f32("scale", "out", out));

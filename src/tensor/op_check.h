@@ -17,6 +17,9 @@ loom_status loom__check_matmul(const char *backend, const loom_tensor *w, const 
 loom_status loom__check_rms_norm(const loom_tensor *x, const loom_tensor *w, float eps,
                                  const loom_tensor *out);
 loom_status loom__check_add(const loom_tensor *a, const loom_tensor *b, const loom_tensor *out);
+/* add_rms_norm: y of x's shape, then rms_norm's checks, and out apart from x and y. */
+loom_status loom__check_add_rms_norm(const loom_tensor *x, const loom_tensor *y,
+                                     const loom_tensor *w, float eps, const loom_tensor *out);
 loom_status loom__check_scale(const loom_tensor *x, const loom_tensor *out);
 loom_status loom__check_glu(const loom_tensor *gate, const loom_tensor *up, loom_glu_kind kind,
                             const loom_tensor *out);

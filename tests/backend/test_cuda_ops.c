@@ -306,7 +306,8 @@ typedef enum ew_kind {
     EW_ADD_ROW,
     EW_SCALE,
     EW_SWIGLU,
-    EW_GEGLU
+    EW_GEGLU,
+    EW_ADD_RMS /* x += y, out = rms_norm(x): the fused slot where there is one */
 } ew_kind;
 
 static void run_ew(const loom__backend_stream *b, ew_kind kind, loom_tensor *x, loom_tensor *y,
@@ -334,6 +335,14 @@ static void run_ew(const loom__backend_stream *b, ew_kind kind, loom_tensor *x, 
     case EW_GEGLU:
         st = b->ops->glu(b->ctx, x, y, LOOM_GLU_GEGLU_TANH, out);
         break;
+    case EW_ADD_RMS:
+        if (b->ops->add_rms_norm != NULL) {
+            st = b->ops->add_rms_norm(b->ctx, x, y, w, 1e-6f, out);
+        } else {
+            st = b->ops->add(b->ctx, x, y, x);
+            if (st == LOOM_OK) st = b->ops->rms_norm(b->ctx, x, w, 1e-6f, out);
+        }
+        break;
     }
     expect_ok(st, b == &g_gpu ? "cuda elementwise" : "cpu elementwise");
 }
@@ -342,11 +351,12 @@ static void test_elementwise(void **state) {
     (void)state;
     const int64_t rows_list[] = {1, 17, 64};
     const int64_t D = 1000;
-    const char *names[] = {"rms_norm", "rms_norm (no w)", "add",       "add (row)",
-                           "scale",    "swiglu",          "geglu_tanh"};
-    for (int kind = EW_RMS; kind <= EW_GEGLU; kind++) {
+    const char *names[] = {"rms_norm", "rms_norm (no w)", "add",        "add (row)",
+                           "scale",    "swiglu",          "geglu_tanh", "add_rms_norm"};
+    for (int kind = EW_RMS; kind <= EW_ADD_RMS; kind++) {
         for (size_t ri = 0; ri < 3; ri++) {
             for (int inplace = 0; inplace < 2; inplace++) {
+                if (kind == EW_ADD_RMS && inplace) continue; /* out apart from x, by contract */
                 const int64_t R = rows_list[ri];
                 float *x = xmalloc((size_t)(R * D) * 4), *y = xmalloc((size_t)(R * D) * 4);
                 float *w = xmalloc((size_t)D * 4);
@@ -370,6 +380,11 @@ static void test_elementwise(void **state) {
                          inplace ? ", in place" : "");
                 /* float32 with another order of the rms sum, and CUDA's expf/tanhf */
                 expect_close(got, cref, (size_t)(R * D), 2e-6, what);
+                if (kind == EW_ADD_RMS) { /* the sum left in x: one float add, the same bits */
+                    gpu_get(got, gx.data, (size_t)(R * D) * 4);
+                    if (memcmp(got, cx, (size_t)(R * D) * 4) != 0)
+                        fail_msg("%s: the sum in x differs from the CPU's", what);
+                }
                 free(got);
                 if (!inplace) free(cref);
                 free(cx);

@@ -68,6 +68,7 @@ static const loom_backend_ops cuda_ops = {
     .glu = loom__cuda_glu_op,
     .add = loom__cuda_add_op,
     .scale = loom__cuda_scale_op,
+    .add_rms_norm = loom__cuda_add_rms_norm_op,
 };
 
 const loom_backend_ops *loom__cuda_backend_ops(void) {

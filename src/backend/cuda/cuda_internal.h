@@ -114,6 +114,8 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
                                     const loom_attn_params *p, loom_tensor *out);
 loom_status loom__cuda_glu_op(void *stream, const loom_tensor *gate, const loom_tensor *up,
                               loom_glu_kind kind, loom_tensor *out);
+loom_status loom__cuda_add_rms_norm_op(void *stream, loom_tensor *x, const loom_tensor *y,
+                                       const loom_tensor *w, float eps, loom_tensor *out);
 loom_status loom__cuda_add_op(void *stream, const loom_tensor *a, const loom_tensor *b,
                               loom_tensor *out);
 loom_status loom__cuda_scale_op(void *stream, const loom_tensor *x, float s, loom_tensor *out);

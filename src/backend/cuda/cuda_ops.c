@@ -69,6 +69,20 @@ loom_status loom__cuda_rms_norm_op(void *stream, const loom_tensor *x, const loo
     return loom__cuda_rms_norm(c->s, &r, x->data, w ? w->data : NULL, eps, out->data);
 }
 
+loom_status loom__cuda_add_rms_norm_op(void *stream, loom_tensor *x, const loom_tensor *y,
+                                       const loom_tensor *w, float eps, loom_tensor *out) {
+    loom__cuda_stream *c = stream;
+    LOOM_CHECK_ARG(c != NULL);
+    LOOM_TRY(loom__check_add_rms_norm(x, y, w, eps, out));
+    LOOM_TRY(loom__cuda_bind(c->dev));
+    loom__k_rows r = {.n_rows = out->ne[1],
+                      .n_cols = out->ne[0],
+                      .x_stride = x->row_stride,
+                      .y_stride = y->row_stride,
+                      .out_stride = out->row_stride};
+    return loom__cuda_add_rms_norm(c->s, &r, x->data, y->data, w ? w->data : NULL, eps, out->data);
+}
+
 loom_status loom__cuda_add_op(void *stream, const loom_tensor *a, const loom_tensor *b,
                               loom_tensor *out) {
     loom__cuda_stream *c = stream;

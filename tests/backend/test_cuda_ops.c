@@ -785,15 +785,50 @@ static loom_model *load_on(const char *path, const char *backend) {
     return m;
 }
 
-/* Teacher-forced logits of 40 tokens then 6 decodes, CUDA against the CPU. */
+static loom_model *synthetic_on(const char *arch, const char *type, const char *backend) {
+    loom_synthetic_params sp = loom_synthetic_default_params();
+    sp.arch = arch;
+    sp.n_vocab = 1024;
+    sp.n_embd = 512;
+    sp.n_head = 8;
+    sp.n_head_kv = 2;
+    sp.n_ff = 1024;
+    sp.n_layer = 3;
+    sp.n_ctx = 512;
+    sp.window = strcmp(arch, "gemma3") == 0 ? 16 : 0;
+    sp.weight_type = type;
+    sp.seed = 5;
+    loom_model_params p = loom_model_default_params();
+    p.backend = backend;
+    p.n_threads = 2;
+    p.f32_activations = true;
+    loom_model *m = NULL;
+    if (loom_model_load_synthetic(&sp, &p, &m) != LOOM_OK)
+        fail_msg("synthetic %s/%s on %s: %s", arch, type, backend, loom_last_error());
+    return m;
+}
+
+/* Teacher-forced logits of 40 tokens then 6 decodes, CUDA against the CPU: the two file models
+ * (F32 weights), then in-memory ones of each architecture in the block formats the kernels
+ * read (qwen2's Q/K/V biases among them). */
 static void test_models_logits(void **state) {
     (void)state;
-    const synth_shape *shapes[] = {&SYNTH_LLAMA, &SYNTH_GEMMA3};
-    for (int mi = 0; mi < 2; mi++) {
+    const synth_shape *shapes[] = {&SYNTH_LLAMA, &SYNTH_GEMMA3, NULL, NULL, NULL, NULL};
+    const char *syn[][2] = {
+        {"qwen2", "q4_K"}, {"llama", "q8_0"}, {"gemma3", "bf16"}, {"qwen2", "q6_K"}};
+    for (int mi = 0; mi < 6; mi++) {
         char path[512];
-        synth_path(path, sizeof path, mi ? "cuda-gemma3.gguf" : "cuda-llama.gguf");
-        assert_int_equal(synth_write(path, shapes[mi], 31 + (uint64_t)mi), 0);
-        loom_model *mc = load_on(path, "cpu"), *mg = load_on(path, g_gpu_name);
+        loom_model *mc, *mg;
+        if (mi < 2) {
+            synth_path(path, sizeof path, mi ? "cuda-gemma3.gguf" : "cuda-llama.gguf");
+            assert_int_equal(synth_write(path, shapes[mi], 31 + (uint64_t)mi), 0);
+            mc = load_on(path, "cpu");
+            mg = load_on(path, g_gpu_name);
+        } else {
+            mc = synthetic_on(syn[mi - 2][0], syn[mi - 2][1], "cpu");
+            mg = synthetic_on(syn[mi - 2][0], syn[mi - 2][1], g_gpu_name);
+        }
+        const char *name = mi < 2 ? shapes[mi]->arch : syn[mi - 2][0];
         loom_model_info info = {.size = sizeof info};
         assert_int_equal(loom_model_get_info(mg, &info), LOOM_OK);
         assert_string_equal(info.backend, g_gpu_name);
@@ -807,7 +842,7 @@ static void test_models_logits(void **state) {
         expect_ok(loom_session_decode(sg, toks, 40, true), "cuda decode");
         for (int i = 0; i < 40; i++) {
             char what[64];
-            snprintf(what, sizeof what, "%s logits, position %d", shapes[mi]->arch, i);
+            snprintf(what, sizeof what, "%s logits, position %d", name, i);
             expect_close(loom_session_logits(sg, i), loom_session_logits(sc, i), (size_t)V, 1e-4,
                          what);
         }

@@ -4,8 +4,6 @@
 #include "backend/cpu/cpu_internal.h"
 #include "backend/plugin/plugin_host.h"
 
-#include "core/status.h"
-
 LOOM_BACKEND_EXPORT loom_status loom_backend_entry(uint32_t abi_version,
                                                    const loom_backend_host *host,
                                                    const loom_backend_ops **ops);
@@ -13,11 +11,5 @@ LOOM_BACKEND_EXPORT loom_status loom_backend_entry(uint32_t abi_version,
 LOOM_BACKEND_EXPORT loom_status loom_backend_entry(uint32_t abi_version,
                                                    const loom_backend_host *host,
                                                    const loom_backend_ops **ops) {
-    if (host == NULL || ops == NULL) return LOOM_ERR_INVALID_ARG;
-    loom__plugin_set_host(host);
-    LOOM_RETURN_IF(abi_version != LOOM_BACKEND_ABI_VERSION || host->abi_version != abi_version,
-                   LOOM_ERR_UNSUPPORTED, "cpuplugin: built for backend ABI %u, the host speaks %u",
-                   (unsigned)LOOM_BACKEND_ABI_VERSION, (unsigned)abi_version);
-    *ops = loom__cpu_backend_ops();
-    return LOOM_OK;
+    return loom__plugin_entry(abi_version, host, loom__cpu_backend_ops(), "cpuplugin", ops);
 }

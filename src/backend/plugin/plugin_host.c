@@ -29,3 +29,15 @@ void loom__log(loom_log_level level, const char *fmt, ...) {
     va_end(ap);
     h->log(level, line);
 }
+
+loom_status loom__plugin_entry(uint32_t abi_version, const loom_backend_host *host,
+                               const loom_backend_ops *table, const char *what,
+                               const loom_backend_ops **ops) {
+    if (host == NULL || ops == NULL) return LOOM_ERR_INVALID_ARG;
+    loom__plugin_set_host(host);
+    LOOM_RETURN_IF(abi_version != LOOM_BACKEND_ABI_VERSION || host->abi_version != abi_version,
+                   LOOM_ERR_UNSUPPORTED, "%s: built for backend ABI %u, the host speaks %u", what,
+                   (unsigned)LOOM_BACKEND_ABI_VERSION, (unsigned)abi_version);
+    *ops = table;
+    return LOOM_OK;
+}

@@ -10,3 +10,9 @@
 
 /* Keeps host for the plugin's lifetime (call it first in the entry point). */
 void loom__plugin_set_host(const loom_backend_host *host);
+
+/* What every plugin's loom_backend_entry does: keeps host, refuses a host of another ABI
+ * version (UNSUPPORTED, naming `what` and both versions) and hands out table. */
+loom_status loom__plugin_entry(uint32_t abi_version, const loom_backend_host *host,
+                               const loom_backend_ops *table, const char *what,
+                               const loom_backend_ops **ops);

@@ -549,7 +549,17 @@ static void step_begin(const loom__backend_stream *b, const loom_kv_desc *kv, in
     expect_ok(b->ops->step_begin(b->ctx, &st), "step_begin");
 }
 
-static void run_attn_case(const attn_case *c, const char *label) {
+/* Each sequence's keys, values and queries from a seed of its own (its index and length), so
+ * the same sequence gets the same data in any batch. */
+static void fill_seq(float *dst, int64_t rows, int64_t width, float scale, uint64_t seed) {
+    const uint64_t saved = g_rng;
+    g_rng = seed;
+    fill_rand(dst, (size_t)(rows * width), scale);
+    g_rng = saved;
+}
+
+/* Runs one case; where capture is given, the output rows of sequence 0 are copied into it. */
+static void run_attn_case(const attn_case *c, const char *label, float *capture) {
     const int32_t hd = c->head_dim, nkv = c->n_kv_heads, nh = nkv * c->group;
     const int64_t kvd = (int64_t)nkv * hd, qd = (int64_t)nh * hd;
     kv_layout H, L;
@@ -574,8 +584,11 @@ static void run_attn_case(const attn_case *c, const char *label) {
 
     /* Step 1: every position's K and V stored (no attention). */
     float *kh = xmalloc((size_t)(H.n_rows * kvd) * 4), *vh = xmalloc((size_t)(H.n_rows * kvd) * 4);
-    fill_rand(kh, (size_t)(H.n_rows * kvd), 2.0f);
-    fill_rand(vh, (size_t)(H.n_rows * kvd), 1.0f);
+    for (int32_t s = 0; s < c->n_seqs; s++) {
+        const uint64_t seed = 0x9000ull + (uint64_t)s * 1000003ull + (uint64_t)c->kv_len[s];
+        fill_seq(kh + (int64_t)H.q_start[s] * kvd, c->kv_len[s], kvd, 2.0f, seed);
+        fill_seq(vh + (int64_t)H.q_start[s] * kvd, c->kv_len[s], kvd, 1.0f, seed + 1);
+    }
     loom_kv_desc dg = desc_of(c, &H, gkb, gvb), dc = desc_of(c, &H, ckb, cvb);
     expect_ok(loom__kv_desc_check(&dc, H.n_rows), "descriptor (history)");
     step_begin(&g_gpu, &dg, H.n_rows);
@@ -604,7 +617,9 @@ static void run_attn_case(const attn_case *c, const char *label) {
 
     /* Step 2: the new rows again (stored again, the same values) and attention. */
     float *q = xmalloc((size_t)(L.n_rows * qd) * 4);
-    fill_rand(q, (size_t)(L.n_rows * qd), 1.5f);
+    for (int32_t s = 0; s < c->n_seqs; s++)
+        fill_seq(q + (int64_t)L.q_start[s] * qd, c->n_new[s], qd, 1.5f,
+                 0x7000ull + (uint64_t)s * 1000003ull + (uint64_t)c->kv_len[s]);
     float *kn = xmalloc((size_t)(L.n_rows * kvd) * 4), *vn = xmalloc((size_t)(L.n_rows * kvd) * 4);
     for (int32_t s = 0, r = 0; s < c->n_seqs; s++)
         for (int32_t i = 0; i < c->n_new[s]; i++, r++) {
@@ -629,6 +644,7 @@ static void run_attn_case(const attn_case *c, const char *label) {
     loom_tensor cq = cpu_view(q, qd, L.n_rows), cout = cpu_view(ref, qd, L.n_rows);
     expect_ok(g_cpu.ops->attention(g_cpu.ctx, &cq, &dc, &ap, &cout), "cpu attention");
     gpu_get(got, gout.data, (size_t)(L.n_rows * qd) * 4);
+    if (capture) memcpy(capture, got, (size_t)((int64_t)c->n_new[0] * qd) * 4);
     for (int32_t r = 0; r < L.n_rows; r++) {
         double e = norm_err(got + r * qd, ref + r * qd, (size_t)qd);
         if (!(e <= 2e-5)) {
@@ -651,6 +667,45 @@ static void run_attn_case(const attn_case *c, const char *label) {
     layout_free(&H);
     layout_free(&L);
     gpu_free_all();
+}
+
+/* Batch invariance: a sequence's attention is the same bits alone (batch 1), among 17 others
+ * and among 63 others — wherever its blocks sit in the pool — since its splits depend on its
+ * own length only. (In the CPU stand-in, whose split plan follows the thread count and the
+ * batch, within the tolerance instead.) */
+static void test_attention_batches(void **state) {
+    (void)state;
+    const int32_t hd = 128, nkv = 2, group = 4, qd = nkv * group * hd;
+    static int32_t lens[64], news[64];
+    float *alone = host_f32(qd), *in_batch = host_f32(qd);
+    const int32_t sizes[] = {1, 18, 64};
+    for (int bi = 0; bi < 3; bi++) {
+        for (int32_t s = 0; s < sizes[bi]; s++) {
+            lens[s] = s == 0 ? 4099 : 1 + (int32_t)((s * 7919) % 2000);
+            news[s] = 1;
+        }
+        attn_case c = {.block_size = 16,
+                       .head_dim = hd,
+                       .n_kv_heads = nkv,
+                       .group = group,
+                       .kv_type = LOOM_TYPE_F16,
+                       .n_seqs = sizes[bi],
+                       .kv_len = lens,
+                       .n_new = news};
+        char label[64];
+        snprintf(label, sizeof label, "attention, batch of %d", sizes[bi]);
+        run_attn_case(&c, label, bi == 0 ? alone : in_batch);
+        if (bi == 0) continue;
+        if (strcmp(g_gpu_name, "cuda") == 0) {
+            if (memcmp(alone, in_batch, (size_t)qd * 4) != 0)
+                fail_msg("attention of a 4099-position sequence differs alone and in a batch of %d",
+                         sizes[bi]);
+        } else {
+            expect_close(in_batch, alone, (size_t)qd, 2e-5, label);
+        }
+    }
+    free(alone);
+    free(in_batch);
 }
 
 static void test_attention(void **state) {
@@ -685,7 +740,7 @@ static void test_attention(void **state) {
                          "attention bs=%d hd=%d kv_heads=%d group=%d window=%d softcap=%g %s",
                          c.block_size, c.head_dim, c.n_kv_heads, c.group, c.window,
                          (double)c.softcap, loom__type_name(c.kv_type));
-                run_attn_case(&c, label);
+                run_attn_case(&c, label, NULL);
                 n++;
             }
     /* One long context: 16384 positions, head_dim 128, GQA 4, f16 pages (bf16 pages have no
@@ -702,7 +757,7 @@ static void test_attention(void **state) {
                    .n_seqs = 2,
                    .kv_len = long_len,
                    .n_new = long_new};
-    run_attn_case(&c, "attention 16384 positions");
+    run_attn_case(&c, "attention 16384 positions", NULL);
     /* Head sizes that are not a multiple of 32 and groups that are not powers of two: the
      * kernels' partial-lane and partial-group paths. */
     static const int32_t odd[][4] = {{8, 96, 1, 7}, {16, 80, 2, 3}, {1, 40, 3, 5}};
@@ -720,7 +775,7 @@ static void test_attention(void **state) {
         char label[96];
         snprintf(label, sizeof label, "attention hd=%d group=%d kv_heads=%d", o.head_dim, o.group,
                  o.n_kv_heads);
-        run_attn_case(&o, label);
+        run_attn_case(&o, label, NULL);
     }
 }
 
@@ -971,8 +1026,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_copy_batch),    cmocka_unit_test(test_get_rows),
         cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_matmul),        cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_models_logits), cmocka_unit_test(test_models_engine),
+        cmocka_unit_test(test_matmul),        cmocka_unit_test(test_attention_batches),
+        cmocka_unit_test(test_attention),     cmocka_unit_test(test_models_logits),
+        cmocka_unit_test(test_models_engine),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     loom__backend_stream_close(&g_cpu);

@@ -27,6 +27,11 @@ static __device__ __forceinline__ void row_range(const loom__k_kv &kv, int r, in
     const int s = kv.row_seq[r];
     *pos = kv.pos_start[s] + (r - kv.q_start[s]);
     *lo = kv.window > 0 && *pos - kv.window + 1 > 0 ? *pos - kv.window + 1 : 0;
+#if defined(LOOM_K_PLANTED_BUG)
+    /* A deliberate off-by-one, built only by bench/gpu/check.sh's planted-bug step to show that
+     * test_cuda_ops catches it: long rows lose position 0. Never in a real build. */
+    if (*pos >= 4000 && *lo == 0) *lo = 1;
+#endif
     const int len = *pos - *lo + 1;
     int ns = (len + LOOM_K_ATTN_SPLIT_MIN - 1) / LOOM_K_ATTN_SPLIT_MIN;
     if (ns > LOOM_K_ATTN_MAX_SPLITS) ns = LOOM_K_ATTN_MAX_SPLITS;

@@ -11,7 +11,9 @@
 #   3. the card's ceilings and loom's kernels timed against them (loom-gpu-bench);
 #   4. the same shapes by PyTorch (cuBLAS matmul, flash SDPA) and, time allowing, Hugging Face
 #      transformers generating with a random Llama-3-8B shape (bench/gpu/peers.py);
-#   5. end to end: prefill and decode tokens/s of synthetic Gemma-3-270M and Llama-3-8B shapes.
+#   5. end to end: prefill and decode tokens/s of synthetic Gemma-3-270M and Llama-3-8B shapes;
+#   6. the tests' teeth: the plugin rebuilt with a planted off-by-one in attention's mask
+#      (LOOM_CUDA_PLANTED_BUG) must make test_attention fail.
 # Every step has a share of one 460 s deadline; a step that fails or runs out is reported and
 # the next still runs. Nothing here needs the network.
 set -uo pipefail
@@ -145,6 +147,30 @@ if [ -x build-gpu/bench/loom-gpu-e2e ]; then
     rc=$?
     cat "$out/e2e.jsonl" >>"$log"
     status+=("| loom-gpu-e2e | $([ $rc = 0 ] && echo ok || echo "FAILED rc=$rc (raw.log)") |")
+fi
+table
+
+step "planted bug"
+if [ -x build-gpu/tests/test_cuda_ops ] && [ $((deadline - $(date +%s))) -gt 40 ]; then
+    if timeout "$(budget 90)" cmake -S . -B build-gpu-planted "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+            -DLOOM_CUDA=ON -DLOOM_CUDA_ARCHITECTURES="$arch-real" -DLOOM_CUDA_PLANTED_BUG=ON \
+            -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_BUILD_BENCH=OFF "${extra[@]}" >>"$log" 2>&1 &&
+       timeout "$(budget 90)" cmake --build build-gpu-planted -j"$jobs" --target loom-cuda test_cuda_ops \
+            >>"$log" 2>&1; then
+        (cd build-gpu-planted/tests && LOOM_TEST_TMP="$PWD" LOOM_TEST_ONLY=test_attention \
+            LOOM_BACKEND_PATH="$PWD/.." timeout "$(budget 60)" ./test_cuda_ops) >"$out/planted.log" 2>&1
+        rc=$?
+        cat "$out/planted.log" >>"$log"
+        if [ $rc != 0 ] && grep -q "normalised error" "$out/planted.log"; then
+            status+=("| planted off-by-one in the attention mask | caught: $(grep -m1 'normalised error' "$out/planted.log") |")
+        else
+            status+=("| planted off-by-one in the attention mask | NOT CAUGHT (rc=$rc; planted.log) |")
+        fi
+    else
+        status+=("| planted bug | build FAILED (raw.log) |")
+    fi
+else
+    status+=("| planted bug | not run (no test build, or no time left) |")
 fi
 table
 cat "$md"

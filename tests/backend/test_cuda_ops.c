@@ -1030,7 +1030,22 @@ int main(void) {
         cmocka_unit_test(test_attention),     cmocka_unit_test(test_models_logits),
         cmocka_unit_test(test_models_engine),
     };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    /* LOOM_TEST_ONLY=name runs that test alone (check.sh's planted-bug step). */
+    struct CMUnitTest only[1];
+    const char *want = getenv("LOOM_TEST_ONLY");
+    size_t n_tests = sizeof tests / sizeof tests[0];
+    const struct CMUnitTest *run = tests;
+    if (want != NULL) {
+        n_tests = 0;
+        for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++)
+            if (strcmp(tests[i].name, want) == 0) only[n_tests++] = tests[i];
+        if (n_tests == 0) {
+            fprintf(stderr, "LOOM_TEST_ONLY=%s: no such test\n", want);
+            return 1;
+        }
+        run = only;
+    }
+    int rc = _cmocka_run_group_tests("test_cuda_ops", run, n_tests, NULL, NULL);
     loom__backend_stream_close(&g_cpu);
     loom__backend_stream_close(&g_gpu);
     return rc;

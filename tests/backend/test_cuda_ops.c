@@ -132,13 +132,6 @@ typedef struct weight_pair {
     float *deq; /* [n][k] the values the GPU holds (bf16-rounded where converted) */
 } weight_pair;
 
-static uint16_t bf16_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 static void make_weight(uint32_t t, int64_t k, int64_t n, loom_weight_use use, weight_pair *w) {
     size_t rb = row_bytes(t, k);
     w->host = xmalloc(rb * (size_t)n);
@@ -161,10 +154,8 @@ static void make_weight(uint32_t t, int64_t k, int64_t n, loom_weight_use use, w
     for (int64_t r = 0; r < n; r++)
         assert_true(loom__dequantize_row(t, w->host + (size_t)r * rb, w->deq + r * k, k));
     if (w->gpu.type == LOOM_TYPE_BF16 && t != LOOM_TYPE_BF16) {
-        for (int64_t i = 0; i < k * n; i++) {
-            uint32_t u = (uint32_t)bf16_of(w->deq[i]) << 16;
-            memcpy(&w->deq[i], &u, 4);
-        }
+        for (int64_t i = 0; i < k * n; i++)
+            w->deq[i] = loom__bf16_to_f32(loom__f32_to_bf16(w->deq[i]));
     }
 }
 

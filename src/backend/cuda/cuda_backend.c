@@ -71,10 +71,6 @@ static const loom_backend_ops cuda_ops = {
     .add_rms_norm = loom__cuda_add_rms_norm_op,
 };
 
-const loom_backend_ops *loom__cuda_backend_ops(void) {
-    return &cuda_ops;
-}
-
 LOOM_BACKEND_EXPORT loom_status loom_backend_entry(uint32_t abi_version,
                                                    const loom_backend_host *host,
                                                    const loom_backend_ops **ops);

@@ -196,15 +196,6 @@ static loom_status weight_space(loom__cuda_dev *d, size_t bytes, void **out) {
     return LOOM_OK;
 }
 
-/* float32 to bfloat16 bits, rounded to nearest even (NaN stays a quiet NaN). */
-static uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 /* A weight the kernels cannot read in place, decoded row by row to bfloat16 on the host, into
  * host memory the caller frees. */
 static loom_status decode_to_bf16(const loom_weight_src *src, uint16_t **out) {
@@ -224,8 +215,8 @@ static loom_status decode_to_bf16(const loom_weight_src *src, uint16_t **out) {
             return loom__fail(LOOM_ERR_UNSUPPORTED, "cuda: %s: cannot decode type %s", src->name,
                               loom__type_name(src->type));
         }
-        for (int64_t i = 0; i < src->ne[0]; i++)
-            bf[(size_t)r * (size_t)src->ne[0] + (size_t)i] = f32_to_bf16(row[i]);
+        (void)loom__quantize_row(LOOM_TYPE_BF16, row, bf + (size_t)r * (size_t)src->ne[0],
+                                 src->ne[0]); /* never fails for bf16 */
     }
     free(row);
     *out = bf;

@@ -119,6 +119,3 @@ loom_status loom__cuda_add_rms_norm_op(void *stream, loom_tensor *x, const loom_
 loom_status loom__cuda_add_op(void *stream, const loom_tensor *a, const loom_tensor *b,
                               loom_tensor *out);
 loom_status loom__cuda_scale_op(void *stream, const loom_tensor *x, float s, loom_tensor *out);
-
-/* The ops table (cuda_backend.c). */
-const loom_backend_ops *loom__cuda_backend_ops(void);

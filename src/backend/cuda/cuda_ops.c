@@ -7,6 +7,16 @@
 #include "tensor/op_check.h"
 #include "tensor/types.h"
 
+/* The element-wise kernels' shape: out's rows and columns, the operands' strides (a y of one
+ * row, or none, is read at stride 0: broadcast). */
+static loom__k_rows rows_of(const loom_tensor *x, const loom_tensor *y, const loom_tensor *out) {
+    return (loom__k_rows){.n_rows = out->ne[1],
+                          .n_cols = out->ne[0],
+                          .x_stride = x->row_stride,
+                          .y_stride = y == NULL || y->ne[1] == 1 ? 0 : y->row_stride,
+                          .out_stride = out->row_stride};
+}
+
 static loom__k_weight weight_of(const loom_tensor *w) {
     return (loom__k_weight){.type = (uint32_t)w->type,
                             .k = w->ne[0],
@@ -62,10 +72,7 @@ loom_status loom__cuda_rms_norm_op(void *stream, const loom_tensor *x, const loo
     LOOM_CHECK_ARG(c != NULL);
     LOOM_TRY(loom__check_rms_norm(x, w, eps, out));
     LOOM_TRY(loom__cuda_bind(c->dev));
-    loom__k_rows r = {.n_rows = out->ne[1],
-                      .n_cols = out->ne[0],
-                      .x_stride = x->row_stride,
-                      .out_stride = out->row_stride};
+    loom__k_rows r = rows_of(x, NULL, out);
     return loom__cuda_rms_norm(c->s, &r, x->data, w ? w->data : NULL, eps, out->data);
 }
 
@@ -75,11 +82,7 @@ loom_status loom__cuda_add_rms_norm_op(void *stream, loom_tensor *x, const loom_
     LOOM_CHECK_ARG(c != NULL);
     LOOM_TRY(loom__check_add_rms_norm(x, y, w, eps, out));
     LOOM_TRY(loom__cuda_bind(c->dev));
-    loom__k_rows r = {.n_rows = out->ne[1],
-                      .n_cols = out->ne[0],
-                      .x_stride = x->row_stride,
-                      .y_stride = y->row_stride,
-                      .out_stride = out->row_stride};
+    loom__k_rows r = rows_of(x, y, out);
     return loom__cuda_add_rms_norm(c->s, &r, x->data, y->data, w ? w->data : NULL, eps, out->data);
 }
 
@@ -89,11 +92,7 @@ loom_status loom__cuda_add_op(void *stream, const loom_tensor *a, const loom_ten
     LOOM_CHECK_ARG(c != NULL);
     LOOM_TRY(loom__check_add(a, b, out));
     LOOM_TRY(loom__cuda_bind(c->dev));
-    loom__k_rows r = {.n_rows = out->ne[1],
-                      .n_cols = out->ne[0],
-                      .x_stride = a->row_stride,
-                      .y_stride = b->ne[1] == 1 ? 0 : b->row_stride,
-                      .out_stride = out->row_stride};
+    loom__k_rows r = rows_of(a, b, out);
     return loom__cuda_add(c->s, &r, a->data, b->data, out->data);
 }
 
@@ -102,10 +101,7 @@ loom_status loom__cuda_scale_op(void *stream, const loom_tensor *x, float s, loo
     LOOM_CHECK_ARG(c != NULL);
     LOOM_TRY(loom__check_scale(x, out));
     LOOM_TRY(loom__cuda_bind(c->dev));
-    loom__k_rows r = {.n_rows = out->ne[1],
-                      .n_cols = out->ne[0],
-                      .x_stride = x->row_stride,
-                      .out_stride = out->row_stride};
+    loom__k_rows r = rows_of(x, NULL, out);
     return loom__cuda_scale(c->s, &r, x->data, s, out->data);
 }
 
@@ -115,11 +111,7 @@ loom_status loom__cuda_glu_op(void *stream, const loom_tensor *gate, const loom_
     LOOM_CHECK_ARG(c != NULL);
     LOOM_TRY(loom__check_glu(gate, up, kind, out));
     LOOM_TRY(loom__cuda_bind(c->dev));
-    loom__k_rows r = {.n_rows = out->ne[1],
-                      .n_cols = out->ne[0],
-                      .x_stride = gate->row_stride,
-                      .y_stride = up->row_stride,
-                      .out_stride = out->row_stride};
+    loom__k_rows r = rows_of(gate, up, out);
     return loom__cuda_glu(c->s, &r, gate->data, up->data, kind == LOOM_GLU_SWIGLU ? 0 : 1,
                           out->data);
 }

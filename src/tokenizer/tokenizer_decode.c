@@ -47,8 +47,17 @@ static uint32_t next_cp_lenient(const char *s, size_t len, size_t *i) {
 }
 
 /* A byte-level BPE token's text back to bytes. A character outside the byte alphabet is
- * written as "[UNK_BYTE_0x<its utf-8 hex><the token's text>]", as llama.cpp writes it. */
+ * written as "[UNK_BYTE_0x<its utf-8 hex><the token's text>]", as llama.cpp writes it, when the
+ * token holds one such character. llama.cpp repeats the whole text for every such character,
+ * so a vocabulary of a few long tokens of them makes the piece table quadratic in the file's
+ * size (a 104 KB file needed 3 GB); a token with several is written "[UNK_BYTE_0x<hex>]" per
+ * character instead, which keeps the table within 19 bytes per byte of token text. Real
+ * byte-level vocabularies hold no such character at all. */
 static loom_status put_bpe_text(strbuf *b, const char *s, size_t len) {
+    size_t n_unknown = 0;
+    for (size_t i = 0; i < len && n_unknown < 2;) {
+        if (loom__gpt2_byte_of(next_cp_lenient(s, len, &i)) < 0) n_unknown++;
+    }
     for (size_t i = 0; i < len;) {
         uint32_t cp = next_cp_lenient(s, len, &i);
         int byte = loom__gpt2_byte_of(cp);
@@ -64,7 +73,7 @@ static loom_status put_bpe_text(strbuf *b, const char *s, size_t len) {
             snprintf(hex, sizeof hex, "%02x", (unsigned char)u[k]);
             LOOM_TRY(put(b, hex, 2));
         }
-        LOOM_TRY(put(b, s, len));
+        if (n_unknown == 1) LOOM_TRY(put(b, s, len));
         LOOM_TRY(put(b, "]", 1));
     }
     return LOOM_OK;

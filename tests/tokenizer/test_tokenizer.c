@@ -737,6 +737,40 @@ static void test_long_input(void **state) {
     loom__tokenizer_free(t);
 }
 
+/* Characters outside the GPT-2 byte alphabet in NORMAL byte-level tokens (issue 18, bug 1): one
+ * such character is written as llama.cpp writes it (its hex, then the token's whole text);
+ * several are written without the repeated text, so a long token of them cannot make the piece
+ * table quadratic (30,000 of them took 2.7 GB in llama.cpp's form). */
+static void test_bpe_unknown_chars_linear(void **state) {
+    (void)state;
+    enum { N_CJK = 30000 };
+    static char long_text[N_CJK * 3];
+    for (size_t i = 0; i < N_CJK; i++) memcpy(long_text + 3 * i, "\xe4\xb8\xad", 3); /* U+4E2D */
+    vocab v;
+    bpe_base(&v);
+    int32_t one = add(&v, "a\xe4\xb8\xad", 0, LOOM_TOKEN_TYPE_NORMAL);
+    int32_t two = add(&v,
+                      "\xe4\xb8\xad"
+                      "b\xe4\xb8\xad",
+                      0, LOOM_TOKEN_TYPE_NORMAL);
+    int32_t many = add_n(&v, long_text, sizeof long_text, 0, LOOM_TOKEN_TYPE_NORMAL);
+    loom__tokenizer_spec s = spec_of(&v, LOOM_TOKENIZER_BPE, "gpt-2");
+    loom__tokenizer *t = make(&s);
+    char out[64];
+    size_t n = 0;
+    assert_int_equal(loom__tokenizer_piece(t, one, 0, out, sizeof out, &n), LOOM_OK);
+    const char *want_one = "a[UNK_BYTE_0xe4b8ada\xe4\xb8\xad]";
+    assert_int_equal(n, strlen(want_one));
+    assert_memory_equal(out, want_one, n);
+    assert_int_equal(loom__tokenizer_piece(t, two, 0, out, sizeof out, &n), LOOM_OK);
+    const char *want_two = "[UNK_BYTE_0xe4b8ad]b[UNK_BYTE_0xe4b8ad]";
+    assert_int_equal(n, strlen(want_two));
+    assert_memory_equal(out, want_two, n);
+    assert_int_equal(loom__tokenizer_piece(t, many, 0, NULL, 0, &n), LOOM_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(n, (size_t)N_CJK * strlen("[UNK_BYTE_0xe4b8ad]"));
+    loom__tokenizer_free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spm_merges_by_score),
@@ -755,6 +789,7 @@ int main(void) {
         cmocka_unit_test(test_bad_spec),
         cmocka_unit_test(test_load_gguf),
         cmocka_unit_test(test_long_input),
+        cmocka_unit_test(test_bpe_unknown_chars_linear),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

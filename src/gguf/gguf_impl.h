@@ -6,6 +6,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "core/hash.h"
 #include "core/status.h"
 #include "gguf/gguf.h"
 
@@ -31,7 +32,8 @@ typedef struct loom__gguf_slot {
 
 typedef struct loom__gguf_index {
     loom__gguf_slot *slots;
-    uint64_t mask; /* capacity - 1 (capacity a power of two, at least twice the entries) */
+    uint64_t mask;      /* capacity - 1 (capacity a power of two, at least twice the entries) */
+    loom__hash_key key; /* random per index: file-chosen names cannot aim at one slot */
 } loom__gguf_index;
 
 /* Sizes the index for up to n entries. Errors: LOOM_ERR_OUT_OF_MEMORY. */

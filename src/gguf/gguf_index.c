@@ -1,18 +1,16 @@
 /* gguf_index.c — the hash index that finds keys and tensor names in O(1) and detects
  * duplicates in O(n) while a file is parsed. Open addressing with linear probing; the table is
- * sized once (at least twice the entries) so it never grows and never fills. */
+ * sized once (at least twice the entries) so it never grows and never fills. The names come
+ * from the file, so they are hashed under a random key per index (SipHash, core/hash.h): with
+ * an unkeyed hash a file can hold thousands of names that share a slot, which made parsing
+ * quadratic (40,000 colliding keys: 1.4 s against 9 ms). */
 #include <stdlib.h>
 
+#include "core/hash.h"
 #include "gguf/gguf_impl.h"
 
-/* FNV-1a, 64-bit: simple and good enough for tensor names that share long prefixes. */
-static uint64_t name_hash(const char *ptr, uint64_t len) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (uint64_t i = 0; i < len; i++) {
-        h ^= (unsigned char)ptr[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
+static uint64_t name_hash(const loom__gguf_index *ix, const char *ptr, uint64_t len) {
+    return loom__hash_keyed(ptr, (size_t)len, &ix->key);
 }
 
 loom_status loom__gguf_index_init(loom__gguf_index *ix, int64_t n) {
@@ -32,6 +30,7 @@ loom_status loom__gguf_index_init(loom__gguf_index *ix, int64_t n) {
     for (uint64_t i = 0; i < cap; i++) slots[i].idx = -1;
     ix->slots = slots;
     ix->mask = cap - 1;
+    ix->key = loom__hash_key_random();
     return LOOM_OK;
 }
 
@@ -52,7 +51,7 @@ static loom__gguf_slot *probe(const loom__gguf_index *ix, const char *ptr, uint6
 }
 
 int64_t loom__gguf_index_insert(loom__gguf_index *ix, const char *ptr, uint64_t len, int64_t idx) {
-    uint64_t h = name_hash(ptr, len);
+    uint64_t h = name_hash(ix, ptr, len);
     loom__gguf_slot *s = probe(ix, ptr, len, h);
     if (s->idx >= 0) return s->idx;
     s->ptr = ptr;
@@ -64,5 +63,5 @@ int64_t loom__gguf_index_insert(loom__gguf_index *ix, const char *ptr, uint64_t 
 
 int64_t loom__gguf_index_find(const loom__gguf_index *ix, const char *ptr, uint64_t len) {
     if (!ix->slots) return -1;
-    return probe(ix, ptr, len, name_hash(ptr, len))->idx;
+    return probe(ix, ptr, len, name_hash(ix, ptr, len))->idx;
 }

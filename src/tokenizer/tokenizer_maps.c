@@ -1,5 +1,7 @@
 /* tokenizer_maps.c — open-addressing hash tables for token lookup (see tokenizer_maps.h).
- * Both tables are sized to at most half full, so linear probing stays short. */
+ * Both tables are sized to at most half full, so linear probing stays short, and both hash
+ * under a random key of their own (core/hash.h): their keys come from the model file, and a
+ * vocabulary or merge list written to collide must not make loading quadratic. */
 #include "tokenizer/tokenizer_maps.h"
 
 #include <stdlib.h>
@@ -21,6 +23,7 @@ loom_status loom__textmap_init(loom__textmap *m, const char *arena, const size_t
     m->arena = arena;
     m->off = off;
     m->mask = cap - 1;
+    m->key = loom__hash_key_random();
     m->slots = malloc(cap * sizeof *m->slots);
     LOOM_RETURN_IF(!m->slots, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory (%zu slots)", cap);
     memset(m->slots, 0xFF, cap * sizeof *m->slots); /* every slot -1 */
@@ -40,7 +43,7 @@ static int text_equal(const loom__textmap *m, int32_t id, const char *s, size_t 
 int32_t loom__textmap_add(loom__textmap *m, int32_t id) {
     const char *s = m->arena + m->off[id];
     size_t len = m->off[id + 1] - m->off[id];
-    for (size_t i = loom__hash_bytes(s, len, 0) & m->mask;; i = (i + 1) & m->mask) {
+    for (size_t i = loom__hash_keyed(s, len, &m->key) & m->mask;; i = (i + 1) & m->mask) {
         int32_t cur = m->slots[i];
         if (cur < 0) {
             m->slots[i] = id;
@@ -51,7 +54,7 @@ int32_t loom__textmap_add(loom__textmap *m, int32_t id) {
 }
 
 int32_t loom__textmap_find(const loom__textmap *m, const char *s, size_t len) {
-    for (size_t i = loom__hash_bytes(s, len, 0) & m->mask;; i = (i + 1) & m->mask) {
+    for (size_t i = loom__hash_keyed(s, len, &m->key) & m->mask;; i = (i + 1) & m->mask) {
         int32_t cur = m->slots[i];
         if (cur < 0) return -1;
         if (text_equal(m, cur, s, len)) return cur;
@@ -63,6 +66,7 @@ int32_t loom__textmap_find(const loom__textmap *m, const char *s, size_t len) {
 loom_status loom__pairmap_init(loom__pairmap *m, size_t n) {
     size_t cap = table_size(n);
     m->mask = cap - 1;
+    m->key = loom__hash_key_random();
     m->keys = malloc(cap * sizeof *m->keys);
     m->vals = malloc(cap * sizeof *m->vals);
     if (!m->keys || !m->vals) {
@@ -85,9 +89,13 @@ static uint64_t pair_key(int32_t left, int32_t right) {
     return ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
 }
 
+static size_t pair_slot(const loom__pairmap *m, uint64_t key) {
+    return (size_t)loom__hash_keyed(&key, sizeof key, &m->key) & m->mask;
+}
+
 void loom__pairmap_add(loom__pairmap *m, int32_t left, int32_t right, loom__merge v) {
     uint64_t key = pair_key(left, right);
-    for (size_t i = loom__hash_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
+    for (size_t i = pair_slot(m, key);; i = (i + 1) & m->mask) {
         if (m->keys[i] == key) return;
         if (m->keys[i] == UINT64_MAX) {
             m->keys[i] = key;
@@ -99,7 +107,7 @@ void loom__pairmap_add(loom__pairmap *m, int32_t left, int32_t right, loom__merg
 
 const loom__merge *loom__pairmap_find(const loom__pairmap *m, int32_t left, int32_t right) {
     uint64_t key = pair_key(left, right);
-    for (size_t i = loom__hash_mix64(key) & m->mask;; i = (i + 1) & m->mask) {
+    for (size_t i = pair_slot(m, key);; i = (i + 1) & m->mask) {
         if (m->keys[i] == key) return &m->vals[i];
         if (m->keys[i] == UINT64_MAX) return NULL;
     }

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/hash.h"
 #include "loom.h"
 
 /* Token texts live in one arena: token i is arena[off[i] .. off[i+1]). */
@@ -13,6 +14,7 @@ typedef struct loom__textmap {
     const size_t *off;
     int32_t *slots; /* [mask+1]: token id, or -1 for an empty slot */
     size_t mask;
+    loom__hash_key key; /* this table's random hash key */
 } loom__textmap;
 
 /* Sizes the table for n ids over (arena, off). LOOM_ERR_OUT_OF_MEMORY on failure. */
@@ -32,6 +34,7 @@ typedef struct loom__pairmap {
     uint64_t *keys;    /* [mask+1]: (left << 32) | right, or UINT64_MAX for an empty slot */
     loom__merge *vals; /* [mask+1] */
     size_t mask;
+    loom__hash_key key;
 } loom__pairmap;
 
 loom_status loom__pairmap_init(loom__pairmap *m, size_t n);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "gguf/gguf.h"
+#include "gguf/gguf_impl.h"
 #include "gguf/gguf_writer.h"
 #include "tensor/types.h"
 
@@ -414,12 +415,116 @@ static void test_getters(void **state) {
     tb_free(&b);
 }
 
+/* ---- hash flooding (issue 18, bug 2) ---------------------------------------------------------
+ * The attacker's side: FNV-1a's low k bits depend only on the low k bits of its state, so two
+ * 3-byte blocks that take one state to the same low bits can be chosen independently at each
+ * of 16 stages (a Joux multicollision): 65,536 distinct 48-byte names with one FNV-1a slot in a
+ * table of 2^17. The index used to hash names with FNV-1a; it must spread them now. */
+enum { FLOOD_STAGES = 16, FLOOD_NAMES = 1 << FLOOD_STAGES, FLOOD_LEN = 3 * FLOOD_STAGES };
+#define FLOOD_MASK ((1u << 17) - 1)
+
+static uint64_t fnv1a_step(uint64_t h, unsigned char c) {
+    return (h ^ c) * 0x100000001b3ull;
+}
+
+/* blocks[stage][choice] = three bytes; returns the names' common FNV-1a hash & FLOOD_MASK. */
+static uint32_t flood_blocks(unsigned char blocks[FLOOD_STAGES][2][3]) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    static int32_t seen[FLOOD_MASK + 1];
+    for (int st = 0; st < FLOOD_STAGES; st++) {
+        memset(seen, 0xFF, sizeof seen);
+        bool found = false;
+        for (int32_t abc = 0; abc < 58 * 58 * 58 && !found; abc++) {
+            unsigned char t[3] = {(unsigned char)('A' + abc / (58 * 58)),
+                                  (unsigned char)('A' + abc / 58 % 58),
+                                  (unsigned char)('A' + abc % 58)};
+            uint64_t next = fnv1a_step(fnv1a_step(fnv1a_step(h, t[0]), t[1]), t[2]);
+            uint32_t low = (uint32_t)next & FLOOD_MASK;
+            if (seen[low] < 0) {
+                seen[low] = abc;
+                continue;
+            }
+            int32_t o = seen[low];
+            blocks[st][0][0] = (unsigned char)('A' + o / (58 * 58));
+            blocks[st][0][1] = (unsigned char)('A' + o / 58 % 58);
+            blocks[st][0][2] = (unsigned char)('A' + o % 58);
+            memcpy(blocks[st][1], t, 3);
+            h = next;
+            found = true;
+        }
+        assert_true(found);
+    }
+    return (uint32_t)h & FLOOD_MASK;
+}
+
+static void flood_name(unsigned char blocks[FLOOD_STAGES][2][3], uint32_t k, char *out) {
+    for (int st = 0; st < FLOOD_STAGES; st++) memcpy(out + 3 * st, blocks[st][(k >> st) & 1], 3);
+}
+
+static void test_index_resists_flooding(void **state) {
+    (void)state;
+    unsigned char blocks[FLOOD_STAGES][2][3];
+    uint32_t slot = flood_blocks(blocks);
+    char *names = malloc((size_t)FLOOD_NAMES * FLOOD_LEN);
+    assert_non_null(names);
+    for (uint32_t k = 0; k < FLOOD_NAMES; k++) {
+        char *n = names + (size_t)k * FLOOD_LEN;
+        flood_name(blocks, k, n);
+        uint64_t h = 0xcbf29ce484222325ull; /* the attack is real: every name has one slot */
+        for (int i = 0; i < FLOOD_LEN; i++) h = fnv1a_step(h, (unsigned char)n[i]);
+        assert_int_equal((uint32_t)h & FLOOD_MASK, slot);
+    }
+    loom__gguf_index ix;
+    assert_int_equal(loom__gguf_index_init(&ix, FLOOD_NAMES), LOOM_OK);
+    assert_int_equal(ix.mask, FLOOD_MASK);
+    for (uint32_t k = 0; k < FLOOD_NAMES; k++) {
+        assert_int_equal(loom__gguf_index_insert(&ix, names + (size_t)k * FLOOD_LEN, FLOOD_LEN, k),
+                         -1);
+    }
+    /* Each entry's distance from its home slot (the hash the slot keeps): under the keyed hash
+     * a half-full table averages about one and a half probes; one shared slot would average
+     * 32,768. */
+    uint64_t total = 0;
+    for (uint64_t i = 0; i <= ix.mask; i++) {
+        if (ix.slots[i].idx >= 0) total += (i - (ix.slots[i].hash & ix.mask)) & ix.mask;
+    }
+    assert_true(total < 4ull * FLOOD_NAMES);
+    for (uint32_t k = 0; k < FLOOD_NAMES; k += 97) {
+        assert_int_equal(loom__gguf_index_find(&ix, names + (size_t)k * FLOOD_LEN, FLOOD_LEN), k);
+        assert_int_equal(loom__gguf_index_insert(&ix, names + (size_t)k * FLOOD_LEN, FLOOD_LEN, 0),
+                         k); /* duplicates are still found */
+    }
+    loom__gguf_index_free(&ix);
+
+    /* The same names as a file's keys: it parses, and every key is found. */
+    tbuf b = {0};
+    tb_header(&b, 3, 0, FLOOD_NAMES);
+    for (uint32_t k = 0; k < FLOOD_NAMES; k++) {
+        tb_strn(&b, names + (size_t)k * FLOOD_LEN, FLOOD_LEN);
+        tb_u32(&b, LOOM_GGUF_U32);
+        tb_u32(&b, k);
+    }
+    loom__gguf *g = NULL;
+    assert_int_equal(loom__gguf_open_memory(b.p, b.n, &g), LOOM_OK);
+    char key[FLOOD_LEN + 1];
+    for (uint32_t k = 0; k < FLOOD_NAMES; k += 1009) {
+        memcpy(key, names + (size_t)k * FLOOD_LEN, FLOOD_LEN);
+        key[FLOOD_LEN] = '\0';
+        uint32_t v = 0;
+        assert_int_equal(loom__gguf_get_u32(g, key, true, 0, &v), LOOM_OK);
+        assert_int_equal(v, k);
+    }
+    loom__gguf_close(g);
+    tb_free(&b);
+    free(names);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_v3),     cmocka_unit_test(test_valid_v2),
         cmocka_unit_test(test_alignment_64), cmocka_unit_test(test_many_tensors),
         cmocka_unit_test(test_edge_shapes),  cmocka_unit_test(test_open_file),
-        cmocka_unit_test(test_getters),
+        cmocka_unit_test(test_getters),      cmocka_unit_test(test_index_resists_flooding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -708,7 +708,8 @@ typedef struct loom_engine_params {
     loom_preempt_mode preempt;  /* default LOOM_PREEMPT_RECOMPUTE */
     bool fcfs;                  /* plain first-come-first-served: ignore priorities and
                                    deadlines (default false) */
-    double starvation_s;        /* a request waiting longer is promoted (default 30) */
+    double starvation_s;        /* a request waiting longer is promoted (default 30; 0 or
+                                   +inf: never; finite values up to 1e9) */
     float watermark;            /* fraction of blocks admission keeps free (default 0.01) */
     loom_event_fn on_event;     /* non-NULL: background mode — a thread steps the engine */
     void *on_event_user_data;
@@ -738,7 +739,10 @@ typedef struct loom_request_params {
                                         see the prompt, then the sample's generated tokens; the
                                         token at position p is drawn with index p, and sample
                                         i > 0 with a seed derived from (seed, i) */
-    int32_t max_tokens;                 /* most tokens to generate per sample (default 128) */
+    int32_t max_tokens;                 /* most tokens to generate per sample (default 128; any
+                                           value >= 1: a sample that fills max_ctx first ends
+                                           with LOOM_FINISH_CONTEXT, and token storage grows as
+                                           tokens come, so nothing is reserved for it) */
     int32_t n;                          /* samples of the prompt, sharing its KV (default 1) */
     const loom_token *stop_tokens;      /* ids that end a sample (copied) */
     size_t n_stop_tokens;
@@ -747,8 +751,9 @@ typedef struct loom_request_params {
     bool ignore_eos;        /* do not stop at the model's end-of-generation tokens */
     int32_t priority;       /* higher runs first (default 0) */
     double ttft_deadline_s; /* wanted time to first token after the request's arrival
-                               (arrival_s, or its submit); 0: none */
-    double tpot_deadline_s; /* wanted time per output token; 0: none */
+                               (arrival_s, or its submit); 0 or +inf: none; finite values
+                               up to 1e9 s */
+    double tpot_deadline_s; /* wanted time per output token; 0 or +inf: none; up to 1e9 s */
     uint64_t cache_salt;    /* requests share cached prefixes only with equal salts */
     void *user_data;        /* returned in every event of the request */
     double arrival_s;       /* when the request arrived, in seconds of

@@ -140,23 +140,21 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
     st = loom_tokenize(m, prompt, len, flags, NULL, 0, &n_tok);
     if (st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL) return st;
     LOOM_RETURN_IF(n_tok == 0, LOOM_ERR_INVALID_ARG, "generate: the prompt has no tokens");
-    /* The prompt, then the generated tokens: the history the penalties look at. */
-    LOOM_RETURN_IF(n_tok > SIZE_MAX / sizeof(loom_token) - (size_t)p.n_predict,
-                   LOOM_ERR_INVALID_ARG, "generate: prompt too long");
-    loom_token *toks = malloc((n_tok + (size_t)p.n_predict) * sizeof *toks);
+    size_t n_ctx = (size_t)loom__session_n_ctx(s);
+    LOOM_RETURN_IF(n_tok > n_ctx, LOOM_ERR_CONTEXT_FULL,
+                   "generate: the prompt has %zu tokens but the context holds %d", n_tok,
+                   (int)n_ctx);
+    /* The prompt, then the generated tokens: the history the penalties look at. Generation
+     * ends when the context is full (the last token is sampled, not decoded), so no more than
+     * n_ctx + 1 are ever held, whatever n_predict asks. */
+    size_t cap = n_tok + (size_t)p.n_predict < n_ctx + 1 ? n_tok + (size_t)p.n_predict : n_ctx + 1;
+    loom_token *toks = malloc(cap * sizeof *toks);
     LOOM_RETURN_IF(!toks, LOOM_ERR_OUT_OF_MEMORY, "generate: out of memory");
     loom_sampler *sampler = NULL;
     st = loom_tokenize(m, prompt, len, flags, toks, n_tok, &n_tok);
     if (st != LOOM_OK) goto done;
     st = loom_sampler_create(m->cfg.n_vocab, &sampler);
     if (st != LOOM_OK) goto done;
-
-    if (n_tok > (size_t)loom__session_n_ctx(s)) {
-        st = loom__fail(LOOM_ERR_CONTEXT_FULL,
-                        "generate: the prompt has %zu tokens but the context holds %d", n_tok,
-                        loom__session_n_ctx(s));
-        goto done;
-    }
     loom_session_reset(s);
     if (gt.trace) {
         /* Steps are numbered on from what the trace holds (several calls stay in order). */
@@ -187,6 +185,10 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
         gt_phase(&gt, "sample");
         gt_token(&gt, m, loom_session_n_past(s), &info);
         loom_token next = info.token;
+        if (n_hist == cap) {
+            st = loom__fail(LOOM_ERR_INTERNAL, "generate: token %zu past the context", n_hist);
+            break;
+        }
         toks[n_hist++] = next;
         st_local.n_generated++;
         if (p.on_token_info) p.on_token_info(&info, p.token_info_user_data);

@@ -42,8 +42,12 @@ static loom_status check_params(const loom_model *m, loom_engine_params *p) {
                    LOOM_ERR_INVALID_ARG, "engine: max_batched_tokens %d (max_seqs..65536)",
                    p->max_batched_tokens);
     LOOM_RETURN_IF(p->max_ctx < 0, LOOM_ERR_INVALID_ARG, "engine: max_ctx < 0");
-    LOOM_RETURN_IF(!(p->starvation_s >= 0) || !(p->watermark >= 0 && p->watermark < 1),
-                   LOOM_ERR_INVALID_ARG, "engine: starvation_s >= 0, watermark in [0, 1)");
+    int64_t us;
+    LOOM_RETURN_IF(!loom__duration_us(p->starvation_s, &us), LOOM_ERR_INVALID_ARG,
+                   "engine: starvation_s = %g (0 or +inf for never, else up to %g s)",
+                   p->starvation_s, LOOM__MAX_DURATION_S);
+    LOOM_RETURN_IF(!(p->watermark >= 0 && p->watermark < 1), LOOM_ERR_INVALID_ARG,
+                   "engine: watermark %g (in [0, 1))", (double)p->watermark);
     LOOM_RETURN_IF(p->preempt != LOOM_PREEMPT_RECOMPUTE && p->preempt != LOOM_PREEMPT_SWAP,
                    LOOM_ERR_INVALID_ARG, "engine: unknown preemption mode %d", (int)p->preempt);
     LOOM_RETURN_IF(p->max_logprobs < 0, LOOM_ERR_INVALID_ARG, "engine: max_logprobs %d (>= 0)",
@@ -107,7 +111,7 @@ static loom_status create_sched(loom_engine *e) {
     sc.watermark_blocks = (int32_t)(e->params.watermark * (float)e->n_blocks + 0.999f);
     sc.preempt_mode = e->params.preempt == LOOM_PREEMPT_SWAP ? LOOM_SCHED_PREEMPT_SWAP
                                                              : LOOM_SCHED_PREEMPT_RECOMPUTE;
-    sc.promote_age_us = (int64_t)(e->params.starvation_s * 1e6);
+    loom__duration_us(e->params.starvation_s, &sc.promote_age_us); /* checked at create */
     loom__sched_kv_iface kv = loom__engine_kv_iface(e);
     return loom__sched_create(&sc, &kv, &e->sched);
 }

@@ -132,10 +132,13 @@ static loom_status add_to_sched(loom_engine *e, loom__req *r, int32_t i) {
         .id = loom__sched_id(r, i),
         .priority = r->priority,
         .n_prompt = r->n_prompt,
-        .max_new_tokens = r->max_tokens,
+        /* at most what the context leaves (submit checked n_prompt < max_ctx): the sample
+         * finishes with LOOM_FINISH_CONTEXT there whatever max_tokens says */
+        .max_new_tokens =
+            r->max_tokens < e->max_ctx - r->n_prompt ? r->max_tokens : e->max_ctx - r->n_prompt,
         .arrival_us = loom__engine_us_of(e, r->arrival_ns),
-        .ttft_us = (int64_t)(r->ttft_deadline_s * 1e6),
-        .tpot_us = (int64_t)(r->tpot_deadline_s * 1e6),
+        .ttft_us = r->ttft_us,
+        .tpot_us = r->tpot_us,
     };
     int64_t now_us = loom__engine_now_us(e);
     /* An arrival_s a little in the future (submit allows a small tolerance) counts as now. */
@@ -447,6 +450,13 @@ static void commit_rows(loom_engine *e, int32_t n) {
             res->finished = true;
             s->in_sched = false;
             end_request(e, r, e->row_status[b]);
+            continue;
+        }
+        loom_status room = loom__req_reserve_token(s);
+        if (room != LOOM_OK) {
+            res->finished = true;
+            s->in_sched = false;
+            end_request(e, r, room);
             continue;
         }
         n_tokens++;

@@ -7,6 +7,7 @@
 
 #include "core/abi.h"
 #include "core/checked.h"
+#include "core/timer.h"
 #include "sample/sample.h"
 
 void loom_request_params_init(loom_request_params *out, size_t size) {
@@ -61,8 +62,13 @@ static loom_status check_params(const loom_model *m, const loom_request_params *
         LOOM_RETURN_IF(!s || !*s || strlen(s) > 1024, LOOM_ERR_INVALID_ARG,
                        "submit: stop string %zu is NULL, empty or longer than 1024 bytes", i);
     }
-    LOOM_RETURN_IF(!(p->ttft_deadline_s >= 0) || !(p->tpot_deadline_s >= 0), LOOM_ERR_INVALID_ARG,
-                   "submit: deadlines must be >= 0");
+    int64_t us;
+    LOOM_RETURN_IF(!loom__duration_us(p->ttft_deadline_s, &us), LOOM_ERR_INVALID_ARG,
+                   "submit: ttft_deadline_s = %g (0 or +inf for none, else up to %g s)",
+                   p->ttft_deadline_s, LOOM__MAX_DURATION_S);
+    LOOM_RETURN_IF(!loom__duration_us(p->tpot_deadline_s, &us), LOOM_ERR_INVALID_ARG,
+                   "submit: tpot_deadline_s = %g (0 or +inf for none, else up to %g s)",
+                   p->tpot_deadline_s, LOOM__MAX_DURATION_S);
     return LOOM_OK;
 }
 
@@ -143,8 +149,6 @@ static loom_status alloc_samples(size_t max_piece, loom__req *r) {
     LOOM_RETURN_IF(!r->text_mem, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
     for (int32_t i = 0; i < r->n_samples; i++) {
         loom__req_sample *s = &r->samples[i];
-        s->tokens = malloc((size_t)r->max_tokens * sizeof *s->tokens);
-        LOOM_RETURN_IF(!s->tokens, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
         s->text.buf = r->text_mem + cap * (size_t)i;
         s->text.cap = cap;
         if (r->chain.n_logprobs > 0) {
@@ -152,6 +156,18 @@ static loom_status alloc_samples(size_t max_piece, loom__req *r) {
             LOOM_RETURN_IF(!s->top, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
         }
     }
+    return LOOM_OK;
+}
+
+loom_status loom__req_reserve_token(loom__req_sample *s) {
+    if (s->n_generated < s->tokens_cap) return LOOM_OK;
+    LOOM_RETURN_IF(s->tokens_cap > INT32_MAX / 2, LOOM_ERR_INTERNAL, "engine: sample too long");
+    int32_t cap = s->tokens_cap ? 2 * s->tokens_cap : 64;
+    loom_token *t = realloc(s->tokens, (size_t)cap * sizeof *t);
+    LOOM_RETURN_IF(!t, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for %d generated tokens",
+                   cap);
+    s->tokens = t;
+    s->tokens_cap = cap;
     return LOOM_OK;
 }
 
@@ -165,8 +181,8 @@ loom_status loom__req_create(const loom_model *m, const loom_request_params *p, 
     r->n_samples = p->n;
     r->ignore_eos = p->ignore_eos;
     r->priority = p->priority;
-    r->ttft_deadline_s = p->ttft_deadline_s;
-    r->tpot_deadline_s = p->tpot_deadline_s;
+    loom__duration_us(p->ttft_deadline_s, &r->ttft_us); /* checked above */
+    loom__duration_us(p->tpot_deadline_s, &r->tpot_us);
     r->cache_salt = p->cache_salt;
     loom_status st = copy_prompt(m, p, r);
     if (st == LOOM_OK && r->n_prompt >= max_ctx) {

@@ -13,8 +13,9 @@ typedef enum loom__req_state {
 } loom__req_state;
 
 typedef struct loom__req_sample {
-    loom_token *tokens; /* [max_tokens] generated tokens */
+    loom_token *tokens; /* [tokens_cap] generated tokens, grown as they come */
     int32_t n_generated;
+    int32_t tokens_cap;
     int32_t kv_seq;        /* the KV manager's sequence, -1 when it holds none */
     int32_t cached_tokens; /* tokens reused from the prefix cache at its last admission */
     bool in_sched;         /* known to the scheduler */
@@ -49,7 +50,7 @@ typedef struct loom__req {
     loom__stop_set stops;
     bool ignore_eos;
     int32_t priority;
-    double ttft_deadline_s, tpot_deadline_s;
+    int64_t ttft_us, tpot_us; /* deadlines in microseconds (0: none), checked at submit */
     uint64_t cache_salt;
     int64_t arrival_ns; /* monotonic clock (loom__now_ns): the caller's arrival_s, or the
                            submit time */
@@ -74,6 +75,9 @@ loom_status loom__req_create(const loom_model *m, const loom_request_params *p, 
                              size_t max_piece, loom__req **out);
 
 void loom__req_free(loom__req *r);
+/* Makes room for one more generated token of s (the buffer grows geometrically as tokens come,
+ * so a huge max_tokens reserves nothing up front). Errors: OUT_OF_MEMORY. */
+loom_status loom__req_reserve_token(loom__req_sample *s);
 
 /* Whether tok ends a sample of r: its stop tokens, or the model's end-of-generation tokens
  * unless ignore_eos; sets *reason. */

@@ -214,6 +214,13 @@ def synthetic(model, shape):
             (dict(tokens=[1, 5], entropy_mode="dynatemp", dyn_t_min=2.0, dyn_t_max=1.0),
              "ERR_INVALID_ARG", "DYNATEMP"),
             (dict(tokens=[]), "ERR_INVALID_ARG", "no tokens"),
+            # durations a cast to int64 microseconds would overflow (issue 18, bug 4)
+            (dict(tokens=[1, 5], ttft_deadline_s=1e300), "ERR_INVALID_ARG", "ttft_deadline_s"),
+            (dict(tokens=[1, 5], ttft_deadline_s=nan), "ERR_INVALID_ARG", "ttft_deadline_s"),
+            (dict(tokens=[1, 5], ttft_deadline_s=-1.0), "ERR_INVALID_ARG", "ttft_deadline_s"),
+            (dict(tokens=[1, 5], tpot_deadline_s=1e300), "ERR_INVALID_ARG", "tpot_deadline_s"),
+            (dict(tokens=[1, 5], tpot_deadline_s=-float("inf")), "ERR_INVALID_ARG",
+             "tpot_deadline_s"),
             (dict(prompt=b"\xff\xfe"), "ERR_BAD_INPUT", "UTF-8")):
         try:
             e.submit(**kw)
@@ -226,9 +233,34 @@ def synthetic(model, shape):
         check(False, "cancel of an unknown id succeeded")
     except loom.LoomError as err:
         check(err.name == "ERR_NOT_FOUND", f"cancel unknown: {err}")
+    # starvation_s: +inf never promotes (as 0); a duration past int64 microseconds is refused
+    for bad in (1e300, float("nan"), -1.0):
+        try:
+            loom.Engine(model, kv_bytes=32 << 20, starvation_s=bad).close()
+            check(False, f"starvation_s {bad} was accepted")
+        except loom.LoomError as err:
+            check(err.name == "ERR_INVALID_ARG" and "starvation_s" in str(err),
+                  f"starvation_s {bad}: {err}")
+    loom.Engine(model, kv_bytes=32 << 20, starvation_s=float("inf")).close()
+    # max_tokens is bounded by the context, not reserved up front (issue 18, bug 5: INT32_MAX
+    # x 255 samples reserved 2.1 TB): every sample runs until the context is full
+    # +inf is "no deadline", as 0 is: it runs like a request without one
+    inf = float("inf")
+    no_deadline = e.submit(tokens=reqs[4]["tokens"], max_tokens=8, ttft_deadline_s=inf,
+                           tpot_deadline_s=inf)
     out = e.run()
     check(out[good][0]["reason"] == "length" and len(out[good][0]["tokens"]) == 8,
           "the engine stopped serving after bad input")
+    check(out[no_deadline][0]["tokens"] == out[good][0]["tokens"],
+          "a request with infinite deadlines did not run as one without")
+    e2 = loom.Engine(model, kv_bytes=budget, max_ctx=40)
+    huge = e2.submit(tokens=[1, 5, 9], max_tokens=2**31 - 1, n=8)
+    out2 = e2.run()[huge]
+    check(len(out2) == 8 and all(o.get("reason") == "context" for o in out2.values()),
+          f"max_tokens = 2^31 - 1: {[o.get('reason') for o in out2.values()]}")
+    lens = {len(o["tokens"]) for o in out2.values()}
+    check(lens == {40 - 3}, f"max_tokens = 2^31 - 1: samples of {lens} tokens, not 37")
+    e2.close()
     check(out[good_chain][0]["reason"] == "length" and len(out[good_chain][0]["tokens"]) == 8,
           "a request with the full chain did not complete beside bad input")
     e.close()

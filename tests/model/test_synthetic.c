@@ -187,12 +187,33 @@ static void test_bad_params(void **state) {
     assert_int_equal(loom_model_load_synthetic(&sp, &mp, &m), LOOM_ERR_NO_DEVICE);
 }
 
+/* loom_generate with n_predict = INT32_MAX holds only what the context allows (issue 18, bug 5:
+ * the buffer was n_prompt + n_predict ids, 8 GB, allocated up front) and ends with LOOM_OK
+ * when the context is full, having sampled n_ctx - n_prompt + 1 tokens. */
+static void test_generate_huge_n_predict(void **state) {
+    (void)state;
+    loom_synthetic_params sp = small("llama", "f32");
+    loom_model *m = load(&sp);
+    loom_session_params spar = loom_session_default_params();
+    spar.n_ctx = 24;
+    loom_session *s = NULL;
+    assert_int_equal(loom_session_create(m, &spar, &s), LOOM_OK);
+    loom_generate_params gp = loom_generate_default_params();
+    gp.n_predict = INT32_MAX;
+    gp.stop_at_eos = false;
+    loom_generate_stats st = {.size = sizeof st};
+    assert_int_equal(loom_generate(s, "a b c", &gp, NULL, NULL, &st), LOOM_OK);
+    assert_true(st.n_prompt > 0 && st.n_prompt < 24);
+    assert_int_equal(st.n_generated, 24 - st.n_prompt + 1);
+    loom_session_free(s);
+    loom_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_arch_and_type),
-        cmocka_unit_test(test_seed),
-        cmocka_unit_test(test_preset_and_fallback),
-        cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_every_arch_and_type),     cmocka_unit_test(test_seed),
+        cmocka_unit_test(test_preset_and_fallback),     cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_generate_huge_n_predict),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -114,7 +114,9 @@ loom_status loom__gguf_open_memory(const void *data, size_t size, loom__gguf **o
 loom_status loom__gguf_open(const char *path, loom__gguf **out) {
     LOOM_CHECK_ARG(path != NULL);
     LOOM_CHECK_ARG(out != NULL);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer; what is not a
+     * regular file is refused below, and the flag changes nothing for one that is. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     LOOM_RETURN_IF(fd < 0, LOOM_ERR_IO, "gguf: open '%s': %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "gguf/gguf.h"
@@ -303,6 +304,18 @@ static void test_open_file(void **state) {
     assert_int_equal(loom__gguf_open(dir && *dir ? dir : "/tmp", &g), LOOM_ERR_IO);
     assert_non_null(strstr(loom_last_error(), "not a regular file"));
     assert_null(g);
+
+    /* A FIFO with no writer is refused at once (issue 18, bug 6: open() used to wait for a
+     * writer forever); SIGALRM ends the test if it hangs. */
+    snprintf(path, sizeof path, "%s/gguf_fifo_%d", dir && *dir ? dir : "/tmp", (int)getpid());
+    unlink(path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(20);
+    assert_int_equal(loom__gguf_open(path, &g), LOOM_ERR_IO);
+    alarm(0);
+    assert_non_null(strstr(loom_last_error(), "not a regular file"));
+    assert_null(g);
+    unlink(path);
     assert_int_equal(loom__gguf_open(NULL, &g), LOOM_ERR_INVALID_ARG);
     assert_int_equal(loom__gguf_open_memory(NULL, 10, &g), LOOM_ERR_INVALID_ARG);
     assert_int_equal(loom__gguf_open_memory("GGUF", 4, NULL), LOOM_ERR_INVALID_ARG);

@@ -37,6 +37,14 @@ static loom_status read_rope_scaling(const loom__gguf *g, const char *arch, floa
     float factor = 0.0f;
     LOOM_TRY(hparam_f32(g, arch, "rope.scaling.factor", false, 0.0f, &factor));
     *freq_scale = 1.0f;
+    /* A factor whose reciprocal is not a finite positive float (1e-45 gives +inf) would load
+     * and then make every position's angle inf or NaN: refused here, by name. Absent is 0. */
+    LOOM_RETURN_IF(factor != 0 && !(factor > 0 && isfinite(factor) && isfinite(1.0f / factor) &&
+                                    1.0f / factor > 0),
+                   LOOM_ERR_BAD_MODEL,
+                   "model: %s.rope.scaling.factor = %g (a finite positive value whose reciprocal "
+                   "is finite and nonzero)",
+                   arch, (double)factor);
     if (kind.len == 0 || loom__gguf_str_eq(kind, "none")) {
         /* Older files give only the factor; "none" with a factor means no scaling. */
         if (kind.len == 0 && factor > 0) *freq_scale = 1.0f / factor;
@@ -112,8 +120,8 @@ loom_status loom__hparams_common(const loom__gguf *g, const char *arch, loom__mo
         loom__hparam_dim(g, arch, "rope.dimension_count", false, (uint32_t)c->head_dim, &r.n_rot));
     LOOM_RETURN_IF(r.n_rot <= 0 || r.n_rot > c->head_dim || r.n_rot % 2 != 0, LOOM_ERR_BAD_MODEL,
                    "model: %s.rope.dimension_count %d is invalid", arch, r.n_rot);
-    LOOM_RETURN_IF(!(r.theta_base > 0), LOOM_ERR_BAD_MODEL,
-                   "model: %s.rope.freq_base must be positive", arch);
+    LOOM_RETURN_IF(!(r.theta_base > 0 && isfinite(r.theta_base)), LOOM_ERR_BAD_MODEL,
+                   "model: %s.rope.freq_base must be positive and finite", arch);
     LOOM_TRY(read_rope_scaling(g, arch, &r.freq_scale));
 
     c->embd_scale = 1.0f;

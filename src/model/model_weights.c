@@ -3,6 +3,7 @@
  * (biases, gemma3's extra norms) are bound when the architecture has them; a required one
  * missing is LOOM_ERR_BAD_MODEL naming it. Then what the backend must support for them, and the
  * cross-layer KV sources. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -63,6 +64,23 @@ static loom_status bind_rope_factors(loom_model *m) {
     LOOM_RETURN_IF(t->ne[0] != half || t->n_dims != 1, LOOM_ERR_BAD_MODEL,
                    "model: rope_freqs.weight has %lld entries, expected %d", (long long)t->ne[0],
                    half);
+    /* They divide the frequencies: a zero, negative, infinite or NaN factor would load and then
+     * make that dimension's angle inf or NaN at every position. Checked in the file's bytes,
+     * before the backend holds them (perhaps in device memory). */
+    float *f = malloc((size_t)half * sizeof *f);
+    LOOM_RETURN_IF(!f, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
+    bool decoded = loom__dequantize_row(t->type, t->data, f, half);
+    int32_t bad = -1;
+    for (int32_t i = 0; decoded && i < half && bad < 0; i++) {
+        if (!(f[i] > 0 && isfinite(f[i]))) bad = i;
+    }
+    float bad_value = bad >= 0 ? f[bad] : 0.0f;
+    free(f);
+    LOOM_RETURN_IF(!decoded, LOOM_ERR_BAD_MODEL, "model: rope_freqs.weight has type %s",
+                   loom__type_name(t->type));
+    LOOM_RETURN_IF(bad >= 0, LOOM_ERR_BAD_MODEL,
+                   "model: rope_freqs.weight[%d] = %g (factors must be finite and positive)", bad,
+                   (double)bad_value);
     LOOM_TRY(loom__model_tensor(m, "rope_freqs.weight", half, 1, true, LOOM_WEIGHT_VECTOR,
                                 &m->rope_freqs));
     for (int32_t il = 0; il < m->cfg.n_layer; il++) {

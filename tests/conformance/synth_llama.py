@@ -68,11 +68,14 @@ def spm_vocab(n_vocab):
     return tokens[:n_vocab], scores[:n_vocab], types[:n_vocab]
 
 
-def write_llama(path, shape, seed=1234, arch="llama", skip=(), override=None):
+def write_llama(path, shape, seed=1234, arch="llama", skip=(), override=None, edit=None,
+                extra_tensors=None):
     """Writes an F32 llama GGUF of the given shape at path.
 
     For bad-input tests: arch replaces the architecture name, tensors named in skip are left
-    out, and override maps tensor names to arrays written instead of the random weights.
+    out, override maps tensor names to arrays written instead of the random weights, edit(w)
+    adds keys to the gguf.GGUFWriter after the hyper-parameters, and extra_tensors maps more
+    tensor names to arrays.
     """
     rng = np.random.default_rng(seed)
     s = shape
@@ -95,6 +98,8 @@ def write_llama(path, shape, seed=1234, arch="llama", skip=(), override=None):
     if s.window:
         w.add_sliding_window(s.window)
     w.add_file_type(0)
+    if edit:
+        edit(w)
     tokens, scores, types = spm_vocab(s.n_vocab)
     w.add_tokenizer_model("llama")
     add_tensor = w.add_tensor
@@ -142,6 +147,8 @@ def write_llama(path, shape, seed=1234, arch="llama", skip=(), override=None):
         put(p + "ffn_gate.weight", mat(F, D))
         put(p + "ffn_up.weight", mat(F, D))
         put(p + "ffn_down.weight", mat(D, F))
+    for name, value in (extra_tensors or {}).items():
+        put(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -53,6 +53,37 @@ def main():
     expect_load_error("tensor-type", "ERR_UNSUPPORTED", ["blk.0.ffn_gate.weight", "i8"],
                       override={"blk.0.ffn_gate.weight": i8})
 
+    # Rope parameters that load but would make every angle inf or NaN (issue 18, bug 7).
+    fam = SHAPE.family
+    half = SHAPE.head_dim // 2
+    expect_load_error("rope-factor-tiny", "ERR_BAD_MODEL", [f"{fam}.rope.scaling.factor"],
+                      edit=lambda w: w.add_rope_scaling_factor(1e-45))
+    expect_load_error("rope-factor-nan", "ERR_BAD_MODEL", [f"{fam}.rope.scaling.factor"],
+                      edit=lambda w: (w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR),
+                                      w.add_rope_scaling_factor(float("nan"))))
+    expect_load_error("rope-base-inf", "ERR_BAD_MODEL", [f"{fam}.rope.freq_base"],
+                      edit=lambda w: w.add_key_value(f"{fam}.rope.freq_base", float("inf"),
+                                                     gguf.GGUFValueType.FLOAT32))
+    for label, bad in (("zero", 0.0), ("nan", float("nan")), ("neg", -2.0),
+                       ("inf", float("inf"))):
+        f = np.ones(half, np.float32)
+        f[3] = bad
+        expect_load_error(f"rope-freqs-{label}", "ERR_BAD_MODEL", ["rope_freqs.weight[3]"],
+                          extra_tensors={"rope_freqs.weight": f})
+    # ... and good ones still load: linear scaling by 2, factors of 1 and 8.
+    for label, kw in (("linear-2", dict(edit=lambda w: (
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR),
+            w.add_rope_scaling_factor(2.0)))),
+            ("freqs", dict(extra_tensors={"rope_freqs.weight": np.where(
+                np.arange(half) < half // 2, 1.0, 8.0).astype(np.float32)}))):
+        path = os.path.join(TMP, f"good-rope-{label}.gguf")
+        synth_llama.write_llama(path, SHAPE, **kw)
+        try:
+            loom.Model(path).close()
+            print(f"ok  good-rope-{label}")
+        except loom.LoomError as e:
+            failures.append(f"good-rope-{label}: {e}")
+
     # Truncated file: the loader must refuse it, naming a field, not crash.
     good = os.path.join(TMP, "good.gguf")
     synth_llama.write_llama(good, SHAPE)

@@ -177,7 +177,6 @@ int main(int argc, char **argv) {
     double *t_smp = malloc((size_t)n_cfg * (size_t)n_steps * (size_t)reps * sizeof *t_smp);
     if (!t_dec || !t_smp) return 1;
     loom__sample_chain_logprob top_raw[20], top_final[20];
-    volatile int32_t sink = 0;
     const float *lg = loom_session_logits(s, -1);
     for (int k = -warm; k < n_steps; k++) {
         loom_token next = 0;
@@ -202,7 +201,6 @@ int main(int argc, char **argv) {
                                             (uint64_t)(k * reps + r), &res);
                 double b = loom__now_ms();
                 if (st != LOOM_OK) die(cfgs[ci].name, st);
-                sink += res.token;
                 t_smp[((size_t)ci * (size_t)n_steps + (size_t)k) * (size_t)reps + (size_t)r] =
                     (b - a) * 1e3;
             }

@@ -5,8 +5,10 @@
 #include <stdatomic.h>
 #include <stdio.h>
 
-static _Atomic(loom_log_fn) g_log_fn = NULL;
-static _Atomic(void *) g_log_user = NULL;
+/* Zero-initialised (NULL): an explicit initializer of an _Atomic pointer is an error for some
+ * compilers (clang 16). */
+static _Atomic(loom_log_fn) g_log_fn;
+static _Atomic(void *) g_log_user;
 static _Atomic int g_log_min = LOOM_LOG_WARN;
 
 void loom_log_set(loom_log_fn fn, loom_log_level min_level, void *user_data) {

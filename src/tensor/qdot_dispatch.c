@@ -3,8 +3,8 @@
  *
  * On x86-64 the kernel sources are compiled four times (CMakeLists.txt): portable C
  * (-march=x86-64), AVX2 + FMA + F16C, the same with AVX-VNNI, and AVX-512 F/BW/VL/DQ with
- * AVX-512 VNNI and BF16. The first call asks the CPU (cpuid and the OS's saved register state,
- * through the compiler's __builtin_cpu_supports) which of them it can run and keeps the best;
+ * AVX-512 VNNI and BF16. The first call asks the CPU (cpuid, and xgetbv for the register state
+ * the OS saves) which of them it can run and keeps the best;
  * the environment variable LOOM_CPU_ISA (portable, avx2, avx2-vnni, avx512) lowers the choice,
  * for tests and measurements, never raises it past what the CPU has. Elsewhere there is one
  * variant, portable, compiled with the library's flags.
@@ -21,6 +21,8 @@
 #include "tensor/qgemm.h"
 
 #if defined(LOOM_ISA_VARIANTS_X86)
+#include <cpuid.h>
+
 const loom__qdot_isa *loom__qdot_isa_portable(void);
 const loom__qdot_isa *loom__qdot_isa_avx2(void);
 const loom__qdot_isa *loom__qdot_isa_avx2vnni(void);
@@ -29,18 +31,55 @@ const loom__qdot_isa *loom__qdot_isa_avx512(void);
 const loom__qdot_isa *loom__qdot_isa_portable(void);
 #endif
 
+#if defined(LOOM_ISA_VARIANTS_X86)
+/* The CPU's features, read directly (Intel SDM vol. 2, CPUID and XGETBV) rather than through
+ * __builtin_cpu_supports, whose feature names differ between compilers and versions (clang
+ * rejects "f16c" and "avxvnni"). A feature counts only where the OS also saves its registers. */
+typedef struct cpu_features {
+    bool avx2, avx512, avxvnni;
+} cpu_features;
+
+static uint64_t xgetbv0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+
+static cpu_features read_cpu_features(void) {
+    cpu_features f = {false, false, false};
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    const bool fma = c >> 12 & 1, osxsave = c >> 27 & 1, avx = c >> 28 & 1, f16c = c >> 29 & 1;
+    if (!osxsave || !avx) return f;
+    const uint64_t xcr0 = xgetbv0();
+    const bool ymm_saved = (xcr0 & 0x6) == 0x6;    /* XMM and YMM state */
+    const bool zmm_saved = (xcr0 & 0xE6) == 0xE6; /* and opmask, ZMM_Hi256, Hi16_ZMM */
+    unsigned max_leaf = __get_cpuid_max(0, NULL);
+    if (max_leaf < 7 || !ymm_saved) return f;
+    __cpuid_count(7, 0, a, b, c, d);
+    const bool avx2 = b >> 5 & 1, avx512f = b >> 16 & 1, avx512dq = b >> 17 & 1;
+    const bool avx512bw = b >> 30 & 1, avx512vl = b >> 31 & 1, avx512vnni = c >> 11 & 1;
+    const unsigned max_sub = a;
+    bool avxvnni = false, avx512bf16 = false;
+    if (max_sub >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        avxvnni = a >> 4 & 1;
+        avx512bf16 = a >> 5 & 1;
+    }
+    f.avx2 = avx2 && fma && f16c;
+    f.avx512 = f.avx2 && zmm_saved && avx512f && avx512bw && avx512vl && avx512dq && avx512vnni &&
+               avx512bf16;
+    f.avxvnni = f.avx2 && avxvnni;
+    return f;
+}
+#endif
+
 /* The variants this CPU can run, best first; returns how many (>= 1: portable always). */
 int loom__qdot_isa_list(const loom__qdot_isa *out[4]) {
     int n = 0;
 #if defined(LOOM_ISA_VARIANTS_X86)
-    __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
-    const bool avx512 =
-        avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16");
-    const bool avxvnni = avx2 && __builtin_cpu_supports("avxvnni");
+    const cpu_features f = read_cpu_features();
+    const bool avx2 = f.avx2, avx512 = f.avx512, avxvnni = f.avxvnni;
     if (avx512) out[n++] = loom__qdot_isa_avx512();
     if (avxvnni) out[n++] = loom__qdot_isa_avx2vnni();
     if (avx2) out[n++] = loom__qdot_isa_avx2();

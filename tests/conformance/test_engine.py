@@ -141,6 +141,28 @@ def synthetic(model, shape):
           f"per-request hit counts {out[a][0]['cached_tokens']}, {out[b][0]['cached_tokens']}")
     e.close()
 
+    # Salts isolate tenants end to end (issue 18, bug 9: a change that dropped the salt inside
+    # the engine passed every test): the same prompt under another salt finds nothing cached,
+    # under its own salt everything, and the salt never changes the tokens.
+    e = loom.Engine(model, kv_bytes=budget)
+    runs = []
+    for salt in (7, 8, 7, 0, 8):
+        rid = e.submit(**p, cache_salt=salt)
+        runs.append((salt, e.run()[rid][0]))
+    hits = [o["cached_tokens"] for _, o in runs]
+    check(hits == [0, 0, 192, 0, 192], f"cache_salt isolation: hits {hits}, want "
+          f"[0, 0, 192, 0, 192] for salts 7, 8, 7, 0, 8")
+    check(all(o["tokens"] == out[a][0]["tokens"] for _, o in runs),
+          "cache_salt changed the tokens")
+    # Concurrently too: in one step, the cached tenant hits and a new one does not.
+    x = e.submit(**p, cache_salt=7)
+    y = e.submit(**p, cache_salt=12)
+    both = e.run()
+    check(both[x][0]["cached_tokens"] == 192 and both[y][0]["cached_tokens"] == 0,
+          f"salts 7 and 12 at once: hits {both[x][0]['cached_tokens']}, "
+          f"{both[y][0]['cached_tokens']}, want 192 and 0")
+    e.close()
+
     # n = 4 samples share the prompt's blocks.
     e = loom.Engine(model, kv_bytes=budget, block_size=16)
     prompt = [1] + [int(t) for t in rng.integers(3, V, 160)]  # 161 tokens: 10 full blocks

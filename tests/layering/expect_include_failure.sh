@@ -12,7 +12,8 @@ if [ $rc -eq 0 ]; then
     echo "FAIL: $target built, but it includes $header, which its layer may not use"
     exit 1
 fi
-if ! grep -q "$header: No such file or directory" <<<"$out"; then
+# gcc: "sched/sched.h: No such file or directory"; clang: "'sched/sched.h' file not found"
+if ! grep -qE "$header: No such file or directory|'$header' file not found" <<<"$out"; then
     echo "FAIL: $target failed to build, but not for the missing $header:"
     echo "$out" | tail -20
     exit 1

@@ -35,3 +35,8 @@ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_WERROR=ON \
 cmake --build build-tsan -j"$jobs"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L unit
+
+# clang and libFuzzer: the library built with clang (-Werror; the build above is gcc), each fuzz
+# target run LOOM_FUZZ_SECONDS (default 60) under ASan + UBSan from its seed corpus
+# (tests/fuzz/); a crash, leak, timeout or sanitizer report fails here.
+scripts/fuzz.sh "${LOOM_FUZZ_SECONDS:-60}"

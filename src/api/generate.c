@@ -9,6 +9,7 @@
 
 #include "engine/session.h"
 #include "core/abi.h"
+#include "core/alloc.h"
 #include "core/status.h"
 #include "core/timer.h"
 #include "tokenizer/text_stream.h"
@@ -148,7 +149,7 @@ loom_status loom_generate(loom_session *s, const char *prompt, const loom_genera
      * ends when the context is full (the last token is sampled, not decoded), so no more than
      * n_ctx + 1 are ever held, whatever n_predict asks. */
     size_t cap = n_tok + (size_t)p.n_predict < n_ctx + 1 ? n_tok + (size_t)p.n_predict : n_ctx + 1;
-    loom_token *toks = malloc(cap * sizeof *toks);
+    loom_token *toks = loom__malloc(cap * sizeof *toks);
     LOOM_RETURN_IF(!toks, LOOM_ERR_OUT_OF_MEMORY, "generate: out of memory");
     loom_sampler *sampler = NULL;
     st = loom_tokenize(m, prompt, len, flags, toks, n_tok, &n_tok);

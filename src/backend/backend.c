@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/log.h"
 #include "core/status.h"
 
@@ -73,7 +74,7 @@ static bool valid_name(const char *name) {
 /* Opens the named backend (not AUTO). */
 static loom_status open_named(const char *name, const loom_backend_open_params *p,
                               loom__backend **out) {
-    loom__backend *be = calloc(1, sizeof *be);
+    loom__backend *be = loom__calloc(1, sizeof *be);
     LOOM_RETURN_IF(be == NULL, LOOM_ERR_OUT_OF_MEMORY, "backend: out of memory");
     loom_status st;
     if (strcmp(name, "cpu") == 0) {

@@ -27,6 +27,7 @@
  * the other, so no wake-up is lost and the common (spinning) case never touches the mutex. */
 #include "core/threadpool.h"
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "core/timer.h"
 
@@ -212,7 +213,7 @@ loom_status loom__threadpool_create(int n_threads, int64_t wakeful_ns, loom__thr
                    "threadpool: wakeful time %lld ns outside [%d, 1e9]", (long long)wakeful_ns,
                    LOOM__TP_SPIN_NS);
 
-    loom__threadpool *tp = calloc(1, sizeof *tp);
+    loom__threadpool *tp = loom__calloc(1, sizeof *tp);
     LOOM_RETURN_IF(tp == NULL, LOOM_ERR_OUT_OF_MEMORY, "threadpool: out of memory");
     tp->n_threads = n_threads;
     tp->wakeful_ns = wakeful_ns;
@@ -238,7 +239,7 @@ loom_status loom__threadpool_create(int n_threads, int64_t wakeful_ns, loom__thr
     }
 
     if (n_threads > 1) {
-        tp->workers = calloc((size_t)(n_threads - 1), sizeof *tp->workers);
+        tp->workers = loom__calloc((size_t)(n_threads - 1), sizeof *tp->workers);
         if (tp->workers == NULL) {
             tp_free(tp);
             return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "threadpool: out of memory");

@@ -11,6 +11,7 @@
  * start and end of run order everything the units read and write. */
 #include "core/workshare.h"
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "core/threadpool.h"
 
@@ -36,9 +37,9 @@ loom_status loom__workshare_create(int n_threads, loom__workshare **out) {
     *out = NULL;
     LOOM_RETURN_IF(n_threads < 1 || n_threads > 1024, LOOM_ERR_INVALID_ARG,
                    "workshare: %d threads (1 .. 1024)", n_threads);
-    loom__workshare *ws = calloc(1, sizeof *ws);
+    loom__workshare *ws = loom__calloc(1, sizeof *ws);
     LOOM_RETURN_IF(ws == NULL, LOOM_ERR_OUT_OF_MEMORY, "workshare: out of memory");
-    ws->shares = aligned_alloc(_Alignof(share), (size_t)n_threads * sizeof(share));
+    ws->shares = loom__aligned_alloc(_Alignof(share), (size_t)n_threads * sizeof(share));
     if (ws->shares == NULL) {
         free(ws);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "workshare: out of memory for %d shares",

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/abi.h"
+#include "core/alloc.h"
 #include "core/timer.h"
 #include "engine/engine.h"
 
@@ -61,21 +62,21 @@ static loom_status check_params(const loom_model *m, loom_engine_params *p) {
 
 static loom_status alloc_step_arrays(loom_engine *e) {
     size_t B = (size_t)e->params.max_batched_tokens, S = (size_t)e->params.max_seqs;
-    e->tokens = malloc(B * sizeof *e->tokens);
-    e->pos = malloc(B * sizeof *e->pos);
-    e->logit_rows = malloc(S * sizeof *e->logit_rows);
-    e->logits = malloc(S * (size_t)e->model->cfg.n_vocab * sizeof *e->logits);
-    e->seqs = malloc(S * sizeof *e->seqs);
-    e->n_new = malloc(S * sizeof *e->n_new);
-    e->batch_samples = malloc(S * sizeof *e->batch_samples);
-    e->row_status = malloc(S * sizeof *e->row_status);
-    e->sample_entry = malloc(S * sizeof *e->sample_entry);
-    e->batch_reqs = malloc(S * sizeof *e->batch_reqs);
-    e->batch_index = malloc(S * sizeof *e->batch_index);
-    e->batch_entries = malloc(S * sizeof *e->batch_entries);
-    e->results = malloc(S * sizeof *e->results);
+    e->tokens = loom__malloc(B * sizeof *e->tokens);
+    e->pos = loom__malloc(B * sizeof *e->pos);
+    e->logit_rows = loom__malloc(S * sizeof *e->logit_rows);
+    e->logits = loom__malloc(S * (size_t)e->model->cfg.n_vocab * sizeof *e->logits);
+    e->seqs = loom__malloc(S * sizeof *e->seqs);
+    e->n_new = loom__malloc(S * sizeof *e->n_new);
+    e->batch_samples = loom__malloc(S * sizeof *e->batch_samples);
+    e->row_status = loom__malloc(S * sizeof *e->row_status);
+    e->sample_entry = loom__malloc(S * sizeof *e->sample_entry);
+    e->batch_reqs = loom__malloc(S * sizeof *e->batch_reqs);
+    e->batch_index = loom__malloc(S * sizeof *e->batch_index);
+    e->batch_entries = loom__malloc(S * sizeof *e->batch_entries);
+    e->results = loom__malloc(S * sizeof *e->results);
     e->cap_events = 4 * S + 16;
-    e->events = malloc(e->cap_events * sizeof *e->events);
+    e->events = loom__malloc(e->cap_events * sizeof *e->events);
     bool ok = e->tokens && e->pos && e->logit_rows && e->logits && e->seqs && e->n_new &&
               e->batch_samples && e->row_status && e->sample_entry && e->batch_reqs &&
               e->batch_index && e->batch_entries && e->results && e->events;
@@ -91,8 +92,8 @@ static loom_status alloc_step_arrays(loom_engine *e) {
                    e->model->cfg.n_vocab);
     for (e->n_samplers = 0; e->n_samplers < n; e->n_samplers++) {
         const int32_t k = e->n_samplers;
-        e->sample_mem[k] = aligned_alloc(16, (sz + 15) / 16 * 16);
-        e->sample_hist[k] = malloc((size_t)e->max_ctx * sizeof *e->sample_hist[k]);
+        e->sample_mem[k] = loom__aligned_alloc(16, (sz + 15) / 16 * 16);
+        e->sample_hist[k] = loom__malloc((size_t)e->max_ctx * sizeof *e->sample_hist[k]);
         LOOM_RETURN_IF(!e->sample_mem[k] || !e->sample_hist[k], LOOM_ERR_OUT_OF_MEMORY,
                        "engine: out of memory for sampler workspace %d (%zu bytes)", k, sz);
         LOOM_TRY(loom__sample_chain_workspace_init(e->sample_mem[k], sz, e->model->cfg.n_vocab,
@@ -158,7 +159,7 @@ loom_status loom_engine_create(loom_model *model, const loom_engine_params *para
                                  LOOM__ABI_END(loom_engine_params, n_sample_threads),
                                  "engine_params"));
     LOOM_TRY(check_params(model, &p));
-    loom_engine *e = calloc(1, sizeof *e);
+    loom_engine *e = loom__calloc(1, sizeof *e);
     LOOM_RETURN_IF(!e, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
     e->model = model;
     loom__model_retain(model);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "engine/engine.h"
 
@@ -25,7 +26,7 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
         if (loom__mul_overflow_size(c, 2, &c)) return false;
     }
     if (loom__mul_overflow_size(c, elem, &bytes)) return false;
-    void *q = realloc(*p, bytes);
+    void *q = loom__realloc(*p, bytes);
     if (!q) return false;
     *p = q;
     *cap = c;
@@ -57,7 +58,7 @@ void loom_generation_free(loom_generation *g) {
 /* Builds the result from what was collected (taking its arrays). */
 static loom_status finish(collect *c, loom_request_id id, const loom_event *ev,
                           loom_generation **out) {
-    loom_generation *g = calloc(1, sizeof *g);
+    loom_generation *g = loom__calloc(1, sizeof *g);
     LOOM_RETURN_IF(!g, LOOM_ERR_OUT_OF_MEMORY, "engine_generate: out of memory");
     if (!c->text && !grow((void **)&c->text, &c->text_cap, 1, 1)) {
         free(g);

@@ -46,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/hash.h"
 #include "core/log.h"
 #include "engine/engine.h"
@@ -195,7 +196,7 @@ static loom_status alloc_swap(loom_engine *e) {
         void *mem = NULL;
         LOOM_TRY(be->ops->host_alloc(be->dev, a->slot_bytes * (size_t)a->n_slots, &mem));
         a->mem = mem;
-        a->free = malloc((size_t)a->n_slots * sizeof *a->free);
+        a->free = loom__malloc((size_t)a->n_slots * sizeof *a->free);
         LOOM_RETURN_IF(!a->free, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
         for (int32_t i = 0; i < a->n_slots; i++) a->free[i] = a->n_slots - 1 - i;
         a->n_free = a->n_slots;
@@ -249,12 +250,12 @@ loom_status loom__engine_kv_create(loom_engine *e) {
         gi->blocks_total = gi->blocks_free = groups[g].n_blocks;
     }
     const size_t n_list = (size_t)e->store.ranges_cap / 2 + 1; /* >= max_copy_blocks */
-    e->swap_blocks = malloc((size_t)e->swap_list_cap * sizeof *e->swap_blocks);
-    e->copy_groups = malloc(n_list * sizeof *e->copy_groups);
-    e->copy_src = malloc(n_list * sizeof *e->copy_src);
-    e->copy_dst = malloc(n_list * sizeof *e->copy_dst);
-    e->copy_host = malloc(n_list * sizeof *e->copy_host);
-    e->known = malloc((size_t)e->max_ctx * sizeof *e->known);
+    e->swap_blocks = loom__malloc((size_t)e->swap_list_cap * sizeof *e->swap_blocks);
+    e->copy_groups = loom__malloc(n_list * sizeof *e->copy_groups);
+    e->copy_src = loom__malloc(n_list * sizeof *e->copy_src);
+    e->copy_dst = loom__malloc(n_list * sizeof *e->copy_dst);
+    e->copy_host = loom__malloc(n_list * sizeof *e->copy_host);
+    e->known = loom__malloc((size_t)e->max_ctx * sizeof *e->known);
     LOOM_RETURN_IF(!e->swap_blocks || !e->known || !e->copy_groups || !e->copy_src ||
                        !e->copy_dst || !e->copy_host,
                    LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");

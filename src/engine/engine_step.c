@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/log.h"
 #include "core/timer.h"
 #include "engine/engine.h"
@@ -26,7 +27,7 @@ static loom_event *new_event(loom_engine *e, const loom__req *r, int32_t sample,
                              loom_event_kind kind) {
     if (e->n_events == e->cap_events) {
         size_t cap = e->cap_events * 2;
-        loom_event *grown = realloc(e->events, cap * sizeof *grown);
+        loom_event *grown = loom__realloc(e->events, cap * sizeof *grown);
         if (!grown) {
             LOOM_LOG_E("engine: out of memory for events; an event of request %llu is lost",
                        (unsigned long long)r->id);
@@ -79,7 +80,7 @@ static void retire_if_done(loom_engine *e, loom__req *r) {
     pthread_mutex_unlock(&e->mu);
     if (e->n_retired == e->cap_retired) {
         size_t cap = e->cap_retired ? e->cap_retired * 2 : 16;
-        loom__req **grown = realloc(e->retired, cap * sizeof *grown);
+        loom__req **grown = loom__realloc(e->retired, cap * sizeof *grown);
         if (!grown) {
             loom__req_free(r); /* no event of this step refers to it after the list fails */
             return;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/abi.h"
+#include "core/alloc.h"
 #include "core/timer.h"
 #include "engine/engine.h"
 
@@ -12,7 +13,7 @@
 static bool push(void **arr, size_t *n, size_t *cap, const void *x, size_t sz) {
     if (*n == *cap) {
         size_t c = *cap ? *cap * 2 : 16;
-        void *grown = realloc(*arr, c * sz);
+        void *grown = loom__realloc(*arr, c * sz);
         if (!grown) return false;
         *arr = grown;
         *cap = c;
@@ -64,7 +65,7 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *req,
     }
     if (e->params.preempt == LOOM_PREEMPT_SWAP) {
         for (int32_t i = 0; i < r->n_samples; i++) {
-            r->samples[i].swap_slots = malloc((size_t)e->swap_list_cap * sizeof(int32_t));
+            r->samples[i].swap_slots = loom__malloc((size_t)e->swap_list_cap * sizeof(int32_t));
             if (!r->samples[i].swap_slots) {
                 loom__req_free(r);
                 return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
@@ -192,7 +193,7 @@ loom_status loom_engine_step(loom_engine *e, const loom_event *const **events, s
     loom_status st = loom__engine_step(e);
     /* The caller sees pointers (loom_event may grow): one per event, kept with the array. */
     if (e->n_events > e->cap_event_ptrs) {
-        const loom_event **grown = realloc(e->event_ptrs, e->cap_events * sizeof *grown);
+        const loom_event **grown = loom__realloc(e->event_ptrs, e->cap_events * sizeof *grown);
         if (grown == NULL) {
             *events = NULL;
             *n_events = 0;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/hash.h"
 #include "core/status.h"
 
@@ -18,8 +19,8 @@ loom_status loom__id_map_init(loom__id_map *m, uint32_t cap) {
     uint32_t c = 16;
     while (c < cap) c *= 2;
     memset(m, 0, sizeof *m);
-    m->keys = calloc(c, sizeof *m->keys);
-    m->vals = calloc(c, sizeof *m->vals);
+    m->keys = loom__calloc(c, sizeof *m->keys);
+    m->vals = loom__calloc(c, sizeof *m->vals);
     if (!m->keys || !m->vals) {
         loom__id_map_free(m);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");

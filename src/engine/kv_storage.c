@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/status.h"
 #include "kv/kv_desc.h"
@@ -81,9 +82,9 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
                        LOOM_ERR_OUT_OF_MEMORY, "kv storage: the pools' size overflows");
     }
     LOOM_TRY(be->ops->buffer_alloc(be->dev, total, &st->buf));
-    st->k_base = calloc((size_t)c->n_layer, sizeof *st->k_base);
-    st->v_base = calloc((size_t)c->n_layer, sizeof *st->v_base);
-    st->layer_src = calloc((size_t)c->n_layer, sizeof *st->layer_src);
+    st->k_base = loom__calloc((size_t)c->n_layer, sizeof *st->k_base);
+    st->v_base = loom__calloc((size_t)c->n_layer, sizeof *st->v_base);
+    st->layer_src = loom__calloc((size_t)c->n_layer, sizeof *st->layer_src);
     LOOM_RETURN_IF(!st->k_base || !st->v_base || !st->layer_src, LOOM_ERR_OUT_OF_MEMORY,
                    "kv storage: out of memory");
     char *at = be->ops->buffer_base(be->dev, st->buf);
@@ -112,7 +113,7 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
     size_t sources = 0;
     for (int32_t il = 0; il < c->n_layer; il++) sources += is_source(m, il);
     st->ranges_cap = (size_t)p->max_copy_blocks * 2 * sources;
-    st->ranges = malloc((st->ranges_cap ? st->ranges_cap : 1) * sizeof *st->ranges);
+    st->ranges = loom__malloc((st->ranges_cap ? st->ranges_cap : 1) * sizeof *st->ranges);
     LOOM_RETURN_IF(!st->ranges, LOOM_ERR_OUT_OF_MEMORY, "kv storage: out of memory");
     return LOOM_OK;
 }

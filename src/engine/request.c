@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/abi.h"
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/timer.h"
 #include "sample/sample.h"
@@ -81,7 +82,7 @@ static loom_status copy_prompt(const loom_model *m, const loom_request_params *p
         loom_status st = loom__tokenizer_encode(m->tok, p->prompt, len, flags, NULL, 0, &n);
         if (st != LOOM_OK && st != LOOM_ERR_BUFFER_TOO_SMALL) return st;
         LOOM_RETURN_IF(n == 0, LOOM_ERR_INVALID_ARG, "submit: the prompt has no tokens");
-        r->prompt = malloc(n * sizeof *r->prompt);
+        r->prompt = loom__malloc(n * sizeof *r->prompt);
         LOOM_RETURN_IF(!r->prompt, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
         LOOM_TRY(loom__tokenizer_encode(m->tok, p->prompt, len, flags, r->prompt, n, &n));
     } else {
@@ -93,7 +94,7 @@ static loom_status copy_prompt(const loom_model *m, const loom_request_params *p
                            "submit: prompt token %d at %zu out of range [0, %d)",
                            p->prompt_tokens[i], i, m->cfg.n_vocab);
         }
-        r->prompt = malloc(n * sizeof *r->prompt);
+        r->prompt = loom__malloc(n * sizeof *r->prompt);
         LOOM_RETURN_IF(!r->prompt, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
         memcpy(r->prompt, p->prompt_tokens, n * sizeof *r->prompt);
     }
@@ -104,21 +105,21 @@ static loom_status copy_prompt(const loom_model *m, const loom_request_params *p
 
 static loom_status copy_stops(const loom_request_params *p, loom__req *r) {
     if (p->n_stop_tokens) {
-        r->stop_tokens = malloc(p->n_stop_tokens * sizeof *r->stop_tokens);
+        r->stop_tokens = loom__malloc(p->n_stop_tokens * sizeof *r->stop_tokens);
         LOOM_RETURN_IF(!r->stop_tokens, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
         memcpy(r->stop_tokens, p->stop_tokens, p->n_stop_tokens * sizeof *r->stop_tokens);
         r->n_stop_tokens = (int32_t)p->n_stop_tokens;
     }
     size_t n = p->n_stop_strings;
     if (!n) return LOOM_OK;
-    r->stop_strings = calloc(n, sizeof *r->stop_strings);
-    r->stop_lens = calloc(n, sizeof *r->stop_lens);
+    r->stop_strings = loom__calloc(n, sizeof *r->stop_strings);
+    r->stop_lens = loom__calloc(n, sizeof *r->stop_lens);
     LOOM_RETURN_IF(!r->stop_strings || !r->stop_lens, LOOM_ERR_OUT_OF_MEMORY,
                    "submit: out of memory");
     r->stops.n = n; /* set first so loom__req_free frees a partial copy */
     for (size_t i = 0; i < n; i++) {
         size_t len = strlen(p->stop_strings[i]);
-        r->stop_strings[i] = malloc(len + 1);
+        r->stop_strings[i] = loom__malloc(len + 1);
         LOOM_RETURN_IF(!r->stop_strings[i], LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
         memcpy(r->stop_strings[i], p->stop_strings[i], len + 1);
         r->stop_lens[i] = len;
@@ -133,7 +134,7 @@ static loom_status copy_stops(const loom_request_params *p, loom__req *r) {
 static loom_status copy_sampler(const loom_request_params *p, loom__req *r) {
     LOOM_TRY(loom__sampler_to_chain(p->sampler, &r->chain));
     if (r->chain.n_bias > 0) {
-        r->bias = malloc((size_t)r->chain.n_bias * sizeof *r->bias);
+        r->bias = loom__malloc((size_t)r->chain.n_bias * sizeof *r->bias);
         LOOM_RETURN_IF(!r->bias, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
         memcpy(r->bias, r->chain.bias, (size_t)r->chain.n_bias * sizeof *r->bias);
     }
@@ -142,17 +143,17 @@ static loom_status copy_sampler(const loom_request_params *p, loom__req *r) {
 }
 
 static loom_status alloc_samples(size_t max_piece, loom__req *r) {
-    r->samples = calloc((size_t)r->n_samples, sizeof *r->samples);
+    r->samples = loom__calloc((size_t)r->n_samples, sizeof *r->samples);
     LOOM_RETURN_IF(!r->samples, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
     size_t cap = r->stops.max_len + max_piece + 4;
-    r->text_mem = malloc(cap * (size_t)r->n_samples);
+    r->text_mem = loom__malloc(cap * (size_t)r->n_samples);
     LOOM_RETURN_IF(!r->text_mem, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
     for (int32_t i = 0; i < r->n_samples; i++) {
         loom__req_sample *s = &r->samples[i];
         s->text.buf = r->text_mem + cap * (size_t)i;
         s->text.cap = cap;
         if (r->chain.n_logprobs > 0) {
-            s->top = malloc(2 * (size_t)r->chain.n_logprobs * sizeof *s->top);
+            s->top = loom__malloc(2 * (size_t)r->chain.n_logprobs * sizeof *s->top);
             LOOM_RETURN_IF(!s->top, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
         }
     }
@@ -163,7 +164,7 @@ loom_status loom__req_reserve_token(loom__req_sample *s) {
     if (s->n_generated < s->tokens_cap) return LOOM_OK;
     LOOM_RETURN_IF(s->tokens_cap > INT32_MAX / 2, LOOM_ERR_INTERNAL, "engine: sample too long");
     int32_t cap = s->tokens_cap ? 2 * s->tokens_cap : 64;
-    loom_token *t = realloc(s->tokens, (size_t)cap * sizeof *t);
+    loom_token *t = loom__realloc(s->tokens, (size_t)cap * sizeof *t);
     LOOM_RETURN_IF(!t, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for %d generated tokens",
                    cap);
     s->tokens = t;
@@ -174,7 +175,7 @@ loom_status loom__req_reserve_token(loom__req_sample *s) {
 loom_status loom__req_create(const loom_model *m, const loom_request_params *p, int32_t max_ctx,
                              size_t max_piece, loom__req **out) {
     LOOM_TRY(check_params(m, p));
-    loom__req *r = calloc(1, sizeof *r);
+    loom__req *r = loom__calloc(1, sizeof *r);
     LOOM_RETURN_IF(!r, LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
     r->user_data = p->user_data;
     r->max_tokens = p->max_tokens;

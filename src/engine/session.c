@@ -11,6 +11,7 @@
 
 #include "engine/session.h"
 #include "core/abi.h"
+#include "core/alloc.h"
 #include "core/status.h"
 #include "engine/kv_storage.h"
 #include "kv/kv_manager.h"
@@ -104,7 +105,7 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     if (p.kv_f32) LOOM_TRY(loom__model_check_support(model, LOOM_TYPE_F32));
 
-    loom_session *s = calloc(1, sizeof *s);
+    loom_session *s = loom__calloc(1, sizeof *s);
     LOOM_RETURN_IF(!s, LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
     s->model = model;
     loom__model_retain(model);
@@ -120,10 +121,10 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
     loom_status st = loom__exec_create(model, &es, &s->exec);
     if (st == LOOM_OK) st = create_kv(s);
     if (st == LOOM_OK) {
-        s->pos = malloc((size_t)p.n_batch * sizeof *s->pos);
-        s->rows = malloc((size_t)p.n_batch * sizeof *s->rows);
+        s->pos = loom__malloc((size_t)p.n_batch * sizeof *s->pos);
+        s->rows = loom__malloc((size_t)p.n_batch * sizeof *s->rows);
         s->logits_cap = (size_t)model->cfg.n_vocab;
-        s->logits = malloc(s->logits_cap * sizeof *s->logits);
+        s->logits = loom__malloc(s->logits_cap * sizeof *s->logits);
         if (!s->pos || !s->rows || !s->logits) {
             st = loom__fail(LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
         }
@@ -234,7 +235,7 @@ loom_status loom_session_decode(loom_session *s, const loom_token *tokens, int32
 
     size_t rows = all_logits ? (size_t)n : 1;
     if (rows * (size_t)n_vocab > s->logits_cap) {
-        float *grown = realloc(s->logits, rows * (size_t)n_vocab * sizeof *grown);
+        float *grown = loom__realloc(s->logits, rows * (size_t)n_vocab * sizeof *grown);
         LOOM_RETURN_IF(!grown, LOOM_ERR_OUT_OF_MEMORY, "decode: cannot hold %zu logit rows", rows);
         s->logits = grown;
         s->logits_cap = rows * (size_t)n_vocab;

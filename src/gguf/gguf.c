@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/pages.h"
 #include "gguf/gguf_impl.h"
@@ -86,7 +87,7 @@ static loom_status parse(loom__gguf *g) {
 
 /* Takes ownership of map (may be NULL) whatever the outcome. */
 static loom_status open_image(const void *data, size_t size, void *map, loom__gguf **out) {
-    loom__gguf *g = calloc(1, sizeof *g);
+    loom__gguf *g = loom__calloc(1, sizeof *g);
     if (!g) {
         if (map) munmap(map, size);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "gguf: out of memory");

@@ -6,6 +6,7 @@
  * quadratic (40,000 colliding keys: 1.4 s against 9 ms). */
 #include <stdlib.h>
 
+#include "core/alloc.h"
 #include "core/hash.h"
 #include "gguf/gguf_impl.h"
 
@@ -24,7 +25,7 @@ loom_status loom__gguf_index_init(loom__gguf_index *ix, int64_t n) {
     LOOM_RETURN_IF(cap > SIZE_MAX / sizeof(loom__gguf_slot), LOOM_ERR_OUT_OF_MEMORY,
                    "gguf: index of %" PRId64 " entries too large", n);
     bytes = (size_t)cap * sizeof(loom__gguf_slot);
-    loom__gguf_slot *slots = malloc(bytes);
+    loom__gguf_slot *slots = loom__malloc(bytes);
     LOOM_RETURN_IF(!slots, LOOM_ERR_OUT_OF_MEMORY, "gguf: out of memory for a %zu-byte index",
                    bytes);
     for (uint64_t i = 0; i < cap; i++) slots[i].idx = -1;

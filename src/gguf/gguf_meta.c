@@ -8,6 +8,7 @@
  * prefixes where it was ("array item #4", "gguf: kv #3 key 'tokenizer.ggml.tokens'"). */
 #include <stdlib.h>
 
+#include "core/alloc.h"
 #include "gguf/gguf_impl.h"
 
 /* Longest prefix of a key quoted in messages (the error buffer is a few hundred bytes). */
@@ -133,7 +134,7 @@ static loom_status parse_array(loom__gguf_reader *r, loom__gguf_value *v, int de
                    n, loom__gguf_vtype_name(et), min_elem, left);
     if (n == 0) return LOOM_OK;
     if (et == LOOM_GGUF_STR) {
-        loom__gguf_str *strs = calloc((size_t)n, sizeof *strs);
+        loom__gguf_str *strs = loom__calloc((size_t)n, sizeof *strs);
         LOOM_RETURN_IF(!strs, LOOM_ERR_OUT_OF_MEMORY, "out of memory for %" PRIu64 " strings", n);
         v->arr.strs = strs; /* owned by v from here on, also on failure */
         for (uint64_t i = 0; i < n; i++) {
@@ -147,7 +148,7 @@ static loom_status parse_array(loom__gguf_reader *r, loom__gguf_value *v, int de
     }
     LOOM_RETURN_IF(depth + 1 > LOOM_GGUF_MAX_DEPTH, LOOM_ERR_BAD_MODEL,
                    "arrays nested deeper than %d levels", LOOM_GGUF_MAX_DEPTH);
-    loom__gguf_value *items = calloc((size_t)n, sizeof *items);
+    loom__gguf_value *items = loom__calloc((size_t)n, sizeof *items);
     LOOM_RETURN_IF(!items, LOOM_ERR_OUT_OF_MEMORY, "out of memory for %" PRIu64 " arrays", n);
     v->arr.items = items;
     for (uint64_t i = 0; i < n; i++) {
@@ -229,7 +230,7 @@ static loom_status apply_alignment(loom__gguf *g) {
 loom_status loom__gguf_parse_kvs(loom__gguf *g, loom__gguf_reader *r, int64_t n_kv) {
     LOOM_TRY(loom__gguf_index_init(&g->kv_index, n_kv));
     if (n_kv > 0) {
-        g->kvs = calloc((size_t)n_kv, sizeof *g->kvs);
+        g->kvs = loom__calloc((size_t)n_kv, sizeof *g->kvs);
         LOOM_RETURN_IF(!g->kvs, LOOM_ERR_OUT_OF_MEMORY, "gguf: out of memory for %" PRId64 " kvs",
                        n_kv);
     }

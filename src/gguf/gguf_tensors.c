@@ -6,6 +6,7 @@
  * rows) fits size_t. */
 #include <stdlib.h>
 
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "gguf/gguf_impl.h"
 #include "tensor/types.h"
@@ -23,7 +24,7 @@ static loom_status parse_name(loom__gguf_reader *r, loom__gguf_tensor *t) {
                    LOOM_GGUF_MAX_KEY_LEN);
     LOOM_RETURN_IF(memchr(s.ptr, 0, (size_t)s.len) != NULL, LOOM_ERR_BAD_MODEL,
                    "name contains a NUL byte");
-    t->name = malloc((size_t)s.len + 1);
+    t->name = loom__malloc((size_t)s.len + 1);
     LOOM_RETURN_IF(!t->name, LOOM_ERR_OUT_OF_MEMORY, "out of memory for a tensor name");
     memcpy(t->name, s.ptr, (size_t)s.len);
     t->name[s.len] = '\0';
@@ -79,7 +80,7 @@ static loom_status parse_shape(loom__gguf_reader *r, loom__gguf_tensor *t) {
 loom_status loom__gguf_parse_tensor_infos(loom__gguf *g, loom__gguf_reader *r, int64_t n_tensors) {
     LOOM_TRY(loom__gguf_index_init(&g->tensor_index, n_tensors));
     if (n_tensors > 0) {
-        g->tensors = calloc((size_t)n_tensors, sizeof *g->tensors);
+        g->tensors = loom__calloc((size_t)n_tensors, sizeof *g->tensors);
         LOOM_RETURN_IF(!g->tensors, LOOM_ERR_OUT_OF_MEMORY,
                        "gguf: out of memory for %" PRId64 " tensor infos", n_tensors);
     }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/status.h"
 
@@ -21,7 +22,7 @@ static void *kv_calloc(size_t n, size_t elt, bool *ok) {
         *ok = false;
         return NULL;
     }
-    void *p = calloc(bytes ? bytes : 1, 1);
+    void *p = loom__calloc(bytes ? bytes : 1, 1);
     if (!p) *ok = false;
     return p;
 }

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 
 #define KV_BAD(...) return loom__fail(LOOM_ERR_INTERNAL, "kv check: " __VA_ARGS__)
@@ -178,10 +179,10 @@ loom_status loom__kv_check(const loom__kv *kv) {
     for (int32_t gi = 0; gi < kv->n_groups; gi++)
         if (kv->groups[gi].n_blocks > max_nb) max_nb = kv->groups[gi].n_blocks;
     check_counts c = {
-        .ref = calloc((size_t)max_nb, sizeof *c.ref),
-        .pin = calloc((size_t)max_nb, sizeof *c.pin),
-        .fill = calloc((size_t)max_nb, sizeof *c.fill),
-        .seen = calloc((size_t)max_nb, 1),
+        .ref = loom__calloc((size_t)max_nb, sizeof *c.ref),
+        .pin = loom__calloc((size_t)max_nb, sizeof *c.pin),
+        .fill = loom__calloc((size_t)max_nb, sizeof *c.fill),
+        .seen = loom__calloc((size_t)max_nb, 1),
     };
     loom_status st = LOOM_OK;
     if (!c.ref || !c.pin || !c.fill || !c.seen) {

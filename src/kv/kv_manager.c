@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/status.h"
 
@@ -43,7 +44,7 @@ loom_status loom__kv_create(const loom__kv_params *p, loom__kv **out) {
     *out = NULL;
     LOOM_TRY(check_params(p));
 
-    loom__kv *kv = calloc(1, sizeof *kv);
+    loom__kv *kv = loom__calloc(1, sizeof *kv);
     LOOM_RETURN_IF(!kv, LOOM_ERR_OUT_OF_MEMORY, "kv: cannot allocate the manager");
     kv->block_size = p->block_size;
     kv->n_groups = p->n_groups;
@@ -57,13 +58,13 @@ loom_status loom__kv_create(const loom__kv_params *p, loom__kv **out) {
     size_t ms = (size_t)kv->max_seqs, per_group = 0, per_block = 0;
     bool overflow = loom__mul_overflow_size(ms, (size_t)kv->n_groups, &per_group) ||
                     loom__mul_overflow_size(ms, (size_t)kv->max_blocks, &per_block);
-    kv->groups = calloc((size_t)kv->n_groups, sizeof *kv->groups);
-    kv->seqs = calloc(ms, sizeof *kv->seqs);
-    kv->seq_lo = overflow ? NULL : calloc(per_group, sizeof *kv->seq_lo);
-    kv->seq_cow = overflow ? NULL : calloc(per_group, sizeof *kv->seq_cow);
-    kv->seq_hash = overflow ? NULL : calloc(per_block, sizeof *kv->seq_hash);
-    kv->free_seqs = calloc(ms, sizeof *kv->free_seqs);
-    kv->scratch = calloc((size_t)kv->max_blocks, sizeof *kv->scratch);
+    kv->groups = loom__calloc((size_t)kv->n_groups, sizeof *kv->groups);
+    kv->seqs = loom__calloc(ms, sizeof *kv->seqs);
+    kv->seq_lo = overflow ? NULL : loom__calloc(per_group, sizeof *kv->seq_lo);
+    kv->seq_cow = overflow ? NULL : loom__calloc(per_group, sizeof *kv->seq_cow);
+    kv->seq_hash = overflow ? NULL : loom__calloc(per_block, sizeof *kv->seq_hash);
+    kv->free_seqs = loom__calloc(ms, sizeof *kv->free_seqs);
+    kv->scratch = loom__calloc((size_t)kv->max_blocks, sizeof *kv->scratch);
     if (!kv->groups || !kv->seqs || !kv->seq_lo || !kv->seq_cow || !kv->seq_hash ||
         !kv->free_seqs || !kv->scratch) {
         st = loom__fail(LOOM_ERR_OUT_OF_MEMORY,

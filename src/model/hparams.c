@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "model/model.h"
 
 loom_status loom__hparam_dim(const loom__gguf *g, const char *arch, const char *key, bool required,
@@ -127,7 +128,7 @@ loom_status loom__hparams_common(const loom__gguf *g, const char *arch, loom__mo
     c->embd_scale = 1.0f;
     c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
     c->glu = LOOM_GLU_SWIGLU;
-    c->layers = calloc((size_t)c->n_layer, sizeof *c->layers);
+    c->layers = loom__calloc((size_t)c->n_layer, sizeof *c->layers);
     LOOM_RETURN_IF(!c->layers, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
     for (int32_t il = 0; il < c->n_layer; il++) c->layers[il].rope = r;
     return LOOM_OK;

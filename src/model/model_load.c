@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/abi.h"
+#include "core/alloc.h"
 #include "core/log.h"
 #include "core/threadpool.h"
 #include "core/timer.h"
@@ -26,7 +27,7 @@ void loom_model_params_init(loom_model_params *out, size_t size) {
 }
 
 static char *dup_gguf_str(loom__gguf_str s) {
-    char *out = malloc(s.len + 1);
+    char *out = loom__malloc(s.len + 1);
     if (!out) return NULL;
     memcpy(out, s.ptr, s.len);
     out[s.len] = '\0';
@@ -83,7 +84,7 @@ loom_status loom__model_tensor(loom_model *m, const char *name, int64_t ne0, int
     float *tmp = NULL;
     if (ne1 == 1 && t->type != LOOM_TYPE_F32) {
         /* Vectors (norm weights) are consumed as F32 by every op: convert once at load. */
-        tmp = malloc((size_t)ne0 * sizeof(float));
+        tmp = loom__malloc((size_t)ne0 * sizeof(float));
         LOOM_RETURN_IF(!tmp, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
         if (!loom__dequantize_row(t->type, t->data, tmp, ne0)) {
             free(tmp);
@@ -185,7 +186,7 @@ loom_status loom__model_params_in(const loom_model_params *params, loom_model_pa
 }
 
 loom_model *loom__model_new(void) {
-    loom_model *m = calloc(1, sizeof *m);
+    loom_model *m = loom__calloc(1, sizeof *m);
     if (m) atomic_init(&m->refs, 1);
     return m;
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/abi.h"
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/log.h"
 #include "tensor/fp16.h"
@@ -141,7 +142,7 @@ static loom_status add(syn_list *l, const char *name, int64_t ne0, int64_t ne1, 
                        float spread) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 64;
-        syn_tensor *t = realloc(l->t, (size_t)cap * sizeof *t);
+        syn_tensor *t = loom__realloc(l->t, (size_t)cap * sizeof *t);
         LOOM_RETURN_IF(t == NULL, LOOM_ERR_OUT_OF_MEMORY, "synthetic: out of memory");
         l->t = t;
         l->cap = cap;
@@ -327,7 +328,7 @@ static void put(meta_buf *b, const void *src, size_t n) {
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->n + n) cap *= 2;
-        uint8_t *p = realloc(b->p, cap);
+        uint8_t *p = loom__realloc(b->p, cap);
         if (p == NULL) {
             b->failed = true;
             return;
@@ -446,7 +447,7 @@ static loom_status build_image(const loom_synthetic_params *s, syn_list *l, void
         free(m.p);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "synthetic: the image's size overflows");
     }
-    uint8_t *img = malloc(total);
+    uint8_t *img = loom__malloc(total);
     if (img == NULL) {
         free(m.p);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY,

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/alloc.h"
 #include "model/model.h"
 #include "tensor/quant.h"
 #include "tensor/types.h"
@@ -67,7 +68,7 @@ static loom_status bind_rope_factors(loom_model *m) {
     /* They divide the frequencies: a zero, negative, infinite or NaN factor would load and then
      * make that dimension's angle inf or NaN at every position. Checked in the file's bytes,
      * before the backend holds them (perhaps in device memory). */
-    float *f = malloc((size_t)half * sizeof *f);
+    float *f = loom__malloc((size_t)half * sizeof *f);
     LOOM_RETURN_IF(!f, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
     bool decoded = loom__dequantize_row(t->type, t->data, f, half);
     int32_t bad = -1;
@@ -100,7 +101,7 @@ loom_status loom__model_bind_weights(loom_model *m) {
     LOOM_TRY(loom__model_tensor(m, "output.weight", c->n_embd, c->n_vocab, false,
                                 LOOM_WEIGHT_MATMUL, &m->output));
     if (m->output.data == NULL) m->output = m->tok_embd; /* tied embeddings */
-    m->layers = calloc((size_t)c->n_layer, sizeof *m->layers);
+    m->layers = loom__calloc((size_t)c->n_layer, sizeof *m->layers);
     LOOM_RETURN_IF(!m->layers, LOOM_ERR_OUT_OF_MEMORY, "model: out of memory");
     for (int32_t il = 0; il < c->n_layer; il++) LOOM_TRY(bind_layer(m, il, &m->layers[il]));
     return bind_rope_factors(m);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/abi.h"
+#include "core/alloc.h"
 #include "core/status.h"
 
 /* ---- parameters ------------------------------------------------------------------------- */
@@ -107,13 +108,13 @@ static void *alloc_workspace(int32_t n_vocab, size_t *size) {
     size_t sz = loom__sample_chain_workspace_size(n_vocab);
     *size = sz;
     if (sz == 0) return NULL;
-    return aligned_alloc(16, (sz + 15) / 16 * 16); /* C11: a multiple of the alignment */
+    return loom__aligned_alloc(16, (sz + 15) / 16 * 16); /* C11: a multiple of the alignment */
 }
 
 loom_status loom_sampler_create(int32_t n_vocab, loom_sampler **out) {
     loom__clear_error();
     LOOM_CHECK_ARG(out != NULL && n_vocab > 0);
-    loom_sampler *s = calloc(1, sizeof *s);
+    loom_sampler *s = loom__calloc(1, sizeof *s);
     LOOM_RETURN_IF(!s, LOOM_ERR_OUT_OF_MEMORY, "sampler: out of memory");
     size_t sz = 0;
     s->n_vocab = n_vocab;
@@ -155,7 +156,7 @@ loom_status loom_sampler_run(loom_sampler *s, const float *logits,
     /* Validate before growing, so a bad n_logprobs never turns into a huge allocation. */
     LOOM_TRY(loom__sample_chain_validate(&c, s->n_vocab));
     if (c.n_logprobs > s->cap_top) {
-        loom_token_logprob *grown = realloc(s->top, 2 * (size_t)c.n_logprobs * sizeof *grown);
+        loom_token_logprob *grown = loom__realloc(s->top, 2 * (size_t)c.n_logprobs * sizeof *grown);
         LOOM_RETURN_IF(!grown, LOOM_ERR_OUT_OF_MEMORY, "sampler: out of memory for %d logprobs",
                        c.n_logprobs);
         s->top = grown;

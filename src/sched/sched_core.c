@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "sched/sched_internal.h"
 
@@ -74,21 +75,21 @@ loom_status loom__sched_create(const loom__sched_config *cfg, const loom__sched_
     if (cap > SCHED_MAX_REQUESTS) cap = SCHED_MAX_REQUESTS;
     size_t ns = (size_t)cfg->max_seqs;
 
-    loom__sched *s = calloc(1, sizeof *s);
+    loom__sched *s = loom__calloc(1, sizeof *s);
     LOOM_RETURN_IF(!s, LOOM_ERR_OUT_OF_MEMORY, "sched: scheduler");
     s->cfg = *cfg;
     s->kv = *kv;
     s->cap = cap;
-    s->reqs = calloc((size_t)cap, sizeof *s->reqs);
-    s->free_slots = malloc((size_t)cap * sizeof *s->free_slots);
-    s->waiting = malloc((size_t)cap * sizeof *s->waiting);
-    s->order = malloc((size_t)cap * sizeof *s->order);
-    s->running = malloc(ns * sizeof *s->running);
-    s->entries = calloc(ns, sizeof *s->entries);
-    s->entry_slot = malloc(ns * sizeof *s->entry_slot);
-    s->entry_seen = calloc(ns, sizeof *s->entry_seen);
-    s->preempted = malloc(ns * sizeof *s->preempted);
-    s->rejected = malloc(ns * sizeof *s->rejected);
+    s->reqs = loom__calloc((size_t)cap, sizeof *s->reqs);
+    s->free_slots = loom__malloc((size_t)cap * sizeof *s->free_slots);
+    s->waiting = loom__malloc((size_t)cap * sizeof *s->waiting);
+    s->order = loom__malloc((size_t)cap * sizeof *s->order);
+    s->running = loom__malloc(ns * sizeof *s->running);
+    s->entries = loom__calloc(ns, sizeof *s->entries);
+    s->entry_slot = loom__malloc(ns * sizeof *s->entry_slot);
+    s->entry_seen = loom__calloc(ns, sizeof *s->entry_seen);
+    s->preempted = loom__malloc(ns * sizeof *s->preempted);
+    s->rejected = loom__malloc(ns * sizeof *s->rejected);
     if (!s->reqs || !s->free_slots || !s->waiting || !s->order || !s->running || !s->entries ||
         !s->entry_slot || !s->entry_seen || !s->preempted || !s->rejected ||
         loom__sched_index_init(&s->index, cap) != LOOM_OK) {
@@ -159,13 +160,13 @@ static loom_status grow(loom__sched *s) {
                    "sched: more than %d requests", SCHED_MAX_REQUESTS);
     int32_t cap = s->cap * 2 > SCHED_MAX_REQUESTS ? SCHED_MAX_REQUESTS : s->cap * 2;
     size_t n = (size_t)cap;
-    sched_req *reqs = realloc(s->reqs, n * sizeof *reqs);
+    sched_req *reqs = loom__realloc(s->reqs, n * sizeof *reqs);
     if (reqs) s->reqs = reqs;
-    int32_t *fs = realloc(s->free_slots, n * sizeof *fs);
+    int32_t *fs = loom__realloc(s->free_slots, n * sizeof *fs);
     if (fs) s->free_slots = fs;
-    int32_t *w = realloc(s->waiting, n * sizeof *w);
+    int32_t *w = loom__realloc(s->waiting, n * sizeof *w);
     if (w) s->waiting = w;
-    sched_key *o = realloc(s->order, n * sizeof *o);
+    sched_key *o = loom__realloc(s->order, n * sizeof *o);
     if (o) s->order = o;
     LOOM_RETURN_IF(!reqs || !fs || !w || !o, LOOM_ERR_OUT_OF_MEMORY,
                    "sched: growing to %d requests", cap);

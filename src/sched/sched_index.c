@@ -2,6 +2,7 @@
  * kept at most half full, deletion by backward shift so churn leaves no tombstones behind. */
 #include <stdlib.h>
 
+#include "core/alloc.h"
 #include "core/hash.h"
 #include "core/status.h"
 #include "sched/sched_internal.h"
@@ -16,8 +17,8 @@ static int32_t index_cap_for(int32_t n_items) {
 loom_status loom__sched_index_init(sched_index *ix, int32_t n_items) {
     int32_t cap = index_cap_for(n_items);
     LOOM_RETURN_IF(cap == 0, LOOM_ERR_OUT_OF_MEMORY, "sched: index for %d requests", n_items);
-    uint64_t *keys = malloc((size_t)cap * sizeof *keys);
-    int32_t *vals = malloc((size_t)cap * sizeof *vals);
+    uint64_t *keys = loom__malloc((size_t)cap * sizeof *keys);
+    int32_t *vals = loom__malloc((size_t)cap * sizeof *vals);
     if (!keys || !vals) {
         free(keys);
         free(vals);

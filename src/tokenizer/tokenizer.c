@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -49,8 +50,8 @@ static loom_status copy_texts(loom__tokenizer *t, const loom__tokenizer_spec *sp
         LOOM_RETURN_IF(loom__add_overflow_size(total, len, &total), LOOM_ERR_BAD_MODEL,
                        K_TOKENS ": total text size overflows");
     }
-    t->text = malloc(total ? total : 1);
-    t->text_off = malloc((n + 1) * sizeof *t->text_off);
+    t->text = loom__malloc(total ? total : 1);
+    t->text_off = loom__malloc((n + 1) * sizeof *t->text_off);
     LOOM_RETURN_IF(!t->text || !t->text_off, LOOM_ERR_OUT_OF_MEMORY,
                    "tokenizer: out of memory (%zu bytes of token text)", total);
     size_t at = 0;
@@ -77,8 +78,8 @@ static bool is_hex(char c) {
 
 static loom_status copy_scores_and_types(loom__tokenizer *t, const loom__tokenizer_spec *spec) {
     size_t n = spec->n_vocab;
-    t->scores = calloc(n, sizeof *t->scores);
-    t->attr = calloc(n, sizeof *t->attr);
+    t->scores = loom__calloc(n, sizeof *t->scores);
+    t->attr = loom__calloc(n, sizeof *t->attr);
     LOOM_RETURN_IF(!t->scores || !t->attr, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
     for (size_t i = 0; i < n; i++) {
         if (spec->scores) {
@@ -202,7 +203,7 @@ static loom_status read_merges(loom__tokenizer *t, const loom__tokenizer_spec *s
         int32_t right = loom__textmap_find(&t->by_text, sp + 1, rl);
         /* The merged text is the two parts without the space. */
         if (ll + rl > buf_cap) {
-            char *nb = realloc(buf, ll + rl);
+            char *nb = loom__realloc(buf, ll + rl);
             if (!nb) {
                 st = loom__fail(LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
                 break;
@@ -285,7 +286,7 @@ static loom_status build(loom__tokenizer *t, const loom__tokenizer_spec *spec) {
 
 loom_status loom__tokenizer_create(const loom__tokenizer_spec *spec, loom__tokenizer **out) {
     LOOM_CHECK_ARG(spec != NULL && out != NULL);
-    loom__tokenizer *t = calloc(1, sizeof *t);
+    loom__tokenizer *t = loom__calloc(1, sizeof *t);
     LOOM_RETURN_IF(!t, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
     loom_status st = build(t, spec);
     if (st != LOOM_OK) {
@@ -319,7 +320,7 @@ bool loom__tokenizer_is_control(const loom__tokenizer *t, loom_token id) {
 loom_status loom__tokvec_push(loom__tokvec *v, loom_token id) {
     if (v->n == v->cap) {
         size_t cap = v->cap ? 2 * v->cap : 64;
-        loom_token *ids = realloc(v->ids, cap * sizeof *ids);
+        loom_token *ids = loom__realloc(v->ids, cap * sizeof *ids);
         LOOM_RETURN_IF(!ids, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory (%zu ids)", cap);
         v->ids = ids;
         v->cap = cap;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer_heap.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -98,11 +99,11 @@ loom_status loom__bpe_encode(const loom__tokenizer *t, const char *text, size_t 
                              loom__tokvec *out) {
     if (len == 0) return LOOM_OK;
     bpe_scratch sc = {0};
-    sc.cps = malloc(len * sizeof *sc.cps);
-    sc.cats = malloc(len);
-    sc.cp_off = malloc((len + 1) * sizeof *sc.cp_off);
-    sc.ends = malloc(len * sizeof *sc.ends);
-    sc.tmp = malloc(len * sizeof *sc.tmp);
+    sc.cps = loom__malloc(len * sizeof *sc.cps);
+    sc.cats = loom__malloc(len);
+    sc.cp_off = loom__malloc((len + 1) * sizeof *sc.cp_off);
+    sc.ends = loom__malloc(len * sizeof *sc.ends);
+    sc.tmp = loom__malloc(len * sizeof *sc.tmp);
     if (!sc.cps || !sc.cats || !sc.cp_off || !sc.ends || !sc.tmp) {
         free_scratch(&sc);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "tokenize: out of memory (%zu bytes)", len);
@@ -123,8 +124,8 @@ loom_status loom__bpe_encode(const loom__tokenizer *t, const char *text, size_t 
         if (bytes > longest) longest = bytes;
         start = sc.ends[w];
     }
-    sc.sym = malloc(longest * sizeof *sc.sym);
-    sc.enc = malloc(2 * longest);
+    sc.sym = loom__malloc(longest * sizeof *sc.sym);
+    sc.enc = loom__malloc(2 * longest);
     loom_status st = LOOM_OK;
     if (!sc.sym || !sc.enc) {
         st = loom__fail(LOOM_ERR_OUT_OF_MEMORY, "tokenize: out of memory (a %zu-byte word)",

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/unicode.h"
@@ -23,7 +24,7 @@ static loom_status put(strbuf *b, const char *s, size_t len) {
             LOOM_RETURN_IF(cap > SIZE_MAX / 2, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: pieces too big");
             cap *= 2;
         }
-        char *p = realloc(b->p, cap);
+        char *p = loom__realloc(b->p, cap);
         LOOM_RETURN_IF(!p, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory (%zu bytes)", cap);
         b->p = p;
         b->cap = cap;
@@ -118,7 +119,7 @@ static loom_status put_piece(const loom__tokenizer *t, int32_t id, strbuf *b) {
 
 loom_status loom__tokenizer_build_pieces(loom__tokenizer *t) {
     strbuf b = {0};
-    t->piece_off = malloc(((size_t)t->n_vocab + 1) * sizeof *t->piece_off);
+    t->piece_off = loom__malloc(((size_t)t->n_vocab + 1) * sizeof *t->piece_off);
     LOOM_RETURN_IF(!t->piece_off, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
     for (int32_t i = 0; i < t->n_vocab; i++) {
         t->piece_off[i] = b.n;
@@ -129,7 +130,7 @@ loom_status loom__tokenizer_build_pieces(loom__tokenizer *t) {
         }
     }
     t->piece_off[t->n_vocab] = b.n;
-    t->piece = b.p ? b.p : malloc(1);
+    t->piece = b.p ? b.p : loom__malloc(1);
     LOOM_RETURN_IF(!t->piece, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");
     return LOOM_OK;
 }

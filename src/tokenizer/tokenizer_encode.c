@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/unicode.h"
@@ -21,7 +22,7 @@ typedef struct frag_list {
 static loom_status frag_push(frag_list *l, frag f) {
     if (l->n == l->cap) {
         size_t cap = l->cap ? 2 * l->cap : 16;
-        frag *v = realloc(l->v, cap * sizeof *v);
+        frag *v = loom__realloc(l->v, cap * sizeof *v);
         LOOM_RETURN_IF(!v, LOOM_ERR_OUT_OF_MEMORY, "tokenize: out of memory");
         l->v = v;
         l->cap = cap;

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer_impl.h"
 
@@ -26,7 +27,7 @@ static loom_status texts_of(const loom__gguf_value *arr, const char *key,
     LOOM_RETURN_IF(arr->arr.n > SIZE_MAX / sizeof(loom__tokenizer_text), LOOM_ERR_BAD_MODEL,
                    "%s: %llu entries", key, (unsigned long long)arr->arr.n);
     size_t n = (size_t)arr->arr.n;
-    loom__tokenizer_text *v = malloc((n ? n : 1) * sizeof *v);
+    loom__tokenizer_text *v = loom__malloc((n ? n : 1) * sizeof *v);
     LOOM_RETURN_IF(!v, LOOM_ERR_OUT_OF_MEMORY, "%s: out of memory (%zu entries)", key, n);
     for (size_t i = 0; i < n; i++) {
         v[i].ptr = arr->arr.strs[i].ptr;
@@ -51,7 +52,7 @@ static loom_status read_scores(const loom__gguf *g, size_t n_vocab, float **out)
     LOOM_RETURN_IF(v->arr.n != n_vocab, LOOM_ERR_BAD_MODEL,
                    KEY("scores") " has %llu entries for %zu tokens", (unsigned long long)v->arr.n,
                    n_vocab);
-    float *s = malloc((n_vocab ? n_vocab : 1) * sizeof *s);
+    float *s = loom__malloc((n_vocab ? n_vocab : 1) * sizeof *s);
     LOOM_RETURN_IF(!s, LOOM_ERR_OUT_OF_MEMORY, KEY("scores") ": out of memory");
     for (size_t i = 0; i < n_vocab; i++) {
         s[i] = v->arr.elem_type == LOOM_GGUF_F32 ? loom__gguf_arr_f32(v, i)
@@ -69,7 +70,7 @@ static loom_status read_types(const loom__gguf *g, size_t n_vocab, int32_t **out
     LOOM_RETURN_IF(v->arr.n != n_vocab, LOOM_ERR_BAD_MODEL,
                    KEY("token_type") " has %llu entries for %zu tokens",
                    (unsigned long long)v->arr.n, n_vocab);
-    int32_t *t = malloc((n_vocab ? n_vocab : 1) * sizeof *t);
+    int32_t *t = loom__malloc((n_vocab ? n_vocab : 1) * sizeof *t);
     LOOM_RETURN_IF(!t, LOOM_ERR_OUT_OF_MEMORY, KEY("token_type") ": out of memory");
     for (size_t i = 0; i < n_vocab; i++) t[i] = (int32_t)loom__gguf_arr_i64(v, i);
     *out = t;

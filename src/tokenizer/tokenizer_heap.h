@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 
 typedef struct loom__merge_cand {
@@ -32,7 +33,7 @@ static inline loom_status loom__heap_push(loom__merge_heap *h, loom__merge_cand 
         /* Stale candidates stay queued until popped, so the queue can outgrow the symbol
          * count (never beyond 3 entries per symbol: n-1 first pairs, two per merge). */
         size_t cap = h->cap ? 2 * h->cap : 64;
-        loom__merge_cand *v = realloc(h->v, cap * sizeof *v);
+        loom__merge_cand *v = loom__realloc(h->v, cap * sizeof *v);
         LOOM_RETURN_IF(!v, LOOM_ERR_OUT_OF_MEMORY, "tokenize: out of memory (%zu candidates)", cap);
         h->v = v;
         h->cap = cap;

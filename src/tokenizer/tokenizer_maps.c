@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/hash.h"
 #include "core/status.h"
 
@@ -24,7 +25,7 @@ loom_status loom__textmap_init(loom__textmap *m, const char *arena, const size_t
     m->off = off;
     m->mask = cap - 1;
     m->key = loom__hash_key_random();
-    m->slots = malloc(cap * sizeof *m->slots);
+    m->slots = loom__malloc(cap * sizeof *m->slots);
     LOOM_RETURN_IF(!m->slots, LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory (%zu slots)", cap);
     memset(m->slots, 0xFF, cap * sizeof *m->slots); /* every slot -1 */
     return LOOM_OK;
@@ -67,8 +68,8 @@ loom_status loom__pairmap_init(loom__pairmap *m, size_t n) {
     size_t cap = table_size(n);
     m->mask = cap - 1;
     m->key = loom__hash_key_random();
-    m->keys = malloc(cap * sizeof *m->keys);
-    m->vals = malloc(cap * sizeof *m->vals);
+    m->keys = loom__malloc(cap * sizeof *m->keys);
+    m->vals = loom__malloc(cap * sizeof *m->vals);
     if (!m->keys || !m->vals) {
         loom__pairmap_free(m);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory (%zu merge slots)",

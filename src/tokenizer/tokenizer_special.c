@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer_impl.h"
 
@@ -157,8 +158,8 @@ loom_status loom__tokenizer_find_specials(loom__tokenizer *t, const loom__tokeni
     for (int32_t i = 0; i < t->n_vocab; i++) {
         if (t->attr[i] & (LOOM__ATTR_CONTROL | LOOM__ATTR_USER_DEFINED | LOOM__ATTR_UNKNOWN)) n++;
     }
-    len_id *tmp = malloc((n ? n : 1) * sizeof *tmp);
-    t->specials = malloc((n ? n : 1) * sizeof *t->specials);
+    len_id *tmp = loom__malloc((n ? n : 1) * sizeof *tmp);
+    t->specials = loom__malloc((n ? n : 1) * sizeof *t->specials);
     if (!tmp || !t->specials) {
         free(tmp);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "tokenizer: out of memory");

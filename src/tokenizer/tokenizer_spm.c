@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "tokenizer/tokenizer_heap.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -70,8 +71,8 @@ loom_status loom__spm_encode(const loom__tokenizer *t, const char *text, size_t 
         n_chars += ((unsigned char)text[i] & 0xC0) != 0x80; /* lead bytes (text is valid) */
     }
     size_t esc_len = len + add_prefix + 2 * n_spaces;
-    char *s = malloc(esc_len ? esc_len : 1);
-    spm_sym *sym = malloc((n_chars ? n_chars : 1) * sizeof *sym);
+    char *s = loom__malloc(esc_len ? esc_len : 1);
+    spm_sym *sym = loom__malloc((n_chars ? n_chars : 1) * sizeof *sym);
     spm_state ss = {t, s, sym, {NULL, 0, 0}};
     loom_status st = LOOM_OK;
     if (!s || !sym) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/abi.h"
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/timer.h"
 #include "core/status.h"
@@ -24,7 +25,7 @@ static bool reserve(void **p, size_t *cap, size_t n, size_t need, size_t elem) {
         if (loom__mul_overflow_size(c, 2, &c)) return false;
     }
     if (loom__mul_overflow_size(c, elem, &bytes)) return false;
-    void *grown = realloc(*p, bytes);
+    void *grown = loom__realloc(*p, bytes);
     if (!grown) return false;
     *p = grown;
     *cap = c;
@@ -42,7 +43,7 @@ static bool intern(loom_trace *t, const char *name, uint32_t *out) {
     if (t->n_names >= UINT32_MAX) return false;
     if (!reserve((void **)&t->names, &t->cap_names, t->n_names, 1, sizeof *t->names)) return false;
     size_t len = strlen(name);
-    char *copy = malloc(len + 1);
+    char *copy = loom__malloc(len + 1);
     if (!copy) return false;
     memcpy(copy, name, len + 1);
     t->names[t->n_names] = copy;
@@ -55,7 +56,7 @@ static bool intern(loom_trace *t, const char *name, uint32_t *out) {
 loom_status loom_trace_create(loom_trace **out) {
     loom__clear_error();
     LOOM_CHECK_ARG(out != NULL);
-    loom_trace *t = calloc(1, sizeof *t);
+    loom_trace *t = loom__calloc(1, sizeof *t);
     LOOM_RETURN_IF(!t, LOOM_ERR_OUT_OF_MEMORY, "trace: out of memory");
     if (pthread_mutex_init(&t->mu, NULL) != 0) {
         free(t);

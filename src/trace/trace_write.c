@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "trace/trace_impl.h"
 
@@ -340,7 +341,7 @@ static loom_status write_chrome(sink *s, const loom_trace *t) {
     stream_key *keys = NULL;
     size_t n_keys = 0;
     if (t->n_tokens > 0) {
-        keys = malloc(t->n_tokens * sizeof *keys);
+        keys = loom__malloc(t->n_tokens * sizeof *keys);
         LOOM_RETURN_IF(!keys, LOOM_ERR_OUT_OF_MEMORY, "trace: out of memory writing %zu tokens",
                        t->n_tokens);
         for (size_t i = 0; i < t->n_tokens; i++)
@@ -471,7 +472,7 @@ static void snapshot_free(loom_trace *c) {
 /* Room for n elements of elem bytes (n * elem is allocated in the trace already: no overflow);
  * false when out of memory. */
 static bool alloc_array(void **p, size_t n, size_t elem) {
-    *p = n ? malloc(n * elem) : NULL;
+    *p = n ? loom__malloc(n * elem) : NULL;
     return n == 0 || *p != NULL;
 }
 

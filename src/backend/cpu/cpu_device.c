@@ -10,6 +10,7 @@
  * format: the CPU kernels read GGUF's layouts directly. */
 #include "backend/cpu/cpu_internal.h"
 
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/pages.h"
 #include "core/status.h"
@@ -40,7 +41,7 @@ static void *aligned_bytes(size_t bytes, size_t align) {
     if (bytes == 0) bytes = 1;
     if (loom__add_overflow_size(bytes, align - 1, &rounded)) return NULL;
     rounded -= rounded % align;
-    return aligned_alloc(align, rounded);
+    return loom__aligned_alloc(align, rounded);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -51,7 +52,7 @@ loom_status loom__cpu_open(const loom_backend_open_params *p, void **out) {
     LOOM_CHECK_ARG(p != NULL && out != NULL);
     LOOM_RETURN_IF(p->device != 0, LOOM_ERR_NO_DEVICE,
                    "cpu: device %d does not exist (the cpu backend has one device, 0)", p->device);
-    loom__cpu_dev *d = calloc(1, sizeof *d);
+    loom__cpu_dev *d = loom__calloc(1, sizeof *d);
     LOOM_RETURN_IF(d == NULL, LOOM_ERR_OUT_OF_MEMORY, "cpu: out of memory");
     d->n_threads = p->n_threads > 0 ? p->n_threads : loom__cpu_count();
     d->f32_activations = p->f32_activations;
@@ -93,7 +94,7 @@ loom_status loom__cpu_memory_info(void *dev, size_t *free_bytes, size_t *total_b
 loom_status loom__cpu_buffer_alloc(void *dev, size_t bytes, loom_buffer **out) {
     (void)dev;
     LOOM_CHECK_ARG(out != NULL);
-    loom_buffer *b = malloc(sizeof *b);
+    loom_buffer *b = loom__malloc(sizeof *b);
     LOOM_RETURN_IF(b == NULL, LOOM_ERR_OUT_OF_MEMORY, "cpu: out of memory for a buffer");
     b->base = aligned_bytes(bytes, LOOM_CPU_ALIGN);
     if (b->base == NULL) {
@@ -138,7 +139,7 @@ void loom__cpu_host_free(void *dev, void *ptr) {
 
 /* A new chunk of at least `bytes`, placed and advised before anything touches it (d->mu held). */
 static loom__cpu_chunk *new_chunk(loom__cpu_dev *d, size_t bytes) {
-    loom__cpu_chunk *c = calloc(1, sizeof *c);
+    loom__cpu_chunk *c = loom__calloc(1, sizeof *c);
     if (c == NULL) return NULL;
     size_t cap;
     if (loom__add_overflow_size(bytes, LOOM_CPU_ARENA_ALIGN - 1, &cap)) {
@@ -146,7 +147,7 @@ static loom__cpu_chunk *new_chunk(loom__cpu_dev *d, size_t bytes) {
         return NULL;
     }
     cap -= cap % LOOM_CPU_ARENA_ALIGN;
-    c->base = aligned_alloc(LOOM_CPU_ARENA_ALIGN, cap);
+    c->base = loom__aligned_alloc(LOOM_CPU_ARENA_ALIGN, cap);
     if (c->base == NULL) {
         free(c);
         return NULL;

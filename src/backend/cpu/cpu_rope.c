@@ -12,6 +12,7 @@
  * result depends only on its position, never on the batch. */
 #include "backend/cpu/cpu_internal.h"
 
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/status.h"
 #include "tensor/types.h"
@@ -71,7 +72,7 @@ size_t loom__cpu_rope_tables_bytes(int64_t n_pos, int n_rot) {
 }
 
 loom_status loom__cpu_rope_tables_create(int64_t n_pos, int n_rot, loom__cpu_rope_tables **out) {
-    loom__cpu_rope_tables *rt = calloc(1, sizeof *rt);
+    loom__cpu_rope_tables *rt = loom__calloc(1, sizeof *rt);
     LOOM_RETURN_IF(rt == NULL, LOOM_ERR_OUT_OF_MEMORY, "rope: out of memory");
     const size_t half = n_rot >= 2 ? (size_t)(n_rot / 2) : 0;
     if (n_pos > 0 && half > 0 && n_rot <= ROPE_MAX_ROT) {
@@ -84,9 +85,9 @@ loom_status loom__cpu_rope_tables_create(int64_t n_pos, int n_rot, loom__cpu_rop
         }
         for (int i = 0; i < ROPE_TABLES; i++) {
             struct rope_table *t = &rt->t[i];
-            t->pos = malloc((size_t)n_pos * sizeof(int32_t));
-            t->cs = malloc(need * sizeof(float));
-            t->sn = malloc(need * sizeof(float));
+            t->pos = loom__malloc((size_t)n_pos * sizeof(int32_t));
+            t->cs = loom__malloc(need * sizeof(float));
+            t->sn = loom__malloc(need * sizeof(float));
             if (t->pos == NULL || t->cs == NULL || t->sn == NULL) {
                 loom__cpu_rope_tables_free(rt);
                 return loom__fail(LOOM_ERR_OUT_OF_MEMORY,
@@ -160,7 +161,7 @@ static loom_status rope_table_get(loom__cpu_ctx *c, const loom_rope_params *p, c
                    LOOM_ERR_INVALID_ARG, "rope: a table of %lld x %d overflows", (long long)n,
                    half);
     if ((size_t)n > t->pos_cap) {
-        int32_t *np = malloc((size_t)n * sizeof(int32_t));
+        int32_t *np = loom__malloc((size_t)n * sizeof(int32_t));
         LOOM_RETURN_IF(np == NULL, LOOM_ERR_OUT_OF_MEMORY, "rope: out of memory for %lld positions",
                        (long long)n);
         c->n_grows++;
@@ -170,7 +171,7 @@ static loom_status rope_table_get(loom__cpu_ctx *c, const loom_rope_params *p, c
         t->n_pos = 0; /* the key no longer matches anything */
     }
     if (need > t->cap) {
-        float *ncs = malloc(bytes), *nsn = malloc(bytes);
+        float *ncs = loom__malloc(bytes), *nsn = loom__malloc(bytes);
         if (ncs == NULL || nsn == NULL) {
             free(ncs);
             free(nsn);

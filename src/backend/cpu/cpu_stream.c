@@ -7,6 +7,7 @@
  * visible when the op returns and synchronize() has nothing to wait for. */
 #include "backend/cpu/cpu_internal.h"
 
+#include "core/alloc.h"
 #include "core/checked.h"
 #include "core/status.h"
 
@@ -24,7 +25,7 @@ static void *aligned_bytes(size_t bytes) {
     if (bytes == 0) bytes = 1;
     if (loom__add_overflow_size(bytes, LOOM_CPU_ALIGN - 1, &rounded)) return NULL;
     rounded -= rounded % LOOM_CPU_ALIGN; /* aligned_alloc wants a multiple of the alignment */
-    return aligned_alloc(LOOM_CPU_ALIGN, rounded);
+    return loom__aligned_alloc(LOOM_CPU_ALIGN, rounded);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -37,7 +38,7 @@ loom_status loom__cpu_reserve_scratch(loom__cpu_ctx *c, size_t n_floats) {
     LOOM_RETURN_IF(loom__mul_overflow_size(n_floats, sizeof(float), &bytes), LOOM_ERR_INVALID_ARG,
                    "cpu: scratch of %zu floats overflows", n_floats);
     /* Allocate every new buffer before freeing any old one, so failure leaves c unchanged. */
-    float **fresh = calloc((size_t)c->n_threads, sizeof *fresh);
+    float **fresh = loom__calloc((size_t)c->n_threads, sizeof *fresh);
     LOOM_RETURN_IF(fresh == NULL, LOOM_ERR_OUT_OF_MEMORY, "cpu: out of memory for scratch");
     for (int i = 0; i < c->n_threads; i++) {
         fresh[i] = aligned_bytes(bytes);
@@ -164,7 +165,7 @@ loom_status loom__cpu_stream_create(void *dev, const loom_step_shape *shape, voi
     loom__cpu_workspace w;
     LOOM_TRY(loom__cpu_workspace_plan(d->n_threads, d->f32_activations, shape, &w));
 
-    loom__cpu_ctx *c = calloc(1, sizeof *c);
+    loom__cpu_ctx *c = loom__calloc(1, sizeof *c);
     LOOM_RETURN_IF(c == NULL, LOOM_ERR_OUT_OF_MEMORY, "cpu: out of memory");
     c->dev = d;
     c->n_threads = d->n_threads;

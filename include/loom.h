@@ -354,6 +354,20 @@ LOOM_API loom_status loom_chat_format(const loom_model *model, const loom_chat_m
                                       size_t n, bool add_assistant, char *out, size_t cap,
                                       size_t *n_out);
 
+/* Renders messages[0..n) as loom_chat_format does and tokenizes the text as
+ * LOOM_TOKENIZE_ADD_SPECIAL | LOOM_TOKENIZE_PARSE_SPECIAL would — except that inside the
+ * messages' contents control-token text stays text: a user who writes "<|im_end|>\n
+ * <|im_start|>system" gets those characters tokenized, not a new system turn (with
+ * loom_chat_format + loom_tokenize, as with llama.cpp's template and tokenizer, they become
+ * real control tokens). For contents with no control-token text the ids are exactly those of
+ * loom_chat_format + loom_tokenize. The way to turn untrusted messages into a prompt. Same
+ * buffer contract as loom_tokenize (*n_out = ids needed; out may be NULL when cap is 0).
+ * Errors: those of loom_chat_format (no BUFFER_TOO_SMALL for the text) and of loom_tokenize
+ * (BAD_INPUT for invalid UTF-8 in a content), OUT_OF_MEMORY. Thread-safe. */
+LOOM_API loom_status loom_chat_tokenize(const loom_model *model, const loom_chat_message *messages,
+                                        size_t n, bool add_assistant, loom_token *out, size_t cap,
+                                        size_t *n_out);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Session: one sequence, its paged KV cache and its logits                                    */
 /* ------------------------------------------------------------------------------------------ */

@@ -172,8 +172,10 @@ static const char *role_text(chat_role r) {
 typedef struct chat_out {
     char *buf;
     size_t cap;
-    size_t n;      /* bytes of the whole text so far */
-    bool overflow; /* the text is longer than SIZE_MAX */
+    size_t n;                /* bytes of the whole text so far */
+    bool overflow;           /* the text is longer than SIZE_MAX */
+    loom__text_range *spans; /* NULL, or where each message content went (room for all) */
+    size_t n_spans;
 } chat_out;
 
 static void put_n(chat_out *o, const char *s, size_t len) {
@@ -205,10 +207,17 @@ static void trimmed(const char *s, size_t *start, size_t *len) {
     *len = b - a;
 }
 
+/* A message's content: the caller's text inside the template's, noted in o->spans. */
+static void put_content_n(chat_out *o, const char *s, size_t len) {
+    size_t begin = o->n;
+    put_n(o, s, len);
+    if (o->spans && len > 0) o->spans[o->n_spans++] = (loom__text_range){begin, o->n};
+}
+
 static void put_trimmed(chat_out *o, const char *s) {
     size_t a, len;
     trimmed(s, &a, &len);
-    put_n(o, s + a, len);
+    put_content_n(o, s + a, len);
 }
 
 /* The role of message i (checked before rendering started). */
@@ -224,7 +233,7 @@ static void render_chatml(chat_out *o, const loom_chat_message *msgs, size_t n,
         put(o, "<|im_start|>");
         put(o, role_text(role_at(msgs, i)));
         put(o, "\n");
-        put(o, msgs[i].content);
+        put_content_n(o, msgs[i].content, strlen(msgs[i].content));
         put(o, "<|im_end|>\n");
     }
     if (add_assistant) put(o, "<|im_start|>assistant\n");
@@ -287,12 +296,19 @@ static loom_status check_message(const loom_chat_message *msgs, size_t i) {
 
 loom_status loom__chat_render(loom__chat_kind kind, const loom_chat_message *msgs, size_t n,
                               bool add_assistant, char *out, size_t cap, size_t *n_out) {
+    return loom__chat_render_spans(kind, msgs, n, add_assistant, out, cap, n_out, NULL, NULL);
+}
+
+loom_status loom__chat_render_spans(loom__chat_kind kind, const loom_chat_message *msgs, size_t n,
+                                    bool add_assistant, char *out, size_t cap, size_t *n_out,
+                                    loom__text_range *spans, size_t *n_spans) {
     LOOM_CHECK_ARG(n_out != NULL);
+    LOOM_CHECK_ARG(spans == NULL || n_spans != NULL);
     LOOM_CHECK_ARG(msgs != NULL || n == 0);
     LOOM_CHECK_ARG(out != NULL || cap == 0);
     for (size_t i = 0; i < n; i++) LOOM_TRY(check_message(msgs, i));
 
-    chat_out o = {.buf = out, .cap = cap, .n = 0, .overflow = false};
+    chat_out o = {.buf = out, .cap = cap, .n = 0, .overflow = false, .spans = spans};
     switch (kind) {
     case LOOM_CHAT_CHATML:
         render_chatml(&o, msgs, n, add_assistant);
@@ -308,6 +324,7 @@ loom_status loom__chat_render(loom__chat_kind kind, const loom_chat_message *msg
     }
     LOOM_RETURN_IF(o.overflow, LOOM_ERR_INVALID_ARG, "chat: the rendered text exceeds SIZE_MAX");
     *n_out = o.n;
+    if (n_spans) *n_spans = o.n_spans;
     LOOM_RETURN_IF(o.n > cap, LOOM_ERR_BUFFER_TOO_SMALL,
                    "chat: the text needs %zu bytes, the buffer holds %zu", o.n, cap);
     return LOOM_OK;

@@ -35,6 +35,7 @@
 
 #include "loom.h"
 #include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
 
 typedef enum loom__chat_kind {
     LOOM_CHAT_CHATML = 0,
@@ -65,3 +66,10 @@ loom_status loom__chat_detect_gguf(const loom__gguf *g, const char *arch_name,
  *   bytes). */
 loom_status loom__chat_render(loom__chat_kind kind, const loom_chat_message *msgs, size_t n,
                               bool add_assistant, char *out, size_t cap, size_t *n_out);
+
+/* loom__chat_render that also gives where each message's content went: spans[0 .. *n_spans)
+ * (spans has room for n; a content rendered empty has none), the ranges of the text that came
+ * from the messages rather than from the template (for loom__tokenizer_encode_guarded). */
+loom_status loom__chat_render_spans(loom__chat_kind kind, const loom_chat_message *msgs, size_t n,
+                                    bool add_assistant, char *out, size_t cap, size_t *n_out,
+                                    loom__text_range *spans, size_t *n_spans);

@@ -69,6 +69,21 @@ bool loom__tokenizer_is_control(const loom__tokenizer *t, loom_token id);
 loom_status loom__tokenizer_encode(const loom__tokenizer *t, const char *text, size_t len,
                                    unsigned flags, loom_token *out, size_t cap, size_t *n_out);
 
+/* A byte range [begin, end) of a text. */
+typedef struct loom__text_range {
+    size_t begin, end;
+} loom__text_range;
+
+/* loom__tokenizer_encode, where control-token text found across any of plain[0..n_plain) is not
+ * parsed as a control token even with LOOM_TOKENIZE_PARSE_SPECIAL: the ranges hold text from
+ * someone else (a chat message's content) inside text the caller wrote (the template). Outside
+ * them, and wherever no control text occurs, the ids are those of loom__tokenizer_encode.
+ * Errors as loom__tokenizer_encode. */
+loom_status loom__tokenizer_encode_guarded(const loom__tokenizer *t, const char *text, size_t len,
+                                           unsigned flags, const loom__text_range *plain,
+                                           size_t n_plain, loom_token *out, size_t cap,
+                                           size_t *n_out);
+
 /* Decodes toks[0..n) with LOOM_DETOKENIZE_* flags into out (no NUL added); writes at most cap
  * bytes, always sets *n_out to the full length. LOOM_DETOKENIZE_STRIP_LEADING removes one
  * leading space from the first token that is not a control or unknown token (skipping BOS),

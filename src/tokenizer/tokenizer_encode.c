@@ -31,10 +31,24 @@ static loom_status frag_push(frag_list *l, frag f) {
     return LOOM_OK;
 }
 
+/* Text the caller marked as not theirs: a match there is not a special token. */
+typedef struct guard {
+    const loom__text_range *plain;
+    size_t n_plain;
+} guard;
+
+static bool guarded(const guard *g, size_t at, size_t len) {
+    for (size_t i = 0; g && i < g->n_plain; i++) {
+        if (at < g->plain[i].end && at + len > g->plain[i].begin) return true;
+    }
+    return false;
+}
+
 /* Cuts every occurrence of token id out of the text fragments of *cur (left to right in each),
- * writing the result to *nxt; *found tells whether there was any. */
+ * writing the result to *nxt; *found tells whether there was any. An occurrence that overlaps
+ * a range of g (NULL: none) stays text. */
 static loom_status cut_token(const char *text, const char *tok, size_t tok_len, int32_t id,
-                             const frag_list *cur, frag_list *nxt, bool *found) {
+                             const guard *g, const frag_list *cur, frag_list *nxt, bool *found) {
     nxt->n = 0;
     *found = false;
     for (size_t i = 0; i < cur->n; i++) {
@@ -43,15 +57,19 @@ static loom_status cut_token(const char *text, const char *tok, size_t tok_len, 
             LOOM_TRY(frag_push(nxt, f));
             continue;
         }
-        size_t off = f.off, end = f.off + f.len;
+        size_t off = f.off, end = f.off + f.len, from = off;
         for (;;) {
-            const char *m = memmem(text + off, end - off, tok, tok_len);
+            const char *m = memmem(text + from, end - from, tok, tok_len);
             if (!m) break;
             size_t at = (size_t)(m - text);
+            if (guarded(g, at, tok_len)) {
+                from = at + 1;
+                continue;
+            }
             *found = true;
             if (at > off) LOOM_TRY(frag_push(nxt, (frag){-1, off, at - off}));
             LOOM_TRY(frag_push(nxt, (frag){id, at, tok_len}));
-            off = at + tok_len;
+            off = from = at + tok_len;
         }
         if (off < end) LOOM_TRY(frag_push(nxt, (frag){-1, off, end - off}));
     }
@@ -61,7 +79,7 @@ static loom_status cut_token(const char *text, const char *tok, size_t tok_len, 
 /* Splits text into fragments: special tokens (longest first; control and unknown ones only
  * with parse_special, user-defined ones always) and the text between them. */
 static loom_status partition(const loom__tokenizer *t, const char *text, size_t len,
-                             bool parse_special, frag_list *out) {
+                             bool parse_special, const guard *g, frag_list *out) {
     out->n = 0;
     if (len == 0) return LOOM_OK;
     LOOM_TRY(frag_push(out, (frag){-1, 0, len}));
@@ -78,7 +96,10 @@ static loom_status partition(const loom__tokenizer *t, const char *text, size_t 
         const char *tok = loom__tok_text(t, id, &tl);
         if (tl > len || !present[(unsigned char)tok[0]]) continue;
         bool found;
-        st = cut_token(text, tok, tl, id, out, &other, &found);
+        /* the guard keeps control and unknown tokens out of the plain ranges; user-defined
+         * ones are parsed everywhere, as without parse_special */
+        const guard *gk = t->attr[id] & (LOOM__ATTR_CONTROL | LOOM__ATTR_UNKNOWN) ? g : NULL;
+        st = cut_token(text, tok, tl, id, gk, out, &other, &found);
         if (st == LOOM_OK && found) { /* something was cut: adopt the new list */
             frag_list tmp = *out;
             *out = other;
@@ -91,7 +112,15 @@ static loom_status partition(const loom__tokenizer *t, const char *text, size_t 
 
 loom_status loom__tokenizer_encode(const loom__tokenizer *t, const char *text, size_t len,
                                    unsigned flags, loom_token *out, size_t cap, size_t *n_out) {
+    return loom__tokenizer_encode_guarded(t, text, len, flags, NULL, 0, out, cap, n_out);
+}
+
+loom_status loom__tokenizer_encode_guarded(const loom__tokenizer *t, const char *text, size_t len,
+                                           unsigned flags, const loom__text_range *plain,
+                                           size_t n_plain, loom_token *out, size_t cap,
+                                           size_t *n_out) {
     LOOM_CHECK_ARG(t != NULL && n_out != NULL);
+    LOOM_CHECK_ARG(plain != NULL || n_plain == 0);
     LOOM_CHECK_ARG(text != NULL || len == 0);
     LOOM_CHECK_ARG(out != NULL || cap == 0);
     /* Symbol indices are int32 and each byte can grow to three when spaces are escaped. */
@@ -106,7 +135,9 @@ loom_status loom__tokenizer_encode(const loom__tokenizer *t, const char *text, s
     bool add_special = flags & LOOM_TOKENIZE_ADD_SPECIAL;
     frag_list frags = {0};
     loom__tokvec v = {0};
-    loom_status st = partition(t, text, len, flags & LOOM_TOKENIZE_PARSE_SPECIAL, &frags);
+    guard g = {plain, n_plain};
+    loom_status st =
+        partition(t, text, len, flags & LOOM_TOKENIZE_PARSE_SPECIAL, n_plain ? &g : NULL, &frags);
     if (st == LOOM_OK && add_special && t->add_bos) st = loom__tokvec_push(&v, t->bos);
 
     /* SentencePiece: a text fragment at the start or right after a special token gets the

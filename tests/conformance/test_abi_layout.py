@@ -34,7 +34,7 @@ BOUND = {
     "loom_trace_info": loom.TraceInfo,
 }
 NOT_BOUND = {
-    "loom_chat_message": "loom_chat_format is not bound in Python",
+    "loom_chat_message": "loom_chat_format and loom_chat_tokenize are not bound in Python",
     "loom_generate_params": "loom_generate is not bound (Python uses the engine)",
     "loom_generate_stats": "loom_generate is not bound",
     "loom_synthetic_params": "experimental; loom_model_load_synthetic is not bound yet",

@@ -25,7 +25,15 @@ typedef struct loom__engine_inbox {
     size_t n_reqs, cap_reqs;
     loom_request_id *cancels;
     size_t n_cancels, cap_cancels;
+    size_t next_req, next_cancel; /* the step's copy (drained): entries taken so far; the rest
+                                     waits for the next step when memory for events is short */
 } loom__engine_inbox;
+
+/* The most events one step's batch can make besides those of the inbox: one FAILED per
+ * preempted (a failed swap-out) and per rejected request, and per entry at most three (TOKEN,
+ * FINISHED, and FAILED when starting an n > 1 request's other samples fails). The event array
+ * always has this much room left when the batch starts (engine_step.c). */
+#define LOOM_ENGINE_BATCH_EVENTS(max_seqs) (5 * (size_t)(max_seqs) + 16)
 
 /* Host memory that holds swapped-out blocks of one KV group: n_slots slots of one block each
  * (every source layer of the group, K then V per layer; kv_storage.h). From the backend's
@@ -122,14 +130,13 @@ struct loom_engine {
     /* Events of the last step (grown geometrically when a step has many cancellations). */
     loom_event *events;
     size_t n_events, cap_events;
-    const loom_event **event_ptrs; /* [cap_event_ptrs] what loom_engine_step hands out */
-    size_t cap_event_ptrs;
+    const loom_event **event_ptrs; /* [cap_events] what loom_engine_step hands out (grown
+                                      with events, so handing them out never allocates) */
 
     /* Requests the step thread knows (id -> loom__req) and those finished in the last step,
      * freed at the start of the next one (their events point into them). */
     loom__id_map reqs;
-    loom__req **retired;
-    size_t n_retired, cap_retired;
+    loom__req *retired; /* a list through loom__req.next_retired */
 
     /* Shared with submitting threads, under mu. */
     pthread_mutex_t mu;
@@ -176,6 +183,8 @@ void loom__engine_release(loom_engine *e, struct loom__req_sample *s);
 
 /* engine_step.c */
 loom_status loom__engine_step(loom_engine *e);
+/* Frees the requests the last step retired. */
+void loom__engine_free_retired(loom_engine *e);
 
 /* Token at position p of a sample: the prompt, then its generated tokens. */
 static inline loom_token loom__sample_token(const loom__req *r, const loom__req_sample *s,

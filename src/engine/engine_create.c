@@ -75,11 +75,12 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     e->batch_index = loom__malloc(S * sizeof *e->batch_index);
     e->batch_entries = loom__malloc(S * sizeof *e->batch_entries);
     e->results = loom__malloc(S * sizeof *e->results);
-    e->cap_events = 4 * S + 16;
+    e->cap_events = LOOM_ENGINE_BATCH_EVENTS(S) + 16;
     e->events = loom__malloc(e->cap_events * sizeof *e->events);
+    e->event_ptrs = loom__malloc(e->cap_events * sizeof *e->event_ptrs);
     bool ok = e->tokens && e->pos && e->logit_rows && e->logits && e->seqs && e->n_new &&
               e->batch_samples && e->row_status && e->sample_entry && e->batch_reqs &&
-              e->batch_index && e->batch_entries && e->results && e->events;
+              e->batch_index && e->batch_entries && e->results && e->events && e->event_ptrs;
     LOOM_RETURN_IF(!ok, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
     /* A sampler workspace per sampling thread of the engine's own pool: n_sample_threads, or
      * the model's host threads, at most one per sequence and LOOM_ENGINE_MAX_SAMPLERS. */
@@ -203,12 +204,13 @@ void loom_engine_destroy(loom_engine *e) {
         if (k != 0 && k != UINT64_MAX) loom__req_free(e->reqs.vals[i]);
     }
     for (size_t i = 0; i < e->inbox.n_reqs; i++) loom__req_free(e->inbox.reqs[i]);
-    for (size_t i = 0; i < e->n_retired; i++) loom__req_free(e->retired[i]);
+    for (size_t i = e->drained.next_req; i < e->drained.n_reqs; i++)
+        loom__req_free(e->drained.reqs[i]); /* left by a step short of memory */
+    loom__engine_free_retired(e);
     free(e->inbox.reqs);
     free(e->inbox.cancels);
     free(e->drained.reqs);
     free(e->drained.cancels);
-    free(e->retired);
     loom__id_map_free(&e->reqs);
     loom__id_map_free(&e->live);
     loom__sched_destroy(e->sched);

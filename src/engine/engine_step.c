@@ -10,8 +10,9 @@
  * With a trace attached, the step is timed in these phases ("schedule" = 0-2, the forward
  * pass's layer groups and "logits" = 3, "sample" = 4, "events" = 5) and each produced token is
  * recorded; without one, each phase costs one pointer test.
- * Nothing here allocates except when a step has more events than the array holds (and the
- * trace, which grows its own storage). */
+ * Nothing here allocates except when the inbox brings more submissions and cancellations
+ * than the event array has room for (drain_inbox grows it first) and the trace, which grows
+ * its own storage. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,18 +24,35 @@
 
 /* ---- events ------------------------------------------------------------------------------- */
 
+/* Grows the event array to cap. The pointers loom_engine_step hands out grow first: once the
+ * step has run, handing its events out must not need memory (a failure there lost every event
+ * of the step, tokens included). */
+static bool grow_events(loom_engine *e, size_t cap) {
+    const loom_event **ptrs = loom__realloc(e->event_ptrs, cap * sizeof *ptrs);
+    if (!ptrs) return false;
+    e->event_ptrs = ptrs;
+    loom_event *grown = loom__realloc(e->events, cap * sizeof *grown);
+    if (!grown) return false;
+    e->events = grown;
+    e->cap_events = cap;
+    return true;
+}
+
+/* Makes room for k more events now and the batch's LOOM_ENGINE_BATCH_EVENTS after them, so
+ * the batch itself never needs memory for its events. False when memory is short. */
+static bool reserve_events(loom_engine *e, size_t k) {
+    const size_t need = e->n_events + k + LOOM_ENGINE_BATCH_EVENTS(e->params.max_seqs);
+    if (need <= e->cap_events) return true;
+    return grow_events(e, e->cap_events * 2 > need ? e->cap_events * 2 : need);
+}
+
 static loom_event *new_event(loom_engine *e, const loom__req *r, int32_t sample,
                              loom_event_kind kind) {
-    if (e->n_events == e->cap_events) {
-        size_t cap = e->cap_events * 2;
-        loom_event *grown = loom__realloc(e->events, cap * sizeof *grown);
-        if (!grown) {
-            LOOM_LOG_E("engine: out of memory for events; an event of request %llu is lost",
-                       (unsigned long long)r->id);
-            return NULL;
-        }
-        e->events = grown;
-        e->cap_events = cap;
+    /* Not expected: drain_inbox reserves room for every event a step can make. */
+    if (e->n_events == e->cap_events && !grow_events(e, e->cap_events * 2)) {
+        LOOM_LOG_E("engine: out of memory for events; an event of request %llu is lost",
+                   (unsigned long long)r->id);
+        return NULL;
     }
     loom_event *ev = &e->events[e->n_events++];
     memset(ev, 0, sizeof *ev);
@@ -45,6 +63,14 @@ static loom_event *new_event(loom_engine *e, const loom__req *r, int32_t sample,
     ev->token = -1;
     ev->text = "";
     return ev;
+}
+
+void loom__engine_free_retired(loom_engine *e) {
+    while (e->retired) {
+        loom__req *r = e->retired;
+        e->retired = r->next_retired;
+        loom__req_free(r);
+    }
 }
 
 /* Moves a request whose samples are all done out of the tables; it is freed next step. */
@@ -78,17 +104,12 @@ static void retire_if_done(loom_engine *e, loom__req *r) {
         e->tpot_ring[e->stats.tpot_count++ % LOOM_ENGINE_LATENCY_WINDOW] = tpot;
     }
     pthread_mutex_unlock(&e->mu);
-    if (e->n_retired == e->cap_retired) {
-        size_t cap = e->cap_retired ? e->cap_retired * 2 : 16;
-        loom__req **grown = loom__realloc(e->retired, cap * sizeof *grown);
-        if (!grown) {
-            loom__req_free(r); /* no event of this step refers to it after the list fails */
-            return;
-        }
-        e->retired = grown;
-        e->cap_retired = cap;
-    }
-    e->retired[e->n_retired++] = r;
+    /* Kept until the next step: this step's events point into it (a TOKEN event's info and
+     * text). A list through the requests themselves, so retiring cannot fail for memory (a
+     * growable array used to free the request at once when it could not grow, leaving those
+     * events dangling). */
+    r->next_retired = e->retired;
+    e->retired = r;
 }
 
 static void finish_sample(loom_engine *e, loom__req *r, int32_t i, loom_finish_reason reason) {
@@ -152,35 +173,45 @@ static loom_status add_to_sched(loom_engine *e, loom__req *r, int32_t i) {
 /* ---- 0. the inbox ------------------------------------------------------------------------- */
 
 static void drain_inbox(loom_engine *e) {
-    /* Swap the arrays under the lock: submitters keep appending to an empty inbox while this
-     * thread works through what was there, so no entry is overwritten or seen twice. */
-    pthread_mutex_lock(&e->mu);
-    loom__engine_inbox in = e->inbox;
-    e->inbox = e->drained;
-    e->inbox.n_reqs = e->inbox.n_cancels = 0;
-    e->drained = in;
-    pthread_mutex_unlock(&e->mu);
-
     loom__engine_inbox *d = &e->drained;
-    for (size_t k = 0; k < d->n_reqs; k++) {
-        loom__req *r = d->reqs[k];
+    /* What an earlier step could not take (below) goes first; then the inbox. Swap the arrays
+     * under the lock: submitters keep appending to an empty inbox while this thread works
+     * through what was there, so no entry is overwritten or seen twice. */
+    if (d->n_reqs == 0 && d->n_cancels == 0) {
+        pthread_mutex_lock(&e->mu);
+        loom__engine_inbox in = e->inbox;
+        e->inbox = e->drained;
+        e->inbox.n_reqs = e->inbox.n_cancels = 0;
+        e->drained = in;
+        pthread_mutex_unlock(&e->mu);
+    }
+    /* Each submission may end at once (one FAILED event), each cancellation with an event per
+     * sample: room for them comes first. Without it the rest waits for a later step (in order:
+     * a cancel may name a request still in the list) rather than their events being lost. */
+    for (; d->next_req < d->n_reqs; d->next_req++) {
+        if (!reserve_events(e, 1)) goto short_of_memory;
+        loom__req *r = d->reqs[d->next_req];
         loom_status st = loom__id_map_put(&e->reqs, r->id, r);
-        if (st != LOOM_OK) {
-            pthread_mutex_lock(&e->mu);
-            loom__id_map_del(&e->live, r->id);
-            pthread_mutex_unlock(&e->mu);
-            loom__req_free(r);
-            continue;
+        /* A request the table cannot take (its rebuild needs memory) fails with an event, as
+         * any other: it used to be freed without one, and its caller waited forever. */
+        if (st == LOOM_OK) {
+            r->state = LOOM_REQ_ACTIVE;
+            st = add_to_sched(e, r, 0);
         }
-        r->state = LOOM_REQ_ACTIVE;
-        st = add_to_sched(e, r, 0);
         if (st != LOOM_OK) end_request(e, r, st);
     }
-    for (size_t k = 0; k < d->n_cancels; k++) {
-        loom__req *r = loom__id_map_get(&e->reqs, d->cancels[k]);
-        if (r && r->state == LOOM_REQ_ACTIVE) end_request(e, r, LOOM_OK);
+    for (; d->next_cancel < d->n_cancels; d->next_cancel++) {
+        loom__req *r = loom__id_map_get(&e->reqs, d->cancels[d->next_cancel]);
+        if (!r || r->state != LOOM_REQ_ACTIVE) continue;
+        if (!reserve_events(e, (size_t)r->n_samples)) goto short_of_memory;
+        end_request(e, r, LOOM_OK);
     }
-    d->n_reqs = d->n_cancels = 0;
+    d->n_reqs = d->n_cancels = d->next_req = d->next_cancel = 0;
+    return;
+short_of_memory:
+    LOOM_LOG_W("engine: out of memory for events: %zu submissions and %zu cancellations wait "
+               "for the next step",
+               d->n_reqs - d->next_req, d->n_cancels - d->next_cancel);
 }
 
 /* ---- 1-2. plan and reserve ---------------------------------------------------------------- */
@@ -542,8 +573,7 @@ loom_status loom__engine_step(loom_engine *e) {
     const int64_t t_start = loom__now_ns(); /* busy time (stats), and the trace's step start */
     if (e->trace) loom__trace_step_begin(&e->tm, e->stats.steps, t_start);
     e->n_events = 0;
-    for (size_t k = 0; k < e->n_retired; k++) loom__req_free(e->retired[k]);
-    e->n_retired = 0;
+    loom__engine_free_retired(e);
     drain_inbox(e);
 
     loom__sched_plan plan;

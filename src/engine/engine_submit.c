@@ -191,18 +191,8 @@ loom_status loom_engine_step(loom_engine *e, const loom_event *const **events, s
     LOOM_CHECK_ARG(e != NULL && events != NULL && n_events != NULL);
     LOOM_RETURN_IF(e->has_thread, LOOM_ERR_BUSY, "engine: background mode steps on its own thread");
     loom_status st = loom__engine_step(e);
-    /* The caller sees pointers (loom_event may grow): one per event, kept with the array. */
-    if (e->n_events > e->cap_event_ptrs) {
-        const loom_event **grown = loom__realloc(e->event_ptrs, e->cap_events * sizeof *grown);
-        if (grown == NULL) {
-            *events = NULL;
-            *n_events = 0;
-            return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for %zu events",
-                              e->n_events);
-        }
-        e->event_ptrs = grown;
-        e->cap_event_ptrs = e->cap_events;
-    }
+    /* The caller sees pointers (loom_event may grow): one per event, in an array that grows
+     * with the events (engine_step.c), so handing them out cannot fail once the step ran. */
     for (size_t i = 0; i < e->n_events; i++) e->event_ptrs[i] = &e->events[i];
     *events = e->event_ptrs;
     *n_events = e->n_events;

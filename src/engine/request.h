@@ -55,8 +55,9 @@ typedef struct loom__req {
     int64_t arrival_ns; /* monotonic clock (loom__now_ns): the caller's arrival_s, or the
                            submit time */
 
-    loom__req_sample *samples; /* [n_samples] */
-    char *text_mem;            /* backing store of every sample's text stream */
+    loom__req_sample *samples;      /* [n_samples] */
+    char *text_mem;                 /* backing store of every sample's text stream */
+    struct loom__req *next_retired; /* the engine's list of requests retired by a step */
 } loom__req;
 
 /* A caller's request (of caller->size bytes) and its sampler settings (of their size, or the

@@ -112,7 +112,7 @@ typedef struct outcome {
     int32_t n_tokens[MAX_N];
     uint8_t reason[MAX_N];
     uint8_t finished; /* bit per sample */
-    uint8_t failed;
+    uint8_t failed;   /* the FAILED event's status (0: none) */
 } outcome;
 
 static void note_event(outcome *o, const loom_event *ev) {
@@ -124,7 +124,7 @@ static void note_event(outcome *o, const loom_event *ev) {
         o->reason[k] = (uint8_t)ev->reason;
         o->finished |= (uint8_t)(1u << k);
     } else {
-        o->failed = 1;
+        o->failed = (uint8_t)(ev->status ? ev->status : 255);
     }
 }
 
@@ -211,6 +211,9 @@ static void step_events(soak *S) {
         soak_request r;
         request_of(i, &r);
         bool was = ended(&r, &S->out[i]);
+        if (ev[k]->kind == LOOM_EVENT_FAILED)
+            fprintf(stderr, "soak: request %u failed (%s); the step's last error: %s\n", i,
+                    loom_status_str(ev[k]->status), loom_last_error());
         note_event(&S->out[i], ev[k]);
         if (!was && ended(&r, &S->out[i])) atomic_fetch_add(&S->n_ended, 1);
     }
@@ -302,7 +305,10 @@ static void run_soak(loom_preempt_mode mode, const char *name) {
         soak_request r;
         request_of(i, &r);
         const outcome *o = &S.out[i];
-        if (o->failed) fail_msg("%s: request %u failed", name, i);
+        if (o->failed)
+            fail_msg("%s: request %u failed: %s (prompt %zu tokens, n %d, max_tokens %d)", name, i,
+                     loom_status_str((loom_status)o->failed), r.p.n_prompt_tokens, r.p.n,
+                     r.p.max_tokens);
         if (!ended(&r, o)) fail_msg("%s: request %u did not end", name, i);
         bool cancelled = false;
         for (int k = 0; k < r.p.n; k++) {

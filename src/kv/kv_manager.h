@@ -315,6 +315,13 @@ loom_status loom__kv_seq_get_info(const loom__kv *kv, int32_t seq, loom__kv_seq_
 loom_status loom__kv_seq_table(const loom__kv *kv, int32_t seq, int32_t group,
                                const int32_t **table, int32_t *n);
 
+/* The blocks of the sequence's table in group that no other sequence names (reference count
+ * 1): exactly what freeing or swapping out the sequence makes available. Blocks it shares — a
+ * prefix another request found in the cache, the prompt of its sibling samples — stay with
+ * their other owners. Errors: LOOM_ERR_INVALID_ARG (NULL, bad id or group). */
+loom_status loom__kv_seq_exclusive_blocks(const loom__kv *kv, int32_t seq, int32_t group,
+                                          int32_t *n);
+
 /* Verifies every invariant: each block is exactly one of free, cached-evictable or owned;
  * reference counts equal the table references and pins equal the pending copies; a block a
  * pending step writes has one owner and is not indexed; the hash index and the LRU list are

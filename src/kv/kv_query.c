@@ -235,3 +235,16 @@ loom_status loom__kv_seq_table(const loom__kv *kv, int32_t seq, int32_t group,
     *n = kv->seqs[seq].n_table;
     return LOOM_OK;
 }
+
+loom_status loom__kv_seq_exclusive_blocks(const loom__kv *kv, int32_t seq, int32_t group,
+                                          int32_t *n) {
+    const int32_t *table;
+    int32_t n_table;
+    LOOM_TRY(loom__kv_seq_table(kv, seq, group, &table, &n_table));
+    const loom__kv_group *g = &kv->groups[group];
+    int32_t k = 0;
+    for (int32_t i = 0; i < n_table; i++)
+        k += table[i] != LOOM_KV_NO_BLOCK && g->ref[table[i]] == 1;
+    *n = k;
+    return LOOM_OK;
+}

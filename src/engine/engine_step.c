@@ -268,6 +268,51 @@ static loom_status admit(loom_engine *e, loom__req *r, loom__req_sample *s,
 }
 
 /* Fills the batch from the plan; entries whose sample is gone or failed are left out. */
+/* The plan promised blocks the KV manager does not have (st CONTEXT_FULL from a reservation
+ * or a swap-in): the sample sits this step out and starts over, as if preempted by
+ * recompute, instead of failing. The plan's arithmetic is meant to make this unreachable (the
+ * soak test found it reached twice: see loom__kv_seq_exclusive_blocks); when it is not, a
+ * request waits, nothing is lost. Returns whether the sample was deferred. */
+static bool defer_short(loom_engine *e, loom__req_sample *s, const loom__sched_entry *en,
+                        loom_status st) {
+    if (st != LOOM_ERR_CONTEXT_FULL || loom__sched_defer(e->sched, en->id) != LOOM_OK) return false;
+    LOOM_LOG_I("engine: request %llu deferred: %s",
+               (unsigned long long)(en->id / LOOM_ENGINE_MAX_N), loom_last_error());
+    loom__engine_release(e, s);
+    s->swapped = false;
+    e->stats.preemptions++;
+    return true;
+}
+
+/* Takes the rows of r out of the batch built so far (r ended while the batch was built: its
+ * sequences are gone, and a row naming one would fail the whole step). */
+static void drop_rows_of(loom_engine *e, const loom__req *r, int32_t *n, int32_t *n_tok,
+                         int32_t *n_logits) {
+    int32_t w = 0, tok_w = 0, tok_r = 0;
+    *n_logits = 0;
+    for (int32_t k = 0; k < *n; k++) {
+        const int32_t len = e->n_new[k];
+        if (e->batch_reqs[k] != r) {
+            if (tok_w != tok_r) {
+                memmove(e->tokens + tok_w, e->tokens + tok_r, (size_t)len * sizeof *e->tokens);
+                memmove(e->pos + tok_w, e->pos + tok_r, (size_t)len * sizeof *e->pos);
+            }
+            e->seqs[w] = e->seqs[k];
+            e->n_new[w] = len;
+            e->batch_reqs[w] = e->batch_reqs[k];
+            e->batch_samples[w] = e->batch_samples[k];
+            e->batch_index[w] = e->batch_index[k];
+            e->batch_entries[w] = e->batch_entries[k];
+            tok_w += len;
+            if (e->batch_entries[w]->sample) e->logit_rows[(*n_logits)++] = tok_w - 1;
+            w++;
+        }
+        tok_r += len;
+    }
+    *n = w;
+    *n_tok = tok_w;
+}
+
 static int32_t build_batch(loom_engine *e, const loom__sched_plan *plan, int32_t *n_tok,
                            int32_t *n_logits) {
     int32_t n = 0;
@@ -283,7 +328,7 @@ static int32_t build_batch(loom_engine *e, const loom__sched_plan *plan, int32_t
             loom_status st = LOOM_OK;
             if (pass == 0 && en->admitted && s->kv_seq < 0) st = admit(e, r, s, en);
             if (pass == 1 && en->swap_in && s->swapped) st = loom__engine_swap_in(e, s);
-            if (st != LOOM_OK) end_request(e, r, st);
+            if (st != LOOM_OK && !(pass == 1 && defer_short(e, s, en, st))) end_request(e, r, st);
         }
     }
     for (int32_t k = 0; k < plan->n_entries; k++) {
@@ -302,7 +347,9 @@ static int32_t build_batch(loom_engine *e, const loom__sched_plan *plan, int32_t
         if (st == LOOM_OK && n_copies > 0) st = loom__engine_kv_copy(e, e->copies, n_copies);
         if (st != LOOM_OK) {
             if (n_copies > 0) (void)loom__kv_rollback(e->kv, s->kv_seq);
+            if (defer_short(e, s, en, st)) continue;
             end_request(e, r, st);
+            drop_rows_of(e, r, &n, n_tok, n_logits); /* its other samples' rows, if any */
             continue;
         }
         e->seqs[n] = s->kv_seq;

@@ -273,6 +273,13 @@ loom_status loom__sched_on_step_done(loom__sched *s, const loom__sched_result *r
  * on_step_done ignores it. Errors: INVALID_ARG (NULL s, unknown id). */
 loom_status loom__sched_cancel(loom__sched *s, uint64_t id, loom__sched_holds *holds);
 
+/* Between loom__sched_schedule and loom__sched_on_step_done: the running request id could not
+ * run its entry of the pending plan (the engine found fewer KV blocks than the plan assumed).
+ * It goes back to waiting as a request preempted by recompute (n_computed 0, not swapped; the
+ * engine frees what it held) and its entry counts for nothing. Errors: INVALID_ARG (unknown
+ * id, no plan pending, or no entry for it in the plan). */
+loom_status loom__sched_defer(loom__sched *s, uint64_t id);
+
 /* The state and counters of request id. Errors: INVALID_ARG (NULL, unknown id). */
 loom_status loom__sched_get(const loom__sched *s, uint64_t id, loom__sched_request_view *out);
 

@@ -357,6 +357,29 @@ loom_status loom__sched_cancel(loom__sched *s, uint64_t id, loom__sched_holds *h
     return LOOM_OK;
 }
 
+loom_status loom__sched_defer(loom__sched *s, uint64_t id) {
+    LOOM_CHECK_ARG(s);
+    int32_t slot = loom__sched_index_find(&s->index, id);
+    LOOM_RETURN_IF(slot < 0, LOOM_ERR_INVALID_ARG, "loom__sched_defer: unknown request %llu",
+                   (unsigned long long)id);
+    sched_req *r = &s->reqs[slot];
+    LOOM_RETURN_IF(!s->pending || r->entry < 0 || r->state != SCHED_RUNNING, LOOM_ERR_INVALID_ARG,
+                   "loom__sched_defer: request %llu has no entry in a pending plan",
+                   (unsigned long long)id);
+    s->entry_slot[r->entry] = -1; /* on_step_done skips it */
+    r->entry = -1;
+    r->step_blocks = 0;
+    r->promise = 0;
+    loom__sched_running_remove(s, slot);
+    r->n_computed = 0;
+    r->swapped = false;
+    r->preempted = true;
+    r->wait_since_us = s->last_now_us;
+    loom__sched_waiting_push(s, slot);
+    s->stats.n_preemptions++;
+    return LOOM_OK;
+}
+
 loom_status loom__sched_get(const loom__sched *s, uint64_t id, loom__sched_request_view *out) {
     LOOM_CHECK_ARG(s && out);
     int32_t slot = loom__sched_index_find(&s->index, id);

@@ -28,14 +28,18 @@ bool loom__alloc_fault_hit(void);
  * atomic: the failing allocation may be on any thread). */
 void loom__alloc_fault_arm(int64_t n);
 
+/* Arms a lasting failure: every allocation from the n-th from now on fails, until the next
+ * arm (n <= 0 disarms), so the cleanup after a first failure meets failures too. */
+void loom__alloc_fault_arm_sticky(int64_t n);
+
 /* Allocations counted since the process started (successful or failed). */
 int64_t loom__alloc_count(void);
 
 /* Whether the armed failure has happened since the last loom__alloc_fault_arm. */
 bool loom__alloc_fault_fired(void);
 
-/* Called (on the allocating thread) when the armed failure fires, NULL for nothing: a test
- * can print the stack to see which allocation it was. */
+/* Called (on the allocating thread) when the armed failure fires (a lasting one: the first
+ * time), NULL for nothing: a test can print the stack to see which allocation it was. */
 extern void (*_Atomic loom__alloc_fault_hook)(void);
 
 static inline void *loom__malloc(size_t n) {

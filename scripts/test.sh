@@ -36,6 +36,11 @@ cmake --build build-tsan -j"$jobs"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L unit
 
+# Allocation-failure injection: every allocation along model load, engine creation, submit and
+# engine steps made to fail in turn, under ASan + UBSan (LeakSanitizer): a clean status, no
+# leak, a usable engine (tests/core/test_alloc_sweep*.c).
+scripts/test-alloc-faults.sh
+
 # clang and libFuzzer: the library built with clang (-Werror; the build above is gcc), each fuzz
 # target run LOOM_FUZZ_SECONDS (default 60) under ASan + UBSan from its seed corpus
 # (tests/fuzz/); a crash, leak, timeout or sanitizer report fails here.

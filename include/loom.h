@@ -292,7 +292,8 @@ typedef enum loom_tokenize_flags {
  * cap is 0) and always sets *n_out to the number the full encoding needs, so a caller can ask
  * for the size first.
  * Errors: LOOM_ERR_INVALID_ARG, LOOM_ERR_BAD_INPUT (text is not valid UTF-8; the message gives
- *   the byte offset), LOOM_ERR_BUFFER_TOO_SMALL (*n_out > cap; out holds the first cap ids).
+ *   the byte offset), LOOM_ERR_BUFFER_TOO_SMALL (*n_out > cap; out holds the first cap ids),
+ *   LOOM_ERR_OUT_OF_MEMORY (for the encoder's scratch).
  * Thread-safe (the model is read-only). */
 LOOM_API loom_status loom_tokenize(const loom_model *model, const char *text, size_t len,
                                    unsigned flags, loom_token *out, size_t cap, size_t *n_out);
@@ -411,7 +412,8 @@ LOOM_API int32_t loom_session_n_past(const loom_session *session);
  * (loom_session_logits(s, i) for i in 0..n-1); otherwise only the last one's (i = n-1).
  * Errors: LOOM_ERR_INVALID_ARG (n <= 0, NULL), LOOM_ERR_BAD_INPUT (a token id out of range;
  *   nothing is appended), LOOM_ERR_CONTEXT_FULL (n_past + n > n_ctx; nothing is appended),
- *   LOOM_ERR_BACKEND. */
+ *   LOOM_ERR_OUT_OF_MEMORY (all_logits rows beyond what the session holds; nothing is
+ *   appended), LOOM_ERR_BACKEND. */
 LOOM_API loom_status loom_session_decode(loom_session *session, const loom_token *tokens, int32_t n,
                                          bool all_logits);
 
@@ -627,8 +629,8 @@ static inline loom_generate_params loom_generate_default_params(void) {
  * (sampler.seed, p), as the engine draws sample 0 of a request.
  * Errors: those of loom_tokenize, loom_session_decode and loom_sampler_run (bad sampler
  *   settings are INVALID_ARG before anything runs); LOOM_ERR_CONTEXT_FULL when the prompt
- *   alone does not fit (nothing is generated). Hitting n_ctx during generation stops it with
- *   LOOM_OK. */
+ *   alone does not fit (nothing is generated); LOOM_ERR_OUT_OF_MEMORY. Hitting n_ctx during
+ *   generation stops it with LOOM_OK. */
 LOOM_API loom_status loom_generate(loom_session *session, const char *prompt,
                                    const loom_generate_params *params, loom_piece_fn on_piece,
                                    void *user_data, loom_generate_stats *stats);
@@ -876,13 +878,13 @@ LOOM_API void loom_engine_destroy(loom_engine *engine);
  *   penalty; the message names the field — n_logprobs above the engine's max_logprobs, and an
  *   arrival_s that is negative, not finite or later than now + LOOM_ENGINE_ARRIVAL_SLACK_S),
  *   BAD_INPUT (invalid UTF-8, a token id out of range), CONTEXT_FULL (the prompt does not fit
- *   max_ctx or the whole KV budget). */
+ *   max_ctx or the whole KV budget), OUT_OF_MEMORY (nothing is queued). */
 LOOM_API loom_status loom_engine_submit(loom_engine *engine, const loom_request_params *req,
                                         loom_request_id *out_id);
 
 /* Cancels a request wherever it is: it finishes with LOOM_FINISH_CANCELLED at the next step
  * and everything it holds is freed. Thread-safe. Errors: INVALID_ARG, NOT_FOUND (unknown or
- * already finished id). */
+ * already finished id), OUT_OF_MEMORY (the cancellation was not recorded: call again). */
 LOOM_API loom_status loom_engine_cancel(loom_engine *engine, loom_request_id id);
 
 /* Runs one step: admits submitted requests, schedules, runs one batched forward pass, samples

@@ -52,7 +52,7 @@ static cpu_features read_cpu_features(void) {
     const bool fma = c >> 12 & 1, osxsave = c >> 27 & 1, avx = c >> 28 & 1, f16c = c >> 29 & 1;
     if (!osxsave || !avx) return f;
     const uint64_t xcr0 = xgetbv0();
-    const bool ymm_saved = (xcr0 & 0x6) == 0x6;    /* XMM and YMM state */
+    const bool ymm_saved = (xcr0 & 0x6) == 0x6;   /* XMM and YMM state */
     const bool zmm_saved = (xcr0 & 0xE6) == 0xE6; /* and opmask, ZMM_Hi256, Hi16_ZMM */
     unsigned max_leaf = __get_cpuid_max(0, NULL);
     if (max_leaf < 7 || !ymm_saved) return f;

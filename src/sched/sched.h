@@ -280,6 +280,11 @@ loom_status loom__sched_cancel(loom__sched *s, uint64_t id, loom__sched_holds *h
  * id, no plan pending, or no entry for it in the plan). */
 loom_status loom__sched_defer(loom__sched *s, uint64_t id);
 
+/* The request id, just preempted by swap, could not be swapped out (the engine's host swap
+ * area is full): it waits as one preempted by recompute (n_computed 0, not swapped). Errors:
+ * INVALID_ARG (unknown id, or not a swapped waiting request). */
+loom_status loom__sched_unswap(loom__sched *s, uint64_t id);
+
 /* The state and counters of request id. Errors: INVALID_ARG (NULL, unknown id). */
 loom_status loom__sched_get(const loom__sched *s, uint64_t id, loom__sched_request_view *out);
 

@@ -380,6 +380,19 @@ loom_status loom__sched_defer(loom__sched *s, uint64_t id) {
     return LOOM_OK;
 }
 
+loom_status loom__sched_unswap(loom__sched *s, uint64_t id) {
+    LOOM_CHECK_ARG(s);
+    int32_t slot = loom__sched_index_find(&s->index, id);
+    LOOM_RETURN_IF(slot < 0, LOOM_ERR_INVALID_ARG, "loom__sched_unswap: unknown request %llu",
+                   (unsigned long long)id);
+    sched_req *r = &s->reqs[slot];
+    LOOM_RETURN_IF(r->state == SCHED_RUNNING || !r->swapped, LOOM_ERR_INVALID_ARG,
+                   "loom__sched_unswap: request %llu is not swapped out", (unsigned long long)id);
+    r->swapped = false;
+    r->n_computed = 0;
+    return LOOM_OK;
+}
+
 loom_status loom__sched_get(const loom__sched *s, uint64_t id, loom__sched_request_view *out) {
     LOOM_CHECK_ARG(s && out);
     int32_t slot = loom__sched_index_find(&s->index, id);

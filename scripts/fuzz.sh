@@ -26,14 +26,19 @@ for t in "${targets[@]}"; do
     work=build-fuzz/corpus/$t
     art=build-fuzz/artifacts/$t
     mkdir -p "$work" "$art"
+    if [ -z "$(ls -A tests/fuzz/corpus/"$t" 2>/dev/null)" ]; then
+        echo "fuzz: $t has no seeds in tests/fuzz/corpus/$t (run tests/fuzz/make_corpus.py)"
+        failed+=("$t")
+        continue
+    fi
     log=build-fuzz/$t.log
     echo "fuzz: $t for ${secs} s"
     rc=0
     build-fuzz/tests/fuzz/"$t" "$work" tests/fuzz/corpus/"$t" -max_total_time="$secs" \
         -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
         -artifact_prefix="$art/" >"$log" 2>&1 || rc=$?
-    grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb|cov: [0-9]+" "$log" | tail -3 |
-        sed "s/^/  $t: /"
+    { grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb|cov: [0-9]+" "$log" || true; } |
+        tail -3 | sed "s/^/  $t: /"
     if [ $rc -ne 0 ]; then
         tail -40 "$log"
         mkdir -p tests/fuzz/regress/"$t"

@@ -72,5 +72,9 @@ int main(int argc, char **argv) {
         if (n >= 0) free(names);
     }
     printf("replay: %d inputs\n", n_inputs);
+    if (n_inputs == 0) {
+        fprintf(stderr, "replay: no input found (the seed corpus is missing)\n");
+        return 1;
+    }
     return failed;
 }

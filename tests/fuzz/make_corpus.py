@@ -1,12 +1,18 @@
-"""make_corpus.py — writes the fuzz targets' seed corpora (tests/fuzz/corpus/<target>/).
+"""make_corpus.py — writes the fuzz targets' seed corpora.
 
 Small valid inputs, generated rather than hand-made so the seeds follow the formats as the gguf
-package writes them: tiny llama and qwen2 models with random weights (F32 and one Q8_0 matrix),
-metadata-only files with every value type, nested arrays and a BPE vocabulary, texts for the
-tokenizer, message lists and template texts for the chat renderer, byte strings for the
-engine's request reader. No model weights of any real model. Run from the repository root
-with the project's Python (.venv/bin/python tests/fuzz/make_corpus.py); the output is committed
-so that CI and the replay tests need no generation step.
+package writes them.
+
+  make_corpus.py              texts for the tokenizer, message lists and template texts for
+                              the chat renderer, byte strings for the engine's request reader,
+                              into tests/fuzz/corpus/<target>/ (committed)
+  make_corpus.py --gguf DIR   GGUF files for fuzz_gguf and fuzz_model into DIR/<target>/: tiny
+                              llama and qwen2 models with random weights, metadata-only files
+                              with every value type, nested arrays and a BPE vocabulary. These
+                              are never committed: scripts/fuzz.sh and the replay tests
+                              (tests/fuzz/CMakeLists.txt) generate them into the build folder.
+
+Run with the project's Python (.venv/bin/python: it has the gguf package).
 """
 import os
 import random
@@ -23,8 +29,8 @@ import synth_llama  # noqa: E402
 OUT = os.path.join(HERE, "corpus")
 
 
-def target_dir(name):
-    d = os.path.join(OUT, name)
+def target_dir(name, out=None):
+    d = os.path.join(out or OUT, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     return d
@@ -123,11 +129,11 @@ def metadata_files(d):
     return [p, p2]
 
 
-def main():
-    d = target_dir("fuzz_gguf")
+def gguf_seeds(out):
+    d = target_dir("fuzz_gguf", out)
     models = tiny_models(d)
     metadata_files(d)
-    md = target_dir("fuzz_model")
+    md = target_dir("fuzz_model", out)
     for p in os.listdir(d):
         shutil.copy(os.path.join(d, p), md)
     # The model target loads vocab-only when the last byte is odd: one copy of each ending odd.
@@ -136,7 +142,10 @@ def main():
         base = os.path.basename(p)[:-5]
         put(md, base + "-vocab-only.gguf", data[:-1] + bytes([data[-1] | 1]))
         put(md, base + "-full.gguf", data[:-1] + bytes([data[-1] & 0xFE]))
+    print(f"make_corpus: wrote {d} and {md}")
 
+
+def text_seeds():
     d = target_dir("fuzz_tokenizer")
     texts = [b"Hello world", b" the  theab abc 12 1234567 !.", "\u4e2d\u6587 \U0001F600 caf\u00e9"
              .encode(), b"<s> </s> <start_of_turn>user\nhi<end_of_turn>",
@@ -176,4 +185,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--gguf":
+        gguf_seeds(sys.argv[2])
+    elif len(sys.argv) == 1:
+        text_seeds()
+    else:
+        sys.exit("usage: make_corpus.py [--gguf DIR]")

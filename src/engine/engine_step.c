@@ -75,6 +75,10 @@ void loom__engine_free_retired(loom_engine *e) {
 
 /* Moves a request whose samples are all done out of the tables; it is freed next step. */
 static void retire_if_done(loom_engine *e, loom__req *r) {
+    /* Once only: a request ended inside the loop over a step's rows (starting its other samples
+     * failed) is met again by the loop's own retirement, and a second retirement listed it
+     * twice, so it was freed twice (found replaying a record with a clock that went back). */
+    if (r->state == LOOM_REQ_DONE) return;
     for (int32_t i = 0; i < r->n_samples; i++) {
         if (!r->samples[i].finished) return;
     }

@@ -425,9 +425,12 @@ static void test_steps(void **state) {
 
 typedef struct burst_state {
     loom_request_id id[N_BURST];
-    loom_token tok[N_BURST][2];
-    int n[N_BURST];
+    loom_token tok[N_BURST][2][2]; /* [request][sample][token] */
+    int n[N_BURST][2];
+    int n_req; /* requests of the run */
+    bool fork; /* request 0 has n = 2 */
     bool ended[N_BURST], failed[N_BURST], cancelled[N_BURST];
+    bool one_done; /* request 0 of a fork run: one sample finished */
 } burst_state;
 
 static void burst_prompt(int r, loom_token *p) {
@@ -443,8 +446,12 @@ static void burst_events(burst_state *b, const loom_event *const *ev, size_t n_e
         if (b->ended[r]) fail_msg("burst request %d: an event after its end", r);
         if (ev[k]->kind == LOOM_EVENT_TOKEN) {
             check_token_event(ev[k]);
-            assert_true(b->n[r] < 2);
-            b->tok[r][b->n[r]++] = ev[k]->token;
+            const int i = ev[k]->sample;
+            assert_true(i >= 0 && i < (r == 0 && b->fork ? 2 : 1) && b->n[r][i] < 2);
+            b->tok[r][i][b->n[r][i]++] = ev[k]->token;
+        } else if (ev[k]->kind == LOOM_EVENT_FINISHED && b->fork && r == 0 && !b->cancelled[r] &&
+                   ev[k]->reason != LOOM_FINISH_CANCELLED && !b->one_done) {
+            b->one_done = true; /* the first of its two samples */
         } else {
             b->ended[r] = true;
             b->failed[r] = ev[k]->kind == LOOM_EVENT_FAILED;
@@ -456,13 +463,16 @@ static void burst_events(burst_state *b, const loom_event *const *ev, size_t n_e
     }
 }
 
-/* One run; cancel: whether requests 1, 2, 4, 5, ... are cancelled before the second step.
- * Returns whether a submit, cancel or step reported an error (each made good at once). */
-static bool burst_run(loom_engine *e, bool cancel, burst_state *b) {
+/* One run of n_req requests; cancel: whether requests 1, 2, 4, 5, ... are cancelled before the
+ * second step; fork: request 0 has n = 2. Returns whether a submit, cancel or step reported an
+ * error (each made good at once). */
+static bool burst_run(loom_engine *e, int n_req, bool cancel, bool fork, burst_state *b) {
     bool err = false;
     memset(b, 0, sizeof *b);
+    b->n_req = n_req;
+    b->fork = fork;
     loom_token prompt[N_BURST][3];
-    for (int r = 0; r < N_BURST; r++) {
+    for (int r = 0; r < n_req; r++) {
         burst_prompt(r, prompt[r]);
         loom_sampler_params sp = loom_sampler_default_params();
         sp.temperature = 0.0f;
@@ -472,6 +482,7 @@ static bool burst_run(loom_engine *e, bool cancel, burst_state *b) {
         rq.max_tokens = 2;
         rq.ignore_eos = true;
         rq.sampler = &sp;
+        rq.n = fork && r == 0 ? 2 : 1;
         rq.user_data = (void *)(intptr_t)(r + 1);
         loom_status st = loom_engine_submit(e, &rq, &b->id[r]);
         if (st != LOOM_OK) {
@@ -483,7 +494,7 @@ static bool burst_run(loom_engine *e, bool cancel, burst_state *b) {
     for (int k = 0; loom_engine_has_work(e); k++) {
         if (k > 2000) fail_msg("burst: the engine never finishes its requests");
         if (cancel && k == 1) {
-            for (int r = 0; r < N_BURST; r++) {
+            for (int r = 0; r < n_req; r++) {
                 if (r % 3 == 0 || b->ended[r]) continue;
                 loom_status st = loom_engine_cancel(e, b->id[r]);
                 if (st == LOOM_ERR_OUT_OF_MEMORY) {
@@ -502,7 +513,7 @@ static bool burst_run(loom_engine *e, bool cancel, burst_state *b) {
         }
         burst_events(b, ev, n_ev);
     }
-    for (int r = 0; r < N_BURST; r++)
+    for (int r = 0; r < n_req; r++)
         if (!b->ended[r]) fail_msg("burst: request %d never ended", r);
     return err;
 }
@@ -516,16 +527,19 @@ static loom_engine *make_burst_engine(loom_model *m, int32_t max_seqs) {
     return e;
 }
 
-/* Two runs: 4 sequences a step with 48 cancellations in one step (more events than the array
+/* Three runs: 4 sequences a step with 48 cancellations in one step (more events than the array
  * starts with); 32 sequences a step, so 32 requests end in the same step (their TOKEN events
- * point into them until the next step, however many retire at once). */
-static void sweep_burst(const char *phase, int32_t max_seqs, bool cancel) {
+ * point into them until the next step, however many retire at once); 64 requests, the first
+ * with n = 2, so starting its second sample makes the scheduler's 65th entry and grows its
+ * tables (64 to start with) — that growth failing used to retire the request twice, and free
+ * it twice. */
+static void sweep_burst(const char *phase, int n_req, int32_t max_seqs, bool cancel, bool fork) {
     loom_model *m = g_model[0];
     burst_state ref, b;
     {
         loom_engine *e = make_burst_engine(m, max_seqs);
-        assert_false(burst_run(e, false, &ref));
-        for (int r = 0; r < N_BURST; r++) assert_true(ref.ended[r] && !ref.failed[r]);
+        assert_false(burst_run(e, n_req, false, fork, &ref));
+        for (int r = 0; r < n_req; r++) assert_true(ref.ended[r] && !ref.failed[r]);
         check_engine_usable(e, 0, "burst reference");
         loom_engine_destroy(e);
     }
@@ -534,15 +548,16 @@ static void sweep_burst(const char *phase, int32_t max_seqs, bool cancel) {
         assert_true(n < MAX_POINTS);
         loom_engine *e = make_burst_engine(m, max_seqs);
         loom__alloc_fault_arm(n);
-        const bool err = burst_run(e, cancel, &b);
+        const bool err = burst_run(e, n_req, cancel, fork, &b);
         const bool fired = loom__alloc_fault_fired();
         loom__alloc_fault_arm(0);
         int n_failed = 0, n_cancelled = 0;
-        for (int r = 0; r < N_BURST; r++) {
+        for (int r = 0; r < n_req; r++) {
             n_failed += b.failed[r];
             n_cancelled += b.cancelled[r];
             if (b.failed[r] || b.cancelled[r]) continue;
-            if (b.n[r] != 2 || memcmp(b.tok[r], ref.tok[r], sizeof b.tok[r]) != 0)
+            if (memcmp(b.n[r], ref.n[r], sizeof b.n[r]) != 0 ||
+                memcmp(b.tok[r], ref.tok[r], sizeof b.tok[r]) != 0)
                 fail_msg("%s, allocation %lld failing: request %d: other tokens", phase,
                          (long long)n, r);
         }
@@ -568,8 +583,9 @@ static void sweep_burst(const char *phase, int32_t max_seqs, bool cancel) {
 
 static void test_burst(void **state) {
     (void)state;
-    sweep_burst("burst of 72, 4 a step, 48 cancelled", 4, true);
-    sweep_burst("burst of 72, 32 a step", 32, false);
+    sweep_burst("burst of 72, 4 a step, 48 cancelled", N_BURST, 4, true, false);
+    sweep_burst("burst of 72, 32 a step", N_BURST, 32, false, false);
+    sweep_burst("burst of 64, a fork the 65th", 64, 64, false, true);
 }
 
 /* ==== phase: loom_engine_generate ============================================================= */

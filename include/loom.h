@@ -740,6 +740,15 @@ typedef struct loom_engine_params {
                                  included, from a pool the engine owns (0, the default: the
                                  model's n_threads; at most 8, and never more than max_seqs
                                  are used). A token never depends on it */
+    const char *record_path;  /* optional (default NULL): records the engine's inputs to this
+                                 file (created, or truncated), for loom_engine_create_replay —
+                                 each request as the step that took it saw it (prompt tokens,
+                                 every sampler setting, arrival), each cancellation, and the
+                                 scheduler's clock readings of each step. A step's inputs are
+                                 flushed before its forward pass, so a run that crashes keeps
+                                 what it was doing. Copied at create; a write that fails later
+                                 ends the record with a log line (ERROR) and the engine goes on.
+                                 Costs a write per step and per request */
 } loom_engine_params;
 
 typedef struct loom_request_params {
@@ -866,6 +875,26 @@ LOOM_API double loom_engine_now(void);
  * BACKEND. */
 LOOM_API loom_status loom_engine_create(loom_model *model, const loom_engine_params *params,
                                         loom_engine **out);
+
+/* Creates an engine that replays a record written through loom_engine_params.record_path:
+ * each loom_engine_step runs the next recorded step with the same inputs and clock readings, so
+ * its events are bitwise those of the recorded run (request ids, tokens, texts, log
+ * probabilities, finish reasons; user_data is NULL) — a failure seen under load, concurrent
+ * submitters and cancellations included, becomes a single-threaded program to debug. model must
+ * be the recorded one (same file, same backend: the shape and backend name are checked; the
+ * weights are not). The engine takes its parameters from the record; of params (may be NULL)
+ * only trace and n_sample_threads are used, which change no token. A replay engine takes no
+ * submit or cancel (INVALID_ARG) and no on_event; loom_engine_has_work is true while recorded
+ * steps remain, then a step returns LOOM_OK with no events. A step whose scheduler read the
+ * clock more or fewer times than recorded has diverged (another library version, or a model
+ * that is not the recorded one): it returns LOOM_ERR_INTERNAL naming the step. A record cut
+ * short inside a step (a crashed run) replays that step with its requests and cancellations.
+ * Errors: INVALID_ARG, IO (cannot open path), BAD_INPUT (not a record, a malformed or truncated
+ * one — the message names the field and byte offset — or one made with another model or
+ * backend), and those of loom_engine_create. Steps fail with BAD_INPUT on a malformed record
+ * and with any status a recorded submit could fail with. */
+LOOM_API loom_status loom_engine_create_replay(loom_model *model, const char *path,
+                                               const loom_engine_params *params, loom_engine **out);
 
 /* Stops the background thread if any, fails nothing, frees everything. NULL is a no-op.
  * Requests still queued are dropped without events. Not from an event callback. */

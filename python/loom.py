@@ -278,7 +278,7 @@ class EngineParams(C.Structure):
                 ("fcfs", C.c_bool), ("starvation_s", C.c_double), ("watermark", C.c_float),
                 ("on_event", C.c_void_p), ("on_event_user_data", C.c_void_p),
                 ("max_logprobs", C.c_int32), ("trace", C.c_void_p),
-                ("n_sample_threads", C.c_int32)]
+                ("n_sample_threads", C.c_int32), ("record_path", C.c_char_p)]
 
 
 class RequestParams(C.Structure):
@@ -401,6 +401,8 @@ _lib.loom_engine_params_init.restype = None
 _lib.loom_request_params_init.argtypes = [C.POINTER(RequestParams), C.c_size_t]
 _lib.loom_request_params_init.restype = None
 _lib.loom_engine_create.argtypes = [C.c_void_p, C.POINTER(EngineParams), C.POINTER(C.c_void_p)]
+_lib.loom_engine_create_replay.argtypes = [C.c_void_p, C.c_char_p, C.POINTER(EngineParams),
+                                           C.POINTER(C.c_void_p)]
 _lib.loom_engine_destroy.argtypes = [C.c_void_p]
 _lib.loom_engine_submit.argtypes = [C.c_void_p, C.POINTER(RequestParams), C.POINTER(C.c_uint64)]
 _lib.loom_engine_cancel.argtypes = [C.c_void_p, C.c_uint64]
@@ -535,15 +537,20 @@ class Engine:
     dicts; run() steps until idle and returns {id: {sample: {"tokens", "text", "reason",
     "info"}}}, where "info" holds one TokenInfo.to_dict() per token (logprobs, entropies,
     effective temperature, top alternatives). trace: a Trace to record into (the engine keeps
-    a reference, so the trace outlives it)."""
+    a reference, so the trace outlives it). record_path: a file to record the engine's inputs
+    into; replay: such a file, for an engine that replays it (loom_engine_create_replay: it
+    takes its parameters from the record, only trace and n_sample_threads from here, and no
+    submit; run() replays every recorded step, giving the recorded run's events)."""
 
     _h = None
 
-    def __init__(self, model, trace=None, **params):
+    def __init__(self, model, trace=None, replay=None, **params):
         p = _params(EngineParams, _lib.loom_engine_params_init)
         for k, v in params.items():
             if k not in {f for f, _ in EngineParams._fields_} - {"size"}:
                 raise TypeError(f"unknown engine parameter {k!r}")
+            if k == "record_path" and isinstance(v, str):
+                v = os.fsencode(v)
             setattr(p, k, v)
         if trace is not None:
             if not isinstance(trace, Trace) or not trace._h:
@@ -551,7 +558,11 @@ class Engine:
             p.trace = trace._h
         self.trace = trace
         h = C.c_void_p()
-        _check(_lib.loom_engine_create(model._h, C.byref(p), C.byref(h)))
+        if replay is not None:
+            _check(_lib.loom_engine_create_replay(model._h, os.fsencode(replay), C.byref(p),
+                                                  C.byref(h)))
+        else:
+            _check(_lib.loom_engine_create(model._h, C.byref(p), C.byref(h)))
         self._h = h
         self.model = model
         model._children.add(self)

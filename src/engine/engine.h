@@ -8,6 +8,7 @@
 #include "core/threadpool.h"
 #include "engine/id_map.h"
 #include "engine/kv_storage.h"
+#include "engine/record.h"
 #include "engine/request.h"
 #include "kv/kv_manager.h"
 #include "model/forward.h"
@@ -85,6 +86,7 @@ struct loom_engine {
     int32_t n_blocks; /* group 0's pool: the one the scheduler counts and submit checks prompts
                          against (full attention when the model has any) */
     int32_t group_blocks[LOOM_MAX_KV_GROUPS]; /* each group's pool */
+    int64_t kv_budget; /* the bytes the pools were sized from (kv_bytes, or kv_fraction's) */
     /* Host swap areas for LOOM_PREEMPT_SWAP, one per group (their blocks differ in size). */
     loom__engine_swap_area swap[LOOM_MAX_KV_GROUPS];
 
@@ -161,6 +163,12 @@ struct loom_engine {
     bool stop;
     bool has_thread;
     pthread_t thread;
+
+    /* Deterministic replay (record.h): the writer when params.record_path is set (the step
+     * thread's alone), or the reader of an engine from loom_engine_create_replay. */
+    loom__recorder *rec;
+    loom__replayer *rp;
+    bool rp_more; /* under mu: recorded steps remain (loom_engine_has_work) */
 };
 
 /* engine_kv.c */
@@ -183,6 +191,21 @@ void loom__engine_release(loom_engine *e, struct loom__req_sample *s);
 
 /* engine_step.c */
 loom_status loom__engine_step(loom_engine *e);
+
+/* engine_replay.c */
+/* Opens params.record_path (at create). Errors: IO, OUT_OF_MEMORY. */
+loom_status loom__engine_record_open(loom_engine *e);
+/* A request's record, encoded by the submitting thread (p as validated, the request's
+ * tokens): r->record. Errors: OUT_OF_MEMORY. */
+loom_status loom__engine_record_request(loom_engine *e, const loom_request_params *p, loom__req *r);
+/* Replay: queues the next recorded step's requests and cancellations and loads its clock
+ * readings (before the step); checks the step read the clock as often as recorded (after). */
+loom_status loom__engine_replay_begin(loom_engine *e);
+loom_status loom__engine_replay_end(loom_engine *e);
+/* Validates, copies and queues a request with the given id and arrival (submit's and a
+ * replay's common path). Errors: see loom_engine_submit. */
+loom_status loom__engine_enqueue(loom_engine *e, const loom_request_params *p, int64_t arrival_ns,
+                                 loom_request_id id, loom_request_id *out_id);
 /* Frees the requests the last step retired. */
 void loom__engine_free_retired(loom_engine *e);
 
@@ -204,8 +227,10 @@ static inline const loom_token *loom__engine_known(loom_engine *e, const loom__r
     return e->known;
 }
 
-/* Engine clock in microseconds since create (the scheduler's time). */
-int64_t loom__engine_now_us(const loom_engine *e);
+/* Engine clock in microseconds since create (the scheduler's time). Every reading a step
+ * makes goes through here: recorded with params.record_path, taken from the record in a
+ * replay. */
+int64_t loom__engine_now_us(loom_engine *e);
 /* An absolute monotonic time (loom__now_ns) on the scheduler's clock. */
 static inline int64_t loom__engine_us_of(const loom_engine *e, int64_t t_ns) {
     return (t_ns - e->t0_ns) / 1000;

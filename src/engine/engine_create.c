@@ -27,10 +27,6 @@ void loom_engine_params_init(loom_engine_params *out, size_t size) {
     loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
-int64_t loom__engine_now_us(const loom_engine *e) {
-    return loom__engine_us_of(e, loom__now_ns());
-}
-
 static loom_status check_params(const loom_model *m, loom_engine_params *p) {
     LOOM_RETURN_IF(p->kv_bytes < 0, LOOM_ERR_INVALID_ARG, "engine: kv_bytes < 0");
     LOOM_RETURN_IF(p->kv_bytes == 0 && !(p->kv_fraction > 0 && p->kv_fraction <= 1),
@@ -175,6 +171,7 @@ loom_status loom_engine_create(loom_model *model, const loom_engine_params *para
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     loom_status st = create_engine(e);
+    if (st == LOOM_OK && p.record_path) st = loom__engine_record_open(e);
     if (st == LOOM_OK && p.on_event) {
         if (pthread_create(&e->thread, NULL, engine_thread, e) != 0) {
             st = loom__fail(LOOM_ERR_INTERNAL, "engine: cannot start the background thread");
@@ -207,6 +204,8 @@ void loom_engine_destroy(loom_engine *e) {
     for (size_t i = e->drained.next_req; i < e->drained.n_reqs; i++)
         loom__req_free(e->drained.reqs[i]); /* left by a step short of memory */
     loom__engine_free_retired(e);
+    loom__recorder_close(e->rec);
+    loom__replayer_close(e->rp);
     free(e->inbox.reqs);
     free(e->inbox.cancels);
     free(e->drained.reqs);

@@ -179,6 +179,7 @@ static loom_status size_pools(loom_engine *e) {
     }
     LOOM_TRY(loom__engine_kv_plan(&sh, e->group_blocks));
     e->n_blocks = e->group_blocks[0];
+    e->kv_budget = sh.budget;
     return LOOM_OK;
 }
 

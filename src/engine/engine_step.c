@@ -191,10 +191,18 @@ static void drain_inbox(loom_engine *e) {
     }
     /* Each submission may end at once (one FAILED event), each cancellation with an event per
      * sample: room for them comes first. Without it the rest waits for a later step (in order:
-     * a cancel may name a request still in the list) rather than their events being lost. */
+     * a cancel may name a request still in the list) rather than their events being lost.
+     * With params.record_path each one taken goes to the record as it is taken. */
+    bool taken = false;
     for (; d->next_req < d->n_reqs; d->next_req++) {
         if (!reserve_events(e, 1)) goto short_of_memory;
         loom__req *r = d->reqs[d->next_req];
+        if (e->rec && r->record) {
+            loom__recorder_write(e->rec, r->record, r->n_record);
+            free(r->record);
+            r->record = NULL;
+            taken = true;
+        }
         loom_status st = loom__id_map_put(&e->reqs, r->id, r);
         /* A request the table cannot take (its rebuild needs memory) fails with an event, as
          * any other: it used to be freed without one, and its caller waited forever. */
@@ -206,13 +214,19 @@ static void drain_inbox(loom_engine *e) {
     }
     for (; d->next_cancel < d->n_cancels; d->next_cancel++) {
         loom__req *r = loom__id_map_get(&e->reqs, d->cancels[d->next_cancel]);
-        if (!r || r->state != LOOM_REQ_ACTIVE) continue;
-        if (!reserve_events(e, (size_t)r->n_samples)) goto short_of_memory;
-        end_request(e, r, LOOM_OK);
+        bool active = r && r->state == LOOM_REQ_ACTIVE;
+        if (active && !reserve_events(e, (size_t)r->n_samples)) goto short_of_memory;
+        if (e->rec) { /* a replay sees it as this step did, a no-op included */
+            loom__recorder_cancel(e->rec, d->cancels[d->next_cancel]);
+            taken = true;
+        }
+        if (active) end_request(e, r, LOOM_OK);
     }
     d->n_reqs = d->n_cancels = d->next_req = d->next_cancel = 0;
+    if (taken) loom__recorder_flush(e->rec); /* before the forward pass: a crash keeps them */
     return;
 short_of_memory:
+    if (taken) loom__recorder_flush(e->rec);
     LOOM_LOG_W("engine: out of memory for events: %zu submissions and %zu cancellations wait "
                "for the next step",
                d->n_reqs - d->next_req, d->n_cancels - d->next_cancel);
@@ -627,11 +641,9 @@ static inline void mark(loom_engine *e, const char *name) {
     if (e->trace) loom__trace_step_phase(&e->tm, name, loom__now_ns());
 }
 
-loom_status loom__engine_step(loom_engine *e) {
+static loom_status step(loom_engine *e) {
     const int64_t t_start = loom__now_ns(); /* busy time (stats), and the trace's step start */
     if (e->trace) loom__trace_step_begin(&e->tm, e->stats.steps, t_start);
-    e->n_events = 0;
-    loom__engine_free_retired(e);
     drain_inbox(e);
 
     loom__sched_plan plan;
@@ -693,4 +705,17 @@ loom_status loom__engine_step(loom_engine *e) {
     e->rate_ns[k] = t_end - t_start;
     pthread_mutex_unlock(&e->mu);
     return st == LOOM_OK ? st2 : st;
+}
+
+loom_status loom__engine_step(loom_engine *e) {
+    e->n_events = 0;
+    loom__engine_free_retired(e);
+    if (e->rp) { /* a replay: this step's inputs and clock come from the record */
+        if (!loom__replayer_more(e->rp)) return LOOM_OK;
+        LOOM_TRY(loom__engine_replay_begin(e));
+    }
+    loom_status st = step(e);
+    if (e->rec) loom__recorder_step_end(e->rec);
+    if (e->rp && st == LOOM_OK) st = loom__engine_replay_end(e);
+    return st;
 }

@@ -31,15 +31,11 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *req,
                                loom_request_id *out_id) {
     loom__clear_error();
     LOOM_CHECK_ARG(e != NULL && req != NULL && out_id != NULL);
+    LOOM_RETURN_IF(e->rp != NULL, LOOM_ERR_INVALID_ARG,
+                   "submit: a replay engine takes its requests from its record");
     loom_request_params params, *p = &params;
     loom_sampler_params sampler;
     LOOM_TRY(loom__request_params_in(req, p, &sampler));
-    LOOM_RETURN_IF(p->n > LOOM_ENGINE_MAX_N - 1, LOOM_ERR_INVALID_ARG, "submit: n = %d (1..%d)",
-                   p->n, LOOM_ENGINE_MAX_N - 1);
-    LOOM_RETURN_IF(p->sampler->n_logprobs > e->params.max_logprobs, LOOM_ERR_INVALID_ARG,
-                   "submit: n_logprobs %d is above this engine's limit of %d (raise "
-                   "loom_engine_params.max_logprobs)",
-                   p->sampler->n_logprobs, e->params.max_logprobs);
     /* The arrival: the caller's (validated against the clock now), else the submit time. */
     int64_t now_ns = loom__now_ns(), arrival_ns = now_ns;
     if (p->arrival_s != 0) {
@@ -53,6 +49,17 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *req,
         int64_t a = (int64_t)llround(p->arrival_s * 1e9);
         arrival_ns = a < now_ns ? a : now_ns; /* within the slack: taken as the submit time */
     }
+    return loom__engine_enqueue(e, p, arrival_ns, 0, out_id);
+}
+
+loom_status loom__engine_enqueue(loom_engine *e, const loom_request_params *p, int64_t arrival_ns,
+                                 loom_request_id id, loom_request_id *out_id) {
+    LOOM_RETURN_IF(p->n > LOOM_ENGINE_MAX_N - 1, LOOM_ERR_INVALID_ARG, "submit: n = %d (1..%d)",
+                   p->n, LOOM_ENGINE_MAX_N - 1);
+    LOOM_RETURN_IF(p->sampler->n_logprobs > e->params.max_logprobs, LOOM_ERR_INVALID_ARG,
+                   "submit: n_logprobs %d is above this engine's limit of %d (raise "
+                   "loom_engine_params.max_logprobs)",
+                   p->sampler->n_logprobs, e->params.max_logprobs);
     loom__req *r = NULL;
     LOOM_TRY(loom__req_create(e->model, p, e->max_ctx, e->max_piece, &r));
     /* A prompt the whole KV pool cannot hold is refused now rather than failed later. */
@@ -76,8 +83,20 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *req,
     r->arrival_ns = arrival_ns;
 
     pthread_mutex_lock(&e->mu);
-    r->id = e->next_id++;
-    loom_status st = loom__id_map_put(&e->live, r->id, r);
+    loom_status st = LOOM_OK;
+    if (id == 0) {
+        r->id = e->next_id++;
+    } else if (id >= e->next_id) { /* a replayed request keeps its recorded id */
+        r->id = id;
+        e->next_id = id + 1;
+    } else {
+        st = loom__fail(LOOM_ERR_BAD_INPUT, "replay: request id %llu after id %llu (ids only grow)",
+                        (unsigned long long)id, (unsigned long long)(e->next_id - 1));
+    }
+    /* Encoded under the lock, after the id: the step that takes the request writes it, so the
+     * record follows the order the engine saw. */
+    if (st == LOOM_OK && e->rec) st = loom__engine_record_request(e, p, r);
+    if (st == LOOM_OK) st = loom__id_map_put(&e->live, r->id, r);
     if (st == LOOM_OK &&
         !push((void **)&e->inbox.reqs, &e->inbox.n_reqs, &e->inbox.cap_reqs, &r, sizeof r)) {
         loom__id_map_del(&e->live, r->id);
@@ -96,6 +115,8 @@ loom_status loom_engine_submit(loom_engine *e, const loom_request_params *req,
 loom_status loom_engine_cancel(loom_engine *e, loom_request_id id) {
     loom__clear_error();
     LOOM_CHECK_ARG(e != NULL);
+    LOOM_RETURN_IF(e->rp != NULL, LOOM_ERR_INVALID_ARG,
+                   "cancel: a replay engine takes its cancellations from its record");
     pthread_mutex_lock(&e->mu);
     loom_status st = LOOM_OK;
     if (!loom__id_map_get(&e->live, id)) {
@@ -114,7 +135,8 @@ loom_status loom_engine_cancel(loom_engine *e, loom_request_id id) {
 bool loom_engine_has_work(loom_engine *e) {
     if (!e) return false;
     pthread_mutex_lock(&e->mu);
-    bool work = e->live.count > 0 || e->inbox.n_cancels > 0;
+    /* A replay's work is its record: requests still running where the recording ended stay. */
+    bool work = e->rp ? e->rp_more : e->live.count > 0 || e->inbox.n_cancels > 0;
     pthread_mutex_unlock(&e->mu);
     return work;
 }

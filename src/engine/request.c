@@ -222,6 +222,7 @@ void loom__req_free(loom__req *r) {
     free(r->stop_tokens);
     free(r->bias);
     free(r->prompt);
+    free(r->record);
     free(r);
 }
 

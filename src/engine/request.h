@@ -55,6 +55,10 @@ typedef struct loom__req {
     int64_t arrival_ns; /* monotonic clock (loom__now_ns): the caller's arrival_s, or the
                            submit time */
 
+    uint8_t *record; /* [n_record] its input record (engine params.record_path), written and
+                        freed when a step takes it; NULL when not recording */
+    size_t n_record;
+
     loom__req_sample *samples;      /* [n_samples] */
     char *text_mem;                 /* backing store of every sample's text stream */
     struct loom__req *next_retired; /* the engine's list of requests retired by a step */

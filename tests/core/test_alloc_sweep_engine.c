@@ -4,7 +4,9 @@
  *     a logit bias, log-probabilities), once with one failing allocation and once "lasting";
  *   - every step of a mixed batch (prefills of several requests sharing a prefix, chunked
  *     under a small max_batched_tokens, decodes, forks, a preemption forced by a KV pool too
- *     small for all, by recompute and by swap, a trace recording);
+ *     small for all, by recompute and by swap, a trace recording, an input record), and the
+ *     replay of that record (a step whose own failure makes another run reports the
+ *     divergence);
  *   - bursts of 72 requests (the engine's tables grow; 48 cancellations in one step; 32
  *     requests ending in one step);
  *   - loom_engine_generate
@@ -126,7 +128,9 @@ static void check_token_event(const loom_event *e) {
 static void collect(batch_out *o, const loom_event *const *ev, size_t n_ev) {
     for (size_t k = 0; k < n_ev; k++) {
         const loom_event *e = ev[k];
-        const int r = (int)(intptr_t)e->user_data - 1;
+        /* A replay's events carry no user_data: its requests are known by their recorded ids,
+         * 1 .. N_REQ in the order of the batch (the fault-free run's). */
+        const int r = e->user_data ? (int)(intptr_t)e->user_data - 1 : (int)e->id - 1;
         if (r < 0 || r >= N_REQ) continue; /* the fresh request, or another */
         if (o->failed[r]) fail_msg("request %d: an event after its FAILED event", r);
         assert_true(e->sample >= 0 && e->sample < n_samples_of(r));
@@ -332,6 +336,61 @@ static void test_submit(void **state) {
 
 /* ==== phase: the steps of a mixed batch ====================================================== */
 
+/* The record of a fault-free run replayed with each allocation failing in turn (the reader's,
+ * the engine's creation, the replayed submits and steps): a clean status at create or at a
+ * step, nothing leaked; without a failure, the recorded run's tokens. */
+static void sweep_replay(int a, const char *rec, const batch_ref *ref) {
+    char phase[64];
+    snprintf(phase, sizeof phase, "replay of %d steps %s", ref->n_steps, g_arch[a]);
+    tally t = {0};
+    for (int64_t n = 1;; n++) {
+        assert_true(n < MAX_POINTS);
+        batch_out o;
+        memset(&o, 0, sizeof o);
+        bool failed = false, diverged = false;
+        loom__alloc_fault_arm(n);
+        loom_engine *e = NULL;
+        loom_status st = loom_engine_create_replay(g_model[a], rec, NULL, &e);
+        if (st != LOOM_OK) {
+            expect_oom(st, phase, n);
+            failed = true;
+        }
+        for (int k = 0; e && !failed && !diverged && loom_engine_has_work(e); k++) {
+            if (k > 2000) fail_msg("%s: the replay never ends", phase);
+            const loom_event *const *ev;
+            size_t n_ev;
+            st = loom_engine_step(e, &ev, &n_ev);
+            /* A failure the step absorbed (a request FAILED for memory) makes another run than
+             * the recorded one: the replay says so at that step's end, and stops there. */
+            if (st == LOOM_ERR_INTERNAL && strstr(loom_last_error(), "diverged from the record")) {
+                diverged = true;
+            } else if (st != LOOM_OK) {
+                expect_oom(st, phase, n);
+                failed = true;
+            }
+            collect(&o, ev, n_ev);
+        }
+        const bool fired = loom__alloc_fault_fired();
+        loom__alloc_fault_arm(0);
+        if (fired) {
+            t.points++;
+            t.failed += failed;
+            t.step_err += diverged;
+            if (!failed && !diverged) {
+                t.req_fail += compare_batch(&o, &ref->out, phase, n);
+                t.absorbed++;
+            }
+        } else {
+            assert_false(failed || diverged);
+            assert_int_equal(compare_batch(&o, &ref->out, phase, n), 0);
+        }
+        loom_engine_destroy(e);
+        if (!fired) break;
+    }
+    report(phase, &t);
+    leak_check(phase);
+}
+
 /* The failure armed from the first step on, through every step to the end of the batch: the
  * N-th allocation of the whole run fails (the prefills, the decodes, the forks, the first
  * preemptions and retirements: the allocations of every step, not only the first few). */
@@ -343,16 +402,25 @@ static void test_steps(void **state) {
             /* With swap, a trace records every step too (its appends drop a record when
              * memory is short, never the step). */
             const bool traced = pm == LOOM_PREEMPT_SWAP;
+            /* With recompute the engine records its inputs instead (record.h: the encoding at
+             * submit, the clock list), and the record of the run without a failure is then
+             * replayed under the same sweep (sweep_replay). */
+            char rec[512];
+            synth_path(rec, sizeof rec, "sweep-steps.rec");
             char phase[64];
             snprintf(phase, sizeof phase, "%d steps %s %s%s", ref->n_steps, g_arch[a],
-                     pm ? "swap" : "recompute", traced ? " traced" : "");
+                     pm ? "swap" : "recompute", traced ? " traced" : " recorded");
             tally t = {0};
             for (int64_t n = 1;; n++) {
                 assert_true(n < MAX_POINTS);
                 loom_trace *trace = NULL;
                 if (traced) check_ok(loom_trace_create(&trace), "trace");
-                loom_engine *e =
-                    make_engine_traced(g_model[a], SMALL_POOL, (loom_preempt_mode)pm, trace);
+                loom_engine_params ep =
+                    engine_params(g_model[a], SMALL_POOL, (loom_preempt_mode)pm);
+                ep.trace = trace;
+                if (!traced) ep.record_path = rec;
+                loom_engine *e = NULL;
+                check_ok(loom_engine_create(g_model[a], &ep, &e), "engine");
                 batch_inputs b;
                 batch_inputs_init(&b);
                 for (int r = 0; r < N_REQ - 1; r++) submit_ok(e, &b, r);
@@ -410,6 +478,7 @@ static void test_steps(void **state) {
             }
             report(phase, &t);
             leak_check(phase);
+            if (!traced) sweep_replay(a, rec, ref);
         }
     }
 }

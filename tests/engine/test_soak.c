@@ -7,7 +7,11 @@
  *   - every request that was not cancelled produced exactly the tokens it produces alone
  *     (batch invariance under load), checked by running each again on an idle engine;
  *   - the block pool is whole (loom__kv_check) and nothing is in use;
- *   - resident memory is flat after warm-up (checked where no sanitizer holds freed memory).
+ *   - resident memory is flat after warm-up (checked where no sanitizer holds freed memory);
+ *   - the run was recorded (loom_engine_params.record_path) and its replay
+ *     (loom_engine_create_replay), one thread stepping flat out, gives bitwise the same events
+ *     step by step (issue 18, item 4): a digest of each step's events (kinds, ids, tokens,
+ *     texts, log probabilities, reasons) is compared. LOOM_SOAK_REPLAY=0 leaves it out.
  * A request is regenerated from its index (request_of), so the record kept per request is a
  * hash of its tokens and its finish reasons, and a long soak needs little memory.
  * LOOM_SOAK_SECONDS sets the time per preemption mode (default 8; scripts/test.sh runs the
@@ -132,6 +136,41 @@ static bool ended(const soak_request *r, const outcome *o) {
     return o->failed || o->finished == (1u << r->p.n) - 1;
 }
 
+/* ---- step digests: what a replay must reproduce --------------------------------------------- */
+
+typedef struct step_digests {
+    uint64_t *v;
+    size_t n, cap;
+} step_digests;
+
+static uint64_t digest_bytes(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void push_digest(step_digests *d, const loom_event *const *ev, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull ^ n;
+    for (size_t k = 0; k < n; k++) {
+        const loom_event *x = ev[k];
+        int64_t f[] = {x->kind,   (int64_t)x->id, x->sample,        x->token,
+                       x->reason, x->status,      x->cached_tokens, (int64_t)x->text_len};
+        h = digest_bytes(h, f, sizeof f);
+        h = digest_bytes(h, x->text, x->text_len);
+        if (x->info) {
+            h = digest_bytes(h, &x->info->logprob_raw, sizeof x->info->logprob_raw);
+            h = digest_bytes(h, &x->info->logprob_final, sizeof x->info->logprob_final);
+            h = digest_bytes(h, &x->info->entropy, sizeof x->info->entropy);
+        }
+    }
+    if (d->n == d->cap) {
+        d->cap = d->cap ? d->cap * 2 : 4096;
+        d->v = realloc(d->v, d->cap * sizeof *d->v);
+        assert_non_null(d->v);
+    }
+    d->v[d->n++] = h;
+}
+
 /* ---- the soak -------------------------------------------------------------------------------- */
 
 typedef struct soak {
@@ -145,6 +184,7 @@ typedef struct soak {
     _Atomic bool stop;
     _Atomic int64_t cancels_sent;
     _Atomic int64_t submit_errors;
+    step_digests live; /* one per loom_engine_step call, for the replay */
 } soak;
 
 static double now_s(void) {
@@ -206,6 +246,7 @@ static void step_events(soak *S) {
     size_t n = 0;
     loom_status st = loom_engine_step(S->engine, &ev, &n);
     if (st != LOOM_OK) fail_msg("step: %s", loom_last_error());
+    push_digest(&S->live, ev, n);
     for (size_t k = 0; k < n; k++) {
         uint32_t i = (uint32_t)(uintptr_t)ev[k]->user_data;
         soak_request r;
@@ -242,6 +283,41 @@ static double env_number(const char *name, double def) {
     return v > 0 ? v : def;
 }
 
+/* Replays the record of a soak and compares each step's events with the recorded run's. */
+static void check_replay(const char *rec, const step_digests *live, const char *name) {
+    loom_engine *e = NULL;
+    if (loom_engine_create_replay(g_model, rec, NULL, &e) != LOOM_OK)
+        fail_msg("%s: replay: %s", name, loom_last_error());
+    step_digests again = {0};
+    double t0 = now_s();
+    while (loom_engine_has_work(e)) {
+        const loom_event *const *ev = NULL;
+        size_t n = 0;
+        if (loom_engine_step(e, &ev, &n) != LOOM_OK)
+            fail_msg("%s: replay step %zu: %s", name, again.n, loom_last_error());
+        push_digest(&again, ev, n);
+        if (again.n > live->n) fail_msg("%s: the replay has more steps than the run", name);
+        if (again.v[again.n - 1] != live->v[again.n - 1])
+            fail_msg("%s: replay step %zu of %zu: other events than the recorded run's", name,
+                     again.n - 1, live->n);
+    }
+    loom_engine_destroy(e);
+    if (again.n != live->n)
+        fail_msg("%s: the replay ran %zu steps, the run %zu", name, again.n, live->n);
+    long size = 0;
+    FILE *f = fopen(rec, "rb");
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        size = ftell(f);
+        fclose(f);
+    }
+    printf("soak %s: replayed %zu steps from a record of %ld KB in %.1f s: every step's events "
+           "equal\n",
+           name, again.n, size / 1024, now_s() - t0);
+    free(again.v);
+    remove(rec);
+}
+
 static void run_soak(loom_preempt_mode mode, const char *name) {
     loom_engine_params ep = loom_engine_default_params();
     ep.kv_bytes = 192 << 10; /* about 48 blocks of 16 tokens: fewer than IN_FLIGHT requests need */
@@ -251,6 +327,12 @@ static void run_soak(loom_preempt_mode mode, const char *name) {
     ep.preempt = mode;
     ep.starvation_s = 0.5;
     ep.n_sample_threads = 1;
+    const char *replay_env = getenv("LOOM_SOAK_REPLAY");
+    const bool replay = !(replay_env && strcmp(replay_env, "0") == 0);
+    char rec[512], file[64];
+    snprintf(file, sizeof file, "soak-%s.rec", name);
+    synth_path(rec, sizeof rec, file);
+    if (replay) ep.record_path = rec;
     soak S;
     memset(&S, 0, sizeof S);
     assert_int_equal(loom_engine_create(g_model, &ep, &S.engine), LOOM_OK);
@@ -265,6 +347,11 @@ static void run_soak(loom_preempt_mode mode, const char *name) {
     assert_non_null(S.ids);
     memset(S.out, 0, (size_t)S.max_reqs * sizeof *S.out);
     for (uint32_t i = 0; i < S.max_reqs; i++) atomic_init(&S.ids[i], 0);
+    /* The step digests likewise (a fast machine steps about 5,000 times a second here). */
+    S.live.cap = (size_t)(10000 * secs) + 65536;
+    S.live.v = malloc(S.live.cap * sizeof *S.live.v);
+    assert_non_null(S.live.v);
+    memset(S.live.v, 0, S.live.cap * sizeof *S.live.v);
     t0 = now_s();
     S.until = t0 + secs;
     pthread_t sub, can;
@@ -300,6 +387,7 @@ static void run_soak(loom_preempt_mode mode, const char *name) {
     loom_engine_params ap = ep;
     ap.preempt = LOOM_PREEMPT_RECOMPUTE;
     ap.kv_bytes = 4 << 20;
+    ap.record_path = NULL; /* the soak's record is replayed below */
     assert_int_equal(loom_engine_create(g_model, &ap, &alone), LOOM_OK);
     for (uint32_t i = 0; i < n; i++) {
         soak_request r;
@@ -349,6 +437,8 @@ static void run_soak(loom_preempt_mode mode, const char *name) {
      * sanitizer quarantines freed memory, later growth would be a leak or a grown cache. */
     if (!SOAK_SANITIZED) assert_true(rss_end <= rss_warm + 16 * 1024);
     loom_engine_destroy(S.engine);
+    if (replay) check_replay(rec, &S.live, name);
+    free(S.live.v);
     free(S.out);
     free((void *)S.ids);
 }

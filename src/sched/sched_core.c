@@ -336,11 +336,18 @@ loom_status loom__sched_on_step_done(loom__sched *s, const loom__sched_result *r
 /* Cancellation and queries                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The slot of request id; fn names the caller in the message. Errors: INVALID_ARG. */
+static loom_status find_request(const loom__sched *s, uint64_t id, const char *fn, int32_t *slot) {
+    *slot = loom__sched_index_find(&s->index, id);
+    LOOM_RETURN_IF(*slot < 0, LOOM_ERR_INVALID_ARG, "%s: unknown request %llu", fn,
+                   (unsigned long long)id);
+    return LOOM_OK;
+}
+
 loom_status loom__sched_cancel(loom__sched *s, uint64_t id, loom__sched_holds *holds) {
     LOOM_CHECK_ARG(s);
-    int32_t slot = loom__sched_index_find(&s->index, id);
-    LOOM_RETURN_IF(slot < 0, LOOM_ERR_INVALID_ARG, "loom__sched_cancel: unknown request %llu",
-                   (unsigned long long)id);
+    int32_t slot;
+    LOOM_TRY(find_request(s, id, __func__, &slot));
     sched_req *r = &s->reqs[slot];
     loom__sched_holds h;
     if (r->state == SCHED_RUNNING) {
@@ -359,9 +366,8 @@ loom_status loom__sched_cancel(loom__sched *s, uint64_t id, loom__sched_holds *h
 
 loom_status loom__sched_defer(loom__sched *s, uint64_t id) {
     LOOM_CHECK_ARG(s);
-    int32_t slot = loom__sched_index_find(&s->index, id);
-    LOOM_RETURN_IF(slot < 0, LOOM_ERR_INVALID_ARG, "loom__sched_defer: unknown request %llu",
-                   (unsigned long long)id);
+    int32_t slot;
+    LOOM_TRY(find_request(s, id, __func__, &slot));
     sched_req *r = &s->reqs[slot];
     LOOM_RETURN_IF(!s->pending || r->entry < 0 || r->state != SCHED_RUNNING, LOOM_ERR_INVALID_ARG,
                    "loom__sched_defer: request %llu has no entry in a pending plan",
@@ -382,9 +388,8 @@ loom_status loom__sched_defer(loom__sched *s, uint64_t id) {
 
 loom_status loom__sched_unswap(loom__sched *s, uint64_t id) {
     LOOM_CHECK_ARG(s);
-    int32_t slot = loom__sched_index_find(&s->index, id);
-    LOOM_RETURN_IF(slot < 0, LOOM_ERR_INVALID_ARG, "loom__sched_unswap: unknown request %llu",
-                   (unsigned long long)id);
+    int32_t slot;
+    LOOM_TRY(find_request(s, id, __func__, &slot));
     sched_req *r = &s->reqs[slot];
     LOOM_RETURN_IF(r->state == SCHED_RUNNING || !r->swapped, LOOM_ERR_INVALID_ARG,
                    "loom__sched_unswap: request %llu is not swapped out", (unsigned long long)id);
@@ -395,9 +400,8 @@ loom_status loom__sched_unswap(loom__sched *s, uint64_t id) {
 
 loom_status loom__sched_get(const loom__sched *s, uint64_t id, loom__sched_request_view *out) {
     LOOM_CHECK_ARG(s && out);
-    int32_t slot = loom__sched_index_find(&s->index, id);
-    LOOM_RETURN_IF(slot < 0, LOOM_ERR_INVALID_ARG, "loom__sched_get: unknown request %llu",
-                   (unsigned long long)id);
+    int32_t slot;
+    LOOM_TRY(find_request(s, id, __func__, &slot));
     const sched_req *r = &s->reqs[slot];
     out->state = r->state == SCHED_RUNNING ? LOOM_SCHED_STATE_RUNNING
                  : r->preempted            ? LOOM_SCHED_STATE_PREEMPTED

@@ -68,7 +68,10 @@ loom_status loom__engine_replay_begin(loom_engine *e) {
     loom__replayer *rp = e->rp;
     loom_status st = loom__replayer_next_step(rp);
     for (size_t i = 0; st == LOOM_OK && i < rp->n_reqs; i++) {
-        const loom__record_request *q = &rp->reqs[i];
+        loom__record_request *q = &rp->reqs[i];
+        /* Set here, not when decoded: the array of requests may have moved since (it grows as
+         * the step's records are read), and with it the sampler settings inside each entry. */
+        q->params.sampler = &q->sampler;
         loom_request_id id;
         st = loom__engine_enqueue(e, &q->params, e->t0_ns + q->arrival_ns, q->id, &id);
         if (st != LOOM_OK) {

@@ -493,8 +493,7 @@ static loom_status decode_request(loom__replayer *r, loom__record_request *q) {
     LOOM_TRY(rd_tokens(r, &q->prompt, &n, "the prompt"));
     p->prompt_tokens = q->prompt;
     p->n_prompt_tokens = n;
-    LOOM_TRY(decode_sampler(r, q));
-    p->sampler = &q->sampler;
+    LOOM_TRY(decode_sampler(r, q)); /* p->sampler is set where it is used (engine_replay.c) */
     LOOM_TRY(rd_i32(r, &p->max_tokens, "max_tokens"));
     LOOM_TRY(rd_i32(r, &p->n, "n"));
     LOOM_TRY(rd_tokens(r, &q->stop_tokens, &n, "the stop tokens"));

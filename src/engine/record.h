@@ -88,7 +88,9 @@ void loom__recorder_flush(loom__recorder *r);
 /* Writes 'S' with the step's clock readings and flushes. */
 void loom__recorder_step_end(loom__recorder *r);
 
-/* A decoded request record: params point into the arrays below, which it owns. */
+/* A decoded request record: params point into the arrays below, which it owns, except
+ * params.sampler, left NULL: it would point into the entry itself, which moves as the step's
+ * array of requests grows; the user sets it to &sampler before use. */
 typedef struct loom__record_request {
     loom_request_id id;
     int64_t arrival_ns;

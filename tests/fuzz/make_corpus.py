@@ -181,6 +181,23 @@ def text_seeds():
     put(d, "greedy-recompute", bytes([0, 0, 8] + list(range(10, 18)) + [0, 0, 0, 0] + [0] * 8))
     put(d, "greedy-swap", bytes([1, 0, 8] + list(range(10, 18)) + [0, 0, 0, 0] + [0] * 8))
     put(d, "text", bytes([2, 1 | 4, 11]) + b"Hello world" + bytes(16))
+
+    # fuzz_replay: edits of the record the target makes at start-up, 4 bytes each (offset
+    # low, offset high, operation: 0 flip a bit, 1 set, 2 truncate, 3 insert; value)
+    d = target_dir("fuzz_replay")
+    def edits(*ops):
+        return b"".join(bytes([off & 255, off >> 8, op, v]) for off, op, v in ops)
+    put(d, "pristine", b"")
+    put(d, "version", edits((8, 1, 2)))
+    put(d, "kv-bytes", edits((57, 0, 3)))
+    put(d, "max-seqs", edits((71, 1, 0)))
+    put(d, "first-tag", edits((101, 1, ord("Q"))))
+    put(d, "prompt-count", edits((119, 1, 255)))
+    put(d, "clock", edits((400, 0, 7)))
+    put(d, "truncate", edits((700, 2, 0)))
+    put(d, "insert", edits((300, 3, ord("S")), (301, 3, 0)))
+    for k in range(8):
+        put(d, f"random{k}", bytes(rng.randrange(256) for _ in range(4 * rng.randrange(1, 12))))
     print(f"make_corpus: wrote {OUT}")
 
 

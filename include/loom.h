@@ -744,11 +744,14 @@ typedef struct loom_engine_params {
                                  file (created, or truncated), for loom_engine_create_replay —
                                  each request as the step that took it saw it (prompt tokens,
                                  every sampler setting, arrival), each cancellation, and the
-                                 scheduler's clock readings of each step. A step's inputs are
-                                 flushed before its forward pass, so a run that crashes keeps
-                                 what it was doing. Copied at create; a write that fails later
-                                 ends the record with a log line (ERROR) and the engine goes on.
-                                 Costs a write per step and per request */
+                                 scheduler's clock readings and a digest of the events of
+                                 each step. Each request and cancellation is flushed as a step
+                                 takes it, before it is acted on, so a run that crashes keeps
+                                 what it was doing. The path is copied at create (IO if it
+                                 cannot be created); a write that fails later ends the record
+                                 with a log line (ERROR) and the engine goes on. Costs a write
+                                 per step, per request and per cancellation; two engines must
+                                 not record into one path */
 } loom_engine_params;
 
 typedef struct loom_request_params {
@@ -878,21 +881,28 @@ LOOM_API loom_status loom_engine_create(loom_model *model, const loom_engine_par
 
 /* Creates an engine that replays a record written through loom_engine_params.record_path:
  * each loom_engine_step runs the next recorded step with the same inputs and clock readings, so
- * its events are bitwise those of the recorded run (request ids, tokens, texts, log
- * probabilities, finish reasons; user_data is NULL) — a failure seen under load, concurrent
- * submitters and cancellations included, becomes a single-threaded program to debug. model must
- * be the recorded one (same file, same backend: the shape and backend name are checked; the
- * weights are not). The engine takes its parameters from the record; of params (may be NULL)
- * only trace and n_sample_threads are used, which change no token. A replay engine takes no
- * submit or cancel (INVALID_ARG) and no on_event; loom_engine_has_work is true while recorded
- * steps remain, then a step returns LOOM_OK with no events. A step whose scheduler read the
- * clock more or fewer times than recorded has diverged (another library version, or a model
- * that is not the recorded one): it returns LOOM_ERR_INTERNAL naming the step. A record cut
- * short inside a step (a crashed run) replays that step with its requests and cancellations.
- * Errors: INVALID_ARG, IO (cannot open path), BAD_INPUT (not a record, a malformed or truncated
- * one — the message names the field and byte offset — or one made with another model or
- * backend), and those of loom_engine_create. Steps fail with BAD_INPUT on a malformed record
- * and with any status a recorded submit could fail with. */
+ * its events are those of the recorded run (request ids, tokens, texts, log probabilities,
+ * finish reasons; user_data is NULL) — a failure seen under load, concurrent submitters and
+ * cancellations included, becomes a single-threaded program to debug. Each step checks that:
+ * the record holds a digest of every recorded step's events and the number of times its
+ * scheduler read the clock, and a step that differs in either has diverged (another backend,
+ * device or library version, a model of the same shape with other weights, a kernel that is
+ * not deterministic, or memory running short in the replay): it returns LOOM_ERR_INTERNAL
+ * naming the step. model must be the recorded one (its shape and backend name are checked at
+ * create; its weights show in the digests). The engine takes its parameters from the record
+ * (a record may ask for the KV memory its machine had: creation fails with OUT_OF_MEMORY where
+ * this one has less); of params (may be NULL) only trace and n_sample_threads are used, which
+ * change no token, and on_event and record_path must be NULL. A replay engine takes no submit
+ * or cancel (INVALID_ARG); loom_engine_has_work is true while recorded steps remain, then a
+ * step returns LOOM_OK with no events. A failed step ends the replay: has_work turns false and
+ * every later step returns the same status and message. A record cut short inside a step (a
+ * crashed run) replays that step with the requests and cancellations recorded before the cut
+ * (a record torn by the cut is dropped with a warning).
+ * Errors: INVALID_ARG, IO (cannot open or read path), BAD_INPUT (not a record, a malformed or
+ * truncated header — the message names the field and byte offset — or one made with another
+ * model shape or backend), OUT_OF_MEMORY, and those of loom_engine_create (the message says
+ * they come from the record's parameters). Steps fail with BAD_INPUT (a malformed record, or
+ * a recorded request this library refuses), IO, OUT_OF_MEMORY and INTERNAL (a divergence). */
 LOOM_API loom_status loom_engine_create_replay(loom_model *model, const char *path,
                                                const loom_engine_params *params, loom_engine **out);
 

@@ -195,11 +195,18 @@ loom_status loom__engine_step(loom_engine *e);
 /* engine_replay.c */
 /* Opens params.record_path (at create). Errors: IO, OUT_OF_MEMORY. */
 loom_status loom__engine_record_open(loom_engine *e);
-/* A request's record, encoded by the submitting thread (p as validated, the request's
- * tokens): r->record. Errors: OUT_OF_MEMORY. */
+/* A request's record, encoded by the submitting thread before it takes the inbox lock (p as
+ * validated, the request's tokens; the id left 0): r->record. Errors: OUT_OF_MEMORY. */
 loom_status loom__engine_record_request(loom_engine *e, const loom_request_params *p, loom__req *r);
+/* Writes r->id into its record (under the lock, once the id is given). */
+void loom__engine_record_set_id(loom__req *r);
+/* The digest of the step's events that the record's 'S' holds. */
+uint64_t loom__engine_events_digest(const loom_engine *e);
+/* Ends a replay after a failed step (keeps st and the message for every later step). */
+loom_status loom__engine_replay_fail(loom_engine *e, loom_status st);
 /* Replay: queues the next recorded step's requests and cancellations and loads its clock
- * readings (before the step); checks the step read the clock as often as recorded (after). */
+ * readings (before the step); checks the step read the clock as often as recorded and made the
+ * recorded events (after). */
 loom_status loom__engine_replay_begin(loom_engine *e);
 loom_status loom__engine_replay_end(loom_engine *e);
 /* Validates, copies and queues a request with the given id and arrival (submit's and a

@@ -52,7 +52,9 @@ loom_status loom__engine_record_open(loom_engine *e) {
 loom_status loom__engine_record_request(loom_engine *e, const loom_request_params *p,
                                         loom__req *r) {
     loom__rec_buf b = {.ok = true};
-    loom__record_encode_request(&b, r->id, r->arrival_ns - e->t0_ns, p, r->prompt, r->n_prompt);
+    /* Before the inbox lock, so a long prompt's encoding holds up no one: the id is 0 here and
+     * patched in under the lock (loom__engine_record_set_id). */
+    loom__record_encode_request(&b, 0, r->arrival_ns - e->t0_ns, p, r->prompt, r->n_prompt);
     if (!b.ok) {
         loom__rec_free(&b);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory for the input record");
@@ -62,27 +64,87 @@ loom_status loom__engine_record_request(loom_engine *e, const loom_request_param
     return LOOM_OK;
 }
 
+void loom__engine_record_set_id(loom__req *r) {
+    for (int i = 0; i < 8; i++) r->record[1 + i] = (uint8_t)(r->id >> (8 * i)); /* after 'R' */
+}
+
+/* ---- the step's events, as the record's 'S' digests them ---------------------------------- */
+
+static uint64_t mix_bytes(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull; /* FNV-1a */
+    return h;
+}
+
+uint64_t loom__engine_events_digest(const loom_engine *e) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < e->n_events; i++) {
+        const loom_event *ev = &e->events[i];
+        const int64_t f[] = {ev->kind,   (int64_t)ev->id, ev->sample,        ev->token,
+                             ev->reason, ev->status,      ev->cached_tokens, (int64_t)ev->text_len};
+        h = mix_bytes(h, f, sizeof f);
+        h = mix_bytes(h, ev->text, ev->text_len);
+        if (ev->info) {
+            h = mix_bytes(h, &ev->info->logprob_raw, sizeof ev->info->logprob_raw);
+            h = mix_bytes(h, &ev->info->logprob_final, sizeof ev->info->logprob_final);
+        }
+    }
+    return h;
+}
+
 /* ---- replaying ----------------------------------------------------------------------------- */
+
+/* A failed step ends the replay: what follows in the file belongs to a run this one no longer
+ * is (or to a step read halfway). Every later step returns the same status and message. */
+loom_status loom__engine_replay_fail(loom_engine *e, loom_status st) {
+    loom__replayer *rp = e->rp;
+    if (rp->failed == LOOM_OK) {
+        rp->failed = st;
+        snprintf(rp->why, sizeof rp->why, "%s", loom_last_error());
+    }
+    pthread_mutex_lock(&e->mu);
+    e->rp_more = false;
+    pthread_mutex_unlock(&e->mu);
+    return st;
+}
+
+static loom_status enqueue_recorded(loom_engine *e, loom__record_request *q) {
+    const loom__replayer *rp = e->rp;
+    /* Set here, not when decoded: the array of requests may have moved since (it grows as the
+     * step's records are read), and with it the sampler settings inside each entry. */
+    q->params.sampler = &q->sampler;
+    /* A live arrival is at or before its submit, so before the step's first clock reading. */
+    LOOM_RETURN_IF(rp->has_end && rp->n_clocks > 0 && q->arrival_ns / 1000 > rp->clocks[0],
+                   LOOM_ERR_BAD_INPUT,
+                   "replay: step %lld: request %llu arrives at %lld us, after the step's first "
+                   "clock reading %lld us",
+                   (long long)rp->step, (unsigned long long)q->id,
+                   (long long)(q->arrival_ns / 1000), (long long)rp->clocks[0]);
+    loom_request_id id;
+    loom_status st = loom__engine_enqueue(e, &q->params, e->t0_ns + q->arrival_ns, q->id, &id);
+    if (st != LOOM_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", loom_last_error());
+        st = loom__fail(st, "replay: step %lld: the recorded request %llu is refused: %s",
+                        (long long)rp->step, (unsigned long long)q->id, why);
+    }
+    return st;
+}
 
 loom_status loom__engine_replay_begin(loom_engine *e) {
     loom__replayer *rp = e->rp;
     loom_status st = loom__replayer_next_step(rp);
-    for (size_t i = 0; st == LOOM_OK && i < rp->n_reqs; i++) {
-        loom__record_request *q = &rp->reqs[i];
-        /* Set here, not when decoded: the array of requests may have moved since (it grows as
-         * the step's records are read), and with it the sampler settings inside each entry. */
-        q->params.sampler = &q->sampler;
-        loom_request_id id;
-        st = loom__engine_enqueue(e, &q->params, e->t0_ns + q->arrival_ns, q->id, &id);
-        if (st != LOOM_OK) {
-            char why[512];
-            snprintf(why, sizeof why, "%s", loom_last_error());
-            st = loom__fail(st, "replay: step %lld: the recorded request %llu is refused: %s",
-                            (long long)rp->step, (unsigned long long)q->id, why);
-        }
-    }
+    for (size_t i = 0; st == LOOM_OK && i < rp->n_reqs; i++) st = enqueue_recorded(e, &rp->reqs[i]);
     pthread_mutex_lock(&e->mu);
     for (size_t i = 0; st == LOOM_OK && i < rp->n_cancels; i++) {
+        const loom_request_id id = rp->cancels[i];
+        /* A live cancellation names an id submit had given out. */
+        if (id == 0 || id >= e->next_id) {
+            st = loom__fail(LOOM_ERR_BAD_INPUT,
+                            "replay: step %lld cancels request %llu, which was never submitted",
+                            (long long)rp->step, (unsigned long long)id);
+            break;
+        }
         loom__engine_inbox *in = &e->inbox;
         if (in->n_cancels == in->cap_cancels) {
             size_t c = in->cap_cancels ? in->cap_cancels * 2 : 16;
@@ -94,7 +156,7 @@ loom_status loom__engine_replay_begin(loom_engine *e) {
             in->cancels = grown;
             in->cap_cancels = c;
         }
-        in->cancels[in->n_cancels++] = rp->cancels[i];
+        in->cancels[in->n_cancels++] = id;
     }
     e->rp_more = st == LOOM_OK && loom__replayer_more(rp);
     pthread_mutex_unlock(&e->mu);
@@ -103,11 +165,17 @@ loom_status loom__engine_replay_begin(loom_engine *e) {
 
 loom_status loom__engine_replay_end(loom_engine *e) {
     const loom__replayer *rp = e->rp;
-    LOOM_RETURN_IF(rp->has_end && rp->next_clock != rp->n_clocks, LOOM_ERR_INTERNAL,
+    if (!rp->has_end) return LOOM_OK; /* a crashed run's last step: nothing to compare */
+    LOOM_RETURN_IF(rp->next_clock != rp->n_clocks, LOOM_ERR_INTERNAL,
                    "replay: step %lld diverged from the record: its scheduler read the clock %u "
-                   "times, the recorded run %u times (another library version, model or "
-                   "backend?)",
+                   "times, the recorded run %u times (memory ran short in this step, or the "
+                   "library, model or backend is not the recorded one)",
                    (long long)rp->step, rp->next_clock, rp->n_clocks);
+    LOOM_RETURN_IF(loom__engine_events_digest(e) != rp->digest, LOOM_ERR_INTERNAL,
+                   "replay: step %lld diverged from the record: its %zu events differ from the "
+                   "recorded run's (another backend, device or model of the same shape, or a "
+                   "kernel that is not deterministic)",
+                   (long long)rp->step, e->n_events);
     return LOOM_OK;
 }
 
@@ -161,6 +229,11 @@ loom_status loom_engine_create_replay(loom_model *model, const char *path,
         p.trace = user.trace;
         p.n_sample_threads = user.n_sample_threads;
         st = loom_engine_create(model, &p, &e);
+        if (st != LOOM_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", loom_last_error());
+            st = loom__fail(st, "replay: the record's engine parameters: %s", why);
+        }
     }
     if (st != LOOM_OK) {
         loom__replayer_close(rp);

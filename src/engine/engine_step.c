@@ -193,15 +193,14 @@ static void drain_inbox(loom_engine *e) {
      * sample: room for them comes first. Without it the rest waits for a later step (in order:
      * a cancel may name a request still in the list) rather than their events being lost.
      * With params.record_path each one taken goes to the record as it is taken. */
-    bool taken = false;
     for (; d->next_req < d->n_reqs; d->next_req++) {
         if (!reserve_events(e, 1)) goto short_of_memory;
         loom__req *r = d->reqs[d->next_req];
-        if (e->rec && r->record) {
+        if (e->rec && r->record) { /* flushed before it is acted on: a crash keeps it */
             loom__recorder_write(e->rec, r->record, r->n_record);
+            loom__recorder_flush(e->rec);
             free(r->record);
             r->record = NULL;
-            taken = true;
         }
         loom_status st = loom__id_map_put(&e->reqs, r->id, r);
         /* A request the table cannot take (its rebuild needs memory) fails with an event, as
@@ -218,15 +217,13 @@ static void drain_inbox(loom_engine *e) {
         if (active && !reserve_events(e, (size_t)r->n_samples)) goto short_of_memory;
         if (e->rec) { /* a replay sees it as this step did, a no-op included */
             loom__recorder_cancel(e->rec, d->cancels[d->next_cancel]);
-            taken = true;
+            loom__recorder_flush(e->rec);
         }
         if (active) end_request(e, r, LOOM_OK);
     }
     d->n_reqs = d->n_cancels = d->next_req = d->next_cancel = 0;
-    if (taken) loom__recorder_flush(e->rec); /* before the forward pass: a crash keeps them */
     return;
 short_of_memory:
-    if (taken) loom__recorder_flush(e->rec);
     LOOM_LOG_W("engine: out of memory for events: %zu submissions and %zu cancellations wait "
                "for the next step",
                d->n_reqs - d->next_req, d->n_cancels - d->next_cancel);
@@ -711,11 +708,15 @@ loom_status loom__engine_step(loom_engine *e) {
     e->n_events = 0;
     loom__engine_free_retired(e);
     if (e->rp) { /* a replay: this step's inputs and clock come from the record */
+        if (e->rp->failed != LOOM_OK)
+            return loom__fail(e->rp->failed, "%s (the replay ended there)", e->rp->why);
         if (!loom__replayer_more(e->rp)) return LOOM_OK;
-        LOOM_TRY(loom__engine_replay_begin(e));
+        loom_status st = loom__engine_replay_begin(e);
+        if (st != LOOM_OK) return loom__engine_replay_fail(e, st);
     }
     loom_status st = step(e);
-    if (e->rec) loom__recorder_step_end(e->rec);
+    if (e->rec) loom__recorder_step_end(e->rec, loom__engine_events_digest(e));
     if (e->rp && st == LOOM_OK) st = loom__engine_replay_end(e);
+    if (e->rp && st != LOOM_OK) loom__engine_replay_fail(e, st);
     return st;
 }

@@ -81,6 +81,13 @@ loom_status loom__engine_enqueue(loom_engine *e, const loom_request_params *p, i
     }
     for (int32_t i = 0; i < r->n_samples; i++) r->samples[i].kv_seq = -1;
     r->arrival_ns = arrival_ns;
+    if (e->rec) {
+        loom_status rs = loom__engine_record_request(e, p, r);
+        if (rs != LOOM_OK) {
+            loom__req_free(r);
+            return rs;
+        }
+    }
 
     pthread_mutex_lock(&e->mu);
     loom_status st = LOOM_OK;
@@ -93,9 +100,9 @@ loom_status loom__engine_enqueue(loom_engine *e, const loom_request_params *p, i
         st = loom__fail(LOOM_ERR_BAD_INPUT, "replay: request id %llu after id %llu (ids only grow)",
                         (unsigned long long)id, (unsigned long long)(e->next_id - 1));
     }
-    /* Encoded under the lock, after the id: the step that takes the request writes it, so the
-     * record follows the order the engine saw. */
-    if (st == LOOM_OK && e->rec) st = loom__engine_record_request(e, p, r);
+    /* The step that takes the request writes its record, so the file follows the order the
+     * engine saw; the id is known only now. */
+    if (st == LOOM_OK && r->record) loom__engine_record_set_id(r);
     if (st == LOOM_OK) st = loom__id_map_put(&e->live, r->id, r);
     if (st == LOOM_OK &&
         !push((void **)&e->inbox.reqs, &e->inbox.n_reqs, &e->inbox.cap_reqs, &r, sizeof r)) {

@@ -221,7 +221,7 @@ void loom__recorder_flush(loom__recorder *r) {
     if (!r->failed && fflush(r->f) != 0) stop_recording(r, "a flush");
 }
 
-void loom__recorder_step_end(loom__recorder *r) {
+void loom__recorder_step_end(loom__recorder *r, uint64_t digest) {
     if (r->failed) return;
     uint8_t x[5] = {'S'};
     for (int i = 0; i < 4; i++) x[1 + i] = (uint8_t)(r->n_clocks >> (8 * i));
@@ -231,19 +231,38 @@ void loom__recorder_step_end(loom__recorder *r) {
         for (int i = 0; i < 8; i++) y[i] = (uint8_t)((uint64_t)r->clocks[k] >> (8 * i));
         loom__recorder_write(r, y, sizeof y);
     }
+    uint8_t d[8];
+    for (int i = 0; i < 8; i++) d[i] = (uint8_t)(digest >> (8 * i));
+    loom__recorder_write(r, d, sizeof d);
     r->n_clocks = 0;
     loom__recorder_flush(r);
 }
 
 /* ---- the reader ----------------------------------------------------------------------------- */
 
+/* Where the reader is, for messages: "the header" or "step N" (0-based, as every message of
+ * the replay counts steps). */
+static const char *where(const loom__replayer *r, char *buf, size_t cap) {
+    if (r->n_steps == 0) return "the header";
+    snprintf(buf, cap, "step %lld", (long long)r->step);
+    return buf;
+}
+
 static loom_status rd(loom__replayer *r, void *dst, size_t n, const char *what) {
-    LOOM_RETURN_IF((int64_t)n > r->size - r->off, LOOM_ERR_BAD_INPUT,
-                   "replay: record truncated at byte %lld (step %lld): %s needs %zu bytes, %lld "
-                   "are left",
-                   (long long)r->off, (long long)r->step, what, n, (long long)(r->size - r->off));
-    LOOM_RETURN_IF(fread(dst, 1, n, r->f) != n, LOOM_ERR_IO, "replay: read failed at byte %lld: %s",
-                   (long long)r->off, strerror(errno));
+    char w[32];
+    if ((int64_t)n > r->size - r->off) {
+        r->torn = true; /* the file ends here: a crashed run's last record, or a cut file */
+        return loom__fail(LOOM_ERR_BAD_INPUT,
+                          "replay: the record ends at byte %lld inside %s: %s needs %zu bytes, "
+                          "%lld are left",
+                          (long long)r->off, where(r, w, sizeof w), what, n,
+                          (long long)(r->size - r->off));
+    }
+    if (fread(dst, 1, n, r->f) != n) {
+        const char *why = ferror(r->f) ? strerror(errno) : "the file shrank while being read";
+        return loom__fail(LOOM_ERR_IO, "replay: read failed at byte %lld: %s", (long long)r->off,
+                          why);
+    }
     r->off += (int64_t)n;
     return LOOM_OK;
 }
@@ -307,11 +326,11 @@ static loom_status rd_bool(loom__replayer *r, bool *v, const char *what) {
 /* A count of items of item_bytes each that must fit in what is left of the file. */
 static loom_status rd_count(loom__replayer *r, uint32_t *n, size_t item_bytes, const char *what) {
     LOOM_TRY(rd_u32(r, n, what));
+    char w[32];
     LOOM_RETURN_IF((int64_t)*n > (r->size - r->off) / (int64_t)item_bytes, LOOM_ERR_BAD_INPUT,
-                   "replay: %s of %u at byte %lld (step %lld) is more than the %lld bytes left "
-                   "hold",
-                   what, *n, (long long)r->off - 4, (long long)r->step,
-                   (long long)(r->size - r->off));
+                   "replay: %s of %u at byte %lld (%s) needs %llu bytes; the file has %lld left",
+                   what, *n, (long long)r->off - 4, where(r, w, sizeof w),
+                   (unsigned long long)*n * item_bytes, (long long)(r->size - r->off));
     return LOOM_OK;
 }
 
@@ -482,13 +501,13 @@ static loom_status decode_request(loom__replayer *r, loom__record_request *q) {
     loom_request_params_init(p, sizeof *p);
     LOOM_TRY(rd_u64(r, &q->id, "a request id"));
     LOOM_RETURN_IF(q->id == 0 || q->id > UINT64_MAX / LOOM_ENGINE_MAX_N, LOOM_ERR_BAD_INPUT,
-                   "replay: request id %llu at byte %lld", (unsigned long long)q->id,
-                   (long long)r->off - 8);
+                   "replay: request id %llu at byte %lld (step %lld) is out of range",
+                   (unsigned long long)q->id, (long long)r->off - 8, (long long)r->step);
     LOOM_TRY(rd_i64(r, &q->arrival_ns, "an arrival"));
-    LOOM_RETURN_IF(q->arrival_ns < -LOOM__RECORD_MAX_US * 1000 ||
-                       q->arrival_ns > LOOM__RECORD_MAX_US * 1000,
-                   LOOM_ERR_BAD_INPUT, "replay: arrival %lld ns at byte %lld is out of range",
-                   (long long)q->arrival_ns, (long long)r->off - 8);
+    LOOM_RETURN_IF(
+        q->arrival_ns < -LOOM__RECORD_MAX_US * 1000 || q->arrival_ns > LOOM__RECORD_MAX_US * 1000,
+        LOOM_ERR_BAD_INPUT, "replay: arrival %lld ns at byte %lld (step %lld) is out of range",
+        (long long)q->arrival_ns, (long long)r->off - 8, (long long)r->step);
     uint32_t n;
     LOOM_TRY(rd_tokens(r, &q->prompt, &n, "the prompt"));
     p->prompt_tokens = q->prompt;
@@ -521,53 +540,75 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t sz) {
     return true;
 }
 
+/* Reads one record of the step (its tag already read: at is its offset); *end: it was 'S'. */
+static loom_status read_record(loom__replayer *r, uint8_t tag, int64_t at, bool *end) {
+    char w[32];
+    *end = false;
+    if (tag == 'R') {
+        LOOM_RETURN_IF(!grow((void **)&r->reqs, &r->cap_reqs, r->n_reqs + 1, sizeof *r->reqs),
+                       LOOM_ERR_OUT_OF_MEMORY, "replay: out of memory");
+        loom__record_request *q = &r->reqs[r->n_reqs++];
+        memset(q, 0, sizeof *q);
+        return decode_request(r, q);
+    }
+    if (tag == 'X') {
+        LOOM_RETURN_IF(
+            !grow((void **)&r->cancels, &r->cap_cancels, r->n_cancels + 1, sizeof *r->cancels),
+            LOOM_ERR_OUT_OF_MEMORY, "replay: out of memory");
+        LOOM_TRY(rd_u64(r, &r->cancels[r->n_cancels], "a cancelled id"));
+        r->n_cancels++;
+        return LOOM_OK;
+    }
+    LOOM_RETURN_IF(tag != 'S', LOOM_ERR_BAD_INPUT,
+                   "replay: unknown record tag 0x%02x at byte %lld (%s)", tag, (long long)at,
+                   where(r, w, sizeof w));
+    uint32_t n;
+    LOOM_TRY(rd_count(r, &n, 8, "the clock-reading count"));
+    r->clocks = loom__malloc(((size_t)n + 1) * sizeof *r->clocks);
+    LOOM_RETURN_IF(!r->clocks, LOOM_ERR_OUT_OF_MEMORY, "replay: out of memory");
+    /* Readings of a monotonic clock from the engine's creation, in microseconds: never
+     * negative, never going back, within what a duration may be (timer.h). */
+    int64_t prev = r->last_clock;
+    for (uint32_t k = 0; k < n; k++) {
+        LOOM_TRY(rd_i64(r, &r->clocks[k], "a clock reading"));
+        LOOM_RETURN_IF(r->clocks[k] < prev || r->clocks[k] > LOOM__RECORD_MAX_US,
+                       LOOM_ERR_BAD_INPUT,
+                       "replay: clock reading %lld at byte %lld (%s) is outside [%lld, %lld] (the "
+                       "clock only goes forward)",
+                       (long long)r->clocks[k], (long long)r->off - 8, where(r, w, sizeof w),
+                       (long long)prev, (long long)LOOM__RECORD_MAX_US);
+        prev = r->clocks[k];
+    }
+    r->n_clocks = n;
+    LOOM_TRY(rd_u64(r, &r->digest, "the step's event digest"));
+    *end = true;
+    return LOOM_OK;
+}
+
 loom_status loom__replayer_next_step(loom__replayer *r) {
     clear_step(r);
+    r->step = r->n_steps++;
     while (r->off < r->size) {
         uint8_t tag;
         int64_t at = r->off;
         LOOM_TRY(rd_u8(r, &tag, "a record tag"));
-        if (tag == 'R') {
-            LOOM_RETURN_IF(!grow((void **)&r->reqs, &r->cap_reqs, r->n_reqs + 1, sizeof *r->reqs),
-                           LOOM_ERR_OUT_OF_MEMORY, "replay: out of memory");
-            loom__record_request *q = &r->reqs[r->n_reqs++];
-            memset(q, 0, sizeof *q);
-            LOOM_TRY(decode_request(r, q));
-        } else if (tag == 'X') {
-            LOOM_RETURN_IF(
-                !grow((void **)&r->cancels, &r->cap_cancels, r->n_cancels + 1, sizeof *r->cancels),
-                LOOM_ERR_OUT_OF_MEMORY, "replay: out of memory");
-            LOOM_TRY(rd_u64(r, &r->cancels[r->n_cancels++], "a cancelled id"));
-        } else if (tag == 'S') {
-            uint32_t n;
-            LOOM_TRY(rd_count(r, &n, 8, "the clock-reading count"));
-            r->clocks = loom__malloc(((size_t)n + 1) * sizeof *r->clocks);
-            LOOM_RETURN_IF(!r->clocks, LOOM_ERR_OUT_OF_MEMORY, "replay: out of memory");
-            /* Readings of a monotonic clock from the engine's creation, in microseconds: never
-             * negative, never going back, within what a duration may be (timer.h). */
-            int64_t prev = r->last_clock;
-            for (uint32_t k = 0; k < n; k++) {
-                LOOM_TRY(rd_i64(r, &r->clocks[k], "a clock reading"));
-                LOOM_RETURN_IF(r->clocks[k] < prev || r->clocks[k] > LOOM__RECORD_MAX_US,
-                               LOOM_ERR_BAD_INPUT,
-                               "replay: clock reading %lld at byte %lld (step %lld) is outside "
-                               "[%lld, %lld] (the clock only goes forward)",
-                               (long long)r->clocks[k], (long long)r->off - 8, (long long)r->step,
-                               (long long)prev, (long long)LOOM__RECORD_MAX_US);
-                prev = r->clocks[k];
-            }
-            r->n_clocks = n;
-            r->has_end = true;
-            r->step++;
+        bool end = false;
+        loom_status st = read_record(r, tag, at, &end);
+        if (st != LOOM_OK && r->torn && tag != 'S') {
+            /* A run that crashed while writing its last record: that record is lost, the step
+             * replays with the ones before it (a cut 'S' leaves a truncated file: refused). */
+            LOOM_LOG_W("%s; the step replays without that record", loom_last_error());
+            if (tag == 'R') loom__record_request_free(&r->reqs[--r->n_reqs]);
+            r->off = r->size;
             return LOOM_OK;
-        } else {
-            return loom__fail(LOOM_ERR_BAD_INPUT,
-                              "replay: unknown record tag 0x%02x at byte %lld (step %lld)", tag,
-                              (long long)at, (long long)r->step);
+        }
+        LOOM_TRY(st);
+        if (end) {
+            r->has_end = true;
+            return LOOM_OK;
         }
     }
-    r->step++; /* the file ended inside a step: it replays without its clock record */
-    return LOOM_OK;
+    return LOOM_OK; /* the file ended inside a step: it replays without its clock record */
 }
 
 bool loom__replayer_clock(loom__replayer *r, int64_t *us) {

@@ -19,10 +19,15 @@
  *         every sampler setting with the logit-bias list, max_tokens, n, stop tokens, stop
  *         strings, ignore_eos, priority, the two deadlines, cache_salt
  *     'X' cancellation: u64 id
- *     'S' the step's end: u32 count, then each clock reading (i64 microseconds)
- * A run that crashes leaves its last step without 'S': the requests and cancellations of every
- * step are flushed before the step computes, so that step replays too (its clock readings then
- * repeat the last one recorded). */
+ *     'S' the step's end: u32 count, then each clock reading (i64 microseconds), then a u64
+ *         digest of the step's events (kinds, ids, samples, tokens, reasons, statuses, the
+ *         tokens' log-probabilities): the replay compares it, so a replay that gives other
+ *         events than the recorded run (another backend or device, a nondeterministic kernel,
+ *         another model of the same shape) says so at the first step that differs
+ * A run that crashes leaves its last step without 'S': each request's and cancellation's record
+ * is flushed as the step takes it, before it is acted on, so that step replays too (its clock
+ * readings then repeat the last one recorded); a record torn by the crash is dropped with a
+ * warning. */
 #pragma once
 
 #include <stdbool.h>
@@ -85,8 +90,8 @@ void loom__recorder_cancel(loom__recorder *r, loom_request_id id);
 void loom__recorder_clock(loom__recorder *r, int64_t us);
 /* Flushes what the step took so far (before the forward pass: a crash keeps it). */
 void loom__recorder_flush(loom__recorder *r);
-/* Writes 'S' with the step's clock readings and flushes. */
-void loom__recorder_step_end(loom__recorder *r);
+/* Writes 'S' with the step's clock readings and its events' digest, and flushes. */
+void loom__recorder_step_end(loom__recorder *r, uint64_t digest);
 
 /* A decoded request record: params point into the arrays below, which it owns, except
  * params.sampler, left NULL: it would point into the entry itself, which moves as the step's
@@ -108,8 +113,13 @@ void loom__record_request_free(loom__record_request *q);
  * anything is allocated for it. */
 typedef struct loom__replayer {
     FILE *f;
-    int64_t size, off; /* bytes of the file, and read so far */
-    int64_t step;      /* steps read */
+    int64_t size, off;  /* bytes of the file, and read so far */
+    int64_t step;       /* the step being read or replayed (0-based, as messages count) */
+    int64_t n_steps;    /* steps begun */
+    bool torn;          /* a read ran past the end of the file */
+    loom_status failed; /* a failed step ends the replay: every later step returns this */
+    uint64_t digest;    /* the step's recorded event digest (has_end) */
+    char why[512];      /* the failed step's message */
     /* The current step's inputs and clock readings. */
     loom__record_request *reqs;
     size_t n_reqs, cap_reqs;

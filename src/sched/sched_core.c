@@ -276,7 +276,10 @@ static void count_deadlines(loom__sched *s, const sched_req *r, int32_t n, int64
     if (r->tpot_us > 0 && later > 0) {
         /* Token g (g >= 1 after the first) is due at first_token + g * tpot (mean TPOT). */
         int64_t first = r->n_generated == 0 ? now_us : r->first_token_us;
-        int64_t due = first + (int64_t)(r->n_generated + n - 1) * r->tpot_us;
+        /* Saturating, as next_due (sched_plan.c): 1e9-s deadlines times many tokens overflow. */
+        int64_t g = (int64_t)r->n_generated + n - 1;
+        int64_t due =
+            g > 0 && r->tpot_us > (INT64_MAX - first) / g ? INT64_MAX : first + g * r->tpot_us;
         if (now_us <= due)
             s->stats.n_tpot_met += later;
         else

@@ -21,8 +21,8 @@
 #include "loom.h"
 #include "model/synth_model.h"
 
-static char g_path[512], g_other_path[512], g_rec[512], g_bad[512];
-static loom_model *g_model, *g_other;
+static char g_path[512], g_other_path[512], g_twin_path[512], g_rec[512], g_bad[512];
+static loom_model *g_model, *g_other, *g_twin; /* g_twin: g_model's shape, other weights */
 
 /* ---- events, kept whole ---------------------------------------------------------------------- */
 
@@ -351,6 +351,7 @@ static void test_replay_bad_records(void **state) {
     assert_int_equal(replay_status(g_rec, &full_steps), LOOM_OK);
     assert_int_equal(full_steps, live.steps);
     int header_fails = 0, ok = 0, bad = 0;
+    loom_log_set(NULL, LOOM_LOG_ERROR, NULL); /* each cut's torn record is a warning */
     for (long cut = 0; cut < n; cut += cut < 200 ? 1 : 1 + cut / 64) {
         write_all(g_bad, good, cut);
         loom_status st = replay_status(g_bad, &steps);
@@ -365,6 +366,7 @@ static void test_replay_bad_records(void **state) {
         assert_true(st == LOOM_OK || st == LOOM_ERR_BAD_INPUT || st == LOOM_ERR_INTERNAL);
     }
     assert_true(header_fails > 0 && ok > 0);
+    loom_log_set(NULL, LOOM_LOG_WARN, NULL);
 
     /* Byte mutations anywhere past the header: a clean status or a replay, never a crash or
      * a hang. (A header may ask for any KV budget, as the recording machine had: flipping
@@ -386,6 +388,13 @@ static void test_replay_bad_records(void **state) {
     free(b);
     free(good);
     free(live.v);
+}
+
+/* The number of events of a log's first step. */
+static size_t k_step0(const ev_log *L) {
+    size_t k = 0;
+    while (k < L->n && L->v[k].step == 0) k++;
+    return k;
 }
 
 /* A run that crashed mid-step leaves the step's inputs without its 'S' (they are flushed before
@@ -412,10 +421,10 @@ static void test_replay_crashed_run(void **state) {
     loom_engine_destroy(e);
     long n;
     unsigned char *good = read_all(g_rec, &n);
-    /* Its 'S' ends the file: 'S', u32 count, count readings. */
+    /* Its 'S' ends the file: 'S', u32 count, count readings, the events' digest. */
     long cut = -1;
     for (uint32_t c = 0; c < 64 && cut < 0; c++) {
-        long at = n - 5 - 8 * (long)c;
+        long at = n - 5 - 8 * (long)c - 8; /* then the 8-byte event digest */
         if (at > 0 && good[at] == 'S' &&
             (good[at + 1] | good[at + 2] << 8 | (uint32_t)good[at + 3] << 16 |
              (uint32_t)good[at + 4] << 24) == c)
@@ -429,9 +438,53 @@ static void test_replay_crashed_run(void **state) {
     for (size_t i = 0; i < live.n; i++) tokens_of_new += live.v[i].step == 1 && live.v[i].id >= 3;
     assert_true(tokens_of_new >= 2); /* the crashed step did admit and run the new requests */
     assert_same(&live, &again);
+    /* Torn inside its last request's record (the crash hit while it was written): that
+     * request is dropped with a warning, the step replays with the one before it. */
+    write_all(g_bad, good, cut - 3);
+    ev_log torn = {0};
+    replay_into(g_bad, &torn, 1);
+    assert_int_equal(torn.steps, 2);
+    size_t of_3 = 0, of_4 = 0;
+    for (size_t i = 0; i < torn.n; i++) {
+        if (i < k_step0(&live)) assert_memory_equal(&torn.v[i], &live.v[i], sizeof torn.v[i]);
+        of_3 += torn.v[i].step == 1 && torn.v[i].id == 3;
+        of_4 += torn.v[i].id == 4;
+    }
+    assert_true(of_3 >= 1 && of_4 == 0);
+    free(torn.v);
     free(good);
     free(live.v);
     free(again.v);
+}
+
+/* A model of the same shape with other weights passes the header's check but makes other
+ * tokens: the replay says so at the first step whose events differ, and ends there. */
+static void test_replay_other_weights(void **state) {
+    (void)state;
+    ev_log live = {0};
+    recorded_run(LOOM_PREEMPT_RECOMPUTE, g_rec, &live);
+    loom_engine *e = NULL;
+    assert_int_equal(loom_engine_create_replay(g_twin, g_rec, NULL, &e), LOOM_OK);
+    loom_status st = LOOM_OK;
+    int64_t steps = 0;
+    while (loom_engine_has_work(e) && st == LOOM_OK) {
+        const loom_event *const *ev = NULL;
+        size_t n = 0;
+        st = loom_engine_step(e, &ev, &n);
+        steps++;
+    }
+    assert_int_equal(st, LOOM_ERR_INTERNAL);
+    assert_non_null(strstr(loom_last_error(), "diverged from the record"));
+    assert_true(steps < live.steps);
+    /* Ended: no more work, and every later step says why. */
+    assert_false(loom_engine_has_work(e));
+    const loom_event *const *ev = NULL;
+    size_t n = 0;
+    assert_int_equal(loom_engine_step(e, &ev, &n), LOOM_ERR_INTERNAL);
+    assert_int_equal(n, 0);
+    assert_non_null(strstr(loom_last_error(), "the replay ended there"));
+    loom_engine_destroy(e);
+    free(live.v);
 }
 
 static int setup(void **state) {
@@ -442,10 +495,13 @@ static int setup(void **state) {
     synth_path(g_bad, sizeof g_bad, "replay-bad.rec");
     if (synth_write(g_path, &SYNTH_LLAMA, 41) != 0) return -1;
     if (synth_write(g_other_path, &SYNTH_GEMMA3, 42) != 0) return -1;
+    synth_path(g_twin_path, sizeof g_twin_path, "replay-llama-twin.gguf");
+    if (synth_write(g_twin_path, &SYNTH_LLAMA, 43) != 0) return -1;
     loom_model_params p = loom_model_default_params();
     p.backend = "cpu";
     p.n_threads = 1;
     if (loom_model_load(g_path, &p, &g_model) != LOOM_OK) return -1;
+    if (loom_model_load(g_twin_path, &p, &g_twin) != LOOM_OK) return -1;
     return loom_model_load(g_other_path, &p, &g_other) == LOOM_OK ? 0 : -1;
 }
 
@@ -453,15 +509,15 @@ static int teardown(void **state) {
     (void)state;
     loom_model_free(g_model);
     loom_model_free(g_other);
+    loom_model_free(g_twin);
     return 0;
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_replay_recompute),
-        cmocka_unit_test(test_replay_swap),
-        cmocka_unit_test(test_replay_bad_records),
-        cmocka_unit_test(test_replay_crashed_run),
+        cmocka_unit_test(test_replay_recompute),     cmocka_unit_test(test_replay_swap),
+        cmocka_unit_test(test_replay_bad_records),   cmocka_unit_test(test_replay_crashed_run),
+        cmocka_unit_test(test_replay_other_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

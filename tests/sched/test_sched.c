@@ -623,6 +623,27 @@ static void test_tpot_budget(void **state) {
     fx_close(&f);
 }
 
+/* The longest TPOT deadline (1e9 s) over many tokens: the due time of a late token saturates
+ * instead of overflowing (1e15 us x 10,000 tokens > INT64_MAX: undefined behaviour, which UBSan
+ * reported before the bookkeeping saturated as the planner does). */
+static void test_tpot_huge_deadline(void **state) {
+    (void)state;
+    loom__sched_config c = small_cfg();
+    fx f;
+    fx_open(&f, c, 100000, 16);
+    add_info(&f, (loom__sched_request_info){.id = 1,
+                                            .n_prompt = 1,
+                                            .max_new_tokens = 12000,
+                                            .arrival_us = 0,
+                                            .tpot_us = 1000000000000000ll});
+    for (int k = 0; k < 10000; k++) run_step(&f);
+    loom__sched_stats st;
+    loom__sched_get_stats(f.s, &st);
+    assert_true(st.n_tpot_met >= 9999);
+    assert_int_equal(st.n_tpot_missed, 0);
+    fx_close(&f);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Bad input                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
@@ -742,6 +763,7 @@ int main(void) {
         cmocka_unit_test(test_fcfs),
         cmocka_unit_test(test_cached_prefix),
         cmocka_unit_test(test_tpot_budget),
+        cmocka_unit_test(test_tpot_huge_deadline),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_bad_input),
     };

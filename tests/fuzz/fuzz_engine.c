@@ -12,40 +12,19 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "fuzz_engine_model.h"
 #include "fuzz_input.h"
 #include "kv/kv_manager.h"
 #include "loom.h"
 
-enum { N_ENGINES = 2, MAX_REQS = 4, MAX_STEPS = 12, V = 320 };
+enum { N_ENGINES = 2, MAX_REQS = 4, MAX_STEPS = 12, V = FUZZ_MODEL_VOCAB };
 
 static loom_model *g_model;
 static loom_engine *g_engine[N_ENGINES];
 
-static void quiet_log(loom_log_level level, const char *msg, void *user) {
-    (void)level;
-    (void)msg;
-    (void)user;
-}
-
 static void setup(void) {
-    loom_log_set(quiet_log, LOOM_LOG_ERROR, NULL);
-    loom_synthetic_params sp = loom_synthetic_default_params();
-    sp.arch = "llama";
-    sp.n_vocab = V;
-    sp.n_embd = 32;
-    sp.n_head = 2;
-    sp.n_head_kv = 1;
-    sp.n_ff = 64;
-    sp.n_layer = 1;
-    sp.n_ctx = 128;
-    sp.weight_type = "f32";
-    loom_model_params mp = loom_model_default_params();
-    mp.backend = "cpu";
-    mp.n_threads = 1;
-    if (loom_model_load_synthetic(&sp, &mp, &g_model) != LOOM_OK) {
-        fprintf(stderr, "fuzz_engine: setup: %s\n", loom_last_error());
-        abort();
-    }
+    g_model = fuzz_engine_model("fuzz_engine");
+    if (!g_model) abort();
     for (int k = 0; k < N_ENGINES; k++) {
         loom_engine_params ep = loom_engine_default_params();
         ep.kv_bytes = 96 << 10; /* a few dozen blocks: long requests preempt each other */

@@ -16,6 +16,7 @@
 
 #include "engine/engine.h"
 #include "engine/record.h"
+#include "fuzz_engine_model.h"
 #include "fuzz_input.h"
 #include "kv/kv_manager.h"
 #include "loom.h"
@@ -26,12 +27,6 @@ static loom_model *g_model;
 static uint8_t *g_base; /* the recorded run's file */
 static size_t g_base_n;
 static char g_path[256];
-
-static void quiet_log(loom_log_level level, const char *msg, void *user) {
-    (void)level;
-    (void)msg;
-    (void)user;
-}
 
 static void remove_record(void) {
     if (g_path[0]) remove(g_path);
@@ -71,21 +66,8 @@ static void submit(loom_engine *e, int i, loom_request_id *id) {
 }
 
 static void setup(void) {
-    loom_log_set(quiet_log, LOOM_LOG_ERROR, NULL);
-    loom_synthetic_params sp = loom_synthetic_default_params();
-    sp.arch = "llama";
-    sp.n_vocab = 320;
-    sp.n_embd = 32;
-    sp.n_head = 2;
-    sp.n_head_kv = 1;
-    sp.n_ff = 64;
-    sp.n_layer = 1;
-    sp.n_ctx = 128;
-    sp.weight_type = "f32";
-    loom_model_params mp = loom_model_default_params();
-    mp.backend = "cpu";
-    mp.n_threads = 1;
-    if (loom_model_load_synthetic(&sp, &mp, &g_model) != LOOM_OK) die("model");
+    g_model = fuzz_engine_model("fuzz_replay");
+    if (!g_model) die("model");
     const char *tmp = getenv("TMPDIR");
     snprintf(g_path, sizeof g_path, "%s/loom-fuzz-replay-%d.rec", tmp && *tmp ? tmp : "/tmp",
              (int)getpid());

@@ -3,7 +3,9 @@
  *
  * A pure policy module. It holds one small record per request (an id and the counters it
  * needs: no tokens, no tensors) and builds a plan per step:
- *   1. every running decode (1 token each) — decodes never stall behind a long prompt;
+ *   1. every running decode (1 token each) — decodes never stall behind a long prompt (but
+ *      for deferral, see loom__sched_set_cost: decodes without deadlines may wait for an
+ *      urgent first token);
  *   2. then prefill chunks of running requests and first chunks of newly admitted ones, in
  *      order of importance, each chunk at most the budget left (chunked prefill);
  * under a token budget (max_batched_tokens) and a sequence limit (max_seqs). It asks the KV
@@ -69,6 +71,7 @@
 #pragma once
 
 #include "loom.h"
+#include "sched/cost_model.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* Configuration                                                                              */
@@ -100,7 +103,14 @@ typedef struct loom__sched_config {
      * prefill throughput for decode deadlines exactly when they would be missed. */
     int64_t step_base_us;
     int64_t step_per_token_us;
+    /* Anti-thrash: a request preempted twice is no preemption victim for this long after each
+     * later admission (0 = off). */
+    int64_t protect_us;
 } loom__sched_config;
+
+/* The engine's protect_us: long enough for a preempted-twice request to produce a burst of
+ * tokens (dozens of steps), short against a request's life under overload. */
+#define LOOM_SCHED_ENGINE_PROTECT_US (2 * 1000 * 1000)
 
 /* Defaults: PRIORITY, 2048 tokens, 64 seqs, no chunk cap, watermark 0, RECOMPUTE, promotion
  * after 10 s, step cost model off. */
@@ -229,6 +239,7 @@ typedef struct loom__sched_stats {
     int64_t n_prefill_tokens, n_decode_tokens; /* planned and committed */
     int64_t n_ttft_met, n_ttft_missed;         /* first tokens of requests with a TTFT deadline */
     int64_t n_tpot_met, n_tpot_missed;         /* later tokens of requests with a TPOT deadline */
+    int64_t n_deferred; /* decodes left out of a step for an urgent first token */
 } loom__sched_stats;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -291,7 +302,90 @@ loom_status loom__sched_get(const loom__sched *s, uint64_t id, loom__sched_reque
 /* Counters since create. Never fails for non-NULL arguments (NULL: zeroes / no-op). */
 void loom__sched_get_stats(const loom__sched *s, loom__sched_stats *out);
 
+/* Sets the step-cost model decode deferral uses (copied; the engine passes its fitted model
+ * after every step). While it has no fit, no decode is ever deferred. Deferral (PRIORITY
+ * policy): when the most urgent request still to get its first token with a reachable TTFT
+ * deadline would miss it with every running decode in each step, but make it with the
+ * decodes of lower-ranked requests without any deadline left out, those decodes wait, keeping
+ * their KV, for as long as that holds. */
+void loom__sched_set_cost(loom__sched *s, const loom__cost_model *cm);
+
 /* Checks the scheduler's internal invariants (every request in exactly one queue, the id index,
  * running <= max_seqs, counters in range). For tests and debug builds. Errors: INTERNAL with
  * the broken invariant in the message. */
 loom_status loom__sched_validate(const loom__sched *s);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Forecast: predicted time to first token, for admission control                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One live request as the forecast sees it: its rank and the work it still has. */
+typedef struct loom__sched_brief {
+    int64_t key_prio; /* rank, as in the plan's order (sched_plan.c) */
+    int32_t tier;
+    int64_t deadline;
+    int64_t arrival_us;
+    uint64_t seq;
+    int32_t remaining; /* positions to compute before its next token (0 for a decode) */
+    int32_t out_left;  /* tokens it may still generate */
+    bool running;
+    bool protected_;    /* no preemption victim now (anti-thrash) */
+    bool has_deadline;  /* a TTFT or TPOT deadline (a decode without one may be deferred) */
+    int32_t n_computed; /* positions it holds (running) */
+    bool promoted;      /* its key is the promoted rank, bounded by the classes with deadlines */
+    int32_t priority;
+} loom__sched_brief;
+
+/* A copy of the scheduler's queues, made between steps, from which the time to first token of a
+ * request that arrives now can be predicted without touching the scheduler (so another thread
+ * may read it under the engine's lock while the step thread works). */
+typedef struct loom__sched_forecast {
+    loom__sched_brief *briefs; /* [n], capacity cap; owned */
+    int32_t n, cap;
+    bool fcfs;
+    int32_t max_seqs, max_batched_tokens;
+    int32_t n_running, n_decode;
+    int64_t ctx_running; /* positions the running requests hold */
+    bool defer;          /* the scheduler defers decodes (it has a cost model) */
+    double hit_frac;     /* set by the caller: the fraction of a new prompt expected to be found
+                            in the prefix cache (its recent hit rate; 0: none) */
+    int64_t now_us;      /* when it was made */
+} loom__sched_forecast;
+
+/* Fills f (whose memory it grows; zero-initialise f before the first call) from the scheduler's
+ * state at now_us. Errors: INVALID_ARG (NULL), OUT_OF_MEMORY (f keeps its previous content). */
+loom_status loom__sched_forecast_build(const loom__sched *s, int64_t now_us,
+                                       loom__sched_forecast *f);
+
+/* Adds a request just given to the scheduler (waiting, nothing computed), so predictions for
+ * later arrivals of the same step count it. Errors: OUT_OF_MEMORY (f unchanged). */
+loom_status loom__sched_forecast_add(loom__sched_forecast *f, const loom__sched_request_info *info);
+
+/* Predicted time from the request's arrival to its first token, in microseconds, if it were
+ * added now: the time already waited, plus the steps until the prefill ranked ahead of it and
+ * its own prompt are computed (each step computing the budget left after the running decodes)
+ * or, when every sequence slot is taken by requests it may not preempt, until enough of them
+ * finish (at the rate running requests finish, assuming each generates all the tokens it may)
+ * plus its own prefill; each step costing what the model says for its tokens and the running
+ * context — without the decodes the scheduler would defer for it (loom__sched_set_cost) when
+ * that is what makes its deadline. The queued requests' prefix-cache hits are the KV manager's
+ * answers at build time, the new request's are hit_frac of its prompt. Ignores KV blocks (a
+ * KV-bound queue is predicted early) and sampling stops. -1 when the cost model has no fit yet. */
+int64_t loom__sched_forecast_ttft(const loom__sched_forecast *f, const loom__cost_model *cm,
+                                  const loom__sched_request_info *info, int64_t now_us);
+
+void loom__sched_forecast_free(loom__sched_forecast *f);
+
+/* What the engine does with a request whose predicted TTFT misses its deadline
+ * (loom_engine_params.admission). */
+typedef enum loom__admission {
+    LOOM__ADMIT_ALL = 0,     /* admit every request (the scheduler alone decides) */
+    LOOM__ADMIT_REJECT_LATE, /* refuse it: it ends at once, rejected, having cost nothing */
+    LOOM__ADMIT_DEGRADE,     /* admit it as best-effort: no deadline, priority min(p, 0) */
+} loom__admission;
+
+/* The decision for a request with a TTFT deadline whose predicted TTFT is predicted_us (-1:
+ * unknown, admitted). Requests without a TTFT deadline are always admitted. Returns true when
+ * the request is admitted; *info is rewritten for DEGRADE. */
+bool loom__admission_decide(loom__admission policy, int64_t predicted_us,
+                            loom__sched_request_info *info, bool *degraded);

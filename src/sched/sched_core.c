@@ -43,9 +43,11 @@ static loom_status check_config(const loom__sched_config *c) {
                    "sched: max_batched_tokens %d below max_seqs %d", c->max_batched_tokens,
                    c->max_seqs);
     LOOM_RETURN_IF(c->max_prefill_chunk < 0 || c->watermark_blocks < 0 || c->promote_age_us < 0 ||
-                       c->initial_capacity < 0 || c->step_base_us < 0 || c->step_per_token_us < 0,
+                       c->initial_capacity < 0 || c->step_base_us < 0 || c->step_per_token_us < 0 ||
+                       c->protect_us < 0,
                    LOOM_ERR_INVALID_ARG,
-                   "sched: negative chunk cap, watermark, promotion age, capacity or step cost");
+                   "sched: negative chunk cap, watermark, promotion age, capacity, step cost or "
+                   "protection");
     return LOOM_OK;
 }
 
@@ -384,6 +386,7 @@ loom_status loom__sched_defer(loom__sched *s, uint64_t id) {
     r->swapped = false;
     r->preempted = true;
     r->wait_since_us = s->last_now_us;
+    r->n_preempts++;
     loom__sched_waiting_push(s, slot);
     s->stats.n_preemptions++;
     return LOOM_OK;
@@ -399,6 +402,10 @@ loom_status loom__sched_unswap(loom__sched *s, uint64_t id) {
     r->swapped = false;
     r->n_computed = 0;
     return LOOM_OK;
+}
+
+void loom__sched_set_cost(loom__sched *s, const loom__cost_model *cm) {
+    if (s && cm) s->cost = *cm;
 }
 
 loom_status loom__sched_get(const loom__sched *s, uint64_t id, loom__sched_request_view *out) {

@@ -33,17 +33,20 @@ typedef struct sched_req {
 
     /* state */
     sched_rstate state;
-    bool preempted;         /* waiting after a preemption */
-    bool swapped;           /* its KV is on the host (SWAP preemption, not yet swapped in) */
-    bool promoted;          /* sticky until the request leaves */
-    int64_t promoted_at_us; /* orders promoted requests FIFO */
-    int64_t wait_since_us;  /* when the current wait began (arrival or preemption) */
-    int64_t waited_us;      /* total of the earlier waits */
-    int32_t list_idx;       /* index in s->waiting or s->running */
-    int32_t entry;          /* index in the pending plan's entries, -1 if none */
+    bool preempted;             /* waiting after a preemption */
+    bool swapped;               /* its KV is on the host (SWAP preemption, not yet swapped in) */
+    bool promoted;              /* sticky until the request leaves */
+    int64_t promoted_at_us;     /* orders promoted requests FIFO */
+    int64_t wait_since_us;      /* when the current wait began (arrival or preemption) */
+    int64_t waited_us;          /* total of the earlier waits */
+    int32_t n_preempts;         /* times it was preempted (or deferred) */
+    int64_t protected_until_us; /* not a preemption victim before this (see protect_us) */
+    int32_t list_idx;           /* index in s->waiting or s->running */
+    int32_t entry;              /* index in the pending plan's entries, -1 if none */
 
     /* per-step scratch, reset by every loom__sched_schedule */
-    int64_t key_prio;     /* effective priority */
+    int64_t key_prio;     /* rank key: 2 * priority, or the promoted rank (see set_keys) */
+    int32_t key_tier;     /* within key_prio: 0 deadline still reachable, 1 promoted, 2 the rest */
     int64_t key_deadline; /* INT64_MAX = none */
     int32_t step_blocks;  /* blocks counted against this step for its entry */
     int32_t promise;      /* blocks still reserved for the rest of its prefill */
@@ -65,7 +68,8 @@ typedef struct sched_index {
 
 /* A request's place in a step's order, copied out of its record so qsort needs no context. */
 typedef struct sched_key {
-    int64_t prio;     /* effective priority, higher first */
+    int64_t prio;     /* rank key, higher first */
+    int32_t tier;     /* lower first: reachable deadline, promoted, the rest */
     int64_t deadline; /* earlier first; INT64_MAX = none */
     int64_t arrival;  /* earlier first */
     uint64_t seq;     /* add order: earlier first */
@@ -99,6 +103,9 @@ struct loom__sched {
 
     uint64_t next_seq;
     int64_t last_now_us;
+    loom__cost_model cost;   /* for decode deferral (loom__sched_set_cost); empty: off */
+    int64_t reach_prio;      /* this step: lowest priority of a request with a deadline, INT64_MAX
+                                if none (bounds the rank of promoted requests) */
     loom__sched_stats stats; /* the n_waiting/n_running/n_preempted fields are filled on demand */
 };
 
@@ -121,6 +128,10 @@ void loom__sched_waiting_push(loom__sched *s, int32_t slot);
 void loom__sched_waiting_remove(loom__sched *s, int32_t slot);
 void loom__sched_running_push(loom__sched *s, int32_t slot);
 void loom__sched_running_remove(loom__sched *s, int32_t slot);
+
+/* Computes every live request's rank keys (key_prio, key_tier, key_deadline) for time now, as
+ * the plan's order uses them (sched_plan.c). */
+void loom__sched_rank_keys(loom__sched *s, int64_t now);
 
 /* Frees a request's slot and forgets its id (it must be in no queue). */
 void loom__sched_release(loom__sched *s, int32_t slot);

@@ -3,6 +3,7 @@
  * preemption victims when KV blocks or sequence slots run short. The policy is described in
  * sched.h; this file says how it is carried out. */
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 
 #include "core/status.h"
@@ -73,16 +74,46 @@ static int64_t next_due(const sched_req *r) {
     return add_sat(r->first_token_us, r->tpot_us * r->n_generated);
 }
 
-static void set_keys(const loom__sched *s, sched_req *r) {
+/* Does r have a deadline (TTFT or TPOT) at all? */
+static bool has_deadline(const sched_req *r) {
+    return r->ttft_us > 0 || r->tpot_us > 0;
+}
+
+/* Can r still meet the deadline of its next token? (false when it has none) */
+static bool deadline_reachable(const sched_req *r, int64_t now) {
+    int64_t due = next_due(r);
+    return due != INT64_MAX && due > now;
+}
+
+/* Rank keys. Priorities are doubled so a promoted request can rank between two of them.
+ *   - Unpromoted: key 2 * priority; within it, tier 0 while its deadline is reachable (earliest
+ *     due first), tier 2 once missed or with none (missed first, by due time, then no deadline).
+ *     A request past its deadline yields to those still able to meet theirs: under overload,
+ *     serving earliest-deadline-first would make every later request late too (the domino
+ *     effect).
+ *   - Promoted: above every request of lower priority than the lowest priority that has a
+ *     request with a deadline (s->reach_prio), below that priority itself (key
+ *     2 * reach_prio - 1), never below its own; at the top when no request has a deadline. So
+ *     starvation promotion never outranks a class that asked for deadlines — under overload
+ *     the best-effort work is what degrades —, and the bound does not flip with every
+ *     deadline met or missed (which made promoted requests jump to the top, be admitted and be
+ *     preempted again at the next arrival). Promoted requests go FIFO (tier 1, by promotion
+ *     time). */
+static void set_keys(const loom__sched *s, sched_req *r, int64_t now) {
+    r->key_tier = 0;
     if (is_fcfs(s)) {
         r->key_prio = 0;
         r->key_deadline = 0;
     } else if (r->promoted) {
-        r->key_prio = LOOM_SCHED_PROMOTED_PRIORITY;
-        r->key_deadline = r->promoted_at_us; /* promoted requests go FIFO */
+        int64_t own = 2 * (int64_t)r->priority;
+        int64_t bound = s->reach_prio == INT64_MAX ? INT64_MAX : 2 * s->reach_prio - 1;
+        r->key_prio = own > bound ? own : bound;
+        r->key_tier = 1;
+        r->key_deadline = r->promoted_at_us;
     } else {
-        r->key_prio = r->priority;
+        r->key_prio = 2 * (int64_t)r->priority;
         r->key_deadline = next_due(r);
+        r->key_tier = deadline_reachable(r, now) ? 0 : 2;
     }
 }
 
@@ -92,27 +123,34 @@ static int cmp3(int64_t a, int64_t b) {
 
 static int key_cmp(const void *pa, const void *pb) {
     const sched_key *a = pa, *b = pb;
-    int c = cmp3(b->prio, a->prio); /* higher priority first */
+    int c = cmp3(b->prio, a->prio); /* higher rank first */
+    if (!c) c = cmp3(a->tier, b->tier);
     if (!c) c = cmp3(a->deadline, b->deadline);
     if (!c) c = cmp3(a->arrival, b->arrival);
     if (!c) c = (a->seq > b->seq) - (a->seq < b->seq);
     return c;
 }
 
-/* Would v be preempted before r? Victims go lowest effective priority first, then latest
- * arrival (then latest added). */
+/* Would v be preempted before r? Victims go lowest rank first (within a priority: no deadline
+ * or a missed one before a deadline still reachable), then the one with the fewest
+ * computed positions (the least work to redo or to move: recompute re-prefills them, swap
+ * copies their blocks), then latest arrival (then latest added). */
 static bool victim_before(const sched_req *v, const sched_req *r) {
     if (v->key_prio != r->key_prio) return v->key_prio < r->key_prio;
+    if (v->key_tier != r->key_tier) return v->key_tier > r->key_tier;
+    if (v->n_computed != r->n_computed) return v->n_computed < r->n_computed;
     if (v->arrival_us != r->arrival_us) return v->arrival_us > r->arrival_us;
     return v->seq > r->seq;
 }
 
 /* May v be preempted to make room for r? A running r (strict = false) may take from any request
- * that ranks after it as a victim; a waiting r (strict = true) only from strictly lower
- * effective priority, so equal priorities never trade places by preemption. Requests admitted in
- * this plan are never victims: the engine has not even set them up yet. */
+ * that ranks after it as a victim; a waiting r (strict = true) only from strictly lower rank, so
+ * equal priorities never trade places by preemption. Requests admitted in this plan are never
+ * victims: the engine has not even set them up yet; nor is a request preempted twice already,
+ * for protect_us after its admission (so no request thrashes). */
 static bool may_preempt(const loom__sched *s, const sched_req *v, const sched_req *r, bool strict) {
     if (v == r || v->admitted_now || v->state != SCHED_RUNNING) return false;
+    if (v->protected_until_us > s->last_now_us) return false;
     if (strict) return !is_fcfs(s) && v->key_prio < r->key_prio;
     return victim_before(v, r);
 }
@@ -130,9 +168,28 @@ static void promote(loom__sched *s, int64_t now) {
     }
 }
 
+void loom__sched_rank_keys(loom__sched *s, int64_t now) {
+    s->reach_prio = INT64_MAX;
+    for (int32_t q = 0; q < 2; q++) {
+        const int32_t *list = q ? s->waiting : s->running;
+        int32_t len = q ? s->n_waiting : s->n_running;
+        for (int32_t i = 0; i < len; i++) {
+            const sched_req *r = &s->reqs[list[i]];
+            if (!r->promoted && r->priority < s->reach_prio && has_deadline(r))
+                s->reach_prio = r->priority;
+        }
+    }
+    for (int32_t q = 0; q < 2; q++) {
+        const int32_t *list = q ? s->waiting : s->running;
+        int32_t len = q ? s->n_waiting : s->n_running;
+        for (int32_t i = 0; i < len; i++) set_keys(s, &s->reqs[list[i]], now);
+    }
+}
+
 /* Resets the step scratch, computes keys, and sorts every live request into s->order.
  * Returns how many. */
-static int32_t build_order(loom__sched *s) {
+static int32_t build_order(loom__sched *s, int64_t now) {
+    loom__sched_rank_keys(s, now);
     int32_t n = 0;
     for (int32_t q = 0; q < 2; q++) {
         const int32_t *list = q ? s->waiting : s->running;
@@ -141,9 +198,8 @@ static int32_t build_order(loom__sched *s) {
             sched_req *r = &s->reqs[list[i]];
             r->admitted_now = r->preempted_now = false;
             r->step_blocks = r->promise = 0;
-            set_keys(s, r);
-            s->order[n++] =
-                (sched_key){r->key_prio, r->key_deadline, r->arrival_us, r->seq, list[i]};
+            s->order[n++] = (sched_key){r->key_prio,   r->key_tier, r->key_deadline,
+                                        r->arrival_us, r->seq,      list[i]};
         }
     }
     qsort(s->order, (size_t)n, sizeof *s->order, key_cmp);
@@ -210,6 +266,7 @@ static void preempt(step *st, int32_t slot) {
         v->n_computed = 0; /* n_generated stays: it re-prefills prompt + generated tokens */
     v->preempted = true;
     v->preempted_now = true;
+    v->n_preempts++;
     v->wait_since_us = st->now;
     loom__sched_waiting_push(s, slot);
     s->preempted[st->n_preempted++] = v->id;
@@ -390,6 +447,8 @@ static void schedule_admission(step *st, int32_t slot) {
     r->swapped = false;
     r->preempted = false;
     r->admitted_now = true;
+    if (r->n_preempts >= 2 && s->cfg.protect_us > 0)
+        r->protected_until_us = add_sat(st->now, s->cfg.protect_us);
     plan_entry(st, slot, start, c, need_c, true, swap_in);
     r->promise = (int32_t)(need_all > need_c ? need_all - need_c : 0);
     st->promised += r->promise;
@@ -417,6 +476,49 @@ static int32_t step_budget(const loom__sched *s, int64_t now) {
     return budget;
 }
 
+/* Decode deferral. The most urgent request still to produce its first token with a reachable
+ * TTFT deadline (the first such in the order) computes its prompt at the budget the running
+ * decodes leave, in steps that the decodes make slower. When the step-cost model says it would
+ * miss its deadline so but make it with the decodes of requests without any deadline and of
+ * lower rank left out of the step, those decodes wait (keeping their KV) until it has its
+ * first token: best-effort work yields first, and only when it saves a deadline. Returns the
+ * rank key below which deadline-free decodes are deferred, or INT64_MIN for none. */
+static int64_t defer_below(const loom__sched *s, int32_t n_order, int64_t now) {
+    const loom__cost_model *cm = &s->cost;
+    if (is_fcfs(s) || !loom__cost_model_ready(cm)) return INT64_MIN;
+    const sched_req *u = NULL;
+    for (int32_t i = 0; i < n_order && !u; i++) {
+        const sched_req *r = &s->reqs[s->order[i].slot];
+        if (r->n_generated == 0 && r->ttft_us > 0 && r->key_tier == 0 && !r->promoted) u = r;
+    }
+    if (!u) return INT64_MIN;
+    int32_t n_keep = 0, n_defer = 0;
+    int64_t ctx_keep = 0, ctx_defer = 0;
+    for (int32_t i = 0; i < s->n_running; i++) {
+        const sched_req *r = &s->reqs[s->running[i]];
+        if (!is_decode(r)) continue;
+        bool deferrable = next_due(r) == INT64_MAX && r->key_prio < u->key_prio;
+        n_defer += deferrable;
+        n_keep += !deferrable;
+        *(deferrable ? &ctx_defer : &ctx_keep) += r->n_computed + 1;
+    }
+    if (n_defer == 0) return INT64_MIN;
+    int32_t left = loom__sched_total(u) - (u->state == SCHED_RUNNING ? u->n_computed : 0);
+    int32_t B = s->cfg.max_batched_tokens;
+    double slack = (double)(next_due(u) - now);
+    /* Time to its first token with the decodes in every step, and without the deferrable. */
+    double with = 0, without = 0;
+    {
+        int32_t per = B - n_keep - n_defer > 0 ? B - n_keep - n_defer : 1;
+        double steps = ceil((double)left / per);
+        with = steps * loom__cost_model_predict(cm, B, (double)(ctx_keep + ctx_defer));
+        per = B - n_keep > 0 ? B - n_keep : 1;
+        steps = ceil((double)left / per);
+        without = steps * loom__cost_model_predict(cm, B, (double)ctx_keep);
+    }
+    return with > slack && without <= slack ? u->key_prio : INT64_MIN;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* loom__sched_schedule                                                                        */
 /* ------------------------------------------------------------------------------------------ */
@@ -431,7 +533,7 @@ loom_status loom__sched_schedule(loom__sched *s, int64_t now_us, loom__sched_pla
     s->last_now_us = now_us;
 
     promote(s, now_us);
-    int32_t n = build_order(s);
+    int32_t n = build_order(s, now_us);
     step st = {.s = s, .now = now_us, .avail = kv_free(s), .budget = step_budget(s, now_us)};
     for (int32_t i = 0; i < s->n_running; i++) {
         sched_req *r = &s->reqs[s->running[i]];
@@ -440,11 +542,18 @@ loom_status loom__sched_schedule(loom__sched *s, int64_t now_us, loom__sched_pla
         st.promised += r->promise;
     }
 
-    /* Pass 1: every running decode, most important first (they choose victims first). */
+    /* Pass 1: every running decode, most important first (they choose victims first), but
+     * those deferred for an urgent first token. */
+    int64_t defer = defer_below(s, n, now_us);
     for (int32_t i = 0; i < n; i++) {
         int32_t slot = s->order[i].slot;
         const sched_req *r = &s->reqs[slot];
-        if (r->state == SCHED_RUNNING && is_decode(r)) schedule_decode(&st, slot);
+        if (r->state != SCHED_RUNNING || !is_decode(r)) continue;
+        if (defer != INT64_MIN && r->key_prio < defer && next_due(r) == INT64_MAX) {
+            s->stats.n_deferred++;
+            continue;
+        }
+        schedule_decode(&st, slot);
     }
     /* Pass 2: running prefills and admissions in one order, so a more important waiting
      * request gets budget before a less important running prefill does. */

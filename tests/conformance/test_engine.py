@@ -949,14 +949,20 @@ def arrival(model, V):
               f"arrival_s: TTFT does not count from the arrival: {st['ttft_mean_s']}")
         check(first_b >= 0.8e9, "arrival_s: the trace's since_arrival_ns ignores it")
     # The TTFT deadline runs from the arrival: b (deadline 0.3 s from its submit) goes first,
-    # unless a arrived 1 s ago with 0.5 s (so it is overdue).
+    # unless a arrived 1 s ago with 3 s (so it is due in 2 s, before b's 3 s).
     order, _, _ = first_token_order(model, [dict(b, ttft_deadline_s=0.3),
                                             dict(a, ttft_deadline_s=0.5)])
     check(order == [0, 1], f"deadlines from submit: {order}")
-    order, _, _ = first_token_order(model, [dict(b, ttft_deadline_s=0.3),
-                                            dict(a, ttft_deadline_s=0.5,
+    order, _, _ = first_token_order(model, [dict(b, ttft_deadline_s=3.0),
+                                            dict(a, ttft_deadline_s=3.0,
                                                  arrival_s=loom.engine_now() - 1.0)])
     check(order == [1, 0], f"arrival_s: the TTFT deadline does not count from it: {order}")
+    # A request already past its deadline (a: 0.5 s, arrived 1 s ago) yields to one that can
+    # still meet its own (b): serving the overdue first would make both late.
+    order, _, _ = first_token_order(model, [dict(b, ttft_deadline_s=3.0),
+                                            dict(a, ttft_deadline_s=0.5,
+                                                 arrival_s=loom.engine_now() - 1.0)])
+    check(order == [0, 1], f"an overdue request went before one that can still make it: {order}")
 
     e = loom.Engine(model, kv_bytes=32 << 20)
     for bad in (float("nan"), float("inf"), -1.0, loom.engine_now() + 10):
@@ -969,6 +975,42 @@ def arrival(model, V):
     ok = e.submit(**dict(a, arrival_s=loom.engine_now() + 0.0005))  # within the slack
     out = e.run()[ok][0]
     check(out["reason"] == "length", "an arrival within the slack did not run")
+    e.close()
+
+
+def admission(model, V):
+    """Admission control through the binding: predict_ttft before and after a step, a
+    reject_late engine refusing a request it predicts late with ERR_OVERLOADED (nothing
+    queued), and the per-class figures."""
+    rng = np.random.default_rng(29)
+    req = dict(tokens=[1] + [int(t) for t in rng.integers(3, V, 15)], max_tokens=3)
+    e = loom.Engine(model, kv_bytes=1 << 22, max_seqs=2, max_batched_tokens=16,
+                    admission="reject_late")
+    check(e.predict_ttft(**req) == -1.0, "predict_ttft before any step should be -1")
+    e.submit(**req)
+    while e.has_work():
+        e.step()
+    t = e.predict_ttft(**req)
+    check(t > 0, f"predict_ttft after a step: {t}")
+    for _ in range(4):
+        e.submit(**dict(req, priority=1))
+    try:
+        e.submit(**dict(req, priority=1, ttft_deadline_s=1e-6))
+        check(False, "reject_late admitted a request predicted late")
+    except loom.LoomError as err:
+        check(err.status == 14, f"reject_late: status {err.status}, not ERR_OVERLOADED")
+    ok = e.submit(**dict(req, priority=1, ttft_deadline_s=1e6))
+    while e.has_work():
+        e.step()
+    st, cs = e.stats(), e.class_stats(1)
+    print(f"admission: predicted TTFT {t * 1e3:.2f} ms on an idle engine; class 1: {cs['admitted']}"
+          f" admitted, {cs['rejected']} rejected, {cs['ttft_met']}/{cs['ttft_deadlines']} deadlines"
+          f" met; step cost {st['step_base_s'] * 1e3:.3f} ms + {st['step_per_token_s'] * 1e3:.3f}"
+          f" ms/token")
+    check(st["rejected"] == 1 and cs["rejected"] == 1 and cs["admitted"] == 5,
+          f"admission counts: {st['rejected']} {cs}")
+    check(cs["ttft_deadlines"] == 1 and cs["ttft_met"] == 1, f"class deadlines: {cs}")
+    check(ok in e.outputs, "the admitted request has no output")
     e.close()
 
 
@@ -1062,6 +1104,7 @@ def main():
     concurrent_submit(model, shape.n_vocab)
     statistics(model, shape.n_vocab)
     arrival(model, shape.n_vocab)
+    admission(model, shape.n_vocab)
     gemma = gemma_path("the real-model engine checks")
     engine_generate(model, shape.n_vocab, gemma)
     sliding_window(TMP)

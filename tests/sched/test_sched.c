@@ -648,6 +648,174 @@ static void test_tpot_huge_deadline(void **state) {
 /* Bad input                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------------------------ */
+/* Overload: deadlines still reachable first, bounded promotion, no thrashing, deferral        */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Within a priority, a request that can still meet its deadline goes before one that has
+ * missed its own (earliest-deadline-first would serve the overdue one and make both late),
+ * and a missed one before one that never had a deadline. */
+static void test_reachable_before_missed(void **state) {
+    (void)state;
+    loom__sched_config c = small_cfg();
+    c.max_seqs = 1;
+    fx f;
+    fx_open(&f, c, 1000, 16);
+    f.now = 10 * STEP_US;
+    add_req(&f, 1, 0, 4, 1);                         /* no deadline */
+    add_info(&f, (loom__sched_request_info){.id = 2, /* due at 5 ms: missed already */
+                                            .n_prompt = 4,
+                                            .max_new_tokens = 1,
+                                            .arrival_us = 0,
+                                            .ttft_us = 5 * STEP_US});
+    add_info(&f, (loom__sched_request_info){.id = 3, /* due at 1 s */
+                                            .n_prompt = 4,
+                                            .max_new_tokens = 1,
+                                            .arrival_us = f.now,
+                                            .ttft_us = 1000 * STEP_US});
+    add_info(&f, (loom__sched_request_info){.id = 4, /* due at 3 ms: missed, before 2 */
+                                            .n_prompt = 4,
+                                            .max_new_tokens = 1,
+                                            .arrival_us = 0,
+                                            .ttft_us = 3 * STEP_US});
+    /* The reachable one, then the missed ones by due time, then the one without a deadline. */
+    static const uint64_t want[] = {3, 4, 2, 1};
+    expect_service_order(&f, want, 4);
+    loom__sched_stats st;
+    loom__sched_get_stats(f.s, &st);
+    assert_int_equal(st.n_ttft_met, 1);
+    assert_int_equal(st.n_ttft_missed, 2);
+    fx_close(&f);
+}
+
+/* A promoted best-effort request outranks other best-effort work but not a class with
+ * deadlines: with a stream of high-priority requests that carry deadlines it waits; once the
+ * stream stops it runs before the best-effort requests that arrived after it. */
+static void test_promotion_bounded_by_deadlines(void **state) {
+    (void)state;
+    loom__sched_config c = small_cfg();
+    c.max_seqs = 1;
+    c.promote_age_us = 5 * STEP_US;
+    fx f;
+    fx_open(&f, c, 1000, 16);
+    add_req(&f, 1, 0, 4, 1); /* best-effort: promoted after 5 steps */
+    uint64_t next = 20;
+    for (int step = 0; step < 12; step++) {
+        add_info(&f, (loom__sched_request_info){.id = next++,
+                                                .priority = 1,
+                                                .n_prompt = 4,
+                                                .max_new_tokens = 1,
+                                                .arrival_us = f.now,
+                                                .ttft_us = 1000 * STEP_US});
+        const loom__sched_plan *p = run_step(&f);
+        assert_int_equal(p->n_entries, 1);
+        assert_int_equal(p->entries[0].id, next - 1); /* the high one, every step */
+    }
+    assert_true(view_of(&f, 1).promoted);
+    add_req(&f, 2, 0, 4, 1); /* a later best-effort request */
+    add_req(&f, 3, 5, 4, 1); /* and a more important one without a deadline */
+    /* Promotion lifts 1 above every priority below the lowest with a deadline (none is left
+     * waiting, so: above everything), FIFO before 3's priority 5. */
+    static const uint64_t want[] = {1, 3, 2};
+    expect_service_order(&f, want, 3);
+    fx_close(&f);
+}
+
+/* A request preempted twice is no victim again for protect_us after its admission. Two
+ * requests share 3 blocks of 4 positions; the one of lower priority is preempted each time the
+ * other needs its block, until it has been preempted twice: then it keeps its blocks and the
+ * more important one waits (stuck) rather than preempt it a third time. */
+static void test_protect_after_two_preemptions(void **state) {
+    (void)state;
+    loom__sched_config c = small_cfg();
+    c.max_seqs = 2;
+    c.protect_us = 1000 * STEP_US;
+    fx f;
+    fx_open(&f, c, 4, 4);
+    int max_preempted = 0;
+    for (int round = 0; round < 3; round++) {
+        /* A waiting request of strictly higher priority preempts 1 to get a slot (max_seqs 2
+         * with a filler of priority 9 holding the other slot). */
+        if (round == 0) {
+            add_req(&f, 9, 9, 1, 1000);
+            add_req(&f, 1, 0, 1, 1000);
+            run_step(&f);
+            run_step(&f);
+        }
+        add_req(&f, 10 + (uint64_t)round, 5, 1, 2);
+        const loom__sched_plan *p = run_step(&f);
+        int n = was_preempted(p, 1) ? 1 : 0;
+        if (round < 2) {
+            assert_int_equal(n, 1);
+        } else {
+            assert_int_equal(n, 0); /* protected: preempted twice already */
+            assert_null(entry_of(p, 12));
+        }
+        max_preempted += n;
+        /* Let the high one finish and 1 come back. */
+        for (int k = 0; k < 3 && known(&f, 10 + (uint64_t)round) && round < 2; k++) run_step(&f);
+        for (int k = 0; k < 3 && view_of(&f, 1).state != LOOM_SCHED_STATE_RUNNING; k++)
+            run_step(&f);
+    }
+    assert_int_equal(max_preempted, 2);
+    fx_close(&f);
+}
+
+/* Deferral: with a step-cost model, a high-priority prompt that would miss its TTFT deadline
+ * with every best-effort decode in each step, but makes it without them, runs alone; the
+ * decodes wait (keeping their KV), and resume as soon as it can make it with them. */
+static void test_defer_decodes_for_urgent_prompt(void **state) {
+    (void)state;
+    loom__sched_config c = small_cfg();
+    c.max_seqs = 8;
+    c.max_batched_tokens = 16;
+    fx f;
+    fx_open(&f, c, 1000, 16);
+    loom__cost_model cm;
+    loom__cost_model_init(&cm, 100);
+    loom__cost_model_set(&cm, 1000, 100, 0); /* 1 ms + 0.1 ms per token */
+    loom__sched_set_cost(f.s, &cm);
+    for (uint64_t id = 1; id <= 6; id++) add_req(&f, id, 0, 2, 1000);
+    run_step(&f); /* prefills */
+    run_step(&f); /* six decodes */
+    assert_int_equal(f.plan.n_decode, 6);
+    /* 40 tokens to compute within 4.5 ms: at 10 tokens a step (6 decodes) 4 steps of 2.6 ms
+     * = 10.4 ms, too late; at 16 a step, 3 steps of 2.6 ms = 7.8 ms, also too late: no
+     * deferral. With 9 ms: deferring saves it. */
+    add_info(&f, (loom__sched_request_info){.id = 20,
+                                            .priority = 1,
+                                            .n_prompt = 40,
+                                            .max_new_tokens = 2,
+                                            .arrival_us = f.now,
+                                            .ttft_us = 4500});
+    const loom__sched_plan *p = run_step(&f);
+    assert_int_equal(p->n_decode, 6); /* hopeless either way: decodes keep running */
+    loom__sched_holds h;
+    assert_int_equal(loom__sched_cancel(f.s, 20, &h), LOOM_OK);
+    fake_release(&f.kv, 20);
+    add_info(&f, (loom__sched_request_info){.id = 21,
+                                            .priority = 1,
+                                            .n_prompt = 40,
+                                            .max_new_tokens = 2,
+                                            .arrival_us = f.now,
+                                            .ttft_us = 9000});
+    /* First step: 16 tokens, no decode (40 left at 10 a step would take 10.4 ms > 9 ms). */
+    p = run_step(&f);
+    assert_int_equal(p->n_decode, 0);
+    assert_int_equal(entry_of(p, 21)->n_tokens, 16);
+    /* Then 24 left with the decodes: 3 steps of 2.6 ms = 7.8 ms, within the 8 ms left: the
+     * decodes resume at once (deferral lasts only while it is what saves the deadline). */
+    p = run_step(&f);
+    assert_int_equal(p->n_decode, 6);
+    assert_int_equal(entry_of(p, 21)->n_tokens, 10);
+    while (view_of(&f, 21).n_generated == 0) run_step(&f);
+    loom__sched_stats st;
+    loom__sched_get_stats(f.s, &st);
+    assert_int_equal(st.n_deferred, 6);
+    assert_int_equal(st.n_ttft_met, 1);
+    fx_close(&f);
+}
+
 static void test_bad_config(void **state) {
     (void)state;
     fake_kv kv;
@@ -764,6 +932,10 @@ int main(void) {
         cmocka_unit_test(test_cached_prefix),
         cmocka_unit_test(test_tpot_budget),
         cmocka_unit_test(test_tpot_huge_deadline),
+        cmocka_unit_test(test_reachable_before_missed),
+        cmocka_unit_test(test_promotion_bounded_by_deadlines),
+        cmocka_unit_test(test_protect_after_two_preemptions),
+        cmocka_unit_test(test_defer_decodes_for_urgent_prompt),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_bad_input),
     };

@@ -86,7 +86,8 @@ LOOM_API int loom_version_number(void);
     X(ERR_INTERNAL, 10, "internal error")                                                          \
     X(ERR_NOT_FOUND, 11, "no such request")                                                        \
     X(ERR_BUSY, 12, "the engine is running in background mode")                                    \
-    X(ERR_NO_DEVICE, 13, "no usable device for the requested backend")
+    X(ERR_NO_DEVICE, 13, "no usable device for the requested backend")                             \
+    X(ERR_OVERLOADED, 14, "the request would miss its deadline under the current load")
 
 typedef enum loom_status {
 #define LOOM__STATUS_ENUM(name, value, desc) LOOM_##name = value,
@@ -643,9 +644,12 @@ LOOM_API loom_status loom_generate(loom_session *session, const char *prompt,
  * a token budget (running decodes first, then chunks of prompts), runs one forward pass over
  * all scheduled tokens of all sequences, samples, and reports events. Prompts that share a
  * prefix share KV blocks (prefix cache); n > 1 samples of one prompt share its blocks
- * (copy-on-write); when blocks run out, the lowest-priority, latest request is preempted and
- * resumed later with nothing lost. A request's tokens are the same whatever else runs beside
- * it (batch invariance, on the CPU backend).
+ * (copy-on-write); when blocks run out, the lowest-priority request with the least computed
+ * (then the latest) is preempted and resumed later with nothing lost; a request preempted
+ * twice is spared for a while (no thrashing). Under overload the order keeps deadlines that
+ * can still be met: within a priority, requests that can still meet their deadline go first
+ * (earliest first), then those that missed it, then those without one. A request's tokens are the
+ * same whatever else runs beside it (batch invariance, on the CPU backend).
  *
  * Threads: loom_engine_submit, loom_engine_cancel and loom_engine_get_stats may be called from
  * any thread at any time. loom_engine_step (and loom_engine_generate, which steps) must be
@@ -660,6 +664,17 @@ typedef enum loom_preempt_mode {
     LOOM_PREEMPT_RECOMPUTE = 0, /* free the victim's blocks; recompute prompt + output later */
     LOOM_PREEMPT_SWAP = 1,      /* copy the victim's blocks to host memory and back */
 } loom_preempt_mode;
+
+/* What the engine does with a request whose time to first token, predicted at submit from the
+ * queue ahead of it and the engine's step-cost model, is later than its ttft_deadline_s
+ * (loom_engine_params.admission). Requests without a TTFT deadline are always admitted. */
+typedef enum loom_admission_policy {
+    LOOM_ADMIT_ALL = 0,         /* admit every request (the default) */
+    LOOM_ADMIT_REJECT_LATE = 1, /* refuse it: submit returns LOOM_ERR_OVERLOADED, and the
+                                   message gives the predicted TTFT (an HTTP server answers
+                                   429 with Retry-After) */
+    LOOM_ADMIT_DEGRADE = 2,     /* admit it as best-effort: no deadlines, priority min(p, 0) */
+} loom_admission_policy;
 
 typedef enum loom_event_kind {
     LOOM_EVENT_TOKEN = 0,    /* a token was produced */
@@ -725,33 +740,39 @@ typedef struct loom_engine_params {
     bool fcfs;                  /* plain first-come-first-served: ignore priorities and
                                    deadlines (default false) */
     double starvation_s;        /* a request waiting longer is promoted (default 30; 0 or
-                                   +inf: never; finite values up to 1e9) */
+                                   +inf: never; finite values up to 1e9): it ranks above
+                                   every request of lower priority than the lowest priority
+                                   that has a request still able to meet its deadline (above
+                                   everything when none can), so promotion never costs a
+                                   deadline that can still be met */
     float watermark;            /* fraction of blocks admission keeps free (default 0.01) */
     loom_event_fn on_event;     /* non-NULL: background mode — a thread steps the engine */
     void *on_event_user_data;
-    int32_t max_logprobs;     /* most sampler.n_logprobs a request may ask for (default 20);
-                                 each sample of a request holds 2 * n_logprobs entries */
-    loom_trace *trace;        /* optional (default NULL: no tracing, and no cost beyond a
-                                 pointer test per phase): every step that runs a batch appends
-                                 a step record and one token record per produced token (see
-                                 "Per-token trace"). Borrowed: must outlive the engine; may be
-                                 written or cleared from any thread while the engine runs */
-    int32_t n_sample_threads; /* threads that run a step's sampler chains, the step thread
-                                 included, from a pool the engine owns (0, the default: the
-                                 model's n_threads; at most 8, and never more than max_seqs
-                                 are used). A token never depends on it */
-    const char *record_path;  /* optional (default NULL): records the engine's inputs to this
-                                 file (created, or truncated), for loom_engine_create_replay —
-                                 each request as the step that took it saw it (prompt tokens,
-                                 every sampler setting, arrival), each cancellation, and the
-                                 scheduler's clock readings and a digest of the events of
-                                 each step. Each request and cancellation is flushed as a step
-                                 takes it, before it is acted on, so a run that crashes keeps
-                                 what it was doing. The path is copied at create (IO if it
-                                 cannot be created); a write that fails later ends the record
-                                 with a log line (ERROR) and the engine goes on. Costs a write
-                                 per step, per request and per cancellation; two engines must
-                                 not record into one path */
+    int32_t max_logprobs;            /* most sampler.n_logprobs a request may ask for (default 20);
+                                        each sample of a request holds 2 * n_logprobs entries */
+    loom_trace *trace;               /* optional (default NULL: no tracing, and no cost beyond a
+                                        pointer test per phase): every step that runs a batch appends
+                                        a step record and one token record per produced token (see
+                                        "Per-token trace"). Borrowed: must outlive the engine; may be
+                                        written or cleared from any thread while the engine runs */
+    int32_t n_sample_threads;        /* threads that run a step's sampler chains, the step thread
+                                        included, from a pool the engine owns (0, the default: the
+                                        model's n_threads; at most 8, and never more than max_seqs
+                                        are used). A token never depends on it */
+    const char *record_path;         /* optional (default NULL): records the engine's inputs to this
+                                        file (created, or truncated), for loom_engine_create_replay —
+                                        each request as the step that took it saw it (prompt tokens,
+                                        every sampler setting, arrival), each cancellation, and the
+                                        scheduler's clock readings and a digest of the events of
+                                        each step. Each request and cancellation is flushed as a step
+                                        takes it, before it is acted on, so a run that crashes keeps
+                                        what it was doing. The path is copied at create (IO if it
+                                        cannot be created); a write that fails later ends the record
+                                        with a log line (ERROR) and the engine goes on. Costs a write
+                                        per step, per request and per cancellation; two engines must
+                                        not record into one path */
+    loom_admission_policy admission; /* default LOOM_ADMIT_ALL; see loom_engine_predict_ttft for
+                                        what the prediction counts */
 } loom_engine_params;
 
 typedef struct loom_request_params {
@@ -841,7 +862,46 @@ typedef struct loom_engine_stats {
     double busy_s;
     double tokens_per_s;
     double tokens_per_s_recent;
+    /* The step-cost model the engine fits to its own steps (least squares, recent steps
+     * weighing more: half-life LOOM_ENGINE_COST_HALF_LIFE steps): a step computing n tokens
+     * whose sequences hold c positions takes about base + per_token * n + per_ctx * c
+     * seconds. All 0 before the first step. */
+    double step_base_s;
+    double step_per_token_s;
+    double step_per_ctx_s;
+    int64_t rejected; /* submits refused by admission control (LOOM_ERR_OVERLOADED) */
+    int64_t degraded; /* requests admitted as best-effort by LOOM_ADMIT_DEGRADE */
 } loom_engine_stats;
+
+/* Steps after which a step's weight in the step-cost model halves. */
+#define LOOM_ENGINE_COST_HALF_LIFE 128
+
+/* Service per priority class: the requests submitted with one `priority` (a degraded request
+ * stays in the class it was submitted in, and is judged against the deadline it asked for). */
+typedef struct loom_class_stats {
+    size_t size;      /* set by the caller: sizeof(loom_class_stats) */
+    int32_t priority; /* the class */
+    int64_t admitted; /* submits accepted (degraded ones included) */
+    int64_t rejected; /* submits refused with LOOM_ERR_OVERLOADED */
+    int64_t degraded; /* admitted as best-effort (LOOM_ADMIT_DEGRADE) */
+    int64_t ended;    /* admitted requests that have ended (finished, cancelled, failed) */
+    /* TTFT attainment over ended requests that asked for a TTFT deadline: met when the first
+     * token came within it; a request that ended without a token missed it */
+    int64_t ttft_deadlines;
+    int64_t ttft_met;
+    int64_t preemptions;      /* of the class's requests */
+    int64_t tokens_generated; /* by the class's ended requests */
+    /* Percentiles (nearest rank) over the class's last LOOM_ENGINE_LATENCY_WINDOW ended
+     * requests with a first token (TTFT) and with two tokens or more (TPOT); 0 while none. */
+    double ttft_p50_s;
+    double ttft_p99_s;
+    double tpot_p50_s;
+    double tpot_p99_s;
+} loom_class_stats;
+
+/* Classes an engine keeps figures for: the first LOOM_ENGINE_MAX_CLASSES distinct priorities
+ * submitted; requests of later ones are served as any other but not counted per class. */
+#define LOOM_ENGINE_MAX_CLASSES 16
 
 /* Requests the TTFT/TPOT percentiles of loom_engine_stats look back over. */
 #define LOOM_ENGINE_LATENCY_WINDOW 1024
@@ -917,7 +977,9 @@ LOOM_API void loom_engine_destroy(loom_engine *engine);
  *   penalty; the message names the field — n_logprobs above the engine's max_logprobs, and an
  *   arrival_s that is negative, not finite or later than now + LOOM_ENGINE_ARRIVAL_SLACK_S),
  *   BAD_INPUT (invalid UTF-8, a token id out of range), CONTEXT_FULL (the prompt does not fit
- *   max_ctx or the whole KV budget), OUT_OF_MEMORY (nothing is queued). */
+ *   max_ctx or the whole KV budget), OUT_OF_MEMORY (nothing is queued), OVERLOADED (admission
+ *   LOOM_ADMIT_REJECT_LATE, and the request's predicted TTFT is later than its
+ *   ttft_deadline_s: nothing is queued; the message gives both, in seconds). */
 LOOM_API loom_status loom_engine_submit(loom_engine *engine, const loom_request_params *req,
                                         loom_request_id *out_id);
 
@@ -979,6 +1041,28 @@ LOOM_API void loom_generation_free(loom_generation *generation);
 
 /* Counters and occupancy, a consistent snapshot. Thread-safe. */
 LOOM_API loom_status loom_engine_get_stats(loom_engine *engine, loom_engine_stats *out);
+
+/* The service figures of priority class `priority` (loom_class_stats). Thread-safe.
+ * Errors: INVALID_ARG (NULL engine or out, out->size too small), NOT_FOUND (no request of that
+ * priority was submitted, or the engine already tracked LOOM_ENGINE_MAX_CLASSES others). */
+LOOM_API loom_status loom_engine_get_class_stats(loom_engine *engine, int32_t priority,
+                                                 loom_class_stats *out);
+
+/* The time to first token the engine predicts for req if it were submitted now, in seconds
+ * from its arrival (arrival_s, or now) — what admission control compares with its
+ * ttft_deadline_s. The prediction counts the prompt tokens still to compute of every request
+ * that ranks before it (priority, then a deadline it can still meet, then arrival; requests
+ * submitted since the last step included), the sequence slots it must wait for when every slot
+ * is held by requests it may not preempt (they finish at the rate running requests do,
+ * assuming each generates all its max_tokens), and its own prompt, each step taking what the
+ * engine's step-cost model says (loom_engine_stats.step_*). It does not model KV blocks
+ * running short or prefix-cache hits, so a KV-bound queue is predicted early and a cached
+ * prompt late. *ttft_s is -1 before the engine has run a step (no cost model yet). req is
+ * validated as by submit and not kept. Thread-safe (takes the engine's lock for a pass over
+ * its queue). Errors: INVALID_ARG (NULL, a replay engine), every error of submit's
+ * validation. */
+LOOM_API loom_status loom_engine_predict_ttft(loom_engine *engine, const loom_request_params *req,
+                                              double *ttft_s);
 
 /* One KV group: the layers that share an attention window share a pool of blocks (Gemma 3: the
  * full-attention layers, and the sliding-window layers). */

@@ -14,7 +14,8 @@ LOOM_OK = 0
 STATUS = {0: "OK", 1: "ERR_INVALID_ARG", 2: "ERR_OUT_OF_MEMORY", 3: "ERR_IO",
           4: "ERR_BAD_MODEL", 5: "ERR_UNSUPPORTED", 6: "ERR_BAD_INPUT",
           7: "ERR_CONTEXT_FULL", 8: "ERR_BUFFER_TOO_SMALL", 9: "ERR_BACKEND",
-          10: "ERR_INTERNAL", 11: "ERR_NOT_FOUND", 12: "ERR_BUSY", 13: "ERR_NO_DEVICE"}
+          10: "ERR_INTERNAL", 11: "ERR_NOT_FOUND", 12: "ERR_BUSY", 13: "ERR_NO_DEVICE",
+          14: "ERR_OVERLOADED"}
 TOKENIZE_ADD_SPECIAL = 1
 TOKENIZE_PARSE_SPECIAL = 2
 DETOKENIZE_RENDER_SPECIAL = 1
@@ -278,7 +279,10 @@ class EngineParams(C.Structure):
                 ("fcfs", C.c_bool), ("starvation_s", C.c_double), ("watermark", C.c_float),
                 ("on_event", C.c_void_p), ("on_event_user_data", C.c_void_p),
                 ("max_logprobs", C.c_int32), ("trace", C.c_void_p),
-                ("n_sample_threads", C.c_int32), ("record_path", C.c_char_p)]
+                ("n_sample_threads", C.c_int32), ("record_path", C.c_char_p),
+                ("admission", C.c_int)]
+
+ADMISSION = {"admit_all": 0, "reject_late": 1, "degrade": 2}  # loom_admission_policy
 
 
 class RequestParams(C.Structure):
@@ -314,7 +318,18 @@ class EngineStats(C.Structure):
                 ("tpot_count", C.c_int64), ("tpot_mean_s", C.c_double),
                 ("tpot_p50_s", C.c_double), ("tpot_p99_s", C.c_double),
                 ("busy_s", C.c_double), ("tokens_per_s", C.c_double),
-                ("tokens_per_s_recent", C.c_double)]
+                ("tokens_per_s_recent", C.c_double), ("step_base_s", C.c_double),
+                ("step_per_token_s", C.c_double), ("step_per_ctx_s", C.c_double),
+                ("rejected", C.c_int64), ("degraded", C.c_int64)]
+
+
+class ClassStats(C.Structure):
+    _fields_ = [("size", C.c_size_t), ("priority", C.c_int32), ("admitted", C.c_int64),
+                ("rejected", C.c_int64), ("degraded", C.c_int64), ("ended", C.c_int64),
+                ("ttft_deadlines", C.c_int64), ("ttft_met", C.c_int64),
+                ("preemptions", C.c_int64), ("tokens_generated", C.c_int64),
+                ("ttft_p50_s", C.c_double), ("ttft_p99_s", C.c_double),
+                ("tpot_p50_s", C.c_double), ("tpot_p99_s", C.c_double)]
 
 
 class KvGroupInfo(C.Structure):
@@ -411,6 +426,9 @@ _lib.loom_engine_step.argtypes = [C.c_void_p, C.POINTER(C.POINTER(C.POINTER(Even
 _lib.loom_engine_has_work.argtypes = [C.c_void_p]
 _lib.loom_engine_has_work.restype = C.c_bool
 _lib.loom_engine_get_stats.argtypes = [C.c_void_p, C.POINTER(EngineStats)]
+_lib.loom_engine_get_class_stats.argtypes = [C.c_void_p, C.c_int32, C.POINTER(ClassStats)]
+_lib.loom_engine_predict_ttft.argtypes = [C.c_void_p, C.POINTER(RequestParams),
+                                          C.POINTER(C.c_double)]
 _lib.loom_engine_get_kv_group.argtypes = [C.c_void_p, C.c_int32, C.POINTER(KvGroupInfo)]
 _lib.loom_engine_now.restype = C.c_double
 _lib.loom_engine_now.argtypes = []
@@ -551,6 +569,8 @@ class Engine:
                 raise TypeError(f"unknown engine parameter {k!r}")
             if k == "record_path" and isinstance(v, str):
                 v = os.fsencode(v)
+            if k == "admission" and isinstance(v, str):
+                v = ADMISSION[v]
             setattr(p, k, v)
         if trace is not None:
             if not isinstance(trace, Trace) or not trace._h:
@@ -694,6 +714,21 @@ class Engine:
         s = _result(EngineStats)
         _check(_lib.loom_engine_get_stats(self._h, C.byref(s)))
         return _fields(s)
+
+    def class_stats(self, priority):
+        """loom_engine_get_class_stats: the service figures of one priority class as a dict
+        (admitted, rejected, degraded, ended, ttft_deadlines, ttft_met, preemptions, ...)."""
+        s = _result(ClassStats)
+        _check(_lib.loom_engine_get_class_stats(self._h, priority, C.byref(s)))
+        return _fields(s)
+
+    def predict_ttft(self, prompt=None, tokens=None, **kw):
+        """loom_engine_predict_ttft: the TTFT in seconds the engine predicts for a request with
+        submit()'s arguments if it were submitted now (-1 before the first step)."""
+        r, keep = self._request(prompt=prompt, tokens=tokens, **kw)
+        out = C.c_double()
+        _check(_lib.loom_engine_predict_ttft(self._h, C.byref(r), C.byref(out)))
+        return out.value
 
     def kv_groups(self):
         """Every KV group's pool as a list of dicts (loom_kv_group_info's fields)."""

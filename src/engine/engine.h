@@ -47,6 +47,13 @@ typedef struct loom__engine_swap_area {
     int32_t n_free;
 } loom__engine_swap_area;
 
+/* The service figures of one priority class (loom_class_stats), under the engine's mu. */
+typedef struct loom__engine_class {
+    loom_class_stats st;           /* the counters; get_class_stats computes the percentiles */
+    double *ttft_ring, *tpot_ring; /* [LOOM_ENGINE_LATENCY_WINDOW], indexed by count % window */
+    int64_t n_ttft, n_tpot;
+} loom__engine_class;
+
 /* What sizing the KV pools depends on (loom__engine_kv_plan). */
 typedef struct loom__engine_kv_shape {
     int64_t budget; /* bytes for every pool together */
@@ -160,6 +167,16 @@ struct loom_engine {
     int64_t busy_ns;
     int64_t rate_tokens[LOOM_ENGINE_RATE_WINDOW], rate_ns[LOOM_ENGINE_RATE_WINDOW];
     int64_t n_rate;
+    /* Admission control (engine_admit.c). The step thread fits the step-cost model to each
+     * step and copies the scheduler's queues into fc_build after it; under mu, both are then
+     * published (fc_pub, cost_pub) for submit's predictions, and submit adds each request it
+     * queues to fc_pub so the next submit counts it before a step has taken it. */
+    loom__cost_model cost;
+    loom__sched_forecast fc_build;
+    loom__sched_forecast fc_pub;                         /* under mu */
+    loom__cost_model cost_pub;                           /* under mu */
+    loom__engine_class classes[LOOM_ENGINE_MAX_CLASSES]; /* under mu */
+    int32_t n_classes;
     bool stop;
     bool has_thread;
     pthread_t thread;
@@ -191,6 +208,23 @@ void loom__engine_release(loom_engine *e, struct loom__req_sample *s);
 
 /* engine_step.c */
 loom_status loom__engine_step(loom_engine *e);
+
+/* engine_admit.c */
+/* At submit (not for replayed requests): predicts r's TTFT and applies params.admission —
+ * OVERLOADED for a rejection (r untouched), or r (and *p, which the record is encoded from)
+ * rewritten as best-effort for DEGRADE; counts the submit in r's class. */
+loom_status loom__engine_admit(loom_engine *e, loom__req *r, loom_request_params *p);
+/* Under mu, after a request has been queued: counts it in the published forecast. */
+void loom__engine_admitted_locked(loom_engine *e, const loom__req *r);
+/* Step thread, after a step that ran a batch: updates the cost model with the step's tokens,
+ * context and duration, and publishes a fresh forecast. */
+void loom__engine_after_step(loom_engine *e, int32_t n_tokens, int64_t n_ctx, int64_t step_us);
+/* Under mu: the class of priority p (added if there is room; NULL if not). */
+loom__engine_class *loom__engine_class_locked(loom_engine *e, int32_t p);
+/* Under mu: a request of r's class ended (latencies in seconds; < 0 when it had none). */
+void loom__engine_class_ended_locked(loom_engine *e, const loom__req *r, double ttft_s,
+                                     double tpot_s, int64_t tokens);
+void loom__engine_admit_free(loom_engine *e);
 
 /* engine_replay.c */
 /* Opens params.record_path (at create). Errors: IO, OUT_OF_MEMORY. */
@@ -233,6 +267,16 @@ static inline const loom_token *loom__engine_known(loom_engine *e, const loom__r
     for (int32_t p = 0; p < n; p++) e->known[p] = loom__sample_token(r, s, p);
     return e->known;
 }
+
+/* Tokens a sample of r may generate: max_tokens, at most what the context leaves (submit
+ * checked n_prompt < max_ctx): the sample finishes with LOOM_FINISH_CONTEXT there whatever
+ * max_tokens says. */
+static inline int32_t loom__engine_max_new(const loom_engine *e, const loom__req *r) {
+    return r->max_tokens < e->max_ctx - r->n_prompt ? r->max_tokens : e->max_ctx - r->n_prompt;
+}
+
+/* Nearest-rank percentile q (0 < q <= 1) of v[0..n), sorted here; 0 for n = 0. */
+double loom__engine_percentile(double *v, size_t n, double q);
 
 /* Engine clock in microseconds since create (the scheduler's time). Every reading a step
  * makes goes through here: recorded with params.record_path, taken from the record in a

@@ -47,6 +47,9 @@ static loom_status check_params(const loom_model *m, loom_engine_params *p) {
                    "engine: watermark %g (in [0, 1))", (double)p->watermark);
     LOOM_RETURN_IF(p->preempt != LOOM_PREEMPT_RECOMPUTE && p->preempt != LOOM_PREEMPT_SWAP,
                    LOOM_ERR_INVALID_ARG, "engine: unknown preemption mode %d", (int)p->preempt);
+    LOOM_RETURN_IF(p->admission != LOOM_ADMIT_ALL && p->admission != LOOM_ADMIT_REJECT_LATE &&
+                       p->admission != LOOM_ADMIT_DEGRADE,
+                   LOOM_ERR_INVALID_ARG, "engine: unknown admission policy %d", (int)p->admission);
     LOOM_RETURN_IF(p->max_logprobs < 0, LOOM_ERR_INVALID_ARG, "engine: max_logprobs %d (>= 0)",
                    p->max_logprobs);
     LOOM_RETURN_IF(p->n_sample_threads < 0 || p->n_sample_threads > LOOM_ENGINE_MAX_SAMPLERS,
@@ -110,6 +113,8 @@ static loom_status create_sched(loom_engine *e) {
     sc.preempt_mode = e->params.preempt == LOOM_PREEMPT_SWAP ? LOOM_SCHED_PREEMPT_SWAP
                                                              : LOOM_SCHED_PREEMPT_RECOMPUTE;
     loom__duration_us(e->params.starvation_s, &sc.promote_age_us); /* checked at create */
+    /* A request preempted twice keeps its blocks for a while after each later admission. */
+    sc.protect_us = LOOM_SCHED_ENGINE_PROTECT_US;
     loom__sched_kv_iface kv = loom__engine_kv_iface(e);
     return loom__sched_create(&sc, &kv, &e->sched);
 }
@@ -129,6 +134,8 @@ static loom_status create_engine(loom_engine *e) {
     LOOM_TRY(loom__engine_kv_create(e));
     LOOM_TRY(alloc_step_arrays(e));
     LOOM_TRY(create_sched(e));
+    loom__cost_model_init(&e->cost, LOOM_ENGINE_COST_HALF_LIFE);
+    e->cost_pub = e->cost;
     LOOM_TRY(loom__id_map_init(&e->reqs, 64));
     LOOM_TRY(loom__id_map_init(&e->live, 64));
     /* Longest vocabulary piece: sizes each sample's text stream. */
@@ -213,6 +220,7 @@ void loom_engine_destroy(loom_engine *e) {
     loom__id_map_free(&e->reqs);
     loom__id_map_free(&e->live);
     loom__sched_destroy(e->sched);
+    loom__engine_admit_free(e);
     loom__engine_kv_destroy(e);
     loom__exec_destroy(e->model, &e->exec);
     loom__threadpool_destroy(e->sample_tp);

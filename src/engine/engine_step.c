@@ -94,19 +94,23 @@ static void retire_if_done(loom_engine *e, loom__req *r) {
             decode_tokens += s->n_generated - 1;
         }
     }
+    int64_t tokens = 0;
+    for (int32_t i = 0; i < r->n_samples; i++) tokens += r->samples[i].n_generated;
+    double ttft = -1, tpot = -1;
     pthread_mutex_lock(&e->mu);
     loom__id_map_del(&e->live, r->id);
     e->stats.requests_finished++;
     if (first_ns != INT64_MAX) {
-        double ttft = (double)(first_ns - r->arrival_ns) * 1e-9;
+        ttft = (double)(first_ns - r->arrival_ns) * 1e-9;
         e->ttft_sum_s += ttft;
         e->ttft_ring[e->stats.ttft_count++ % LOOM_ENGINE_LATENCY_WINDOW] = ttft;
     }
     if (decode_tokens > 0) {
-        double tpot = (double)decode_ns * 1e-9 / (double)decode_tokens;
+        tpot = (double)decode_ns * 1e-9 / (double)decode_tokens;
         e->tpot_sum_s += tpot;
         e->tpot_ring[e->stats.tpot_count++ % LOOM_ENGINE_LATENCY_WINDOW] = tpot;
     }
+    loom__engine_class_ended_locked(e, r, ttft, tpot, tokens);
     pthread_mutex_unlock(&e->mu);
     /* Kept until the next step: this step's events point into it (a TOKEN event's info and
      * text). A list through the requests themselves, so retiring cannot fail for memory (a
@@ -158,10 +162,7 @@ static loom_status add_to_sched(loom_engine *e, loom__req *r, int32_t i) {
         .id = loom__sched_id(r, i),
         .priority = r->priority,
         .n_prompt = r->n_prompt,
-        /* at most what the context leaves (submit checked n_prompt < max_ctx): the sample
-         * finishes with LOOM_FINISH_CONTEXT there whatever max_tokens says */
-        .max_new_tokens =
-            r->max_tokens < e->max_ctx - r->n_prompt ? r->max_tokens : e->max_ctx - r->n_prompt,
+        .max_new_tokens = loom__engine_max_new(e, r),
         .arrival_us = loom__engine_us_of(e, r->arrival_ns),
         .ttft_us = r->ttft_us,
         .tpot_us = r->tpot_us,
@@ -262,6 +263,8 @@ static void carry_out_preemptions(loom_engine *e, const loom__sched_plan *plan) 
         }
         pthread_mutex_lock(&e->mu);
         e->stats.preemptions++;
+        loom__engine_class *c = loom__engine_class_locked(e, r->class_priority);
+        if (c) c->st.preemptions++;
         pthread_mutex_unlock(&e->mu);
     }
     for (int32_t k = 0; k < plan->n_rejected; k++) {
@@ -644,7 +647,8 @@ static loom_status step(loom_engine *e) {
     drain_inbox(e);
 
     loom__sched_plan plan;
-    LOOM_TRY(loom__sched_schedule(e->sched, loom__engine_now_us(e), &plan));
+    const int64_t t_plan_us = loom__engine_now_us(e);
+    LOOM_TRY(loom__sched_schedule(e->sched, t_plan_us, &plan));
     carry_out_preemptions(e, &plan);
     if (plan.n_entries == 0) {
         update_stats(e);
@@ -686,9 +690,15 @@ static loom_status step(loom_engine *e) {
         e->n_results = 0;
     }
     /* Entries that were dropped (cancelled, failed) still close the plan. */
-    loom_status st2 =
-        loom__sched_on_step_done(e->sched, e->results, e->n_results, loom__engine_now_us(e));
+    const int64_t t_done_us = loom__engine_now_us(e);
+    loom_status st2 = loom__sched_on_step_done(e->sched, e->results, e->n_results, t_done_us);
     if (st2 != LOOM_OK) LOOM_LOG_E("engine: scheduler bookkeeping: %s", loom_last_error());
+    /* The step-cost model learns from the scheduler's own clock readings (so a replay fits the
+     * same model); the context is what the plan's sequences hold after the step. */
+    int64_t n_ctx = 0;
+    for (int32_t k = 0; k < plan.n_entries; k++)
+        n_ctx += (int64_t)plan.entries[k].pos_start + plan.entries[k].n_tokens;
+    loom__engine_after_step(e, plan.n_tokens, n_ctx, t_done_us - t_plan_us);
     update_stats(e);
     /* The step record goes in before the step is counted: its index is the one its token
      * records carry. */

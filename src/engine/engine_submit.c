@@ -81,6 +81,17 @@ loom_status loom__engine_enqueue(loom_engine *e, const loom_request_params *p, i
     }
     for (int32_t i = 0; i < r->n_samples; i++) r->samples[i].kv_seq = -1;
     r->arrival_ns = arrival_ns;
+    /* Admission control, on a copy of the parameters: a degraded request is recorded as the
+     * engine will serve it. A replayed request was admitted when it was recorded. */
+    loom_request_params admitted = *p;
+    if (id == 0) {
+        loom_status as = loom__engine_admit(e, r, &admitted);
+        if (as != LOOM_OK) {
+            loom__req_free(r);
+            return as;
+        }
+        p = &admitted;
+    }
     if (e->rec) {
         loom_status rs = loom__engine_record_request(e, p, r);
         if (rs != LOOM_OK) {
@@ -109,7 +120,10 @@ loom_status loom__engine_enqueue(loom_engine *e, const loom_request_params *p, i
         loom__id_map_del(&e->live, r->id);
         st = loom__fail(LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
     }
-    if (st == LOOM_OK) pthread_cond_broadcast(&e->cv);
+    if (st == LOOM_OK) {
+        loom__engine_admitted_locked(e, r);
+        pthread_cond_broadcast(&e->cv);
+    }
     pthread_mutex_unlock(&e->mu);
     if (st != LOOM_OK) {
         loom__req_free(r);
@@ -153,8 +167,7 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Nearest-rank percentile q (0 < q <= 1) of v[0..n), sorted here; 0 for n = 0. */
-static double percentile(double *v, size_t n, double q) {
+double loom__engine_percentile(double *v, size_t n, double q) {
     if (n == 0) return 0;
     qsort(v, n, sizeof *v, cmp_double);
     size_t rank = (size_t)ceil(q * (double)n); /* 1-based */
@@ -202,11 +215,11 @@ loom_status loom_engine_get_stats(loom_engine *e, loom_engine_stats *out) {
     pthread_mutex_unlock(&e->mu);
 
     st.ttft_mean_s = st.ttft_count > 0 ? ttft_sum / (double)st.ttft_count : 0;
-    st.ttft_p50_s = percentile(ttft, n_ttft, 0.50);
-    st.ttft_p99_s = percentile(ttft, n_ttft, 0.99);
+    st.ttft_p50_s = loom__engine_percentile(ttft, n_ttft, 0.50);
+    st.ttft_p99_s = loom__engine_percentile(ttft, n_ttft, 0.99);
     st.tpot_mean_s = st.tpot_count > 0 ? tpot_sum / (double)st.tpot_count : 0;
-    st.tpot_p50_s = percentile(tpot, n_tpot, 0.50);
-    st.tpot_p99_s = percentile(tpot, n_tpot, 0.99);
+    st.tpot_p50_s = loom__engine_percentile(tpot, n_tpot, 0.50);
+    st.tpot_p99_s = loom__engine_percentile(tpot, n_tpot, 0.99);
     st.busy_s = (double)busy_ns * 1e-9;
     st.tokens_per_s = busy_ns > 0 ? (double)st.tokens_generated / st.busy_s : 0;
     st.tokens_per_s_recent = recent_ns > 0 ? (double)recent_tokens / ((double)recent_ns * 1e-9) : 0;

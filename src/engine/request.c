@@ -184,6 +184,8 @@ loom_status loom__req_create(const loom_model *m, const loom_request_params *p, 
     r->priority = p->priority;
     loom__duration_us(p->ttft_deadline_s, &r->ttft_us); /* checked above */
     loom__duration_us(p->tpot_deadline_s, &r->tpot_us);
+    r->class_priority = r->priority;
+    r->asked_ttft_us = r->ttft_us;
     r->cache_salt = p->cache_salt;
     loom_status st = copy_prompt(m, p, r);
     if (st == LOOM_OK && r->n_prompt >= max_ctx) {

@@ -51,6 +51,8 @@ typedef struct loom__req {
     bool ignore_eos;
     int32_t priority;
     int64_t ttft_us, tpot_us; /* deadlines in microseconds (0: none), checked at submit */
+    int32_t class_priority;   /* the priority it was submitted with (its class in the stats) */
+    int64_t asked_ttft_us;    /* the TTFT deadline it asked for (kept when degraded) */
     uint64_t cache_salt;
     int64_t arrival_ns; /* monotonic clock (loom__now_ns): the caller's arrival_s, or the
                            submit time */

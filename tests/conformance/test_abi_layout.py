@@ -31,6 +31,7 @@ BOUND = {
     "loom_engine_stats": loom.EngineStats,
     "loom_generation": loom.Generation,
     "loom_kv_group_info": loom.KvGroupInfo,
+    "loom_class_stats": loom.ClassStats,
     "loom_trace_info": loom.TraceInfo,
 }
 NOT_BOUND = {

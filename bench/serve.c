@@ -397,15 +397,7 @@ int main(int argc, char **argv) {
     loom_model_info mi = {.size = sizeof mi};
     loom_model_get_info(model, &mi);
 
-    loom_engine_params ep = loom_engine_default_params();
-    ep.kv_bytes = c->kv_bytes;
-    if (c->max_seqs) ep.max_seqs = c->max_seqs;
-    if (c->max_batched_tokens) ep.max_batched_tokens = c->max_batched_tokens;
-    if (c->block_size) ep.block_size = c->block_size;
-    ep.prefix_cache = !c->no_prefix_cache;
-    int32_t model_ctx = mi.n_ctx_train < 8192 ? mi.n_ctx_train : 8192;
-    int32_t longest = serve_workload_max_len(c, mi.bos >= 0 ? 1 : 0);
-    ep.max_ctx = c->max_ctx ? c->max_ctx : (longest < model_ctx ? longest : model_ctx);
+    loom_engine_params ep = serve_engine_params(c, &mi);
 
     int rc;
     if (c->n_concurrency > 0) {

@@ -96,6 +96,9 @@ bool serve_workload_make(const serve_config *cfg, const loom_model_info *info, i
 void serve_workload_free(serve_workload *w);
 /* Writes request r's prompt (n_prompt tokens) into out. */
 void serve_workload_prompt(const serve_workload *w, const serve_request *r, loom_token *out);
+/* The engine parameters the configuration asks for (engine defaults otherwise; max_ctx: the
+ * longest request it can draw, within the model's context). */
+loom_engine_params serve_engine_params(const serve_config *c, const loom_model_info *mi);
 /* The longest prompt + output the configuration can draw (for max_ctx). */
 int32_t serve_workload_max_len(const serve_config *cfg, int32_t n_head);
 

@@ -208,3 +208,17 @@ void serve_workload_prompt(const serve_workload *w, const serve_request *r, loom
     serve_rng tr = {r->token_seed};
     for (int32_t k = 0; k < r->n_own; k++) out[fixed + k] = draw_token(&tr, w->n_vocab);
 }
+
+loom_engine_params serve_engine_params(const serve_config *c, const loom_model_info *mi) {
+    loom_engine_params ep = loom_engine_default_params();
+    ep.kv_bytes = c->kv_bytes;
+    if (c->max_seqs) ep.max_seqs = c->max_seqs;
+    if (c->max_batched_tokens) ep.max_batched_tokens = c->max_batched_tokens;
+    if (c->block_size) ep.block_size = c->block_size;
+    ep.prefix_cache = !c->no_prefix_cache;
+    /* The longest request the distributions can draw, within the model's context. */
+    int32_t model_ctx = mi->n_ctx_train < 8192 ? mi->n_ctx_train : 8192;
+    int32_t longest = serve_workload_max_len(c, mi->bos >= 0 ? 1 : 0);
+    ep.max_ctx = c->max_ctx ? c->max_ctx : (longest < model_ctx ? longest : model_ctx);
+    return ep;
+}

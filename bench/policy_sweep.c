@@ -135,6 +135,7 @@ typedef struct agg {
     int64_t rej_would_miss, rej_total, miss_under_all;
     double pred_abs_err_s; /* |predicted - simulated| TTFT over admitted high requests */
     int64_t n_pred;
+    int64_t hi_infeasible; /* high requests that miss their deadline even alone */
 } agg;
 
 static void add_run(agg *a, const loom__sim_request *r, const loom__sim_outcome *out, size_t n,
@@ -181,6 +182,9 @@ static void add_run(agg *a, const loom__sim_request *r, const loom__sim_outcome 
 static void print_table(double load, double hi_share, agg *a) {
     printf("\n### %.0f%% of capacity (the high class alone: %.0f%%)\n\n", 100 * load,
            100 * load * hi_share);
+    printf("high-class requests that miss their deadline even alone on an idle engine: %lld of "
+           "%lld\n\n",
+           (long long)a[0].hi_infeasible, (long long)a[0].hi_n);
     printf("| policy | high TTFT met | one-sided 95%% bound | admitted high missed | rejected "
            "| degraded | high TTFT p50 / p99 | best-effort TTFT p50 / p99 | goodput tok/s | "
            "preemptions | promotions | rejected that would miss | mean abs TTFT prediction "
@@ -206,6 +210,23 @@ static void print_table(double load, double hi_share, agg *a) {
                x->span_s > 0 ? x->good_tokens / x->span_s : 0, (long long)x->preemptions,
                (long long)x->promotions, rej, err);
     }
+}
+
+/* High-class requests that miss their deadline even alone on an idle engine (a long prompt
+ * the machine cannot compute in time): no policy can save them. */
+static int64_t count_infeasible(const policy_opts *o, const loom_engine_params *ep,
+                                const policy_calib *c, const loom__sim_request *r, size_t n) {
+    loom__sim_config sc = policy_sim_config(o, ep, c, POLICY_PRIORITY);
+    int64_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].ttft_us == 0) continue;
+        loom__sim_request one = r[i];
+        one.arrival_us = 0;
+        loom__sim_outcome out;
+        if (loom__sim_run(&sc, &one, 1, &out, NULL) == LOOM_OK && out.first_token_us > one.ttft_us)
+            k++;
+    }
+    return k;
 }
 
 /* The high class's share of the work (computed prompt tokens plus output tokens). */
@@ -253,6 +274,8 @@ int policy_sweep(const policy_opts *o, const loom_model_info *mi, const loom_eng
             }
             policy_sim_requests(o, ep, &w, r);
             share += high_share(r, w.n) / o->n_seeds;
+            int64_t infeasible = count_infeasible(o, ep, c, r, w.n);
+            for (int p = 0; p < POLICY_COUNT; p++) a[p].hi_infeasible += infeasible;
             for (int p = 0; p < POLICY_COUNT && rc == 0; p++) {
                 loom__sim_config sc = policy_sim_config(o, ep, c, p);
                 loom__sim_stats st;

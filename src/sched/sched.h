@@ -16,8 +16,11 @@
  * never reads a clock, so tests drive time by hand). Calls must not go back in time.
  *
  * Order of importance (policy PRIORITY):
- *   effective priority (higher first), then deadline (earlier first; none = last), then arrival
- *   (earlier first), then the order of loom__sched_add (a total order: plans are deterministic).
+ *   effective priority (higher first); within it, requests whose deadline is still reachable
+ *   (earliest due first), then those that missed it (earliest due first), then those without
+ *   one; then arrival (earlier first), then the order of loom__sched_add (a total order: plans
+ *   are deterministic). A request past its deadline yields to those that can still meet
+ *   theirs: earliest-deadline-first alone would, under overload, make every request late.
  *   - Deadline of a request with no token yet: arrival_us + ttft_us (TTFT is relative to the
  *     request's arrival). Of a request with tokens: first_token + n_generated * tpot_us, the
  *     time its next token is due if it keeps its mean time-per-output-token under tpot_us; a
@@ -34,17 +37,21 @@
  *
  * Starvation: a waiting request whose time spent waiting (summed over all its waits, so a
  * request preempted again and again also counts) reaches promote_age_us is promoted: it ranks
- * above every unpromoted request, promoted requests rank among themselves by the time they were
- * promoted (FIFO), and promotion sticks until the request leaves (so higher priorities cannot
- * push it back out by preemption). promote_age_us = 0 disables it.
+ * above every request of lower priority than the lowest priority that has a request with a
+ * deadline (never below its own; above everything when no request has a deadline), so
+ * promotion never outranks a class that asked for deadlines. Promoted requests rank among
+ * themselves by the time they were promoted (FIFO), and promotion sticks until the request
+ * leaves. promote_age_us = 0 disables it.
  *
  * Preemption: when the KV manager cannot fit a running request's next tokens, victims are
- * taken from the other running requests, lowest effective priority first, then latest arrival;
- * never a request that ranks above the one in need by that same order ("never in favour of a
- * lower-priority one"). A waiting request whose effective priority is strictly higher than a
- * running one's may also preempt it for blocks or a sequence slot (equal priorities never
- * preempt to admit, which would thrash). A victim goes back to waiting keeping n_generated; with
- * RECOMPUTE its KV is dropped (n_computed = 0: it re-prefills prompt + generated tokens), with
+ * taken from the other running requests, lowest rank first (within a priority: no deadline or
+ * a missed one before a reachable one), then the fewest computed positions (the least work to
+ * redo or move), then latest arrival; a request preempted twice is spared for protect_us after
+ * each later admission; never a request that ranks above the one in need by that same order ("never
+ * in favour of a lower-priority one"). A waiting request whose effective priority is strictly
+ * higher than a running one's may also preempt it for blocks or a sequence slot (equal priorities
+ * never preempt to admit, which would thrash). A victim goes back to waiting keeping n_generated;
+ * with RECOMPUTE its KV is dropped (n_computed = 0: it re-prefills prompt + generated tokens), with
  * SWAP its KV goes to host memory and comes back (entry.swap_in) before it continues.
  * Victims are only preempted when taking all allowed ones would make room. A running request
  * with no allowed victim left waits this step, keeping its KV; if it runs alone, its context

@@ -51,8 +51,7 @@ int policy_calibrate(loom_model *model, const loom_model_info *mi, const policy_
 
 /* The simulator's configuration for a policy (the engine's scheduler settings, its KV pool,
  * the fitted cost model). */
-loom__sim_config policy_sim_config(const policy_opts *o, const loom_engine_params *ep,
-                                   const policy_calib *c, int policy);
+loom__sim_config policy_sim_config(const loom_engine_params *ep, const policy_calib *c, int policy);
 /* The workload as the simulator's requests (out[w->n]). */
 void policy_sim_requests(const policy_opts *o, const loom_engine_params *ep,
                          const serve_workload *w, loom__sim_request *out);

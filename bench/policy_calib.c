@@ -199,8 +199,7 @@ int policy_confirm(loom_model *model, const loom_model_info *mi, const policy_op
         for (int32_t k = 0; k < n_runs; k++) {
             int64_t met, n;
             real_attainment(&runs[k], cfg.ttft_deadline_s, &met, &n);
-            loom__sim_config sc =
-                policy_sim_config(o, &ep, c, k % 2 ? POLICY_FCFS : POLICY_PRIORITY);
+            loom__sim_config sc = policy_sim_config(&ep, c, k % 2 ? POLICY_FCFS : POLICY_PRIORITY);
             int64_t smet = 0, sn = 0;
             if (loom__sim_run(&sc, sr, (int32_t)w.n, so, NULL) == LOOM_OK) {
                 for (size_t i = 0; i < w.n; i++) {

@@ -41,25 +41,10 @@ double policy_lower_bound(int64_t k, int64_t n) {
     return lo;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Percentile q of v[0..n) (sorted here), interpolating between order statistics. */
-static double pct(double *v, size_t n, double q) {
-    if (n == 0) return 0;
-    qsort(v, n, sizeof *v, cmp_double);
-    double r = q * (double)(n - 1);
-    size_t i = (size_t)r;
-    return i + 1 < n ? v[i] + (r - (double)i) * (v[i + 1] - v[i]) : v[n - 1];
-}
-
 /* ---- the simulator's inputs ---------------------------------------------------------------- */
 
-loom__sim_config policy_sim_config(const policy_opts *o, const loom_engine_params *ep,
-                                   const policy_calib *c, int policy) {
-    (void)o;
+loom__sim_config policy_sim_config(const loom_engine_params *ep, const policy_calib *c,
+                                   int policy) {
     loom__sim_config sc;
     memset(&sc, 0, sizeof sc);
     /* The scheduler as the engine configures it (engine_create.c). */
@@ -76,9 +61,9 @@ loom__sim_config policy_sim_config(const policy_opts *o, const loom_engine_param
     sc.n_blocks = c->n_blocks;
     sc.block_size = ep->block_size;
     sc.cost = c->cost;
-    sc.admission = policy == POLICY_REJECT_LATE ? LOOM__ADMIT_REJECT_LATE
-                   : policy == POLICY_DEGRADE   ? LOOM__ADMIT_DEGRADE
-                                                : LOOM__ADMIT_ALL;
+    sc.admission = policy == POLICY_REJECT_LATE ? LOOM_ADMIT_REJECT_LATE
+                   : policy == POLICY_DEGRADE   ? LOOM_ADMIT_DEGRADE
+                                                : LOOM_ADMIT_ALL;
     return sc;
 }
 
@@ -110,7 +95,7 @@ double policy_sim_capacity(const policy_opts *o, const loom_model_info *mi,
     loom__sim_outcome *out = malloc(w.n * sizeof *out);
     double cap = 0;
     loom__sim_stats st;
-    loom__sim_config sc = policy_sim_config(o, ep, c, POLICY_PRIORITY);
+    loom__sim_config sc = policy_sim_config(ep, c, POLICY_PRIORITY);
     if (r && out) {
         policy_sim_requests(o, ep, &w, r);
         if (loom__sim_run(&sc, r, (int32_t)w.n, out, &st) == LOOM_OK && st.end_us > 0)
@@ -191,10 +176,10 @@ static void print_table(double load, double hi_share, agg *a) {
            "error |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int p = 0; p < POLICY_COUNT; p++) {
         agg *x = &a[p];
-        double hp50 = pct(x->ttft_hi, x->n_ttft_hi, 0.5),
-               hp99 = pct(x->ttft_hi, x->n_ttft_hi, 0.99);
-        double bp50 = pct(x->ttft_be, x->n_ttft_be, 0.5),
-               bp99 = pct(x->ttft_be, x->n_ttft_be, 0.99);
+        double hp50 = serve_percentile(x->ttft_hi, x->n_ttft_hi, 0.5),
+               hp99 = serve_percentile(x->ttft_hi, x->n_ttft_hi, 0.99);
+        double bp50 = serve_percentile(x->ttft_be, x->n_ttft_be, 0.5),
+               bp99 = serve_percentile(x->ttft_be, x->n_ttft_be, 0.99);
         char rej[48] = "—", err[32] = "—";
         if (p == POLICY_REJECT_LATE)
             snprintf(rej, sizeof rej, "%lld/%lld (of %lld missing under admit_all)",
@@ -214,9 +199,9 @@ static void print_table(double load, double hi_share, agg *a) {
 
 /* High-class requests that miss their deadline even alone on an idle engine (a long prompt
  * the machine cannot compute in time): no policy can save them. */
-static int64_t count_infeasible(const policy_opts *o, const loom_engine_params *ep,
-                                const policy_calib *c, const loom__sim_request *r, size_t n) {
-    loom__sim_config sc = policy_sim_config(o, ep, c, POLICY_PRIORITY);
+static int64_t count_infeasible(const loom_engine_params *ep, const policy_calib *c,
+                                const loom__sim_request *r, size_t n) {
+    loom__sim_config sc = policy_sim_config(ep, c, POLICY_PRIORITY);
     int64_t k = 0;
     for (size_t i = 0; i < n; i++) {
         if (r[i].ttft_us == 0) continue;
@@ -274,10 +259,10 @@ int policy_sweep(const policy_opts *o, const loom_model_info *mi, const loom_eng
             }
             policy_sim_requests(o, ep, &w, r);
             share += high_share(r, w.n) / o->n_seeds;
-            int64_t infeasible = count_infeasible(o, ep, c, r, w.n);
+            int64_t infeasible = count_infeasible(ep, c, r, w.n);
             for (int p = 0; p < POLICY_COUNT; p++) a[p].hi_infeasible += infeasible;
             for (int p = 0; p < POLICY_COUNT && rc == 0; p++) {
-                loom__sim_config sc = policy_sim_config(o, ep, c, p);
+                loom__sim_config sc = policy_sim_config(ep, c, p);
                 loom__sim_stats st;
                 loom_status ss = loom__sim_run(&sc, r, (int32_t)w.n, out[p], &st);
                 if (ss != LOOM_OK) {

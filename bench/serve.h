@@ -166,5 +166,9 @@ void serve_report_open(const serve_config *cfg, const serve_run *runs, size_t n)
 /* Prints the closed-loop metrics of runs[0..n) side by side. */
 void serve_report_closed(const serve_run *runs, size_t n);
 
+/* Percentile p in [0, 1] of v[0..n) (sorted in place), interpolating linearly between order
+ * statistics (numpy's default); NAN when n is 0. */
+double serve_percentile(double *v, size_t n, double p);
+
 /* Seconds on CLOCK_MONOTONIC. */
 double serve_now_s(void);

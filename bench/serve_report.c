@@ -27,8 +27,7 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* p in [0, 1] of v[0..n) (sorted in place); NAN when n is 0. */
-static double percentile(double *v, size_t n, double p) {
+double serve_percentile(double *v, size_t n, double p) {
     if (n == 0) return NAN;
     qsort(v, n, sizeof *v, cmp_double);
     double pos = p * (double)(n - 1);
@@ -57,8 +56,8 @@ static class_metrics class_stats(const serve_run *r, int cls, double deadline, d
         scratch[m.n_first++] = ttft;
         if (ttft <= deadline && !rec->failed) m.n_met++;
     }
-    m.ttft_p50 = percentile(scratch, m.n_first, 0.50);
-    m.ttft_p99 = percentile(scratch, m.n_first, 0.99);
+    m.ttft_p50 = serve_percentile(scratch, m.n_first, 0.50);
+    m.ttft_p99 = serve_percentile(scratch, m.n_first, 0.99);
     for (size_t i = 0; i < r->n; i++) {
         const serve_record *rec = &r->recs[i];
         if (!rec->submitted || (cls >= 0 && (int)w->reqs[i].cls != cls)) continue;
@@ -67,8 +66,8 @@ static class_metrics class_stats(const serve_run *r, int cls, double deadline, d
             continue;
         scratch[n_tpot++] = (rec->finish_s - rec->first_s) / (double)(rec->n_tokens - 1);
     }
-    m.tpot_p50 = percentile(scratch, n_tpot, 0.50);
-    m.tpot_p99 = percentile(scratch, n_tpot, 0.99);
+    m.tpot_p50 = serve_percentile(scratch, n_tpot, 0.50);
+    m.tpot_p99 = serve_percentile(scratch, n_tpot, 0.99);
     return m;
 }
 

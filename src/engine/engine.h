@@ -286,3 +286,17 @@ int64_t loom__engine_now_us(loom_engine *e);
 static inline int64_t loom__engine_us_of(const loom_engine *e, int64_t t_ns) {
     return (t_ns - e->t0_ns) / 1000;
 }
+
+/* The scheduler's view of a sample of r, scheduler id `id` (0 for a forecast). */
+static inline loom__sched_request_info loom__engine_sched_info(const loom_engine *e,
+                                                               const loom__req *r, uint64_t id) {
+    return (loom__sched_request_info){
+        .id = id,
+        .priority = r->priority,
+        .n_prompt = r->n_prompt,
+        .max_new_tokens = loom__engine_max_new(e, r),
+        .arrival_us = loom__engine_us_of(e, r->arrival_ns),
+        .ttft_us = r->ttft_us,
+        .tpot_us = r->tpot_us,
+    };
+}

@@ -126,32 +126,18 @@ void loom__engine_after_step(loom_engine *e, int32_t n_tokens, int64_t n_ctx, in
     pthread_mutex_unlock(&e->mu);
 }
 
-/* The scheduler's view of r as its first sample would be added now. */
-static loom__sched_request_info info_of(const loom_engine *e, const loom__req *r) {
-    return (loom__sched_request_info){
-        .id = 0,
-        .priority = r->priority,
-        .n_prompt = r->n_prompt,
-        .max_new_tokens = loom__engine_max_new(e, r),
-        .arrival_us = loom__engine_us_of(e, r->arrival_ns),
-        .ttft_us = r->ttft_us,
-        .tpot_us = r->tpot_us,
-    };
-}
-
-/* Under mu. -1 before the first step. */
-static int64_t predict_locked(loom_engine *e, const loom__req *r) {
-    loom__sched_request_info info = info_of(e, r);
-    return loom__sched_forecast_ttft(&e->fc_pub, &e->cost_pub, &info,
+/* Under mu: the forecast for info now. -1 before the first step. */
+static int64_t predict_locked(loom_engine *e, const loom__sched_request_info *info) {
+    return loom__sched_forecast_ttft(&e->fc_pub, &e->cost_pub, info,
                                      loom__engine_us_of(e, loom__now_ns()));
 }
 
 loom_status loom__engine_admit(loom_engine *e, loom__req *r, loom_request_params *p) {
-    loom__admission policy = (loom__admission)e->params.admission;
+    loom_admission_policy policy = e->params.admission;
+    if (policy == LOOM_ADMIT_ALL || r->ttft_us <= 0) return LOOM_OK; /* nothing to decide */
     pthread_mutex_lock(&e->mu);
-    int64_t predicted = -1;
-    if (policy != LOOM__ADMIT_ALL && r->ttft_us > 0) predicted = predict_locked(e, r);
-    loom__sched_request_info info = info_of(e, r);
+    loom__sched_request_info info = loom__engine_sched_info(e, r, 0);
+    int64_t predicted = predict_locked(e, &info);
     bool degraded = false;
     bool admit = loom__admission_decide(policy, predicted, &info, &degraded);
     loom__engine_class *c = loom__engine_class_locked(e, r->class_priority);
@@ -180,7 +166,7 @@ loom_status loom__engine_admit(loom_engine *e, loom__req *r, loom_request_params
 void loom__engine_admitted_locked(loom_engine *e, const loom__req *r) {
     loom__engine_class *c = loom__engine_class_locked(e, r->class_priority);
     if (c) c->st.admitted++;
-    loom__sched_request_info info = info_of(e, r);
+    loom__sched_request_info info = loom__engine_sched_info(e, r, 0);
     /* For later predictions until the next step rebuilds the forecast; without memory for it
      * they count one request fewer. */
     for (int32_t i = 0; i < r->n_samples; i++) (void)loom__sched_forecast_add(&e->fc_pub, &info);
@@ -203,7 +189,8 @@ loom_status loom_engine_predict_ttft(loom_engine *e, const loom_request_params *
     int64_t a = params.arrival_s > 0 ? (int64_t)llround(params.arrival_s * 1e9) : now_ns;
     r->arrival_ns = a < now_ns ? a : now_ns;
     pthread_mutex_lock(&e->mu);
-    int64_t us = predict_locked(e, r);
+    loom__sched_request_info info = loom__engine_sched_info(e, r, 0);
+    int64_t us = predict_locked(e, &info);
     pthread_mutex_unlock(&e->mu);
     loom__req_free(r);
     *ttft_s = us < 0 ? -1.0 : (double)us * 1e-6;

@@ -158,15 +158,7 @@ static void end_request(loom_engine *e, loom__req *r, loom_status status) {
 }
 
 static loom_status add_to_sched(loom_engine *e, loom__req *r, int32_t i) {
-    loom__sched_request_info info = {
-        .id = loom__sched_id(r, i),
-        .priority = r->priority,
-        .n_prompt = r->n_prompt,
-        .max_new_tokens = loom__engine_max_new(e, r),
-        .arrival_us = loom__engine_us_of(e, r->arrival_ns),
-        .ttft_us = r->ttft_us,
-        .tpot_us = r->tpot_us,
-    };
+    loom__sched_request_info info = loom__engine_sched_info(e, r, loom__sched_id(r, i));
     int64_t now_us = loom__engine_now_us(e);
     /* An arrival_s a little in the future (submit allows a small tolerance) counts as now. */
     if (info.arrival_us > now_us) info.arrival_us = now_us;

@@ -337,7 +337,7 @@ typedef struct loom__sched_brief {
     int32_t out_left;  /* tokens it may still generate */
     bool running;
     bool protected_;    /* no preemption victim now (anti-thrash) */
-    bool has_deadline;  /* a TTFT or TPOT deadline (a decode without one may be deferred) */
+    bool paced;         /* a TPOT deadline: a decode without one may be deferred */
     int32_t n_computed; /* positions it holds (running) */
     bool promoted;      /* its key is the promoted rank, bounded by the classes with deadlines */
     int32_t priority;
@@ -383,16 +383,9 @@ int64_t loom__sched_forecast_ttft(const loom__sched_forecast *f, const loom__cos
 
 void loom__sched_forecast_free(loom__sched_forecast *f);
 
-/* What the engine does with a request whose predicted TTFT misses its deadline
- * (loom_engine_params.admission). */
-typedef enum loom__admission {
-    LOOM__ADMIT_ALL = 0,     /* admit every request (the scheduler alone decides) */
-    LOOM__ADMIT_REJECT_LATE, /* refuse it: it ends at once, rejected, having cost nothing */
-    LOOM__ADMIT_DEGRADE,     /* admit it as best-effort: no deadline, priority min(p, 0) */
-} loom__admission;
-
 /* The decision for a request with a TTFT deadline whose predicted TTFT is predicted_us (-1:
- * unknown, admitted). Requests without a TTFT deadline are always admitted. Returns true when
+ * unknown, admitted) under policy (loom.h's loom_admission_policy). Requests without a TTFT
+ * deadline are always admitted. Returns true when
  * the request is admitted; *info is rewritten for DEGRADE. */
-bool loom__admission_decide(loom__admission policy, int64_t predicted_us,
+bool loom__admission_decide(loom_admission_policy policy, int64_t predicted_us,
                             loom__sched_request_info *info, bool *degraded);

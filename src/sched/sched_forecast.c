@@ -55,7 +55,7 @@ loom_status loom__sched_forecast_build(const loom__sched *s, int64_t now_us,
                 .out_left = r->max_new_tokens - r->n_generated,
                 .running = running,
                 .protected_ = r->protected_until_us > now_us,
-                .has_deadline = r->ttft_us > 0 || r->tpot_us > 0,
+                .paced = r->tpot_us > 0,
                 .n_computed = running ? r->n_computed : 0,
                 .promoted = r->promoted,
                 .priority = r->priority,
@@ -98,7 +98,7 @@ static loom__sched_brief new_brief(const loom__sched_forecast *f,
         .seq = seq,
         .remaining = own_work(f, info),
         .out_left = info->max_new_tokens,
-        .has_deadline = info->ttft_us > 0 || info->tpot_us > 0,
+        .paced = info->tpot_us > 0,
     };
     return b;
 }
@@ -161,7 +161,7 @@ int64_t loom__sched_forecast_ttft(const loom__sched_forecast *f, const loom__cos
         const loom__sched_brief *b = &bb;
         /* A promoted request ranks below every class with a deadline (sched_plan.c): with this
          * request among them, below its priority too. */
-        if (bb.promoted && me.has_deadline && !f->fcfs) {
+        if (bb.promoted && (info->ttft_us > 0 || info->tpot_us > 0) && !f->fcfs) {
             int64_t bound = 2 * (int64_t)info->priority - 1, own = 2 * (int64_t)bb.priority;
             if (bound < bb.key_prio) bb.key_prio = own > bound ? own : bound;
         }
@@ -182,7 +182,7 @@ int64_t loom__sched_forecast_ttft(const loom__sched_forecast *f, const loom__cos
     for (int32_t i = 0; i < f->n; i++) {
         const loom__sched_brief *b = &f->briefs[i];
         if (!b->running || b->remaining > 0) continue;
-        if (b->has_deadline || b->key_prio >= me.key_prio) {
+        if (b->paced || b->key_prio >= me.key_prio) { /* what the scheduler never defers */
             decode_kept++;
             ctx_kept += b->n_computed + 1;
         }
@@ -200,13 +200,13 @@ int64_t loom__sched_forecast_ttft(const loom__sched_forecast *f, const loom__cos
     return total >= 9e18 ? INT64_MAX : (int64_t)total;
 }
 
-bool loom__admission_decide(loom__admission policy, int64_t predicted_us,
+bool loom__admission_decide(loom_admission_policy policy, int64_t predicted_us,
                             loom__sched_request_info *info, bool *degraded) {
     *degraded = false;
-    if (policy == LOOM__ADMIT_ALL || info->ttft_us <= 0 || predicted_us < 0 ||
+    if (policy == LOOM_ADMIT_ALL || info->ttft_us <= 0 || predicted_us < 0 ||
         predicted_us <= info->ttft_us)
         return true;
-    if (policy == LOOM__ADMIT_REJECT_LATE) return false;
+    if (policy == LOOM_ADMIT_REJECT_LATE) return false;
     info->ttft_us = 0;
     info->tpot_us = 0;
     if (info->priority > 0) info->priority = 0;

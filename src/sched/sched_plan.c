@@ -476,6 +476,12 @@ static int32_t step_budget(const loom__sched *s, int64_t now) {
     return budget;
 }
 
+/* May running decode r be deferred for a request of rank key `key`? Only one that ranks below it
+ * and has no pace to keep (no TPOT deadline). */
+static bool may_defer(const sched_req *r, int64_t key) {
+    return r->key_prio < key && next_due(r) == INT64_MAX;
+}
+
 /* Decode deferral. The most urgent request still to produce its first token with a reachable
  * TTFT deadline (the first such in the order) computes its prompt at the budget the running
  * decodes leave, in steps that the decodes make slower. When the step-cost model says it would
@@ -497,7 +503,7 @@ static int64_t defer_below(const loom__sched *s, int32_t n_order, int64_t now) {
     for (int32_t i = 0; i < s->n_running; i++) {
         const sched_req *r = &s->reqs[s->running[i]];
         if (!is_decode(r)) continue;
-        bool deferrable = next_due(r) == INT64_MAX && r->key_prio < u->key_prio;
+        bool deferrable = may_defer(r, u->key_prio);
         n_defer += deferrable;
         n_keep += !deferrable;
         *(deferrable ? &ctx_defer : &ctx_keep) += r->n_computed + 1;
@@ -549,7 +555,7 @@ loom_status loom__sched_schedule(loom__sched *s, int64_t now_us, loom__sched_pla
         int32_t slot = s->order[i].slot;
         const sched_req *r = &s->reqs[slot];
         if (r->state != SCHED_RUNNING || !is_decode(r)) continue;
-        if (defer != INT64_MIN && r->key_prio < defer && next_due(r) == INT64_MAX) {
+        if (defer != INT64_MIN && may_defer(r, defer)) {
             s->stats.n_deferred++;
             continue;
         }

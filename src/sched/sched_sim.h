@@ -36,14 +36,14 @@ typedef struct loom__sim_outcome {
     int64_t predicted_ttft_us; /* the forecast at arrival (-1: none made) */
     int32_t n_preempted;       /* times it was preempted */
     bool rejected;             /* by admission control, or too big for the KV pool */
-    bool degraded;             /* admitted as best-effort by LOOM__ADMIT_DEGRADE */
+    bool degraded;             /* admitted as best-effort by LOOM_ADMIT_DEGRADE */
 } loom__sim_outcome;
 
 typedef struct loom__sim_config {
     loom__sched_config sched;
     int32_t n_blocks, block_size; /* the KV pool */
     loom__cost_model cost;        /* each step's time (copied; not updated) */
-    loom__admission admission;
+    loom_admission_policy admission;
 } loom__sim_config;
 
 typedef struct loom__sim_stats {

@@ -46,7 +46,7 @@ static loom__sim_config sim_cfg(int32_t max_seqs, int64_t promote_age_us) {
     c.block_size = 16;
     loom__cost_model_init(&c.cost, 0);
     loom__cost_model_set(&c.cost, BASE_US, PER_TOKEN_US, 0);
-    c.admission = LOOM__ADMIT_ALL;
+    c.admission = LOOM_ADMIT_ALL;
     return c;
 }
 
@@ -278,7 +278,7 @@ static void test_overload_admission(void **state) {
      *   4: 200 -> 4 steps, 6000 <= 6000.          5: 250 -> 4 steps, 6500 > 6000: rejected.
      * Without 0 the rest run back to back from 0: 1 at 1500, 2 at 3000, 3 at 4500, 4 at 6000,
      * each meeting its deadline. */
-    c.admission = LOOM__ADMIT_REJECT_LATE;
+    c.admission = LOOM_ADMIT_REJECT_LATE;
     run_sim(&c, r, N_OVERLOAD, out);
     static const int64_t predicted[N_OVERLOAD] = {1500, 1500, 3000, 4500, 6000, 6500};
     static const int64_t want[N_OVERLOAD] = {-1, 1500, 3000, 4500, 6000, -1};
@@ -296,7 +296,7 @@ static void test_overload_admission(void **state) {
     /* DEGRADE: 0 and 5 are admitted at priority 0 without deadline, so the forecasts of the
      * others do not count them (and are those above); they run after the high class, in
      * arrival order: 0 at 7500, 5 at 9000. */
-    c.admission = LOOM__ADMIT_DEGRADE;
+    c.admission = LOOM_ADMIT_DEGRADE;
     run_sim(&c, r, N_OVERLOAD, out);
     static const int64_t want_deg[N_OVERLOAD] = {7500, 1500, 3000, 4500, 6000, 9000};
     for (int i = 0; i < N_OVERLOAD; i++) {

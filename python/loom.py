@@ -46,7 +46,18 @@ class ModelInfo(C.Structure):
 
 class SessionParams(C.Structure):
     _fields_ = [("size", C.c_size_t), ("n_ctx", C.c_int32), ("n_batch", C.c_int32), ("block_size", C.c_int32),
-                ("kv_f32", C.c_bool)]
+                ("kv_f32", C.c_bool), ("kv_type", C.c_int)]
+
+# loom_kv_cache_type: how a session or an engine stores keys and values
+KV_TYPES = {"f16": 0, "bf16": 1, "f32": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
+
+
+def _kv_type(v):
+    if isinstance(v, str):
+        if v not in KV_TYPES:
+            raise ValueError(f"unknown kv_type {v!r} (one of {', '.join(KV_TYPES)})")
+        return KV_TYPES[v]
+    return int(v)
 
 
 def _find_lib():
@@ -191,9 +202,10 @@ class Session:
 
     _h = None
 
-    def __init__(self, model, n_ctx=0, n_batch=512, block_size=16, kv_f32=False):
+    def __init__(self, model, n_ctx=0, n_batch=512, block_size=16, kv_f32=False, kv_type="f16"):
         p = _params(SessionParams, _lib.loom_session_params_init)
         p.n_ctx, p.n_batch, p.block_size, p.kv_f32 = n_ctx, n_batch, block_size, kv_f32
+        p.kv_type = _kv_type(kv_type)
         h = C.c_void_p()
         _check(_lib.loom_session_create(model._h, C.byref(p), C.byref(h)))
         self._h = h
@@ -280,7 +292,7 @@ class EngineParams(C.Structure):
                 ("on_event", C.c_void_p), ("on_event_user_data", C.c_void_p),
                 ("max_logprobs", C.c_int32), ("trace", C.c_void_p),
                 ("n_sample_threads", C.c_int32), ("record_path", C.c_char_p),
-                ("admission", C.c_int)]
+                ("admission", C.c_int), ("kv_type", C.c_int)]
 
 ADMISSION = {"admit_all": 0, "reject_late": 1, "degrade": 2}  # loom_admission_policy
 
@@ -571,6 +583,8 @@ class Engine:
                 v = os.fsencode(v)
             if k == "admission" and isinstance(v, str):
                 v = ADMISSION[v]
+            if k == "kv_type":
+                v = _kv_type(v)
             setattr(p, k, v)
         if trace is not None:
             if not isinstance(trace, Trace) or not trace._h:

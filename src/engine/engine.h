@@ -72,6 +72,7 @@ struct loom_engine {
     loom_model *model;
     const loom_backend_ops *ops;
     loom_engine_params params;
+    loom_type kv_type; /* the pages' element type (params.kv_type) */
     int32_t max_ctx;
     size_t max_piece;
     int64_t t0_ns; /* the scheduler's clock (microseconds) counts from create; request times

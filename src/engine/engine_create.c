@@ -24,6 +24,7 @@ void loom_engine_params_init(loom_engine_params *out, size_t size) {
     p.starvation_s = 30.0;
     p.watermark = 0.01f;
     p.max_logprobs = LOOM_SAMPLE_CHAIN_DEFAULT_LOGPROBS_MAX;
+    p.kv_type = LOOM_KV_CACHE_F16;
     loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
@@ -55,6 +56,9 @@ static loom_status check_params(const loom_model *m, loom_engine_params *p) {
     LOOM_RETURN_IF(p->n_sample_threads < 0 || p->n_sample_threads > LOOM_ENGINE_MAX_SAMPLERS,
                    LOOM_ERR_INVALID_ARG, "engine: n_sample_threads %d (0 .. %d)",
                    p->n_sample_threads, LOOM_ENGINE_MAX_SAMPLERS);
+    loom_type kv_type;
+    LOOM_TRY(loom__kv_cache_type_resolve(p->kv_type, &kv_type));
+    if (kv_type != LOOM_TYPE_F16) LOOM_TRY(loom__model_check_support(m, kv_type));
     if (p->max_ctx == 0) p->max_ctx = m->cfg.n_ctx_train < 8192 ? m->cfg.n_ctx_train : 8192;
     return LOOM_OK;
 }
@@ -128,7 +132,7 @@ static loom_status create_engine(loom_engine *e) {
         .max_seqs = e->params.max_seqs,
         .max_ctx = e->max_ctx,
         .block_size = e->params.block_size,
-        .kv_type = LOOM_TYPE_F16,
+        .kv_type = e->kv_type,
     };
     LOOM_TRY(loom__exec_create(e->model, &es, &e->exec));
     LOOM_TRY(loom__engine_kv_create(e));
@@ -169,6 +173,7 @@ loom_status loom_engine_create(loom_model *model, const loom_engine_params *para
     loom__model_retain(model);
     e->ops = model->backend->ops;
     e->params = p;
+    loom__kv_cache_type_resolve(p.kv_type, &e->kv_type); /* checked by check_params */
     e->max_ctx = p.max_ctx;
     e->next_id = 1;
     e->t0_ns = loom__now_ns();

@@ -56,12 +56,9 @@
 
 /* ---- sizing -------------------------------------------------------------------------------- */
 
-/* The engine's KV pages: float16. */
-#define ENGINE_KV_TYPE LOOM_TYPE_F16
-
 /* Bytes of one block of group g: every source layer of the group, K and V. */
 static size_t group_block_bytes(const loom_engine *e, int32_t g) {
-    return loom__kv_storage_block_bytes(e->model, ENGINE_KV_TYPE, e->params.block_size, g);
+    return loom__kv_storage_block_bytes(e->model, e->kv_type, e->params.block_size, g);
 }
 
 /* The backend's free memory, once this engine's execution context took its share (it is created
@@ -229,7 +226,7 @@ loom_status loom__engine_kv_create(loom_engine *e) {
     e->swap_list_cap =
         e->n_groups * ((e->max_ctx + e->params.block_size - 1) / e->params.block_size + 1);
     loom__kv_storage_params sp = {
-        .kv_type = ENGINE_KV_TYPE,
+        .kv_type = e->kv_type,
         .block_size = e->params.block_size,
         .group_blocks = e->group_blocks,
         .max_seqs = e->params.max_seqs,

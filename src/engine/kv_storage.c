@@ -9,9 +9,50 @@
 #include "core/checked.h"
 #include "core/status.h"
 #include "kv/kv_desc.h"
+#include "tensor/types.h"
 
 static bool is_source(const loom_model *m, int32_t il) {
     return m->cfg.layers[il].kv_src == il;
+}
+
+loom_status loom__kv_cache_type_resolve(loom_kv_cache_type kv_type, loom_type *out) {
+    switch (kv_type) {
+    case LOOM_KV_CACHE_F16:
+        *out = LOOM_TYPE_F16;
+        return LOOM_OK;
+    case LOOM_KV_CACHE_BF16:
+        *out = LOOM_TYPE_BF16;
+        return LOOM_OK;
+    case LOOM_KV_CACHE_F32:
+        *out = LOOM_TYPE_F32;
+        return LOOM_OK;
+    case LOOM_KV_CACHE_FP8_E4M3:
+        *out = LOOM_TYPE_FP8_E4M3;
+        return LOOM_OK;
+    case LOOM_KV_CACHE_FP8_E5M2:
+        *out = LOOM_TYPE_FP8_E5M2;
+        return LOOM_OK;
+    }
+    return loom__fail(LOOM_ERR_INVALID_ARG, "unknown kv_type %d (a loom_kv_cache_type)",
+                      (int)kv_type);
+}
+
+/* A slot's values, and the scales after a block's values (FP8). */
+static size_t token_bytes(const loom_model *m, loom_type kv_type) {
+    return (size_t)m->cfg.n_head_kv * (size_t)m->cfg.head_dim * loom__kv_elt_bytes(kv_type);
+}
+
+static size_t scale_token_bytes(const loom_model *m, loom_type kv_type) {
+    return loom__kv_scale_kind_of(kv_type) == LOOM_KV_SCALE_PER_TOKEN_HEAD
+               ? (size_t)m->cfg.n_head_kv * sizeof(float)
+               : 0;
+}
+
+size_t loom__kv_storage_layer_block_bytes(const loom_model *m, loom_type kv_type,
+                                          int32_t block_size) {
+    const size_t bytes =
+        (size_t)block_size * (token_bytes(m, kv_type) + scale_token_bytes(m, kv_type));
+    return (bytes + 15) & ~(size_t)15;
 }
 
 size_t loom__kv_storage_block_bytes(const loom_model *m, loom_type kv_type, int32_t block_size,
@@ -20,8 +61,7 @@ size_t loom__kv_storage_block_bytes(const loom_model *m, loom_type kv_type, int3
     size_t layers = 0;
     for (int32_t il = 0; il < c->n_layer; il++)
         layers += c->layers[il].kv_group == g && is_source(m, il);
-    return layers * 2 * (size_t)block_size * (size_t)c->n_head_kv * (size_t)c->head_dim *
-           loom__kv_elt_bytes(kv_type);
+    return layers * 2 * loom__kv_storage_layer_block_bytes(m, kv_type, block_size);
 }
 
 /* ---- create and destroy -------------------------------------------------------------------- */
@@ -40,6 +80,8 @@ void loom__kv_storage_destroy(loom__kv_storage *st) {
     free(st->k_base);
     free(st->v_base);
     free(st->layer_src);
+    free(st->k_scale);
+    free(st->v_scale);
     free(st->ranges);
     memset(st, 0, sizeof *st);
 }
@@ -57,17 +99,19 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
     const loom__model_config *c = &m->cfg;
     const loom__backend *be = m->backend;
     const size_t elt = loom__kv_elt_bytes(p->kv_type);
-    LOOM_RETURN_IF(p->kv_type != LOOM_TYPE_F16 && p->kv_type != LOOM_TYPE_F32, LOOM_ERR_INVALID_ARG,
-                   "kv storage: pages of %d (f16 or f32)", (int)p->kv_type);
+    LOOM_RETURN_IF(elt == 0, LOOM_ERR_INVALID_ARG, "kv storage: pages of %s",
+                   loom__type_name(p->kv_type));
     LOOM_RETURN_IF(p->block_size < 1 || p->max_seqs < 1 || p->block_cap < 0 ||
                        p->max_copy_blocks < 0 || p->group_blocks == NULL,
                    LOOM_ERR_INVALID_ARG, "kv storage: bad sizes");
     st->kv_type = p->kv_type;
+    st->scale_kind = loom__kv_scale_kind_of(p->kv_type);
     st->block_size = p->block_size;
     st->n_groups = c->n_kv_groups;
     st->n_layers = c->n_layer;
-    st->token_stride = (size_t)c->n_head_kv * (size_t)c->head_dim * elt;
-    st->block_stride = st->token_stride * (size_t)p->block_size;
+    st->token_stride = token_bytes(m, p->kv_type);
+    st->scale_token_stride = scale_token_bytes(m, p->kv_type);
+    st->block_stride = loom__kv_storage_layer_block_bytes(m, p->kv_type, p->block_size);
     for (int32_t g = 0; g < st->n_groups; g++) st->group_blocks[g] = p->group_blocks[g];
 
     /* Pools: every source layer's K then V, each of its group's size. */
@@ -85,8 +129,11 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
     st->k_base = loom__calloc((size_t)c->n_layer, sizeof *st->k_base);
     st->v_base = loom__calloc((size_t)c->n_layer, sizeof *st->v_base);
     st->layer_src = loom__calloc((size_t)c->n_layer, sizeof *st->layer_src);
-    LOOM_RETURN_IF(!st->k_base || !st->v_base || !st->layer_src, LOOM_ERR_OUT_OF_MEMORY,
-                   "kv storage: out of memory");
+    st->k_scale = loom__calloc((size_t)c->n_layer, sizeof *st->k_scale);
+    st->v_scale = loom__calloc((size_t)c->n_layer, sizeof *st->v_scale);
+    LOOM_RETURN_IF(!st->k_base || !st->v_base || !st->layer_src || !st->k_scale || !st->v_scale,
+                   LOOM_ERR_OUT_OF_MEMORY, "kv storage: out of memory");
+    const size_t scale_at = st->token_stride * (size_t)p->block_size; /* in each block */
     char *at = be->ops->buffer_base(be->dev, st->buf);
     for (int32_t il = 0; il < c->n_layer; il++) {
         st->layer_src[il] = c->layers[il].kv_src;
@@ -94,6 +141,10 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
         size_t layer_bytes = st->block_stride * (size_t)st->group_blocks[c->layers[il].kv_group];
         st->k_base[il] = at;
         st->v_base[il] = at + layer_bytes;
+        if (st->scale_kind != LOOM_KV_SCALE_NONE) {
+            st->k_scale[il] = at + scale_at;
+            st->v_scale[il] = at + layer_bytes + scale_at;
+        }
         at += 2 * layer_bytes;
     }
 
@@ -175,7 +226,11 @@ loom_status loom__kv_storage_descs(loom__kv_storage *st, const loom__kv *kv, int
             .k_base = st->k_base,
             .v_base = st->v_base,
             .layer_src = st->layer_src,
-            .scale_kind = LOOM_KV_SCALE_NONE,
+            .scale_kind = st->scale_kind,
+            .k_scale = st->scale_kind != LOOM_KV_SCALE_NONE ? st->k_scale : NULL,
+            .v_scale = st->scale_kind != LOOM_KV_SCALE_NONE ? st->v_scale : NULL,
+            .scale_token_stride = st->scale_token_stride,
+            .scale_block_stride = st->block_stride,
         };
         loom_status s = loom__kv_desc_check(&out[g], st->q_start[n]);
         if (s != LOOM_OK) {

@@ -6,7 +6,13 @@
  * kv_src) has none, and its descriptor entry points at its source through layer_src. Each KV
  * group's pools have that group's number of blocks. Every layer's pools, K then V, live in one
  * backend buffer. The per-step descriptor arrays are host memory from the backend's host_alloc
- * (pinned for a device, which uploads them once per step). */
+ * (pinned for a device, which uploads them once per step).
+ *
+ * FP8 pages carry their scales inside each block, after the values: a block of an FP8 pool is
+ * [block_size][n_kv_heads][head_dim] bytes, then [block_size][n_kv_heads] float32 scales, the
+ * whole rounded up to 16 bytes. So every block copy (copy-on-write, swap) moves a block's
+ * scales with its values without a second set of ranges, the values of each slot stay 16-byte
+ * aligned for vector loads, and the budget counts the scales as the pages' own bytes. */
 #pragma once
 
 #include "kv/kv_manager.h"
@@ -15,14 +21,17 @@
 typedef struct loom__kv_storage {
     const loom_model *model;
     loom_type kv_type;
+    loom_kv_scale_kind scale_kind; /* PER_TOKEN_HEAD for FP8 pages, NONE otherwise */
     int32_t block_size;
     int32_t n_groups;
     int32_t n_layers;
     int32_t group_blocks[LOOM_MAX_KV_GROUPS]; /* blocks of each group's pools */
     size_t token_stride, block_stride;
     loom_buffer *buf;
-    void **k_base, **v_base; /* [n_layers]; NULL for a layer reusing another's */
-    int32_t *layer_src;      /* [n_layers] the layer whose pools each reads */
+    void **k_base, **v_base;   /* [n_layers]; NULL for a layer reusing another's */
+    int32_t *layer_src;        /* [n_layers] the layer whose pools each reads */
+    void **k_scale, **v_scale; /* [n_layers] FP8: the scales of block 0 (inside the pools) */
+    size_t scale_token_stride;
 
     /* The descriptors' arrays, for steps of up to max_seqs sequences (host_alloc). */
     int32_t max_seqs;
@@ -37,13 +46,20 @@ typedef struct loom__kv_storage {
 } loom__kv_storage;
 
 typedef struct loom__kv_storage_params {
-    loom_type kv_type;           /* F16 or F32 */
+    loom_type kv_type;           /* F16, BF16, F32, FP8_E4M3 or FP8_E5M2 */
     int32_t block_size;          /* positions per block */
     const int32_t *group_blocks; /* [the model's n_kv_groups] blocks of each group's pools */
     int32_t max_seqs;            /* sequences in one step */
     int64_t block_cap;           /* table entries one step can need in a group */
     int32_t max_copy_blocks;     /* most blocks one loom__kv_storage_copy moves */
 } loom__kv_storage_params;
+
+/* The element type of kv_type pages. Errors: INVALID_ARG (not a loom_kv_cache_type). */
+loom_status loom__kv_cache_type_resolve(loom_kv_cache_type kv_type, loom_type *out);
+
+/* Bytes of one block of one layer's K (or V) pool: values, and FP8's scales. */
+size_t loom__kv_storage_layer_block_bytes(const loom_model *m, loom_type kv_type,
+                                          int32_t block_size);
 
 /* Bytes of one block of group g: every source layer of the group, K and V. */
 size_t loom__kv_storage_block_bytes(const loom_model *m, loom_type kv_type, int32_t block_size,

@@ -88,6 +88,7 @@ static void encode_header(loom__rec_buf *b, const loom__record_header *h) {
     loom__rec_f64(b, p->starvation_s);
     loom__rec_f32(b, p->watermark);
     loom__rec_u32(b, (uint32_t)p->max_logprobs);
+    loom__rec_u32(b, (uint32_t)p->kv_type); /* version 2 */
 }
 
 void loom__record_encode_request(loom__rec_buf *b, loom_request_id id, int64_t arrival_ns,
@@ -349,8 +350,8 @@ static loom_status decode_header(loom__replayer *r, loom__record_header *h) {
                    "replay: not an engine record (no " LOOM__RECORD_MAGIC " magic)");
     uint32_t version;
     LOOM_TRY(rd_u32(r, &version, "the version"));
-    LOOM_RETURN_IF(version != LOOM__RECORD_VERSION, LOOM_ERR_BAD_INPUT,
-                   "replay: record version %u; this library reads version %u", version,
+    LOOM_RETURN_IF(version < 1 || version > LOOM__RECORD_VERSION, LOOM_ERR_BAD_INPUT,
+                   "replay: record version %u; this library reads versions 1 .. %u", version,
                    LOOM__RECORD_VERSION);
     memset(h, 0, sizeof *h);
     LOOM_TRY(rd_u32(r, &h->arch, "arch"));
@@ -380,6 +381,13 @@ static loom_status decode_header(loom__replayer *r, loom__record_header *h) {
     LOOM_TRY(rd_f64(r, &p->starvation_s, "starvation_s"));
     LOOM_TRY(rd_f32(r, &p->watermark, "watermark"));
     LOOM_TRY(rd_i32(r, &p->max_logprobs, "max_logprobs"));
+    if (version >= 2) { /* version 1 had F16 pages only */
+        uint32_t kv_type;
+        LOOM_TRY(rd_u32(r, &kv_type, "kv_type"));
+        LOOM_RETURN_IF(kv_type > LOOM_KV_CACHE_FP8_E5M2, LOOM_ERR_BAD_INPUT, "replay: kv_type %u",
+                       kv_type);
+        p->kv_type = (loom_kv_cache_type)kv_type;
+    }
     /* kv_bytes 0 would ask for kv_fraction of this machine's memory: not the recorded pool. */
     LOOM_RETURN_IF(p->kv_bytes <= 0, LOOM_ERR_BAD_INPUT, "replay: kv_bytes %lld (> 0)",
                    (long long)p->kv_bytes);

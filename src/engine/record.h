@@ -13,7 +13,8 @@
  * The file, every number little-endian:
  *   header  "LOOMREC1", u32 version, the model's shape (arch, vocab, widths, layers, heads,
  *           training context), the backend's name, the engine's parameters as resolved at
- *           create (the KV budget in bytes even when kv_fraction chose it)
+ *           create (the KV budget in bytes even when kv_fraction chose it; version 2 adds the
+ *           kv_type after max_logprobs, version 1 records replay with F16 pages)
  *   then per step:
  *     'R' request: u64 id, i64 arrival (ns after the engine's creation), the prompt's token ids,
  *         every sampler setting with the logit-bias list, max_tokens, n, stop tokens, stop
@@ -37,7 +38,7 @@
 #include "loom.h"
 
 #define LOOM__RECORD_MAGIC   "LOOMREC1"
-#define LOOM__RECORD_VERSION 1u
+#define LOOM__RECORD_VERSION 2u /* 2: the engine's kv_type */
 /* The latest clock reading (and the farthest arrival either side of creation) a record may
  * hold: LOOM__MAX_DURATION_S in microseconds, so sums with durations stay inside int64_t. */
 #define LOOM__RECORD_MAX_US 1000000000000000ll

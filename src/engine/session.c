@@ -20,6 +20,7 @@
 struct loom_session {
     loom_model *model;
     loom_session_params params;
+    loom_type kv_type; /* the pages' element type, from params.kv_type / kv_f32 */
     loom__exec exec;
     loom__kv *kv;
     loom__kv_storage store;
@@ -45,11 +46,19 @@ void loom_session_params_init(loom_session_params *out, size_t size) {
     p.n_batch = 512;
     p.block_size = 16;
     p.kv_f32 = false;
+    p.kv_type = LOOM_KV_CACHE_F16;
     loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
-static loom_type kv_type_of(const loom_session_params *p) {
-    return p->kv_f32 ? LOOM_TYPE_F32 : LOOM_TYPE_F16;
+/* kv_f32 is kv_type F32 by its older name; beside another kv_type it is a contradiction. */
+static loom_status kv_type_of(const loom_session_params *p, loom_type *out) {
+    LOOM_RETURN_IF(p->kv_f32 && p->kv_type != LOOM_KV_CACHE_F16 && p->kv_type != LOOM_KV_CACHE_F32,
+                   LOOM_ERR_INVALID_ARG, "session: kv_f32 with kv_type %d", (int)p->kv_type);
+    if (p->kv_f32) {
+        *out = LOOM_TYPE_F32;
+        return LOOM_OK;
+    }
+    return loom__kv_cache_type_resolve(p->kv_type, out);
 }
 
 /* The manager and the pools: every group holds a whole context (ceil(n_ctx / block_size)
@@ -74,7 +83,7 @@ static loom_status create_kv(loom_session *s) {
     kp.watermark = 0.0f;
     LOOM_TRY(loom__kv_create(&kp, &s->kv));
     loom__kv_storage_params sp = {
-        .kv_type = kv_type_of(&s->params),
+        .kv_type = s->kv_type,
         .block_size = bs,
         .group_blocks = group_blocks,
         .max_seqs = 1,
@@ -103,20 +112,23 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
     LOOM_RETURN_IF(p.block_size < 1 || p.block_size > 4096, LOOM_ERR_INVALID_ARG,
                    "session: block_size %d out of range", p.block_size);
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
-    if (p.kv_f32) LOOM_TRY(loom__model_check_support(model, LOOM_TYPE_F32));
+    loom_type kv_type;
+    LOOM_TRY(kv_type_of(&p, &kv_type));
+    if (kv_type != LOOM_TYPE_F16) LOOM_TRY(loom__model_check_support(model, kv_type));
 
     loom_session *s = loom__calloc(1, sizeof *s);
     LOOM_RETURN_IF(!s, LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
     s->model = model;
     loom__model_retain(model);
     s->params = p;
+    s->kv_type = kv_type;
     s->seq = -1;
     loom__exec_shape es = {
         .max_tokens = p.n_batch,
         .max_seqs = 1,
         .max_ctx = p.n_ctx,
         .block_size = p.block_size,
-        .kv_type = kv_type_of(&p),
+        .kv_type = kv_type,
     };
     loom_status st = loom__exec_create(model, &es, &s->exec);
     if (st == LOOM_OK) st = create_kv(s);

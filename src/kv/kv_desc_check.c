@@ -36,6 +36,9 @@ static loom_status check_shape(const loom_kv_desc *kv, size_t *elt) {
     *elt = loom__kv_elt_bytes(kv->kv_type);
     BAD_IF(*elt == 0, LOOM_ERR_UNSUPPORTED, "kv type %s is not a KV element type",
            loom__type_name(kv->kv_type));
+    BAD_IF((kv->kv_type == LOOM_TYPE_FP8_E4M3 || kv->kv_type == LOOM_TYPE_FP8_E5M2) &&
+               kv->scale_kind == LOOM_KV_SCALE_NONE,
+           LOOM_ERR_INVALID_ARG, "%s pages without scales", loom__type_name(kv->kv_type));
     BAD_IF(kv->layout != LOOM_KV_LAYOUT_NHD, LOOM_ERR_UNSUPPORTED, "unknown layout %d",
            (int)kv->layout);
     size_t slot, block_min, pool;

@@ -153,7 +153,7 @@ loom_status loom__model_check_support(const loom_model *m, loom_type kv_type) {
                               .window = c->kv_group_window[g],
                               .softcap = 0.0f,
                               .layout = LOOM_KV_LAYOUT_NHD,
-                              .scale_kind = LOOM_KV_SCALE_NONE};
+                              .scale_kind = loom__kv_scale_kind_of(kv_type)};
             char what[160];
             snprintf(what, sizeof what,
                      "%s over %s KV pages with head_dim %d, %d/%d heads, window %d",

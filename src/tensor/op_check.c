@@ -135,9 +135,12 @@ loom_status loom__check_rope(const loom_tensor *x, const loom_tensor *pos,
 loom_status loom__check_kv_use(const char *backend, const char *op, const loom_kv_desc *kv,
                                int32_t layer, bool via_layer_src, int32_t *pool_layer) {
     LOOM_RETURN_IF(kv == NULL, LOOM_ERR_INVALID_ARG, "%s: kv descriptor is NULL", op);
-    LOOM_RETURN_IF(kv->layout != LOOM_KV_LAYOUT_NHD || kv->scale_kind != LOOM_KV_SCALE_NONE,
-                   LOOM_ERR_UNSUPPORTED, "%s: kv layout %d with scales %d (%s: NHD, no scales)", op,
-                   (int)kv->layout, (int)kv->scale_kind, backend);
+    LOOM_RETURN_IF(kv->layout != LOOM_KV_LAYOUT_NHD ||
+                       kv->scale_kind != loom__kv_scale_kind_of(kv->kv_type),
+                   LOOM_ERR_UNSUPPORTED,
+                   "%s: kv layout %d with scales %d (%s: NHD, scales per position and head for "
+                   "FP8, none otherwise)",
+                   op, (int)kv->layout, (int)kv->scale_kind, backend);
     LOOM_RETURN_IF(layer < 0 || layer >= kv->n_layers, LOOM_ERR_INVALID_ARG,
                    "%s: layer %d outside [0, %d)", op, layer, kv->n_layers);
     /* kv_store writes only the layers that own pools (a reusing layer stores nothing). */

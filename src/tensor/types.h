@@ -30,3 +30,10 @@ const char *loom__type_name(uint32_t t);
 /* Bytes of a row of n elements of type t. Returns false if n is not a multiple of the block
  * size, t is unknown, or the size overflows. */
 bool loom__type_row_bytes(uint32_t t, int64_t n, size_t *out);
+
+/* The scales KV pages of element type t carry: FP8 pages one float per (position, KV head)
+ * (loom.h's loom_kv_cache_type says why), every other type none. */
+static inline loom_kv_scale_kind loom__kv_scale_kind_of(loom_type t) {
+    return t == LOOM_TYPE_FP8_E4M3 || t == LOOM_TYPE_FP8_E5M2 ? LOOM_KV_SCALE_PER_TOKEN_HEAD
+                                                              : LOOM_KV_SCALE_NONE;
+}

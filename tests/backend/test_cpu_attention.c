@@ -2,22 +2,26 @@
  *
  * Ragged batches of several sequences of different lengths (54, 97, 17, 1 ...), some with
  * history already in the cache, block sizes 1, 8 and 16, GQA 4:1 and MHA, window 0 and 5,
- * F16 and F32 pools, soft-capping. Block tables are random permutations of the pool, so
+ * F16, BF16, F32, FP8 E4M3 and E5M2 pools (FP8 with per-(position, head) scales in pools of their
+ * own), soft-capping. Block tables are random permutations of the pool, so
  * sequences' blocks interleave. Pools start poisoned with NaN, so any read of a slot that was
  * never written (past kv_len, or a block not in the table) shows up as NaN in the output.
  *
- * Checked: the pools hold exactly the converted K/V rows; attention matches a double-precision
- * reference within 2e-5 (absolute; values are O(1)); a sequence's rows are bitwise the same
- * alone as in the batch, and a row computed as a one-token decode step is bitwise the row of
- * the prefill; a prefill fed in chunks (1, 5, 64, 65 ... rows, the sequences of the batch at
- * different offsets, window-released blocks marked -1) gives every row bitwise as the
- * one-call batch; 1, 2 and 3 threads bitwise; what the ops themselves refuse (a cache type,
- * layout or layer they cannot use, shapes, parameters) gives the right status — the contents of
- * a descriptor are checked once per step by loom__kv_desc_check (tests/kv/test_kv_desc.c).
- * Gemma-like shapes (head_dim 256, 4 query heads on 1 kv head, windows crossing the kernel's
- * 64-position tiles) and odd ones (head_dim 20, 40, 72; 3 heads per kv head); contexts past several
- * 256-position segments, whose decode rows spread over the threads. The softmax exp is checked on
- * its own against libm. */
+ * Checked: the pools hold exactly the converted K/V rows (FP8: each head's scale is max|x| / the
+ * format's largest value and its codes those of x / scale); attention matches a double-precision
+ * reference over the values as stored (dequantized) within 2e-5 (absolute; values are O(1)), and
+ * for BF16 and FP8 pools it is bitwise attention over an F32 pool holding the dequantized values; a
+ * sequence's rows are bitwise the same alone as in the batch, and a row computed as a one-token
+ * decode step is bitwise the row of the prefill; a prefill fed in chunks (1, 5, 64, 65 ... rows,
+ * the sequences of the batch at different offsets, window-released blocks marked -1) gives every
+ * row bitwise as the one-call batch; 1, 2 and 3 threads bitwise; what the ops themselves refuse (a
+ * cache type, layout or layer they cannot use, shapes, parameters) gives the right status — the
+ * contents of a descriptor are checked once per step by loom__kv_desc_check
+ * (tests/kv/test_kv_desc.c). Gemma-like shapes (head_dim 256, 4 query heads on 1 kv head, windows
+ * crossing the kernel's 64-position tiles) and odd ones (head_dim 20, 40, 72; 3 heads per kv head);
+ * contexts past several 256-position segments, whose decode rows spread over the threads. The
+ * softmax exp is checked on its own against libm. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +32,7 @@
 #include "backend/cpu/cpu_attention_exp.h"
 #include "backend/cpu_test_util.h"
 #include "kv/kv_desc.h"
+#include "tensor/fp8.h"
 #include "tensor/quant.h"
 
 #define MAX_SEQS 8
@@ -54,7 +59,9 @@ typedef struct kvtest {
     int32_t hist_q[MAX_SEQS + 1], hist_pos[MAX_SEQS], hist_len[MAX_SEQS];
     int32_t step_q[MAX_SEQS + 1], step_pos[MAX_SEQS], step_len[MAX_SEQS];
     size_t elt, token_stride, block_stride, pool_bytes;
-    void *k_pool[2], *v_pool[2]; /* two layers; the scenario uses layer 1 */
+    void *k_pool[2], *v_pool[2];   /* two layers; the scenario uses layer 1 */
+    void *k_scale[2], *v_scale[2]; /* FP8: [n_blocks][block_size][scale slot]; else NULL */
+    size_t scale_token_stride, scale_block_stride, scale_bytes;
     int32_t layer_src[2];
     float *k_val, *v_val; /* [n_seqs][max_len][kv_dim] values as stored (rounded for f16) */
     float *k_raw, *v_raw; /* the same before rounding */
@@ -62,12 +69,68 @@ typedef struct kvtest {
     int64_t T, T_hist;
 } kvtest;
 
+static bool is_fp8(loom_type t) {
+    return t == LOOM_TYPE_FP8_E4M3 || t == LOOM_TYPE_FP8_E5M2;
+}
+
 static void poison_pool(void *pool, size_t bytes, loom_type t) {
     if (t == LOOM_TYPE_F32) {
         poison(pool, bytes / 4);
+    } else if (is_fp8(t)) {
+        memset(pool, 0x7f, bytes); /* FP8 codes; the NaN scales make unwritten slots NaN */
     } else {
         uint16_t *h = pool;
-        for (size_t i = 0; i < bytes / 2; i++) h[i] = 0x7e00; /* f16 NaN */
+        for (size_t i = 0; i < bytes / 2; i++) h[i] = t == LOOM_TYPE_BF16 ? 0x7fc0 : 0x7e00;
+    }
+}
+
+/* The format's largest finite value (the scale maps each row's max|x| to it). */
+static float fp8_max(loom_type t) {
+    return t == LOOM_TYPE_FP8_E4M3 ? 448.0f : 57344.0f;
+}
+
+static uint8_t fp8_encode(loom_type t, float x) {
+    return t == LOOM_TYPE_FP8_E4M3 ? loom__f32_to_fp8_e4m3(x) : loom__f32_to_fp8_e5m2(x);
+}
+
+static float fp8_decode(loom_type t, uint8_t c) {
+    return t == LOOM_TYPE_FP8_E4M3 ? loom__fp8_e4m3_to_f32(c) : loom__fp8_e5m2_to_f32(c);
+}
+
+/* The scale of one head's row as the store must compute it. */
+static float head_scale(loom_type t, const float *x, int32_t n) {
+    float amax = 0;
+    for (int32_t i = 0; i < n; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    return amax / fp8_max(t);
+}
+
+/* raw[n_rows][kv_dim] as the pool gives it back: rounded (F16, BF16) or quantized and
+ * dequantized per head (FP8: code * scale, in float). */
+static void stored_values(const scen *sc, const float *raw, float *val, size_t n_rows) {
+    const int32_t hd = sc->head_dim, kv_dim = sc->n_kv_heads * hd;
+    for (size_t r = 0; r < n_rows; r++) {
+        for (int32_t h = 0; h < sc->n_kv_heads; h++) {
+            const float *x = raw + r * (size_t)kv_dim + (size_t)h * hd;
+            float *y = val + r * (size_t)kv_dim + (size_t)h * hd;
+            const float sc8 = is_fp8(sc->kv_type) ? head_scale(sc->kv_type, x, hd) : 0;
+            for (int32_t e = 0; e < hd; e++) {
+                switch (sc->kv_type) {
+                case LOOM_TYPE_F16:
+                    y[e] = loom__f16_to_f32(loom__f32_to_f16(x[e]));
+                    break;
+                case LOOM_TYPE_BF16:
+                    y[e] = loom__bf16_to_f32(loom__f32_to_bf16(x[e]));
+                    break;
+                case LOOM_TYPE_FP8_E4M3:
+                case LOOM_TYPE_FP8_E5M2:
+                    y[e] = fp8_decode(sc->kv_type, fp8_encode(sc->kv_type, x[e] / sc8)) * sc8;
+                    break;
+                default:
+                    y[e] = x[e];
+                    break;
+                }
+            }
+        }
     }
 }
 
@@ -75,9 +138,11 @@ static void kvtest_init(kvtest *kt, const scen *sc) {
     memset(kt, 0, sizeof *kt);
     kt->sc = *sc;
     kt->kv_dim = sc->n_kv_heads * sc->head_dim;
-    kt->elt = sc->kv_type == LOOM_TYPE_F32 ? 4 : 2;
+    kt->elt = loom__kv_elt_bytes(sc->kv_type);
     kt->token_stride = (size_t)kt->kv_dim * kt->elt + 2 * kt->elt; /* padded slots */
     kt->block_stride = (size_t)sc->block_size * kt->token_stride;
+    kt->scale_token_stride = (size_t)(sc->n_kv_heads + 1) * sizeof(float); /* padded too */
+    kt->scale_block_stride = (size_t)sc->block_size * kt->scale_token_stride + sizeof(float);
     int32_t total_blocks = 0;
     for (int s = 0; s < sc->n_seqs; s++) {
         int32_t len = sc->past[s] + sc->n_new[s];
@@ -111,6 +176,13 @@ static void kvtest_init(kvtest *kt, const scen *sc) {
         poison_pool(kt->k_pool[l], kt->pool_bytes, sc->kv_type);
         poison_pool(kt->v_pool[l], kt->pool_bytes, sc->kv_type);
         kt->layer_src[l] = l;
+        if (is_fp8(sc->kv_type)) {
+            kt->scale_bytes = (size_t)kt->n_blocks * kt->scale_block_stride;
+            kt->k_scale[l] = falloc(kt->scale_bytes / sizeof(float));
+            kt->v_scale[l] = falloc(kt->scale_bytes / sizeof(float));
+            poison(kt->k_scale[l], kt->scale_bytes / sizeof(float));
+            poison(kt->v_scale[l], kt->scale_bytes / sizeof(float));
+        }
     }
     size_t nv = (size_t)sc->n_seqs * (size_t)kt->max_len * (size_t)kt->kv_dim;
     kt->k_raw = falloc(nv);
@@ -119,11 +191,8 @@ static void kvtest_init(kvtest *kt, const scen *sc) {
     kt->v_val = falloc(nv);
     fill_rand(kt->k_raw, nv, 1.0f);
     fill_rand(kt->v_raw, nv, 1.0f);
-    for (size_t i = 0; i < nv; i++) {
-        bool f16 = sc->kv_type == LOOM_TYPE_F16;
-        kt->k_val[i] = f16 ? loom__f16_to_f32(loom__f32_to_f16(kt->k_raw[i])) : kt->k_raw[i];
-        kt->v_val[i] = f16 ? loom__f16_to_f32(loom__f32_to_f16(kt->v_raw[i])) : kt->v_raw[i];
-    }
+    stored_values(sc, kt->k_raw, kt->k_val, nv / (size_t)kt->kv_dim);
+    stored_values(sc, kt->v_raw, kt->v_val, nv / (size_t)kt->kv_dim);
     size_t nq = (size_t)kt->T * (size_t)(sc->n_head * sc->head_dim);
     kt->q = falloc(nq ? nq : 1);
     fill_rand(kt->q, nq, 1.0f);
@@ -133,6 +202,8 @@ static void kvtest_free(kvtest *kt) {
     for (int l = 0; l < 2; l++) {
         free(kt->k_pool[l]);
         free(kt->v_pool[l]);
+        free(kt->k_scale[l]);
+        free(kt->v_scale[l]);
     }
     free(kt->block_ids);
     free(kt->k_raw);
@@ -164,7 +235,11 @@ static loom_kv_desc kvtest_desc(kvtest *kt, const int32_t *q_start, const int32_
         .k_base = kt->k_pool,
         .v_base = kt->v_pool,
         .layer_src = NULL,
-        .scale_kind = LOOM_KV_SCALE_NONE,
+        .scale_kind = is_fp8(kt->sc.kv_type) ? LOOM_KV_SCALE_PER_TOKEN_HEAD : LOOM_KV_SCALE_NONE,
+        .k_scale = is_fp8(kt->sc.kv_type) ? kt->k_scale : NULL,
+        .v_scale = is_fp8(kt->sc.kv_type) ? kt->v_scale : NULL,
+        .scale_token_stride = kt->scale_token_stride,
+        .scale_block_stride = kt->scale_block_stride,
     };
     return d;
 }
@@ -205,28 +280,47 @@ static void kvtest_store(kvtest *kt, loom__backend_stream *be) {
 
 /* The pools hold exactly the converted rows at every position of every sequence. */
 static void kvtest_check_pools(const kvtest *kt) {
+    const loom_type t = kt->sc.kv_type;
+    const int32_t hd = kt->sc.head_dim;
     for (int s = 0; s < kt->sc.n_seqs; s++) {
         for (int32_t p = 0; p < kt->step_len[s]; p++) {
             int32_t blk = kt->block_ids[kt->indptr[s] + p / kt->sc.block_size];
             size_t off =
                 (size_t)blk * kt->block_stride + (size_t)(p % kt->sc.block_size) * kt->token_stride;
+            size_t soff = (size_t)blk * kt->scale_block_stride +
+                          (size_t)(p % kt->sc.block_size) * kt->scale_token_stride;
             size_t src = ((size_t)s * kt->max_len + (size_t)p) * kt->kv_dim;
             for (int l = 0; l < 2; l++) {
                 const float *raw = l == 0 ? kt->k_raw + src : kt->v_raw + src;
                 const char *slot = (const char *)(l == 0 ? kt->k_pool[1] : kt->v_pool[1]) + off;
+                const char *scales =
+                    is_fp8(t) ? (const char *)(l == 0 ? kt->k_scale[1] : kt->v_scale[1]) + soff
+                              : NULL;
                 for (int32_t e = 0; e < kt->kv_dim; e++) {
-                    if (kt->sc.kv_type == LOOM_TYPE_F32) {
+                    if (t == LOOM_TYPE_F32) {
                         assert_true(same_bits((const float *)slot + e, raw + e, 1, "kv pool"));
+                    } else if (is_fp8(t)) {
+                        float want_scale = head_scale(t, raw + e / hd * hd, hd), got_scale;
+                        memcpy(&got_scale, scales + (size_t)(e / hd) * sizeof(float), 4);
+                        assert_true(same_bits(&got_scale, &want_scale, 1, "fp8 scale"));
+                        assert_int_equal((uint8_t)slot[e], fp8_encode(t, raw[e] / want_scale));
                     } else {
                         uint16_t h;
                         memcpy(&h, slot + 2 * e, 2);
-                        assert_int_equal(h, loom__f32_to_f16(raw[e]));
+                        assert_int_equal(h, t == LOOM_TYPE_BF16 ? loom__f32_to_bf16(raw[e])
+                                                                : loom__f32_to_f16(raw[e]));
                     }
                 }
             }
         }
     }
 }
+
+/* The step's attention over an F32 copy of the pools holding the values as stored (FP8: code *
+ * scale), in the same block layout: for BF16 and FP8 pools it must give out bit for bit, since
+ * widening a stored element is exactly that value. */
+static void check_against_f32_pools(kvtest *kt, const loom_kv_desc *d, const float *want,
+                                    int64_t n_out);
 
 static loom_status run_attention(loom__backend_stream *be, kvtest *kt, const loom_kv_desc *d,
                                  const float *q, int64_t T, float *out, int32_t layer) {
@@ -236,6 +330,41 @@ static loom_status run_attention(loom__backend_stream *be, kvtest *kt, const loo
     loom_attn_params p = {
         .n_head = kt->sc.n_head, .layer = layer, .scale = kt->sc.scale, .softcap = kt->sc.softcap};
     return be->ops->attention(be->ctx, &tq, d, &p, &to);
+}
+
+static void check_against_f32_pools(kvtest *kt, const loom_kv_desc *d, const float *want,
+                                    int64_t n_out) {
+    const size_t ts = (size_t)kt->kv_dim * sizeof(float), bs = (size_t)kt->sc.block_size * ts;
+    void *k32[2] = {NULL, NULL}, *v32[2] = {NULL, NULL};
+    k32[1] = falloc((size_t)kt->n_blocks * bs / sizeof(float));
+    v32[1] = falloc((size_t)kt->n_blocks * bs / sizeof(float));
+    poison(k32[1], (size_t)kt->n_blocks * bs / sizeof(float));
+    poison(v32[1], (size_t)kt->n_blocks * bs / sizeof(float));
+    k32[0] = k32[1]; /* layer 0 is not read */
+    v32[0] = v32[1];
+    for (int s = 0; s < kt->sc.n_seqs; s++)
+        for (int32_t p = 0; p < kt->step_len[s]; p++) {
+            int32_t blk = kt->block_ids[kt->indptr[s] + p / kt->sc.block_size];
+            size_t off = (size_t)blk * bs + (size_t)(p % kt->sc.block_size) * ts;
+            size_t src = ((size_t)s * kt->max_len + (size_t)p) * kt->kv_dim;
+            memcpy((char *)k32[1] + off, kt->k_val + src, ts);
+            memcpy((char *)v32[1] + off, kt->v_val + src, ts);
+        }
+    loom_kv_desc d32 = *d;
+    d32.kv_type = LOOM_TYPE_F32;
+    d32.token_stride = ts;
+    d32.block_stride = bs;
+    d32.k_base = k32;
+    d32.v_base = v32;
+    d32.scale_kind = LOOM_KV_SCALE_NONE;
+    d32.k_scale = d32.v_scale = NULL;
+    float *out = falloc((size_t)n_out + 1);
+    poison(out, (size_t)n_out);
+    assert_int_equal(run_attention(g_be[1], kt, &d32, kt->q, kt->T, out, 1), LOOM_OK);
+    assert_true(same_bits(out, want, (size_t)n_out, "attention vs f32 pools of stored values"));
+    free(out);
+    free(k32[1]);
+    free(v32[1]);
 }
 
 /* Double-precision reference for every step row. */
@@ -355,6 +484,9 @@ static void check_scenario(const scen *sc) {
     poison(out[1], (size_t)n_out);
     assert_int_equal(run_attention(g_be3, &kt, &d, kt.q, kt.T, out[1], 1), LOOM_OK);
     assert_true(same_bits(out[0], out[1], (size_t)n_out, "attention 3 threads"));
+
+    if (sc->kv_type != LOOM_TYPE_F32 && sc->kv_type != LOOM_TYPE_F16)
+        check_against_f32_pools(&kt, &d, out[0], n_out);
 
     /* Chunked prefills: one row at a time, and chunk sizes around the 64-position tiles, each
      * sequence with its own. */
@@ -536,6 +668,122 @@ static void test_attention_softcap_window_f16(void **state) {
     check_scenario(&sc);
 }
 
+/* The stored types beside F16 and F32: Gemma's shape (head_dim 256, 4:1, a window across
+ * tiles) in E4M3, GQA with soft-capping and a window in E5M2 and BF16, and a head_dim of 20
+ * (scalar tails) with block size 1 in E4M3. */
+static void test_attention_quantized_pools(void **state) {
+    (void)state;
+    scen g = {.n_seqs = 3,
+              .past = {0, 100, 7},
+              .n_new = {80, 1, 41},
+              .block_size = 16,
+              .n_kv_heads = 1,
+              .head_dim = 256,
+              .n_head = 4,
+              .window = 70,
+              .scale = 0.0625f,
+              .kv_type = LOOM_TYPE_FP8_E4M3};
+    check_scenario(&g);
+    g.window = 0;
+    g.kv_type = LOOM_TYPE_BF16;
+    check_scenario(&g);
+    scen c = {.n_seqs = 3,
+              .past = {0, 64, 11},
+              .n_new = {97, 2, 54},
+              .block_size = 8,
+              .n_kv_heads = 2,
+              .head_dim = 72,
+              .n_head = 6,
+              .window = 33,
+              .scale = 0.4f,
+              .softcap = 3.0f,
+              .kv_type = LOOM_TYPE_FP8_E5M2};
+    check_scenario(&c);
+    c.kv_type = LOOM_TYPE_BF16;
+    check_scenario(&c);
+    scen t = {.n_seqs = 2,
+              .past = {60, 0},
+              .n_new = {71, 9},
+              .block_size = 1,
+              .n_kv_heads = 1,
+              .head_dim = 20,
+              .n_head = 2,
+              .window = 0,
+              .scale = 0.5f,
+              .kv_type = LOOM_TYPE_FP8_E4M3};
+    check_scenario(&t);
+}
+
+/* A row of zeros stores scale 0 and reads back zeros; a row holding a NaN stores a NaN scale,
+ * so attention over it is NaN rather than a made-up finite value; rows of huge values (1e30)
+ * keep their relative precision (no saturation: the scale absorbs the magnitude). */
+static void test_fp8_store_edges(void **state) {
+    (void)state;
+    enum { HD = 16, BS = 4 };
+    uint8_t pool[2][BS * HD];
+    float scales[2][BS];
+    int32_t indptr[2] = {0, 1}, ids[1] = {0}, q_start[2] = {0, 3}, pos[1] = {0}, len[1] = {3};
+    void *kb[1] = {pool[0]}, *vb[1] = {pool[1]}, *ks[1] = {scales[0]}, *vs[1] = {scales[1]};
+    loom_kv_desc d = {.n_seqs = 1,
+                      .indptr = indptr,
+                      .block_ids = ids,
+                      .q_start = q_start,
+                      .pos_start = pos,
+                      .kv_len = len,
+                      .block_size = BS,
+                      .n_blocks = 1,
+                      .n_kv_heads = 1,
+                      .head_dim = HD,
+                      .kv_type = LOOM_TYPE_FP8_E4M3,
+                      .layout = LOOM_KV_LAYOUT_NHD,
+                      .token_stride = HD,
+                      .block_stride = BS * HD,
+                      .n_layers = 1,
+                      .k_base = kb,
+                      .v_base = vb,
+                      .scale_kind = LOOM_KV_SCALE_PER_TOKEN_HEAD,
+                      .k_scale = ks,
+                      .v_scale = vs,
+                      .scale_token_stride = sizeof(float),
+                      .scale_block_stride = BS * sizeof(float)};
+    float rows[3][HD];
+    for (int e = 0; e < HD; e++) {
+        rows[0][e] = 0.0f;
+        rows[1][e] = 1e30f * (float)(e - 7);
+        rows[2][e] = e == 5 ? NAN : 1.0f;
+    }
+    assert_int_equal(loom__kv_desc_check(&d, 3), LOOM_OK);
+    loom_tensor k = loom_tensor_2d(LOOM_TYPE_F32, rows, HD, 3, sizeof rows[0]);
+    assert_int_equal(g_be[0]->ops->kv_store(g_be[0]->ctx, &k, &k, &d, 0), LOOM_OK);
+    assert_true(scales[0][0] == 0.0f);
+    for (int e = 0; e < HD; e++) assert_int_equal(pool[0][e], 0);
+    assert_true(scales[0][1] == 8e30f / 448.0f);
+    for (int e = 0; e < HD; e++) {
+        const float back = loom__fp8_e4m3_to_f32(pool[0][HD + e]) * scales[0][1];
+        assert_true(fabsf(back - rows[1][e]) <= fabsf(rows[1][e]) / 16.0f); /* 3 mantissa bits */
+    }
+    assert_true(isnan(scales[0][2]));
+    /* Attention of one query at position 2 reads the NaN row: NaN out. */
+    float q[HD], out[HD];
+    for (int e = 0; e < HD; e++) q[e] = 0.1f;
+    int32_t q1[2] = {0, 1}, pos2[1] = {2};
+    d.q_start = q1;
+    d.pos_start = pos2;
+    loom_tensor tq = loom_tensor_2d(LOOM_TYPE_F32, q, HD, 1, sizeof q);
+    loom_tensor to = loom_tensor_2d(LOOM_TYPE_F32, out, HD, 1, sizeof out);
+    loom_attn_params ap = {.n_head = 1, .layer = 0, .scale = 0.25f};
+    assert_int_equal(g_be[0]->ops->attention(g_be[0]->ctx, &tq, &d, &ap, &to), LOOM_OK);
+    assert_true(isnan(out[0]));
+    /* FP8 pages without scales are refused by the step's check; scales per head are not what
+     * the CPU reads (UNSUPPORTED at the op). */
+    loom_kv_desc bad = d;
+    bad.scale_kind = LOOM_KV_SCALE_NONE;
+    assert_int_equal(loom__kv_desc_check(&bad, 1), LOOM_ERR_INVALID_ARG);
+    bad.scale_kind = LOOM_KV_SCALE_PER_HEAD;
+    assert_int_equal(g_be[0]->ops->attention(g_be[0]->ctx, &tq, &bad, &ap, &to),
+                     LOOM_ERR_UNSUPPORTED);
+}
+
 /* MHA with head_dims of 40 and 20 (scalar tails everywhere), F32 and F16. */
 static void test_attention_odd_head_dims(void **state) {
     (void)state;
@@ -715,7 +963,7 @@ static void test_kv_bad(void **state) {
 
     /* What the CPU does not store: another element type, layout or scales. Nothing written. */
     loom_kv_desc bad = d;
-    const loom_type other_types[] = {LOOM_TYPE_BF16, LOOM_TYPE_FP8_E4M3, LOOM_TYPE_FP8_E5M2};
+    const loom_type other_types[] = {LOOM_TYPE_Q8_0, LOOM_TYPE_I16, LOOM_TYPE_F64};
     for (size_t i = 0; i < sizeof other_types / sizeof *other_types; i++) {
         bad = d;
         bad.kv_type = other_types[i];
@@ -723,6 +971,12 @@ static void test_kv_bad(void **state) {
         assert_non_null(strstr(loom_last_error(), "kv type"));
         assert_int_equal(run_attention(be, &kt, &bad, kt.q, kt.T, out, 1), LOOM_ERR_UNSUPPORTED);
     }
+    /* FP8 pages need their scales. */
+    bad = d;
+    bad.kv_type = LOOM_TYPE_FP8_E4M3;
+    assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &bad, 1), LOOM_ERR_UNSUPPORTED);
+    assert_non_null(strstr(loom_last_error(), "scales"));
+    assert_int_equal(run_attention(be, &kt, &bad, kt.q, kt.T, out, 1), LOOM_ERR_UNSUPPORTED);
     bad = d;
     bad.scale_kind = LOOM_KV_SCALE_PER_HEAD;
     assert_int_equal(be->ops->kv_store(be->ctx, &tk, &tv, &bad, 1), LOOM_ERR_UNSUPPORTED);
@@ -811,6 +1065,8 @@ int main(void) {
         cmocka_unit_test(test_attention_gemma_prefill),
         cmocka_unit_test(test_attention_gemma_window_f32),
         cmocka_unit_test(test_attention_softcap_window_f16),
+        cmocka_unit_test(test_attention_quantized_pools),
+        cmocka_unit_test(test_fp8_store_edges),
         cmocka_unit_test(test_attention_odd_head_dims),
         cmocka_unit_test(test_attention_segments),
         cmocka_unit_test(test_attention_segments_window),

@@ -392,11 +392,22 @@ static void test_supports(void **state) {
     assert_true(loom__backend_supports(be, &att));
     att.type = LOOM_TYPE_F32;
     assert_true(loom__backend_supports(be, &att));
-    loom_op_desc no = att;
-    no.type = LOOM_TYPE_BF16;
+    /* BF16 pages, and FP8 pages with their per-(position, head) scales — only with them. */
+    loom_op_desc yes = att;
+    yes.type = LOOM_TYPE_BF16;
+    assert_true(loom__backend_supports(be, &yes));
+    yes.type = LOOM_TYPE_FP8_E4M3;
+    yes.scale_kind = LOOM_KV_SCALE_PER_TOKEN_HEAD;
+    assert_true(loom__backend_supports(be, &yes));
+    yes.type = LOOM_TYPE_FP8_E5M2;
+    assert_true(loom__backend_supports(be, &yes));
+    loom_op_desc no = yes;
+    no.scale_kind = LOOM_KV_SCALE_NONE;
+    assert_false(loom__backend_supports(be, &no));
+    no.scale_kind = LOOM_KV_SCALE_PER_HEAD;
     assert_false(loom__backend_supports(be, &no));
     no = att;
-    no.type = LOOM_TYPE_FP8_E5M2;
+    no.type = LOOM_TYPE_Q8_0;
     assert_false(loom__backend_supports(be, &no));
     no = att;
     no.scale_kind = LOOM_KV_SCALE_PER_TOKEN_HEAD;

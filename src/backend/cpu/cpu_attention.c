@@ -11,8 +11,8 @@
  * within each attends to its own lanes only. Per tile it updates its running max m, sum l and
  * accumulator exactly as described at the top of cpu_attention_tile.c; at the end of each
  * segment after the first, that segment's state is merged into the state of the earlier ones
- * (loom__attn_state_merge); the output is acc / l. Everything is float32; F16 K/V are widened
- * exactly.
+ * (loom__attn_state_merge); the output is acc / l. Everything is float32; F16, BF16 and FP8 K/V are
+ * widened exactly.
  *
  * Work is shared out in items: a block of up to `rows` consecutive rows (split where a
  * sequence ends) and up to `heads` query heads of one kv head. An item walks the tiles its
@@ -57,7 +57,8 @@ typedef struct attn_task {
     float **scratch;    /* per thread, attn_scratch_floats(rows * heads, head_dim) */
     const char *k_pool; /* [n_blocks][block_size][n_kv_heads][head_dim] of kv_type */
     const char *v_pool;
-    int32_t group;    /* query heads per kv head */
+    const char *k_scale, *v_scale; /* FP8: the pools' scales (NULL otherwise) */
+    int32_t group;                 /* query heads per kv head */
     int32_t heads;    /* query heads per item (the last chunk of a group may have fewer) */
     int32_t chunks;   /* items per (row block, kv head): ceil(group / heads) */
     int32_t rows;     /* rows per block */
@@ -164,7 +165,7 @@ static void attn_run(const attn_task *t, int32_t s, int64_t r0, int64_t r1, int3
     attn_qvec qv[ATTN_ITEM_QVECS];
     float m_prev[ATTN_ITEM_QVECS], l_prev[ATTN_ITEM_QVECS];
     attn_qvecs_init(t, qv, n, r0, h0, nh, acc, qt);
-    const attn_kv_src src = {kv, t->k_pool, t->v_pool, s, kvh};
+    const attn_kv_src src = {kv, t->k_pool, t->v_pool, t->k_scale, t->v_scale, s, kvh};
     for (int64_t seg = lo_first / ATTN_SEG * ATTN_SEG; seg <= pos_last; seg += ATTN_SEG) {
         const int64_t a = lo_first > seg ? lo_first : seg;
         const int64_t b = pos_last < seg + ATTN_SEG - 1 ? pos_last : seg + ATTN_SEG - 1;
@@ -227,7 +228,7 @@ static void attn_run_part(const attn_task *t, int64_t r, int32_t kvh, int32_t h0
     float *acc = scratch + loom__attn_tile_floats(hd), *qt = acc + (size_t)nh * (size_t)hd;
     attn_qvec qv[ATTN_ITEM_QVECS];
     attn_qvecs_init(t, qv, nh, r, h0, nh, acc, qt);
-    const attn_kv_src src = {kv, t->k_pool, t->v_pool, s, kvh};
+    const attn_kv_src src = {kv, t->k_pool, t->v_pool, t->k_scale, t->v_scale, s, kvh};
     attn_tiles(t, &src, &tile, qv, nh, nh, pos, a, b, b, qt, scores);
     for (int k = 0; k < nh; k++) {
         float *part = attn_part(t, r, h0 + k, si);
@@ -371,6 +372,8 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
                    .p = p,
                    .k_pool = kv->k_base[pool_layer],
                    .v_pool = kv->v_base[pool_layer],
+                   .k_scale = kv->k_scale ? kv->k_scale[pool_layer] : NULL,
+                   .v_scale = kv->v_scale ? kv->v_scale[pool_layer] : NULL,
                    .group = p->n_head / kv->n_kv_heads};
     attn_plan(&t, n_rows, kv->n_kv_heads, c->n_threads);
     LOOM_TRY(loom__cpu_reserve_scratch(

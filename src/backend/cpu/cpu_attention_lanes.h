@@ -11,10 +11,22 @@
 #include "backend/cpu/cpu_vec.h" /* LOOM_CPU_AVX2, loom__f16_to_f32 */
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
 #define LV_N 8 /* lanes */
+
+/* The f16 bit pattern of an FP8 code: for E5M2 the code is a half's top byte (the same value);
+ * for E4M3, moving its exponent and mantissa under the half's gives the value times 2^-8 —
+ * normals and subnormals alike, since E4M3's bias (7) is the half's (15) minus 8 and E4M3's
+ * subnormals land on the half's normals with the same 2^-8. So one F16C conversion widens
+ * either, and a row's scale times 2^8 (exact) undoes E4M3's offset: the product is the
+ * dequantized value code * scale, rounded once. (E4M3's NaN code reads as 480: quantization
+ * never writes it — a row holding a NaN gets a NaN scale instead.) */
+static inline uint16_t lv_fp8_half_bits(uint8_t b, bool e4m3) {
+    return e4m3 ? (uint16_t)(((b & 0x7fu) << 7) | ((b & 0x80u) << 8)) : (uint16_t)(b << 8);
+}
 
 #if defined(LOOM_CPU_AVX2)
 typedef __m256 lv8;
@@ -101,6 +113,30 @@ static inline lv8 lv_load_f16(const uint16_t *p) {
     float f[LV_N];
     for (int i = 0; i < LV_N; i++) f[i] = loom__f16_to_f32(p[i]);
     return _mm256_loadu_ps(f);
+#endif
+}
+
+/* Eight bfloat16 to floats (exact: a bfloat16 is a float's top half). */
+static inline lv8 lv_load_bf16(const uint16_t *p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/* Eight FP8 codes to floats through their f16 bit patterns (lv_fp8_half_bits): E5M2 exactly,
+ * E4M3 times 2^-8 (the caller's scale carries the 2^8). */
+static inline lv8 lv_load_fp8(const uint8_t *p, bool e4m3) {
+    uint64_t raw;
+    memcpy(&raw, p, sizeof raw);
+    __m128i b = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)raw));
+    __m128i h = e4m3 ? _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7f)), 7),
+                                    _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8))
+                     : _mm_slli_epi16(b, 8);
+#if defined(__F16C__)
+    return _mm256_cvtph_ps(h);
+#else
+    uint16_t u[LV_N];
+    _mm_storeu_si128((__m128i *)u, h);
+    return lv_load_f16(u);
 #endif
 }
 
@@ -196,6 +232,16 @@ static inline float lv_hmax(lv8 v) {
 static inline lv8 lv_load_f16(const uint16_t *p) {
     lv8 v;
     for (int i = 0; i < LV_N; i++) v.f[i] = loom__f16_to_f32(p[i]);
+    return v;
+}
+static inline lv8 lv_load_bf16(const uint16_t *p) {
+    lv8 v;
+    for (int i = 0; i < LV_N; i++) v.f[i] = loom__bf16_to_f32(p[i]);
+    return v;
+}
+static inline lv8 lv_load_fp8(const uint8_t *p, bool e4m3) {
+    lv8 v;
+    for (int i = 0; i < LV_N; i++) v.f[i] = loom__f16_to_f32(lv_fp8_half_bits(p[i], e4m3));
     return v;
 }
 static inline void lv_transpose8(lv8 r[LV_N]) {

@@ -31,6 +31,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <string.h>
 
 /* Kernels take their block shape as constants so the accumulators stay in registers. */
 #define ATTN_INLINE static inline __attribute__((always_inline))
@@ -41,88 +42,163 @@ _Static_assert(ATTN_TILE % LW_N == 0, "a tile is whole groups of the widest lane
 /* Loading a tile                                                                             */
 /* ------------------------------------------------------------------------------------------ */
 
+/* How a pool's elements widen to float: the kernels below take it as a constant, so each kind
+ * gets its own copy of the loops. */
+typedef enum tile_kind { TK_F32, TK_F16, TK_BF16, TK_E4M3, TK_E5M2 } tile_kind;
+
+static tile_kind kind_of(loom_type t) {
+    switch (t) {
+    case LOOM_TYPE_F16:
+        return TK_F16;
+    case LOOM_TYPE_BF16:
+        return TK_BF16;
+    case LOOM_TYPE_FP8_E4M3:
+        return TK_E4M3;
+    case LOOM_TYPE_FP8_E5M2:
+        return TK_E5M2;
+    default:
+        return TK_F32;
+    }
+}
+
+static size_t kind_bytes(tile_kind k) {
+    return k == TK_F32 ? sizeof(float) : k == TK_E4M3 || k == TK_E5M2 ? 1 : sizeof(uint16_t);
+}
+
 /* Start of the K or V row of position j (bytes into pool). */
 static const char *tile_row(const attn_kv_src *src, const char *pool, int64_t j) {
     const loom_kv_desc *kv = src->kv;
-    const size_t elt = kv->kv_type == LOOM_TYPE_F32 ? sizeof(float) : sizeof(uint16_t);
-    return pool + loom__cpu_kv_slot(kv, src->seq, j) + (size_t)src->kvh * kv->head_dim * elt;
+    return pool + loom__cpu_kv_slot(kv, src->seq, j) +
+           (size_t)src->kvh * kv->head_dim * kind_bytes(kind_of(kv->kv_type));
 }
 
-ATTN_INLINE lv8 tile_load8(const char *row, int64_t d, bool f16) {
+/* What a row's widened elements are multiplied by: FP8 its scale (E4M3's times 2^8, see
+ * lv_fp8_half_bits); 1 for the others, whose loads are exact already (and never multiplied). */
+static float tile_scale(const attn_kv_src *src, const char *scales, int64_t j, tile_kind k) {
+    if (k != TK_E4M3 && k != TK_E5M2) return 1.0f;
+    const loom_kv_desc *kv = src->kv;
+    const int32_t block = kv->block_ids[kv->indptr[src->seq] + j / kv->block_size];
+    float s;
+    memcpy(&s,
+           scales + (size_t)block * kv->scale_block_stride +
+               (size_t)(j % kv->block_size) * kv->scale_token_stride +
+               (size_t)src->kvh * sizeof(float),
+           sizeof s);
+    return k == TK_E4M3 ? s * 256.0f : s;
+}
+
+ATTN_INLINE lv8 tile_load8(const char *row, int64_t d, tile_kind k, float scale) {
     if (row == NULL) return lv_zero();
-    return f16 ? lv_load_f16((const uint16_t *)row + d) : lv_load((const float *)row + d);
+    switch (k) {
+    case TK_F16:
+        return lv_load_f16((const uint16_t *)row + d);
+    case TK_BF16:
+        return lv_load_bf16((const uint16_t *)row + d);
+    case TK_E4M3:
+        return lv_mul(lv_load_fp8((const uint8_t *)row + d, true), lv_set1(scale));
+    case TK_E5M2:
+        return lv_mul(lv_load_fp8((const uint8_t *)row + d, false), lv_set1(scale));
+    default:
+        return lv_load((const float *)row + d);
+    }
 }
 
-ATTN_INLINE float tile_load1(const char *row, int64_t d, bool f16) {
+ATTN_INLINE float tile_load1(const char *row, int64_t d, tile_kind k, float scale) {
     if (row == NULL) return 0.0f;
-    return f16 ? loom__f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+    switch (k) {
+    case TK_F16:
+        return loom__f16_to_f32(((const uint16_t *)row)[d]);
+    case TK_BF16:
+        return loom__bf16_to_f32(((const uint16_t *)row)[d]);
+    case TK_E4M3:
+    case TK_E5M2:
+        return loom__f16_to_f32(lv_fp8_half_bits(((const uint8_t *)row)[d], k == TK_E4M3)) * scale;
+    default:
+        return ((const float *)row)[d];
+    }
 }
 
 /* K of lanes 8h .. 8h+7 into kt[d][..] (kt: one group of LW_N positions, [hd][LW_N]), by 8x8
  * transposes; lanes outside [ia, ib] are zero. */
 ATTN_INLINE void tile_load_k8(const attn_kv_tile *t, const attn_kv_src *src, int lane0, float *kt,
-                              bool f16) {
+                              tile_kind k) {
     const int64_t hd = src->kv->head_dim;
     const char *row[LV_N];
+    float scale[LV_N];
     for (int i = 0; i < LV_N; i++) {
         const int lane = lane0 + i;
-        row[i] = lane >= t->ia && lane <= t->ib ? tile_row(src, src->k_pool, t->j0 + lane) : NULL;
+        const bool in = lane >= t->ia && lane <= t->ib;
+        row[i] = in ? tile_row(src, src->k_pool, t->j0 + lane) : NULL;
+        scale[i] = in ? tile_scale(src, src->k_scale, t->j0 + lane, k) : 0.0f;
     }
     int64_t d = 0;
     for (; d + LV_N <= hd; d += LV_N) {
         lv8 r[LV_N];
-        for (int i = 0; i < LV_N; i++) r[i] = tile_load8(row[i], d, f16);
+        for (int i = 0; i < LV_N; i++) r[i] = tile_load8(row[i], d, k, scale[i]);
         lv_transpose8(r); /* r[i] = element d+i of the eight rows */
         for (int i = 0; i < LV_N; i++) lv_store(kt + (size_t)(d + i) * LW_N, r[i]);
     }
     for (; d < hd; d++)
-        for (int i = 0; i < LV_N; i++) kt[(size_t)d * LW_N + i] = tile_load1(row[i], d, f16);
+        for (int i = 0; i < LV_N; i++)
+            kt[(size_t)d * LW_N + i] = tile_load1(row[i], d, k, scale[i]);
 }
 
 /* K group g (lanes g*LW_N .. +LW_N-1) into kt[g][d][lane]. */
-ATTN_INLINE void tile_load_k_group(attn_kv_tile *t, const attn_kv_src *src, int g, bool f16) {
+ATTN_INLINE void tile_load_k_group(attn_kv_tile *t, const attn_kv_src *src, int g, tile_kind k) {
     float *dst = t->kt + (size_t)g * (size_t)src->kv->head_dim * LW_N;
     for (int h = 0; h < LW_N / LV_N; h++)
-        tile_load_k8(t, src, g * LW_N + h * LV_N, dst + h * LV_N, f16);
+        tile_load_k8(t, src, g * LW_N + h * LV_N, dst + h * LV_N, k);
 }
 
-ATTN_INLINE void tile_load_v(attn_kv_tile *t, const attn_kv_src *src, bool f16) {
+ATTN_INLINE void tile_load_v(attn_kv_tile *t, const attn_kv_src *src, tile_kind k) {
     const int64_t hd = src->kv->head_dim;
     for (int i = t->ia; i <= t->ib; i++) {
         const char *row = tile_row(src, src->v_pool, t->j0 + i);
-        if (!f16) {
+        if (k == TK_F32) {
             t->v[i] = (const float *)row; /* read in place */
             continue;
         }
+        const float scale = tile_scale(src, src->v_scale, t->j0 + i, k);
         float *dst = t->vbuf + (size_t)i * (size_t)hd;
         int64_t d = 0;
-        for (; d + LV_N <= hd; d += LV_N) lv_store(dst + d, tile_load8(row, d, true));
-        for (; d < hd; d++) dst[d] = tile_load1(row, d, true);
+        for (; d + LV_N <= hd; d += LV_N) lv_store(dst + d, tile_load8(row, d, k, scale));
+        for (; d < hd; d++) dst[d] = tile_load1(row, d, k, scale);
         t->v[i] = dst;
     }
 }
 
+/* One tile of one kind: K group by group, then V. */
+ATTN_INLINE void tile_load_kind(attn_kv_tile *t, const attn_kv_src *src, tile_kind k) {
+    for (int g = t->ia / LW_N; g <= t->ib / LW_N; g++) tile_load_k_group(t, src, g, k);
+    tile_load_v(t, src, k);
+}
+
 void loom__attn_tile_load(attn_kv_tile *t, const attn_kv_src *src, int64_t j0, int ia, int ib) {
-    const bool f16 = src->kv->kv_type == LOOM_TYPE_F16;
     t->j0 = j0;
     t->ia = ia;
     t->ib = ib;
-    for (int g = ia / LW_N; g <= ib / LW_N; g++) {
-        if (f16)
-            tile_load_k_group(t, src, g, true);
-        else
-            tile_load_k_group(t, src, g, false);
+    switch (kind_of(src->kv->kv_type)) {
+    case TK_F16:
+        tile_load_kind(t, src, TK_F16);
+        break;
+    case TK_BF16:
+        tile_load_kind(t, src, TK_BF16);
+        break;
+    case TK_E4M3:
+        tile_load_kind(t, src, TK_E4M3);
+        break;
+    case TK_E5M2:
+        tile_load_kind(t, src, TK_E5M2);
+        break;
+    default:
+        tile_load_kind(t, src, TK_F32);
+        break;
     }
-    if (f16)
-        tile_load_v(t, src, true);
-    else
-        tile_load_v(t, src, false);
 }
 
 void loom__attn_tile_prefetch(const attn_kv_src *src, int64_t j0, int ia, int ib) {
     const loom_kv_desc *kv = src->kv;
-    const size_t row =
-        (size_t)kv->head_dim * (kv->kv_type == LOOM_TYPE_F32 ? sizeof(float) : sizeof(uint16_t));
+    const size_t row = (size_t)kv->head_dim * kind_bytes(kind_of(kv->kv_type));
     for (int i = ia; i <= ib; i++) {
         const uintptr_t k = (uintptr_t)tile_row(src, src->k_pool, j0 + i);
         const uintptr_t v = (uintptr_t)tile_row(src, src->v_pool, j0 + i);

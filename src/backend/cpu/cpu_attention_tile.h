@@ -23,7 +23,8 @@
 /* Where one sequence's K and V rows of one kv head live. */
 typedef struct attn_kv_src {
     const loom_kv_desc *kv;
-    const char *k_pool, *v_pool; /* the layer's pools: [n_blocks][block_size][n_kv][hd] */
+    const char *k_pool, *v_pool;   /* the layer's pools: [n_blocks][block_size][n_kv][hd] */
+    const char *k_scale, *v_scale; /* FP8: the pools' per-(position, head) scales; else NULL */
     int32_t seq, kvh;
 } attn_kv_src;
 
@@ -33,8 +34,8 @@ typedef struct attn_kv_tile {
     int64_t j0;
     int ia, ib;
     float *kt;   /* [ATTN_TILE / LW_N][head_dim][LW_N]: K transposed by groups of positions */
-    float *vbuf; /* [ATTN_TILE][head_dim]: widened V rows (F16 pools only) */
-    const float *v[ATTN_TILE]; /* V row of lane i: into the pool (F32) or vbuf (F16) */
+    float *vbuf; /* [ATTN_TILE][head_dim]: widened V rows (pools other than F32) */
+    const float *v[ATTN_TILE]; /* V row of lane i: into the pool (F32) or vbuf (others) */
 } attn_kv_tile;
 
 /* Softmax state of one query vector (one row, one head): running max m, running sum l, and

@@ -16,9 +16,9 @@ static bool cpu_supports(void *dev, const loom_op_desc *op) {
     case LOOM_OP_KV_STORE:
     case LOOM_OP_ATTENTION:
         /* any head size, window and soft-cap; float values in token-major pages */
-        return (op->type == LOOM_TYPE_F16 || op->type == LOOM_TYPE_F32) &&
-               op->layout == LOOM_KV_LAYOUT_NHD && op->scale_kind == LOOM_KV_SCALE_NONE &&
-               op->head_dim >= 1 && op->window >= 0 && op->softcap >= 0.0f;
+        return loom__cpu_kv_type_ok(op->type) && op->layout == LOOM_KV_LAYOUT_NHD &&
+               op->scale_kind == loom__kv_scale_kind_of(op->type) && op->head_dim >= 1 &&
+               op->window >= 0 && op->softcap >= 0.0f;
     case LOOM_OP_RMS_NORM:
     case LOOM_OP_ROPE:
     case LOOM_OP_GLU:

@@ -15,8 +15,8 @@
 loom_status loom__cpu_check_kv_use(const char *op, const loom_kv_desc *kv, int32_t layer,
                                    bool via_layer_src, int32_t *pool_layer) {
     LOOM_RETURN_IF(kv == NULL, LOOM_ERR_INVALID_ARG, "%s: kv descriptor is NULL", op);
-    LOOM_RETURN_IF(kv->kv_type != LOOM_TYPE_F16 && kv->kv_type != LOOM_TYPE_F32,
-                   LOOM_ERR_UNSUPPORTED, "%s: kv type %s (cpu stores f16 and f32)", op,
+    LOOM_RETURN_IF(!loom__cpu_kv_type_ok(kv->kv_type), LOOM_ERR_UNSUPPORTED,
+                   "%s: kv type %s (cpu stores f16, bf16, f32, fp8_e4m3 and fp8_e5m2)", op,
                    loom__type_name(kv->kv_type));
     return loom__check_kv_use("cpu", op, kv, layer, via_layer_src, pool_layer);
 }

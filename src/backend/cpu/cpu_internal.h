@@ -139,7 +139,14 @@ const loom_backend_ops *loom__cpu_backend_ops(void);
 /* Argument checks (cpu_check.c). Each names the op and the argument in its message.          */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The descriptor is one the CPU stores and reads (F16 or F32 values, NHD, no scales) and
+/* The KV element types the CPU stores and reads. */
+static inline bool loom__cpu_kv_type_ok(loom_type t) {
+    return t == LOOM_TYPE_F16 || t == LOOM_TYPE_BF16 || t == LOOM_TYPE_F32 ||
+           t == LOOM_TYPE_FP8_E4M3 || t == LOOM_TYPE_FP8_E5M2;
+}
+
+/* The descriptor is one the CPU stores and reads (loom__cpu_kv_type_ok, NHD, FP8 with scales
+ * per position and head, no scales otherwise) and
  * `layer` is one of its layers; *pool_layer = the layer whose pools the op uses (layer itself
  * for kv_store, layer_src[layer] for attention when via_layer_src). The rest of the
  * descriptor was checked by libloom for the step (kv/kv_desc.h). */
@@ -201,4 +208,11 @@ static inline int32_t loom__cpu_seq_of_row(const loom_kv_desc *kv, int64_t r) {
 static inline size_t loom__cpu_kv_slot(const loom_kv_desc *kv, int32_t s, int64_t p) {
     int32_t block = kv->block_ids[kv->indptr[s] + p / kv->block_size];
     return (size_t)block * kv->block_stride + (size_t)(p % kv->block_size) * kv->token_stride;
+}
+
+/* Byte offset of position p's scales (PER_TOKEN_HEAD) in a layer's scale pool. */
+static inline size_t loom__cpu_kv_scale_slot(const loom_kv_desc *kv, int32_t s, int64_t p) {
+    int32_t block = kv->block_ids[kv->indptr[s] + p / kv->block_size];
+    return (size_t)block * kv->scale_block_stride +
+           (size_t)(p % kv->block_size) * kv->scale_token_stride;
 }

@@ -2,14 +2,20 @@
  *
  * Row r of k and v belongs to sequence s (q_start[s] <= r < q_start[s+1]) at position
  * p = pos_start[s] + (r - q_start[s]); it goes to block block_ids[indptr[s] + p / block_size],
- * slot p % block_size, all heads contiguous, converted to the pool's type (F16 rounds to
- * nearest-even, as loom__f32_to_f16 does; F32 is copied). The whole descriptor is validated
- * before anything is written, so a bad block id leaves the pools untouched. */
+ * slot p % block_size, all heads contiguous, converted to the pool's type (F16 and BF16 round
+ * to nearest-even, as loom__f32_to_f16 / loom__f32_to_bf16 do; F32 is copied). FP8 pools store
+ * each head's row x as fp8(x / s), s = max|x| / the format's largest finite value (loom.h's
+ * loom_kv_cache_type), s in the slot's scale; a row of zeros gets s = 0 and zero codes; a row
+ * with a NaN gets s = NaN, so it reads back as NaN rather than as a made-up finite value. The
+ * whole descriptor is validated before anything is written, so a bad block id leaves the pools
+ * untouched. */
 #include "backend/cpu/cpu_internal.h"
 
 #include "core/status.h"
 #include "tensor/fp16.h"
+#include "tensor/fp8.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -22,14 +28,47 @@ typedef struct kvs_task {
     const loom_kv_desc *kv;
     char *k_pool; /* layer's K pool: [n_blocks][block_size][n_kv_heads][head_dim] */
     char *v_pool;
+    char *k_scale, *v_scale; /* FP8: the layer's scale pools; NULL otherwise */
 } kvs_task;
 
-static void kvs_put_row(const loom_kv_desc *kv, const float *src, char *dst, int64_t n) {
-    if (kv->kv_type == LOOM_TYPE_F32) {
+/* One head's row of an FP8 pool: the scale, then the codes. */
+static void kvs_put_fp8(bool e4m3, const float *src, uint8_t *dst, float *scale, int64_t n) {
+    float amax = 0.0f;
+    bool nan = false;
+    for (int64_t i = 0; i < n; i++) {
+        const float a = fabsf(src[i]);
+        nan |= a != a;
+        amax = a > amax ? a : amax;
+    }
+    const float s = nan ? NAN : amax / (e4m3 ? 448.0f : 57344.0f);
+    *scale = s;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = s > 0.0f ? src[i] / s : 0.0f; /* s = 0: every element is 0 */
+        dst[i] = e4m3 ? loom__f32_to_fp8_e4m3(x) : loom__f32_to_fp8_e5m2(x);
+    }
+}
+
+static void kvs_put_row(const loom_kv_desc *kv, const float *src, char *dst, char *scales,
+                        int64_t n) {
+    switch (kv->kv_type) {
+    case LOOM_TYPE_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));
-    } else {
-        uint16_t *h = (uint16_t *)dst;
-        for (int64_t i = 0; i < n; i++) h[i] = loom__f32_to_f16(src[i]);
+        break;
+    case LOOM_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = loom__f32_to_bf16(src[i]);
+        break;
+    case LOOM_TYPE_FP8_E4M3:
+    case LOOM_TYPE_FP8_E5M2:
+        for (int32_t h = 0; h < kv->n_kv_heads; h++) {
+            float s;
+            kvs_put_fp8(kv->kv_type == LOOM_TYPE_FP8_E4M3, src + (size_t)h * kv->head_dim,
+                        (uint8_t *)dst + (size_t)h * kv->head_dim, &s, kv->head_dim);
+            memcpy(scales + (size_t)h * sizeof(float), &s, sizeof s);
+        }
+        break;
+    default:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = loom__f32_to_f16(src[i]);
+        break;
     }
 }
 
@@ -43,8 +82,11 @@ static void kvs_worker(void *arg, int ith, int nth) {
         int32_t s = loom__cpu_seq_of_row(kv, r);
         int64_t p = (int64_t)kv->pos_start[s] + (r - kv->q_start[s]);
         size_t off = loom__cpu_kv_slot(kv, s, p);
-        kvs_put_row(kv, loom__cpu_row(t->k, r), t->k_pool + off, n);
-        kvs_put_row(kv, loom__cpu_row(t->v, r), t->v_pool + off, n);
+        size_t soff = loom__cpu_kv_scale_slot(kv, s, p);
+        kvs_put_row(kv, loom__cpu_row(t->k, r), t->k_pool + off,
+                    t->k_scale ? t->k_scale + soff : NULL, n);
+        kvs_put_row(kv, loom__cpu_row(t->v, r), t->v_pool + off,
+                    t->v_scale ? t->v_scale + soff : NULL, n);
     }
 }
 
@@ -62,7 +104,9 @@ loom_status loom__cpu_kv_store(void *ctx, const loom_tensor *k, const loom_tenso
                   .v = v,
                   .kv = kv,
                   .k_pool = kv->k_base[pool_layer],
-                  .v_pool = kv->v_base[pool_layer]};
+                  .v_pool = kv->v_base[pool_layer],
+                  .k_scale = kv->k_scale ? kv->k_scale[pool_layer] : NULL,
+                  .v_scale = kv->v_scale ? kv->v_scale[pool_layer] : NULL};
     if (n_rows * kv_dim < KVS_INLINE_ELEMS || c->n_threads == 1)
         kvs_worker(&t, 0, 1);
     else

@@ -4,19 +4,26 @@
  * (rounding mode, flush-to-zero / denormals-are-zero set by a host application), and the
  * half -> float direction is written with selects rather than branches so loops over it
  * auto-vectorise. quant.h exports these as loom__f16_to_f32 etc.; kernels in this layer call the
- * inline forms directly. */
+ * inline forms directly. The functions are also CUDA device functions under nvcc (fp8.h builds
+ * on them, and kernels must round exactly as the host does); memcpy is available on the device. */
 #pragma once
 
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t loom__f32_bits(float f) {
+#if defined(__CUDACC__)
+#define LOOM__HOST_DEVICE __host__ __device__
+#else
+#define LOOM__HOST_DEVICE
+#endif
+
+LOOM__HOST_DEVICE static inline uint32_t loom__f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
 }
 
-static inline float loom__f32_from_bits(uint32_t u) {
+LOOM__HOST_DEVICE static inline float loom__f32_from_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
@@ -24,7 +31,7 @@ static inline float loom__f32_from_bits(uint32_t u) {
 
 /* Exact: every half is representable as a float. NaN payloads are kept bit for bit. Written
  * with masks instead of branches or ?: so that loops over it vectorise. */
-static inline float loom__f16_to_f32(uint16_t h) {
+LOOM__HOST_DEVICE static inline float loom__f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t em = h & 0x7fffu; /* exponent and mantissa */
     /* Normal halves: move the fields into float position and rebias the exponent (15 -> 127).
@@ -43,7 +50,7 @@ static inline float loom__f16_to_f32(uint16_t h) {
 /* Round to nearest, ties to even. Overflow gives infinity (IEEE); NaN stays NaN with its sign
  * and the top payload bits, with the quiet bit set (a payload living only in the dropped low
  * bits would otherwise turn the NaN into an infinity). */
-static inline uint16_t loom__f32_to_f16(float f) {
+LOOM__HOST_DEVICE static inline uint16_t loom__f32_to_f16(float f) {
     uint32_t x = loom__f32_bits(f);
     uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
     uint32_t a = x & 0x7fffffffu;
@@ -63,19 +70,20 @@ static inline uint16_t loom__f32_to_f16(float f) {
     uint32_t shift = 126 - e; /* 14 .. 24 */
     uint32_t q = m >> shift;
     uint32_t rem = m & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1u);
-    q += (rem > half) | ((rem == half) & (q & 1u)); /* 0x3ff + 1 = 0x400 is the smallest normal */
+    uint32_t halfway = 1u << (shift - 1u);
+    /* 0x3ff + 1 = 0x400 is the smallest normal */
+    q += (rem > halfway) | ((rem == halfway) & (q & 1u));
     return (uint16_t)(sign | q);
 }
 
 /* bfloat16 is the top half of a float: widening is a shift. */
-static inline float loom__bf16_to_f32(uint16_t h) {
+LOOM__HOST_DEVICE static inline float loom__bf16_to_f32(uint16_t h) {
     return loom__f32_from_bits((uint32_t)h << 16);
 }
 
 /* Round to nearest even on the dropped 16 bits; NaN is kept (quiet bit set, sign and top payload
  * kept) because rounding a NaN's low payload bits could carry it into infinity. */
-static inline uint16_t loom__f32_to_bf16(float f) {
+LOOM__HOST_DEVICE static inline uint16_t loom__f32_to_bf16(float f) {
     uint32_t x = loom__f32_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u);
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);

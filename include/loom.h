@@ -387,8 +387,11 @@ typedef struct loom_session loom_session;
  * in the same budget; head_dim 128: 1.94x; 64: 1.88x). E4M3 keeps 3 mantissa bits (relative
  * error <= 2^-4), E5M2 2 bits with a wider range it does not need here (the scale absorbs the
  * range), so E4M3 is the more accurate of the two. Attention widens pages to float32 as it
- * reads them; nothing else changes. A backend that cannot store a type refuses it at creation
- * (LOOM_ERR_UNSUPPORTED, naming the op and the type). */
+ * reads them; nothing else changes. kv_rotate stores every head's rows rotated by the
+ * orthonormal Walsh-Hadamard transform (any type; the attention result is the same up to
+ * rounding): it spreads a row's few large elements over all of them before rounding, as
+ * llama.cpp does for its quantized caches. A backend that cannot store a type refuses it at
+ * creation (LOOM_ERR_UNSUPPORTED, naming the op and the type). */
 typedef enum loom_kv_cache_type {
     LOOM_KV_CACHE_F16 = 0,      /* IEEE half (default) */
     LOOM_KV_CACHE_BF16 = 1,     /* bfloat16: F32's range, 8 mantissa bits */
@@ -405,6 +408,9 @@ typedef struct loom_session_params {
     bool kv_f32;        /* store K/V in float32 (default false); the same as kv_type F32, and
                            an error beside any kv_type other than F16 or F32 */
     loom_kv_cache_type kv_type; /* how K/V are stored (default LOOM_KV_CACHE_F16) */
+    bool kv_rotate;             /* store each head's K and V rows rotated by a fixed Hadamard
+                                   transform, undone on the query side (loom_kv_cache_type);
+                                   needs a power-of-two head_dim (default false) */
 } loom_session_params;
 
 /* Fills p[0 .. size) with the defaults for loom_session_create (as loom_model_params_init). */
@@ -799,6 +805,7 @@ typedef struct loom_engine_params {
     loom_kv_cache_type kv_type;      /* how K/V are stored (default LOOM_KV_CACHE_F16). kv_bytes
                                         counts real bytes, FP8's scales included: the same budget
                                         holds about twice the tokens with FP8 */
+    bool kv_rotate;                  /* as loom_session_params.kv_rotate (default false) */
 } loom_engine_params;
 
 typedef struct loom_request_params {

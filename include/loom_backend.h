@@ -68,8 +68,9 @@ extern "C" {
 
 /* 1: the first table; 2: matmul_multi; 3: plugins — devices and streams, step descriptors,
  * per-tensor weight preparation, batched copies, memory queries, the v2 KV descriptor;
- * 4: add_rms_norm. */
-#define LOOM_BACKEND_ABI_VERSION 4
+ * 4: add_rms_norm; 5: FP8 and BF16 KV pages, kv_flags (the Hadamard rotation) in the KV
+ * descriptor, the op descriptor and the step shape. */
+#define LOOM_BACKEND_ABI_VERSION 5
 
 /* The name of the function a plugin exports (see the top of this file). */
 #define LOOM_BACKEND_ENTRY_SYMBOL "loom_backend_entry"
@@ -110,7 +111,7 @@ typedef enum loom_type {
     LOOM_TYPE_F64 = 28,
     LOOM_TYPE_BF16 = 30,
     LOOM_TYPE_GGUF_END_ = 40, /* upper bound of GGUF's id space (not a type) */
-    /* KV-cache element types (reserved: no backend stores them yet) */
+    /* KV-cache element types (pages only: never a weight) */
     LOOM_TYPE_FP8_E4M3 = 0x100, /* 1 sign, 4 exponent, 3 mantissa bits; max 448, no infinity */
     LOOM_TYPE_FP8_E5M2 = 0x101, /* 1 sign, 5 exponent, 2 mantissa bits; IEEE-like */
 } loom_type;
@@ -164,6 +165,14 @@ static inline loom_tensor loom_tensor_2d(loom_type type, void *data, int64_t ne0
  *                    byte b*scale_block_stride + t*scale_token_stride
  *   a stored value x is read as x * scale.
  *
+ * Rotation (kv_flags & LOOM_KV_HADAMARD): the K and V rows of every head are stored rotated by
+ *   the orthonormal Walsh-Hadamard transform H = W_d / sqrt(d) (d = head_dim, a power of two;
+ *   W_d the Sylvester matrix, W_d[i][j] = (-1)^popcount(i & j)), applied by kv_store before it
+ *   converts to kv_type; attention rotates each query head by H and its output back by H (H is
+ *   symmetric and its own inverse), so q.k and the weighted sum of V are those of unrotated
+ *   attention up to rounding. It spreads a row's outlier elements over all of them before
+ *   quantization.
+ *
  * Cross-layer reuse: layer l reads the pools of layer_src[l] (NULL: every layer its own). A
  * layer with layer_src[l] != l computes no K/V and stores none; only source layers (layer_src[l]
  * == l) have pools, and k_base/v_base (and the scales) of the others may be NULL. A source
@@ -180,6 +189,9 @@ static inline loom_tensor loom_tensor_2d(loom_type type, void *data, int64_t ne0
 typedef enum loom_kv_layout {
     LOOM_KV_LAYOUT_NHD = 0, /* [block][slot][head][dim] (token-major) */
 } loom_kv_layout;
+
+/* kv_flags bits (loom_kv_desc, loom_op_desc, loom_step_shape). */
+#define LOOM_KV_HADAMARD 1u /* K/V rows stored rotated by H (above); head_dim a power of two */
 
 typedef enum loom_kv_scale_kind {
     LOOM_KV_SCALE_NONE = 0,           /* values are stored as they are */
@@ -200,7 +212,7 @@ typedef struct loom_kv_desc {
     int32_t n_kv_heads; /* key/value heads */
     int32_t head_dim;   /* elements per head */
     int32_t window;     /* positions a query reads back, its own included; 0: all */
-    loom_type kv_type;  /* element type of the pools: F16, BF16, F32 (FP8 reserved) */
+    loom_type kv_type;  /* element type of the pools: F16, BF16, F32, FP8_E4M3, FP8_E5M2 */
     loom_kv_layout layout;
     size_t token_stride; /* bytes of one slot: at least n_kv_heads * head_dim * elt */
     size_t block_stride; /* bytes of one block: at least block_size * token_stride */
@@ -215,6 +227,7 @@ typedef struct loom_kv_desc {
     void *const *v_scale;      /* [n_layers] V scales */
     size_t scale_token_stride; /* PER_TOKEN_HEAD: bytes between slots of a scale pool */
     size_t scale_block_stride; /* PER_TOKEN_HEAD: bytes between blocks of a scale pool */
+    uint32_t kv_flags;         /* LOOM_KV_HADAMARD or 0 */
 } loom_kv_desc;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -247,6 +260,7 @@ typedef struct loom_op_desc {
     float softcap;  /* logit soft-capping; 0: off */
     loom_kv_layout layout;
     loom_kv_scale_kind scale_kind;
+    uint32_t kv_flags; /* KV_STORE and ATTENTION: LOOM_KV_HADAMARD or 0 */
 } loom_op_desc;
 
 typedef enum loom_rope_mode {
@@ -337,6 +351,7 @@ typedef struct loom_step_shape {
     loom_type kv_type;
     int32_t n_matmuls;                /* distinct matmul shapes */
     const loom_matmul_shape *matmuls; /* [n_matmuls] */
+    uint32_t kv_flags;                /* the descriptors' kv_flags */
 } loom_step_shape;
 
 /* Everything a step will read through kv_store and attention (step_begin). */

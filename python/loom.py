@@ -46,7 +46,7 @@ class ModelInfo(C.Structure):
 
 class SessionParams(C.Structure):
     _fields_ = [("size", C.c_size_t), ("n_ctx", C.c_int32), ("n_batch", C.c_int32), ("block_size", C.c_int32),
-                ("kv_f32", C.c_bool), ("kv_type", C.c_int)]
+                ("kv_f32", C.c_bool), ("kv_type", C.c_int), ("kv_rotate", C.c_bool)]
 
 # loom_kv_cache_type: how a session or an engine stores keys and values
 KV_TYPES = {"f16": 0, "bf16": 1, "f32": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
@@ -202,10 +202,12 @@ class Session:
 
     _h = None
 
-    def __init__(self, model, n_ctx=0, n_batch=512, block_size=16, kv_f32=False, kv_type="f16"):
+    def __init__(self, model, n_ctx=0, n_batch=512, block_size=16, kv_f32=False, kv_type="f16",
+                 kv_rotate=False):
         p = _params(SessionParams, _lib.loom_session_params_init)
         p.n_ctx, p.n_batch, p.block_size, p.kv_f32 = n_ctx, n_batch, block_size, kv_f32
         p.kv_type = _kv_type(kv_type)
+        p.kv_rotate = kv_rotate
         h = C.c_void_p()
         _check(_lib.loom_session_create(model._h, C.byref(p), C.byref(h)))
         self._h = h
@@ -292,7 +294,7 @@ class EngineParams(C.Structure):
                 ("on_event", C.c_void_p), ("on_event_user_data", C.c_void_p),
                 ("max_logprobs", C.c_int32), ("trace", C.c_void_p),
                 ("n_sample_threads", C.c_int32), ("record_path", C.c_char_p),
-                ("admission", C.c_int), ("kv_type", C.c_int)]
+                ("admission", C.c_int), ("kv_type", C.c_int), ("kv_rotate", C.c_bool)]
 
 ADMISSION = {"admit_all": 0, "reject_late": 1, "degrade": 2}  # loom_admission_policy
 

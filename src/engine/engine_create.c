@@ -25,6 +25,7 @@ void loom_engine_params_init(loom_engine_params *out, size_t size) {
     p.watermark = 0.01f;
     p.max_logprobs = LOOM_SAMPLE_CHAIN_DEFAULT_LOGPROBS_MAX;
     p.kv_type = LOOM_KV_CACHE_F16;
+    p.kv_rotate = false;
     loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
@@ -58,7 +59,8 @@ static loom_status check_params(const loom_model *m, loom_engine_params *p) {
                    p->n_sample_threads, LOOM_ENGINE_MAX_SAMPLERS);
     loom_type kv_type;
     LOOM_TRY(loom__kv_cache_type_resolve(p->kv_type, &kv_type));
-    if (kv_type != LOOM_TYPE_F16) LOOM_TRY(loom__model_check_support(m, kv_type));
+    if (kv_type != LOOM_TYPE_F16 || p->kv_rotate)
+        LOOM_TRY(loom__model_check_support(m, kv_type, p->kv_rotate ? LOOM_KV_HADAMARD : 0));
     if (p->max_ctx == 0) p->max_ctx = m->cfg.n_ctx_train < 8192 ? m->cfg.n_ctx_train : 8192;
     return LOOM_OK;
 }
@@ -133,6 +135,7 @@ static loom_status create_engine(loom_engine *e) {
         .max_ctx = e->max_ctx,
         .block_size = e->params.block_size,
         .kv_type = e->kv_type,
+        .kv_flags = e->params.kv_rotate ? LOOM_KV_HADAMARD : 0,
     };
     LOOM_TRY(loom__exec_create(e->model, &es, &e->exec));
     LOOM_TRY(loom__engine_kv_create(e));

@@ -227,6 +227,7 @@ loom_status loom__engine_kv_create(loom_engine *e) {
         e->n_groups * ((e->max_ctx + e->params.block_size - 1) / e->params.block_size + 1);
     loom__kv_storage_params sp = {
         .kv_type = e->kv_type,
+        .kv_flags = e->params.kv_rotate ? LOOM_KV_HADAMARD : 0,
         .block_size = e->params.block_size,
         .group_blocks = e->group_blocks,
         .max_seqs = e->params.max_seqs,

@@ -106,6 +106,7 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
                    LOOM_ERR_INVALID_ARG, "kv storage: bad sizes");
     st->kv_type = p->kv_type;
     st->scale_kind = loom__kv_scale_kind_of(p->kv_type);
+    st->kv_flags = p->kv_flags;
     st->block_size = p->block_size;
     st->n_groups = c->n_kv_groups;
     st->n_layers = c->n_layer;
@@ -231,6 +232,7 @@ loom_status loom__kv_storage_descs(loom__kv_storage *st, const loom__kv *kv, int
             .v_scale = st->scale_kind != LOOM_KV_SCALE_NONE ? st->v_scale : NULL,
             .scale_token_stride = st->scale_token_stride,
             .scale_block_stride = st->block_stride,
+            .kv_flags = st->kv_flags,
         };
         loom_status s = loom__kv_desc_check(&out[g], st->q_start[n]);
         if (s != LOOM_OK) {

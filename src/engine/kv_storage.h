@@ -22,6 +22,7 @@ typedef struct loom__kv_storage {
     const loom_model *model;
     loom_type kv_type;
     loom_kv_scale_kind scale_kind; /* PER_TOKEN_HEAD for FP8 pages, NONE otherwise */
+    uint32_t kv_flags;
     int32_t block_size;
     int32_t n_groups;
     int32_t n_layers;
@@ -47,6 +48,7 @@ typedef struct loom__kv_storage {
 
 typedef struct loom__kv_storage_params {
     loom_type kv_type;           /* F16, BF16, F32, FP8_E4M3 or FP8_E5M2 */
+    uint32_t kv_flags;           /* LOOM_KV_HADAMARD or 0 */
     int32_t block_size;          /* positions per block */
     const int32_t *group_blocks; /* [the model's n_kv_groups] blocks of each group's pools */
     int32_t max_seqs;            /* sequences in one step */

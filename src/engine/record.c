@@ -89,6 +89,7 @@ static void encode_header(loom__rec_buf *b, const loom__record_header *h) {
     loom__rec_f32(b, p->watermark);
     loom__rec_u32(b, (uint32_t)p->max_logprobs);
     loom__rec_u32(b, (uint32_t)p->kv_type); /* version 2 */
+    loom__rec_u8(b, p->kv_rotate);          /* version 3 */
 }
 
 void loom__record_encode_request(loom__rec_buf *b, loom_request_id id, int64_t arrival_ns,
@@ -388,6 +389,7 @@ static loom_status decode_header(loom__replayer *r, loom__record_header *h) {
                        kv_type);
         p->kv_type = (loom_kv_cache_type)kv_type;
     }
+    if (version >= 3) LOOM_TRY(rd_bool(r, &p->kv_rotate, "kv_rotate"));
     /* kv_bytes 0 would ask for kv_fraction of this machine's memory: not the recorded pool. */
     LOOM_RETURN_IF(p->kv_bytes <= 0, LOOM_ERR_BAD_INPUT, "replay: kv_bytes %lld (> 0)",
                    (long long)p->kv_bytes);

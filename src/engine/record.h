@@ -14,7 +14,8 @@
  *   header  "LOOMREC1", u32 version, the model's shape (arch, vocab, widths, layers, heads,
  *           training context), the backend's name, the engine's parameters as resolved at
  *           create (the KV budget in bytes even when kv_fraction chose it; version 2 adds the
- *           kv_type after max_logprobs, version 1 records replay with F16 pages)
+ *           kv_type after max_logprobs, version 3 kv_rotate after it; older records replay
+ *           with what they lack at its default: F16 pages, unrotated)
  *   then per step:
  *     'R' request: u64 id, i64 arrival (ns after the engine's creation), the prompt's token ids,
  *         every sampler setting with the logit-bias list, max_tokens, n, stop tokens, stop
@@ -38,7 +39,7 @@
 #include "loom.h"
 
 #define LOOM__RECORD_MAGIC   "LOOMREC1"
-#define LOOM__RECORD_VERSION 2u /* 2: the engine's kv_type */
+#define LOOM__RECORD_VERSION 3u /* 2: the engine's kv_type; 3: kv_rotate */
 /* The latest clock reading (and the farthest arrival either side of creation) a record may
  * hold: LOOM__MAX_DURATION_S in microseconds, so sums with durations stay inside int64_t. */
 #define LOOM__RECORD_MAX_US 1000000000000000ll

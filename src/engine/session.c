@@ -47,6 +47,7 @@ void loom_session_params_init(loom_session_params *out, size_t size) {
     p.block_size = 16;
     p.kv_f32 = false;
     p.kv_type = LOOM_KV_CACHE_F16;
+    p.kv_rotate = false;
     loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
@@ -84,6 +85,7 @@ static loom_status create_kv(loom_session *s) {
     LOOM_TRY(loom__kv_create(&kp, &s->kv));
     loom__kv_storage_params sp = {
         .kv_type = s->kv_type,
+        .kv_flags = s->params.kv_rotate ? LOOM_KV_HADAMARD : 0,
         .block_size = bs,
         .group_blocks = group_blocks,
         .max_seqs = 1,
@@ -114,7 +116,9 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     loom_type kv_type;
     LOOM_TRY(kv_type_of(&p, &kv_type));
-    if (kv_type != LOOM_TYPE_F16) LOOM_TRY(loom__model_check_support(model, kv_type));
+    const uint32_t kv_flags = p.kv_rotate ? LOOM_KV_HADAMARD : 0;
+    if (kv_type != LOOM_TYPE_F16 || kv_flags)
+        LOOM_TRY(loom__model_check_support(model, kv_type, kv_flags));
 
     loom_session *s = loom__calloc(1, sizeof *s);
     LOOM_RETURN_IF(!s, LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
@@ -129,6 +133,7 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
         .max_ctx = p.n_ctx,
         .block_size = p.block_size,
         .kv_type = kv_type,
+        .kv_flags = kv_flags,
     };
     loom_status st = loom__exec_create(model, &es, &s->exec);
     if (st == LOOM_OK) st = create_kv(s);

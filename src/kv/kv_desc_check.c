@@ -39,6 +39,11 @@ static loom_status check_shape(const loom_kv_desc *kv, size_t *elt) {
     BAD_IF((kv->kv_type == LOOM_TYPE_FP8_E4M3 || kv->kv_type == LOOM_TYPE_FP8_E5M2) &&
                kv->scale_kind == LOOM_KV_SCALE_NONE,
            LOOM_ERR_INVALID_ARG, "%s pages without scales", loom__type_name(kv->kv_type));
+    BAD_IF((kv->kv_flags & ~LOOM_KV_HADAMARD) != 0, LOOM_ERR_UNSUPPORTED, "unknown kv_flags %#x",
+           (unsigned)kv->kv_flags);
+    BAD_IF((kv->kv_flags & LOOM_KV_HADAMARD) && (kv->head_dim & (kv->head_dim - 1)) != 0,
+           LOOM_ERR_INVALID_ARG, "the Hadamard rotation needs a power-of-two head_dim, not %d",
+           kv->head_dim);
     BAD_IF(kv->layout != LOOM_KV_LAYOUT_NHD, LOOM_ERR_UNSUPPORTED, "unknown layout %d",
            (int)kv->layout);
     size_t slot, block_min, pool;

@@ -101,6 +101,7 @@ void loom__model_step_shape(const loom_model *m, const loom__exec_shape *es, int
         .head_dim = c->head_dim,
         .n_rot = c->layers[0].rope.n_rot,
         .kv_type = es->kv_type,
+        .kv_flags = es->kv_flags,
         .n_matmuls = n,
         .matmuls = matmuls,
     };

@@ -16,6 +16,7 @@ typedef struct loom__exec_shape {
     int32_t max_ctx;    /* positions one sequence may hold */
     int32_t block_size; /* positions per KV block */
     loom_type kv_type;  /* the KV pages' element type */
+    uint32_t kv_flags;  /* the descriptors' kv_flags (LOOM_KV_HADAMARD) */
 } loom__exec_shape;
 
 /* An engine's or session's execution context: its stream and its activation buffers in backend

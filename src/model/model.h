@@ -136,7 +136,8 @@ loom_status loom__model_tensor(loom_model *model, const char *name, int64_t ne0,
 /* Checks that the model's backend runs every op the forward pass needs with this model's
  * weights and shapes, attention over KV pages of kv_type among them. Errors: UNSUPPORTED,
  * naming the op and the variant. */
-loom_status loom__model_check_support(const loom_model *model, loom_type kv_type);
+loom_status loom__model_check_support(const loom_model *model, loom_type kv_type,
+                                      uint32_t kv_flags);
 
 /* Makes layer `layer` read the K/V of the earlier layer `src` of the same KV group (cross-layer
  * reuse: it then computes and stores none, and engines and sessions created afterwards

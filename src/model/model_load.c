@@ -158,7 +158,7 @@ loom_status loom__model_load_gguf(loom_model *m, const loom_model_params *p) {
     LOOM_TRY(loom__model_bind_weights(m));
     /* Weights the backend copied need the mapped ones no more. */
     if (!m->weights_in_place) loom__gguf_release_data(m->gguf);
-    LOOM_TRY(loom__model_check_support(m, LOOM_TYPE_F16));
+    LOOM_TRY(loom__model_check_support(m, LOOM_TYPE_F16, 0));
 
     m->n_params = 0;
     for (int64_t i = 0; i < loom__gguf_n_tensors(m->gguf); i++) {

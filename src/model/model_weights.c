@@ -125,7 +125,7 @@ static loom_status need_weight(const loom_model *m, const loom_tensor *w, loom_o
     return need_op(m, &d, what);
 }
 
-loom_status loom__model_check_support(const loom_model *m, loom_type kv_type) {
+loom_status loom__model_check_support(const loom_model *m, loom_type kv_type, uint32_t kv_flags) {
     const loom__model_config *c = &m->cfg;
     LOOM_TRY(need_weight(m, &m->tok_embd, LOOM_OP_GET_ROWS, "token_embd.weight"));
     LOOM_TRY(need_weight(m, &m->output, LOOM_OP_MATMUL, "the output projection"));
@@ -153,12 +153,14 @@ loom_status loom__model_check_support(const loom_model *m, loom_type kv_type) {
                               .window = c->kv_group_window[g],
                               .softcap = 0.0f,
                               .layout = LOOM_KV_LAYOUT_NHD,
-                              .scale_kind = loom__kv_scale_kind_of(kv_type)};
+                              .scale_kind = loom__kv_scale_kind_of(kv_type),
+                              .kv_flags = kv_flags};
             char what[160];
             snprintf(what, sizeof what,
-                     "%s over %s KV pages with head_dim %d, %d/%d heads, window %d",
-                     k ? "attention" : "kv_store", loom__type_name(kv_type), c->head_dim, c->n_head,
-                     c->n_head_kv, c->kv_group_window[g]);
+                     "%s over %s KV pages%s with head_dim %d, %d/%d heads, window %d",
+                     k ? "attention" : "kv_store", loom__type_name(kv_type),
+                     kv_flags & LOOM_KV_HADAMARD ? " rotated by a Hadamard transform" : "",
+                     c->head_dim, c->n_head, c->n_head_kv, c->kv_group_window[g]);
             LOOM_TRY(need_op(m, &d, what));
         }
     }

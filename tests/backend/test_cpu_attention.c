@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "backend/cpu/cpu_attention_exp.h"
+#include "backend/cpu/cpu_internal.h"
 #include "backend/cpu_test_util.h"
 #include "kv/kv_desc.h"
 #include "tensor/fp8.h"
@@ -48,6 +49,7 @@ typedef struct scen {
     int32_t block_size, n_kv_heads, head_dim, n_head, window;
     float scale, softcap;
     loom_type kv_type;
+    bool rotate; /* LOOM_KV_HADAMARD */
 } scen;
 
 typedef struct kvtest {
@@ -191,8 +193,23 @@ static void kvtest_init(kvtest *kt, const scen *sc) {
     kt->v_val = falloc(nv);
     fill_rand(kt->k_raw, nv, 1.0f);
     fill_rand(kt->v_raw, nv, 1.0f);
-    stored_values(sc, kt->k_raw, kt->k_val, nv / (size_t)kt->kv_dim);
-    stored_values(sc, kt->v_raw, kt->v_val, nv / (size_t)kt->kv_dim);
+    if (sc->rotate) {
+        /* The pages hold H x as stored; attention sees H (stored H x), H its own inverse. */
+        for (int kv = 0; kv < 2; kv++) {
+            float *tmp = falloc(nv);
+            memcpy(tmp, kv ? kt->v_raw : kt->k_raw, nv * sizeof(float));
+            for (size_t r = 0; r < nv / (size_t)sc->head_dim; r++)
+                loom__cpu_hadamard(tmp + r * (size_t)sc->head_dim, sc->head_dim);
+            float *val = kv ? kt->v_val : kt->k_val;
+            stored_values(sc, tmp, val, nv / (size_t)kt->kv_dim);
+            for (size_t r = 0; r < nv / (size_t)sc->head_dim; r++)
+                loom__cpu_hadamard(val + r * (size_t)sc->head_dim, sc->head_dim);
+            free(tmp);
+        }
+    } else {
+        stored_values(sc, kt->k_raw, kt->k_val, nv / (size_t)kt->kv_dim);
+        stored_values(sc, kt->v_raw, kt->v_val, nv / (size_t)kt->kv_dim);
+    }
     size_t nq = (size_t)kt->T * (size_t)(sc->n_head * sc->head_dim);
     kt->q = falloc(nq ? nq : 1);
     fill_rand(kt->q, nq, 1.0f);
@@ -240,6 +257,7 @@ static loom_kv_desc kvtest_desc(kvtest *kt, const int32_t *q_start, const int32_
         .v_scale = is_fp8(kt->sc.kv_type) ? kt->v_scale : NULL,
         .scale_token_stride = kt->scale_token_stride,
         .scale_block_stride = kt->scale_block_stride,
+        .kv_flags = kt->sc.rotate ? LOOM_KV_HADAMARD : 0,
     };
     return d;
 }
@@ -460,7 +478,7 @@ static void check_scenario(const scen *sc) {
     const int64_t W = (int64_t)sc->n_head * sc->head_dim, n_out = kt.T * W;
 
     kvtest_store(&kt, g_be[1]);
-    kvtest_check_pools(&kt);
+    if (!sc->rotate) kvtest_check_pools(&kt);
     /* The 1-thread backend stores the same bytes. */
     void *k_copy = malloc(kt.pool_bytes), *v_copy = malloc(kt.pool_bytes);
     memcpy(k_copy, kt.k_pool[1], kt.pool_bytes);
@@ -485,7 +503,7 @@ static void check_scenario(const scen *sc) {
     assert_int_equal(run_attention(g_be3, &kt, &d, kt.q, kt.T, out[1], 1), LOOM_OK);
     assert_true(same_bits(out[0], out[1], (size_t)n_out, "attention 3 threads"));
 
-    if (sc->kv_type != LOOM_TYPE_F32 && sc->kv_type != LOOM_TYPE_F16)
+    if (sc->kv_type != LOOM_TYPE_F32 && sc->kv_type != LOOM_TYPE_F16 && !sc->rotate)
         check_against_f32_pools(&kt, &d, out[0], n_out);
 
     /* Chunked prefills: one row at a time, and chunk sizes around the 64-position tiles, each
@@ -712,6 +730,68 @@ static void test_attention_quantized_pools(void **state) {
               .scale = 0.5f,
               .kv_type = LOOM_TYPE_FP8_E4M3};
     check_scenario(&t);
+}
+
+/* The Hadamard rotation (LOOM_KV_HADAMARD): over F32 pages, attention equals the unrotated
+ * float64 reference within float32 rounding (the reference never rotates anything); over FP8
+ * and F16 pages it equals the reference over the values the rotated pages give back. Head
+ * dims 64, 128 (1/sqrt(d) inexact) and 256; the transform itself against its definition. */
+static void test_attention_hadamard(void **state) {
+    (void)state;
+    scen a = {.n_seqs = 3,
+              .past = {0, 40, 5},
+              .n_new = {70, 1, 33},
+              .block_size = 16,
+              .n_kv_heads = 2,
+              .head_dim = 128,
+              .n_head = 4,
+              .window = 0,
+              .scale = 0.088388f,
+              .kv_type = LOOM_TYPE_F32,
+              .rotate = true};
+    check_scenario(&a);
+    a.kv_type = LOOM_TYPE_FP8_E4M3;
+    check_scenario(&a);
+    a.head_dim = 64;
+    a.window = 20;
+    a.softcap = 2.0f;
+    a.kv_type = LOOM_TYPE_F16;
+    check_scenario(&a);
+    scen g = {.n_seqs = 2,
+              .past = {0, 90},
+              .n_new = {66, 1},
+              .block_size = 16,
+              .n_kv_heads = 1,
+              .head_dim = 256,
+              .n_head = 4,
+              .scale = 0.0625f,
+              .kv_type = LOOM_TYPE_FP8_E5M2,
+              .rotate = true};
+    check_scenario(&g);
+    /* H x against the matrix definition, in double: H[i][j] = (-1)^popcount(i & j) / sqrt(n). */
+    enum { N = 64 };
+    float x[N];
+    double want[N];
+    fill_rand(x, N, 1.0f);
+    for (int i = 0; i < N; i++) {
+        want[i] = 0;
+        for (int j = 0; j < N; j++) want[i] += (__builtin_popcount(i & j) & 1 ? -1.0 : 1.0) * x[j];
+        want[i] /= 8.0;
+    }
+    loom__cpu_hadamard(x, N);
+    assert_true(close_enough(x, want, NULL, N, 0.0, 1e-6, "hadamard"));
+    /* A head_dim that is not a power of two is refused by the step's check. */
+    kvtest kt;
+    scen b = a;
+    b.head_dim = 40;
+    b.rotate = false;
+    kvtest_init(&kt, &b);
+    loom_kv_desc d = kvtest_desc(&kt, kt.step_q, kt.step_pos, kt.step_len);
+    d.kv_flags = LOOM_KV_HADAMARD;
+    assert_int_equal(loom__kv_desc_check(&d, kt.T), LOOM_ERR_INVALID_ARG);
+    d.kv_flags = 2;
+    assert_int_equal(loom__kv_desc_check(&d, kt.T), LOOM_ERR_UNSUPPORTED);
+    kvtest_free(&kt);
 }
 
 /* A row of zeros stores scale 0 and reads back zeros; a row holding a NaN stores a NaN scale,
@@ -1067,6 +1147,7 @@ int main(void) {
         cmocka_unit_test(test_attention_softcap_window_f16),
         cmocka_unit_test(test_attention_quantized_pools),
         cmocka_unit_test(test_fp8_store_edges),
+        cmocka_unit_test(test_attention_hadamard),
         cmocka_unit_test(test_attention_odd_head_dims),
         cmocka_unit_test(test_attention_segments),
         cmocka_unit_test(test_attention_segments_window),

@@ -10,7 +10,9 @@ sessions and engines with kv_type f16, bf16, f32, fp8_e4m3 and fp8_e5m2.
      closer than E5M2 (one more mantissa bit; the scale makes E5M2's range useless);
   3. the engine's greedy tokens with FP8 pages are the session's greedy continuation over FP8
      pages (the same pages, written by the batched engine and by one sequence);
-  4. bad kv types are refused with a message: an unknown value, kv_f32 beside fp8.
+  4. bad kv types are refused with a message: an unknown value, kv_f32 beside fp8;
+  and the Hadamard rotation (kv_rotate): over f32 pages the logits are the unrotated ones up
+  to rounding; over fp8 pages it stays within the fp8 bound.
 """
 import os
 import sys
@@ -19,6 +21,7 @@ import numpy as np
 
 import gemma_pkg
 import loom
+import synth_llama
 
 failures = []
 
@@ -85,6 +88,38 @@ def main():
         check(np.isfinite(logits[kt]).all() and kl[kt] < bound and top1 >= 0.85,
               f"{kt}: mean KL vs f32 pages {kl[kt]:.4f} (< {bound}), top-1 {top1:.3f}")
     check(kl["fp8_e4m3"] < kl["fp8_e5m2"], "e4m3 is closer to f32 than e5m2")
+    # the Hadamard rotation over Gemma's pages: within the noise floor any change of the
+    # attention output meets here (the Q4_K matmuls round their activations to 8 bits, so
+    # even f32 pages rotated — exact up to float rounding — flip some roundings: f16 pages
+    # sit at the same KL); exactness is checked on an F32 model below
+    for kt, bound in (("f32", 0.02), ("fp8_e4m3", 0.05)):
+        s = loom.Session(m, n_ctx=512, kv_type=kt, kv_rotate=True)
+        rot = s.decode(toks, all_logits=True)
+        s.close()
+        lp = log_softmax(rot)
+        k = float((np.exp(ref) * (ref - lp)).sum(axis=1).mean())
+        check(np.isfinite(rot).all() and k < bound,
+              f"{kt} rotated: mean KL vs f32 pages {k:.2e} (< {bound})")
+    # ... and on a synthetic F32 llama (no activation rounding): rotated f32 pages give the
+    # unrotated logits within float32 rounding, where f16 pages differ by far more
+    shape = synth_llama.Shape("rot", n_vocab=512, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                              n_layer=4)
+    tmp = os.environ.get("LOOM_TEST_TMP", "/tmp/loom-conf")
+    os.makedirs(tmp, exist_ok=True)
+    synth = os.path.join(tmp, "kv_fp8_rot.gguf")
+    synth_llama.write_llama(synth, shape)
+    sm = loom.Model(synth, n_threads=2)
+    out = {}
+    for kt, r in (("f32", False), ("f32", True), ("f16", False)):
+        s = loom.Session(sm, n_ctx=128, kv_type=kt, kv_rotate=r)
+        out[kt, r] = s.decode(list(range(1, 49)), all_logits=True)
+        s.close()
+    sm.close()
+    d_rot = float(np.max(np.abs(out["f32", True] - out["f32", False])))
+    d_f16 = float(np.max(np.abs(out["f16", False] - out["f32", False])))
+    check(d_rot < 1e-4 and d_f16 > 10 * d_rot,
+          f"synthetic f32 model: rotated pages change logits by {d_rot:.2e} (< 1e-4; "
+          f"f16 pages {d_f16:.2e})")
     check(not np.array_equal(logits["fp8_e4m3"], logits["f16"]), "fp8 pages change the logits")
 
     # 3. engine greedy == session greedy over fp8 pages

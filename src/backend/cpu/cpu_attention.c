@@ -365,6 +365,24 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
     int32_t pool_layer;
     LOOM_TRY(loom__cpu_check_kv_use("attention", kv, p->layer, true, &pool_layer));
     if (n_rows == 0) return LOOM_OK;
+    loom_tensor q_rot;
+    if (kv->kv_flags & LOOM_KV_HADAMARD) {
+        /* The pages hold H k and H v: attend with H q (q.k unchanged), then rotate the output
+         * back (it is H times the weighted sum of v). */
+        LOOM_RETURN_IF(kv->head_dim > LOOM_CPU_HADAMARD_MAX, LOOM_ERR_UNSUPPORTED,
+                       "attention: the cpu rotates head dims up to %d, not %d",
+                       LOOM_CPU_HADAMARD_MAX, kv->head_dim);
+        const int64_t W = (int64_t)p->n_head * kv->head_dim;
+        LOOM_TRY(loom__cpu_reserve_act(c, (size_t)(n_rows * W) * sizeof(float)));
+        q_rot = loom_tensor_2d(LOOM_TYPE_F32, c->act, W, n_rows, (size_t)W * sizeof(float));
+        for (int64_t r = 0; r < n_rows; r++) {
+            float *row = loom__cpu_row(&q_rot, r);
+            memcpy(row, loom__cpu_row(q, r), (size_t)W * sizeof(float));
+            for (int32_t h = 0; h < p->n_head; h++)
+                loom__cpu_hadamard(row + (size_t)h * kv->head_dim, kv->head_dim);
+        }
+        q = &q_rot;
+    }
 
     attn_task t = {.q = q,
                    .out = out,
@@ -402,5 +420,10 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
         else
             attn_merge_parts(&t, 0, n_vecs);
     }
+    if (kv->kv_flags & LOOM_KV_HADAMARD)
+        for (int64_t r = 0; r < n_rows; r++)
+            for (int32_t h = 0; h < p->n_head; h++)
+                loom__cpu_hadamard((float *)loom__cpu_row(out, r) + (size_t)h * kv->head_dim,
+                                   kv->head_dim);
     return LOOM_OK;
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "backend/cpu/cpu_vec.h" /* LOOM_CPU_AVX2, loom__f16_to_f32 */
+#include "tensor/fp8.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -18,14 +19,13 @@
 #define LV_N 8 /* lanes */
 
 /* The f16 bit pattern of an FP8 code: for E5M2 the code is a half's top byte (the same value);
- * for E4M3, moving its exponent and mantissa under the half's gives the value times 2^-8 —
- * normals and subnormals alike, since E4M3's bias (7) is the half's (15) minus 8 and E4M3's
- * subnormals land on the half's normals with the same 2^-8. So one F16C conversion widens
- * either, and a row's scale times 2^8 (exact) undoes E4M3's offset: the product is the
- * dequantized value code * scale, rounded once. (E4M3's NaN code reads as 480: quantization
- * never writes it — a row holding a NaN gets a NaN scale instead.) */
+ * for E4M3, fp8.h's scaled bits — the value times 2^-8 (E4M3's bias is the half's minus 8; its
+ * subnormals land on half subnormals, which the half -> float conversion widens exactly). So
+ * one F16C conversion widens either, and a row's scale times 2^8 (exact) undoes E4M3's offset:
+ * the product is the dequantized value code * scale, rounded once. (E4M3's NaN code reads as
+ * 480: quantization never writes it — a row holding a NaN gets a NaN scale instead.) */
 static inline uint16_t lv_fp8_half_bits(uint8_t b, bool e4m3) {
-    return e4m3 ? (uint16_t)(((b & 0x7fu) << 7) | ((b & 0x80u) << 8)) : (uint16_t)(b << 8);
+    return e4m3 ? loom__fp8_e4m3_to_f16_scaled_bits(b) : (uint16_t)(b << 8); /* as the AVX path */
 }
 
 #if defined(LOOM_CPU_AVX2)

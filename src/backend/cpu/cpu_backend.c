@@ -17,8 +17,11 @@ static bool cpu_supports(void *dev, const loom_op_desc *op) {
     case LOOM_OP_ATTENTION:
         /* any head size, window and soft-cap; float values in token-major pages */
         return loom__cpu_kv_type_ok(op->type) && op->layout == LOOM_KV_LAYOUT_NHD &&
-               op->scale_kind == loom__kv_scale_kind_of(op->type) && op->head_dim >= 1 &&
-               op->window >= 0 && op->softcap >= 0.0f;
+               op->scale_kind == loom__kv_scale_kind_of(op->type) &&
+               (op->kv_flags == 0 ||
+                (op->kv_flags == LOOM_KV_HADAMARD && op->head_dim <= LOOM_CPU_HADAMARD_MAX &&
+                 (op->head_dim & (op->head_dim - 1)) == 0)) &&
+               op->head_dim >= 1 && op->window >= 0 && op->softcap >= 0.0f;
     case LOOM_OP_RMS_NORM:
     case LOOM_OP_ROPE:
     case LOOM_OP_GLU:

@@ -139,6 +139,13 @@ const loom_backend_ops *loom__cpu_backend_ops(void);
 /* Argument checks (cpu_check.c). Each names the op and the argument in its message.          */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Largest head_dim the CPU rotates (LOOM_KV_HADAMARD). */
+#define LOOM_CPU_HADAMARD_MAX 4096
+
+/* x[0..n) <- H x, the orthonormal Walsh-Hadamard transform, in place; n a power of two
+ * (cpu_hadamard.c). */
+void loom__cpu_hadamard(float *x, int32_t n);
+
 /* The KV element types the CPU stores and reads. */
 static inline bool loom__cpu_kv_type_ok(loom_type t) {
     return t == LOOM_TYPE_F16 || t == LOOM_TYPE_BF16 || t == LOOM_TYPE_F32 ||

@@ -29,7 +29,17 @@ typedef struct kvs_task {
     char *k_pool; /* layer's K pool: [n_blocks][block_size][n_kv_heads][head_dim] */
     char *v_pool;
     char *k_scale, *v_scale; /* FP8: the layer's scale pools; NULL otherwise */
+    float *const *scratch;   /* LOOM_KV_HADAMARD: per-thread room for one rotated row */
 } kvs_task;
+
+/* The row to store: src itself, or (LOOM_KV_HADAMARD) its heads rotated into tmp. */
+static const float *kvs_source(const loom_kv_desc *kv, const float *src, float *tmp) {
+    if (!(kv->kv_flags & LOOM_KV_HADAMARD)) return src;
+    memcpy(tmp, src, (size_t)kv->n_kv_heads * (size_t)kv->head_dim * sizeof(float));
+    for (int32_t h = 0; h < kv->n_kv_heads; h++)
+        loom__cpu_hadamard(tmp + (size_t)h * kv->head_dim, kv->head_dim);
+    return tmp;
+}
 
 /* One head's row of an FP8 pool: the scale, then the codes. */
 static void kvs_put_fp8(bool e4m3, const float *src, uint8_t *dst, float *scale, int64_t n) {
@@ -83,9 +93,10 @@ static void kvs_worker(void *arg, int ith, int nth) {
         int64_t p = (int64_t)kv->pos_start[s] + (r - kv->q_start[s]);
         size_t off = loom__cpu_kv_slot(kv, s, p);
         size_t soff = loom__cpu_kv_scale_slot(kv, s, p);
-        kvs_put_row(kv, loom__cpu_row(t->k, r), t->k_pool + off,
+        float *tmp = t->scratch[ith];
+        kvs_put_row(kv, kvs_source(kv, loom__cpu_row(t->k, r), tmp), t->k_pool + off,
                     t->k_scale ? t->k_scale + soff : NULL, n);
-        kvs_put_row(kv, loom__cpu_row(t->v, r), t->v_pool + off,
+        kvs_put_row(kv, kvs_source(kv, loom__cpu_row(t->v, r), tmp), t->v_pool + off,
                     t->v_scale ? t->v_scale + soff : NULL, n);
     }
 }
@@ -100,13 +111,15 @@ loom_status loom__cpu_kv_store(void *ctx, const loom_tensor *k, const loom_tenso
     const int64_t kv_dim = (int64_t)kv->n_kv_heads * kv->head_dim;
     if (n_rows == 0) return LOOM_OK;
 
+    if (kv->kv_flags & LOOM_KV_HADAMARD) LOOM_TRY(loom__cpu_reserve_scratch(c, (size_t)kv_dim));
     kvs_task t = {.k = k,
                   .v = v,
                   .kv = kv,
                   .k_pool = kv->k_base[pool_layer],
                   .v_pool = kv->v_base[pool_layer],
                   .k_scale = kv->k_scale ? kv->k_scale[pool_layer] : NULL,
-                  .v_scale = kv->v_scale ? kv->v_scale[pool_layer] : NULL};
+                  .v_scale = kv->v_scale ? kv->v_scale[pool_layer] : NULL,
+                  .scratch = c->scratch};
     if (n_rows * kv_dim < KVS_INLINE_ELEMS || c->n_threads == 1)
         kvs_worker(&t, 0, 1);
     else

@@ -151,6 +151,8 @@ static loom_status check_kv_use(const char *op, const loom_kv_desc *kv, int32_t 
                        kv->kv_type != LOOM_TYPE_BF16,
                    LOOM_ERR_UNSUPPORTED, "%s: kv type %s (cuda stores f16, bf16 and f32)", op,
                    loom__type_name(kv->kv_type));
+    LOOM_RETURN_IF(kv->kv_flags != 0, LOOM_ERR_UNSUPPORTED,
+                   "%s: kv_flags %#x (cuda: no Hadamard rotation yet)", op, (unsigned)kv->kv_flags);
     return loom__check_kv_use("cuda", op, kv, layer, via_layer_src, pool_layer);
 }
 

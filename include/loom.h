@@ -279,6 +279,11 @@ typedef struct loom_model_info {
  * Strings stay owned by the model. Errors: LOOM_ERR_INVALID_ARG. Thread-safe. */
 LOOM_API loom_status loom_model_get_info(const loom_model *model, loom_model_info *out);
 
+/* The attention window of a layer: 0 for full attention, w > 0 for a sliding window of the
+ * last w positions (Gemma 3's local layers), -1 for a NULL model or a layer it lacks. Layers
+ * of one window may share K/V (loom_session_params.kv_plan). Thread-safe. */
+LOOM_API int32_t loom_model_layer_window(const loom_model *model, int32_t layer);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Tokenizer                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
@@ -411,6 +416,14 @@ typedef struct loom_session_params {
     bool kv_rotate;             /* store each head's K and V rows rotated by a fixed Hadamard
                                    transform, undone on the query side (loom_kv_cache_type);
                                    needs a power-of-two head_dim (default false) */
+    /* Cross-layer KV reuse: the path of a plan file (examples/loom-kv-plan writes them) whose
+     * "share L S" lines make layer L attend over layer S's keys and values, computing and
+     * storing none of its own, so the cache holds only the source layers (S < L, of the same
+     * attention window, itself a source). Applied on top of the sharing the model declares.
+     * NULL or "" (default): the model's own layers. Borrowed: read during create. Errors at
+     * create: IO (cannot read it), INVALID_ARG (naming the file, line and reason: a layer the
+     * model lacks, one paired with itself or a later layer, a chain, different windows). */
+    const char *kv_plan;
 } loom_session_params;
 
 /* Fills p[0 .. size) with the defaults for loom_session_create (as loom_model_params_init). */
@@ -436,6 +449,19 @@ LOOM_API void loom_session_reset(loom_session *session);
 
 /* Number of positions currently in the session's cache. */
 LOOM_API int32_t loom_session_n_past(const loom_session *session);
+
+/* Copies what the session's cache holds for layer `layer` at positions [pos, pos + n) into
+ * k and v (each [n][n_head_kv][head_dim] floats; either may be NULL), widened to float32 from
+ * the pages' type (FP8 codes times their scales): the keys after their norm and RoPE, as
+ * attention reads them — rotated when the session stores them rotated (kv_rotate). A layer
+ * that reads an earlier layer's K/V (kv_plan) gives its source's. For calibration and
+ * inspection (examples/loom-kv-plan); it waits for the session's work and copies from the
+ * backend. Not thread-safe with other calls on the same session.
+ * Errors: INVALID_ARG (NULL session, no output, a layer the model lacks, positions past
+ * n_past or no longer held: a sliding-window layer keeps only its window), OUT_OF_MEMORY,
+ * BACKEND. */
+LOOM_API loom_status loom_session_kv_read(loom_session *session, int32_t layer, int32_t pos,
+                                          int32_t n, float *k, float *v);
 
 /* Runs the model over tokens[0..n) at positions n_past .. n_past+n-1, appending them to the
  * cache. If all_logits is true, logits of every one of the n positions are kept
@@ -806,6 +832,8 @@ typedef struct loom_engine_params {
                                         counts real bytes, FP8's scales included: the same budget
                                         holds about twice the tokens with FP8 */
     bool kv_rotate;                  /* as loom_session_params.kv_rotate (default false) */
+    const char *kv_plan;             /* as loom_session_params.kv_plan: the budget then holds
+                                        tokens of the source layers only (default NULL) */
 } loom_engine_params;
 
 typedef struct loom_request_params {

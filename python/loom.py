@@ -46,7 +46,8 @@ class ModelInfo(C.Structure):
 
 class SessionParams(C.Structure):
     _fields_ = [("size", C.c_size_t), ("n_ctx", C.c_int32), ("n_batch", C.c_int32), ("block_size", C.c_int32),
-                ("kv_f32", C.c_bool), ("kv_type", C.c_int), ("kv_rotate", C.c_bool)]
+                ("kv_f32", C.c_bool), ("kv_type", C.c_int), ("kv_rotate", C.c_bool),
+                ("kv_plan", C.c_char_p)]
 
 # loom_kv_cache_type: how a session or an engine stores keys and values
 KV_TYPES = {"f16": 0, "bf16": 1, "f32": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
@@ -112,6 +113,8 @@ _lib.loom_session_free.argtypes = [C.c_void_p]
 _lib.loom_session_reset.argtypes = [C.c_void_p]
 _lib.loom_session_n_past.argtypes = [C.c_void_p]
 _lib.loom_session_n_past.restype = C.c_int32
+_lib.loom_session_kv_read.argtypes = [C.c_void_p, C.c_int32, C.c_int32, C.c_int32,
+                                      C.POINTER(C.c_float), C.POINTER(C.c_float)]
 _lib.loom_session_decode.argtypes = [C.c_void_p, C.POINTER(C.c_int32), C.c_int32, C.c_bool]
 _lib.loom_session_logits.argtypes = [C.c_void_p, C.c_int32]
 _lib.loom_session_logits.restype = C.POINTER(C.c_float)
@@ -203,11 +206,12 @@ class Session:
     _h = None
 
     def __init__(self, model, n_ctx=0, n_batch=512, block_size=16, kv_f32=False, kv_type="f16",
-                 kv_rotate=False):
+                 kv_rotate=False, kv_plan=None):
         p = _params(SessionParams, _lib.loom_session_params_init)
         p.n_ctx, p.n_batch, p.block_size, p.kv_f32 = n_ctx, n_batch, block_size, kv_f32
         p.kv_type = _kv_type(kv_type)
         p.kv_rotate = kv_rotate
+        p.kv_plan = os.fsencode(kv_plan) if kv_plan is not None else None
         h = C.c_void_p()
         _check(_lib.loom_session_create(model._h, C.byref(p), C.byref(h)))
         self._h = h
@@ -228,6 +232,20 @@ class Session:
     @property
     def n_past(self):
         return _lib.loom_session_n_past(self._h)
+
+    def kv_read(self, layer, pos=0, n=None):
+        """The cached keys and values of a layer at positions pos .. pos+n-1 (default: all held),
+        as two float32 arrays [n, n_head_kv, head_dim] (loom_session_kv_read)."""
+        if n is None:
+            n = self.n_past - pos
+        info = self.model.info
+        shape = (n, info.n_head_kv, info.head_dim)
+        k = np.empty(shape, dtype=np.float32)
+        v = np.empty(shape, dtype=np.float32)
+        fp = C.POINTER(C.c_float)
+        _check(_lib.loom_session_kv_read(self._h, layer, pos, n, k.ctypes.data_as(fp),
+                                         v.ctypes.data_as(fp)))
+        return k, v
 
     def decode(self, tokens, all_logits=False):
         """Runs tokens; returns logits as a float32 array [n, vocab] (all) or [vocab] (last)."""
@@ -294,7 +312,8 @@ class EngineParams(C.Structure):
                 ("on_event", C.c_void_p), ("on_event_user_data", C.c_void_p),
                 ("max_logprobs", C.c_int32), ("trace", C.c_void_p),
                 ("n_sample_threads", C.c_int32), ("record_path", C.c_char_p),
-                ("admission", C.c_int), ("kv_type", C.c_int), ("kv_rotate", C.c_bool)]
+                ("admission", C.c_int), ("kv_type", C.c_int), ("kv_rotate", C.c_bool),
+                ("kv_plan", C.c_char_p)]
 
 ADMISSION = {"admit_all": 0, "reject_late": 1, "degrade": 2}  # loom_admission_policy
 
@@ -581,7 +600,7 @@ class Engine:
         for k, v in params.items():
             if k not in {f for f, _ in EngineParams._fields_} - {"size"}:
                 raise TypeError(f"unknown engine parameter {k!r}")
-            if k == "record_path" and isinstance(v, str):
+            if k in ("record_path", "kv_plan") and isinstance(v, str):
                 v = os.fsencode(v)
             if k == "admission" and isinstance(v, str):
                 v = ADMISSION[v]

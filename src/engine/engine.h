@@ -72,7 +72,9 @@ struct loom_engine {
     loom_model *model;
     const loom_backend_ops *ops;
     loom_engine_params params;
-    loom_type kv_type; /* the pages' element type (params.kv_type) */
+    loom_type kv_type;  /* the pages' element type (params.kv_type) */
+    int32_t *layer_src; /* [n_layer] the layer whose K/V each layer reads: the model's map with
+                           params.kv_plan applied (kv_plan.h); params.kv_plan is not kept */
     int32_t max_ctx;
     size_t max_piece;
     int64_t t0_ns; /* the scheduler's clock (microseconds) counts from create; request times
@@ -194,6 +196,11 @@ struct loom_engine {
  * Pure: no allocation, no engine. Errors: INVALID_ARG (a bad shape), OUT_OF_MEMORY (the budget
  * cannot give some group the blocks one request of max_ctx needs; the message says which). */
 loom_status loom__engine_kv_plan(const loom__engine_kv_shape *shape, int32_t *n_blocks);
+
+/* loom_engine_create with the layer map given (a replay's recorded map: [n_layer], checked
+ * here) in place of params->kv_plan's; layer_src NULL: as loom_engine_create. */
+loom_status loom__engine_create(loom_model *model, const loom_engine_params *params,
+                                const int32_t *layer_src, loom_engine **out);
 loom_status loom__engine_kv_create(loom_engine *e);
 void loom__engine_kv_destroy(loom_engine *e);
 /* The scheduler's view of the KV manager. */

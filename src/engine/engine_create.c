@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "engine/engine.h"
+#include "engine/kv_plan.h"
 
 void loom_engine_params_init(loom_engine_params *out, size_t size) {
     loom_engine_params p;
@@ -26,6 +27,7 @@ void loom_engine_params_init(loom_engine_params *out, size_t size) {
     p.max_logprobs = LOOM_SAMPLE_CHAIN_DEFAULT_LOGPROBS_MAX;
     p.kv_type = LOOM_KV_CACHE_F16;
     p.kv_rotate = false;
+    p.kv_plan = NULL;
     loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
@@ -159,9 +161,24 @@ static loom_status create_engine(loom_engine *e) {
     return LOOM_OK;
 }
 
+/* The engine's layer map: the recorded one (a replay), or the model's with the plan applied. */
+static loom_status load_layer_map(loom_engine *e, const int32_t *layer_src) {
+    const int32_t n = e->model->cfg.n_layer;
+    e->layer_src = loom__malloc((size_t)n * sizeof *e->layer_src);
+    LOOM_RETURN_IF(!e->layer_src, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
+    if (layer_src == NULL) return loom__kv_plan_load(e->model, e->params.kv_plan, e->layer_src);
+    memcpy(e->layer_src, layer_src, (size_t)n * sizeof *e->layer_src);
+    return loom__kv_plan_check(e->model, e->layer_src);
+}
+
 loom_status loom_engine_create(loom_model *model, const loom_engine_params *params,
                                loom_engine **out) {
     loom__clear_error();
+    return loom__engine_create(model, params, NULL, out);
+}
+
+loom_status loom__engine_create(loom_model *model, const loom_engine_params *params,
+                                const int32_t *layer_src, loom_engine **out) {
     LOOM_CHECK_ARG(model != NULL && out != NULL);
     LOOM_RETURN_IF(model->vocab_only, LOOM_ERR_INVALID_ARG,
                    "engine: the model was loaded with vocab_only");
@@ -185,7 +202,9 @@ loom_status loom_engine_create(loom_model *model, const loom_engine_params *para
     e->hook = (loom__trace_layer_hook){.tm = &e->tm, .layers = &e->layers};
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
-    loom_status st = create_engine(e);
+    loom_status st = load_layer_map(e, layer_src);
+    e->params.kv_plan = NULL; /* the caller's string: not kept */
+    if (st == LOOM_OK) st = create_engine(e);
     if (st == LOOM_OK && p.record_path) st = loom__engine_record_open(e);
     if (st == LOOM_OK && p.on_event) {
         if (pthread_create(&e->thread, NULL, engine_thread, e) != 0) {
@@ -231,6 +250,7 @@ void loom_engine_destroy(loom_engine *e) {
     loom__engine_admit_free(e);
     loom__engine_kv_destroy(e);
     loom__exec_destroy(e->model, &e->exec);
+    free(e->layer_src);
     loom__threadpool_destroy(e->sample_tp);
     free(e->tokens);
     free(e->pos);

@@ -58,7 +58,8 @@
 
 /* Bytes of one block of group g: every source layer of the group, K and V. */
 static size_t group_block_bytes(const loom_engine *e, int32_t g) {
-    return loom__kv_storage_block_bytes(e->model, e->kv_type, e->params.block_size, g);
+    return loom__kv_storage_block_bytes(e->model, e->layer_src, e->kv_type, e->params.block_size,
+                                        g);
 }
 
 /* The backend's free memory, once this engine's execution context took its share (it is created
@@ -234,6 +235,7 @@ loom_status loom__engine_kv_create(loom_engine *e) {
         .block_cap = loom__kv_desc_block_cap(e->kv, e->params.max_seqs),
         .max_copy_blocks =
             e->swap_list_cap > LOOM_MAX_KV_GROUPS ? e->swap_list_cap : LOOM_MAX_KV_GROUPS,
+        .layer_src = e->layer_src,
     };
     LOOM_TRY(loom__kv_storage_create(e->model, &sp, &e->store));
     for (int32_t g = 0; g < e->n_groups; g++) { /* the fixed fields; steps update the rest */
@@ -244,8 +246,7 @@ loom_status loom__engine_kv_create(loom_engine *e) {
         gi->block_bytes = (int64_t)group_block_bytes(e, g);
         for (int32_t il = 0; il < e->model->cfg.n_layer; il++) /* the sources: reusing layers
                                                                      hold nothing */
-            gi->n_layers +=
-                e->model->cfg.layers[il].kv_group == g && e->model->cfg.layers[il].kv_src == il;
+            gi->n_layers += e->model->cfg.layers[il].kv_group == g && e->layer_src[il] == il;
         gi->blocks_total = gi->blocks_free = groups[g].n_blocks;
     }
     const size_t n_list = (size_t)e->store.ranges_cap / 2 + 1; /* >= max_copy_blocks */

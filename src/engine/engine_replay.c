@@ -39,6 +39,8 @@ static void fill_header(const loom_engine *e, loom__record_header *h) {
     h->params = e->params;
     h->params.kv_bytes = e->kv_budget;
     h->params.max_ctx = e->max_ctx;
+    h->has_layer_src = c->n_layer <= LOOM__RECORD_MAX_LAYERS;
+    for (int32_t l = 0; h->has_layer_src && l < c->n_layer; l++) h->layer_src[l] = e->layer_src[l];
 }
 
 loom_status loom__engine_record_open(loom_engine *e) {
@@ -228,7 +230,7 @@ loom_status loom_engine_create_replay(loom_model *model, const char *path,
         loom_engine_params p = h.params;
         p.trace = user.trace;
         p.n_sample_threads = user.n_sample_threads;
-        st = loom_engine_create(model, &p, &e);
+        st = loom__engine_create(model, &p, h.has_layer_src ? h.layer_src : NULL, &e);
         if (st != LOOM_OK) {
             char why[512];
             snprintf(why, sizeof why, "%s", loom_last_error());

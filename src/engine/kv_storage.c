@@ -8,11 +8,13 @@
 #include "core/alloc.h"
 #include "core/checked.h"
 #include "core/status.h"
+#include "engine/kv_plan.h"
 #include "kv/kv_desc.h"
 #include "tensor/types.h"
 
-static bool is_source(const loom_model *m, int32_t il) {
-    return m->cfg.layers[il].kv_src == il;
+/* Whether layer il keeps pools of its own under layer_src (NULL: the model's own map). */
+static bool is_source(const loom_model *m, const int32_t *layer_src, int32_t il) {
+    return (layer_src ? layer_src[il] : m->cfg.layers[il].kv_src) == il;
 }
 
 loom_status loom__kv_cache_type_resolve(loom_kv_cache_type kv_type, loom_type *out) {
@@ -55,12 +57,12 @@ size_t loom__kv_storage_layer_block_bytes(const loom_model *m, loom_type kv_type
     return (bytes + 15) & ~(size_t)15;
 }
 
-size_t loom__kv_storage_block_bytes(const loom_model *m, loom_type kv_type, int32_t block_size,
-                                    int32_t g) {
+size_t loom__kv_storage_block_bytes(const loom_model *m, const int32_t *layer_src,
+                                    loom_type kv_type, int32_t block_size, int32_t g) {
     const loom__model_config *c = &m->cfg;
     size_t layers = 0;
     for (int32_t il = 0; il < c->n_layer; il++)
-        layers += c->layers[il].kv_group == g && is_source(m, il);
+        layers += c->layers[il].kv_group == g && is_source(m, layer_src, il);
     return layers * 2 * loom__kv_storage_layer_block_bytes(m, kv_type, block_size);
 }
 
@@ -114,11 +116,17 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
     st->scale_token_stride = scale_token_bytes(m, p->kv_type);
     st->block_stride = loom__kv_storage_layer_block_bytes(m, p->kv_type, p->block_size);
     for (int32_t g = 0; g < st->n_groups; g++) st->group_blocks[g] = p->group_blocks[g];
+    st->layer_src = loom__calloc((size_t)c->n_layer, sizeof *st->layer_src);
+    LOOM_RETURN_IF(!st->layer_src, LOOM_ERR_OUT_OF_MEMORY, "kv storage: out of memory");
+    for (int32_t il = 0; il < c->n_layer; il++)
+        st->layer_src[il] = p->layer_src ? p->layer_src[il] : c->layers[il].kv_src;
+    const int32_t *src = st->layer_src;
+    LOOM_TRY(loom__kv_plan_check(m, src));
 
     /* Pools: every source layer's K then V, each of its group's size. */
     size_t total = 0;
     for (int32_t il = 0; il < c->n_layer; il++) {
-        if (!is_source(m, il)) continue;
+        if (!is_source(m, src, il)) continue;
         size_t layer_bytes;
         LOOM_RETURN_IF(loom__mul_overflow_size(st->block_stride,
                                                (size_t)st->group_blocks[c->layers[il].kv_group],
@@ -129,16 +137,14 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
     LOOM_TRY(be->ops->buffer_alloc(be->dev, total, &st->buf));
     st->k_base = loom__calloc((size_t)c->n_layer, sizeof *st->k_base);
     st->v_base = loom__calloc((size_t)c->n_layer, sizeof *st->v_base);
-    st->layer_src = loom__calloc((size_t)c->n_layer, sizeof *st->layer_src);
     st->k_scale = loom__calloc((size_t)c->n_layer, sizeof *st->k_scale);
     st->v_scale = loom__calloc((size_t)c->n_layer, sizeof *st->v_scale);
-    LOOM_RETURN_IF(!st->k_base || !st->v_base || !st->layer_src || !st->k_scale || !st->v_scale,
+    LOOM_RETURN_IF(!st->k_base || !st->v_base || !st->k_scale || !st->v_scale,
                    LOOM_ERR_OUT_OF_MEMORY, "kv storage: out of memory");
     const size_t scale_at = st->token_stride * (size_t)p->block_size; /* in each block */
     char *at = be->ops->buffer_base(be->dev, st->buf);
     for (int32_t il = 0; il < c->n_layer; il++) {
-        st->layer_src[il] = c->layers[il].kv_src;
-        if (!is_source(m, il)) continue;
+        if (!is_source(m, src, il)) continue;
         size_t layer_bytes = st->block_stride * (size_t)st->group_blocks[c->layers[il].kv_group];
         st->k_base[il] = at;
         st->v_base[il] = at + layer_bytes;
@@ -163,7 +169,7 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
 
     /* A block moves in 2 ranges per source layer of its group. */
     size_t sources = 0;
-    for (int32_t il = 0; il < c->n_layer; il++) sources += is_source(m, il);
+    for (int32_t il = 0; il < c->n_layer; il++) sources += is_source(m, src, il);
     st->ranges_cap = (size_t)p->max_copy_blocks * 2 * sources;
     st->ranges = loom__malloc((st->ranges_cap ? st->ranges_cap : 1) * sizeof *st->ranges);
     LOOM_RETURN_IF(!st->ranges, LOOM_ERR_OUT_OF_MEMORY, "kv storage: out of memory");
@@ -260,7 +266,7 @@ loom_status loom__kv_storage_copy(loom__kv_storage *st, void *stream, loom_copy_
         const size_t off = (size_t)blocks[i] * st->block_stride;
         char *slot = kind == LOOM_COPY_DEVICE ? NULL : host[i];
         for (int32_t il = 0; il < c->n_layer; il++) {
-            if (c->layers[il].kv_group != g || !is_source(st->model, il)) continue;
+            if (c->layers[il].kv_group != g || !is_source(st->model, st->layer_src, il)) continue;
             LOOM_RETURN_IF(k + 2 > st->ranges_cap, LOOM_ERR_INVALID_ARG,
                            "kv storage: a copy of more blocks than %zu ranges hold",
                            st->ranges_cap);

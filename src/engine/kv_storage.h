@@ -2,11 +2,12 @@
  * a step's paged-KV descriptors (loom_backend.h) over the KV manager's block tables, and the
  * block copies the manager asks for (copy-on-write, swap), each batch of them one backend call.
  *
- * Pools exist only for source layers: a layer that reuses an earlier layer's K/V (the model's
- * kv_src) has none, and its descriptor entry points at its source through layer_src. Each KV
- * group's pools have that group's number of blocks. Every layer's pools, K then V, live in one
- * backend buffer. The per-step descriptor arrays are host memory from the backend's host_alloc
- * (pinned for a device, which uploads them once per step).
+ * Pools exist only for source layers: a layer that reuses an earlier layer's K/V (the
+ * storage's layer map: the model's kv_src, or the engine's plan, kv_plan.h) has none, and its
+ * descriptor entry points at its source through layer_src. Each KV group's pools have that group's
+ * number of blocks. Every layer's pools, K then V, live in one backend buffer. The per-step
+ * descriptor arrays are host memory from the backend's host_alloc (pinned for a device, which
+ * uploads them once per step).
  *
  * FP8 pages carry their scales inside each block, after the values: a block of an FP8 pool is
  * [block_size][n_kv_heads][head_dim] bytes, then [block_size][n_kv_heads] float32 scales, the
@@ -54,6 +55,8 @@ typedef struct loom__kv_storage_params {
     int32_t max_seqs;            /* sequences in one step */
     int64_t block_cap;           /* table entries one step can need in a group */
     int32_t max_copy_blocks;     /* most blocks one loom__kv_storage_copy moves */
+    const int32_t *layer_src;    /* [n_layer] the layer whose pools each layer reads (checked by
+                                    loom__kv_plan_check; copied); NULL: the model's own map */
 } loom__kv_storage_params;
 
 /* The element type of kv_type pages. Errors: INVALID_ARG (not a loom_kv_cache_type). */
@@ -63,9 +66,10 @@ loom_status loom__kv_cache_type_resolve(loom_kv_cache_type kv_type, loom_type *o
 size_t loom__kv_storage_layer_block_bytes(const loom_model *m, loom_type kv_type,
                                           int32_t block_size);
 
-/* Bytes of one block of group g: every source layer of the group, K and V. */
-size_t loom__kv_storage_block_bytes(const loom_model *m, loom_type kv_type, int32_t block_size,
-                                    int32_t g);
+/* Bytes of one block of group g: every source layer of the group under layer_src (NULL: the
+ * model's own map), K and V. */
+size_t loom__kv_storage_block_bytes(const loom_model *m, const int32_t *layer_src,
+                                    loom_type kv_type, int32_t block_size, int32_t g);
 
 /* Allocates the pools and the per-step arrays. Errors: INVALID_ARG (a bad kv type, sizes),
  * OUT_OF_MEMORY, the backend's. On failure *st is destroyed and zeroed. */

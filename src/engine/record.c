@@ -88,8 +88,11 @@ static void encode_header(loom__rec_buf *b, const loom__record_header *h) {
     loom__rec_f64(b, p->starvation_s);
     loom__rec_f32(b, p->watermark);
     loom__rec_u32(b, (uint32_t)p->max_logprobs);
-    loom__rec_u32(b, (uint32_t)p->kv_type); /* version 2 */
-    loom__rec_u8(b, p->kv_rotate);          /* version 3 */
+    loom__rec_u32(b, (uint32_t)p->kv_type);                  /* version 2 */
+    loom__rec_u8(b, p->kv_rotate);                           /* version 3 */
+    const int32_t n_map = h->has_layer_src ? h->n_layer : 0; /* version 4 */
+    loom__rec_u32(b, (uint32_t)n_map);
+    for (int32_t l = 0; l < n_map; l++) loom__rec_u32(b, (uint32_t)h->layer_src[l]);
 }
 
 void loom__record_encode_request(loom__rec_buf *b, loom_request_id id, int64_t arrival_ns,
@@ -390,6 +393,20 @@ static loom_status decode_header(loom__replayer *r, loom__record_header *h) {
         p->kv_type = (loom_kv_cache_type)kv_type;
     }
     if (version >= 3) LOOM_TRY(rd_bool(r, &p->kv_rotate, "kv_rotate"));
+    if (version >= 4) {
+        uint32_t n_map;
+        LOOM_TRY(rd_u32(r, &n_map, "the layer map's length"));
+        LOOM_RETURN_IF(n_map != 0 &&
+                           (n_map != (uint32_t)h->n_layer || n_map > LOOM__RECORD_MAX_LAYERS),
+                       LOOM_ERR_BAD_INPUT, "replay: a layer map of %u layers for %d layers", n_map,
+                       h->n_layer);
+        for (uint32_t l = 0; l < n_map; l++) {
+            LOOM_TRY(rd_i32(r, &h->layer_src[l], "the layer map"));
+            LOOM_RETURN_IF(h->layer_src[l] < 0 || h->layer_src[l] > (int32_t)l, LOOM_ERR_BAD_INPUT,
+                           "replay: layer %u reads layer %d", l, h->layer_src[l]);
+        }
+        h->has_layer_src = n_map != 0;
+    }
     /* kv_bytes 0 would ask for kv_fraction of this machine's memory: not the recorded pool. */
     LOOM_RETURN_IF(p->kv_bytes <= 0, LOOM_ERR_BAD_INPUT, "replay: kv_bytes %lld (> 0)",
                    (long long)p->kv_bytes);

@@ -14,8 +14,9 @@
  *   header  "LOOMREC1", u32 version, the model's shape (arch, vocab, widths, layers, heads,
  *           training context), the backend's name, the engine's parameters as resolved at
  *           create (the KV budget in bytes even when kv_fraction chose it; version 2 adds the
- *           kv_type after max_logprobs, version 3 kv_rotate after it; older records replay
- *           with what they lack at its default: F16 pages, unrotated)
+ *           kv_type after max_logprobs, version 3 kv_rotate after it, version 4 the layer map
+ *           after that: u32 n_layer, then the layer each layer reads; older records replay
+ *           with what they lack at its default: F16 pages, unrotated, the model's own map)
  *   then per step:
  *     'R' request: u64 id, i64 arrival (ns after the engine's creation), the prompt's token ids,
  *         every sampler setting with the logit-bias list, max_tokens, n, stop tokens, stop
@@ -39,7 +40,9 @@
 #include "loom.h"
 
 #define LOOM__RECORD_MAGIC   "LOOMREC1"
-#define LOOM__RECORD_VERSION 3u /* 2: the engine's kv_type; 3: kv_rotate */
+#define LOOM__RECORD_VERSION 4u /* 2: the engine's kv_type; 3: kv_rotate; 4: the layer map */
+/* Most layers a record's layer map holds. */
+#define LOOM__RECORD_MAX_LAYERS 1024
 /* The latest clock reading (and the farthest arrival either side of creation) a record may
  * hold: LOOM__MAX_DURATION_S in microseconds, so sums with durations stay inside int64_t. */
 #define LOOM__RECORD_MAX_US 1000000000000000ll
@@ -65,6 +68,10 @@ typedef struct loom__record_header {
     int32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_ctx_train;
     char backend[32];
     loom_engine_params params; /* kv_bytes and max_ctx as resolved; no callbacks, no trace */
+    /* The layer map the engine ran with (kv_plan applied), n_layer entries; has_layer_src false
+     * for a record older than version 4 (the model's own map then). */
+    bool has_layer_src;
+    int32_t layer_src[LOOM__RECORD_MAX_LAYERS];
 } loom__record_header;
 
 /* Encodes a request record ('R' included). prompt: the tokens the request holds (a text prompt

@@ -13,9 +13,12 @@
 #include "core/abi.h"
 #include "core/alloc.h"
 #include "core/status.h"
+#include "engine/kv_plan.h"
 #include "engine/kv_storage.h"
 #include "kv/kv_manager.h"
 #include "model/forward.h"
+#include "tensor/fp16.h"
+#include "tensor/fp8.h"
 
 struct loom_session {
     loom_model *model;
@@ -48,6 +51,7 @@ void loom_session_params_init(loom_session_params *out, size_t size) {
     p.kv_f32 = false;
     p.kv_type = LOOM_KV_CACHE_F16;
     p.kv_rotate = false;
+    p.kv_plan = NULL;
     loom__abi_defaults_out(out, size, &p, sizeof p);
 }
 
@@ -83,6 +87,10 @@ static loom_status create_kv(loom_session *s) {
     kp.prefix_caching = false;
     kp.watermark = 0.0f;
     LOOM_TRY(loom__kv_create(&kp, &s->kv));
+    /* The layer map: the storage keeps its own copy. */
+    int32_t *layer_src = loom__malloc((size_t)m->cfg.n_layer * sizeof *layer_src);
+    LOOM_RETURN_IF(!layer_src, LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
+    loom_status st = loom__kv_plan_load(m, s->params.kv_plan, layer_src);
     loom__kv_storage_params sp = {
         .kv_type = s->kv_type,
         .kv_flags = s->params.kv_rotate ? LOOM_KV_HADAMARD : 0,
@@ -91,8 +99,11 @@ static loom_status create_kv(loom_session *s) {
         .max_seqs = 1,
         .block_cap = loom__kv_desc_block_cap(s->kv, 1),
         .max_copy_blocks = 0, /* one sequence, never shared: no copy-on-write, no swap */
+        .layer_src = layer_src,
     };
-    return loom__kv_storage_create(m, &sp, &s->store);
+    if (st == LOOM_OK) st = loom__kv_storage_create(m, &sp, &s->store);
+    free(layer_src);
+    return st;
 }
 
 loom_status loom_session_create(loom_model *model, const loom_session_params *params,
@@ -137,6 +148,7 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
     };
     loom_status st = loom__exec_create(model, &es, &s->exec);
     if (st == LOOM_OK) st = create_kv(s);
+    s->params.kv_plan = NULL; /* the caller's string: not kept */
     if (st == LOOM_OK) {
         s->pos = loom__malloc((size_t)p.n_batch * sizeof *s->pos);
         s->rows = loom__malloc((size_t)p.n_batch * sizeof *s->rows);
@@ -177,6 +189,90 @@ int32_t loom_session_n_past(const loom_session *s) {
     if (!s || s->seq < 0) return 0;
     loom__kv_seq_info info;
     return loom__kv_seq_get_info(s->kv, s->seq, &info) == LOOM_OK ? info.n_pos : 0;
+}
+
+/* One row of a page's values (n_kv_heads * head_dim elements) widened to float32; scales: the
+ * row's per-head scales (FP8) or NULL. */
+static void widen_row(loom_type type, const char *row, const float *scales, int32_t n_heads,
+                      int32_t head_dim, float *out) {
+    const int64_t n = (int64_t)n_heads * head_dim;
+    for (int64_t i = 0; i < n; i++) {
+        float x = 0.0f;
+        switch (type) {
+        case LOOM_TYPE_F32:
+            memcpy(&x, row + 4 * i, 4);
+            break;
+        case LOOM_TYPE_F16:
+        case LOOM_TYPE_BF16: {
+            uint16_t h;
+            memcpy(&h, row + 2 * i, 2);
+            x = type == LOOM_TYPE_F16 ? loom__f16_to_f32(h) : loom__bf16_to_f32(h);
+            break;
+        }
+        case LOOM_TYPE_FP8_E4M3:
+        case LOOM_TYPE_FP8_E5M2: {
+            const uint8_t b = (uint8_t)row[i];
+            x = (type == LOOM_TYPE_FP8_E4M3 ? loom__fp8_e4m3_to_f32(b) : loom__fp8_e5m2_to_f32(b)) *
+                scales[i / head_dim];
+            break;
+        }
+        default:
+            break;
+        }
+        out[i] = x;
+    }
+}
+
+loom_status loom_session_kv_read(loom_session *s, int32_t layer, int32_t pos, int32_t n, float *k,
+                                 float *v) {
+    loom__clear_error();
+    LOOM_CHECK_ARG(s != NULL && (k != NULL || v != NULL));
+    const loom__model_config *c = &s->model->cfg;
+    LOOM_RETURN_IF(layer < 0 || layer >= c->n_layer, LOOM_ERR_INVALID_ARG,
+                   "session_kv_read: layer %d (the model has %d)", layer, c->n_layer);
+    const int32_t n_past = loom_session_n_past(s);
+    LOOM_RETURN_IF(pos < 0 || n < 0 || pos > n_past - n, LOOM_ERR_INVALID_ARG,
+                   "session_kv_read: positions %d .. %d of %d held", pos, pos + n, n_past);
+    if (n == 0) return LOOM_OK;
+    const loom__kv_storage *st = &s->store;
+    const int32_t src = st->layer_src[layer], g = c->layers[layer].kv_group;
+    const int32_t *table = NULL, bs = st->block_size;
+    int32_t n_table = 0;
+    LOOM_TRY(loom__kv_seq_table(s->kv, s->seq, g, &table, &n_table));
+    char *block = loom__malloc(st->block_stride);
+    LOOM_RETURN_IF(!block, LOOM_ERR_OUT_OF_MEMORY, "session_kv_read: out of memory");
+    const loom_backend_ops *ops = s->model->backend->ops;
+    const size_t row_floats = (size_t)c->n_head_kv * (size_t)c->head_dim;
+    loom_status status = LOOM_OK;
+    for (int kv_i = 0; kv_i < 2 && status == LOOM_OK; kv_i++) {
+        float *out = kv_i == 0 ? k : v;
+        if (out == NULL) continue;
+        const char *pool = kv_i == 0 ? st->k_base[src] : st->v_base[src];
+        for (int32_t p = pos; p < pos + n && status == LOOM_OK;) {
+            const int32_t b = p / bs, end = (b + 1) * bs < pos + n ? (b + 1) * bs : pos + n;
+            const int32_t id = b < n_table ? table[b] : LOOM_KV_NO_BLOCK;
+            if (id == LOOM_KV_NO_BLOCK) {
+                status = loom__fail(LOOM_ERR_INVALID_ARG,
+                                    "session_kv_read: layer %d no longer holds position %d (its "
+                                    "window is %d)",
+                                    layer, p, c->kv_group_window[g]);
+                break;
+            }
+            status = ops->tensor_get(s->exec.stream, block, pool + (size_t)id * st->block_stride,
+                                     st->block_stride);
+            for (; status == LOOM_OK && p < end; p++) {
+                const int32_t slot = p % bs;
+                const float *scales = st->scale_kind != LOOM_KV_SCALE_NONE
+                                          ? (const float *)(block + st->token_stride * (size_t)bs +
+                                                            st->scale_token_stride * (size_t)slot)
+                                          : NULL;
+                widen_row(st->kv_type, block + st->token_stride * (size_t)slot, scales,
+                          c->n_head_kv, c->head_dim, out + (size_t)(p - pos) * row_floats);
+            }
+        }
+    }
+    free(block);
+    return status;
 }
 
 /* Which logits a chunk keeps. */

@@ -6,8 +6,9 @@
  *             store k,v in the paged cache ; att = attention(q, cache, the layer's window) ;
  *             x += [post_norm](att·Woᵀ) ;
  *             xn = rms_norm(x) ; x += [post_norm]((act(xn·Wgᵀ) * xn·Wuᵀ)·Wdᵀ)
- * A layer that reuses an earlier layer's K/V (kv_src != itself) computes only q and attends
- * over the source's pages. The embedding rows are scaled by embd_scale (sqrt(D) for gemma3),
+ * A layer that reuses an earlier layer's K/V (the descriptor's layer_src[il] != il: the
+ * model's declared sharing or the engine's plan) computes only q and attends over the source's
+ * pages. The embedding rows are scaled by embd_scale (sqrt(D) for gemma3),
  * then the final norm and the output projection for the rows that want logits only, a few rows
  * at a time so the logits buffer stays small even for a 262k vocabulary. */
 #include "model/forward.h"
@@ -187,8 +188,11 @@ static loom_status attention_block(const loom_model *m, loom__exec *ws, int32_t 
     const loom__model_config *c = &m->cfg;
     const loom__layer_config *lc = &c->layers[il];
     const loom__layer_weights *w = &m->layers[il];
-    /* A layer reusing an earlier layer's K/V computes only q. */
-    const bool own_kv = lc->kv_src == il;
+    /* A layer reusing an earlier layer's K/V computes only q. The map is the descriptor's (the
+     * engine's or session's plan), not the model's: engines on one model may share
+     * differently. */
+    const loom_kv_desc *kvg = &kv[lc->kv_group];
+    const bool own_kv = kvg->layer_src == NULL || kvg->layer_src[il] == il;
     loom_tensor x = rows_of(&ws->x, n), xn = rows_of(&ws->xn, n);
     loom_tensor q = rows_of(&ws->q, n), k = rows_of(&ws->k, n), v = rows_of(&ws->v, n);
     loom_tensor att = rows_of(&ws->att, n), proj = rows_of(&ws->proj, n);
@@ -214,7 +218,6 @@ static loom_status attention_block(const loom_model *m, loom__exec *ws, int32_t 
     rp.head_dim = c->head_dim;
     rp.n_head = c->n_head;
     LOOM_TRY(ops->rope(ctx, &q, &pos, &rp));
-    const loom_kv_desc *kvg = &kv[lc->kv_group];
     if (own_kv) {
         rp.n_head = c->n_head_kv;
         LOOM_TRY(ops->rope(ctx, &k, &pos, &rp));

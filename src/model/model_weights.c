@@ -186,3 +186,8 @@ loom_status loom__model_set_kv_source(loom_model *m, int32_t layer, int32_t src)
     c->layers[layer].kv_src = src;
     return LOOM_OK;
 }
+
+int32_t loom_model_layer_window(const loom_model *m, int32_t layer) {
+    if (m == NULL || layer < 0 || layer >= m->cfg.n_layer) return -1;
+    return m->cfg.kv_group_window[m->cfg.layers[layer].kv_group];
+}

@@ -47,12 +47,13 @@ def rope_normal(x, pos, base, n_rot):
     return out
 
 
-def forward(W, shape, tokens, eps=1e-5, kv_src=None):
+def forward(W, shape, tokens, eps=1e-5, kv_src=None, kv_out=None):
     """Logits [T, V] for tokens at positions 0..T-1 (teacher forcing). kv_src maps a layer to
     the earlier layer whose keys and values it attends over instead of its own (cross-layer
-    reuse: the layer computes only its queries)."""
+    reuse: the layer computes only its queries). kv_out, a dict, receives each source layer's
+    (k after RoPE, v), each [T, n_head_kv, head_dim]."""
     kv_src = kv_src or {}
-    kv = {}
+    kv = {} if kv_out is None else kv_out
     s = shape
     T, H, Hkv, hd = len(tokens), s.n_head, s.n_head_kv, s.head_dim
     pos = np.arange(T, dtype=np.float64)

@@ -84,6 +84,27 @@ loom_status loom__model_assign_kv_groups(loom__model_config *c) {
     return LOOM_OK;
 }
 
+loom_status loom__model_read_kv_sharing(const loom__gguf *g, const char *arch,
+                                        loom__model_config *c) {
+    int32_t n_shared = 0;
+    LOOM_TRY(loom__hparam_dim(g, arch, "attention.shared_kv_layers", false, 0, &n_shared));
+    if (n_shared == 0) return LOOM_OK;
+    LOOM_RETURN_IF(n_shared >= c->n_layer, LOOM_ERR_BAD_MODEL,
+                   "model: %s.attention.shared_kv_layers = %d of %d layers leaves none to share",
+                   arch, n_shared, c->n_layer);
+    const int32_t first_shared = c->n_layer - n_shared;
+    for (int32_t il = first_shared; il < c->n_layer; il++) {
+        int32_t src = first_shared - 1;
+        while (src >= 0 && c->layers[src].kv_group != c->layers[il].kv_group) src--;
+        LOOM_RETURN_IF(src < 0, LOOM_ERR_BAD_MODEL,
+                       "model: layer %d shares KV (%s.attention.shared_kv_layers = %d) but no "
+                       "earlier layer has its attention window",
+                       il, arch, n_shared);
+        c->layers[il].kv_src = src;
+    }
+    return LOOM_OK;
+}
+
 loom_status loom__hparams_common(const loom__gguf *g, const char *arch, loom__model_config *c) {
     LOOM_TRY(loom__hparam_dim(g, arch, "context_length", true, 0, &c->n_ctx_train));
     LOOM_TRY(loom__hparam_dim(g, arch, "embedding_length", true, 0, &c->n_embd));

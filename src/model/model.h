@@ -117,6 +117,13 @@ loom_status loom__gemma3_read_config(const loom__gguf *g, loom__model_config *cf
 /* Groups the layers by window into KV groups (full-attention layers first). */
 loom_status loom__model_assign_kv_groups(loom__model_config *cfg);
 
+/* Declared cross-layer sharing, for models trained to share KV (Gemma 3n's convention):
+ * <arch>.attention.shared_kv_layers = N makes each of the last N layers read the K/V of the
+ * last layer before them with the same attention window. After assign_kv_groups. Errors:
+ * BAD_MODEL (N >= n_layer, a shared layer whose window no earlier layer has). */
+loom_status loom__model_read_kv_sharing(const loom__gguf *g, const char *arch,
+                                       loom__model_config *cfg);
+
 /* Binds every weight tensor of the configured architecture (shapes checked against cfg). */
 loom_status loom__model_bind_weights(loom_model *model);
 

@@ -134,6 +134,7 @@ loom_status loom__model_load_gguf(loom_model *m, const loom_model_params *p) {
                           m->arch_name);
     }
     LOOM_TRY(loom__model_assign_kv_groups(&m->cfg));
+    LOOM_TRY(loom__model_read_kv_sharing(m->gguf, m->arch_name, &m->cfg));
     int32_t n_tok = loom__tokenizer_n_vocab(m->tok);
     if (m->cfg.n_vocab == 0) m->cfg.n_vocab = n_tok;
     LOOM_RETURN_IF(m->cfg.n_vocab != n_tok, LOOM_ERR_BAD_MODEL,

@@ -39,13 +39,15 @@ static loom_status bind_layer(loom_model *m, int32_t il, loom__layer_weights *w)
     int64_t q_dim = (int64_t)c->n_head * hd, kv_dim = (int64_t)c->n_head_kv * hd;
     LOOM_TRY(bind(m, il, "attn_norm.weight", d, 1, true, &w->attn_norm));
     LOOM_TRY(bind(m, il, "attn_q.weight", d, q_dim, true, &w->wq));
-    LOOM_TRY(bind(m, il, "attn_k.weight", d, kv_dim, true, &w->wk));
-    LOOM_TRY(bind(m, il, "attn_v.weight", d, kv_dim, true, &w->wv));
+    /* A layer the model declares to read another's K/V may come without K/V weights. */
+    const bool own_kv = c->layers[il].kv_src == il;
+    LOOM_TRY(bind(m, il, "attn_k.weight", d, kv_dim, own_kv, &w->wk));
+    LOOM_TRY(bind(m, il, "attn_v.weight", d, kv_dim, own_kv, &w->wv));
     LOOM_TRY(bind(m, il, "attn_q.bias", q_dim, 1, at.qkv_bias, &w->bq));
-    LOOM_TRY(bind(m, il, "attn_k.bias", kv_dim, 1, at.qkv_bias, &w->bk));
-    LOOM_TRY(bind(m, il, "attn_v.bias", kv_dim, 1, at.qkv_bias, &w->bv));
+    LOOM_TRY(bind(m, il, "attn_k.bias", kv_dim, 1, at.qkv_bias && own_kv, &w->bk));
+    LOOM_TRY(bind(m, il, "attn_v.bias", kv_dim, 1, at.qkv_bias && own_kv, &w->bv));
     LOOM_TRY(bind(m, il, "attn_q_norm.weight", hd, 1, at.qk_norm, &w->q_norm));
-    LOOM_TRY(bind(m, il, "attn_k_norm.weight", hd, 1, at.qk_norm, &w->k_norm));
+    LOOM_TRY(bind(m, il, "attn_k_norm.weight", hd, 1, at.qk_norm && own_kv, &w->k_norm));
     LOOM_TRY(bind(m, il, "attn_output.weight", q_dim, d, true, &w->wo));
     LOOM_TRY(bind(m, il, "post_attention_norm.weight", d, 1, at.post_norms, &w->post_attn_norm));
     LOOM_TRY(bind(m, il, "ffn_norm.weight", d, 1, true, &w->ffn_norm));

@@ -18,7 +18,12 @@ On a 4-layer synthetic llama (F32 weights, GQA 2:1, float32 activations, f32 pag
      a layer named twice, a plan made for another layer count, not a plan file, an unknown
      directive, a missing file; on Gemma 3 270M (when installed), a plan pairing a global
      layer with a sliding-window layer;
-  6. examples/loom-kv-plan on a "twin" model whose layer 2 sees exactly layer 1's input with
+  6. declared sharing (llama.attention.shared_kv_layers = 2, Gemma 3n's convention; the file
+     has no K/V weights for the last two layers): the last two layers read layer 1's K/V, the
+     logits equal the float64 reference's with that map, the engine holds two layers, a plan
+     on top that would make layer 1 read layer 0 is a chain and refused, and a count that
+     leaves no layer to share from fails the load;
+  7. examples/loom-kv-plan on a "twin" model whose layer 2 sees exactly layer 1's input with
      layer 1's norm and K/V weights (layer 1 adds nothing to the residual stream): it scores
      (2, 1) at similarity 1 and every other pair far below, plans exactly "share 2 1" at a 0.99
      threshold, and that plan leaves the logits as they were; with --max-kl 1e-6 the measured
@@ -126,6 +131,33 @@ def expect_error(make, what, needles):
 def plan_lines(path):
     with open(path) as f:
         return [ln.split("#")[0].split() for ln in f if ln.startswith("share")]
+
+
+def check_declared(tokens):
+    decl = os.path.join(TMP, "kv-plan-declared.gguf")
+    skip = [f"blk.{il}.attn_{t}.weight" for il in (2, 3) for t in ("k", "v")]
+    synth_llama.write_llama(decl, SHAPE, seed=1357, skip=skip,
+                            edit=lambda w: w.add_uint32("llama.attention.shared_kv_layers", 2))
+    Wd = ref_llama.load_weights(decl)
+    dm = loom.Model(decl, n_threads=2, f32_activations=True, backend="cpu")
+    s = loom.Session(dm, n_ctx=256, kv_type="f32")
+    got = s.decode(tokens, all_logits=True)
+    s.close()
+    e = rel_err(got, ref_llama.forward(Wd, SHAPE, tokens, kv_src={2: 1, 3: 1}))
+    check(e <= TOL_REF, f"declared sharing: logits vs float64 reference (2, 3 read 1), {e:.2e}")
+    eng = loom.Engine(dm, kv_bytes=1 << 20, max_ctx=256)
+    n_layers = eng.kv_groups()[0]["n_layers"]
+    eng.close()
+    check(n_layers == 2, f"declared sharing: the engine holds {n_layers} layers' K/V (2)")
+    p = write_plan("chain-declared", "share 1 0\n")
+    expect_error(lambda: loom.Session(dm, n_ctx=256, kv_plan=p),
+                 "a plan making a declared source share", ["no chains"])
+    dm.close()
+    bad = os.path.join(TMP, "kv-plan-declared-bad.gguf")
+    synth_llama.write_llama(bad, SHAPE, seed=1357,
+                            edit=lambda w: w.add_uint32("llama.attention.shared_kv_layers", 4))
+    expect_error(lambda: loom.Model(bad, n_threads=2, backend="cpu"),
+                 "shared_kv_layers = n_layer", ["shared_kv_layers = 4", "leaves none"])
 
 
 def check_plan_tool(path, W):
@@ -315,6 +347,7 @@ def main():
                  ["no-such-plan.txt", "No such file"])
     m.close()
 
+    check_declared(tokens)
     check_plan_tool(path, W)
 
     gpath = gemma_pkg.gemma_path()

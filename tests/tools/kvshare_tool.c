@@ -1,5 +1,6 @@
-/* kvshare_tool — a model run with cross-layer KV reuse, for test_kv_reuse.py (no public knob
- * sets it yet: loom__model_set_kv_source is internal).
+/* kvshare_tool — a model run with cross-layer KV reuse set on the model itself (the internal
+ * loom__model_set_kv_source, as declared sharing sets it at load), for test_kv_reuse.py; the
+ * public per-engine knob, kv_plan, is test_kv_plan.py's.
  *
  *   kvshare_tool MODEL MAP OUT.f32 < tokens      (MAP: "2:1,3:1" — layer 2 and layer 3 read
  *                                                  layer 1's K/V; "-": none)

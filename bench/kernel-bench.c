@@ -11,7 +11,8 @@
  *   rowdot   one thread calling loom__vec_dot_q once per (row, token) on pre-rounded rows —
  *            the arithmetic the matmul used before the tile kernels (tensor/qgemm.h),
  * with the weight bytes read per second and the ratio. --shape TYPE:N:K (repeatable; TYPE a
- * loom type name such as f16, q8_0, q4_K) replaces the built-in shapes, -T the token counts
+ * loom type name such as f16, q8_0, q4_K, or fp8_e4m3_rows, which has no one-row reference)
+ * replaces the built-in shapes, -T the token counts
  * (default 1,4,16,128), and --no-rowdot skips the one-row reference. Weights are random codes with
  * sane scales (the timing does not depend on the values). Links the static library to reach the
  * internal headers. */
@@ -90,8 +91,13 @@ static uint8_t *make_weights(uint32_t t, int64_t N, int64_t K, size_t *row_bytes
     return w;
 }
 
-/* A type by its loom name (loom__type_name), case-insensitive. */
+/* A type by its loom name (loom__type_name), case-insensitive: GGUF's, or FP8 weight rows
+ * ("fp8_e4m3_rows", float32 activations: no rowdot). */
 static bool parse_type(const char *name, uint32_t *out) {
+    if (!strcasecmp(name, loom__type_name(LOOM_TYPE_FP8_E4M3_ROWS))) {
+        *out = LOOM_TYPE_FP8_E4M3_ROWS;
+        return true;
+    }
     for (uint32_t t = 0; t < 64; t++) {
         const char *n = loom__type_name(t);
         if (n && !strcasecmp(n, name)) {
@@ -180,15 +186,18 @@ int main(int argc, char **argv) {
         const int64_t N = quick && s->N > 8192 ? 8192 : s->N, K = s->K;
         size_t wrow, arow;
         uint8_t *w = make_weights(s->type, N, K, &wrow);
-        uint32_t at;
-        if (!loom__vec_dot_type(s->type, &at) || !loom__type_row_bytes(at, K, &arow)) return 1;
+        uint32_t at = LOOM_TYPE_F32; /* FP8 rows: float32 activations, no one-row kernel */
+        const bool has_rowdot = loom__vec_dot_type(s->type, &at);
+        if (!has_rowdot && s->type != LOOM_TYPE_FP8_E4M3_ROWS) return 1;
+        if (!loom__type_row_bytes(at, K, &arow)) return 1;
         float *x = xalloc((size_t)(Tmax * K) * sizeof(float));
         for (int64_t i = 0; i < Tmax * K; i++) x[i] = frand();
         float *out = xalloc((size_t)(Tmax * N) * sizeof(float));
         uint8_t *xa = xalloc((size_t)Tmax * arow);
         for (int64_t t = 0; t < Tmax; t++)
-            if (!loom__quantize_activations(at, x + t * K, xa + (size_t)t * arow, K)) return 1;
-        const loom__vec_dot_q_fn dot = loom__vec_dot_q_get(s->type);
+            if (has_rowdot && !loom__quantize_activations(at, x + t * K, xa + (size_t)t * arow, K))
+                return 1;
+        const loom__vec_dot_q_fn dot = has_rowdot ? loom__vec_dot_q_get(s->type) : NULL;
         for (int ti = 0; ti < n_Ts; ti++) {
             const int64_t T = Ts[ti];
             if (quick && T > 16) continue;
@@ -203,7 +212,7 @@ int main(int argc, char **argv) {
                     return 1;
                 }
                 double t1 = now_s();
-                for (int64_t o = 0; o < N && rowdot; o++)
+                for (int64_t o = 0; o < N && rowdot && dot; o++)
                     for (int64_t t = 0; t < T; t++)
                         out[t * N + o] = dot(w + (size_t)o * wrow, xa + (size_t)t * arow, K);
                 double t2 = now_s();
@@ -213,7 +222,7 @@ int main(int argc, char **argv) {
             const double gb = (double)N * (double)wrow * 1e-9;
             printf("%-22s %-5s %4lld %10.3f %9.1f", s->what, loom__type_name(s->type), (long long)T,
                    best_mm * 1e3, gb / best_mm);
-            if (rowdot)
+            if (rowdot && dot)
                 printf(" %10.3f %9.1f %7.2f\n", best_rd * 1e3, gb / best_rd, best_rd / best_mm);
             else
                 printf(" %10s %9s %7s\n", "-", "-", "-");

@@ -50,6 +50,8 @@ static void usage(FILE *f) {
             "              on machines with several memory nodes (default auto)\n"
             "  --no-mmap   copy the weights into memory (huge pages where the OS gives them)\n"
             "              instead of mapping the file: slower to load, can decode faster\n"
+            "  --weights W stored (default: the file's types) or fp8: every matrix requantized\n"
+            "              at load to FP8 E4M3 with one scale per row (cpu backend)\n"
             "  -c CTX      context size (default: the model's, at most 4096)\n"
             "  --chat      wrap the prompt in the model's chat template and print only the\n"
             "              reply (stops at the end of the model's turn)\n"
@@ -327,6 +329,16 @@ int main(int argc, char **argv) {
             mp.n_threads = (int)num_arg(argc, argv, &i);
         } else if (!strcmp(a, "--no-mmap")) {
             mp.use_mmap = false;
+        } else if (!strcmp(a, "--weights") && i + 1 < argc) {
+            const char *w = argv[++i];
+            if (!strcmp(w, "stored"))
+                mp.weights = LOOM_WEIGHTS_AS_STORED;
+            else if (!strcmp(w, "fp8"))
+                mp.weights = LOOM_WEIGHTS_FP8_E4M3;
+            else {
+                fprintf(stderr, "loom-generate: --weights: want stored or fp8, got '%s'\n", w);
+                return 2;
+            }
         } else if (!strcmp(a, "--backend") && i + 1 < argc) {
             mp.backend = argv[++i];
         } else if (!strcmp(a, "--device")) {
@@ -457,7 +469,8 @@ int main(int argc, char **argv) {
     }
     loom_model_info info = {.size = sizeof info};
     if (loom_model_get_info(model, &info) == LOOM_OK)
-        fprintf(stderr, "\nload: %.1f ms (cpu kernels: %s)\n", load_ms, info.cpu_kernels);
+        fprintf(stderr, "\nload: %.1f ms (cpu kernels: %s; weights %.1f MiB)\n", load_ms,
+                info.cpu_kernels, (double)info.weight_bytes / 1048576.0);
     else
         fprintf(stderr, "\nload: %.1f ms\n", load_ms);
     fprintf(stderr, "prompt: %d tokens in %.1f ms (%.1f tok/s)\n", stats.n_prompt, stats.prompt_ms,

@@ -1,6 +1,10 @@
 /* loom-perplexity — perplexity of a model over a text file, in windows.
  *
- *   loom-perplexity -m MODEL -f FILE [-c CTX] [-t THREADS] [--chunks N]
+ *   loom-perplexity -m MODEL -f FILE [-c CTX] [-t THREADS] [--chunks N] [--backend NAME]
+ *                   [--weights stored|fp8]
+ *
+ * --weights fp8 requantizes every matrix at load to FP8 E4M3 rows (loom_model_params.weights),
+ * for measuring what that costs in perplexity.
  *
  * Convention (the same as llama.cpp's perplexity tool, so the numbers compare directly): the
  * whole file is tokenized once (with BOS when the model adds one); it is cut into
@@ -77,9 +81,16 @@ int main(int argc, char **argv) {
             mp.backend = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc)
             max_chunks = atoi(argv[++i]);
-        else {
+        else if (!strcmp(argv[i], "--weights") && i + 1 < argc && !strcmp(argv[i + 1], "fp8")) {
+            mp.weights = LOOM_WEIGHTS_FP8_E4M3; /* every matrix requantized to FP8 E4M3 rows */
+            i++;
+        } else if (!strcmp(argv[i], "--weights") && i + 1 < argc &&
+                   !strcmp(argv[i + 1], "stored")) {
+            mp.weights = LOOM_WEIGHTS_AS_STORED;
+            i++;
+        } else {
             fprintf(stderr, "usage: loom-perplexity -m MODEL -f FILE [-c CTX] [-t THREADS] "
-                            "[--chunks N] [--backend NAME]\n");
+                            "[--chunks N] [--backend NAME] [--weights stored|fp8]\n");
             return 2;
         }
     }

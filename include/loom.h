@@ -143,6 +143,20 @@ typedef enum loom_numa_mode {
     LOOM_NUMA_ISOLATE,    /* all workers on the loading thread's node; weights bound to it */
 } loom_numa_mode;
 
+/* What form the backend holds the weights in (loom_model_params.weights). */
+typedef enum loom_weight_format {
+    LOOM_WEIGHTS_AS_STORED = 0, /* the file's types, as they are (default) */
+    /* Every matrix (the projections, the output, the token embedding) of a type loom decodes
+     * (F32, F16, BF16 and the block formats) is decoded to float32 and requantized at load to
+     * FP8 E4M3 with one float32 scale per row (output channel): scale = max |row| / 448, each
+     * code the value / scale rounded to nearest even (LOOM_TYPE_FP8_E4M3_ROWS in
+     * loom_backend.h). 8 bits per weight (plus 4 bytes a row): a quarter of F32, half of F16,
+     * about twice Q4_K's; matmuls over them keep activations in float32. Norm weights and
+     * biases stay float32. CPU backend only: others refuse it (LOOM_ERR_UNSUPPORTED). A matrix
+     * holding a NaN or an infinity fails the load (LOOM_ERR_BAD_MODEL). */
+    LOOM_WEIGHTS_FP8_E4M3 = 1,
+} loom_weight_format;
+
 typedef struct loom_model_params {
     size_t size; /* sizeof(loom_model_params) (see "ABI across versions") */
     /* The backend that computes: "cpu" (built in), the name of a backend plugin
@@ -167,6 +181,8 @@ typedef struct loom_model_params {
      * integer dot products as llama.cpp does. Default false. */
     bool f32_activations;
     loom_numa_mode numa; /* default LOOM_NUMA_AUTO */
+    /* default LOOM_WEIGHTS_AS_STORED; another value than the enum's: INVALID_ARG at load */
+    loom_weight_format weights;
 } loom_model_params;
 
 /* Fills p[0 .. size) with the defaults for loom_model_load and sets p->size = size (size is the
@@ -273,6 +289,9 @@ typedef struct loom_model_info {
     const char *backend_path; /* the plugin file it came from; "" for the built-in CPU backend
                                  (owned by the model; NULL for a vocab_only model) */
     int32_t device;           /* its device index */
+    int64_t weight_bytes;     /* bytes of the weights as the backend was given them (after any
+                                 conversion at load: loom_model_params.weights), vectors as
+                                 float32; 0 for a vocab_only model */
 } loom_model_info;
 
 /* Fills *out with facts about the model (out->size bytes of them; see "ABI across versions").

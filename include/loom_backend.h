@@ -114,7 +114,20 @@ typedef enum loom_type {
     /* KV-cache element types (pages only: never a weight) */
     LOOM_TYPE_FP8_E4M3 = 0x100, /* 1 sign, 4 exponent, 3 mantissa bits; max 448, no infinity */
     LOOM_TYPE_FP8_E5M2 = 0x101, /* 1 sign, 5 exponent, 2 mantissa bits; IEEE-like */
+    /* Weights libloom converted at load (loom_model_params.weights); never read from a file. */
+    LOOM_TYPE_FP8_E4M3_ROWS = 0x102, /* E4M3 codes with one float32 scale per row (below) */
 } loom_type;
+
+/* LOOM_TYPE_FP8_E4M3_ROWS: a row of K values is K E4M3 codes (bytes 0 .. K-1), zero bytes up
+ * to the next multiple of 4, then the row's scale, a float32 in host byte order: row bytes
+ * 4 * ceil(K / 4) + 4. Value i of the row is E4M3(code[i]) * scale. libloom writes scale =
+ * max_i |w[i]| / 448 (the row's largest magnitude lands on E4M3's largest finite value; 0 for
+ * an all-zero row, whose codes are then all 0) and code[i] = E4M3(w[i] / scale), round to
+ * nearest even, in float32; it never writes the NaN codes 0x7F / 0xFF. The scale sits in the
+ * row itself, so a tensor of such rows is still one loom_tensor (data, row_stride, ne): views,
+ * get_rows' row addressing and weight copies need no second array, and row_stride and
+ * data are multiples of 4, so the scale is float-aligned. A backend that does not run it says
+ * so in supports() (MATMUL and GET_ROWS with this type) and refuses it in weight_prepare. */
 
 /* ------------------------------------------------------------------------------------------ */
 /* Tensors and buffers                                                                        */

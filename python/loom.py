@@ -32,7 +32,8 @@ class LoomError(RuntimeError):
 class ModelParams(C.Structure):
     _fields_ = [("size", C.c_size_t), ("backend", C.c_char_p), ("device", C.c_int32), ("n_threads", C.c_int),
                 ("use_mmap", C.c_bool),
-                ("vocab_only", C.c_bool), ("f32_activations", C.c_bool), ("numa", C.c_int)]
+                ("vocab_only", C.c_bool), ("f32_activations", C.c_bool), ("numa", C.c_int),
+                ("weights", C.c_int)]
 
 
 class ModelInfo(C.Structure):
@@ -41,7 +42,7 @@ class ModelInfo(C.Structure):
                 ("n_head", C.c_int32), ("n_head_kv", C.c_int32), ("head_dim", C.c_int32),
                 ("n_params", C.c_int64), ("file_bytes", C.c_int64), ("bos", C.c_int32),
                 ("eos", C.c_int32), ("cpu_kernels", C.c_char_p), ("backend", C.c_char_p),
-                ("backend_path", C.c_char_p), ("device", C.c_int32)]
+                ("backend_path", C.c_char_p), ("device", C.c_int32), ("weight_bytes", C.c_int64)]
 
 
 class SessionParams(C.Structure):
@@ -135,11 +136,13 @@ class Model:
     _h = None
 
     NUMA_MODES = {"auto": 0, "off": 1, "distribute": 2, "isolate": 3}
+    # loom_weight_format: the weights as the file stores them, or requantized to FP8 E4M3 rows
+    WEIGHT_FORMATS = {"stored": 0, "fp8": 1}
     # The backend a Model uses when none is given: None is loom's AUTO (the best available).
     default_backend = None
 
     def __init__(self, path, n_threads=0, vocab_only=False, use_mmap=True,
-                 f32_activations=False, numa="auto", backend=None, device=0):
+                 f32_activations=False, numa="auto", backend=None, device=0, weights="stored"):
         p = _params(ModelParams, _lib.loom_model_params_init)
         backend = backend if backend is not None else Model.default_backend
         self._backend = backend.encode() if isinstance(backend, str) else backend
@@ -147,6 +150,7 @@ class Model:
         p.device = device
         p.f32_activations = f32_activations
         p.numa = Model.NUMA_MODES[numa]
+        p.weights = Model.WEIGHT_FORMATS[weights] if isinstance(weights, str) else weights
         p.n_threads = n_threads
         p.vocab_only = vocab_only
         p.use_mmap = use_mmap

@@ -86,6 +86,11 @@ struct loom_model {
     int32_t device;         /* the backend's device index */
     bool use_mmap;          /* weights may be used in place of the mapped file */
     bool weights_in_place;  /* some prepared weight points into the mapped file */
+
+    loom_weight_format weights;  /* the form the matrices are handed to the backend in */
+    int64_t weight_bytes_stored; /* bytes of the weights as the file has them (vectors as F32) */
+    int64_t weight_bytes;        /* bytes handed to the backend (after any FP8 conversion) */
+    struct loom__threadpool *load_pool; /* the FP8 conversion's threads, during the load only */
     loom_tensor rope_freqs; /* F32 [n_rot/2] llama3 rope divisors (prepared), or data NULL */
 
     loom_tensor tok_embd;        /* [V, D] */
@@ -122,7 +127,7 @@ loom_status loom__model_assign_kv_groups(loom__model_config *cfg);
  * last layer before them with the same attention window. After assign_kv_groups. Errors:
  * BAD_MODEL (N >= n_layer, a shared layer whose window no earlier layer has). */
 loom_status loom__model_read_kv_sharing(const loom__gguf *g, const char *arch,
-                                       loom__model_config *cfg);
+                                        loom__model_config *cfg);
 
 /* Binds every weight tensor of the configured architecture (shapes checked against cfg). */
 loom_status loom__model_bind_weights(loom_model *model);
@@ -135,8 +140,9 @@ loom_status loom__model_params_in(const loom_model_params *params, loom_model_pa
 loom_status loom__model_load_gguf(loom_model *m, const loom_model_params *p);
 
 /* Finds tensor name with the given shape (ne0 = row length, ne1 = rows; ne1 = 1 for vectors,
- * which are converted to F32) and has the backend prepare it for `use`; *out is the view the
- * ops receive. required=false: absent -> *out zeroed, LOOM_OK. */
+ * which are converted to F32; matrices to FP8 rows when model->weights says so) and has the
+ * backend prepare it for `use`; *out is the view the ops receive. required=false: absent ->
+ * *out zeroed, LOOM_OK. */
 loom_status loom__model_tensor(loom_model *model, const char *name, int64_t ne0, int64_t ne1,
                                bool required, loom_weight_use use, loom_tensor *out);
 

@@ -108,7 +108,8 @@ LOOM__HOST_DEVICE static inline uint32_t loom__fp8_round_mag(uint32_t a, uint32_
     const uint32_t shift = shift_raw < 25u ? shift_raw : 25u;
     const uint32_t m = (a & 0x7fffffu) | 0x800000u;
     const uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
-    const uint32_t sub = q + ((rem > halfway) | ((rem == halfway) & (q & 1u)));
+    /* Selects, not (rem > halfway) | (...): GCC vectorises loops over this form only. */
+    const uint32_t sub = q + (rem > halfway ? 1u : rem == halfway ? (q & 1u) : 0u);
     return is_sub ? sub : normal;
 }
 

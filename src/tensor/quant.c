@@ -1,5 +1,6 @@
 /* quant.c — the entry points of quant.h: row dequantize, quantize and dot, which check their
- * arguments and dispatch to the per-format kernels (quant_float.c, quant_legacy.c, quant_k.c). */
+ * arguments and dispatch to the per-format kernels (quant_float.c, quant_legacy.c, quant_k.c,
+ * quant_fp8.c). */
 #include "tensor/quant.h"
 
 #include <math.h>
@@ -12,6 +13,7 @@ static const loom__qkernels *kernels_of(uint32_t t) {
     const loom__qkernels *k = loom__qkernels_float(t);
     if (!k) k = loom__qkernels_legacy(t);
     if (!k) k = loom__qkernels_kquant(t);
+    if (!k) k = loom__qkernels_fp8(t);
     return k;
 }
 

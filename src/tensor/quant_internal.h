@@ -1,6 +1,6 @@
-/* quant_internal.h — what the per-format kernel files (quant_float.c, quant_legacy.c, quant_k.c)
- * share with the dispatcher in quant.c: a table of row kernels per type, and the fixed-order
- * accumulation every dot product uses. Internal to src/tensor. */
+/* quant_internal.h — what the per-format kernel files (quant_float.c, quant_legacy.c, quant_k.c,
+ * quant_fp8.c) share with the dispatcher in quant.c: a table of row kernels per type, and the
+ * fixed-order accumulation every dot product uses. Internal to src/tensor. */
 #pragma once
 
 #include <stdint.h>
@@ -29,6 +29,7 @@ typedef struct loom__qkernels {
 const loom__qkernels *loom__qkernels_float(uint32_t t);  /* f32, f16, bf16 */
 const loom__qkernels *loom__qkernels_legacy(uint32_t t); /* q4_0 .. q8_0 */
 const loom__qkernels *loom__qkernels_kquant(uint32_t t); /* q2_K .. q6_K, q8_K */
+const loom__qkernels *loom__qkernels_fp8(uint32_t t);    /* fp8_e4m3_rows */
 
 /* ---- fixed-order dot accumulation ----------------------------------------------------------
  * Every dot product sums w[i] * x[i] into lane i % LOOM__DOT_LANES, sequentially per lane in

@@ -60,8 +60,9 @@ loom_status loom__check_weight(const char *backend, const char *op, const char *
                    name, (long long)t->ne[0], loom__type_name(t->type), (unsigned)tr->block_elems);
     /* Rows are read through their element or block type: F32 needs 4-byte alignment, and
      * F16, BF16 and every block format (whose scales are 16-bit fields) need 2. GGUF data
-     * always satisfies this (tensors are 32-byte aligned, encoded rows have even sizes). */
-    const size_t align = t->type == LOOM_TYPE_F32 ? 4 : 2;
+     * always satisfies this (tensors are 32-byte aligned, encoded rows have even sizes). FP8
+     * rows end with a float32 scale at a multiple of 4 bytes: 4, like F32. */
+    const size_t align = t->type == LOOM_TYPE_F32 || tr->row_scale ? 4 : 2;
     LOOM_RETURN_IF((uintptr_t)t->data % align != 0 || t->row_stride % align != 0,
                    LOOM_ERR_INVALID_ARG, "%s: %s data or row_stride is not %zu-byte aligned", op,
                    name, align);

@@ -56,10 +56,18 @@ static const char *const foreign_names[LOOM_TYPE_GGUF_END_] = {
     [35] = "tq2_0", [36] = "iq4_nl_4_4", [37] = "iq4_nl_4_8", [38] = "iq4_nl_8_8", [39] = "mxfp4",
 };
 
-/* KV-cache element types outside GGUF's ids: one byte each, never dequantized as weights. */
+/* loom's own element types outside GGUF's ids: the KV-cache ones (one byte each, never
+ * dequantized as weights), and FP8 weight rows with a scale each (converted at load, never read
+ * from a file: the GGUF reader accepts only ids below LOOM_TYPE_GGUF_END_). */
 static const loom__type_traits kv_traits[] = {
     [LOOM_TYPE_FP8_E4M3 - LOOM_TYPE_FP8_E4M3] = PLAIN("fp8_e4m3", 1, false),
     [LOOM_TYPE_FP8_E5M2 - LOOM_TYPE_FP8_E4M3] = PLAIN("fp8_e5m2", 1, false),
+    [LOOM_TYPE_FP8_E4M3_ROWS - LOOM_TYPE_FP8_E4M3] = {.name = "fp8_e4m3_rows",
+                                                      .block_elems = 1,
+                                                      .block_bytes = 1,
+                                                      .quantized = true,
+                                                      .can_dequantize = true,
+                                                      .row_scale = true},
 };
 
 /* ---- lookups ------------------------------------------------------------------------------ */
@@ -88,6 +96,10 @@ bool loom__type_row_bytes(uint32_t t, int64_t n, size_t *out) {
     /* The builtin checks the product against size_t itself, so a 32-bit host also refuses rows
      * whose block count alone exceeds its address space. */
     if (__builtin_mul_overflow(blocks, (uint64_t)tr->block_bytes, &bytes)) return false;
+    if (tr->row_scale) { /* values padded to 4 bytes, then the float32 scale */
+        if (__builtin_add_overflow(bytes, (size_t)3 + sizeof(float), &bytes)) return false;
+        bytes -= bytes % 4;
+    }
     *out = bytes;
     return true;
 }

@@ -18,6 +18,9 @@ typedef struct loom__type_traits {
     uint32_t block_bytes; /* bytes per block */
     bool quantized;
     bool can_dequantize; /* loom can turn it into float32 (weights of this type are runnable) */
+    /* Each row ends with its own float32 scale, after its values padded to a multiple of 4
+     * bytes (LOOM_TYPE_FP8_E4M3_ROWS, loom_backend.h): loom__type_row_bytes counts both. */
+    bool row_scale;
 } loom__type_traits;
 
 /* Traits of t, or NULL if t is not a known type id (ids come from files: check them). */
@@ -27,8 +30,9 @@ const loom__type_traits *loom__type_get_traits(uint32_t t);
  * ("iq2_xxs"); otherwise "unknown(45)" in a static thread-local buffer. Never NULL. */
 const char *loom__type_name(uint32_t t);
 
-/* Bytes of a row of n elements of type t. Returns false if n is not a multiple of the block
- * size, t is unknown, or the size overflows. */
+/* Bytes of a row of n elements of type t (for a row_scale type, the padded values and the
+ * scale). Returns false if n is not a multiple of the block size, t is unknown, or the size
+ * overflows. */
 bool loom__type_row_bytes(uint32_t t, int64_t n, size_t *out);
 
 /* The scales KV pages of element type t carry: FP8 pages one float per (position, KV head)

@@ -1,6 +1,6 @@
 /* cpu_matmul.c — out[T, N] = x[T, K] · w[N, K]^T for weights of any dequantizable type.
  *
- * Two arithmetics:
+ * Three arithmetics:
  *
  *   - Quantized activations (the default; tensor/qdot.h). The T activation rows are first
  *     rounded, once per call, to the weight type's activation format (q8_0, q8_1, q8_K, f16 or
@@ -12,16 +12,24 @@
  *     group's rows into float32 once (F32 rows are used in place; others are dequantized into
  *     its scratch) and dots them with the float32 tokens: closest to exact arithmetic.
  *
- * Either way the N output columns (weight rows) are cut into groups of RB rows, the groups are
+ *   - FP8 weight rows (LOOM_TYPE_FP8_E4M3_ROWS), always with float32 activations: each output
+ *     is the dot of the row's units (E4M3 values * 2^-8) with the token, times the row's scale
+ *     * 256 (cpu_fp8.h). For a few tokens the dot reads the codes in place (one byte per
+ *     weight from memory, the decode-step case); for more, a thread widens a group's rows
+ *     into its scratch once and reuses them for every token. Both give the same bits.
+ *
+ * Every way the N output columns (weight rows) are cut into groups of RB rows, the groups are
  * shared out over the threads (core/workshare.h: each thread streams its own contiguous share,
  * then helps finish the others'), and a thread walks all T tokens for one group before the
  * next, so each weight row is read from memory once per call, not once per token — what makes
  * prompt processing fast — while a token's row stays in L1 across the RB dots that use it.
  *
  * Batch invariance: out[t, o] is always the same function of (row o, x[t]) — loom__cpu_dot on
- * the dequantized row, or loom__vec_dot_q on the row and x[t] rounded by a per-row quantizer —
+ * the dequantized row, loom__vec_dot_q on the row and x[t] rounded by a per-row quantizer, or
+ * (FP8 rows) loom__cpu_dot on the row's units times its scale —
  * so it has the same bits whatever T, the grouping, the thread count, or which thread took a
  * group. */
+#include "backend/cpu/cpu_fp8.h"
 #include "backend/cpu/cpu_internal.h"
 #include "backend/cpu/cpu_vec.h"
 
@@ -129,6 +137,116 @@ static void mm_worker(void *p, int ith, int nth) {
             float *ot = (float *)loom__cpu_row(a->out, t) + o0;
             for (int64_t r = 0; r < nr; r++) ot[r] = loom__cpu_dot(rows[r], xt, K);
         }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* FP8 weight rows                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Up to this many tokens a row's codes are read in place once per token; beyond, widened once
+ * per group of rows into the thread's scratch. */
+#define MM8_IN_PLACE_TOKENS 3
+
+typedef struct mm8_task {
+    loom__cpu_ctx *c;
+    const mm_set *set;    /* weights [N_j, K] FP8_E4M3_ROWS, outs [T, N_j] */
+    const loom_tensor *x; /* [T, K] f32 */
+    int64_t rb;           /* rows per group */
+    bool in_place;        /* codes read in place (else widened into scratch) */
+} mm8_task;
+
+/* The group's nr widened rows (units, K floats each; s: their scales * 256) against every
+ * token, in blocks of rows and tokens where the instruction set has them. */
+static void mm8_units_group(const mm8_task *a, const float *units, const float *s,
+                            const loom_tensor *out, int64_t o0, int64_t nr) {
+    const int64_t K = a->x->ne[0], T = a->x->ne[1];
+#if defined(LOOM_CPU_FP8_IN_PLACE)
+    enum { NR = LOOM_CPU_FP8_BLOCK_NR, NT = LOOM_CPU_FP8_BLOCK_NT };
+    for (int64_t t = 0; t < T;) {
+        const int64_t nt = T - t >= NT ? NT : 1;
+        const float *xs[NT];
+        for (int64_t q = 0; q < nt; q++) xs[q] = loom__cpu_row(a->x, t + q);
+        for (int64_t r = 0; r < nr;) {
+            const int64_t n_r = nr - r >= NR ? NR : 1;
+            const float *us[NR];
+            for (int64_t q = 0; q < n_r; q++) us[q] = units + (r + q) * K;
+            float d[NR * NT];
+            if (n_r == NR && nt == NT)
+                loom__cpu_fp8_units_block(us, xs, K, d);
+            else if (n_r == NR)
+                loom__cpu_fp8_units_block_t1(us, xs, K, d);
+            else if (nt == NT)
+                loom__cpu_fp8_units_block_r1(us, xs, K, d);
+            else
+                loom__cpu_fp8_units_block_1(us, xs, K, d);
+            for (int64_t q = 0; q < n_r; q++)
+                for (int64_t v = 0; v < nt; v++)
+                    ((float *)loom__cpu_row(out, t + v))[o0 + r + q] = d[q * nt + v] * s[r + q];
+            r += n_r;
+        }
+        t += nt;
+    }
+#else
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = loom__cpu_row(a->x, t);
+        float *ot = (float *)loom__cpu_row(out, t) + o0;
+        for (int64_t r = 0; r < nr; r++) ot[r] = loom__cpu_dot(units + r * K, xt, K) * s[r];
+    }
+#endif
+}
+
+#if defined(LOOM_CPU_FP8_IN_PLACE)
+/* The group's nr rows of w from o0 on against every token, the codes read in place:
+ * LOOM_CPU_FP8_NR rows at a time (their chains overlap), the rest one by one. */
+static void mm8_in_place_group(const mm8_task *a, const loom_tensor *w, const loom_tensor *out,
+                               int64_t o0, int64_t nr) {
+    const int64_t K = a->x->ne[0], T = a->x->ne[1];
+    for (int64_t r = 0; r < nr;) {
+        const int64_t n_at = nr - r >= LOOM_CPU_FP8_NR ? LOOM_CPU_FP8_NR : 1;
+        const uint8_t *codes[LOOM_CPU_FP8_NR];
+        for (int64_t q = 0; q < n_at; q++) codes[q] = loom__cpu_row(w, o0 + r + q);
+        for (int64_t t = 0; t < T; t++) {
+            float *ot = (float *)loom__cpu_row(out, t) + o0 + r;
+            const float *xt = loom__cpu_row(a->x, t);
+            float dots[LOOM_CPU_FP8_NR];
+            if (n_at == LOOM_CPU_FP8_NR)
+                loom__cpu_fp8_dot_rows(codes, xt, K, dots);
+            else
+                dots[0] = loom__cpu_fp8_dot(codes[0], xt, K);
+            /* each scale read after its row, whose last line the dot brought in */
+            for (int64_t q = 0; q < n_at; q++)
+                ot[q] = dots[q] * loom__fp8_rows_scale256(codes[q], K);
+        }
+        r += n_at;
+    }
+}
+#endif
+
+static void mm8_worker(void *p, int ith, int nth) {
+    (void)nth;
+    const mm8_task *a = p;
+    const int64_t K = a->x->ne[0], rb = a->rb;
+    float *units = a->c->scratch[ith];
+    loom__workshare_cursor cur = LOOM_WORKSHARE_CURSOR_INIT;
+    for (int64_t u; (u = loom__workshare_next(a->c->share, ith, &cur)) >= 0;) {
+        int64_t g;
+        const int j = mm_set_find(a->set, u, &g);
+        const loom_tensor *w = a->set->w[j], *out = a->set->out[j];
+        const int64_t o0 = g * rb, N = w->ne[1];
+        const int64_t nr = N - o0 < rb ? N - o0 : rb;
+#if defined(LOOM_CPU_FP8_IN_PLACE)
+        if (a->in_place) {
+            mm8_in_place_group(a, w, out, o0, nr);
+            continue;
+        }
+#endif
+        float s[MM_MAX_RB];
+        for (int64_t r = 0; r < nr; r++) {
+            loom__cpu_fp8_units(loom__cpu_row(w, o0 + r), units + r * K, K);
+            s[r] = loom__fp8_rows_scale256(loom__cpu_row(w, o0 + r), K);
+        }
+        mm8_units_group(a, units, s, out, o0, nr);
     }
 }
 
@@ -286,13 +404,15 @@ static void mmt_worker(void *p, int ith, int nth) {
  * cannot disagree. */
 typedef enum mm_path {
     MM_PATH_F32,   /* float32 activations (mm_worker) */
+    MM_PATH_FP8,   /* FP8 weight rows, float32 activations (mm8_worker) */
     MM_PATH_ROWS,  /* rounded activations, one weight row against one token (mmq_worker) */
     MM_PATH_TILES, /* rounded activations through the tile kernels or token lanes */
 } mm_path;
 
 typedef struct mm_plan {
     mm_path path;
-    int64_t rb; /* weight rows per group */
+    int64_t rb;    /* weight rows per group */
+    bool in_place; /* FP8: codes read in place */
     /* ROWS and TILES */
     uint32_t act_type; /* the activation format */
     size_t act_row;    /* bytes of one rounded activation row */
@@ -349,6 +469,15 @@ static loom_status mm_plan_tiles(mm_plan *pl, int64_t K, int64_t T, size_t w_row
 static loom_status mm_plan_make(bool f32_activations, loom_type w_type, int64_t K, int64_t T,
                                 mm_plan *pl) {
     memset(pl, 0, sizeof *pl);
+    if (w_type == LOOM_TYPE_FP8_E4M3_ROWS) {
+        pl->path = MM_PATH_FP8;
+        pl->rb = mm_rows_per_group(K);
+#if defined(LOOM_CPU_FP8_IN_PLACE)
+        pl->in_place = T <= MM8_IN_PLACE_TOKENS;
+#endif
+        if (!pl->in_place) pl->scratch_floats = (size_t)(pl->rb * K);
+        return LOOM_OK;
+    }
     if (f32_activations || w_type == LOOM_TYPE_F32) {
         pl->path = MM_PATH_F32;
         pl->rb = mm_rows_per_group(K);
@@ -399,6 +528,15 @@ static loom_status mm_run_f32(loom__cpu_ctx *c, const loom_tensor *w, const loom
     if (pl->scratch_floats > 0) LOOM_TRY(loom__cpu_reserve_scratch(c, pl->scratch_floats));
     LOOM_TRY(mm_share(c, (w->ne[1] + task.rb - 1) / task.rb));
     loom__threadpool_run(c->tp, mm_worker, &task);
+    return LOOM_OK;
+}
+
+static loom_status mm_run_fp8(loom__cpu_ctx *c, mm_set *set, const loom_tensor *x,
+                              const mm_plan *pl) {
+    mm8_task task = {.c = c, .set = set, .x = x, .rb = pl->rb, .in_place = pl->in_place};
+    if (pl->scratch_floats > 0) LOOM_TRY(loom__cpu_reserve_scratch(c, pl->scratch_floats));
+    LOOM_TRY(mm_set_share(c, set, 1, pl->rb));
+    loom__threadpool_run(c->tp, mm8_worker, &task);
     return LOOM_OK;
 }
 
@@ -476,13 +614,15 @@ loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor 
     LOOM_TRY(mm_plan_make(c->f32_activations, w->type, w->ne[0], x->ne[1], &pl));
     if (pl.path == MM_PATH_F32) return mm_run_f32(c, w, x, out, &pl);
     mm_set set = {.n = 1, .w = {w}, .out = {out}};
+    if (pl.path == MM_PATH_FP8) return mm_run_fp8(c, &set, x, &pl);
     return mm_run_quant(c, &set, x, &pl);
 }
 
 /* Weights of one type run as one set: x rounded and prepared once, one parallel run over all
- * their groups. Mixed types (a Q4_K_M file's Q6_K v beside Q4_K q and k) and float32
- * activations fall back to one matmul each. Every out gets the bits of its own matmul either
- * way: the arithmetic per (row, token) is the same whichever set the row's group is in. */
+ * their groups (FP8 rows too: one run). Mixed types (a Q4_K_M file's Q6_K v beside Q4_K q and
+ * k) and float32 activations fall back to one matmul each. Every out gets the bits of its own
+ * matmul either way: the arithmetic per (row, token) is the same whichever set the row's group is
+ * in. */
 loom_status loom__cpu_matmul_multi(void *ctx, int n, const loom_tensor *const *ws,
                                    const loom_tensor *x, loom_tensor *const *outs) {
     loom__cpu_ctx *c = ctx;
@@ -505,7 +645,8 @@ loom_status loom__cpu_matmul_multi(void *ctx, int n, const loom_tensor *const *w
     }
     if (x->ne[1] == 0) return LOOM_OK;
 
-    if (n == 1 || !same_type || c->f32_activations || ws[0]->type == LOOM_TYPE_F32) {
+    const bool fp8 = same_type && ws[0]->type == LOOM_TYPE_FP8_E4M3_ROWS;
+    if (n == 1 || !same_type || (!fp8 && (c->f32_activations || ws[0]->type == LOOM_TYPE_F32))) {
         for (int j = 0; j < n; j++) LOOM_TRY(loom__cpu_matmul(ctx, ws[j], x, outs[j]));
         return LOOM_OK;
     }
@@ -516,5 +657,6 @@ loom_status loom__cpu_matmul_multi(void *ctx, int n, const loom_tensor *const *w
         set.w[j] = ws[j];
         set.out[j] = outs[j];
     }
+    if (pl.path == MM_PATH_FP8) return mm_run_fp8(c, &set, x, &pl);
     return mm_run_quant(c, &set, x, &pl);
 }

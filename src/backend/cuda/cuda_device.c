@@ -232,6 +232,11 @@ loom_status loom__cuda_weight_prepare(void *dev, const loom_weight_src *src, loo
     LOOM_RETURN_IF(tr == NULL || !tr->can_dequantize, LOOM_ERR_UNSUPPORTED,
                    "cuda: weight %s has type %s, which loom cannot read", name,
                    loom__type_name(src->type));
+    LOOM_RETURN_IF(src->type == LOOM_TYPE_FP8_E4M3_ROWS, LOOM_ERR_UNSUPPORTED,
+                   "cuda: weight %s: the cuda backend has no kernels for FP8 weight rows "
+                   "(loom_model_params.weights = LOOM_WEIGHTS_FP8_E4M3 runs on the cpu backend "
+                   "only)",
+                   name);
     size_t row_bytes;
     LOOM_RETURN_IF(!loom__type_row_bytes(src->type, src->ne[0], &row_bytes) ||
                        (src->ne[1] > 1 && src->row_stride < row_bytes),

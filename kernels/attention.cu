@@ -7,11 +7,16 @@
  * maximum, sum and accumulator) per head; the warps' states meet in shared memory, and a merge
  * kernel combines the splits in order.
  *
+ * FP8 pages are read as they lie: each position's codes widened to float32 and multiplied by
+ * its (position, head) scale, the values the CPU backend's attention reads.
+ *
  * This kernel serves prefill rows too (each row reading its own range); the tiled tensor-core
  * prefill kernel is the next step (see the CUDA issue's note). */
 #include "common.cuh"
 
 #include <math.h>
+
+#include "tensor/fp8.h"
 
 #define ATTN_WARPS 4
 
@@ -42,7 +47,13 @@ static __device__ __forceinline__ void row_range(const loom__k_kv &kv, int r, in
 template <int KV> static __device__ __forceinline__ float load_kv(const char *base, int e) {
     if (KV == LOOM_K_F32) return ((const float *)base)[e];
     if (KV == LOOM_K_F16) return __half2float(((const __half *)base)[e]);
+    if (KV == LOOM_K_FP8_E4M3) return loom__fp8_e4m3_to_f32(((const uint8_t *)base)[e]);
+    if (KV == LOOM_K_FP8_E5M2) return loom__fp8_e5m2_to_f32(((const uint8_t *)base)[e]);
     return __bfloat162float(((const __nv_bfloat16 *)base)[e]);
+}
+
+template <int KV> static __device__ __forceinline__ size_t kv_elt_bytes() {
+    return KV == LOOM_K_F32 ? 4 : (KV == LOOM_K_FP8_E4M3 || KV == LOOM_K_FP8_E5M2) ? 1 : 2;
 }
 
 /* Workspace: partial outputs [rows][n_head][splits][head_dim], then (max, sum) pairs
@@ -86,17 +97,26 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn
         for (int i = 0; i < HDC; i++) acc[g][i] = 0.0f;
     }
     const int32_t *table = kv.block_ids + kv.indptr[kv.row_seq[r]];
-    const size_t elt = KV == LOOM_K_F32 ? 4 : 2;
+    const size_t elt = kv_elt_bytes<KV>();
+    const bool fp8 = KV == LOOM_K_FP8_E4M3 || KV == LOOM_K_FP8_E5M2;
     for (int t = a0 + warp; t < a1; t += ATTN_WARPS) {
-        const size_t at = (size_t)table[t / kv.block_size] * kv.block_stride +
-                          (size_t)(t % kv.block_size) * kv.token_stride + (size_t)kvh * hd * elt;
+        const int blk = table[t / kv.block_size], slot = t % kv.block_size;
+        const size_t at =
+            (size_t)blk * kv.block_stride + (size_t)slot * kv.token_stride + (size_t)kvh * hd * elt;
         const char *kp = (const char *)a.p.k_pool + at, *vp = (const char *)a.p.v_pool + at;
+        float ks = 1.0f, vs = 1.0f;
+        if (fp8) {
+            const size_t sat = (size_t)blk * kv.scale_block_stride +
+                               (size_t)slot * kv.scale_token_stride + (size_t)kvh * sizeof(float);
+            ks = *(const float *)((const char *)a.p.k_scale + sat);
+            vs = *(const float *)((const char *)a.p.v_scale + sat);
+        }
         float kf[HDC], vf[HDC];
 #pragma unroll
         for (int i = 0; i < HDC; i++) {
             const int e = lane + 32 * i;
-            kf[i] = e < hd ? load_kv<KV>(kp, e) : 0.0f;
-            vf[i] = e < hd ? load_kv<KV>(vp, e) : 0.0f;
+            kf[i] = e < hd ? load_kv<KV>(kp, e) * ks : 0.0f;
+            vf[i] = e < hd ? load_kv<KV>(vp, e) * vs : 0.0f;
         }
 #pragma unroll
         for (int g = 0; g < MAXG; g++) {
@@ -243,6 +263,12 @@ extern "C" loom_status loom__cuda_attention(cudaStream_t stream, const loom__k_k
         return attn_by_hd<LOOM_K_F16>(stream, kv, p);
     case LOOM_K_BF16:
         return attn_by_hd<LOOM_K_BF16>(stream, kv, p);
+    case LOOM_K_FP8_E4M3:
+    case LOOM_K_FP8_E5M2:
+        if (p->k_scale == NULL || p->v_scale == NULL)
+            LOOM_K_UNSUPPORTED("cuda: attention over fp8 pages without scales");
+        return kv->kv_type == LOOM_K_FP8_E4M3 ? attn_by_hd<LOOM_K_FP8_E4M3>(stream, kv, p)
+                                              : attn_by_hd<LOOM_K_FP8_E5M2>(stream, kv, p);
     default:
         LOOM_K_UNSUPPORTED("cuda: attention over kv type %u", (unsigned)kv->kv_type);
     }

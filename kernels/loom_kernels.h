@@ -31,6 +31,9 @@ extern "C" {
 #define LOOM_K_Q5_K 13
 #define LOOM_K_Q6_K 14
 #define LOOM_K_BF16 30
+/* KV pages only: one byte per element, one float32 scale per (position, KV head) */
+#define LOOM_K_FP8_E4M3 0x100
+#define LOOM_K_FP8_E5M2 0x101
 
 /* LOOM_OK where this binary holds code the current device runs; else BACKEND, naming the
  * architectures it was built for. */
@@ -109,14 +112,20 @@ typedef struct loom__k_kv {
     const int32_t *row_seq;   /* [n_rows] the sequence of each row of the step */
     int32_t n_seqs, n_rows;
     int32_t block_size, n_kv_heads, head_dim, window;
-    uint32_t kv_type; /* LOOM_K_F32, LOOM_K_F16 or LOOM_K_BF16 */
+    uint32_t kv_type; /* LOOM_K_F32, LOOM_K_F16, LOOM_K_BF16, LOOM_K_FP8_E4M3 or _E5M2 */
     size_t token_stride, block_stride;
+    /* FP8: where a (position, head)'s scale lies from a layer's scale base: block * block
+     * stride + slot * token stride + head * 4 (loom_kv_desc's scale fields) */
+    size_t scale_token_stride, scale_block_stride;
 } loom__k_kv;
 
-/* Writes rows of k and v [n_rows, n_kv_heads*head_dim] into the pools at their positions. */
+/* Writes rows of k and v [n_rows, n_kv_heads*head_dim] into the pools at their positions.
+ * FP8 pages: each (row, head) is scaled by s = max|x| / 448 (E4M3) or / 57344 (E5M2), the
+ * codes rounded to nearest even, s stored at k_scale / v_scale (the layer's scale bases;
+ * NULL for other types) — bit for bit what the CPU backend stores. */
 loom_status loom__cuda_kv_store(cudaStream_t stream, const loom__k_kv *kv, const float *k,
                                 size_t k_stride, const float *v, size_t v_stride, void *k_pool,
-                                void *v_pool);
+                                void *v_pool, void *k_scale, void *v_scale);
 
 /* Most splits of one row's attention (split-KV); the workspace holds them. */
 #define LOOM_K_ATTN_MAX_SPLITS 16
@@ -132,6 +141,7 @@ typedef struct loom__k_attn {
     float *out;
     size_t out_stride;
     const void *k_pool, *v_pool;
+    const void *k_scale, *v_scale; /* FP8 pages: the layer's scale bases; NULL otherwise */
     int32_t n_head;
     float scale, softcap;
     float *work; /* loom__cuda_attention_work_bytes(n_head, head_dim) bytes */

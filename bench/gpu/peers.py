@@ -133,10 +133,22 @@ def main():
             big = r["new_rows"] > 1
             what = f"{r['tflops']:.1f} TFLOP/s" if big else f"{r['gbs']:.0f} GB/s"
             pct = 100.0 * r["tflops"] / ceil["cublas bf16 gemm"]["tflops"] if big else r["pct_bw"]
-            print(f"| attention {kind} (f16 pages; torch {be}, bf16) | B={r['batch']} ctx={r['ctx']} "
+            print(f"| attention {kind} ({r.get('kv', 'f16')} pages; torch {be}, bf16) | "
+                  f"B={r['batch']} ctx={r['ctx']} "
                   f"rows={r['new_rows']} H={r['n_head']}/{r['n_kv']} hd={r['hd']} | "
                   f"{r['s']*1e6:.1f} | {what} | {pct:.0f}% | {peer*1e6:.1f} | {peer / r['s']:.2f} |")
         sys.stdout.flush()
+    # FP8 pages against F16 pages on the same decode shape (goal: >= 1.6x at >= 8k positions)
+    att = [r for r in rows if r["kind"] == "attention" and r["new_rows"] == 1]
+    key = lambda r: (r["batch"], r["ctx"], r["n_head"], r["n_kv"], r["hd"])
+    f16 = {key(r): r for r in att if r.get("kv", "f16") == "f16"}
+    pairs = [(r, f16[key(r)]) for r in att if r.get("kv") == "fp8_e4m3" and key(r) in f16]
+    if pairs:
+        print("\n| decode attention, FP8 E4M3 pages vs F16 pages | F16 µs | FP8 µs | FP8 speed-up |")
+        print("|---|---:|---:|---:|")
+        for r8, r16 in pairs:
+            print(f"| B={r8['batch']} ctx={r8['ctx']} H={r8['n_head']}/{r8['n_kv']} hd={r8['hd']} "
+                  f"| {r16['s']*1e6:.1f} | {r8['s']*1e6:.1f} | {r16['s'] / r8['s']:.2f}x |")
     if hf_seconds > 0:
         try:
             tps = hf_generate(hf_seconds)

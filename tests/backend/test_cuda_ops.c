@@ -508,10 +508,32 @@ static void layout_free(kv_layout *L) {
     free(L->kv_len);
 }
 
+static bool is_fp8(loom_type t) {
+    return t == LOOM_TYPE_FP8_E4M3 || t == LOOM_TYPE_FP8_E5M2;
+}
+
+/* A page layout as the engine's (engine/kv_storage.h): a slot's values; FP8 blocks end with
+ * their [block_size][n_kv_heads] float32 scales, each block rounded up to 16 bytes. */
+typedef struct kv_geom {
+    size_t token, block, scale_at, scale_token;
+} kv_geom;
+
+static kv_geom geom_of(const attn_case *c) {
+    const size_t elt = c->kv_type == LOOM_TYPE_F32 ? 4 : is_fp8(c->kv_type) ? 1 : 2;
+    kv_geom g = {.token = (size_t)c->n_kv_heads * (size_t)c->head_dim * elt};
+    g.scale_at = g.token * (size_t)c->block_size;
+    g.scale_token = is_fp8(c->kv_type) ? (size_t)c->n_kv_heads * sizeof(float) : 0;
+    g.block = is_fp8(c->kv_type)
+                  ? (g.scale_at + g.scale_token * (size_t)c->block_size + 15) & ~(size_t)15
+                  : g.scale_at;
+    return g;
+}
+
+/* ks, vs: the scale bases (block 0's scales) for FP8 pages; ignored otherwise. */
 static loom_kv_desc desc_of(const attn_case *c, const kv_layout *L, void *const *kb,
-                            void *const *vb) {
-    const size_t elt = c->kv_type == LOOM_TYPE_F32 ? 4 : 2;
-    const size_t token = (size_t)c->n_kv_heads * (size_t)c->head_dim * elt;
+                            void *const *vb, void *const *ks, void *const *vs) {
+    const kv_geom g = geom_of(c);
+    const bool fp8 = is_fp8(c->kv_type);
     return (loom_kv_desc){.n_seqs = c->n_seqs,
                           .indptr = L->indptr,
                           .block_ids = L->block_ids,
@@ -525,13 +547,17 @@ static loom_kv_desc desc_of(const attn_case *c, const kv_layout *L, void *const 
                           .window = c->window,
                           .kv_type = c->kv_type,
                           .layout = LOOM_KV_LAYOUT_NHD,
-                          .token_stride = token,
-                          .block_stride = token * (size_t)c->block_size,
+                          .token_stride = g.token,
+                          .block_stride = g.block,
                           .n_layers = 1,
                           .k_base = kb,
                           .v_base = vb,
                           .layer_src = NULL,
-                          .scale_kind = LOOM_KV_SCALE_NONE};
+                          .scale_kind = fp8 ? LOOM_KV_SCALE_PER_TOKEN_HEAD : LOOM_KV_SCALE_NONE,
+                          .k_scale = fp8 ? ks : NULL,
+                          .v_scale = fp8 ? vs : NULL,
+                          .scale_token_stride = g.scale_token,
+                          .scale_block_stride = fp8 ? g.block : 0};
 }
 
 static void step_begin(const loom__backend_stream *b, const loom_kv_desc *kv, int32_t rows) {
@@ -567,11 +593,13 @@ static void run_attn_case(const attn_case *c, const char *label, float *capture)
     }
     layout_make(c, true, false, perm, &H);
     layout_make(c, false, c->window > 0, perm, &L);
-    const size_t elt = c->kv_type == LOOM_TYPE_F32 ? 4 : 2;
-    const size_t pool = (size_t)H.n_blocks * (size_t)c->block_size * (size_t)kvd * elt;
+    const kv_geom geo = geom_of(c);
+    const size_t pool = (size_t)H.n_blocks * geo.block;
     void *gk = gpu_alloc(pool), *gv = gpu_alloc(pool);
     void *ck = xmalloc(pool), *cv = xmalloc(pool);
     void *gkb[1] = {gk}, *gvb[1] = {gv}, *ckb[1] = {ck}, *cvb[1] = {cv};
+    void *gks[1] = {(char *)gk + geo.scale_at}, *gvs[1] = {(char *)gv + geo.scale_at};
+    void *cks[1] = {(char *)ck + geo.scale_at}, *cvs[1] = {(char *)cv + geo.scale_at};
 
     /* Step 1: every position's K and V stored (no attention). */
     float *kh = xmalloc((size_t)(H.n_rows * kvd) * 4), *vh = xmalloc((size_t)(H.n_rows * kvd) * 4);
@@ -580,7 +608,7 @@ static void run_attn_case(const attn_case *c, const char *label, float *capture)
         fill_seq(kh + (int64_t)H.q_start[s] * kvd, c->kv_len[s], kvd, 2.0f, seed);
         fill_seq(vh + (int64_t)H.q_start[s] * kvd, c->kv_len[s], kvd, 1.0f, seed + 1);
     }
-    loom_kv_desc dg = desc_of(c, &H, gkb, gvb), dc = desc_of(c, &H, ckb, cvb);
+    loom_kv_desc dg = desc_of(c, &H, gkb, gvb, gks, gvs), dc = desc_of(c, &H, ckb, cvb, cks, cvs);
     expect_ok(loom__kv_desc_check(&dc, H.n_rows), "descriptor (history)");
     step_begin(&g_gpu, &dg, H.n_rows);
     loom_tensor gkt = gpu_f32(kh, kvd, H.n_rows), gvt = gpu_f32(vh, kvd, H.n_rows);
@@ -595,11 +623,16 @@ static void run_attn_case(const attn_case *c, const char *label, float *capture)
         for (int32_t s = 0; s < c->n_seqs; s++) {
             for (int32_t p = 0; p < c->kv_len[s]; p += 1 + p / 7) {
                 int32_t blk = H.block_ids[H.indptr[s] + p / c->block_size];
-                size_t off = ((size_t)blk * (size_t)c->block_size + (size_t)(p % c->block_size)) *
-                             (size_t)kvd * elt;
-                if (memcmp(gp + off, (uint8_t *)ck + off, (size_t)kvd * elt) != 0 ||
-                    memcmp(gq + off, (uint8_t *)cv + off, (size_t)kvd * elt) != 0)
+                const size_t slot = (size_t)(p % c->block_size);
+                size_t off = (size_t)blk * geo.block + slot * geo.token;
+                if (memcmp(gp + off, (uint8_t *)ck + off, geo.token) != 0 ||
+                    memcmp(gq + off, (uint8_t *)cv + off, geo.token) != 0)
                     fail_msg("%s: kv_store of sequence %d position %d differs", label, s, p);
+                /* FP8: the scales too, bit for bit */
+                size_t soff = (size_t)blk * geo.block + geo.scale_at + slot * geo.scale_token;
+                if (memcmp(gp + soff, (uint8_t *)ck + soff, geo.scale_token) != 0 ||
+                    memcmp(gq + soff, (uint8_t *)cv + soff, geo.scale_token) != 0)
+                    fail_msg("%s: the scales of sequence %d position %d differ", label, s, p);
             }
         }
         free(gp);
@@ -618,8 +651,8 @@ static void run_attn_case(const attn_case *c, const char *label, float *capture)
             memcpy(kn + r * kvd, kh + hr * kvd, (size_t)kvd * 4);
             memcpy(vn + r * kvd, vh + hr * kvd, (size_t)kvd * 4);
         }
-    dg = desc_of(c, &L, gkb, gvb);
-    dc = desc_of(c, &L, ckb, cvb);
+    dg = desc_of(c, &L, gkb, gvb, gks, gvs);
+    dc = desc_of(c, &L, ckb, cvb, cks, cvs);
     expect_ok(loom__kv_desc_check(&dc, L.n_rows), "descriptor (step)");
     step_begin(&g_gpu, &dg, L.n_rows);
     loom_tensor gkn = gpu_f32(kn, kvd, L.n_rows), gvn = gpu_f32(vn, kvd, L.n_rows);
@@ -710,7 +743,7 @@ static void test_attention(void **state) {
     const int32_t block_sizes[] = {1, 8, 16};
     const int32_t head_dims[] = {64, 128, 256};
     const int32_t groups[] = {1, 4, 8};
-    const loom_type kv_types[] = {LOOM_TYPE_F16, LOOM_TYPE_F32, LOOM_TYPE_F16};
+    const loom_type kv_types[] = {LOOM_TYPE_F16, LOOM_TYPE_F32, LOOM_TYPE_FP8_E4M3};
     int n = 0;
     for (int bi = 0; bi < 3; bi++)
         for (int hi = 0; hi < 3; hi++)
@@ -759,7 +792,9 @@ static void test_attention(void **state) {
                        .group = odd[i][3],
                        .window = i == 1 ? 37 : 0,
                        .softcap = i == 2 ? 50.0f : 0.0f,
-                       .kv_type = i == 0 ? LOOM_TYPE_F32 : LOOM_TYPE_F16,
+                       .kv_type = i == 0   ? LOOM_TYPE_F32
+                                  : i == 1 ? LOOM_TYPE_F16
+                                           : LOOM_TYPE_FP8_E5M2,
                        .n_seqs = n_seqs,
                        .kv_len = lens,
                        .n_new = news};

@@ -142,15 +142,20 @@ loom_status loom__cuda_rope_op(void *stream, loom_tensor *x, const loom_tensor *
 /* The paged KV cache                                                                         */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The descriptor holds an element type the kernels read (F32, F16 or BF16); the rest of its
- * use is checked as every backend checks it. */
+/* The descriptor holds an element type the kernels read (F32, F16, BF16, or FP8 with
+ * per-(position, head) scales); the rest of its use is checked as every backend checks it. */
 static loom_status check_kv_use(const char *op, const loom_kv_desc *kv, int32_t layer,
                                 bool via_layer_src, int32_t *pool_layer) {
     LOOM_RETURN_IF(kv == NULL, LOOM_ERR_INVALID_ARG, "%s: kv descriptor is NULL", op);
+    const bool fp8 = kv->kv_type == LOOM_TYPE_FP8_E4M3 || kv->kv_type == LOOM_TYPE_FP8_E5M2;
     LOOM_RETURN_IF(kv->kv_type != LOOM_TYPE_F16 && kv->kv_type != LOOM_TYPE_F32 &&
-                       kv->kv_type != LOOM_TYPE_BF16,
-                   LOOM_ERR_UNSUPPORTED, "%s: kv type %s (cuda stores f16, bf16 and f32)", op,
+                       kv->kv_type != LOOM_TYPE_BF16 && !fp8,
+                   LOOM_ERR_UNSUPPORTED,
+                   "%s: kv type %s (cuda stores f16, bf16, f32, fp8_e4m3 and fp8_e5m2)", op,
                    loom__type_name(kv->kv_type));
+    LOOM_RETURN_IF(fp8 && kv->scale_kind != LOOM_KV_SCALE_PER_TOKEN_HEAD, LOOM_ERR_UNSUPPORTED,
+                   "%s: fp8 pages with scale kind %d (cuda: one scale per position and head)", op,
+                   (int)kv->scale_kind);
     LOOM_RETURN_IF(kv->kv_flags != 0, LOOM_ERR_UNSUPPORTED,
                    "%s: kv_flags %#x (cuda: no Hadamard rotation yet)", op, (unsigned)kv->kv_flags);
     return loom__check_kv_use("cuda", op, kv, layer, via_layer_src, pool_layer);
@@ -169,7 +174,9 @@ loom_status loom__cuda_kv_store_op(void *stream, const loom_tensor *k, const loo
     LOOM_TRY(loom__cuda_find_step_kv(c, "kv_store", kv, &dk));
     LOOM_TRY(loom__cuda_bind(c->dev));
     return loom__cuda_kv_store(c->s, dk, k->data, k->row_stride, v->data, v->row_stride,
-                               kv->k_base[pool_layer], kv->v_base[pool_layer]);
+                               kv->k_base[pool_layer], kv->v_base[pool_layer],
+                               kv->k_scale ? kv->k_scale[pool_layer] : NULL,
+                               kv->v_scale ? kv->v_scale[pool_layer] : NULL);
 }
 
 loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const loom_kv_desc *kv,
@@ -198,6 +205,8 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
                        .out_stride = out->row_stride,
                        .k_pool = kv->k_base[pool_layer],
                        .v_pool = kv->v_base[pool_layer],
+                       .k_scale = kv->k_scale ? kv->k_scale[pool_layer] : NULL,
+                       .v_scale = kv->v_scale ? kv->v_scale[pool_layer] : NULL,
                        .n_head = p->n_head,
                        .scale = p->scale,
                        .softcap = p->softcap,

@@ -249,6 +249,8 @@ loom_status loom__cuda_step_begin(void *stream, const loom_step_desc *step) {
         d->kv_type = (uint32_t)kv->kv_type;
         d->token_stride = kv->token_stride;
         d->block_stride = kv->block_stride;
+        d->scale_token_stride = kv->scale_token_stride;
+        d->scale_block_stride = kv->scale_block_stride;
     }
     c->n_kv = step->n_kv;
     if (at > 0) {

@@ -205,19 +205,46 @@ def tokens_both(model_path, text, n_tokens, want_loom, want_llama):
 # ---- loom ---------------------------------------------------------------------------------------
 
 def loom_config(name):
-    """'fp8_e4m3+rot' -> ('fp8_e4m3', True)."""
-    kv_type, _, suffix = name.partition("+")
-    if suffix not in ("", "rot"):
-        raise ValueError(f"loom config {name!r}: the only suffix is +rot")
-    return kv_type, suffix == "rot"
+    """'fp8_e4m3+rot+w8@PLAN:4' -> {"kv_type": 'fp8_e4m3', "rotate": True, "w8": True,
+    "plan": PLAN, "pairs": 4}: +rot = kv_rotate, +w8 = Model(weights="fp8"), @PLAN = a kv_plan
+    file (loom-kv-plan's), :N = only its first N share lines (the plan after N pairs, since the
+    tool lists them in the order taken)."""
+    spec, _, plan = name.partition("@")
+    kv_type, *suffixes = spec.split("+")
+    bad = set(suffixes) - {"rot", "w8"}
+    if bad:
+        raise ValueError(f"loom config {name!r}: suffixes are +rot and +w8, not {bad}")
+    pairs = None
+    if plan and ":" in plan:
+        plan, _, n = plan.rpartition(":")
+        pairs = int(n)
+    return {"kv_type": kv_type, "rotate": "rot" in suffixes, "w8": "w8" in suffixes,
+            "plan": plan or None, "pairs": pairs}
 
 
-def loom_session(loom, model, n_ctx, n_batch, kv_type, rotate):
+def plan_prefix(plan, pairs, tmp_dir):
+    """The plan file to give loom, and its number of sharing layers: plan itself, or a copy
+    with only its first `pairs` share lines."""
+    lines = pathlib.Path(plan).read_text().splitlines()
+    shares = [ln for ln in lines if ln.split("#")[0].split()[:1] == ["share"]]
+    if pairs is None:
+        return plan, len(shares)
+    if pairs > len(shares):
+        raise ValueError(f"{plan} has {len(shares)} share lines, {pairs} asked")
+    keep = [ln for ln in lines if ln.split("#")[0].split()[:1] != ["share"]] + shares[:pairs]
+    out = pathlib.Path(tmp_dir) / f"{pathlib.Path(plan).stem}-{pairs}.plan"
+    out.write_text("\n".join(keep) + "\n")
+    return str(out), pairs
+
+
+def loom_session(loom, model, n_ctx, n_batch, kv_type, rotate, kv_plan=None):
     kw = {}
     if kv_type != "f16":
         kw["kv_type"] = kv_type
     if rotate:
         kw["kv_rotate"] = True
+    if kv_plan:
+        kw["kv_plan"] = kv_plan
     try:
         return loom.Session(model, n_ctx=n_ctx, n_batch=n_batch, **kw), ""
     except TypeError:
@@ -263,12 +290,21 @@ def run_loom(args, tokens, shape, configs, rows, llama_base, f32_act=False):
         print(f"sanity: loom f16 vs llama.cpp f16: top-1 {r['top1']:.2f} %, mean KL(llama.cpp || "
               f"loom) {r['kl']:.3e}", flush=True)
 
+    models = {False: model}
     for name in configs:
-        kv_type, rotate = loom_config(name)
         t0 = time.time()
         try:
+            cfg = loom_config(name)
+            kv_type, rotate = cfg["kv_type"], cfg["rotate"]
             bpt = loom_kv_bytes_per_token(shape, kv_type)
-            sess, how = loom_session(loom, model, n, chunk, kv_type, rotate)
+            plan = None
+            if cfg["plan"]:
+                plan, n_shared = plan_prefix(cfg["plan"], cfg["pairs"], args.tmp)
+                bpt = bpt * (shape["n_layer"] - n_shared) / shape["n_layer"]
+            if cfg["w8"] not in models:
+                models[cfg["w8"]] = loom.Model(args.model, n_threads=args.threads,
+                                               f32_activations=f32_act, weights="fp8")
+            sess, how = loom_session(loom, models[cfg["w8"]], n, chunk, kv_type, rotate, plan)
         except (TypeError, ValueError, loom.LoomError) as e:
             msg = f"not available: {type(e).__name__}: {e}"
             if isinstance(e, TypeError):
@@ -295,7 +331,8 @@ def run_loom(args, tokens, shape, configs, rows, llama_base, f32_act=False):
         print(f"{rt} {name}: ppl {r['ppl']:.4f}  KL {r['kl']:.3e}  top-1 {r['top1']:.2f} % "
               f"({time.time() - t0:.1f} s)", flush=True)
     del base
-    model.close()
+    for m in models.values():
+        m.close()
     return info, sanity
 
 
@@ -423,8 +460,10 @@ def main():
     ap.add_argument("--llama-batch", type=int, default=512, help="llama.cpp n_batch = n_ubatch")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--loom-configs", default=DEFAULT_LOOM,
-                    help="comma list of kv_type[+rot] (f16 bf16 f32 fp8_e4m3 fp8_e5m2); "
-                         "'none' skips loom; the baseline f16 always runs")
+                    help="comma list of kv_type[+rot][+w8][@PLAN[:N]] (f16 bf16 f32 fp8_e4m3 "
+                         "fp8_e5m2; +rot: kv_rotate; +w8: FP8 weights; @PLAN: a kv_plan file, "
+                         ":N its first N pairs); 'none' skips loom; the baseline f16 always "
+                         "runs")
     ap.add_argument("--llama-configs", default=DEFAULT_LLAMA,
                     help="comma list of ggml cache types for K and V (q8_0 q4_0 ...); 'none' "
                          "skips llama.cpp; the baseline f16 always runs")
@@ -435,6 +474,7 @@ def main():
     ap.add_argument("--budget-mib", type=float, default=64.0)
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--out", help="also write the markdown here")
+    ap.add_argument("--tmp", default="/tmp", help="where plan prefixes (@PLAN:N) are written")
     args = ap.parse_args()
 
     t_start = time.time()
@@ -484,7 +524,10 @@ def main():
         f"loom: Session(n_ctx={args.n_tokens}, n_batch={args.chunk}), decoded {args.chunk} "
         "tokens per call" + (f" (libloom {loom_info['version']}, backend {loom_info['backend']}, "
                              f"kernels {loom_info['kernels']})" if loom_info else "") +
-        "; `+rot` = kv_rotate (Hadamard)" +
+        "; `+rot` = kv_rotate (Hadamard); `+w8` = Model(weights=\"fp8\"): every matrix "
+        "requantized to FP8 E4M3 rows at load, against the stored-weights baseline; `@PLAN:N` = "
+        "kv_plan with the first N pairs of PLAN (a loom-kv-plan file), KV bytes/token counting "
+        "the source layers only" +
         ("; loom (f32 act) = the same with Model(f32_activations=True): activations kept in float32 "
          "in the matmuls instead of rounded per block to 8 bits, which removes the noise floor "
          "that any perturbation of the default pipeline hits (compare the two f32 rows)"

@@ -16,7 +16,7 @@ On a 4-layer synthetic llama (F32 weights, GQA 2:1, float32 activations, f32 pag
   5. bad plans are refused at session and engine creation with the file, the line and the
      reason: a layer the model lacks, a layer paired with itself, with a later layer, a chain,
      a layer named twice, a plan made for another layer count, not a plan file, an unknown
-     directive, a missing file; on Gemma 3 270M (when installed), a plan pairing a global
+     directive, a missing file, a NUL byte, a file over 1 MiB, a line over 1 KiB; on Gemma 3 270M (when installed), a plan pairing a global
      layer with a sliding-window layer;
   6. declared sharing (llama.attention.shared_kv_layers = 2, Gemma 3n's convention; the file
      has no K/V weights for the last two layers): the last two layers read layer 1's K/V, the
@@ -339,6 +339,17 @@ def main():
                      needles)
         expect_error(lambda p=p: loom.Engine(m, kv_bytes=1 << 20, max_ctx=256, kv_plan=p),
                      f"engine plan {name}", needles)
+    # files that are not plans: a NUL byte, more than 1 MiB, a line of more than 1 KiB
+    for name, data, needle in (("nul", b"loom-kv-plan 1\nshare 1\x000\n", "NUL byte"),
+                               ("huge", b"loom-kv-plan 1\n" + b"#" * (1 << 20) + b"\n",
+                                "larger than"),
+                               ("longline", b"loom-kv-plan 1\n# " + b"x" * 2000 + b"\n",
+                                "a line of more than")):
+        p = os.path.join(TMP, f"plan-{name}.txt")
+        with open(p, "wb") as f:
+            f.write(data)
+        expect_error(lambda p=p: loom.Session(m, n_ctx=256, kv_plan=p), f"plan file {name}",
+                     [f"plan-{name}.txt", needle])
     p = write_plan("noheader", "share 1 0\n", header="")
     expect_error(lambda: loom.Session(m, kv_plan=p), "a file without the header",
                  ["loom-kv-plan 1"])

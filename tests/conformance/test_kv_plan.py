@@ -16,8 +16,8 @@ On a 4-layer synthetic llama (F32 weights, GQA 2:1, float32 activations, f32 pag
   5. bad plans are refused at session and engine creation with the file, the line and the
      reason: a layer the model lacks, a layer paired with itself, with a later layer, a chain,
      a layer named twice, a plan made for another layer count, not a plan file, an unknown
-     directive, a missing file, a NUL byte, a file over 1 MiB, a line over 1 KiB; on Gemma 3 270M (when installed), a plan pairing a global
-     layer with a sliding-window layer;
+     directive, a missing file, a NUL byte, a file over 1 MiB, a line over 1 KiB; on Gemma 3
+     270M (when installed), a plan pairing a global layer with a sliding-window layer;
   6. declared sharing (llama.attention.shared_kv_layers = 2, Gemma 3n's convention; the file
      has no K/V weights for the last two layers): the last two layers read layer 1's K/V, the
      logits equal the float64 reference's with that map, the engine holds two layers, a plan

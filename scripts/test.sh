@@ -13,7 +13,8 @@ export LOOM_REQUIRE_GEMMA=1
 jobs=$(nproc)
 scripts/check-format.sh
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON -DLOOM_PYTHON="$PY" >/dev/null
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON -DLOOM_PYTHON="$PY" \
+    -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCH=ON >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 

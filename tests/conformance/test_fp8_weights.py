@@ -28,6 +28,7 @@ except ImportError as e:  # pragma: no cover
 
 import gemma_pkg
 import loom
+import ref_fp8
 import ref_llama
 import synth_llama
 
@@ -46,62 +47,11 @@ def rel_err(a, b):
     return float(np.max(np.abs(a - b)) / np.sqrt(np.mean(np.asarray(b, np.float64) ** 2)))
 
 
-# ---- an E4M3 quantizer of our own ----------------------------------------------------------
-
-def e4m3_magnitudes():
-    """Values of the magnitude codes 0 .. 0x7E (0x7F is NaN), increasing with the code."""
-    v = []
-    for c in range(0x7F):
-        e, m = c >> 3, c & 7
-        v.append(m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
-    return np.array(v)
-
-
-MAGS = e4m3_magnitudes()
-
-
-def e4m3_codes(q):
-    """Nearest E4M3 codes to the float32 values q (ties to the even code, saturating at 448)."""
-    a = np.abs(q.astype(np.float64))
-    hi = np.clip(np.searchsorted(MAGS, a), 1, len(MAGS) - 1)
-    lo = hi - 1
-    d_lo, d_hi = a - MAGS[lo], MAGS[hi] - a
-    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0))
-    code = np.where(pick_hi, hi, lo)
-    code = np.where(a >= MAGS[-1], len(MAGS) - 1, code)
-    return (code | np.where(np.signbit(q), 0x80, 0)).astype(np.uint8)
-
-
-def code_values(codes):
-    return MAGS[codes & 0x7F] * np.where(codes & 0x80, -1.0, 1.0)
-
-
-def fp8_rows(w):
-    """w [rows, K] as the FP8 rows dequantized, in float64: scale = max|row| / 448 (float32),
-    codes of w / scale (float32 division), values code * scale."""
-    w32 = np.asarray(w, dtype=np.float32)
-    amax = np.max(np.abs(w32), axis=1)
-    scale = (amax / np.float32(448.0)).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = (w32 / scale[:, None]).astype(np.float32)
-    codes = np.where(scale[:, None] == 0, 0, e4m3_codes(q)).astype(np.uint8)
-    return code_values(codes) * scale.astype(np.float64)[:, None]
-
-
-def self_check():
-    """The quantizer above on values whose codes are known."""
-    q = np.array([0.0, -0.0, 2.0 ** -9, 2.0 ** -10, 1.5 * 2.0 ** -9, 448.0, 460.0, 500.0,
-                  -1.0, 1.0625, 1.1875, 17.0], dtype=np.float32)
-    want = [0x00, 0x80, 0x01, 0x00, 0x02, 0x7E, 0x7E, 0x7E, 0xB8, 0x38, 0x3A, 0x58]
-    got = list(e4m3_codes(q))
-    check(got == want, f"numpy E4M3 rounding on known values ({[hex(c) for c in got]})")
-
-
 # ---- synthetic models ----------------------------------------------------------------------
 
 def quantized_weights(path):
     W = ref_llama.load_weights(path)
-    return {n: (fp8_rows(a) if a.ndim == 2 else a) for n, a in W.items()}
+    return {n: (ref_fp8.quantize_rows(a) if a.ndim == 2 else a) for n, a in W.items()}
 
 
 def check_synthetic(shape, tname, path, tokens):
@@ -207,7 +157,7 @@ def gemma():
 
 
 def main():
-    self_check()
+    ref_fp8.self_check(check)
     synthetic()
     gemma()
     if failures:

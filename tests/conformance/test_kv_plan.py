@@ -43,6 +43,7 @@ except ImportError as e:  # pragma: no cover
 
 import gemma_pkg
 import loom
+import ref_fp8
 import ref_llama
 import synth_llama
 
@@ -80,31 +81,9 @@ def plan_for(kv_src, n_layer=SHAPE.n_layer):
     return lines
 
 
-def e4m3_values():
-    """Every finite non-negative E4M3 value, in code order (code c -> value)."""
-    vals = []
-    for c in range(0x7F):  # 0x7F is NaN
-        e, m = c >> 3, c & 7
-        vals.append(m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
-    return np.array(vals)
-
-
-def e4m3_round(x):
-    """Nearest E4M3 value to each |x| <= 448, ties to the even code, sign kept."""
-    vals = e4m3_values()
-    a = np.abs(x).astype(np.float64)
-    i = np.clip(np.searchsorted(vals, a), 1, len(vals) - 1)
-    lo, hi = vals[i - 1], vals[i]
-    pick_hi = (a - lo > hi - a) | ((a - lo == hi - a) & ((i % 2) == 0))
-    return np.sign(x) * np.where(pick_hi, hi, lo)
-
-
 def fp8_reference(x):
-    """x [T, H, d] quantized per (position, head): s = max|x| / 448, s * E4M3(x / s)."""
-    x = x.astype(np.float32)
-    s = (np.abs(x).max(axis=2, keepdims=True) / np.float32(448)).astype(np.float32)
-    q = np.where(s > 0, x / np.where(s > 0, s, 1), 0).astype(np.float32)
-    return (e4m3_round(q).astype(np.float32) * s).astype(np.float32)
+    """x [T, H, d] quantized per (position, head) as loom's FP8 pages store it, in float32."""
+    return ref_fp8.quantize_rows(x).astype(np.float32)
 
 
 def greedy_session(m, prompt, n, **kw):

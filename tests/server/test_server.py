@@ -297,6 +297,7 @@ def test_disconnect_cancels(server, stream):
                 for line in r.iter_lines():
                     seen += line.startswith("data: ")
                     if seen >= 3:
+                        steps_open = m1(server.metrics(), "loom:engine_steps_total")
                         break
             # leaving the block closes the connection mid-stream
         else:
@@ -304,11 +305,19 @@ def test_disconnect_cancels(server, stream):
                 h.post(server.url + "/v1/completions", json=body, headers=headers, timeout=0.5)
             except httpx.TimeoutException:
                 pass  # the client gave up and closed its connection
-    h.close()
     t_closed = time.perf_counter()
+    if not stream:
+        steps_open = m1(server.metrics(), "loom:engine_steps_total")
     took, after = wait_idle(server)
+    # The engine steps once per token while the request runs: the steps from the last look
+    # before the close (stream; after it, non-stream) to the request's end count how late the
+    # cancellation came: the step in flight when the client left, the one that ends the
+    # request, and those the look itself took.
+    late = m1(after, "loom:engine_steps_total") - steps_open
     print(f"\ndisconnect ({'stream' if stream else 'non-stream'}): running 0 and KV blocks free "
-          f"{(time.perf_counter() - t_closed) * 1e3:.0f} ms after the close", file=sys.stderr)
+          f"{(time.perf_counter() - t_closed) * 1e3:.0f} ms after the close, {late:.0f} engine "
+          f"steps later", file=sys.stderr)
+    assert late <= 4
     assert m1(after, "loom:num_requests_cancelled_total") == m1(
         before, "loom:num_requests_cancelled_total") + 1
     assert m1(after, "loom:request_success_total", finished_reason="abort") == m1(

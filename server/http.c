@@ -120,8 +120,24 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         st->pending.len = 0;
         st->pending_off = 0;
         if (st->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        /* returns at once when events are there, after looking at the socket and the clock */
+        srv_wait_result w = srv_job_wait(job, st->cursor, st->fd);
+        if (w == SRV_WAIT_GONE || w == SRV_WAIT_STOPPING) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (w == SRV_WAIT_TIMEOUT) {
+            srv_error err;
+            srv_error_set(&err, 408, "timeout", "", "the request ran past the server's %g s limit",
+                          st->s->cfg.timeout_s);
+            char *e = srv_error_json(&err);
+            if (e) srv_buf_printf(&st->pending, "data: %s\n\n", e);
+            free(e);
+            srv_buf_puts(&st->pending, "data: [DONE]\n\n");
+            st->ended = true;
+            continue;
+        }
         pthread_mutex_lock(&job->mu);
+        /* a bounded slice at a time: the engine thread waits for this lock to log events */
         size_t n_events = job->n_events;
+        if (n_events > st->cursor + 64) n_events = st->cursor + 64;
         if (n_events > st->cursor) {
             srv_response_chunks(job, st->s->cfg.model_name, st->cursor, n_events, &st->pending);
             st->cursor = n_events;
@@ -134,19 +150,6 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (st->pending.failed) {
             srv_job_cancel(job);
             return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-        if (st->pending.len || st->ended) continue;
-        srv_wait_result w = srv_job_wait(job, st->cursor, st->fd);
-        if (w == SRV_WAIT_GONE || w == SRV_WAIT_STOPPING) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (w == SRV_WAIT_TIMEOUT) {
-            srv_error err;
-            srv_error_set(&err, 408, "timeout", "", "the request ran past the server's %g s limit",
-                          st->s->cfg.timeout_s);
-            char *e = srv_error_json(&err);
-            if (e) srv_buf_printf(&st->pending, "data: %s\n\n", e);
-            free(e);
-            srv_buf_puts(&st->pending, "data: [DONE]\n\n");
-            st->ended = true;
         }
     }
 }
@@ -210,6 +213,10 @@ static enum MHD_Result generate(srv *s, srv_conn *cc, struct MHD_Connection *c,
     bool stream = p.stream, include_usage = p.include_usage;
     srv_parsed_free(&p);
     cc->job = job;
+    /* libmicrohttpd's idle timeout counts from the socket's last read or write, which a long
+     * generation (or a long wait for the first token) has none of: off until the request
+     * completes. The socket watch and --timeout-s bound the request instead. */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
 
     if (stream) {
         srv_stream *st = calloc(1, sizeof *st);
@@ -371,7 +378,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)c;
     srv *s = cls;
     srv_conn *cc = *con_cls;
     if (!cc) return;
@@ -388,6 +394,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
             srv_job_cancel(cc->job);
         }
         srv_job_release(cc->job);
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->cfg.connection_timeout_s);
     }
     srv_buf_free(&cc->body);
     free(cc);

@@ -171,10 +171,13 @@ void srv_job_cancel(srv_job *job) {
             ids[n_ids++] = job->subs[i].id;
     pthread_mutex_unlock(&job->mu);
     /* outside the job's lock: the engine thread may be waiting for it in srv_on_event */
+    bool failed = false;
     for (int32_t i = 0; i < n_ids; i++) {
         loom_status st = loom_engine_cancel(job->srv->engine, ids[i]);
-        if (st == LOOM_ERR_OUT_OF_MEMORY) (void)loom_engine_cancel(job->srv->engine, ids[i]);
+        if (st == LOOM_ERR_OUT_OF_MEMORY) st = loom_engine_cancel(job->srv->engine, ids[i]);
+        failed |= st == LOOM_ERR_OUT_OF_MEMORY;
     }
+    if (failed) atomic_store(&job->cancelled, false); /* the next call tries again */
 }
 
 /* ---- the engine's events ------------------------------------------------------------------------
@@ -332,17 +335,49 @@ static bool client_gone(int fd) {
     return r > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
-srv_wait_result srv_job_wait(srv_job *job, size_t seen, int fd) {
+/* Whether the request should stop waiting for good: its client left, the server stops, or it
+ * ran past --timeout-s (it is then cancelled). SRV_WAIT_READY: none of these. */
+static srv_wait_result abandoned(srv_job *job, int fd) {
     srv *s = job->srv;
-    /* Wake at least every 10 ms to look at the socket: a client that goes away is cancelled
-     * within about one engine step. */
+    if (client_gone(fd)) {
+        if (!atomic_load(&job->cancelled)) {
+            pthread_mutex_lock(&s->metrics.mu);
+            s->metrics.disconnects++;
+            pthread_mutex_unlock(&s->metrics.mu);
+        }
+        srv_job_cancel(job);
+        return SRV_WAIT_GONE;
+    }
+    if (atomic_load(&s->stopping)) {
+        srv_job_cancel(job);
+        return SRV_WAIT_STOPPING;
+    }
+    if (s->cfg.timeout_s > 0 && loom_engine_now() - job->arrival_s > s->cfg.timeout_s) {
+        if (!atomic_load(&job->cancelled)) {
+            pthread_mutex_lock(&s->metrics.mu);
+            s->metrics.timeouts++;
+            pthread_mutex_unlock(&s->metrics.mu);
+        }
+        srv_job_cancel(job);
+        return SRV_WAIT_TIMEOUT;
+    }
+    return SRV_WAIT_READY;
+}
+
+srv_wait_result srv_job_wait(srv_job *job, size_t seen, int fd) {
+    /* Every call looks at the socket, the shutdown flag and the clock, even when events are
+     * already there (tokens may come faster than any wait), and a wait wakes at least every
+     * 10 ms to look again: a client that goes away is cancelled within about one step. */
     const long slice_ns = 10 * 1000 * 1000;
     for (;;) {
         pthread_mutex_lock(&job->mu);
-        if (job->n_events > seen || job->done) {
-            pthread_mutex_unlock(&job->mu);
-            return SRV_WAIT_READY;
+        bool ready = job->n_events > seen || job->done, done = job->done;
+        pthread_mutex_unlock(&job->mu);
+        if (!done) {
+            srv_wait_result r = abandoned(job, fd);
+            if (r != SRV_WAIT_READY) return r;
         }
+        if (ready) return SRV_WAIT_READY;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += slice_ns;
@@ -350,32 +385,8 @@ srv_wait_result srv_job_wait(srv_job *job, size_t seen, int fd) {
             ts.tv_sec++;
             ts.tv_nsec -= 1000000000L;
         }
-        int rc = pthread_cond_timedwait(&job->cv, &job->mu, &ts);
-        bool ready = job->n_events > seen || job->done;
+        pthread_mutex_lock(&job->mu);
+        if (job->n_events <= seen && !job->done) pthread_cond_timedwait(&job->cv, &job->mu, &ts);
         pthread_mutex_unlock(&job->mu);
-        if (ready) return SRV_WAIT_READY;
-        if (rc != 0 && rc != ETIMEDOUT) return SRV_WAIT_READY; /* let the caller look again */
-        if (client_gone(fd)) {
-            if (!atomic_load(&job->cancelled)) {
-                pthread_mutex_lock(&s->metrics.mu);
-                s->metrics.disconnects++;
-                pthread_mutex_unlock(&s->metrics.mu);
-            }
-            srv_job_cancel(job);
-            return SRV_WAIT_GONE;
-        }
-        if (atomic_load(&s->stopping)) {
-            srv_job_cancel(job);
-            return SRV_WAIT_STOPPING;
-        }
-        if (s->cfg.timeout_s > 0 && loom_engine_now() - job->arrival_s > s->cfg.timeout_s) {
-            if (!atomic_load(&job->cancelled)) {
-                pthread_mutex_lock(&s->metrics.mu);
-                s->metrics.timeouts++;
-                pthread_mutex_unlock(&s->metrics.mu);
-            }
-            srv_job_cancel(job);
-            return SRV_WAIT_TIMEOUT;
-        }
     }
 }

@@ -147,7 +147,7 @@ static int parse_args(int argc, char **argv, srv_config *cfg) {
             ok = parse_size(v, &size) && size > 0;
             cfg->max_body_bytes = (size_t)size;
         } else if (!strcmp(a, "--max-queued"))
-            ok = parse_int(v, 0, 1 << 24, &cfg->max_queued);
+            ok = parse_int(v, 1, 1 << 24, &cfg->max_queued);
         else if (!strcmp(a, "--max-tokens-ceiling"))
             ok = parse_int(v, 1, 1 << 24, &cfg->max_tokens_ceiling);
         else if (!strcmp(a, "--max-n"))

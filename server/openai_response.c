@@ -28,7 +28,7 @@ void srv_buf_put(srv_buf *b, const char *s, size_t n) {
         b->data = d;
         b->cap = cap;
     }
-    memcpy(b->data + b->len, s, n);
+    if (n) memcpy(b->data + b->len, s, n);
     b->len += n;
     b->data[b->len] = 0;
 }
@@ -179,9 +179,14 @@ static cJSON *byte_array(const char *raw, size_t n) {
     return a;
 }
 
+/* The text of token event e (job->text may still be NULL when no token had text). */
+static const char *event_text(const srv_job *job, const srv_event *e) {
+    return e->text_len ? job->text + e->text_off : "";
+}
+
 static cJSON *text_json(const srv_job *job, const srv_event *e) {
     srv_buf b = {0};
-    srv_buf_put(&b, job->text + e->text_off, e->text_len);
+    srv_buf_put(&b, event_text(job, e), e->text_len);
     cJSON *j = cJSON_CreateString(b.data ? b.data : "");
     srv_buf_free(&b);
     return j;
@@ -337,7 +342,7 @@ char *srv_response_full(srv_job *job, const char *model_name, srv_error *err) {
                 reason = e->reason;
                 continue;
             }
-            srv_buf_put(&text, job->text + e->text_off, e->text_len);
+            srv_buf_put(&text, event_text(job, e), e->text_len);
             if (cl.obj) cmpl_logprobs_add(job, e, &cl);
             if (content) cJSON_AddItemToArray(content, chat_logprob(job, e));
         }
@@ -452,6 +457,13 @@ void srv_response_chunks(srv_job *job, const char *model_name, size_t from, size
 
 void srv_response_stream_end(srv_job *job, const char *model_name, bool include_usage,
                              srv_buf *out) {
+    if (job->lost_events) {
+        srv_error err;
+        srv_error_set(&err, 503, "server_error", "", "out of memory: the output is incomplete");
+        char *s = srv_error_json(&err);
+        if (s) srv_buf_printf(out, "data: %s\n\n", s);
+        free(s);
+    }
     if (include_usage) {
         bool chat = job->endpoint == SRV_CHAT;
         cJSON *root = envelope(job, model_name, chat ? "chat.completion.chunk" : "text_completion");

@@ -481,8 +481,12 @@ def test_metrics(server):
 # ---- queue limit and timeouts (a second server) -------------------------------------------------------------
 
 def test_queue_limit_and_timeout():
+    # --idle-timeout-s 1: libmicrohttpd's idle timeout must not cut a request that generates
+    # for longer (the 10 s one below) before its answer is written. The server turns it off
+    # while a request runs; Debian's 0.9.75 was seen not to cut it even without that, which
+    # other versions of the library may not do.
     s = Server("--max-queued", "1", "--timeout-s", "10", "--max-ctx", "8192",
-               "--kv-bytes", "256M", "--max-tokens-ceiling", "8000")
+               "--kv-bytes", "256M", "--max-tokens-ceiling", "8000", "--idle-timeout-s", "1")
     try:
         cl = s.client(key="unused", timeout=120)
         # a request that runs past --timeout-s gets 408 and is cancelled

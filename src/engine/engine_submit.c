@@ -120,6 +120,10 @@ loom_status loom__engine_enqueue(loom_engine *e, const loom_request_params *p, i
         loom__id_map_del(&e->live, r->id);
         st = loom__fail(LOOM_ERR_OUT_OF_MEMORY, "submit: out of memory");
     }
+    /* Read while the lock is held: once it is released, a step on another thread may take the
+     * request, finish it and free it before this thread reads it again (seen by TSan in
+     * test_soak: a submit of a one-token request racing the step that freed it). */
+    loom_request_id new_id = r->id;
     if (st == LOOM_OK) {
         loom__engine_admitted_locked(e, r);
         pthread_cond_broadcast(&e->cv);
@@ -129,7 +133,7 @@ loom_status loom__engine_enqueue(loom_engine *e, const loom_request_params *p, i
         loom__req_free(r);
         return st;
     }
-    *out_id = r->id;
+    *out_id = new_id;
     return LOOM_OK;
 }
 

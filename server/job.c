@@ -13,33 +13,29 @@
 
 /* ---- lifetime ------------------------------------------------------------------------------- */
 
+/* Frees what srv_job_create allocated (the mutex and condition variable are the caller's). */
+static void job_free(srv_job *job) {
+    free(job->events);
+    free(job->text);
+    free(job->top);
+    free(job->choices);
+    free(job->subs);
+    free(job);
+}
+
 srv_job *srv_job_create(srv *s, const srv_parsed *p) {
     srv_job *job = calloc(1, sizeof *job);
     if (!job) return NULL;
     int32_t n_choices = (int32_t)p->n_prompts * p->n;
     job->subs = calloc(p->n_prompts, sizeof *job->subs);
-    job->choice_last_s = calloc((size_t)n_choices, sizeof *job->choice_last_s);
-    job->choice_ended = calloc((size_t)n_choices, sizeof *job->choice_ended);
-    job->choice_len = calloc((size_t)n_choices, sizeof *job->choice_len);
-    job->choice_started = calloc((size_t)n_choices, sizeof *job->choice_started);
-    if (!job->subs || !job->choice_last_s || !job->choice_ended || !job->choice_len ||
-        !job->choice_started || pthread_mutex_init(&job->mu, NULL) != 0) {
-        free(job->choice_len);
-        free(job->choice_started);
-        free(job->subs);
-        free(job->choice_last_s);
-        free(job->choice_ended);
-        free(job);
+    job->choices = calloc((size_t)n_choices, sizeof *job->choices);
+    if (!job->subs || !job->choices || pthread_mutex_init(&job->mu, NULL) != 0) {
+        job_free(job);
         return NULL;
     }
     if (pthread_cond_init(&job->cv, NULL) != 0) {
         pthread_mutex_destroy(&job->mu);
-        free(job->choice_len);
-        free(job->choice_started);
-        free(job->subs);
-        free(job->choice_last_s);
-        free(job->choice_ended);
-        free(job);
+        job_free(job);
         return NULL;
     }
     atomic_init(&job->refs, 1);
@@ -70,15 +66,7 @@ void srv_job_release(srv_job *job) {
     if (!job || atomic_fetch_sub(&job->refs, 1) != 1) return;
     pthread_cond_destroy(&job->cv);
     pthread_mutex_destroy(&job->mu);
-    free(job->events);
-    free(job->text);
-    free(job->top);
-    free(job->choice_last_s);
-    free(job->choice_ended);
-    free(job->choice_len);
-    free(job->choice_started);
-    free(job->subs);
-    free(job);
+    job_free(job);
 }
 
 /* Called with job->mu held: the job stops counting as waiting for its first token. */
@@ -238,8 +226,8 @@ static void log_token(srv_job *job, int32_t choice, const loom_event *ev, double
         e->text_len = (uint32_t)ev->text_len;
         job->n_text += ev->text_len;
     }
-    e->choice_off = job->choice_len[choice];
-    job->choice_len[choice] += e->text_len;
+    e->choice_off = job->choices[choice].len;
+    job->choices[choice].len += e->text_len;
     if (info) {
         e->logprob = info->logprob_raw;
         e->entropy = (float)info->entropy;
@@ -263,18 +251,18 @@ static void log_token(srv_job *job, int32_t choice, const loom_event *ev, double
     pthread_mutex_lock(&s->metrics.mu);
     s->metrics.generation_tokens++;
     if (job->counted_waiting) srv_histogram_observe(&s->metrics.ttft, now - job->arrival_s);
-    if (job->choice_last_s[choice] > 0)
-        srv_histogram_observe(&s->metrics.itl, now - job->choice_last_s[choice]);
+    if (job->choices[choice].last_s > 0)
+        srv_histogram_observe(&s->metrics.itl, now - job->choices[choice].last_s);
     pthread_mutex_unlock(&s->metrics.mu);
-    job->choice_last_s[choice] = now;
+    job->choices[choice].last_s = now;
     job_stop_waiting(job);
 }
 
 static void log_end(srv_job *job, int32_t choice, loom_finish_reason reason, loom_status status,
                     int32_t cached, double now) {
     srv *s = job->srv;
-    if (job->choice_ended[choice]) return;
-    job->choice_ended[choice] = true;
+    if (job->choices[choice].ended) return;
+    job->choices[choice].ended = true;
     srv_event *e = job_push(job);
     if (e) {
         e->kind = SRV_EV_END;
@@ -302,7 +290,7 @@ void srv_on_event(const loom_event *ev, void *user_data) {
     if (ev->kind == LOOM_EVENT_TOKEN) {
         if (ev->sample >= 0 && ev->sample < job->n) log_token(job, base + ev->sample, ev, now);
     } else if (ev->kind == LOOM_EVENT_FINISHED) {
-        if (ev->sample >= 0 && ev->sample < job->n && !job->choice_ended[base + ev->sample]) {
+        if (ev->sample >= 0 && ev->sample < job->n && !job->choices[base + ev->sample].ended) {
             log_end(job, base + ev->sample, ev->reason, LOOM_OK, ev->cached_tokens, now);
             sub->samples_ended++;
         }

@@ -415,14 +415,14 @@ void srv_response_chunks(srv_job *job, const char *model_name, size_t from, size
         }
         /* tokens without text (the end-of-turn token) are shown only with logprobs */
         if (e->kind == SRV_EV_TOKEN && e->text_len == 0 && !job->logprobs &&
-            job->choice_started[e->choice])
+            job->choices[e->choice].started)
             continue;
         cJSON *root = envelope(job, model_name, chat ? "chat.completion.chunk" : "text_completion");
         cJSON *choice = cJSON_CreateObject();
         cJSON_AddNumberToObject(choice, "index", e->choice);
         if (chat) {
             cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
-            if (!job->choice_started[e->choice])
+            if (!job->choices[e->choice].started)
                 cJSON_AddStringToObject(delta, "role", "assistant");
             if (e->kind == SRV_EV_TOKEN) cJSON_AddItemToObject(delta, "content", text_json(job, e));
             if (e->kind == SRV_EV_TOKEN && job->logprobs) {
@@ -449,7 +449,7 @@ void srv_response_chunks(srv_job *job, const char *model_name, size_t from, size
             cJSON_AddStringToObject(choice, "finish_reason", finish_reason(e->reason));
         else
             cJSON_AddNullToObject(choice, "finish_reason");
-        job->choice_started[e->choice] = true;
+        job->choices[e->choice].started = true;
         cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
         sse(out, root);
     }

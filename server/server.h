@@ -177,6 +177,15 @@ typedef struct srv_event {
 
 typedef struct srv_job srv_job;
 
+/* What a job keeps per choice. */
+typedef struct srv_choice {
+    double last_s; /* time of the choice's last token, 0 before */
+    uint32_t len;  /* bytes of text so far */
+    bool ended;
+    bool started; /* a stream has sent the choice's first chunk (chat: the role); the
+                     connection's alone */
+} srv_choice;
+
 /* One engine request of a job: one prompt and its n samples. */
 typedef struct srv_sub {
     srv_job *job;
@@ -210,16 +219,12 @@ struct srv_job {
     size_t n_text, cap_text;
     loom_token_logprob *top;
     size_t n_top, cap_top;
-    double *choice_last_s; /* [n_choices] time of the choice's last token, 0 before */
-    bool *choice_ended;    /* [n_choices] */
-    uint32_t *choice_len;  /* [n_choices] bytes of text so far */
-    bool *choice_started;  /* [n_choices] a stream has sent the choice's first chunk (chat:
-                              the role); the connection's alone */
-    int32_t subs_open;     /* submitted engine requests that have not ended */
-    bool submitting;       /* the connection is still submitting: not done yet */
-    bool done;             /* every choice has ended */
-    bool lost_events;      /* an allocation failed while logging: the output is incomplete */
-    bool counted_waiting;  /* counted in srv->n_waiting */
+    srv_choice *choices;  /* [n_choices] */
+    int32_t subs_open;    /* submitted engine requests that have not ended */
+    bool submitting;      /* the connection is still submitting: not done yet */
+    bool done;            /* every choice has ended */
+    bool lost_events;     /* an allocation failed while logging: the output is incomplete */
+    bool counted_waiting; /* counted in srv->n_waiting */
     int64_t completion_tokens;
     int64_t cached_tokens;
     atomic_bool cancelled; /* cancel requested (once) */

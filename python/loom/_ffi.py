@@ -26,6 +26,27 @@ DETOKENIZE_RENDER_SPECIAL = 1
 DETOKENIZE_STRIP_LEADING = 2
 
 
+class _Handle:
+    """An object that owns a library handle in self._h, released by its close(): usable in a
+    with statement, closed when collected, and checked on use (_handle())."""
+    _what = "object"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            self.close()
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError(f"{self._what}: used after close()")
+        return self._h
+
+
 class LoomError(RuntimeError):
     """A libloom call failed: status is its loom_status code, name that code's name
     ("ERR_IO", ...), message loom_last_error()'s text (which names the file, tensor or field)."""

@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from ._ffi import _Handle
 from ._ffi import (ADMISSION, EVENT_FAILED, EVENT_FINISHED, EVENT_FN, EVENT_TOKEN,
                    FINISH_REASONS, ClassStats, EngineParams, EngineStats, Event, Generation,
                    KvGroupInfo, LoomError, RequestParams, SamplerParams, _check, _fields,
@@ -118,7 +119,7 @@ def _token(ev) -> Token:
                       for k in range(info.n_top_raw)])
 
 
-class Engine:
+class Engine(_Handle):
     """Continuous batching over a model (loom_engine). submit() returns an id; step() returns
     events as dicts; run() steps until idle and returns {id: {sample: {"tokens", "text",
     "reason", "info"}}}, where "info" holds one TokenInfo.to_dict() per token (logprobs,
@@ -133,7 +134,7 @@ class Engine:
     trace outlives it). replay: a record_path file, for an engine that replays it
     (loom_engine_create_replay: it takes its parameters from the record, only trace and
     n_sample_threads from here, and no submit; run() replays every recorded step)."""
-
+    _what = "engine"
     _h = None
 
     def __init__(self, model: Model, trace: Optional[Trace] = None,
@@ -178,20 +179,6 @@ class Engine:
             if self._h:
                 _lib.loom_engine_destroy(self._h)
                 self._h = None
-
-    def __enter__(self) -> "Engine":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-    def _handle(self):
-        if not self._h:
-            raise ValueError("engine: used after close()")
-        return self._h
 
     # ---- requests -------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import Iterable, Sequence, Union
 
 import numpy as np
 
+from ._ffi import _Handle
 from ._ffi import (DETOKENIZE_RENDER_SPECIAL, DETOKENIZE_STRIP_LEADING, LOOM_OK,
                    TOKENIZE_ADD_SPECIAL, TOKENIZE_PARSE_SPECIAL, ChatMessage, LoomError,
                    ModelInfo, ModelParams, SessionParams, _check, _kv_type, _lib, _params,
@@ -47,13 +48,13 @@ def _chat_messages(messages: Messages):
     return arr, len(msgs)
 
 
-class Model:
+class Model(_Handle):
     """A loaded GGUF model (loom_model_load). Use as a context manager or call close(); closing
     the model closes its sessions and engines first.
 
     Raises LoomError on failure: a missing file is ERR_IO, a file that is not a model loom can
     run ERR_BAD_MODEL, and the message names the file (and the tensor or key at fault)."""
-
+    _what = "model"
     _h = None
 
     NUMA_MODES = {"auto": 0, "off": 1, "distribute": 2, "isolate": 3}
@@ -98,20 +99,6 @@ class Model:
                 child.close()
             _lib.loom_model_free(self._h)
             self._h = None
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-    def _handle(self):
-        if not self._h:
-            raise ValueError("model: used after close()")
-        return self._h
 
     # ---- tokenizer ------------------------------------------------------------------------------
 
@@ -202,10 +189,10 @@ class Model:
         return list(buf[:n.value])
 
 
-class Session:
+class Session(_Handle):
     """One sequence over a model (loom_session): decode tokens, read logits and the KV cache.
     Not thread-safe: one thread at a time."""
-
+    _what = "session"
     _h = None
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 512, block_size: int = 16,
@@ -226,20 +213,6 @@ class Session:
         if self._h:
             _lib.loom_session_free(self._h)
             self._h = None
-
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()
-
-    def _handle(self):
-        if not self._h:
-            raise ValueError("session: used after close()")
-        return self._h
 
     def reset(self) -> None:
         """Forgets every position (the KV cache is emptied)."""

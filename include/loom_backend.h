@@ -69,8 +69,9 @@ extern "C" {
 /* 1: the first table; 2: matmul_multi; 3: plugins — devices and streams, step descriptors,
  * per-tensor weight preparation, batched copies, memory queries, the v2 KV descriptor;
  * 4: add_rms_norm; 5: FP8 and BF16 KV pages, kv_flags (the Hadamard rotation) in the KV
- * descriptor, the op descriptor and the step shape. */
-#define LOOM_BACKEND_ABI_VERSION 5
+ * descriptor, the op descriptor and the step shape; 6: merged pairs (LOOM_KV_MERGED, the merge
+ * fields of the KV descriptor). */
+#define LOOM_BACKEND_ABI_VERSION 6
 
 /* The name of the function a plugin exports (see the top of this file). */
 #define LOOM_BACKEND_ENTRY_SYMBOL "loom_backend_entry"
@@ -191,6 +192,34 @@ static inline loom_tensor loom_tensor_2d(loom_type type, void *data, int64_t ne0
  * == l) have pools, and k_base/v_base (and the scales) of the others may be NULL. A source
  * layer reads its own pools, and a layer reads a source of its own KV group.
  *
+ * Merged pairs (kv_flags & LOOM_KV_MERGED; MiniCache-style): two layers A < B of one KV group,
+ *   merge_with[A] = B, merge_with[B] = A (-1 for a layer in no pair), layer_src[B] = A. A owns
+ *   pools; B has none, but B computes its K/V and kv_store is called for both. Each token's head
+ *   row x (K and V alike) is kept as a unit direction and a norm ||x||:
+ *     kv_store(A) writes dir_a = x_a / ||x_a|| into A's pools and ||x_a|| into the merge block;
+ *     kv_store(B), positions of a sequence in increasing order, writes ||x_b|| and decides for
+ *       each token: its distance d = max over heads, K and V of acos(dir_a . dir_b) / pi. A
+ *       block keeps up to merge_retain tokens unmerged, those of the largest d seen so far in
+ *       the block (a later token takes the place of the least distant kept one when its d is
+ *       larger; a tie keeps the earlier one): a kept token's A row stays dir_a and dir_b goes to
+ *       a retained row; every other token's A row becomes the merged direction
+ *       e = slerp(dir_a, dir_b, merge_t) = (sin((1-t)W) dir_a + sin(tW) dir_b) / sin W,
+ *       W = acos(dir_a . dir_b) (when sin W < 1e-6: (1-t) dir_a + t dir_b, normalized; a zero
+ *       row: the other direction), and a token that loses its place is merged the same way from
+ *       its dir_a and retained dir_b.
+ *     attention reads A's row j as row_j * ||x_a,j|| and B's as (its retained row if kept, else
+ *       A's row) * ||x_b,j||.
+ *   The pair's merge pool, merge_base[A] == merge_base[B], has one block per block of the group
+ *   (block b at merge_base + b * merge_block_stride, 16-byte aligned), S = block_size,
+ *   H = n_kv_heads, R = merge_retain:
+ *     float   norm[S][H][4]   ||k_a||, ||v_a||, ||k_b||, ||v_b|| of slot t, head h
+ *     float   dist[S]         d of slot t
+ *     int32_t state[S]        -1 merged, else the retained row r (0 <= r < R) holding slot t
+ *     kv_type rows[R][2][H][head_dim], at loom_kv_merge_rows_at(S, H): retained K then V rows
+ *   Only slots below a slot being stored are read, so a block needs no clearing when it is
+ *   reused. F16, BF16 and F32 pages, no rotation. A pair's K/V take two pools' bytes per token
+ *   down to about one, plus R retained rows per block.
+ *
  * libloom checks every descriptor once per step before step_begin (structure, types, strides,
  * every block id a step reads or writes); backends may trust what they are given. All arrays
  * are host memory; a device backend copies what it needs in step_begin.
@@ -205,6 +234,21 @@ typedef enum loom_kv_layout {
 
 /* kv_flags bits (loom_kv_desc, loom_op_desc, loom_step_shape). */
 #define LOOM_KV_HADAMARD 1u /* K/V rows stored rotated by H (above); head_dim a power of two */
+#define LOOM_KV_MERGED   2u /* some layers form merged pairs (above) */
+
+/* Byte offsets in a block of a merge pool (above): dist, state, and the retained rows (norm
+ * is at 0). */
+static inline size_t loom_kv_merge_dist_at(int32_t block_size, int32_t n_kv_heads) {
+    return (size_t)block_size * (size_t)n_kv_heads * 4 * sizeof(float);
+}
+static inline size_t loom_kv_merge_state_at(int32_t block_size, int32_t n_kv_heads) {
+    return loom_kv_merge_dist_at(block_size, n_kv_heads) + (size_t)block_size * sizeof(float);
+}
+static inline size_t loom_kv_merge_rows_at(int32_t block_size, int32_t n_kv_heads) {
+    const size_t head =
+        loom_kv_merge_state_at(block_size, n_kv_heads) + (size_t)block_size * sizeof(int32_t);
+    return (head + 15) & ~(size_t)15;
+}
 
 typedef enum loom_kv_scale_kind {
     LOOM_KV_SCALE_NONE = 0,           /* values are stored as they are */
@@ -240,7 +284,14 @@ typedef struct loom_kv_desc {
     void *const *v_scale;      /* [n_layers] V scales */
     size_t scale_token_stride; /* PER_TOKEN_HEAD: bytes between slots of a scale pool */
     size_t scale_block_stride; /* PER_TOKEN_HEAD: bytes between blocks of a scale pool */
-    uint32_t kv_flags;         /* LOOM_KV_HADAMARD or 0 */
+    uint32_t kv_flags;         /* LOOM_KV_HADAMARD, LOOM_KV_MERGED or 0 */
+
+    /* Merged pairs (kv_flags & LOOM_KV_MERGED; otherwise NULL and 0): */
+    const int32_t *merge_with; /* [n_layers] the other layer of each layer's pair, or -1 */
+    void *const *merge_base;   /* [n_layers] the pair's merge pool, the same for both layers */
+    size_t merge_block_stride; /* bytes of one block of a merge pool */
+    int32_t merge_retain;      /* tokens per block a pair keeps unmerged (0 .. block_size) */
+    float merge_t;             /* slerp weight of the later layer's direction, in [0, 1] */
 } loom_kv_desc;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -273,7 +324,7 @@ typedef struct loom_op_desc {
     float softcap;  /* logit soft-capping; 0: off */
     loom_kv_layout layout;
     loom_kv_scale_kind scale_kind;
-    uint32_t kv_flags; /* KV_STORE and ATTENTION: LOOM_KV_HADAMARD or 0 */
+    uint32_t kv_flags; /* KV_STORE and ATTENTION: LOOM_KV_HADAMARD, LOOM_KV_MERGED or 0 */
 } loom_op_desc;
 
 typedef enum loom_rope_mode {

@@ -72,9 +72,12 @@ struct loom_engine {
     loom_model *model;
     const loom_backend_ops *ops;
     loom_engine_params params;
-    loom_type kv_type;  /* the pages' element type (params.kv_type) */
-    int32_t *layer_src; /* [n_layer] the layer whose K/V each layer reads: the model's map with
-                           params.kv_plan applied (kv_plan.h); params.kv_plan is not kept */
+    loom_type kv_type;    /* the pages' element type (params.kv_type) */
+    int32_t *layer_src;   /* [n_layer] the layer whose K/V each layer reads: the model's map with
+                             params.kv_plan applied (kv_plan.h); params.kv_plan is not kept */
+    loom__kv_merge merge; /* the plan's merged pairs; merge.with [n_layer] */
+    uint32_t kv_flags;    /* the descriptors' kv_flags: LOOM_KV_HADAMARD (kv_rotate), and
+                             LOOM_KV_MERGED when the plan merges pairs */
     int32_t max_ctx;
     size_t max_piece;
     int64_t t0_ns; /* the scheduler's clock (microseconds) counts from create; request times
@@ -200,7 +203,8 @@ loom_status loom__engine_kv_plan(const loom__engine_kv_shape *shape, int32_t *n_
 /* loom_engine_create with the layer map given (a replay's recorded map: [n_layer], checked
  * here) in place of params->kv_plan's; layer_src NULL: as loom_engine_create. */
 loom_status loom__engine_create(loom_model *model, const loom_engine_params *params,
-                                const int32_t *layer_src, loom_engine **out);
+                                const int32_t *layer_src, const loom__kv_merge *merge,
+                                loom_engine **out);
 loom_status loom__engine_kv_create(loom_engine *e);
 void loom__engine_kv_destroy(loom_engine *e);
 /* The scheduler's view of the KV manager. */

@@ -137,7 +137,7 @@ static loom_status create_engine(loom_engine *e) {
         .max_ctx = e->max_ctx,
         .block_size = e->params.block_size,
         .kv_type = e->kv_type,
-        .kv_flags = e->params.kv_rotate ? LOOM_KV_HADAMARD : 0,
+        .kv_flags = e->kv_flags,
     };
     LOOM_TRY(loom__exec_create(e->model, &es, &e->exec));
     LOOM_TRY(loom__engine_kv_create(e));
@@ -161,24 +161,49 @@ static loom_status create_engine(loom_engine *e) {
     return LOOM_OK;
 }
 
-/* The engine's layer map: the recorded one (a replay), or the model's with the plan applied. */
-static loom_status load_layer_map(loom_engine *e, const int32_t *layer_src) {
+/* The engine's layer map: the recorded one (a replay), or the model's with the plan applied;
+ * then the pages' flags, and whether the backend runs the plan. */
+static loom_status load_layer_map(loom_engine *e, const int32_t *layer_src,
+                                  const loom__kv_merge *merge) {
     const int32_t n = e->model->cfg.n_layer;
     e->layer_src = loom__malloc((size_t)n * sizeof *e->layer_src);
-    LOOM_RETURN_IF(!e->layer_src, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory");
-    if (layer_src == NULL) return loom__kv_plan_load(e->model, e->params.kv_plan, e->layer_src);
-    memcpy(e->layer_src, layer_src, (size_t)n * sizeof *e->layer_src);
-    return loom__kv_plan_check(e->model, e->layer_src);
+    e->merge.with = loom__malloc((size_t)n * sizeof *e->merge.with);
+    LOOM_RETURN_IF(!e->layer_src || !e->merge.with, LOOM_ERR_OUT_OF_MEMORY,
+                   "engine: out of memory");
+    if (layer_src == NULL) {
+        LOOM_TRY(loom__kv_plan_load(e->model, e->params.kv_plan, e->layer_src, &e->merge));
+    } else {
+        memcpy(e->layer_src, layer_src, (size_t)n * sizeof *e->layer_src);
+        int32_t *with = e->merge.with;
+        if (merge != NULL) {
+            e->merge = *merge;
+            memcpy(with, merge->with, (size_t)n * sizeof *with);
+        } else {
+            for (int32_t l = 0; l < n; l++) with[l] = -1;
+            e->merge = (loom__kv_merge){.retain = LOOM_KV_MERGE_RETAIN_DEFAULT,
+                                        .t = LOOM_KV_MERGE_T_DEFAULT};
+        }
+        e->merge.with = with;
+        LOOM_TRY(loom__kv_plan_check(e->model, e->layer_src, e->merge.with));
+    }
+    e->kv_flags = e->params.kv_rotate ? LOOM_KV_HADAMARD : 0;
+    if (e->merge.n_pairs > 0) {
+        LOOM_TRY(loom__kv_merge_check_pages(e->kv_type, e->kv_flags));
+        e->kv_flags |= LOOM_KV_MERGED;
+        LOOM_TRY(loom__model_check_support(e->model, e->kv_type, e->kv_flags));
+    }
+    return LOOM_OK;
 }
 
 loom_status loom_engine_create(loom_model *model, const loom_engine_params *params,
                                loom_engine **out) {
     loom__clear_error();
-    return loom__engine_create(model, params, NULL, out);
+    return loom__engine_create(model, params, NULL, NULL, out);
 }
 
 loom_status loom__engine_create(loom_model *model, const loom_engine_params *params,
-                                const int32_t *layer_src, loom_engine **out) {
+                                const int32_t *layer_src, const loom__kv_merge *merge,
+                                loom_engine **out) {
     LOOM_CHECK_ARG(model != NULL && out != NULL);
     LOOM_RETURN_IF(model->vocab_only, LOOM_ERR_INVALID_ARG,
                    "engine: the model was loaded with vocab_only");
@@ -202,7 +227,7 @@ loom_status loom__engine_create(loom_model *model, const loom_engine_params *par
     e->hook = (loom__trace_layer_hook){.tm = &e->tm, .layers = &e->layers};
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
-    loom_status st = load_layer_map(e, layer_src);
+    loom_status st = load_layer_map(e, layer_src, merge);
     e->params.kv_plan = NULL; /* the caller's string: not kept */
     if (st == LOOM_OK) st = create_engine(e);
     if (st == LOOM_OK && p.record_path) st = loom__engine_record_open(e);
@@ -251,6 +276,7 @@ void loom_engine_destroy(loom_engine *e) {
     loom__engine_kv_destroy(e);
     loom__exec_destroy(e->model, &e->exec);
     free(e->layer_src);
+    free(e->merge.with);
     loom__threadpool_destroy(e->sample_tp);
     free(e->tokens);
     free(e->pos);

@@ -58,8 +58,8 @@
 
 /* Bytes of one block of group g: every source layer of the group, K and V. */
 static size_t group_block_bytes(const loom_engine *e, int32_t g) {
-    return loom__kv_storage_block_bytes(e->model, e->layer_src, e->kv_type, e->params.block_size,
-                                        g);
+    return loom__kv_storage_block_bytes(e->model, e->layer_src, &e->merge, e->kv_type,
+                                        e->params.block_size, g);
 }
 
 /* The backend's free memory, once this engine's execution context took its share (it is created
@@ -228,7 +228,7 @@ loom_status loom__engine_kv_create(loom_engine *e) {
         e->n_groups * ((e->max_ctx + e->params.block_size - 1) / e->params.block_size + 1);
     loom__kv_storage_params sp = {
         .kv_type = e->kv_type,
-        .kv_flags = e->params.kv_rotate ? LOOM_KV_HADAMARD : 0,
+        .kv_flags = e->kv_flags,
         .block_size = e->params.block_size,
         .group_blocks = e->group_blocks,
         .max_seqs = e->params.max_seqs,
@@ -236,6 +236,7 @@ loom_status loom__engine_kv_create(loom_engine *e) {
         .max_copy_blocks =
             e->swap_list_cap > LOOM_MAX_KV_GROUPS ? e->swap_list_cap : LOOM_MAX_KV_GROUPS,
         .layer_src = e->layer_src,
+        .merge = &e->merge,
     };
     LOOM_TRY(loom__kv_storage_create(e->model, &sp, &e->store));
     for (int32_t g = 0; g < e->n_groups; g++) { /* the fixed fields; steps update the rest */

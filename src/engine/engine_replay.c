@@ -41,6 +41,11 @@ static void fill_header(const loom_engine *e, loom__record_header *h) {
     h->params.max_ctx = e->max_ctx;
     h->has_layer_src = c->n_layer <= LOOM__RECORD_MAX_LAYERS;
     for (int32_t l = 0; h->has_layer_src && l < c->n_layer; l++) h->layer_src[l] = e->layer_src[l];
+    h->n_merge_pairs = h->has_layer_src ? e->merge.n_pairs : 0;
+    for (int32_t l = 0; h->n_merge_pairs > 0 && l < c->n_layer; l++)
+        h->merge_with[l] = e->merge.with[l];
+    h->merge_retain = e->merge.retain;
+    h->merge_t = e->merge.t;
 }
 
 loom_status loom__engine_record_open(loom_engine *e) {
@@ -230,7 +235,12 @@ loom_status loom_engine_create_replay(loom_model *model, const char *path,
         loom_engine_params p = h.params;
         p.trace = user.trace;
         p.n_sample_threads = user.n_sample_threads;
-        st = loom__engine_create(model, &p, h.has_layer_src ? h.layer_src : NULL, &e);
+        const loom__kv_merge merge = {.with = h.merge_with,
+                                      .n_pairs = h.n_merge_pairs,
+                                      .retain = h.merge_retain,
+                                      .t = h.merge_t};
+        st = loom__engine_create(model, &p, h.has_layer_src ? h.layer_src : NULL,
+                                 h.n_merge_pairs > 0 ? &merge : NULL, &e);
         if (st != LOOM_OK) {
             char why[512];
             snprintf(why, sizeof why, "%s", loom_last_error());

@@ -3,17 +3,63 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "tensor/types.h"
 
 /* Plan files are a few lines per layer: anything larger is not one. */
 #define KV_PLAN_MAX_BYTES (1u << 20)
 
-loom_status loom__kv_plan_check(const loom_model *m, const int32_t *layer_src) {
+int32_t loom__kv_merge_rows(float retain, int32_t block_size) {
+    if (!(retain > 0.0f)) return 0;
+    if (retain >= 1.0f) return block_size;
+    const int32_t r = (int32_t)ceilf(retain * (float)block_size);
+    return r < block_size ? r : block_size;
+}
+
+loom_status loom__kv_merge_check_pages(loom_type kv_type, uint32_t kv_flags) {
+    LOOM_RETURN_IF(kv_type != LOOM_TYPE_F16 && kv_type != LOOM_TYPE_BF16 &&
+                       kv_type != LOOM_TYPE_F32,
+                   LOOM_ERR_UNSUPPORTED,
+                   "kv plan: merged pairs keep unit directions in F16, BF16 or F32 pages, not %s "
+                   "(quantized pages would scale each row twice)",
+                   loom__type_name(kv_type));
+    LOOM_RETURN_IF(kv_flags & LOOM_KV_HADAMARD, LOOM_ERR_UNSUPPORTED,
+                   "kv plan: merged pairs with kv_rotate (the rotation is for quantized pages)");
+    return LOOM_OK;
+}
+
+/* Pairs of merge_with: each names the other, the later reads the earlier (a source), and no
+ * other layer reads either. */
+static loom_status check_merges(const loom_model *m, const int32_t *layer_src,
+                                const int32_t *merge_with) {
+    const int32_t n = m->cfg.n_layer;
+    for (int32_t l = 0; l < n; l++) {
+        const int32_t p = merge_with[l];
+        if (p == -1) continue;
+        LOOM_RETURN_IF(p < 0 || p >= n || p == l || merge_with[p] != l, LOOM_ERR_INVALID_ARG,
+                       "kv plan: layer %d's merge partner %d does not name it back", l, p);
+        const int32_t a = l < p ? l : p, b = l < p ? p : l;
+        LOOM_RETURN_IF(layer_src[b] != a || layer_src[a] != a, LOOM_ERR_INVALID_ARG,
+                       "kv plan: merged layers %d and %d: %d must read %d, which reads itself", a,
+                       b, b, a);
+        for (int32_t o = 0; o < n; o++)
+            LOOM_RETURN_IF(o != a && o != b && (layer_src[o] == a || layer_src[o] == b),
+                           LOOM_ERR_INVALID_ARG,
+                           "kv plan: layer %d shares the K/V of layer %d, which is in a merged "
+                           "pair",
+                           o, layer_src[o]);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom__kv_plan_check(const loom_model *m, const int32_t *layer_src,
+                                const int32_t *merge_with) {
     const loom__model_config *c = &m->cfg;
     for (int32_t l = 0; l < c->n_layer; l++) {
         const int32_t s = layer_src[l];
@@ -28,7 +74,7 @@ loom_status loom__kv_plan_check(const loom_model *m, const int32_t *layer_src) {
                        c->kv_group_window[c->layers[l].kv_group],
                        c->kv_group_window[c->layers[s].kv_group]);
     }
-    return LOOM_OK;
+    return merge_with ? check_merges(m, layer_src, merge_with) : LOOM_OK;
 }
 
 int32_t loom__kv_plan_sources(const loom_model *m, const int32_t *layer_src) {
@@ -70,8 +116,47 @@ static bool at_end(const char *p) {
 }
 
 /* One directive (comment and newline removed). *seen_header: the format line came. */
+/* One number field starting at *p (after blanks), in [0, 1]. */
+static bool read_fraction(const char **p, float *out) {
+    const char *s = *p;
+    while (*s == ' ' || *s == '\t') s++;
+    if ((*s < '0' || *s > '9') && *s != '.') return false;
+    char *end = NULL;
+    errno = 0;
+    const double v = strtod(s, &end);
+    if (end == s || errno == ERANGE || (*end != '\0' && *end != ' ' && *end != '\t')) return false;
+    if (!(v >= 0.0 && v <= 1.0)) return false;
+    *p = end;
+    *out = (float)v;
+    return true;
+}
+
+/* 'share a b' and 'merge a b': the two layers, a later than b, a not named before. */
+static loom_status read_pair(const loom_model *m, const char **p, const char *what,
+                             const char *name, int lineno, const uint8_t *named, long *a, long *b) {
+    const int32_t n_layer = m->cfg.n_layer;
+    LOOM_RETURN_IF(!read_int(p, a) || !read_int(p, b) || !at_end(*p), LOOM_ERR_INVALID_ARG,
+                   "kv plan %s:%d: expected '%s <layer> <source>'", name, lineno, what);
+    LOOM_RETURN_IF(*a < 0 || *a >= n_layer, LOOM_ERR_INVALID_ARG,
+                   "kv plan %s:%d: layer %ld: the model has layers 0 .. %d", name, lineno, *a,
+                   n_layer - 1);
+    LOOM_RETURN_IF(*b < 0 || *b >= n_layer, LOOM_ERR_INVALID_ARG,
+                   "kv plan %s:%d: source layer %ld: the model has layers 0 .. %d", name, lineno,
+                   *b, n_layer - 1);
+    LOOM_RETURN_IF(*a == *b, LOOM_ERR_INVALID_ARG, "kv plan %s:%d: layer %ld is paired with itself",
+                   name, lineno, *a);
+    LOOM_RETURN_IF(*b > *a, LOOM_ERR_INVALID_ARG,
+                   "kv plan %s:%d: layer %ld would read a later layer (%ld): a layer can "
+                   "only read the K/V of an earlier one",
+                   name, lineno, *a, *b);
+    LOOM_RETURN_IF(named[*a], LOOM_ERR_INVALID_ARG,
+                   "kv plan %s:%d: layer %ld is named a second time", name, lineno, *a);
+    return LOOM_OK;
+}
+
 static loom_status parse_line(const loom_model *m, char *line, const char *name, int lineno,
-                              bool *seen_header, int32_t *layer_src, uint8_t *named) {
+                              bool *seen_header, int32_t *layer_src, loom__kv_merge *merge,
+                              uint8_t *named) {
     char *hash = strchr(line, '#');
     if (hash) *hash = '\0';
     size_t len = strlen(line);
@@ -79,9 +164,10 @@ static loom_status parse_line(const loom_model *m, char *line, const char *name,
         line[--len] = '\0';
     const char *p = line;
     char word[32];
-    LOOM_RETURN_IF(!read_word(&p, word, sizeof word), LOOM_ERR_INVALID_ARG,
-                   "kv plan %s:%d: unknown directive (expected loom-kv-plan, layers or share)",
-                   name, lineno);
+    LOOM_RETURN_IF(
+        !read_word(&p, word, sizeof word), LOOM_ERR_INVALID_ARG,
+        "kv plan %s:%d: unknown directive (expected loom-kv-plan, layers, share or merge)", name,
+        lineno);
     if (word[0] == '\0') return LOOM_OK; /* blank or comment */
     const int32_t n_layer = m->cfg.n_layer;
     long a = 0, b = 0;
@@ -109,34 +195,37 @@ static loom_status parse_line(const loom_model *m, char *line, const char *name,
         return LOOM_OK;
     }
     if (strcmp(word, "share") == 0) {
-        LOOM_RETURN_IF(!read_int(&p, &a) || !read_int(&p, &b) || !at_end(p), LOOM_ERR_INVALID_ARG,
-                       "kv plan %s:%d: expected 'share <layer> <source>'", name, lineno);
-        LOOM_RETURN_IF(a < 0 || a >= n_layer, LOOM_ERR_INVALID_ARG,
-                       "kv plan %s:%d: layer %ld: the model has layers 0 .. %d", name, lineno, a,
-                       n_layer - 1);
-        LOOM_RETURN_IF(b < 0 || b >= n_layer, LOOM_ERR_INVALID_ARG,
-                       "kv plan %s:%d: source layer %ld: the model has layers 0 .. %d", name,
-                       lineno, b, n_layer - 1);
-        LOOM_RETURN_IF(a == b, LOOM_ERR_INVALID_ARG,
-                       "kv plan %s:%d: layer %ld is paired with itself", name, lineno, a);
-        LOOM_RETURN_IF(b > a, LOOM_ERR_INVALID_ARG,
-                       "kv plan %s:%d: layer %ld would read a later layer (%ld): a layer can "
-                       "only read the K/V of an earlier one",
-                       name, lineno, a, b);
-        LOOM_RETURN_IF(named[a], LOOM_ERR_INVALID_ARG,
-                       "kv plan %s:%d: layer %ld is named a second time", name, lineno, a);
+        LOOM_TRY(read_pair(m, &p, "share", name, lineno, named, &a, &b));
         named[a] = 1;
         layer_src[a] = (int32_t)b;
         return LOOM_OK;
     }
+    if (strcmp(word, "merge") == 0) {
+        LOOM_TRY(read_pair(m, &p, "merge", name, lineno, named, &a, &b));
+        LOOM_RETURN_IF(merge->with[b] != -1, LOOM_ERR_INVALID_ARG,
+                       "kv plan %s:%d: layer %ld is already in a merged pair", name, lineno, b);
+        named[a] = 1;
+        layer_src[a] = (int32_t)b;
+        merge->with[a] = (int32_t)b;
+        merge->with[b] = (int32_t)a;
+        merge->n_pairs++;
+        return LOOM_OK;
+    }
+    if (strcmp(word, "merge-retain") == 0 || strcmp(word, "merge-t") == 0) {
+        float v = 0.0f;
+        LOOM_RETURN_IF(!read_fraction(&p, &v) || !at_end(p), LOOM_ERR_INVALID_ARG,
+                       "kv plan %s:%d: expected '%s <number in [0, 1]>'", name, lineno, word);
+        *(word[6] == 'r' ? &merge->retain : &merge->t) = v;
+        return LOOM_OK;
+    }
     return loom__fail(LOOM_ERR_INVALID_ARG,
-                      "kv plan %s:%d: unknown directive '%s' (expected loom-kv-plan, layers or "
-                      "share)",
+                      "kv plan %s:%d: unknown directive '%s' (expected loom-kv-plan, layers, "
+                      "share, merge, merge-retain or merge-t)",
                       name, lineno, word);
 }
 
 static loom_status parse(const loom_model *m, const char *text, const char *name,
-                         int32_t *layer_src, uint8_t *named, char *line) {
+                         int32_t *layer_src, loom__kv_merge *merge, uint8_t *named, char *line) {
     bool seen_header = false;
     int lineno = 0;
     const char *p = text;
@@ -149,37 +238,50 @@ static loom_status parse(const loom_model *m, const char *text, const char *name
                        LOOM_KV_PLAN_MAX_LINE - 1);
         memcpy(line, p, len);
         line[len] = '\0';
-        LOOM_TRY(parse_line(m, line, name, lineno, &seen_header, layer_src, named));
+        LOOM_TRY(parse_line(m, line, name, lineno, &seen_header, layer_src, merge, named));
         p += len;
         if (*p == '\n') p++;
     }
     LOOM_RETURN_IF(!seen_header, LOOM_ERR_INVALID_ARG,
                    "kv plan %s: empty (a plan starts with 'loom-kv-plan 1')", name);
-    loom_status s = loom__kv_plan_check(m, layer_src);
+    loom_status s = loom__kv_plan_check(m, layer_src, merge->with);
     if (s != LOOM_OK) loom__error_prefix("%s", name);
     return s;
 }
 
+/* The model's own map, no pairs, the defaults. */
+static void plan_reset(const loom_model *m, int32_t *layer_src, loom__kv_merge *merge) {
+    for (int32_t l = 0; l < m->cfg.n_layer; l++) {
+        layer_src[l] = m->cfg.layers[l].kv_src;
+        merge->with[l] = -1;
+    }
+    merge->n_pairs = 0;
+    merge->retain = LOOM_KV_MERGE_RETAIN_DEFAULT;
+    merge->t = LOOM_KV_MERGE_T_DEFAULT;
+}
+
 loom_status loom__kv_plan_parse(const loom_model *m, const char *text, const char *name,
-                                int32_t *layer_src) {
-    LOOM_CHECK_ARG(m != NULL && text != NULL && layer_src != NULL);
+                                int32_t *layer_src, loom__kv_merge *merge) {
+    LOOM_CHECK_ARG(m != NULL && text != NULL && layer_src != NULL && merge != NULL &&
+                   merge->with != NULL);
     const loom__model_config *c = &m->cfg;
-    for (int32_t l = 0; l < c->n_layer; l++) layer_src[l] = c->layers[l].kv_src;
+    plan_reset(m, layer_src, merge);
     uint8_t *named = loom__calloc((size_t)c->n_layer, 1);
     char *line = loom__malloc(LOOM_KV_PLAN_MAX_LINE);
-    loom_status s = named && line ? parse(m, text, name ? name : "(text)", layer_src, named, line)
-                                  : loom__fail(LOOM_ERR_OUT_OF_MEMORY, "kv plan: out of memory");
+    loom_status s = named && line
+                        ? parse(m, text, name ? name : "(text)", layer_src, merge, named, line)
+                        : loom__fail(LOOM_ERR_OUT_OF_MEMORY, "kv plan: out of memory");
     free(named);
     free(line);
     return s;
 }
 
-loom_status loom__kv_plan_load(const loom_model *m, const char *path, int32_t *layer_src) {
-    LOOM_CHECK_ARG(m != NULL && layer_src != NULL);
-    const loom__model_config *c = &m->cfg;
+loom_status loom__kv_plan_load(const loom_model *m, const char *path, int32_t *layer_src,
+                               loom__kv_merge *merge) {
+    LOOM_CHECK_ARG(m != NULL && layer_src != NULL && merge != NULL && merge->with != NULL);
     if (path == NULL || path[0] == '\0') {
-        for (int32_t l = 0; l < c->n_layer; l++) layer_src[l] = c->layers[l].kv_src;
-        return loom__kv_plan_check(m, layer_src);
+        plan_reset(m, layer_src, merge);
+        return loom__kv_plan_check(m, layer_src, merge->with);
     }
     FILE *f = fopen(path, "rb");
     LOOM_RETURN_IF(f == NULL, LOOM_ERR_IO, "kv plan %s: %s", path, strerror(errno));
@@ -201,7 +303,7 @@ loom_status loom__kv_plan_load(const loom_model *m, const char *path, int32_t *l
         text[n] = '\0';
         s = memchr(text, '\0', n) != NULL
                 ? loom__fail(LOOM_ERR_INVALID_ARG, "kv plan %s: a NUL byte: not a text file", path)
-                : loom__kv_plan_parse(m, text, path, layer_src);
+                : loom__kv_plan_parse(m, text, path, layer_src, merge);
     }
     free(text);
     return s;

@@ -57,13 +57,34 @@ size_t loom__kv_storage_layer_block_bytes(const loom_model *m, loom_type kv_type
     return (bytes + 15) & ~(size_t)15;
 }
 
+size_t loom__kv_storage_merge_block_bytes(const loom_model *m, loom_type kv_type,
+                                          int32_t block_size, int32_t retain) {
+    const size_t bytes = loom_kv_merge_rows_at(block_size, m->cfg.n_head_kv) +
+                         (size_t)retain * 2 * token_bytes(m, kv_type);
+    return (bytes + 15) & ~(size_t)15;
+}
+
+/* Whether layer il is the later layer of a merged pair (the one whose index keys its pool). */
+static bool is_merged_b(const int32_t *merge_with, int32_t il) {
+    return merge_with != NULL && merge_with[il] >= 0 && merge_with[il] < il;
+}
+
 size_t loom__kv_storage_block_bytes(const loom_model *m, const int32_t *layer_src,
-                                    loom_type kv_type, int32_t block_size, int32_t g) {
+                                    const loom__kv_merge *merge, loom_type kv_type,
+                                    int32_t block_size, int32_t g) {
     const loom__model_config *c = &m->cfg;
-    size_t layers = 0;
-    for (int32_t il = 0; il < c->n_layer; il++)
+    const int32_t *with = merge && merge->n_pairs > 0 ? merge->with : NULL;
+    size_t layers = 0, pairs = 0;
+    for (int32_t il = 0; il < c->n_layer; il++) {
         layers += c->layers[il].kv_group == g && is_source(m, layer_src, il);
-    return layers * 2 * loom__kv_storage_layer_block_bytes(m, kv_type, block_size);
+        pairs += c->layers[il].kv_group == g && is_merged_b(with, il);
+    }
+    const size_t merge_bytes =
+        pairs ? loom__kv_storage_merge_block_bytes(m, kv_type, block_size,
+                                                   loom__kv_merge_rows(merge->retain, block_size))
+              : 0;
+    return layers * 2 * loom__kv_storage_layer_block_bytes(m, kv_type, block_size) +
+           pairs * merge_bytes;
 }
 
 /* ---- create and destroy -------------------------------------------------------------------- */
@@ -84,6 +105,8 @@ void loom__kv_storage_destroy(loom__kv_storage *st) {
     free(st->layer_src);
     free(st->k_scale);
     free(st->v_scale);
+    free(st->merge_with);
+    free(st->merge_base);
     free(st->ranges);
     memset(st, 0, sizeof *st);
 }
@@ -121,7 +144,21 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
     for (int32_t il = 0; il < c->n_layer; il++)
         st->layer_src[il] = p->layer_src ? p->layer_src[il] : c->layers[il].kv_src;
     const int32_t *src = st->layer_src;
-    LOOM_TRY(loom__kv_plan_check(m, src));
+    const bool merged = p->merge != NULL && p->merge->n_pairs > 0;
+    LOOM_RETURN_IF(merged != ((p->kv_flags & LOOM_KV_MERGED) != 0), LOOM_ERR_INVALID_ARG,
+                   "kv storage: LOOM_KV_MERGED must be set exactly when the plan has pairs");
+    if (merged) {
+        st->merge_with = loom__malloc((size_t)c->n_layer * sizeof *st->merge_with);
+        st->merge_base = loom__calloc((size_t)c->n_layer, sizeof *st->merge_base);
+        LOOM_RETURN_IF(!st->merge_with || !st->merge_base, LOOM_ERR_OUT_OF_MEMORY,
+                       "kv storage: out of memory");
+        memcpy(st->merge_with, p->merge->with, (size_t)c->n_layer * sizeof *st->merge_with);
+        st->merge_retain = loom__kv_merge_rows(p->merge->retain, p->block_size);
+        st->merge_t = p->merge->t;
+        st->merge_block_stride =
+            loom__kv_storage_merge_block_bytes(m, p->kv_type, p->block_size, st->merge_retain);
+    }
+    LOOM_TRY(loom__kv_plan_check(m, src, st->merge_with));
 
     /* Pools: every source layer's K then V, each of its group's size. */
     size_t total = 0;
@@ -132,6 +169,15 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
                                                (size_t)st->group_blocks[c->layers[il].kv_group],
                                                &layer_bytes) ||
                            loom__add_overflow_size(total, 2 * layer_bytes, &total),
+                       LOOM_ERR_OUT_OF_MEMORY, "kv storage: the pools' size overflows");
+    }
+    for (int32_t il = 0; il < c->n_layer; il++) {
+        if (!is_merged_b(st->merge_with, il)) continue;
+        size_t pool_bytes;
+        LOOM_RETURN_IF(loom__mul_overflow_size(st->merge_block_stride,
+                                               (size_t)st->group_blocks[c->layers[il].kv_group],
+                                               &pool_bytes) ||
+                           loom__add_overflow_size(total, pool_bytes, &total),
                        LOOM_ERR_OUT_OF_MEMORY, "kv storage: the pools' size overflows");
     }
     LOOM_TRY(be->ops->buffer_alloc(be->dev, total, &st->buf));
@@ -154,6 +200,11 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
         }
         at += 2 * layer_bytes;
     }
+    for (int32_t il = 0; il < c->n_layer; il++) {
+        if (!is_merged_b(st->merge_with, il)) continue;
+        st->merge_base[il] = st->merge_base[st->merge_with[il]] = at;
+        at += st->merge_block_stride * (size_t)st->group_blocks[c->layers[il].kv_group];
+    }
 
     /* The descriptors' arrays. */
     st->max_seqs = p->max_seqs;
@@ -167,10 +218,11 @@ static loom_status create(const loom_model *m, const loom__kv_storage_params *p,
     LOOM_TRY(host_ints(be, S + 1, &st->pos_start));
     LOOM_TRY(host_ints(be, S + 1, &st->kv_len));
 
-    /* A block moves in 2 ranges per source layer of its group. */
-    size_t sources = 0;
-    for (int32_t il = 0; il < c->n_layer; il++) sources += is_source(m, src, il);
-    st->ranges_cap = (size_t)p->max_copy_blocks * 2 * sources;
+    /* A block moves in 2 ranges per source layer of its group and one per merged pair. */
+    size_t ranges = 0;
+    for (int32_t il = 0; il < c->n_layer; il++)
+        ranges += 2 * is_source(m, src, il) + is_merged_b(st->merge_with, il);
+    st->ranges_cap = (size_t)p->max_copy_blocks * ranges;
     st->ranges = loom__malloc((st->ranges_cap ? st->ranges_cap : 1) * sizeof *st->ranges);
     LOOM_RETURN_IF(!st->ranges, LOOM_ERR_OUT_OF_MEMORY, "kv storage: out of memory");
     return LOOM_OK;
@@ -239,6 +291,11 @@ loom_status loom__kv_storage_descs(loom__kv_storage *st, const loom__kv *kv, int
             .scale_token_stride = st->scale_token_stride,
             .scale_block_stride = st->block_stride,
             .kv_flags = st->kv_flags,
+            .merge_with = st->merge_with,
+            .merge_base = st->merge_base,
+            .merge_block_stride = st->merge_block_stride,
+            .merge_retain = st->merge_retain,
+            .merge_t = st->merge_t,
         };
         loom_status s = loom__kv_desc_check(&out[g], st->q_start[n]);
         if (s != LOOM_OK) {
@@ -290,6 +347,31 @@ loom_status loom__kv_storage_copy(loom__kv_storage *st, void *stream, loom_copy_
                 }
                 if (slot != NULL) slot += st->block_stride;
             }
+        }
+        for (int32_t il = 0; il < c->n_layer; il++) {
+            if (c->layers[il].kv_group != g || !is_merged_b(st->merge_with, il)) continue;
+            LOOM_RETURN_IF(k + 1 > st->ranges_cap, LOOM_ERR_INVALID_ARG,
+                           "kv storage: a copy of more blocks than %zu ranges hold",
+                           st->ranges_cap);
+            char *pool = st->merge_base[il];
+            const size_t moff = (size_t)blocks[i] * st->merge_block_stride;
+            loom_copy_range *r = &st->ranges[k++];
+            r->bytes = st->merge_block_stride;
+            switch (kind) {
+            case LOOM_COPY_DEVICE:
+                r->src = pool + moff;
+                r->dst = pool + (size_t)dst[i] * st->merge_block_stride;
+                break;
+            case LOOM_COPY_TO_HOST:
+                r->src = pool + moff;
+                r->dst = slot;
+                break;
+            case LOOM_COPY_FROM_HOST:
+                r->src = slot;
+                r->dst = pool + moff;
+                break;
+            }
+            if (slot != NULL) slot += st->merge_block_stride;
         }
     }
     return st->model->backend->ops->copy_batch(stream, kind, st->ranges, k);

@@ -13,9 +13,14 @@
  * [block_size][n_kv_heads][head_dim] bytes, then [block_size][n_kv_heads] float32 scales, the
  * whole rounded up to 16 bytes. So every block copy (copy-on-write, swap) moves a block's
  * scales with its values without a second set of ranges, the values of each slot stay 16-byte
- * aligned for vector loads, and the budget counts the scales as the pages' own bytes. */
+ * aligned for vector loads, and the budget counts the scales as the pages' own bytes.
+ *
+ * A merged pair (kv_plan.h) has one merge pool besides its earlier layer's pools, after all
+ * the pools in the same buffer: one merge block per block of the group (loom_backend.h gives its
+ * layout), copied with the block and counted in its bytes. */
 #pragma once
 
+#include "engine/kv_plan.h"
 #include "kv/kv_manager.h"
 #include "model/model.h"
 
@@ -34,6 +39,12 @@ typedef struct loom__kv_storage {
     int32_t *layer_src;        /* [n_layers] the layer whose pools each reads */
     void **k_scale, **v_scale; /* [n_layers] FP8: the scales of block 0 (inside the pools) */
     size_t scale_token_stride;
+    /* Merged pairs (kv_flags & LOOM_KV_MERGED): */
+    int32_t *merge_with;       /* [n_layers] the other layer of each pair, or -1; NULL: none */
+    void **merge_base;         /* [n_layers] each pair's merge pool, at both of its layers */
+    size_t merge_block_stride; /* bytes of one merge block */
+    int32_t merge_retain;      /* retained rows per merge block */
+    float merge_t;
 
     /* The descriptors' arrays, for steps of up to max_seqs sequences (host_alloc). */
     int32_t max_seqs;
@@ -57,6 +68,8 @@ typedef struct loom__kv_storage_params {
     int32_t max_copy_blocks;     /* most blocks one loom__kv_storage_copy moves */
     const int32_t *layer_src;    /* [n_layer] the layer whose pools each layer reads (checked by
                                     loom__kv_plan_check; copied); NULL: the model's own map */
+    const loom__kv_merge *merge; /* the plan's merged pairs (copied); NULL or no pairs: none.
+                                    kv_flags has LOOM_KV_MERGED exactly when it has pairs */
 } loom__kv_storage_params;
 
 /* The element type of kv_type pages. Errors: INVALID_ARG (not a loom_kv_cache_type). */
@@ -66,10 +79,16 @@ loom_status loom__kv_cache_type_resolve(loom_kv_cache_type kv_type, loom_type *o
 size_t loom__kv_storage_layer_block_bytes(const loom_model *m, loom_type kv_type,
                                           int32_t block_size);
 
+/* Bytes of one block of a merged pair's merge pool keeping retain rows (loom_backend.h). */
+size_t loom__kv_storage_merge_block_bytes(const loom_model *m, loom_type kv_type,
+                                          int32_t block_size, int32_t retain);
+
 /* Bytes of one block of group g: every source layer of the group under layer_src (NULL: the
- * model's own map), K and V. */
+ * model's own map), K and V, and the merge block of each of the group's merged pairs (merge
+ * NULL: none). */
 size_t loom__kv_storage_block_bytes(const loom_model *m, const int32_t *layer_src,
-                                    loom_type kv_type, int32_t block_size, int32_t g);
+                                    const loom__kv_merge *merge, loom_type kv_type,
+                                    int32_t block_size, int32_t g);
 
 /* Allocates the pools and the per-step arrays. Errors: INVALID_ARG (a bad kv type, sizes),
  * OUT_OF_MEMORY, the backend's. On failure *st is destroyed and zeroed. */
@@ -92,7 +111,8 @@ loom_status loom__kv_storage_descs(loom__kv_storage *st, const loom__kv *kv, int
 /* Copies n whole blocks (every source layer's K and V) in one backend call on stream: block
  * blocks[i] of group groups[i] to block dst[i] of the same group (DEVICE), to the host slot at
  * host[i] (TO_HOST) or from it (FROM_HOST). A host slot holds the group's source layers' K
- * block then V block, layer after layer: loom__kv_storage_block_bytes bytes.
+ * block then V block, layer after layer, then its merged pairs' merge blocks:
+ * loom__kv_storage_block_bytes bytes.
  * Errors: INVALID_ARG (n > max_copy_blocks), the backend's. */
 loom_status loom__kv_storage_copy(loom__kv_storage *st, void *stream, loom_copy_kind kind,
                                   int32_t n, const int32_t *groups, const int32_t *blocks,

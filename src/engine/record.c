@@ -93,6 +93,13 @@ static void encode_header(loom__rec_buf *b, const loom__record_header *h) {
     const int32_t n_map = h->has_layer_src ? h->n_layer : 0; /* version 4 */
     loom__rec_u32(b, (uint32_t)n_map);
     for (int32_t l = 0; l < n_map; l++) loom__rec_u32(b, (uint32_t)h->layer_src[l]);
+    const int32_t n_with = n_map && h->n_merge_pairs > 0 ? h->n_layer : 0; /* version 5 */
+    loom__rec_u32(b, (uint32_t)n_with);
+    for (int32_t l = 0; l < n_with; l++) loom__rec_u32(b, (uint32_t)h->merge_with[l]);
+    if (n_with) {
+        loom__rec_f32(b, h->merge_retain);
+        loom__rec_f32(b, h->merge_t);
+    }
 }
 
 void loom__record_encode_request(loom__rec_buf *b, loom_request_id id, int64_t arrival_ns,
@@ -406,6 +413,32 @@ static loom_status decode_header(loom__replayer *r, loom__record_header *h) {
                            "replay: layer %u reads layer %d", l, h->layer_src[l]);
         }
         h->has_layer_src = n_map != 0;
+    }
+    if (version >= 5) {
+        uint32_t n_with;
+        LOOM_TRY(rd_u32(r, &n_with, "the merged pairs' length"));
+        LOOM_RETURN_IF(n_with != 0 && (!h->has_layer_src || n_with != (uint32_t)h->n_layer),
+                       LOOM_ERR_BAD_INPUT, "replay: merged pairs for %u layers of %d", n_with,
+                       h->n_layer);
+        int32_t n_paired = 0;
+        for (uint32_t l = 0; l < n_with; l++) {
+            LOOM_TRY(rd_i32(r, &h->merge_with[l], "the merged pairs"));
+            LOOM_RETURN_IF(h->merge_with[l] < -1 || h->merge_with[l] >= h->n_layer,
+                           LOOM_ERR_BAD_INPUT, "replay: layer %u merged with layer %d", l,
+                           h->merge_with[l]);
+            n_paired += h->merge_with[l] >= 0;
+        }
+        if (n_with) {
+            LOOM_TRY(rd_f32(r, &h->merge_retain, "merge_retain"));
+            LOOM_TRY(rd_f32(r, &h->merge_t, "merge_t"));
+            LOOM_RETURN_IF(!(h->merge_retain >= 0.0f && h->merge_retain <= 1.0f) ||
+                               !(h->merge_t >= 0.0f && h->merge_t <= 1.0f),
+                           LOOM_ERR_BAD_INPUT, "replay: merge_retain %g, merge_t %g",
+                           (double)h->merge_retain, (double)h->merge_t);
+            LOOM_RETURN_IF(n_paired == 0 || n_paired % 2 != 0, LOOM_ERR_BAD_INPUT,
+                           "replay: %d layers in merged pairs", n_paired);
+        }
+        h->n_merge_pairs = n_paired / 2;
     }
     /* kv_bytes 0 would ask for kv_fraction of this machine's memory: not the recorded pool. */
     LOOM_RETURN_IF(p->kv_bytes <= 0, LOOM_ERR_BAD_INPUT, "replay: kv_bytes %lld (> 0)",

@@ -39,8 +39,9 @@
 
 #include "loom.h"
 
-#define LOOM__RECORD_MAGIC   "LOOMREC1"
-#define LOOM__RECORD_VERSION 4u /* 2: the engine's kv_type; 3: kv_rotate; 4: the layer map */
+#define LOOM__RECORD_MAGIC "LOOMREC1"
+/* 2: the engine's kv_type; 3: kv_rotate; 4: the layer map; 5: merged pairs */
+#define LOOM__RECORD_VERSION 5u
 /* Most layers a record's layer map holds. */
 #define LOOM__RECORD_MAX_LAYERS 1024
 /* The latest clock reading (and the farthest arrival either side of creation) a record may
@@ -72,6 +73,12 @@ typedef struct loom__record_header {
      * for a record older than version 4 (the model's own map then). */
     bool has_layer_src;
     int32_t layer_src[LOOM__RECORD_MAX_LAYERS];
+    /* The plan's merged pairs (version 5; none before): merge_with[n_layer] (each layer's
+     * partner or -1), the retained fraction and the interpolation weight. n_merge_pairs 0: none
+     * (merge_with then unset). */
+    int32_t n_merge_pairs;
+    int32_t merge_with[LOOM__RECORD_MAX_LAYERS];
+    float merge_retain, merge_t;
 } loom__record_header;
 
 /* Encodes a request record ('R' included). prompt: the tokens the request holds (a text prompt

@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "engine/kv_plan.h"
 #include "engine/kv_storage.h"
+#include "kv/kv_desc.h"
 #include "kv/kv_manager.h"
 #include "model/forward.h"
 #include "tensor/fp16.h"
@@ -67,8 +68,10 @@ static loom_status kv_type_of(const loom_session_params *p, loom_type *out) {
 }
 
 /* The manager and the pools: every group holds a whole context (ceil(n_ctx / block_size)
- * blocks), so a reservation never waits for a sliding window's releases. */
-static loom_status create_kv(loom_session *s) {
+ * blocks), so a reservation never waits for a sliding window's releases. layer_src and merge:
+ * the plan (kv_plan.h), copied by the storage. */
+static loom_status create_kv(loom_session *s, const int32_t *layer_src, const loom__kv_merge *merge,
+                             uint32_t kv_flags) {
     const loom_model *m = s->model;
     const int32_t bs = s->params.block_size, n_groups = m->cfg.n_kv_groups;
     const int32_t n_blocks = (s->params.n_ctx + bs - 1) / bs;
@@ -87,23 +90,30 @@ static loom_status create_kv(loom_session *s) {
     kp.prefix_caching = false;
     kp.watermark = 0.0f;
     LOOM_TRY(loom__kv_create(&kp, &s->kv));
-    /* The layer map: the storage keeps its own copy. */
-    int32_t *layer_src = loom__malloc((size_t)m->cfg.n_layer * sizeof *layer_src);
-    LOOM_RETURN_IF(!layer_src, LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
-    loom_status st = loom__kv_plan_load(m, s->params.kv_plan, layer_src);
     loom__kv_storage_params sp = {
         .kv_type = s->kv_type,
-        .kv_flags = s->params.kv_rotate ? LOOM_KV_HADAMARD : 0,
+        .kv_flags = kv_flags,
         .block_size = bs,
         .group_blocks = group_blocks,
         .max_seqs = 1,
         .block_cap = loom__kv_desc_block_cap(s->kv, 1),
         .max_copy_blocks = 0, /* one sequence, never shared: no copy-on-write, no swap */
         .layer_src = layer_src,
+        .merge = merge,
     };
-    if (st == LOOM_OK) st = loom__kv_storage_create(m, &sp, &s->store);
-    free(layer_src);
-    return st;
+    return loom__kv_storage_create(m, &sp, &s->store);
+}
+
+/* The plan at path (kv_plan.h) into layer_src and merge (merge->with allocated here; the
+ * caller frees it and layer_src), and the pages' flags with LOOM_KV_MERGED where it merges. */
+static loom_status load_plan(const loom_model *m, const char *path, loom_type kv_type,
+                             int32_t *layer_src, loom__kv_merge *merge, uint32_t *kv_flags) {
+    LOOM_TRY(loom__kv_plan_load(m, path, layer_src, merge));
+    if (merge->n_pairs > 0) {
+        LOOM_TRY(loom__kv_merge_check_pages(kv_type, *kv_flags));
+        *kv_flags |= LOOM_KV_MERGED;
+    }
+    return LOOM_OK;
 }
 
 loom_status loom_session_create(loom_model *model, const loom_session_params *params,
@@ -127,12 +137,28 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     loom_type kv_type;
     LOOM_TRY(kv_type_of(&p, &kv_type));
-    const uint32_t kv_flags = p.kv_rotate ? LOOM_KV_HADAMARD : 0;
-    if (kv_type != LOOM_TYPE_F16 || kv_flags)
-        LOOM_TRY(loom__model_check_support(model, kv_type, kv_flags));
+    uint32_t kv_flags = p.kv_rotate ? LOOM_KV_HADAMARD : 0;
+    /* The layer map and merged pairs of the plan: the storage keeps its own copy. */
+    const size_t n_layer = (size_t)model->cfg.n_layer;
+    int32_t *layer_src = loom__malloc(n_layer * sizeof *layer_src);
+    loom__kv_merge merge = {.with = loom__malloc(n_layer * sizeof *merge.with)};
+    loom_status st = layer_src && merge.with
+                         ? load_plan(model, p.kv_plan, kv_type, layer_src, &merge, &kv_flags)
+                         : loom__fail(LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
+    if (st == LOOM_OK && (kv_type != LOOM_TYPE_F16 || kv_flags))
+        st = loom__model_check_support(model, kv_type, kv_flags);
+    if (st != LOOM_OK) {
+        free(layer_src);
+        free(merge.with);
+        return st;
+    }
 
     loom_session *s = loom__calloc(1, sizeof *s);
-    LOOM_RETURN_IF(!s, LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
+    if (!s) {
+        free(layer_src);
+        free(merge.with);
+        return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
+    }
     s->model = model;
     loom__model_retain(model);
     s->params = p;
@@ -146,8 +172,10 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
         .kv_type = kv_type,
         .kv_flags = kv_flags,
     };
-    loom_status st = loom__exec_create(model, &es, &s->exec);
-    if (st == LOOM_OK) st = create_kv(s);
+    st = loom__exec_create(model, &es, &s->exec);
+    if (st == LOOM_OK) st = create_kv(s, layer_src, &merge, kv_flags);
+    free(layer_src);
+    free(merge.with);
     s->params.kv_plan = NULL; /* the caller's string: not kept */
     if (st == LOOM_OK) {
         s->pos = loom__malloc((size_t)p.n_batch * sizeof *s->pos);
@@ -223,6 +251,46 @@ static void widen_row(loom_type type, const char *row, const float *scales, int3
     }
 }
 
+/* What kv_read fetched of one block: its pages (K then V, block_stride bytes each) and, for a
+ * layer of a merged pair, its merge block. */
+typedef struct kv_read_block {
+    char *page[2];
+    char *merge;
+} kv_read_block;
+
+/* Slot `slot` of head row set out[n_head_kv * head_dim] as attention reads it: the stored row
+ * (FP8 times its scales), or for a merged pair's layer (role 1 earlier, 2 later) the direction
+ * (the later layer's retained row where the token kept one) times the layer's norms. */
+static void read_slot(const loom__kv_storage *st, const kv_read_block *b, int kv_i, int role,
+                      int32_t slot, int32_t n_heads, int32_t head_dim, float *out) {
+    const int32_t bs = st->block_size;
+    const char *row = b->page[kv_i] + st->token_stride * (size_t)slot;
+    const float *scales = st->scale_kind != LOOM_KV_SCALE_NONE
+                              ? (const float *)(b->page[kv_i] + st->token_stride * (size_t)bs +
+                                                st->scale_token_stride * (size_t)slot)
+                              : NULL;
+    if (role == 0) {
+        widen_row(st->kv_type, row, scales, n_heads, head_dim, out);
+        return;
+    }
+    int32_t r;
+    memcpy(&r, b->merge + loom_kv_merge_state_at(bs, n_heads) + (size_t)slot * sizeof r, sizeof r);
+    if (role == 2 && r >= 0 && r < st->merge_retain)
+        row = b->merge + loom_kv_merge_rows_at(bs, n_heads) +
+              ((size_t)r * 2 + (size_t)kv_i) * (size_t)n_heads * (size_t)head_dim *
+                  loom__kv_elt_bytes(st->kv_type);
+    widen_row(st->kv_type, row, NULL, n_heads, head_dim, out);
+    for (int32_t h = 0; h < n_heads; h++) {
+        float norm;
+        memcpy(&norm,
+               b->merge +
+                   (((size_t)slot * n_heads + h) * 4 + (size_t)(role == 2 ? 2 : 0) + (size_t)kv_i) *
+                       sizeof(float),
+               sizeof norm);
+        for (int32_t d = 0; d < head_dim; d++) out[(size_t)h * head_dim + d] *= norm;
+    }
+}
+
 loom_status loom_session_kv_read(loom_session *s, int32_t layer, int32_t pos, int32_t n, float *k,
                                  float *v) {
     loom__clear_error();
@@ -236,42 +304,47 @@ loom_status loom_session_kv_read(loom_session *s, int32_t layer, int32_t pos, in
     if (n == 0) return LOOM_OK;
     const loom__kv_storage *st = &s->store;
     const int32_t src = st->layer_src[layer], g = c->layers[layer].kv_group;
+    const int32_t with = st->merge_with ? st->merge_with[layer] : -1;
+    const int role = with < 0 ? 0 : with > layer ? 1 : 2;
     const int32_t *table = NULL, bs = st->block_size;
     int32_t n_table = 0;
     LOOM_TRY(loom__kv_seq_table(s->kv, s->seq, g, &table, &n_table));
-    char *block = loom__malloc(st->block_stride);
-    LOOM_RETURN_IF(!block, LOOM_ERR_OUT_OF_MEMORY, "session_kv_read: out of memory");
+    const size_t merge_bytes = role ? st->merge_block_stride : 0;
+    char *buf = loom__malloc(2 * st->block_stride + merge_bytes);
+    LOOM_RETURN_IF(!buf, LOOM_ERR_OUT_OF_MEMORY, "session_kv_read: out of memory");
+    const kv_read_block blk = {{buf, buf + st->block_stride}, buf + 2 * st->block_stride};
     const loom_backend_ops *ops = s->model->backend->ops;
     const size_t row_floats = (size_t)c->n_head_kv * (size_t)c->head_dim;
     loom_status status = LOOM_OK;
-    for (int kv_i = 0; kv_i < 2 && status == LOOM_OK; kv_i++) {
-        float *out = kv_i == 0 ? k : v;
-        if (out == NULL) continue;
-        const char *pool = kv_i == 0 ? st->k_base[src] : st->v_base[src];
-        for (int32_t p = pos; p < pos + n && status == LOOM_OK;) {
-            const int32_t b = p / bs, end = (b + 1) * bs < pos + n ? (b + 1) * bs : pos + n;
-            const int32_t id = b < n_table ? table[b] : LOOM_KV_NO_BLOCK;
-            if (id == LOOM_KV_NO_BLOCK) {
-                status = loom__fail(LOOM_ERR_INVALID_ARG,
-                                    "session_kv_read: layer %d no longer holds position %d (its "
-                                    "window is %d)",
-                                    layer, p, c->kv_group_window[g]);
-                break;
-            }
-            status = ops->tensor_get(s->exec.stream, block, pool + (size_t)id * st->block_stride,
-                                     st->block_stride);
-            for (; status == LOOM_OK && p < end; p++) {
-                const int32_t slot = p % bs;
-                const float *scales = st->scale_kind != LOOM_KV_SCALE_NONE
-                                          ? (const float *)(block + st->token_stride * (size_t)bs +
-                                                            st->scale_token_stride * (size_t)slot)
-                                          : NULL;
-                widen_row(st->kv_type, block + st->token_stride * (size_t)slot, scales,
-                          c->n_head_kv, c->head_dim, out + (size_t)(p - pos) * row_floats);
-            }
+    for (int32_t p = pos; p < pos + n && status == LOOM_OK;) {
+        const int32_t b = p / bs, end = (b + 1) * bs < pos + n ? (b + 1) * bs : pos + n;
+        const int32_t id = b < n_table ? table[b] : LOOM_KV_NO_BLOCK;
+        if (id == LOOM_KV_NO_BLOCK) {
+            status = loom__fail(LOOM_ERR_INVALID_ARG,
+                                "session_kv_read: layer %d no longer holds position %d (its "
+                                "window is %d)",
+                                layer, p, c->kv_group_window[g]);
+            break;
         }
+        for (int kv_i = 0; kv_i < 2 && status == LOOM_OK; kv_i++)
+            status = ops->tensor_get(s->exec.stream, blk.page[kv_i],
+                                     (const char *)(kv_i == 0 ? st->k_base : st->v_base)[src] +
+                                         (size_t)id * st->block_stride,
+                                     st->block_stride);
+        if (status == LOOM_OK && role)
+            status = ops->tensor_get(s->exec.stream, blk.merge,
+                                     (const char *)st->merge_base[layer] +
+                                         (size_t)id * st->merge_block_stride,
+                                     merge_bytes);
+        for (; status == LOOM_OK && p < end; p++)
+            for (int kv_i = 0; kv_i < 2; kv_i++) {
+                float *out = kv_i == 0 ? k : v;
+                if (out != NULL)
+                    read_slot(st, &blk, kv_i, role, p % bs, c->n_head_kv, c->head_dim,
+                              out + (size_t)(p - pos) * row_floats);
+            }
     }
-    free(block);
+    free(buf);
     return status;
 }
 

@@ -39,8 +39,8 @@ static loom_status check_shape(const loom_kv_desc *kv, size_t *elt) {
     BAD_IF((kv->kv_type == LOOM_TYPE_FP8_E4M3 || kv->kv_type == LOOM_TYPE_FP8_E5M2) &&
                kv->scale_kind == LOOM_KV_SCALE_NONE,
            LOOM_ERR_INVALID_ARG, "%s pages without scales", loom__type_name(kv->kv_type));
-    BAD_IF((kv->kv_flags & ~LOOM_KV_HADAMARD) != 0, LOOM_ERR_UNSUPPORTED, "unknown kv_flags %#x",
-           (unsigned)kv->kv_flags);
+    BAD_IF((kv->kv_flags & ~(LOOM_KV_HADAMARD | LOOM_KV_MERGED)) != 0, LOOM_ERR_UNSUPPORTED,
+           "unknown kv_flags %#x", (unsigned)kv->kv_flags);
     BAD_IF((kv->kv_flags & LOOM_KV_HADAMARD) && (kv->head_dim & (kv->head_dim - 1)) != 0,
            LOOM_ERR_INVALID_ARG, "the Hadamard rotation needs a power-of-two head_dim, not %d",
            kv->head_dim);
@@ -107,6 +107,48 @@ static loom_status check_layers(const loom_kv_desc *kv, size_t elt) {
     return LOOM_OK;
 }
 
+/* Merged pairs: each pair two layers of the map (the later reading the earlier, a source), one
+ * aligned merge pool between them, blocks large enough for the layout of loom_backend.h. */
+static loom_status check_merges(const loom_kv_desc *kv, size_t elt) {
+    if (!(kv->kv_flags & LOOM_KV_MERGED)) return LOOM_OK;
+    BAD_IF(kv->merge_with == NULL || kv->merge_base == NULL || kv->layer_src == NULL,
+           LOOM_ERR_INVALID_ARG, "merged pairs without merge_with, merge_base or layer_src");
+    BAD_IF(kv->kv_type != LOOM_TYPE_F16 && kv->kv_type != LOOM_TYPE_BF16 &&
+               kv->kv_type != LOOM_TYPE_F32,
+           LOOM_ERR_UNSUPPORTED, "merged pairs over %s pages (F16, BF16 or F32)",
+           loom__type_name(kv->kv_type));
+    BAD_IF(kv->kv_flags & LOOM_KV_HADAMARD, LOOM_ERR_UNSUPPORTED,
+           "merged pairs with the Hadamard rotation");
+    BAD_IF(kv->merge_retain < 0 || kv->merge_retain > kv->block_size, LOOM_ERR_INVALID_ARG,
+           "merge_retain %d outside [0, block_size %d]", kv->merge_retain, kv->block_size);
+    BAD_IF(!(kv->merge_t >= 0.0f && kv->merge_t <= 1.0f), LOOM_ERR_INVALID_ARG,
+           "merge_t %g outside [0, 1]", (double)kv->merge_t);
+    size_t rows, need = 0, pool;
+    const size_t row = (size_t)kv->n_kv_heads * (size_t)kv->head_dim * elt;
+    BAD_IF(loom__mul_overflow_size((size_t)kv->merge_retain * 2, row, &rows) ||
+               loom__add_overflow_size(loom_kv_merge_rows_at(kv->block_size, kv->n_kv_heads), rows,
+                                       &need) ||
+               kv->merge_block_stride < need || kv->merge_block_stride % 16 != 0 ||
+               loom__mul_overflow_size((size_t)kv->n_blocks, kv->merge_block_stride, &pool),
+           LOOM_ERR_INVALID_ARG, "merge_block_stride %zu (a merge block needs %zu bytes, x16)",
+           kv->merge_block_stride, need);
+    for (int32_t l = 0; l < kv->n_layers; l++) {
+        const int32_t p = kv->merge_with[l];
+        if (p == -1) continue;
+        BAD_IF(p < 0 || p >= kv->n_layers || p == l || kv->merge_with[p] != l, LOOM_ERR_INVALID_ARG,
+               "merge_with[%d] = %d is not the other layer of a pair", l, p);
+        const int32_t a = l < p ? l : p, b = l < p ? p : l;
+        BAD_IF(kv->layer_src[a] != a || kv->layer_src[b] != a, LOOM_ERR_INVALID_ARG,
+               "merged pair %d, %d: layer_src must map both to %d (they map to %d and %d)", a, b, a,
+               kv->layer_src[a], kv->layer_src[b]);
+        BAD_IF(kv->merge_base[l] == NULL || kv->merge_base[l] != kv->merge_base[p] ||
+                   (uintptr_t)kv->merge_base[l] % 16 != 0,
+               LOOM_ERR_INVALID_ARG, "merged pair %d, %d: no shared 16-byte aligned merge pool", a,
+               b);
+    }
+    return LOOM_OK;
+}
+
 /* The CSR arrays' structure, then the contents every new row depends on. */
 static loom_status check_tables(const loom_kv_desc *kv, int64_t n_rows) {
     BAD_IF(kv->indptr == NULL || kv->q_start == NULL ||
@@ -155,5 +197,6 @@ loom_status loom__kv_desc_check(const loom_kv_desc *kv, int64_t n_rows) {
     size_t elt;
     LOOM_TRY(check_shape(kv, &elt));
     LOOM_TRY(check_layers(kv, elt));
+    LOOM_TRY(check_merges(kv, elt));
     return check_tables(kv, n_rows);
 }

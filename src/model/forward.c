@@ -8,9 +8,10 @@
  *             xn = rms_norm(x) ; x += [post_norm]((act(xn·Wgᵀ) * xn·Wuᵀ)·Wdᵀ)
  * A layer that reuses an earlier layer's K/V (the descriptor's layer_src[il] != il: the
  * model's declared sharing or the engine's plan) computes only q and attends over the source's
- * pages. The embedding rows are scaled by embd_scale (sqrt(D) for gemma3),
- * then the final norm and the output projection for the rows that want logits only, a few rows
- * at a time so the logits buffer stays small even for a 262k vocabulary. */
+ * pages; the later layer of a merged pair (LOOM_KV_MERGED) computes and stores its K/V, which
+ * kv_store merges into its partner's pages. The embedding rows are scaled by embd_scale (sqrt(D)
+ * for gemma3), then the final norm and the output projection for the rows that want logits only, a
+ * few rows at a time so the logits buffer stays small even for a 262k vocabulary. */
 #include "model/forward.h"
 
 #include <math.h>
@@ -192,7 +193,10 @@ static loom_status attention_block(const loom_model *m, loom__exec *ws, int32_t 
      * engine's or session's plan), not the model's: engines on one model may share
      * differently. */
     const loom_kv_desc *kvg = &kv[lc->kv_group];
-    const bool own_kv = kvg->layer_src == NULL || kvg->layer_src[il] == il;
+    /* The later layer of a merged pair reads its partner's pools but computes and stores its
+     * K/V (kv_store merges them into the pair's pages; loom_backend.h). */
+    const bool merged = (kvg->kv_flags & LOOM_KV_MERGED) && kvg->merge_with[il] >= 0;
+    const bool own_kv = kvg->layer_src == NULL || kvg->layer_src[il] == il || merged;
     loom_tensor x = rows_of(&ws->x, n), xn = rows_of(&ws->xn, n);
     loom_tensor q = rows_of(&ws->q, n), k = rows_of(&ws->k, n), v = rows_of(&ws->v, n);
     loom_tensor att = rows_of(&ws->att, n), proj = rows_of(&ws->proj, n);

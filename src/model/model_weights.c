@@ -159,10 +159,11 @@ loom_status loom__model_check_support(const loom_model *m, loom_type kv_type, ui
                               .kv_flags = kv_flags};
             char what[160];
             snprintf(what, sizeof what,
-                     "%s over %s KV pages%s with head_dim %d, %d/%d heads, window %d",
+                     "%s over %s KV pages%s%s with head_dim %d, %d/%d heads, window %d",
                      k ? "attention" : "kv_store", loom__type_name(kv_type),
                      kv_flags & LOOM_KV_HADAMARD ? " rotated by a Hadamard transform" : "",
-                     c->head_dim, c->n_head, c->n_head_kv, c->kv_group_window[g]);
+                     kv_flags & LOOM_KV_MERGED ? " with merged layer pairs" : "", c->head_dim,
+                     c->n_head, c->n_head_kv, c->kv_group_window[g]);
             LOOM_TRY(need_op(m, &d, what));
         }
     }

@@ -143,13 +143,18 @@ loom_status loom__check_kv_use(const char *backend, const char *op, const loom_k
                    op, (int)kv->layout, (int)kv->scale_kind, backend);
     LOOM_RETURN_IF(layer < 0 || layer >= kv->n_layers, LOOM_ERR_INVALID_ARG,
                    "%s: layer %d outside [0, %d)", op, layer, kv->n_layers);
-    LOOM_RETURN_IF((kv->kv_flags & ~LOOM_KV_HADAMARD) != 0, LOOM_ERR_UNSUPPORTED,
+    LOOM_RETURN_IF((kv->kv_flags & ~(LOOM_KV_HADAMARD | LOOM_KV_MERGED)) != 0, LOOM_ERR_UNSUPPORTED,
                    "%s: kv_flags %#x (%s)", op, (unsigned)kv->kv_flags, backend);
-    /* kv_store writes only the layers that own pools (a reusing layer stores nothing). */
-    LOOM_RETURN_IF(!via_layer_src && kv->layer_src != NULL && kv->layer_src[layer] != layer,
+    /* kv_store writes only the layers that own pools (a reusing layer stores nothing), and the
+     * later layer of a merged pair, which stores into its pair's pools. */
+    const bool merged_b = (kv->kv_flags & LOOM_KV_MERGED) && kv->merge_with[layer] >= 0 &&
+                          kv->merge_with[layer] < layer;
+    LOOM_RETURN_IF(!via_layer_src && !merged_b && kv->layer_src != NULL &&
+                       kv->layer_src[layer] != layer,
                    LOOM_ERR_INVALID_ARG, "%s: layer %d reads layer %d's pools and stores none", op,
                    layer, kv->layer_src[layer]);
-    *pool_layer = via_layer_src && kv->layer_src != NULL ? kv->layer_src[layer] : layer;
+    *pool_layer =
+        (via_layer_src || merged_b) && kv->layer_src != NULL ? kv->layer_src[layer] : layer;
     return LOOM_OK;
 }
 

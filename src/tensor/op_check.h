@@ -27,9 +27,9 @@ loom_status loom__check_glu(const loom_tensor *gate, const loom_tensor *up, loom
 loom_status loom__check_rope(const loom_tensor *x, const loom_tensor *pos,
                              const loom_rope_params *p);
 
-/* The descriptor's layout, scales and layer for op (kv_store: a layer that owns pools;
- * attention, via_layer_src: any layer, reading layer_src's): *pool_layer = the layer whose
- * pools the op uses. The element type is the backend's to check. */
+/* The descriptor's layout, scales and layer for op (kv_store: a layer that owns pools or the
+ * later layer of a merged pair; attention, via_layer_src: any layer, reading layer_src's):
+ * *pool_layer = the layer whose pools the op uses. The element type is the backend's to check. */
 loom_status loom__check_kv_use(const char *backend, const char *op, const loom_kv_desc *kv,
                                int32_t layer, bool via_layer_src, int32_t *pool_layer);
 /* kv_store's tensors against the descriptor; *n_rows = the step's new rows. */

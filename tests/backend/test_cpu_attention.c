@@ -789,8 +789,10 @@ static void test_attention_hadamard(void **state) {
     loom_kv_desc d = kvtest_desc(&kt, kt.step_q, kt.step_pos, kt.step_len);
     d.kv_flags = LOOM_KV_HADAMARD;
     assert_int_equal(loom__kv_desc_check(&d, kt.T), LOOM_ERR_INVALID_ARG);
-    d.kv_flags = 2;
+    d.kv_flags = 4; /* no such flag */
     assert_int_equal(loom__kv_desc_check(&d, kt.T), LOOM_ERR_UNSUPPORTED);
+    d.kv_flags = LOOM_KV_MERGED; /* merged pairs without their arrays */
+    assert_int_equal(loom__kv_desc_check(&d, kt.T), LOOM_ERR_INVALID_ARG);
     kvtest_free(&kt);
 }
 

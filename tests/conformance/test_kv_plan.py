@@ -310,7 +310,7 @@ def main():
         "chain": ("share 1 0\nshare 2 1\n", ["plan-chain.txt", "no chains"]),
         "twice": ("share 2 0\nshare 2 1\n", ["plan-twice.txt:3", "second time"]),
         "count": ("layers 18\n", ["plan-count.txt:2", "18 layers", "this one has 4"]),
-        "junk": ("merge 3 2 0.5\n", ["plan-junk.txt:2", "unknown directive 'merge'"]),
+        "junk": ("blend 3 2 0.5\n", ["plan-junk.txt:2", "unknown directive 'blend'"]),
         "syntax": ("share 3\n", ["plan-syntax.txt:2", "share <layer> <source>"]),
     }
     for name, (body, needles) in bad.items():

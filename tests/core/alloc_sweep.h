@@ -160,7 +160,7 @@ static inline void check_fingerprint(loom_model *m, int arch, const char *what) 
 static inline int64_t kv_budget(const loom_model *m, int n_blocks) {
     int64_t b = 0;
     for (int32_t g = 0; g < m->cfg.n_kv_groups; g++)
-        b += (int64_t)loom__kv_storage_block_bytes(m, NULL, LOOM_TYPE_F16, BS, g);
+        b += (int64_t)loom__kv_storage_block_bytes(m, NULL, NULL, LOOM_TYPE_F16, BS, g);
     return b * n_blocks;
 }
 

@@ -207,7 +207,8 @@ static void test_swap_one_call(void **state) {
     for (int mi = 0; mi < 2; mi++) {
         loom_model *m = load_recorded(g_path[mi], false);
         /* Room for about two of the four 70-position requests in group 0. */
-        const size_t pos_bytes = loom__kv_storage_block_bytes(m, NULL, LOOM_TYPE_F16, 8, 0) / 8;
+        const size_t pos_bytes =
+            loom__kv_storage_block_bytes(m, NULL, NULL, LOOM_TYPE_F16, 8, 0) / 8;
         loom_engine *e =
             make_engine(m, (int64_t)(pos_bytes * 2 * 80 * m->cfg.n_kv_groups), LOOM_PREEMPT_SWAP);
         loom_token swapped[4][40], roomy[4][40];

@@ -12,7 +12,8 @@
  * accumulator exactly as described at the top of cpu_attention_tile.c; at the end of each
  * segment after the first, that segment's state is merged into the state of the earlier ones
  * (loom__attn_state_merge); the output is acc / l. Everything is float32; F16, BF16 and FP8 K/V are
- * widened exactly.
+ * widened exactly. The layers of a merged pair read directions times their norms
+ * (cpu_attention_tile.c, loom_backend.h).
  *
  * Work is shared out in items: a block of up to `rows` consecutive rows (split where a
  * sequence ends) and up to `heads` query heads of one kv head. An item walks the tiles its
@@ -58,6 +59,8 @@ typedef struct attn_task {
     const char *k_pool; /* [n_blocks][block_size][n_kv_heads][head_dim] of kv_type */
     const char *v_pool;
     const char *k_scale, *v_scale; /* FP8: the pools' scales (NULL otherwise) */
+    const char *merge;             /* a merged pair's merge pool (attn_kv_src) */
+    int merge_role;                /* 0: not merged; 1: the pair's earlier layer; 2: later */
     int32_t group;                 /* query heads per kv head */
     int32_t heads;    /* query heads per item (the last chunk of a group may have fewer) */
     int32_t chunks;   /* items per (row block, kv head): ceil(group / heads) */
@@ -165,7 +168,8 @@ static void attn_run(const attn_task *t, int32_t s, int64_t r0, int64_t r1, int3
     attn_qvec qv[ATTN_ITEM_QVECS];
     float m_prev[ATTN_ITEM_QVECS], l_prev[ATTN_ITEM_QVECS];
     attn_qvecs_init(t, qv, n, r0, h0, nh, acc, qt);
-    const attn_kv_src src = {kv, t->k_pool, t->v_pool, t->k_scale, t->v_scale, s, kvh};
+    const attn_kv_src src = {kv, t->k_pool, t->v_pool, t->k_scale,   t->v_scale,
+                             s,  kvh,       t->merge,  t->merge_role};
     for (int64_t seg = lo_first / ATTN_SEG * ATTN_SEG; seg <= pos_last; seg += ATTN_SEG) {
         const int64_t a = lo_first > seg ? lo_first : seg;
         const int64_t b = pos_last < seg + ATTN_SEG - 1 ? pos_last : seg + ATTN_SEG - 1;
@@ -228,7 +232,8 @@ static void attn_run_part(const attn_task *t, int64_t r, int32_t kvh, int32_t h0
     float *acc = scratch + loom__attn_tile_floats(hd), *qt = acc + (size_t)nh * (size_t)hd;
     attn_qvec qv[ATTN_ITEM_QVECS];
     attn_qvecs_init(t, qv, nh, r, h0, nh, acc, qt);
-    const attn_kv_src src = {kv, t->k_pool, t->v_pool, t->k_scale, t->v_scale, s, kvh};
+    const attn_kv_src src = {kv, t->k_pool, t->v_pool, t->k_scale,   t->v_scale,
+                             s,  kvh,       t->merge,  t->merge_role};
     attn_tiles(t, &src, &tile, qv, nh, nh, pos, a, b, b, qt, scores);
     for (int k = 0; k < nh; k++) {
         float *part = attn_part(t, r, h0 + k, si);
@@ -393,6 +398,20 @@ loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_d
                    .k_scale = kv->k_scale ? kv->k_scale[pool_layer] : NULL,
                    .v_scale = kv->v_scale ? kv->v_scale[pool_layer] : NULL,
                    .group = p->n_head / kv->n_kv_heads};
+    switch (loom__cpu_merge_role(kv, p->layer)) {
+    case LOOM_CPU_MERGE_A:
+    case LOOM_CPU_MERGE_B:
+        LOOM_RETURN_IF(kv->kv_type != LOOM_TYPE_F16 && kv->kv_type != LOOM_TYPE_BF16 &&
+                           kv->kv_type != LOOM_TYPE_F32,
+                       LOOM_ERR_UNSUPPORTED,
+                       "attention: merged pairs over %s pages (cpu: f16, bf16, f32)",
+                       loom__type_name(kv->kv_type));
+        t.merge = kv->merge_base[p->layer];
+        t.merge_role = loom__cpu_merge_role(kv, p->layer) == LOOM_CPU_MERGE_A ? 1 : 2;
+        break;
+    case LOOM_CPU_MERGE_NONE:
+        break;
+    }
     attn_plan(&t, n_rows, kv->n_kv_heads, c->n_threads);
     LOOM_TRY(loom__cpu_reserve_scratch(
         c, (size_t)attn_scratch_floats((int64_t)t.rows * t.heads, kv->head_dim)));

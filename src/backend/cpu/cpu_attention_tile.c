@@ -43,44 +43,89 @@ _Static_assert(ATTN_TILE % LW_N == 0, "a tile is whole groups of the widest lane
 /* ------------------------------------------------------------------------------------------ */
 
 /* How a pool's elements widen to float: the kernels below take it as a constant, so each kind
- * gets its own copy of the loops. */
-typedef enum tile_kind { TK_F32, TK_F16, TK_BF16, TK_E4M3, TK_E5M2 } tile_kind;
+ * gets its own copy of the loops. The N kinds are the pages of merged pairs: directions, each
+ * row multiplied by its norm. */
+typedef enum tile_kind {
+    TK_F32,
+    TK_F16,
+    TK_BF16,
+    TK_E4M3,
+    TK_E5M2,
+    TK_F32N,
+    TK_F16N,
+    TK_BF16N
+} tile_kind;
 
-static tile_kind kind_of(loom_type t) {
+static tile_kind kind_of(loom_type t, bool merged) {
     switch (t) {
     case LOOM_TYPE_F16:
-        return TK_F16;
+        return merged ? TK_F16N : TK_F16;
     case LOOM_TYPE_BF16:
-        return TK_BF16;
+        return merged ? TK_BF16N : TK_BF16;
     case LOOM_TYPE_FP8_E4M3:
         return TK_E4M3;
     case LOOM_TYPE_FP8_E5M2:
         return TK_E5M2;
     default:
-        return TK_F32;
+        return merged ? TK_F32N : TK_F32;
     }
 }
 
 static size_t kind_bytes(tile_kind k) {
-    return k == TK_F32 ? sizeof(float) : k == TK_E4M3 || k == TK_E5M2 ? 1 : sizeof(uint16_t);
+    return k == TK_F32 || k == TK_F32N    ? sizeof(float)
+           : k == TK_E4M3 || k == TK_E5M2 ? 1
+                                          : sizeof(uint16_t);
 }
 
-/* Start of the K or V row of position j (bytes into pool). */
+/* The merge block of position j's block. */
+static const char *tile_merge_block(const attn_kv_src *src, int64_t j) {
+    const loom_kv_desc *kv = src->kv;
+    const int32_t block = kv->block_ids[kv->indptr[src->seq] + j / kv->block_size];
+    return src->merge + (size_t)block * kv->merge_block_stride;
+}
+
+/* Start of the K or V row of position j: in pool, or for the later layer of a merged pair its
+ * retained row where the token kept one. */
 static const char *tile_row(const attn_kv_src *src, const char *pool, int64_t j) {
     const loom_kv_desc *kv = src->kv;
-    return pool + loom__cpu_kv_slot(kv, src->seq, j) +
-           (size_t)src->kvh * kv->head_dim * kind_bytes(kind_of(kv->kv_type));
+    const size_t elt = kind_bytes(kind_of(kv->kv_type, false));
+    const size_t head = (size_t)src->kvh * kv->head_dim * elt;
+    if (src->merge_role == 2) {
+        const char *mb = tile_merge_block(src, j);
+        int32_t r;
+        memcpy(&r,
+               mb + loom_kv_merge_state_at(kv->block_size, kv->n_kv_heads) +
+                   (size_t)(j % kv->block_size) * sizeof r,
+               sizeof r);
+        if (r >= 0 && r < kv->merge_retain) {
+            const size_t row = (size_t)kv->n_kv_heads * kv->head_dim * elt;
+            return mb + loom_kv_merge_rows_at(kv->block_size, kv->n_kv_heads) +
+                   ((size_t)r * 2 + (pool == src->v_pool)) * row + head;
+        }
+    }
+    return pool + loom__cpu_kv_slot(kv, src->seq, j) + head;
 }
 
 /* What a row's widened elements are multiplied by: FP8 its scale (E4M3's times 2^8, see
- * lv_fp8_half_bits); 1 for the others, whose loads are exact already (and never multiplied). */
-static float tile_scale(const attn_kv_src *src, const char *scales, int64_t j, tile_kind k) {
-    if (k != TK_E4M3 && k != TK_E5M2) return 1.0f;
+ * lv_fp8_half_bits); a merged pair's direction the layer's norm; 1 for the others, whose loads
+ * are exact already (and never multiplied). */
+static float tile_scale(const attn_kv_src *src, bool is_v, int64_t j, tile_kind k) {
     const loom_kv_desc *kv = src->kv;
-    const int32_t block = kv->block_ids[kv->indptr[src->seq] + j / kv->block_size];
     float s;
+    if (k == TK_F32N || k == TK_F16N || k == TK_BF16N) {
+        const int which = (src->merge_role == 2 ? 2 : 0) + is_v;
+        memcpy(&s,
+               tile_merge_block(src, j) +
+                   (((size_t)(j % kv->block_size) * kv->n_kv_heads + (size_t)src->kvh) * 4 +
+                    (size_t)which) *
+                       sizeof(float),
+               sizeof s);
+        return s;
+    }
+    if (k != TK_E4M3 && k != TK_E5M2) return 1.0f;
+    const int32_t block = kv->block_ids[kv->indptr[src->seq] + j / kv->block_size];
     memcpy(&s,
-           scales + (size_t)block * kv->scale_block_stride +
+           (is_v ? src->v_scale : src->k_scale) + (size_t)block * kv->scale_block_stride +
                (size_t)(j % kv->block_size) * kv->scale_token_stride +
                (size_t)src->kvh * sizeof(float),
            sizeof s);
@@ -98,6 +143,12 @@ ATTN_INLINE lv8 tile_load8(const char *row, int64_t d, tile_kind k, float scale)
         return lv_mul(lv_load_fp8((const uint8_t *)row + d, true), lv_set1(scale));
     case TK_E5M2:
         return lv_mul(lv_load_fp8((const uint8_t *)row + d, false), lv_set1(scale));
+    case TK_F16N:
+        return lv_mul(lv_load_f16((const uint16_t *)row + d), lv_set1(scale));
+    case TK_BF16N:
+        return lv_mul(lv_load_bf16((const uint16_t *)row + d), lv_set1(scale));
+    case TK_F32N:
+        return lv_mul(lv_load((const float *)row + d), lv_set1(scale));
     default:
         return lv_load((const float *)row + d);
     }
@@ -113,6 +164,12 @@ ATTN_INLINE float tile_load1(const char *row, int64_t d, tile_kind k, float scal
     case TK_E4M3:
     case TK_E5M2:
         return loom__f16_to_f32(lv_fp8_half_bits(((const uint8_t *)row)[d], k == TK_E4M3)) * scale;
+    case TK_F16N:
+        return loom__f16_to_f32(((const uint16_t *)row)[d]) * scale;
+    case TK_BF16N:
+        return loom__bf16_to_f32(((const uint16_t *)row)[d]) * scale;
+    case TK_F32N:
+        return ((const float *)row)[d] * scale;
     default:
         return ((const float *)row)[d];
     }
@@ -129,7 +186,7 @@ ATTN_INLINE void tile_load_k8(const attn_kv_tile *t, const attn_kv_src *src, int
         const int lane = lane0 + i;
         const bool in = lane >= t->ia && lane <= t->ib;
         row[i] = in ? tile_row(src, src->k_pool, t->j0 + lane) : NULL;
-        scale[i] = in ? tile_scale(src, src->k_scale, t->j0 + lane, k) : 0.0f;
+        scale[i] = in ? tile_scale(src, false, t->j0 + lane, k) : 0.0f;
     }
     int64_t d = 0;
     for (; d + LV_N <= hd; d += LV_N) {
@@ -158,7 +215,7 @@ ATTN_INLINE void tile_load_v(attn_kv_tile *t, const attn_kv_src *src, tile_kind 
             t->v[i] = (const float *)row; /* read in place */
             continue;
         }
-        const float scale = tile_scale(src, src->v_scale, t->j0 + i, k);
+        const float scale = tile_scale(src, true, t->j0 + i, k);
         float *dst = t->vbuf + (size_t)i * (size_t)hd;
         int64_t d = 0;
         for (; d + LV_N <= hd; d += LV_N) lv_store(dst + d, tile_load8(row, d, k, scale));
@@ -177,9 +234,18 @@ void loom__attn_tile_load(attn_kv_tile *t, const attn_kv_src *src, int64_t j0, i
     t->j0 = j0;
     t->ia = ia;
     t->ib = ib;
-    switch (kind_of(src->kv->kv_type)) {
+    switch (kind_of(src->kv->kv_type, src->merge_role != 0)) {
     case TK_F16:
         tile_load_kind(t, src, TK_F16);
+        break;
+    case TK_F16N:
+        tile_load_kind(t, src, TK_F16N);
+        break;
+    case TK_BF16N:
+        tile_load_kind(t, src, TK_BF16N);
+        break;
+    case TK_F32N:
+        tile_load_kind(t, src, TK_F32N);
         break;
     case TK_BF16:
         tile_load_kind(t, src, TK_BF16);
@@ -198,7 +264,7 @@ void loom__attn_tile_load(attn_kv_tile *t, const attn_kv_src *src, int64_t j0, i
 
 void loom__attn_tile_prefetch(const attn_kv_src *src, int64_t j0, int ia, int ib) {
     const loom_kv_desc *kv = src->kv;
-    const size_t row = (size_t)kv->head_dim * kind_bytes(kind_of(kv->kv_type));
+    const size_t row = (size_t)kv->head_dim * kind_bytes(kind_of(kv->kv_type, false));
     for (int i = ia; i <= ib; i++) {
         const uintptr_t k = (uintptr_t)tile_row(src, src->k_pool, j0 + i);
         const uintptr_t v = (uintptr_t)tile_row(src, src->v_pool, j0 + i);

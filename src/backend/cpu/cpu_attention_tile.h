@@ -26,6 +26,11 @@ typedef struct attn_kv_src {
     const char *k_pool, *v_pool;   /* the layer's pools: [n_blocks][block_size][n_kv][hd] */
     const char *k_scale, *v_scale; /* FP8: the pools' per-(position, head) scales; else NULL */
     int32_t seq, kvh;
+    /* A layer of a merged pair (loom_backend.h): its pair's merge pool, and 1 for the earlier
+     * layer, 2 for the later (rows are directions, read times the layer's norms; the later
+     * layer reads a retained row where its token has one); merge_role 0: not merged. */
+    const char *merge;
+    int merge_role;
 } attn_kv_src;
 
 /* One tile of K and V as float32, positions j0 + [ia, ib] loaded (the rest of the tile is

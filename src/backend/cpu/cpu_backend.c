@@ -20,7 +20,10 @@ static bool cpu_supports(void *dev, const loom_op_desc *op) {
                op->scale_kind == loom__kv_scale_kind_of(op->type) &&
                (op->kv_flags == 0 ||
                 (op->kv_flags == LOOM_KV_HADAMARD && op->head_dim <= LOOM_CPU_HADAMARD_MAX &&
-                 (op->head_dim & (op->head_dim - 1)) == 0)) &&
+                 (op->head_dim & (op->head_dim - 1)) == 0) ||
+                (op->kv_flags == LOOM_KV_MERGED &&
+                 (op->type == LOOM_TYPE_F16 || op->type == LOOM_TYPE_BF16 ||
+                  op->type == LOOM_TYPE_F32))) &&
                op->head_dim >= 1 && op->window >= 0 && op->softcap >= 0.0f;
     case LOOM_OP_RMS_NORM:
     case LOOM_OP_ROPE:

@@ -193,6 +193,22 @@ loom_status loom__cpu_rope(void *ctx, loom_tensor *x, const loom_tensor *pos,
 loom_status loom__cpu_kv_store(void *ctx, const loom_tensor *k, const loom_tensor *v,
                                const loom_kv_desc *kv, int32_t layer);
 
+/* cpu_kv_merge.c: kv_store for a layer of a merged pair (loom__cpu_merge_role not NONE), n_rows
+ * new rows; pool_layer the pair's earlier layer. Errors: UNSUPPORTED (pages other than F16,
+ * BF16, F32), OUT_OF_MEMORY (scratch). */
+loom_status loom__cpu_kv_store_merged(loom__cpu_ctx *c, const loom_tensor *k, const loom_tensor *v,
+                                      const loom_kv_desc *kv, int32_t layer, int32_t pool_layer,
+                                      int64_t n_rows);
+/* Scratch floats per thread the merged store needs. */
+size_t loom__cpu_kv_merge_scratch(int32_t n_kv_heads, int32_t head_dim);
+
+/* A layer's part in a merged pair: none, the earlier layer (owns the pools) or the later. */
+typedef enum { LOOM_CPU_MERGE_NONE, LOOM_CPU_MERGE_A, LOOM_CPU_MERGE_B } loom__cpu_merge_role_t;
+static inline loom__cpu_merge_role_t loom__cpu_merge_role(const loom_kv_desc *kv, int32_t layer) {
+    if (!(kv->kv_flags & LOOM_KV_MERGED) || kv->merge_with[layer] < 0) return LOOM_CPU_MERGE_NONE;
+    return kv->merge_with[layer] > layer ? LOOM_CPU_MERGE_A : LOOM_CPU_MERGE_B;
+}
+
 /* cpu_attention.c */
 loom_status loom__cpu_attention(void *ctx, const loom_tensor *q, const loom_kv_desc *kv,
                                 const loom_attn_params *p, loom_tensor *out);

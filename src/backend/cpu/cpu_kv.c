@@ -8,7 +8,7 @@
  * loom_kv_cache_type), s in the slot's scale; a row of zeros gets s = 0 and zero codes; a row
  * with a NaN gets s = NaN, so it reads back as NaN rather than as a made-up finite value. The
  * whole descriptor is validated before anything is written, so a bad block id leaves the pools
- * untouched. */
+ * untouched. The layers of merged pairs store through cpu_kv_merge.c. */
 #include "backend/cpu/cpu_internal.h"
 
 #include "core/status.h"
@@ -110,6 +110,8 @@ loom_status loom__cpu_kv_store(void *ctx, const loom_tensor *k, const loom_tenso
     LOOM_TRY(loom__check_kv_store(k, v, kv, &n_rows));
     const int64_t kv_dim = (int64_t)kv->n_kv_heads * kv->head_dim;
     if (n_rows == 0) return LOOM_OK;
+    if (loom__cpu_merge_role(kv, layer) != LOOM_CPU_MERGE_NONE)
+        return loom__cpu_kv_store_merged(c, k, v, kv, layer, pool_layer, n_rows);
 
     if (kv->kv_flags & LOOM_KV_HADAMARD) LOOM_TRY(loom__cpu_reserve_scratch(c, (size_t)kv_dim));
     kvs_task t = {.k = k,

@@ -116,6 +116,9 @@ loom_status loom__cpu_workspace_plan(int n_threads, bool f32_activations, const 
                                  &scratch, &parts);
         out->scratch_floats = max_size(out->scratch_floats, scratch);
         out->attn_parts_bytes = parts;
+        if (sh->kv_flags & LOOM_KV_MERGED)
+            out->scratch_floats = max_size(
+                out->scratch_floats, loom__cpu_kv_merge_scratch(sh->n_kv_heads, sh->head_dim));
         if (sh->kv_flags & LOOM_KV_HADAMARD) /* attention's rotated queries, in act */
             out->act_bytes = max_size(out->act_bytes, (size_t)sh->max_tokens * (size_t)sh->n_head *
                                                           (size_t)sh->head_dim * sizeof(float));

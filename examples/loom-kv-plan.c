@@ -4,7 +4,7 @@
  *
  *   loom-kv-plan -m MODEL -f TEXT -o PLAN [--tokens N] [--threshold T | --saving F]
  *                [--max-kl K [--val-tokens V]] [--adjacent] [--ctx C] [-t THREADS]
- *                [--backend NAME] [--quiet]
+ *                [--merge [--retain R] [--merge-t W]] [--backend NAME] [--quiet]
  *
  * It runs the first N tokens of TEXT (default 1024) through one session with float32 pages,
  * reads every layer's cached K (after its norm and RoPE) and V back (loom_session_kv_read), and
@@ -27,6 +27,13 @@
  * between two layers' keys predicts little of what sharing them costs (the most similar pair
  * costs more than many dissimilar ones), which is why this mode exists; KVSharer validates its
  * pairs on the model's output in the same spirit.
+ *
+ * --merge plans merged pairs instead (MiniCache-style: "merge L S" lines; loom_backend.h): each
+ * layer L of the model's deeper half with the previous layer S of its window, pairs disjoint,
+ * ranked and taken as above. A merged pair keeps both layers' norms and each block's R most
+ * different tokens unmerged (--retain R, the fraction of a block's tokens: default 0.1), and
+ * interpolates the rest (--merge-t W, default 0.6, the weight of L's direction); the saving
+ * counts the merge blocks against F16 pages of 16 positions (the defaults).
  *
  * The plan file (read by loom_session_params.kv_plan / loom_engine_params.kv_plan) lists each
  * pair with its similarity. Every pair and its score is printed too, unless --quiet. Whether a
@@ -54,12 +61,16 @@ typedef struct options {
     double max_kl;            /* < 0: by similarity only */
     int32_t val_tokens;
     int adjacent, quiet;
+    int merge;              /* plan merged pairs (merge lines) rather than shares */
+    double retain, merge_t; /* --merge: the plan's merge-retain and merge-t */
 } options;
 
 static void usage(void) {
     fprintf(stderr, "usage: loom-kv-plan -m MODEL -f TEXT -o PLAN [--tokens N] [--threshold T | "
                     "--saving F]\n"
-                    "                    [--adjacent] [--ctx C] [-t THREADS] [--backend NAME] "
+                    "                    [--max-kl K [--val-tokens V]] [--adjacent] [--ctx C] "
+                    "[-t THREADS]\n"
+                    "                    [--merge [--retain R] [--merge-t W]] [--backend NAME] "
                     "[--quiet]\n");
 }
 
@@ -100,7 +111,9 @@ static int parse_args(int argc, char **argv, options *o) {
                    .threshold = 0.9,
                    .saving = -1,
                    .max_kl = -1,
-                   .val_tokens = 256};
+                   .val_tokens = 256,
+                   .retain = 0.1,
+                   .merge_t = 0.6};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         double x;
@@ -108,6 +121,8 @@ static int parse_args(int argc, char **argv, options *o) {
             o->adjacent = 1;
         } else if (strcmp(a, "--quiet") == 0) {
             o->quiet = 1;
+        } else if (strcmp(a, "--merge") == 0) {
+            o->merge = 1;
         } else if (v == NULL) {
             fprintf(stderr, "loom-kv-plan: %s needs a value\n", a);
             return 0;
@@ -133,6 +148,10 @@ static int parse_args(int argc, char **argv, options *o) {
             o->max_kl = x, i++;
         } else if (strcmp(a, "--val-tokens") == 0 && parse_number(v, 2, 1 << 16, &x)) {
             o->val_tokens = (int32_t)x, i++;
+        } else if (strcmp(a, "--retain") == 0 && parse_number(v, 0, 1, &x)) {
+            o->retain = x, i++;
+        } else if (strcmp(a, "--merge-t") == 0 && parse_number(v, 0, 1, &x)) {
+            o->merge_t = x, i++;
         } else {
             fprintf(stderr, "loom-kv-plan: bad argument %s %s\n", a, v);
             return 0;
@@ -209,7 +228,7 @@ static loom_status read_layers(loom_model *m, const loom_token *toks, int32_t n,
 }
 
 /* Every allowed pair (L, S) with its scores, into *out (malloc'd), *n_out of them. */
-static int score_pairs(const calib *c, int adjacent, pair **out, int32_t *n_out) {
+static int score_pairs(const calib *c, int adjacent, int merge, pair **out, int32_t *n_out) {
     const int32_t L = c->n_layer, H = c->n_heads, d = c->head_dim;
     pair *pairs = malloc((size_t)L * (size_t)L * sizeof *pairs);
     double *ck = malloc((size_t)H * sizeof *ck), *cv = malloc((size_t)H * sizeof *cv);
@@ -221,6 +240,7 @@ static int score_pairs(const calib *c, int adjacent, pair **out, int32_t *n_out)
     for (int32_t l = 1; l < L; l++) {
         for (int32_t s = l - 1; s >= 0; s--) {
             if (c->window[s] != c->window[l]) continue;
+            if (merge && s < L / 2) break; /* merged pairs: the deeper half, adjacent */
             /* The positions both hold (the same window: the same first). */
             const int32_t first = c->first[l] > c->first[s] ? c->first[l] : c->first[s];
             const size_t row = (size_t)H * (size_t)d;
@@ -238,7 +258,7 @@ static int score_pairs(const calib *c, int adjacent, pair **out, int32_t *n_out)
             }
             p.sim = (p.sim_k + p.sim_v) / 2;
             pairs[n++] = p;
-            if (adjacent) break; /* only the nearest earlier layer of the same window */
+            if (adjacent || merge) break; /* only the nearest earlier layer of the window */
         }
     }
     free(ck), free(cv);
@@ -251,6 +271,7 @@ static int score_pairs(const calib *c, int adjacent, pair **out, int32_t *n_out)
 /* The unshared model's next-token log-probabilities over the validation tokens, and where the
  * candidate plans are written for the sessions that measure them. */
 typedef struct validation {
+    const options *o;
     loom_model *m;
     const loom_token *toks;
     int32_t n, n_vocab, n_layer;
@@ -266,10 +287,19 @@ static double log_sum_exp(const float *x, int32_t n) {
     return log(sum) + mx;
 }
 
-static int write_plan_lines(FILE *f, const int32_t *src, int32_t n_layer) {
+/* The directive of a pair, and the merge settings' lines (none for shares). */
+static const char *pair_word(const options *o) {
+    return o->merge ? "merge" : "share";
+}
+static void merge_settings(FILE *f, const options *o) {
+    if (o->merge) fprintf(f, "merge-retain %g\nmerge-t %g\n", o->retain, o->merge_t);
+}
+
+static int write_plan_lines(FILE *f, const options *o, const int32_t *src, int32_t n_layer) {
     fprintf(f, "loom-kv-plan 1\nlayers %d\n", n_layer);
+    merge_settings(f, o);
     for (int32_t l = 0; l < n_layer; l++)
-        if (src[l] != l) fprintf(f, "share %d %d\n", l, src[l]);
+        if (src[l] != l) fprintf(f, "%s %d %d\n", pair_word(o), l, src[l]);
     return fclose(f) == 0;
 }
 
@@ -281,7 +311,7 @@ static loom_status run_plan(validation *val, const int32_t *src, double *kl) {
     sp.n_batch = val->n < 512 ? val->n : 512;
     if (src != NULL) {
         FILE *f = fopen(val->plan_path, "w");
-        if (!f || !write_plan_lines(f, src, val->n_layer)) {
+        if (!f || !write_plan_lines(f, val->o, src, val->n_layer)) {
             fprintf(stderr, "loom-kv-plan: %s: cannot write\n", val->plan_path);
             return LOOM_ERR_IO;
         }
@@ -374,7 +404,7 @@ static int run(const options *o) {
         fprintf(stderr, "loom-kv-plan: calibration run: %s\n", loom_last_error());
         goto done;
     }
-    if (!score_pairs(&c, o->adjacent, &pairs, &n_pairs)) {
+    if (!score_pairs(&c, o->adjacent, o->merge, &pairs, &n_pairs)) {
         fprintf(stderr, "loom-kv-plan: out of memory\n");
         goto done;
     }
@@ -391,7 +421,15 @@ static int run(const options *o) {
         src[l] = l;
         total += layer_weight(c.window[l], o->ctx);
     }
-    validation val = {.m = m, .toks = toks, .n_vocab = info.n_vocab, .n_layer = c.n_layer};
+    validation val = {.o = o, .m = m, .toks = toks, .n_vocab = info.n_vocab, .n_layer = c.n_layer};
+    /* What one pair saves of its later layer's bytes: all of them (shared), or all but the
+     * merge blocks (merged; F16 pages of 16 positions: loom_backend.h's layout). */
+    double pair_saves = 1.0;
+    if (o->merge) {
+        const double S = 16, H = c.n_heads, page = 2 * S * H * c.head_dim * 2;
+        const double R = ceil(o->retain * S);
+        pair_saves = 1.0 - (S * H * 16 + S * 8 + R * 2 * H * c.head_dim * 2) / page;
+    }
     if (o->max_kl >= 0) {
         val.n = c.n_tok < o->val_tokens ? c.n_tok : o->val_tokens;
         val.base = malloc((size_t)val.n * (size_t)info.n_vocab * sizeof *val.base);
@@ -421,7 +459,9 @@ static int run(const options *o) {
         const pair *p = &pairs[i];
         if (o->saving >= 0 && saved >= o->saving * total) break;
         if (o->saving < 0 && o->max_kl < 0 && p->sim < o->threshold) break;
-        if (src[p->layer] != p->layer || is_read[p->layer] || src[p->src] != p->src) continue;
+        if (src[p->layer] != p->layer || is_read[p->layer] || src[p->src] != p->src ||
+            (o->merge && is_read[p->src]))
+            continue; /* a merged pair's layers are in no other pair */
         src[p->layer] = p->src;
         if (o->max_kl >= 0) {
             double kl = 0;
@@ -434,7 +474,7 @@ static int run(const options *o) {
             plan_kl = kl;
         }
         is_read[p->src] = 1;
-        saved += layer_weight(c.window[p->layer], o->ctx);
+        saved += pair_saves * layer_weight(c.window[p->layer], o->ctx);
         order[n_order] = i;
         after_saved[n_order] = saved / total;
         after_kl[n_order++] = plan_kl;
@@ -463,14 +503,20 @@ static int run(const options *o) {
                 "# validated: mean KL to the unshared model over %d tokens <= %g; this plan's: "
                 "%.5f\n",
                 val.n, o->max_kl, plan_kl);
+    if (o->merge)
+        fprintf(f,
+                "# merged pairs: the deeper half's adjacent same-window layers; %.0f%% of each "
+                "block's tokens kept unmerged, slerp weight %.2f\n",
+                100 * o->retain, o->merge_t);
     fprintf(f, "# saves %.1f%% of the KV bytes of a %d-token sequence\n", 100 * saved / total,
             o->ctx);
     fprintf(f, "layers %d\n", c.n_layer);
+    merge_settings(f, o);
     fprintf(f, "# in the order taken: each line's plan is it and the lines above it\n");
     for (int32_t j = 0; j < n_order; j++) {
         const pair *p = &pairs[order[j]];
-        fprintf(f, "share %d %d   # similarity %.4f (K %.4f, V %.4f; least head %.4f)", p->layer,
-                p->src, p->sim, p->sim_k, p->sim_v, p->min_head);
+        fprintf(f, "%s %d %d   # similarity %.4f (K %.4f, V %.4f; least head %.4f)", pair_word(o),
+                p->layer, p->src, p->sim, p->sim_k, p->sim_v, p->min_head);
         if (p->kl >= 0) fprintf(f, "; KL alone %.5f, so far %.5f", p->kl, after_kl[j]);
         fprintf(f, "; saves %.1f%% so far\n", 100 * after_saved[j]);
     }

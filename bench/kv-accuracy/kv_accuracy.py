@@ -223,18 +223,36 @@ def loom_config(name):
 
 
 def plan_prefix(plan, pairs, tmp_dir):
-    """The plan file to give loom, and its number of sharing layers: plan itself, or a copy
-    with only its first `pairs` share lines."""
+    """The plan file to give loom, its number of pairs ('share' and 'merge' lines), how many of
+    them merge, and its merge-retain: plan itself, or a copy with only its first `pairs`
+    pair lines."""
     lines = pathlib.Path(plan).read_text().splitlines()
-    shares = [ln for ln in lines if ln.split("#")[0].split()[:1] == ["share"]]
+    words = [ln.split("#")[0].split() for ln in lines]
+    is_pair = [w[:1] in (["share"], ["merge"]) for w in words]
+    pair_lines = [ln for ln, p in zip(lines, is_pair) if p]
+    retain = next((float(w[1]) for w in words if w[:1] == ["merge-retain"]), 0.1)
+    n = len(pair_lines) if pairs is None else pairs
+    if n > len(pair_lines):
+        raise ValueError(f"{plan} has {len(pair_lines)} pair lines, {pairs} asked")
+    n_merged = sum(ln.split()[0] == "merge" for ln in pair_lines[:n])
     if pairs is None:
-        return plan, len(shares)
-    if pairs > len(shares):
-        raise ValueError(f"{plan} has {len(shares)} share lines, {pairs} asked")
-    keep = [ln for ln in lines if ln.split("#")[0].split()[:1] != ["share"]] + shares[:pairs]
+        return plan, n, n_merged, retain
+    keep = [ln for ln, p in zip(lines, is_pair) if not p] + pair_lines[:pairs]
     out = pathlib.Path(tmp_dir) / f"{pathlib.Path(plan).stem}-{pairs}.plan"
     out.write_text("\n".join(keep) + "\n")
-    return str(out), pairs
+    return str(out), pairs, n_merged, retain
+
+
+def merge_bytes_per_token(shape, kv_type, retain, block_size=16):
+    """Bytes per position of one merged pair's merge block (loom_backend.h: per slot four
+    float32 norms per KV head, a distance and a state; ceil(retain * block_size) retained K and
+    V rows per block; the block rounded up to 16 bytes)."""
+    H, S = shape["n_head_kv"], block_size
+    elt = {"f16": 2, "bf16": 2, "f32": 4}[kv_type]
+    rows = min(S, int(np.ceil(retain * S))) if retain > 0 else 0
+    head = (S * H * 16 + S * 8 + 15) // 16 * 16
+    block = head + rows * H * (shape["k_dim"] + shape["v_dim"]) * elt
+    return ((block + 15) // 16 * 16) / S
 
 
 def loom_session(loom, model, n_ctx, n_batch, kv_type, rotate, kv_plan=None):
@@ -299,8 +317,11 @@ def run_loom(args, tokens, shape, configs, rows, llama_base, f32_act=False):
             bpt = loom_kv_bytes_per_token(shape, kv_type)
             plan = None
             if cfg["plan"]:
-                plan, n_shared = plan_prefix(cfg["plan"], cfg["pairs"], args.tmp)
+                plan, n_shared, n_merged, retain = plan_prefix(cfg["plan"], cfg["pairs"],
+                                                               args.tmp)
                 bpt = bpt * (shape["n_layer"] - n_shared) / shape["n_layer"]
+                if n_merged:
+                    bpt += n_merged * merge_bytes_per_token(shape, kv_type, retain)
             if cfg["w8"] not in models:
                 models[cfg["w8"]] = loom.Model(args.model, n_threads=args.threads,
                                                f32_activations=f32_act, weights="fp8")

@@ -8,7 +8,9 @@
  * kernel combines the splits in order.
  *
  * FP8 pages are read as they lie: each position's codes widened to float32 and multiplied by
- * its (position, head) scale, the values the CPU backend's attention reads.
+ * its (position, head) scale, the values the CPU backend's attention reads. The layers of a
+ * merged pair (kv_merge.cu) read directions multiplied by their own norms, the later layer a
+ * retained row where its token kept one.
  *
  * This kernel serves prefill rows too (each row reading its own range); the tiled tensor-core
  * prefill kernel is the next step (see the CUDA issue's note). */
@@ -105,6 +107,21 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn
             (size_t)blk * kv.block_stride + (size_t)slot * kv.token_stride + (size_t)kvh * hd * elt;
         const char *kp = (const char *)a.p.k_pool + at, *vp = (const char *)a.p.v_pool + at;
         float ks = 1.0f, vs = 1.0f;
+        if (!fp8 && a.p.merge.base != NULL) { /* a merged pair: direction times norm */
+            const char *mb = a.p.merge.base + (size_t)blk * a.p.merge.block_stride;
+            const float *nrm = (const float *)mb + ((size_t)slot * kv.n_kv_heads + kvh) * 4 +
+                               (a.p.merge.later ? 2 : 0);
+            ks = nrm[0];
+            vs = nrm[1];
+            if (a.p.merge.later) {
+                const int32_t kept = *(const int32_t *)(mb + a.p.merge.state_at + 4 * (size_t)slot);
+                if (kept >= 0 && kept < a.p.merge.retain) {
+                    const size_t row = (size_t)kv.n_kv_heads * hd * elt;
+                    kp = mb + a.p.merge.rows_at + (size_t)kept * 2 * row + (size_t)kvh * hd * elt;
+                    vp = kp + row;
+                }
+            }
+        }
         if (fp8) {
             const size_t sat = (size_t)blk * kv.scale_block_stride +
                                (size_t)slot * kv.scale_token_stride + (size_t)kvh * sizeof(float);

@@ -127,6 +127,25 @@ loom_status loom__cuda_kv_store(cudaStream_t stream, const loom__k_kv *kv, const
                                 size_t k_stride, const float *v, size_t v_stride, void *k_pool,
                                 void *v_pool, void *k_scale, void *v_scale);
 
+/* A layer of a merged pair (loom_backend.h, LOOM_KV_MERGED): the pair's merge pool and its
+ * block layout (offsets from the host's loom_kv_merge_*_at). base NULL: the layer is in no
+ * pair. */
+typedef struct loom__k_merge {
+    char *base;
+    size_t block_stride;
+    size_t dist_at, state_at, rows_at;
+    int32_t retain; /* retained rows per block */
+    float t;        /* slerp weight of the later layer's direction */
+    int32_t later;  /* 1: the pair's later layer; 0: the earlier (its pages are the pair's) */
+} loom__k_merge;
+
+/* kv_store for a layer of a merged pair, over F32, F16 or BF16 pages (the pair's: k_pool and
+ * v_pool are the earlier layer's): the earlier layer stores directions and norms; the later
+ * layer its norms, and merges its block's tokens as cpu_kv_merge.c does. */
+loom_status loom__cuda_kv_store_merged(cudaStream_t stream, const loom__k_kv *kv, const float *k,
+                                       size_t k_stride, const float *v, size_t v_stride,
+                                       void *k_pool, void *v_pool, const loom__k_merge *m);
+
 /* Most splits of one row's attention (split-KV); the workspace holds them. */
 #define LOOM_K_ATTN_MAX_SPLITS 16
 /* Positions per split at the least: a row attends to ceil(len / 256) splits, at most
@@ -145,6 +164,9 @@ typedef struct loom__k_attn {
     int32_t n_head;
     float scale, softcap;
     float *work; /* loom__cuda_attention_work_bytes(n_head, head_dim) bytes */
+    /* A layer of a merged pair: its rows are directions, read times the layer's norms (the
+     * later layer's retained row where its token kept one); merge.base NULL otherwise. */
+    loom__k_merge merge;
 } loom__k_attn;
 
 size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim);

@@ -940,6 +940,68 @@ static void test_models_logits(void **state) {
     }
 }
 
+/* Merged layer pairs (MiniCache-style, a kv_plan's "merge"): the 3-layer synthetic llama with
+ * layers 2 and 1 merged, 4 of each block's 16 tokens kept, over F32, F16 and BF16 pages: 40
+ * tokens in steps of 7 (merging depends on the steps), then 6 decodes, CUDA's logits against
+ * the CPU's; what both layers of the pair read back (kv_read: directions times norms, the
+ * retained rows) likewise. */
+static void test_models_merged(void **state) {
+    (void)state;
+    char plan[512];
+    synth_path(plan, sizeof plan, "cuda-merge.plan");
+    FILE *f = fopen(plan, "w");
+    assert_non_null(f);
+    fputs("loom-kv-plan 1\nlayers 3\nmerge 2 1\nmerge-retain 0.25\n", f);
+    assert_int_equal(fclose(f), 0);
+    loom_model *mc = synthetic_on("llama", "f32", "cpu");
+    loom_model *mg = synthetic_on("llama", "f32", g_gpu_name);
+    loom_model_info info = {.size = sizeof info};
+    assert_int_equal(loom_model_get_info(mg, &info), LOOM_OK);
+    const int32_t V = info.n_vocab, row = info.n_head_kv * info.head_dim;
+    const loom_kv_cache_type types[] = {LOOM_KV_CACHE_F32, LOOM_KV_CACHE_F16, LOOM_KV_CACHE_BF16};
+    for (int ti = 0; ti < 3; ti++) {
+        loom_session_params sp = loom_session_default_params();
+        sp.kv_type = types[ti];
+        sp.kv_plan = plan;
+        sp.block_size = 16;
+        loom_session *sc = NULL, *sg = NULL;
+        expect_ok(loom_session_create(mc, &sp, &sc), "cpu session (merged)");
+        expect_ok(loom_session_create(mg, &sp, &sg), "cuda session (merged)");
+        loom_token toks[46];
+        for (int i = 0; i < 46; i++) toks[i] = (loom_token)(3 + (i * 41) % (V - 3));
+        for (int i0 = 0; i0 < 40; i0 += 7) {
+            const int n = 40 - i0 < 7 ? 40 - i0 : 7;
+            expect_ok(loom_session_decode(sc, toks + i0, n, true), "cpu decode");
+            expect_ok(loom_session_decode(sg, toks + i0, n, true), "cuda decode");
+            for (int i = 0; i < n; i++) {
+                char what[64];
+                snprintf(what, sizeof what, "merged pair, kv type %d, position %d", ti, i0 + i);
+                expect_close(loom_session_logits(sg, i), loom_session_logits(sc, i), (size_t)V,
+                             1e-4, what);
+            }
+        }
+        for (int i = 40; i < 46; i++) {
+            expect_ok(loom_session_decode(sc, toks + i, 1, false), "cpu decode");
+            expect_ok(loom_session_decode(sg, toks + i, 1, false), "cuda decode");
+            expect_close(loom_session_logits(sg, -1), loom_session_logits(sc, -1), (size_t)V, 1e-4,
+                         "merged pair, decode logits");
+        }
+        float *kc = host_f32(46 * (int64_t)row), *vc = host_f32(46 * (int64_t)row);
+        float *kg = host_f32(46 * (int64_t)row), *vg = host_f32(46 * (int64_t)row);
+        for (int32_t layer = 1; layer <= 2; layer++) {
+            expect_ok(loom_session_kv_read(sc, layer, 0, 46, kc, vc), "cpu kv_read");
+            expect_ok(loom_session_kv_read(sg, layer, 0, 46, kg, vg), "cuda kv_read");
+            expect_close(kg, kc, (size_t)46 * row, 1e-5, "merged pair, kv_read K");
+            expect_close(vg, vc, (size_t)46 * row, 1e-5, "merged pair, kv_read V");
+        }
+        free(kc), free(vc), free(kg), free(vg);
+        loom_session_free(sc);
+        loom_session_free(sg);
+    }
+    loom_model_free(mc);
+    loom_model_free(mg);
+}
+
 /* The engine's concurrent-requests run on a model: 16 requests (four of them n = 4 samples,
  * half sampled at temperature 0.8), prompts sharing prefixes (prefix-cache hits), a 32-token
  * step budget (chunked prefill) and a KV budget small enough to preempt — by recompute, then
@@ -1054,7 +1116,7 @@ int main(void) {
         cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_rope),
         cmocka_unit_test(test_matmul),        cmocka_unit_test(test_attention_batches),
         cmocka_unit_test(test_attention),     cmocka_unit_test(test_models_logits),
-        cmocka_unit_test(test_models_engine),
+        cmocka_unit_test(test_models_merged), cmocka_unit_test(test_models_engine),
     };
     /* LOOM_TEST_ONLY=name runs that test alone (check.sh's planted-bug step). */
     struct CMUnitTest only[1];

@@ -24,8 +24,10 @@ static bool cuda_supports(void *dev, const loom_op_desc *op) {
                  op->scale_kind == LOOM_KV_SCALE_NONE) ||
                 ((op->type == LOOM_TYPE_FP8_E4M3 || op->type == LOOM_TYPE_FP8_E5M2) &&
                  op->scale_kind == LOOM_KV_SCALE_PER_TOKEN_HEAD)) &&
-               op->layout == LOOM_KV_LAYOUT_NHD && op->kv_flags == 0 && op->window >= 0 &&
-               op->softcap >= 0.0f &&
+               op->layout == LOOM_KV_LAYOUT_NHD &&
+               (op->kv_flags == 0 ||
+                (op->kv_flags == LOOM_KV_MERGED && op->scale_kind == LOOM_KV_SCALE_NONE)) &&
+               op->window >= 0 && op->softcap >= 0.0f &&
                (op->op == LOOM_OP_KV_STORE
                     ? op->head_dim >= 1
                     : loom__cuda_attention_shape_ok(op->n_head, op->n_kv_heads, op->head_dim));

@@ -156,9 +156,28 @@ static loom_status check_kv_use(const char *op, const loom_kv_desc *kv, int32_t 
     LOOM_RETURN_IF(fp8 && kv->scale_kind != LOOM_KV_SCALE_PER_TOKEN_HEAD, LOOM_ERR_UNSUPPORTED,
                    "%s: fp8 pages with scale kind %d (cuda: one scale per position and head)", op,
                    (int)kv->scale_kind);
-    LOOM_RETURN_IF(kv->kv_flags != 0, LOOM_ERR_UNSUPPORTED,
-                   "%s: kv_flags %#x (cuda: no Hadamard rotation yet)", op, (unsigned)kv->kv_flags);
+    LOOM_RETURN_IF(kv->kv_flags != 0 && (kv->kv_flags != LOOM_KV_MERGED || fp8),
+                   LOOM_ERR_UNSUPPORTED,
+                   "%s: kv_flags %#x over %s pages (cuda: no Hadamard rotation yet; merged pairs "
+                   "over f16, bf16 and f32 pages)",
+                   op, (unsigned)kv->kv_flags, loom__type_name(kv->kv_type));
     return loom__check_kv_use("cuda", op, kv, layer, via_layer_src, pool_layer);
+}
+
+/* The merge pool of a layer in a merged pair, as the kernels take it; base NULL for a layer in
+ * no pair. */
+static loom__k_merge merge_of(const loom_kv_desc *kv, int32_t layer) {
+    loom__k_merge m = {0};
+    if (!(kv->kv_flags & LOOM_KV_MERGED) || kv->merge_with[layer] < 0) return m;
+    m.base = kv->merge_base[layer];
+    m.block_stride = kv->merge_block_stride;
+    m.dist_at = loom_kv_merge_dist_at(kv->block_size, kv->n_kv_heads);
+    m.state_at = loom_kv_merge_state_at(kv->block_size, kv->n_kv_heads);
+    m.rows_at = loom_kv_merge_rows_at(kv->block_size, kv->n_kv_heads);
+    m.retain = kv->merge_retain;
+    m.t = kv->merge_t;
+    m.later = kv->merge_with[layer] < layer;
+    return m;
 }
 
 loom_status loom__cuda_kv_store_op(void *stream, const loom_tensor *k, const loom_tensor *v,
@@ -173,6 +192,10 @@ loom_status loom__cuda_kv_store_op(void *stream, const loom_tensor *k, const loo
     const loom__k_kv *dk;
     LOOM_TRY(loom__cuda_find_step_kv(c, "kv_store", kv, &dk));
     LOOM_TRY(loom__cuda_bind(c->dev));
+    const loom__k_merge m = merge_of(kv, layer);
+    if (m.base != NULL)
+        return loom__cuda_kv_store_merged(c->s, dk, k->data, k->row_stride, v->data, v->row_stride,
+                                          kv->k_base[pool_layer], kv->v_base[pool_layer], &m);
     return loom__cuda_kv_store(c->s, dk, k->data, k->row_stride, v->data, v->row_stride,
                                kv->k_base[pool_layer], kv->v_base[pool_layer],
                                kv->k_scale ? kv->k_scale[pool_layer] : NULL,
@@ -210,6 +233,7 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
                        .n_head = p->n_head,
                        .scale = p->scale,
                        .softcap = p->softcap,
-                       .work = c->attn_work};
+                       .work = c->attn_work,
+                       .merge = merge_of(kv, p->layer)};
     return loom__cuda_attention(c->s, dk, &ka);
 }

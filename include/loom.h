@@ -152,7 +152,11 @@ typedef enum loom_weight_format {
      * code the value / scale rounded to nearest even (LOOM_TYPE_FP8_E4M3_ROWS in
      * loom_backend.h). 8 bits per weight (plus 4 bytes a row): a quarter of F32, half of F16,
      * about twice Q4_K's; matmuls over them keep activations in float32. Norm weights and
-     * biases stay float32. CPU backend only: others refuse it (LOOM_ERR_UNSUPPORTED). A matrix
+     * biases stay float32. The CPU and CUDA backends run them (CUDA: a GEMV decoding the codes
+     * in registers, float32 activations as on the CPU; with LOOM_CUDA_FP8_GEMM=1 in the
+     * environment, steps of more than 8 tokens on sm_89+ use cuBLASLt's FP8 GEMM with
+     * activations quantized to E4M3 per token instead — faster, not batch-invariant); a
+     * backend without FP8 kernels refuses it (LOOM_ERR_UNSUPPORTED). A matrix
      * holding a NaN or an infinity fails the load (LOOM_ERR_BAD_MODEL). */
     LOOM_WEIGHTS_FP8_E4M3 = 1,
 } loom_weight_format;
@@ -439,9 +443,19 @@ typedef struct loom_session_params {
      * "share L S" lines make layer L attend over layer S's keys and values, computing and
      * storing none of its own, so the cache holds only the source layers (S < L, of the same
      * attention window, itself a source). Applied on top of the sharing the model declares.
-     * NULL or "" (default): the model's own layers. Borrowed: read during create. Errors at
-     * create: IO (cannot read it), INVALID_ARG (naming the file, line and reason: a layer the
-     * model lacks, one paired with itself or a later layer, a chain, different windows). */
+     * "merge L S" lines pair two layers MiniCache-style instead: both compute K/V, S's pages
+     * keep each token's direction and a small merge block per page block keeps both layers'
+     * norms; "merge-retain F" (default 0.1) keeps the fraction F of each block's tokens, the
+     * most different between the two layers, unmerged, and the rest of the tokens' directions
+     * are interpolated ("merge-t W", default 0.6, the weight of L's); each layer reads its own
+     * norm times the shared direction (loom_backend.h, LOOM_KV_MERGED). Merged pairs need F16,
+     * BF16 or F32 pages without kv_rotate, and are not batch-invariant: the earlier layer reads
+     * its own step's tokens unmerged, so a sequence's results depend on how its prompt was cut
+     * into steps. NULL or "" (default): the model's own layers. Borrowed: read during create.
+     * Errors at create: IO (cannot read it), INVALID_ARG (naming the file, line and reason: a
+     * layer the model lacks, one paired with itself or a later layer, a chain, different
+     * windows, a layer in two merged pairs or read by another, a fraction outside [0, 1]),
+     * UNSUPPORTED (merged pairs over other pages, or on a backend without them). */
     const char *kv_plan;
 } loom_session_params;
 
@@ -852,7 +866,8 @@ typedef struct loom_engine_params {
                                         holds about twice the tokens with FP8 */
     bool kv_rotate;                  /* as loom_session_params.kv_rotate (default false) */
     const char *kv_plan;             /* as loom_session_params.kv_plan: the budget then holds
-                                        tokens of the source layers only (default NULL) */
+                                        tokens of the source layers only, and the merge blocks
+                                        of merged pairs (default NULL) */
 } loom_engine_params;
 
 typedef struct loom_request_params {

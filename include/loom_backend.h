@@ -207,8 +207,16 @@ static inline loom_tensor loom_tensor_2d(loom_type type, void *data, int64_t ne0
  *       W = acos(dir_a . dir_b) (when sin W < 1e-6: (1-t) dir_a + t dir_b, normalized; a zero
  *       row: the other direction), and a token that loses its place is merged the same way from
  *       its dir_a and retained dir_b.
+ *     dir_a here is A's row as stored (widened from the page); dir_b = x_b / ||x_b|| rounded
+ *     to float32 (a zero row: zeros); dot products are summed in double; a head where either
+ *     row is zero has distance 0 (its restoration is exact), one with a NaN distance 1. The
+ *     scalar arithmetic is src/tensor/kv_merge.h's, which host and device code share. Until a
+ *     block keeps R tokens none is displaced, so its kept tokens hold rows 0, 1, ... in
+ *     order.
  *     attention reads A's row j as row_j * ||x_a,j|| and B's as (its retained row if kept, else
- *       A's row) * ||x_b,j||.
+ *       A's row) * ||x_b,j||. A reads a step's own tokens before B has merged them and earlier
+ *       steps' tokens merged, so results depend on how a sequence is cut into steps: merged
+ *       pairs are not batch-invariant.
  *   The pair's merge pool, merge_base[A] == merge_base[B], has one block per block of the group
  *   (block b at merge_base + b * merge_block_stride, 16-byte aligned), S = block_size,
  *   H = n_kv_heads, R = merge_retain:

@@ -7,6 +7,8 @@
 
 #include "common.cuh"
 
+#include "tensor/fp8.h"
+
 /* Chunk c of a row of k values of type T into v[0..32); values at k and beyond are 0 (plain
  * types only: block formats have whole blocks). */
 template <int T>
@@ -150,4 +152,33 @@ __device__ __forceinline__ void loom_dequant32<LOOM_K_Q6_K>(const uint8_t *row, 
         const int q = (int)(((ql[j] >> lshift) & 15) | ((qh[j] >> hshift) & 3) << 4) - 32;
         v[j] = __fmul_rn(j < 16 ? d0 : d1, (float)q);
     }
+}
+
+/* FP8 E4M3 rows: codes, padding to 4 bytes, the row's float32 scale. A chunk's values are its
+ * codes' units, E4M3 * 2^-8 exactly (tensor/fp8_rows.h: the NaN codes, never written, read as
+ * +-1.875); the row's value is the unit times loom_fp8_rows_scale256, which the matmul applies
+ * once to each dot and get_rows to each value, as the CPU does. Codes are read 16 at a time
+ * where the chunk is whole (rows are 16-byte aligned: weight_prepare pads their stride). */
+template <>
+__device__ __forceinline__ void loom_dequant32<LOOM_K_FP8_ROWS>(const uint8_t *row, int64_t c,
+                                                                int64_t k, float v[32]) {
+    const uint8_t *b = row + 32 * c;
+    const int64_t left = k - 32 * c;
+    if (left >= 32 && ((uintptr_t)b & 15) == 0) {
+        const uint4 q[2] = {((const uint4 *)b)[0], ((const uint4 *)b)[1]};
+        const uint32_t *w = (const uint32_t *)q;
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            v[j] =
+                loom_h2f(loom__fp8_e4m3_to_f16_scaled_bits((uint8_t)(w[j >> 2] >> (8 * (j & 3)))));
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+        v[j] = j < left ? loom_h2f(loom__fp8_e4m3_to_f16_scaled_bits(b[j])) : 0.0f;
+}
+
+/* An FP8 row's scale times 256: the factor of its units. */
+static __device__ __forceinline__ float loom_fp8_rows_scale256(const uint8_t *row, int64_t k) {
+    return *(const float *)(row + ((k + 3) & ~(int64_t)3)) * 256.0f;
 }

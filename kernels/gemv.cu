@@ -61,9 +61,11 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args 
             }
         }
     }
+    const float row_scale = T == LOOM_K_FP8_ROWS ? loom_fp8_rows_scale256(row, k) : 1.0f;
 #pragma unroll
     for (int t = 0; t < GEMV_TOKENS; t++) {
-        const float s = loom_warp_sum(acc[t]);
+        float s = loom_warp_sum(acc[t]);
+        if (T == LOOM_K_FP8_ROWS) s *= row_scale; /* once per dot, as the CPU */
         if (lane == 0 && t < nt) ((float *)((char *)a.out + (t0 + t) * a.out_stride))[n] = s;
     }
 }
@@ -103,6 +105,8 @@ extern "C" loom_status loom__cuda_matmul(cudaStream_t stream, const loom__k_weig
         return gemv_launch<LOOM_K_Q5_K>(stream, a);
     case LOOM_K_Q6_K:
         return gemv_launch<LOOM_K_Q6_K>(stream, a);
+    case LOOM_K_FP8_ROWS:
+        return gemv_launch<LOOM_K_FP8_ROWS>(stream, a);
     default:
         LOOM_K_UNSUPPORTED("cuda: matmul of weight type %u", (unsigned)w->type);
     }

@@ -20,13 +20,14 @@ template <int T> static __global__ void get_rows_kernel(rows_args a) {
         return;
     }
     const uint8_t *row = (const uint8_t *)a.w.data + (size_t)id * a.w.stride;
+    const float scale = T == LOOM_K_FP8_ROWS ? loom_fp8_rows_scale256(row, k) : 1.0f;
     for (int64_t c = threadIdx.x; c < n_chunks; c += blockDim.x) {
         float v[32];
         loom_dequant32<T>(row, c, k, v);
         const int64_t left = k - 32 * c;
 #pragma unroll
         for (int j = 0; j < 32; j++)
-            if (j < left) o[32 * c + j] = v[j];
+            if (j < left) o[32 * c + j] = T == LOOM_K_FP8_ROWS ? v[j] * scale : v[j];
     }
 }
 
@@ -41,6 +42,7 @@ extern "C" int loom__cuda_weight_type_native(uint32_t type) {
     case LOOM_K_Q4_K:
     case LOOM_K_Q5_K:
     case LOOM_K_Q6_K:
+    case LOOM_K_FP8_ROWS:
         return 1;
     default:
         return 0;
@@ -79,6 +81,8 @@ extern "C" loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_we
         return rows_launch<LOOM_K_Q5_K>(stream, a, n_ids);
     case LOOM_K_Q6_K:
         return rows_launch<LOOM_K_Q6_K>(stream, a, n_ids);
+    case LOOM_K_FP8_ROWS:
+        return rows_launch<LOOM_K_FP8_ROWS>(stream, a, n_ids);
     default:
         LOOM_K_UNSUPPORTED("cuda: get_rows of weight type %u", (unsigned)w->type);
     }

@@ -31,6 +31,9 @@ extern "C" {
 #define LOOM_K_Q5_K 13
 #define LOOM_K_Q6_K 14
 #define LOOM_K_BF16 30
+/* FP8 E4M3 weight rows (LOOM_TYPE_FP8_E4M3_ROWS): K codes, zero padding to 4 bytes, the row's
+ * float32 scale */
+#define LOOM_K_FP8_ROWS 0x102
 /* KV pages only: one byte per element, one float32 scale per (position, KV head) */
 #define LOOM_K_FP8_E4M3 0x100
 #define LOOM_K_FP8_E5M2 0x101
@@ -100,6 +103,15 @@ loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_weight *w, co
  * whatever n_tokens is (lanes over 32-value chunks, then a fixed tree). */
 loom_status loom__cuda_matmul(cudaStream_t stream, const loom__k_weight *w, const float *x,
                               size_t x_stride, int64_t n_tokens, float *out, size_t out_stride);
+
+/* FP8 weight rows on tensor cores (fp8_gemm.cu, around cuBLASLt's GEMM): each token row of x
+ * [n_tokens, k] to E4M3 codes xq (rows xq_stride bytes apart) with scale[t] = max|x_t| / 448
+ * (a zero row: scale 0, zero codes); and out[t][n] *= (row n's scale) * token_scale[t]. */
+loom_status loom__cuda_fp8_quantize_acts(cudaStream_t stream, const float *x, size_t x_stride,
+                                         int64_t n_tokens, int64_t k, uint8_t *xq, size_t xq_stride,
+                                         float *scale);
+loom_status loom__cuda_fp8_scale_out(cudaStream_t stream, const loom__k_weight *w, float *out,
+                                     size_t out_stride, int64_t n_tokens, const float *token_scale);
 
 /* ---- the paged KV cache (kv_store.cu, attention.cu) ---------------------------------------- */
 

@@ -202,6 +202,9 @@ static void make_row(uint32_t t, int64_t k, uint8_t *row, size_t rb, float *tmp)
     }
 }
 
+/* Appended to a matmul row's type: "+gemm" while the device runs with LOOM_CUDA_FP8_GEMM=1. */
+static const char *g_type_suffix = "";
+
 static void bench_matmul(uint32_t t, int64_t k, int64_t n, int64_t T) {
     mm_ctx m = {0};
     size_t rb;
@@ -230,11 +233,11 @@ static void bench_matmul(uint32_t t, int64_t k, int64_t n, int64_t T) {
     m.out = loom_tensor_2d(LOOM_TYPE_F32, o, n, T, (size_t)n * 4);
     double s = time_op(mm_run, &m, m.n_copies, T <= 8 ? 20 : 3);
     double gbs = (double)bytes / s * 1e-9, tflops = 2.0 * (double)k * n * T / s * 1e-12;
-    printf("{\"kind\":\"matmul\",\"type\":\"%s\",\"k\":%lld,\"n\":%lld,\"t\":%lld,\"s\":%.6e,"
-           "\"weight_bytes\":%zu,\"gbs\":%.1f,\"pct_bw\":%.1f,\"tflops\":%.2f,"
+    printf("{\"kind\":\"matmul\",\"type\":\"%s%s\",\"k\":%lld,\"n\":%lld,\"t\":%lld,"
+           "\"s\":%.6e,\"weight_bytes\":%zu,\"gbs\":%.1f,\"pct_bw\":%.1f,\"tflops\":%.2f,"
            "\"pct_gemm\":%.1f}\n",
-           loom__type_name(t), (long long)k, (long long)n, (long long)T, s, bytes, gbs,
-           100.0 * gbs / g_copy_gbs, tflops, 100.0 * tflops / g_gemm_tflops);
+           loom__type_name(t), g_type_suffix, (long long)k, (long long)n, (long long)T, s, bytes,
+           gbs, 100.0 * gbs / g_copy_gbs, tflops, 100.0 * tflops / g_gemm_tflops);
     fflush(stdout);
 }
 
@@ -352,8 +355,9 @@ int main(int argc, char **argv) {
     ceilings();
     /* Decode GEMV and small-batch matmuls on Llama-3-8B's shapes (up/gate: 4096 -> 14336; down:
      * 14336 -> 4096), then a prefill-sized one. */
-    const uint32_t types[] = {LOOM_TYPE_BF16, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_K};
-    for (int ti = 0; ti < 3; ti++) {
+    const uint32_t types[] = {LOOM_TYPE_BF16, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_K,
+                              LOOM_TYPE_FP8_E4M3_ROWS};
+    for (int ti = 0; ti < 4; ti++) {
         bench_matmul(types[ti], 4096, 14336, 1);
         bench_matmul(types[ti], 14336, 4096, 1);
         bench_matmul(types[ti], 4096, 14336, 8);
@@ -374,5 +378,15 @@ int main(int argc, char **argv) {
     bench_attention(1, 16384, 1, 32, 8, 128, LOOM_TYPE_FP8_E4M3);
     bench_attention(16, 8192, 1, 4, 1, 256, LOOM_TYPE_FP8_E4M3);
     loom__backend_stream_close(&g_gpu);
+    /* FP8 weight rows through cuBLASLt's FP8 GEMM (the opt-in prefill path) on the prefill
+     * shapes; rows say "+gemm". Where the device has no such GEMM they time the GEMV again. */
+    if (!quick) {
+        setenv("LOOM_CUDA_FP8_GEMM", "1", 1);
+        if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
+        g_type_suffix = "+gemm";
+        bench_matmul(LOOM_TYPE_FP8_E4M3_ROWS, 4096, 14336, 512);
+        bench_matmul(LOOM_TYPE_FP8_E4M3_ROWS, 4096, 4096, 512);
+        loom__backend_stream_close(&g_gpu);
+    }
     return 0;
 }

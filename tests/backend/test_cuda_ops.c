@@ -20,6 +20,7 @@
 #include "kv/kv_desc.h"
 #include "loom.h"
 #include "model/synth_model.h"
+#include "tensor/fp8.h"
 
 static loom__backend_stream g_cpu, g_gpu;
 /* LOOM_TEST_CUDA_STANDIN=cpu runs the whole test with a second CPU backend in the GPU's place:
@@ -121,7 +122,7 @@ static void expect_close(const float *gpu, const float *ref, size_t n, double to
 
 static const uint32_t g_types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16, LOOM_TYPE_Q8_0,
                                    LOOM_TYPE_Q4_0, LOOM_TYPE_Q5_0, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K,
-                                   LOOM_TYPE_Q6_K,
+                                   LOOM_TYPE_Q6_K, LOOM_TYPE_FP8_E4M3_ROWS,
                                    /* not read in place: decoded to bf16 at load */
                                    LOOM_TYPE_Q4_1, LOOM_TYPE_Q3_K, LOOM_TYPE_Q2_K};
 #define N_TYPES (sizeof g_types / sizeof g_types[0])
@@ -284,6 +285,81 @@ static void test_matmul(void **state) {
             gpu_free_all();
         }
     }
+}
+
+/* The opt-in FP8 GEMM (LOOM_CUDA_FP8_GEMM=1, cuBLASLt on sm_89+) for steps of more than 8
+ * tokens: against a float64 sum over the weights' values and the activations quantized as the
+ * path quantizes them (E4M3 with max|x_t| / 448 per token, tensor/fp8.h's rounding), each output
+ * within 1e-4 of the sum of |w x|; and not the GEMV's outputs (which keep float32 activations),
+ * so the GEMM really ran. A device without the GEMM (no FP8 tensor cores, no cuBLASLt) logs why
+ * and runs the GEMV: the test then says so and checks nothing more. CUDA only. */
+static void test_fp8_gemm(void **state) {
+    (void)state;
+    if (strcmp(g_gpu_name, "cuda") != 0) return;
+    setenv("LOOM_CUDA_FP8_GEMM", "1", 1);
+    loom__backend_stream gb;
+    loom_backend_open_params gp = {.device = 0, .n_threads = 2, .f32_activations = true};
+    expect_ok(loom__backend_stream_open("cuda", &gp, &gb), "cuda (fp8 gemm) open");
+    unsetenv("LOOM_CUDA_FP8_GEMM");
+    const int64_t k = 1024, n = 192, T = 48;
+    weight_pair w;
+    make_weight(LOOM_TYPE_FP8_E4M3_ROWS, k, n, LOOM_WEIGHT_MATMUL, &w);
+    loom_weight_src src = {.name = "test.fp8",
+                           .type = LOOM_TYPE_FP8_E4M3_ROWS,
+                           .ne = {k, n},
+                           .row_stride = row_bytes(LOOM_TYPE_FP8_E4M3_ROWS, k),
+                           .data = w.host,
+                           .persistent = true,
+                           .use = LOOM_WEIGHT_MATMUL};
+    loom_tensor wg;
+    expect_ok(gb.ops->weight_prepare(gb.dev, &src, &wg), "weight_prepare (fp8 gemm)");
+    float *x = xmalloc((size_t)(k * T) * 4), *xq = xmalloc((size_t)(k * T) * 4);
+    fill_acts(x, k * T, 1.0f);
+    for (int64_t t = 0; t < T; t++) {
+        float amax = 0.0f;
+        for (int64_t i = 0; i < k; i++) amax = fmaxf(amax, fabsf(x[t * k + i]));
+        const float s = amax / 448.0f;
+        for (int64_t i = 0; i < k; i++)
+            xq[t * k + i] = s > 0.0f
+                                ? loom__fp8_e4m3_to_f32(loom__f32_to_fp8_e4m3(x[t * k + i] / s)) * s
+                                : 0.0f;
+    }
+    float *d_x = gpu_alloc((size_t)(k * T) * 4), *d_o = gpu_alloc((size_t)(n * T) * 4);
+    gpu_put(d_x, x, (size_t)(k * T) * 4);
+    loom_tensor gx = loom_tensor_2d(LOOM_TYPE_F32, d_x, k, T, (size_t)k * 4);
+    loom_tensor go = loom_tensor_2d(LOOM_TYPE_F32, d_o, n, T, (size_t)n * 4);
+    gpu_poison(&go);
+    expect_ok(gb.ops->matmul(gb.ctx, &wg, &gx, &go), "fp8 gemm matmul");
+    expect_ok(gb.ops->synchronize(gb.ctx), "fp8 gemm sync");
+    float *got = host_f32(n * T), *gemv = host_f32(n * T);
+    gpu_get(got, d_o, (size_t)(n * T) * 4);
+    gpu_poison(&go);
+    expect_ok(g_gpu.ops->matmul(g_gpu.ctx, &w.gpu, &gx, &go), "gemv matmul");
+    gpu_get(gemv, d_o, (size_t)(n * T) * 4);
+    if (memcmp(got, gemv, (size_t)(n * T) * 4) == 0) {
+        printf("fp8 gemm: not available on this device (the GEMV ran): nothing more to check\n");
+    } else {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t o = 0; o < n; o++) {
+                double s = 0.0, a = 0.0;
+                for (int64_t i = 0; i < k; i++) {
+                    const double p = (double)w.deq[o * k + i] * (double)xq[t * k + i];
+                    s += p;
+                    a += fabs(p);
+                }
+                const double g = got[t * n + o];
+                if (!(fabs(g - s) <= 1e-4 * a + 1e-30))
+                    fail_msg("fp8 gemm out[%lld,%lld] = %.9g, float64 %.9g (|w||x| %.3g)",
+                             (long long)t, (long long)o, g, s, a);
+            }
+        printf("fp8 gemm: %lld x %lld x %lld within 1e-4 of the float64 sum over quantized "
+               "activations\n",
+               (long long)n, (long long)T, (long long)k);
+    }
+    free(x), free(xq), free(got), free(gemv);
+    free_weight(&w);
+    gpu_free_all();
+    loom__backend_stream_close(&gb);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -866,7 +942,8 @@ static loom_model *load_on(const char *path, const char *backend) {
     return m;
 }
 
-static loom_model *synthetic_on(const char *arch, const char *type, const char *backend) {
+static loom_model *synthetic_fmt_on(const char *arch, const char *type, const char *backend,
+                                    loom_weight_format weights) {
     loom_synthetic_params sp = loom_synthetic_default_params();
     sp.arch = arch;
     sp.n_vocab = 1024;
@@ -883,21 +960,27 @@ static loom_model *synthetic_on(const char *arch, const char *type, const char *
     p.backend = backend;
     p.n_threads = 2;
     p.f32_activations = true;
+    p.weights = weights;
     loom_model *m = NULL;
     if (loom_model_load_synthetic(&sp, &p, &m) != LOOM_OK)
         fail_msg("synthetic %s/%s on %s: %s", arch, type, backend, loom_last_error());
     return m;
 }
 
+static loom_model *synthetic_on(const char *arch, const char *type, const char *backend) {
+    return synthetic_fmt_on(arch, type, backend, LOOM_WEIGHTS_AS_STORED);
+}
+
 /* Teacher-forced logits of 40 tokens then 6 decodes, CUDA against the CPU: the two file models
  * (F32 weights), then in-memory ones of each architecture in the block formats the kernels
- * read (qwen2's Q/K/V biases among them). */
+ * read (qwen2's Q/K/V biases among them), and two with every matrix requantized to FP8 E4M3
+ * rows at load (loom_model_params.weights). */
 static void test_models_logits(void **state) {
     (void)state;
-    const synth_shape *shapes[] = {&SYNTH_LLAMA, &SYNTH_GEMMA3, NULL, NULL, NULL, NULL};
-    const char *syn[][2] = {
-        {"qwen2", "q4_K"}, {"llama", "q8_0"}, {"gemma3", "bf16"}, {"qwen2", "q6_K"}};
-    for (int mi = 0; mi < 6; mi++) {
+    const synth_shape *shapes[] = {&SYNTH_LLAMA, &SYNTH_GEMMA3, NULL, NULL, NULL, NULL, NULL, NULL};
+    const char *syn[][2] = {{"qwen2", "q4_K"}, {"llama", "q8_0"}, {"gemma3", "bf16"},
+                            {"qwen2", "q6_K"}, {"llama", "f16"},  {"gemma3", "q8_0"}};
+    for (int mi = 0; mi < 8; mi++) {
         char path[512];
         loom_model *mc, *mg;
         if (mi < 2) {
@@ -906,8 +989,9 @@ static void test_models_logits(void **state) {
             mc = load_on(path, "cpu");
             mg = load_on(path, g_gpu_name);
         } else {
-            mc = synthetic_on(syn[mi - 2][0], syn[mi - 2][1], "cpu");
-            mg = synthetic_on(syn[mi - 2][0], syn[mi - 2][1], g_gpu_name);
+            const loom_weight_format wf = mi >= 6 ? LOOM_WEIGHTS_FP8_E4M3 : LOOM_WEIGHTS_AS_STORED;
+            mc = synthetic_fmt_on(syn[mi - 2][0], syn[mi - 2][1], "cpu", wf);
+            mg = synthetic_fmt_on(syn[mi - 2][0], syn[mi - 2][1], g_gpu_name, wf);
         }
         const char *name = mi < 2 ? shapes[mi]->arch : syn[mi - 2][0];
         loom_model_info info = {.size = sizeof info};
@@ -1117,6 +1201,7 @@ int main(void) {
         cmocka_unit_test(test_matmul),        cmocka_unit_test(test_attention_batches),
         cmocka_unit_test(test_attention),     cmocka_unit_test(test_models_logits),
         cmocka_unit_test(test_models_merged), cmocka_unit_test(test_models_engine),
+        cmocka_unit_test(test_fp8_gemm),
     };
     /* LOOM_TEST_ONLY=name runs that test alone (check.sh's planted-bug step). */
     struct CMUnitTest only[1];

@@ -12,10 +12,10 @@ static bool cuda_supports(void *dev, const loom_op_desc *op) {
     switch (op->op) {
     case LOOM_OP_GET_ROWS:
     case LOOM_OP_MATMUL: {
-        /* every type loom decodes: the kernels' own in place, the rest as bf16 (prepare) —
-         * but FP8 weight rows, whose point is their size: decoding them would undo it */
+        /* every type loom decodes: the kernels' own in place (FP8 weight rows among them), the
+         * rest as bf16 (prepare) */
         const loom__type_traits *tr = loom__type_get_traits(op->type);
-        return tr != NULL && tr->can_dequantize && op->type != LOOM_TYPE_FP8_E4M3_ROWS;
+        return tr != NULL && tr->can_dequantize;
     }
     case LOOM_OP_KV_STORE:
     case LOOM_OP_ATTENTION:

@@ -89,6 +89,7 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
     loom__log(LOOM_LOG_INFO, "cuda: device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB",
               d->device, d->name, d->cc_major, d->cc_minor, d->n_sms,
               (double)prop.totalGlobalMem / (1u << 30));
+    loom__cuda_fp8_gemm_open(d);
     *out = d;
     return LOOM_OK;
 }
@@ -97,6 +98,7 @@ void loom__cuda_close(void *dev) {
     loom__cuda_dev *d = dev;
     if (d == NULL) return;
     (void)cudaSetDevice(d->device);
+    loom__cuda_fp8_gemm_close(d);
     for (loom__cuda_chunk *c = d->chunks, *next; c != NULL; c = next) {
         next = c->next;
         (void)cudaFree(c->base);
@@ -232,11 +234,6 @@ loom_status loom__cuda_weight_prepare(void *dev, const loom_weight_src *src, loo
     LOOM_RETURN_IF(tr == NULL || !tr->can_dequantize, LOOM_ERR_UNSUPPORTED,
                    "cuda: weight %s has type %s, which loom cannot read", name,
                    loom__type_name(src->type));
-    LOOM_RETURN_IF(src->type == LOOM_TYPE_FP8_E4M3_ROWS, LOOM_ERR_UNSUPPORTED,
-                   "cuda: weight %s: the cuda backend has no kernels for FP8 weight rows "
-                   "(loom_model_params.weights = LOOM_WEIGHTS_FP8_E4M3 runs on the cpu backend "
-                   "only)",
-                   name);
     size_t row_bytes;
     LOOM_RETURN_IF(!loom__type_row_bytes(src->type, src->ne[0], &row_bytes) ||
                        (src->ne[1] > 1 && src->row_stride < row_bytes),
@@ -255,9 +252,13 @@ loom_status loom__cuda_weight_prepare(void *dev, const loom_weight_src *src, loo
         host = decoded;
         row_bytes = host_stride = (size_t)src->ne[0] * 2;
     }
+    /* FP8 rows are kept 16-byte aligned (their stride padded): the kernels load their codes 16
+     * at a time, and cuBLASLt's FP8 GEMM wants such a leading dimension. */
+    const size_t pitch =
+        type == LOOM_TYPE_FP8_E4M3_ROWS ? (row_bytes + 15) & ~(size_t)15 : row_bytes;
     size_t bytes;
     loom_status st = LOOM_OK;
-    if (loom__mul_overflow_size(row_bytes, (size_t)src->ne[1], &bytes)) {
+    if (loom__mul_overflow_size(pitch, (size_t)src->ne[1], &bytes)) {
         free(decoded);
         return loom__fail(LOOM_ERR_OUT_OF_MEMORY, "cuda: weight %s is too large", name);
     }
@@ -273,9 +274,9 @@ loom_status loom__cuda_weight_prepare(void *dev, const loom_weight_src *src, loo
     }
     pthread_mutex_unlock(&d->mu);
     if (st == LOOM_OK && bytes > 0) {
-        cudaError_t e = src->ne[1] == 1 || host_stride == row_bytes
+        cudaError_t e = (src->ne[1] == 1 || host_stride == row_bytes) && pitch == row_bytes
                             ? cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice)
-                            : cudaMemcpy2D(dst, row_bytes, host, host_stride, row_bytes,
+                            : cudaMemcpy2D(dst, pitch, host, host_stride, row_bytes,
                                            (size_t)src->ne[1], cudaMemcpyHostToDevice);
         if (e != cudaSuccess) st = loom__cuda_status(e, "cudaMemcpy2D (weight upload)");
     }
@@ -284,6 +285,6 @@ loom_status loom__cuda_weight_prepare(void *dev, const loom_weight_src *src, loo
         loom__error_prefix("weight %s", name);
         return st;
     }
-    *out = loom_tensor_2d(type, dst, src->ne[0], src->ne[1], row_bytes);
+    *out = loom_tensor_2d(type, dst, src->ne[0], src->ne[1], pitch);
     return LOOM_OK;
 }

@@ -28,6 +28,8 @@ loom_status loom__cuda_status(cudaError_t e, const char *call);
 
 /* One block of uploaded weights (a singly linked list: the arena, then any overflow). */
 typedef struct loom__cuda_chunk loom__cuda_chunk;
+/* cuBLASLt, opened at run time for the FP8 GEMM (cuda_fp8_gemm.c). */
+typedef struct loom__cuda_blaslt loom__cuda_blaslt;
 
 typedef struct loom__cuda_dev {
     int device; /* CUDA device ordinal */
@@ -38,6 +40,7 @@ typedef struct loom__cuda_dev {
                             thread) */
     loom__cuda_chunk *chunks;
     uint64_t converted_logged; /* bit t: type t's "dequantized to bf16" line was logged */
+    loom__cuda_blaslt *blaslt; /* the FP8 GEMM's library (LOOM_CUDA_FP8_GEMM=1); NULL: off */
 } loom__cuda_dev;
 
 /* Most descriptors (KV groups) one step hands over. */
@@ -64,7 +67,11 @@ typedef struct loom__cuda_stream {
     /* Attention's split-KV partials (loom__cuda_attention_work_bytes). */
     void *attn_work;
     size_t attn_work_cap;
-    int64_t n_grows; /* allocations after stream_create (a stream made without a shape) */
+    /* The FP8 GEMM's quantized activations, their scales and cuBLASLt's workspace. */
+    void *fp8_work;
+    size_t fp8_work_cap;
+    bool fp8_gemm_refused; /* cuBLASLt proposed no algorithm once (logged once) */
+    int64_t n_grows;       /* allocations after stream_create (a stream made without a shape) */
 } loom__cuda_stream;
 
 /* Makes the stream's device current on the calling thread (CUDA's current device is per
@@ -98,6 +105,17 @@ loom_status loom__cuda_find_step_kv(loom__cuda_stream *c, const char *op, const 
                                     const loom__k_kv **out);
 /* Makes attention's workspace hold at least bytes. */
 loom_status loom__cuda_reserve_attn(loom__cuda_stream *c, size_t bytes);
+
+/* ---- FP8 GEMM (cuda_fp8_gemm.c) ---- */
+/* Opens cuBLASLt where LOOM_CUDA_FP8_GEMM=1 and the device has FP8 tensor cores (else logs why
+ * not and leaves d->blaslt NULL); never fails the device. */
+void loom__cuda_fp8_gemm_open(loom__cuda_dev *d);
+void loom__cuda_fp8_gemm_close(loom__cuda_dev *d);
+/* out = x w^T for FP8 weight rows w through cuBLASLt when it is open and the step has more
+ * than 8 tokens: *done tells whether it ran (false: the caller runs the GEMV). Errors: the
+ * launches', cuBLASLt's (BACKEND), OUT_OF_MEMORY (its workspace). */
+loom_status loom__cuda_fp8_gemm(loom__cuda_stream *c, const loom_tensor *w, const loom_tensor *x,
+                                loom_tensor *out, bool *done);
 
 /* ---- ops (cuda_ops.c) ---- */
 loom_status loom__cuda_get_rows_op(void *stream, const loom_tensor *table, const loom_tensor *ids,

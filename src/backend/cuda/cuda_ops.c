@@ -57,6 +57,9 @@ loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_
     LOOM_TRY(check_native_weight("matmul", w));
     if (x->ne[1] == 0) return LOOM_OK;
     LOOM_TRY(loom__cuda_bind(c->dev));
+    bool done = false;
+    LOOM_TRY(loom__cuda_fp8_gemm(c, w, x, out, &done));
+    if (done) return LOOM_OK;
     loom__k_weight kw = weight_of(w);
     return loom__cuda_matmul(c->s, &kw, x->data, x->row_stride, x->ne[1], out->data,
                              out->row_stride);

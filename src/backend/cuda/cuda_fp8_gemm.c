@@ -1,0 +1,221 @@
+/* cuda_fp8_gemm.c — FP8 weight rows times a step of many tokens on tensor cores, through
+ * cuBLASLt's FP8 GEMM (sm_89 and later): the activations quantized to E4M3 with one scale per
+ * token (kernels/fp8_gemm.cu), the GEMM of the codes with unit scales into float32, and an
+ * epilogue multiplying each output by its weight row's scale and its token's.
+ *
+ * Opt-in (LOOM_CUDA_FP8_GEMM=1 in the environment when the device opens), because it gives up
+ * two things the GEMV keeps: activations in float32 (the CPU's FP8 matmul keeps them), and a
+ * token's result independent of its batch (cuBLASLt picks its algorithm, and with it the order
+ * of the sums, by the shape). Steps of at most 8 tokens stay on the GEMV either way.
+ *
+ * cuBLASLt is opened with dlopen when the device opens, not linked: the plugin loads, and runs
+ * everything else, on a machine whose toolkit has no cuBLAS; there the opt-in logs why it is
+ * off. */
+#include "backend/cuda/cuda_internal.h"
+
+#include "core/log.h"
+#include "tensor/types.h"
+
+#include <cublasLt.h>
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Steps of more tokens than this go to the GEMM (the GEMV's group of tokens). */
+#define FP8_GEMM_MIN_TOKENS 8
+/* cuBLASLt's workspace per stream. */
+#define FP8_GEMM_WORKSPACE (32u << 20)
+
+/* The cuBLASLt entry points used, resolved from the library. */
+struct loom__cuda_blaslt {
+    void *lib;
+    cublasLtHandle_t handle;
+    __typeof__(&cublasLtCreate) create;
+    __typeof__(&cublasLtDestroy) destroy;
+    __typeof__(&cublasLtMatmulDescCreate) desc_create;
+    __typeof__(&cublasLtMatmulDescDestroy) desc_destroy;
+    __typeof__(&cublasLtMatmulDescSetAttribute) desc_set;
+    __typeof__(&cublasLtMatrixLayoutCreate) layout_create;
+    __typeof__(&cublasLtMatrixLayoutDestroy) layout_destroy;
+    __typeof__(&cublasLtMatmulPreferenceCreate) pref_create;
+    __typeof__(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+    __typeof__(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+    __typeof__(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+    __typeof__(&cublasLtMatmul) matmul;
+};
+
+void loom__cuda_fp8_gemm_close(loom__cuda_dev *d) {
+    loom__cuda_blaslt *b = d->blaslt;
+    if (b == NULL) return;
+    if (b->handle != NULL) (void)b->destroy(b->handle);
+    dlclose(b->lib);
+    free(b);
+    d->blaslt = NULL;
+}
+
+/* Resolves every entry point into b; false (with the missing name) when one is absent. */
+static bool resolve(loom__cuda_blaslt *b, const char **missing) {
+#define LOOM_BLT_SYM(field, name)                                                                  \
+    do {                                                                                           \
+        *(void **)&b->field = dlsym(b->lib, name);                                                 \
+        if (b->field == NULL) {                                                                    \
+            *missing = name;                                                                       \
+            return false;                                                                          \
+        }                                                                                          \
+    } while (0)
+    LOOM_BLT_SYM(create, "cublasLtCreate");
+    LOOM_BLT_SYM(destroy, "cublasLtDestroy");
+    LOOM_BLT_SYM(desc_create, "cublasLtMatmulDescCreate");
+    LOOM_BLT_SYM(desc_destroy, "cublasLtMatmulDescDestroy");
+    LOOM_BLT_SYM(desc_set, "cublasLtMatmulDescSetAttribute");
+    LOOM_BLT_SYM(layout_create, "cublasLtMatrixLayoutCreate");
+    LOOM_BLT_SYM(layout_destroy, "cublasLtMatrixLayoutDestroy");
+    LOOM_BLT_SYM(pref_create, "cublasLtMatmulPreferenceCreate");
+    LOOM_BLT_SYM(pref_destroy, "cublasLtMatmulPreferenceDestroy");
+    LOOM_BLT_SYM(pref_set, "cublasLtMatmulPreferenceSetAttribute");
+    LOOM_BLT_SYM(heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    LOOM_BLT_SYM(matmul, "cublasLtMatmul");
+#undef LOOM_BLT_SYM
+    return true;
+}
+
+void loom__cuda_fp8_gemm_open(loom__cuda_dev *d) {
+    const char *want = getenv("LOOM_CUDA_FP8_GEMM");
+    if (want == NULL || strcmp(want, "1") != 0) return;
+    if (d->cc_major * 10 + d->cc_minor < 89) {
+        loom__log(LOOM_LOG_INFO,
+                  "cuda: LOOM_CUDA_FP8_GEMM: %s (compute capability %d.%d) has no FP8 tensor "
+                  "cores; FP8 weights stay on the GEMV",
+                  d->name, d->cc_major, d->cc_minor);
+        return;
+    }
+    loom__cuda_blaslt *b = calloc(1, sizeof *b);
+    if (b == NULL) return;
+    const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
+    for (size_t i = 0; b->lib == NULL && i < sizeof names / sizeof *names; i++)
+        b->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    const char *missing = NULL;
+    if (b->lib == NULL || !resolve(b, &missing) || b->create(&b->handle) != CUBLAS_STATUS_SUCCESS) {
+        loom__log(LOOM_LOG_INFO,
+                  "cuda: LOOM_CUDA_FP8_GEMM: cuBLASLt %s; FP8 weights stay on the "
+                  "GEMV",
+                  b->lib == NULL ? "cannot be loaded (libcublasLt.so.13/.12 not found)"
+                  : missing      ? "lacks an entry point"
+                                 : "would not create a handle");
+        if (b->lib != NULL) dlclose(b->lib);
+        free(b);
+        return;
+    }
+    d->blaslt = b;
+    loom__log(LOOM_LOG_INFO,
+              "cuda: FP8 weights: steps of more than %d tokens use cuBLASLt's FP8 "
+              "GEMM (activations in E4M3; not batch-invariant)",
+              FP8_GEMM_MIN_TOKENS);
+}
+
+/* The stream's room for one GEMM: codes of n_tokens rows of k (16-byte rows), their scales,
+ * cuBLASLt's workspace. */
+static loom_status reserve(loom__cuda_stream *c, int64_t n_tokens, int64_t k, size_t *xq_stride) {
+    *xq_stride = ((size_t)k + 15) & ~(size_t)15;
+    const size_t need =
+        *xq_stride * (size_t)n_tokens + (size_t)n_tokens * sizeof(float) + 256 + FP8_GEMM_WORKSPACE;
+    if (need <= c->fp8_work_cap) return LOOM_OK;
+    void *w = NULL;
+    LOOM_CU_TRY(cudaMalloc(&w, need));
+    if (c->fp8_work != NULL) {
+        cudaError_t e = cudaStreamSynchronize(c->s);
+        if (e != cudaSuccess) {
+            (void)cudaFree(w);
+            return loom__cuda_status(e, "cudaStreamSynchronize");
+        }
+        (void)cudaFree(c->fp8_work);
+    }
+    c->fp8_work = w;
+    c->fp8_work_cap = need;
+    c->n_grows++;
+    return LOOM_OK;
+}
+
+/* Sets the descriptors of D[n][t] = sum_k A[n][k] B[t][k] (column-major: A k x n transposed,
+ * B k x t, D n x t), and runs the first algorithm cuBLASLt proposes. */
+static loom_status run_gemm(loom__cuda_stream *c, const loom_tensor *w, const uint8_t *xq,
+                            size_t xq_stride, int64_t n_tokens, loom_tensor *out, void *ws,
+                            bool *done) {
+    loom__cuda_blaslt *b = c->dev->blaslt;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const uint64_t ws_bytes = FP8_GEMM_WORKSPACE;
+    cublasStatus_t s = b->desc_create(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = b->desc_set(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = b->desc_set(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = b->layout_create(&la, CUDA_R_8F_E4M3, (uint64_t)w->ne[0], (uint64_t)w->ne[1],
+                             (int64_t)w->row_stride);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = b->layout_create(&lb, CUDA_R_8F_E4M3, (uint64_t)w->ne[0], (uint64_t)n_tokens,
+                             (int64_t)xq_stride);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = b->layout_create(&ld, CUDA_R_32F, (uint64_t)w->ne[1], (uint64_t)n_tokens,
+                             (int64_t)(out->row_stride / sizeof(float)));
+    if (s == CUBLAS_STATUS_SUCCESS) s = b->pref_create(&pref);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = b->pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes);
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = b->heuristic(b->handle, op, la, lb, ld, ld, pref, 1, &heur, &found);
+    loom_status st = LOOM_OK;
+    if (s == CUBLAS_STATUS_SUCCESS && found > 0) {
+        const float one = 1.0f, zero = 0.0f;
+        s = b->matmul(b->handle, op, &one, w->data, la, xq, lb, &zero, out->data, ld, out->data, ld,
+                      &heur.algo, ws, FP8_GEMM_WORKSPACE, c->s);
+        if (s != CUBLAS_STATUS_SUCCESS)
+            st = loom__fail(LOOM_ERR_BACKEND,
+                            "cuda: cublasLtMatmul (fp8, %lld x %lld x %lld): "
+                            "status %d",
+                            (long long)w->ne[1], (long long)n_tokens, (long long)w->ne[0], (int)s);
+        *done = st == LOOM_OK;
+    } else if (!c->fp8_gemm_refused) { /* this shape has no FP8 GEMM here: the GEMV runs it */
+        c->fp8_gemm_refused = true;
+        loom__log(LOOM_LOG_INFO,
+                  "cuda: cuBLASLt proposes no FP8 GEMM for %lld x %lld x %lld (status %d); the "
+                  "GEMV runs it",
+                  (long long)w->ne[1], (long long)n_tokens, (long long)w->ne[0], (int)s);
+    }
+    if (pref) b->pref_destroy(pref);
+    if (ld) b->layout_destroy(ld);
+    if (lb) b->layout_destroy(lb);
+    if (la) b->layout_destroy(la);
+    if (op) b->desc_destroy(op);
+    return st;
+}
+
+loom_status loom__cuda_fp8_gemm(loom__cuda_stream *c, const loom_tensor *w, const loom_tensor *x,
+                                loom_tensor *out, bool *done) {
+    *done = false;
+    const int64_t T = x->ne[1];
+    if (c->dev->blaslt == NULL || w->type != LOOM_TYPE_FP8_E4M3_ROWS || T <= FP8_GEMM_MIN_TOKENS ||
+        w->row_stride % 16 != 0 || out->row_stride % 16 != 0 || ((uintptr_t)w->data & 15) != 0 ||
+        ((uintptr_t)out->data & 15) != 0)
+        return LOOM_OK;
+    size_t xq_stride;
+    LOOM_TRY(reserve(c, T, w->ne[0], &xq_stride));
+    uint8_t *xq = c->fp8_work;
+    float *x_scale = (float *)(xq + xq_stride * (size_t)T);
+    void *ws = (char *)c->fp8_work +
+               ((xq_stride * (size_t)T + (size_t)T * sizeof(float) + 255) & ~(size_t)255);
+    LOOM_TRY(loom__cuda_fp8_quantize_acts(c->s, x->data, x->row_stride, T, w->ne[0], xq, xq_stride,
+                                          x_scale));
+    LOOM_TRY(run_gemm(c, w, xq, xq_stride, T, out, ws, done));
+    if (!*done) return LOOM_OK;
+    const loom__k_weight kw = {.type = (uint32_t)w->type,
+                               .k = w->ne[0],
+                               .n = w->ne[1],
+                               .stride = w->row_stride,
+                               .data = w->data};
+    return loom__cuda_fp8_scale_out(c->s, &kw, out->data, out->row_stride, T, x_scale);
+}

@@ -59,3 +59,20 @@ static __device__ __forceinline__ uint32_t loom_ld32(const uint8_t *p) {
 static __host__ __device__ __forceinline__ int64_t loom_cdiv(int64_t a, int64_t b) {
     return (a + b - 1) / b;
 }
+
+/* Element e of a KV page row of type KV (LOOM_K_F32, _F16 or _BF16) as float, and stored into
+ * one rounded to nearest even. */
+template <int KV> static __device__ __forceinline__ float loom_kv_get(const void *row, int64_t e) {
+    if (KV == LOOM_K_F32) return ((const float *)row)[e];
+    if (KV == LOOM_K_F16) return __half2float(((const __half *)row)[e]);
+    return __bfloat162float(((const __nv_bfloat16 *)row)[e]);
+}
+template <int KV>
+static __device__ __forceinline__ void loom_kv_put(void *row, int64_t e, float x) {
+    if (KV == LOOM_K_F32)
+        ((float *)row)[e] = x;
+    else if (KV == LOOM_K_F16)
+        ((__half *)row)[e] = __float2half_rn(x);
+    else
+        ((__nv_bfloat16 *)row)[e] = __float2bfloat16_rn(x);
+}

@@ -22,21 +22,6 @@ typedef struct merge_args {
     loom__k_merge m;
 } merge_args;
 
-template <int KV> static __device__ __forceinline__ float ld(const char *row, int e) {
-    if (KV == LOOM_K_F32) return ((const float *)row)[e];
-    if (KV == LOOM_K_F16) return __half2float(((const __half *)row)[e]);
-    return __bfloat162float(((const __nv_bfloat16 *)row)[e]);
-}
-
-template <int KV> static __device__ __forceinline__ void st(char *row, int e, float x) {
-    if (KV == LOOM_K_F32)
-        ((float *)row)[e] = x;
-    else if (KV == LOOM_K_F16)
-        ((__half *)row)[e] = __float2half_rn(x);
-    else
-        ((__nv_bfloat16 *)row)[e] = __float2bfloat16_rn(x);
-}
-
 template <int KV> static __device__ __forceinline__ size_t elt() {
     return KV == LOOM_K_F32 ? 4 : 2;
 }
@@ -75,7 +60,7 @@ static __global__ void __launch_bounds__(MERGE_THREADS) store_a_kernel(merge_arg
         char *row = a.pool[kv_i] + (size_t)blk * kv.block_stride + (size_t)slot * kv.token_stride +
                     (size_t)h * hd * elt<KV>();
         for (int e = threadIdx.x; e < hd; e += blockDim.x)
-            st<KV>(row, e, n == 0.0f ? 0.0f : x[e] / n);
+            loom_kv_put<KV>(row, e, n == 0.0f ? 0.0f : x[e] / n);
         if (threadIdx.x == 0) norm[((size_t)slot * H + h) * 4 + kv_i] = n;
     }
 }
@@ -126,9 +111,9 @@ static __device__ void merge_into_a(const merge_args &a, const mblock &b, int t,
         const char *ah = ar + (size_t)h * hd * elt<KV>();
         double dd = 0.0, aa = 0.0, bb = 0.0;
         for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-            const float av = ld<KV>(ah, e);
+            const float av = loom_kv_get<KV>(ah, e);
             const float bv = from_x ? (xnorm[h] == 0.0f ? 0.0f : from_x[h * hd + e] / xnorm[h])
-                                    : ld<KV>(other + (size_t)h * hd * elt<KV>(), e);
+                                    : loom_kv_get<KV>(other + (size_t)h * hd * elt<KV>(), e);
             dd += (double)av * bv;
             aa += (double)av * av;
             bb += (double)bv * bv;
@@ -139,10 +124,10 @@ static __device__ void merge_into_a(const merge_args &a, const mblock &b, int t,
         float ca, cb;
         loom__merge_slerp(dd, aa, bb, a.m.t, &ca, &cb);
         for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-            const float av = ld<KV>(ah, e);
+            const float av = loom_kv_get<KV>(ah, e);
             const float bv = from_x ? (xnorm[h] == 0.0f ? 0.0f : from_x[h * hd + e] / xnorm[h])
-                                    : ld<KV>(other + (size_t)h * hd * elt<KV>(), e);
-            st<KV>((char *)ah, e, fmaf(ca, av, cb * bv));
+                                    : loom_kv_get<KV>(other + (size_t)h * hd * elt<KV>(), e);
+            loom_kv_put<KV>((char *)ah, e, fmaf(ca, av, cb * bv));
         }
         __syncthreads(); /* every read of this head before the next head's sums */
     }
@@ -184,7 +169,7 @@ static __global__ void __launch_bounds__(MERGE_THREADS) store_b_kernel(merge_arg
                 /* The direction's elements as the CPU rounds them (x[e] / n in float). */
                 double ab = 0.0, aa = 0.0, bb = 0.0;
                 for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-                    const double bv = n == 0.0f ? 0.0f : xh[e] / n, av = ld<KV>(ah, e);
+                    const double bv = n == 0.0f ? 0.0f : xh[e] / n, av = loom_kv_get<KV>(ah, e);
                     ab += av * bv;
                     aa += av * av;
                     bb += bv * bv;
@@ -236,7 +221,7 @@ static __global__ void __launch_bounds__(MERGE_THREADS) store_b_kernel(merge_arg
                 char *dst = kept_row(b, kv_i, row);
                 for (int i = threadIdx.x; i < H * hd; i += blockDim.x) {
                     const float n = xnorm[kv_i * H + i / hd];
-                    st<KV>(dst, i, n == 0.0f ? 0.0f : x[kv_i][i] / n);
+                    loom_kv_put<KV>(dst, i, n == 0.0f ? 0.0f : x[kv_i][i] / n);
                 }
             }
             if (threadIdx.x == 0) b.state[t] = row;

@@ -15,15 +15,6 @@ typedef struct store_args {
     char *k_scale, *v_scale; /* FP8 only */
 } store_args;
 
-template <int KV> static __device__ __forceinline__ void store_one(void *base, int64_t i, float x) {
-    if (KV == LOOM_K_F32)
-        ((float *)base)[i] = x;
-    else if (KV == LOOM_K_F16)
-        ((__half *)base)[i] = __float2half_rn(x);
-    else
-        ((__nv_bfloat16 *)base)[i] = __float2bfloat16_rn(x);
-}
-
 /* One block per (row, kv head); threads over the head's elements. */
 template <int KV> static __global__ void kv_store_kernel(store_args a) {
     const loom__k_kv &kv = a.kv;
@@ -38,8 +29,8 @@ template <int KV> static __global__ void kv_store_kernel(store_args a) {
     const float *kr = (const float *)((const char *)a.k + (size_t)r * a.k_stride) + h * kv.head_dim;
     const float *vr = (const float *)((const char *)a.v + (size_t)r * a.v_stride) + h * kv.head_dim;
     for (int e = threadIdx.x; e < kv.head_dim; e += blockDim.x) {
-        store_one<KV>(kd, e, kr[e]);
-        store_one<KV>(vd, e, vr[e]);
+        loom_kv_put<KV>(kd, e, kr[e]);
+        loom_kv_put<KV>(vd, e, vr[e]);
     }
 }
 

@@ -308,6 +308,29 @@ loom_status loom__kv_storage_descs(loom__kv_storage *st, const loom__kv *kv, int
 
 /* ---- batched copies ------------------------------------------------------------------------ */
 
+/* One range of a block copy: block `block` of a pool of `stride`-byte blocks to block `to`
+ * (DEVICE), to the host at *slot (TO_HOST) or from it (FROM_HOST); *slot then moves past it. */
+static void put_range(loom_copy_range *r, loom_copy_kind kind, char *pool, size_t stride,
+                      int32_t block, int32_t to, char **slot) {
+    char *at = pool + (size_t)block * stride;
+    r->bytes = stride;
+    switch (kind) {
+    case LOOM_COPY_DEVICE:
+        r->src = at;
+        r->dst = pool + (size_t)to * stride;
+        break;
+    case LOOM_COPY_TO_HOST:
+        r->src = at;
+        r->dst = *slot;
+        break;
+    case LOOM_COPY_FROM_HOST:
+        r->src = *slot;
+        r->dst = at;
+        break;
+    }
+    if (*slot != NULL) *slot += stride;
+}
+
 loom_status loom__kv_storage_copy(loom__kv_storage *st, void *stream, loom_copy_kind kind,
                                   int32_t n, const int32_t *groups, const int32_t *blocks,
                                   const int32_t *dst, char *const *host) {
@@ -320,58 +343,29 @@ loom_status loom__kv_storage_copy(loom__kv_storage *st, void *stream, loom_copy_
             g < 0 || g >= st->n_groups || blocks[i] < 0 || blocks[i] >= st->group_blocks[g] ||
                 (kind == LOOM_COPY_DEVICE && (dst[i] < 0 || dst[i] >= st->group_blocks[g])),
             LOOM_ERR_INVALID_ARG, "kv storage: copy %d: block %d of group %d", i, blocks[i], g);
-        const size_t off = (size_t)blocks[i] * st->block_stride;
+        const int32_t to = kind == LOOM_COPY_DEVICE ? dst[i] : -1;
         char *slot = kind == LOOM_COPY_DEVICE ? NULL : host[i];
-        for (int32_t il = 0; il < c->n_layer; il++) {
-            if (c->layers[il].kv_group != g || !is_source(st->model, st->layer_src, il)) continue;
-            LOOM_RETURN_IF(k + 2 > st->ranges_cap, LOOM_ERR_INVALID_ARG,
-                           "kv storage: a copy of more blocks than %zu ranges hold",
-                           st->ranges_cap);
-            for (int kv_i = 0; kv_i < 2; kv_i++) {
-                char *pool = kv_i == 0 ? st->k_base[il] : st->v_base[il];
-                loom_copy_range *r = &st->ranges[k++];
-                r->bytes = st->block_stride;
-                switch (kind) {
-                case LOOM_COPY_DEVICE:
-                    r->src = pool + off;
-                    r->dst = pool + (size_t)dst[i] * st->block_stride;
-                    break;
-                case LOOM_COPY_TO_HOST:
-                    r->src = pool + off;
-                    r->dst = slot;
-                    break;
-                case LOOM_COPY_FROM_HOST:
-                    r->src = slot;
-                    r->dst = pool + off;
-                    break;
+        /* Every source layer's K and V blocks, then each merged pair's merge block. */
+        for (int pass = 0; pass < 2; pass++) {
+            for (int32_t il = 0; il < c->n_layer; il++) {
+                if (c->layers[il].kv_group != g) continue;
+                if (pass == 0 ? !is_source(st->model, st->layer_src, il)
+                              : !is_merged_b(st->merge_with, il))
+                    continue;
+                const size_t need = pass == 0 ? 2 : 1;
+                LOOM_RETURN_IF(k + need > st->ranges_cap, LOOM_ERR_INVALID_ARG,
+                               "kv storage: a copy of more blocks than %zu ranges hold",
+                               st->ranges_cap);
+                if (pass == 0) {
+                    put_range(&st->ranges[k++], kind, st->k_base[il], st->block_stride, blocks[i],
+                              to, &slot);
+                    put_range(&st->ranges[k++], kind, st->v_base[il], st->block_stride, blocks[i],
+                              to, &slot);
+                } else {
+                    put_range(&st->ranges[k++], kind, st->merge_base[il], st->merge_block_stride,
+                              blocks[i], to, &slot);
                 }
-                if (slot != NULL) slot += st->block_stride;
             }
-        }
-        for (int32_t il = 0; il < c->n_layer; il++) {
-            if (c->layers[il].kv_group != g || !is_merged_b(st->merge_with, il)) continue;
-            LOOM_RETURN_IF(k + 1 > st->ranges_cap, LOOM_ERR_INVALID_ARG,
-                           "kv storage: a copy of more blocks than %zu ranges hold",
-                           st->ranges_cap);
-            char *pool = st->merge_base[il];
-            const size_t moff = (size_t)blocks[i] * st->merge_block_stride;
-            loom_copy_range *r = &st->ranges[k++];
-            r->bytes = st->merge_block_stride;
-            switch (kind) {
-            case LOOM_COPY_DEVICE:
-                r->src = pool + moff;
-                r->dst = pool + (size_t)dst[i] * st->merge_block_stride;
-                break;
-            case LOOM_COPY_TO_HOST:
-                r->src = pool + moff;
-                r->dst = slot;
-                break;
-            case LOOM_COPY_FROM_HOST:
-                r->src = slot;
-                r->dst = pool + moff;
-                break;
-            }
-            if (slot != NULL) slot += st->merge_block_stride;
         }
     }
     return st->model->backend->ops->copy_batch(stream, kind, st->ranges, k);

@@ -120,20 +120,8 @@ static loom_status reserve(loom__cuda_stream *c, int64_t n_tokens, int64_t k, si
     const size_t need =
         *xq_stride * (size_t)n_tokens + (size_t)n_tokens * sizeof(float) + 256 + FP8_GEMM_WORKSPACE;
     if (need <= c->fp8_work_cap) return LOOM_OK;
-    void *w = NULL;
-    LOOM_CU_TRY(cudaMalloc(&w, need));
-    if (c->fp8_work != NULL) {
-        cudaError_t e = cudaStreamSynchronize(c->s);
-        if (e != cudaSuccess) {
-            (void)cudaFree(w);
-            return loom__cuda_status(e, "cudaStreamSynchronize");
-        }
-        (void)cudaFree(c->fp8_work);
-    }
-    c->fp8_work = w;
-    c->fp8_work_cap = need;
     c->n_grows++;
-    return LOOM_OK;
+    return loom__cuda_regrow(c, &c->fp8_work, &c->fp8_work_cap, need);
 }
 
 /* Sets the descriptors of D[n][t] = sum_k A[n][k] B[t][k] (column-major: A k x n transposed,

@@ -103,6 +103,9 @@ loom_status loom__cuda_step_begin(void *stream, const loom_step_desc *step);
  * step_begin). Errors: INVALID_ARG for a descriptor that is not the step's. */
 loom_status loom__cuda_find_step_kv(loom__cuda_stream *c, const char *op, const loom_kv_desc *kv,
                                     const loom__k_kv **out);
+/* Makes the device area *area (*cap bytes; NULL, 0 at first) hold at least bytes: a new
+ * allocation, the old one freed once the stream's queued work is done. */
+loom_status loom__cuda_regrow(loom__cuda_stream *c, void **area, size_t *cap, size_t bytes);
 /* Makes attention's workspace hold at least bytes. */
 loom_status loom__cuda_reserve_attn(loom__cuda_stream *c, size_t bytes);
 

@@ -61,21 +61,25 @@ static loom_status reserve_meta(loom__cuda_stream *c, size_t ints) {
     return LOOM_OK;
 }
 
-loom_status loom__cuda_reserve_attn(loom__cuda_stream *c, size_t bytes) {
-    if (bytes <= c->attn_work_cap) return LOOM_OK;
+loom_status loom__cuda_regrow(loom__cuda_stream *c, void **area, size_t *cap, size_t bytes) {
+    if (bytes <= *cap) return LOOM_OK;
     void *w = NULL;
     LOOM_CU_TRY(cudaMalloc(&w, bytes));
-    if (c->attn_work != NULL) {
+    if (*area != NULL) { /* queued kernels may still read the old area: free it after them */
         cudaError_t e = cudaStreamSynchronize(c->s);
         if (e != cudaSuccess) {
             (void)cudaFree(w);
             return loom__cuda_status(e, "cudaStreamSynchronize");
         }
-        (void)cudaFree(c->attn_work);
+        (void)cudaFree(*area);
     }
-    c->attn_work = w;
-    c->attn_work_cap = bytes;
+    *area = w;
+    *cap = bytes;
     return LOOM_OK;
+}
+
+loom_status loom__cuda_reserve_attn(loom__cuda_stream *c, size_t bytes) {
+    return loom__cuda_regrow(c, &c->attn_work, &c->attn_work_cap, bytes);
 }
 
 /* ------------------------------------------------------------------------------------------ */

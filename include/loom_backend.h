@@ -210,9 +210,10 @@ static inline loom_tensor loom_tensor_2d(loom_type type, void *data, int64_t ne0
  *     dir_a here is A's row as stored (widened from the page); dir_b = x_b / ||x_b|| rounded
  *     to float32 (a zero row: zeros); dot products are summed in double; a head where either
  *     row is zero has distance 0 (its restoration is exact), one with a NaN distance 1. The
- *     scalar arithmetic is src/tensor/kv_merge.h's, which host and device code share. Until a
- *     block keeps R tokens none is displaced, so its kept tokens hold rows 0, 1, ... in
- *     order.
+ *     scalar arithmetic is src/tensor/kv_merge.h's, which host and device code share. A
+ *     newcomer kept while fewer than R are takes the lowest row no earlier slot holds. A slot
+ *     may be stored a second time (a cached prompt's last block recomputed, a rolled-back
+ *     step): it then finds the earlier slots as its first store's displacements left them.
  *     attention reads A's row j as row_j * ||x_a,j|| and B's as (its retained row if kept, else
  *       A's row) * ||x_b,j||. A reads a step's own tokens before B has merged them and earlier
  *       steps' tokens merged, so results depend on how a sequence is cut into steps: merged
@@ -225,8 +226,9 @@ static inline loom_tensor loom_tensor_2d(loom_type type, void *data, int64_t ne0
  *     int32_t state[S]        -1 merged, else the retained row r (0 <= r < R) holding slot t
  *     kv_type rows[R][2][H][head_dim], at loom_kv_merge_rows_at(S, H): retained K then V rows
  *   Only slots below a slot being stored are read, so a block needs no clearing when it is
- *   reused. F16, BF16 and F32 pages, no rotation. A pair's K/V take two pools' bytes per token
- *   down to about one, plus R retained rows per block.
+ *   reused; a store may rewrite those slots (a displaced token merged), never later ones. F16, BF16
+ * and F32 pages, no rotation. A pair's K/V take two pools' bytes per token down to about one, plus
+ * R retained rows per block.
  *
  * libloom checks every descriptor once per step before step_begin (structure, types, strides,
  * every block id a step reads or writes); backends may trust what they are given. All arrays
@@ -243,6 +245,9 @@ typedef enum loom_kv_layout {
 /* kv_flags bits (loom_kv_desc, loom_op_desc, loom_step_shape). */
 #define LOOM_KV_HADAMARD 1u /* K/V rows stored rotated by H (above); head_dim a power of two */
 #define LOOM_KV_MERGED   2u /* some layers form merged pairs (above) */
+
+/* Most retained rows per block of a merge pool (merge_retain). */
+#define LOOM_KV_MERGE_MAX_RETAIN 4096
 
 /* Byte offsets in a block of a merge pool (above): dist, state, and the retained rows (norm
  * is at 0). */

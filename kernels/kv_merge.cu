@@ -10,6 +10,8 @@
  * kept token, or merge the newcomer) and the block writes the rows the decision names. */
 #include "common.cuh"
 
+#include "loom_backend.h"
+
 #include "tensor/kv_merge.h"
 
 #define MERGE_THREADS 128
@@ -189,16 +191,20 @@ static __global__ void __launch_bounds__(MERGE_THREADS) store_b_kernel(merge_arg
         if (threadIdx.x == 0) {
             b.dist[t] = d;
             int row = -1, victim = -1;
-            if (R > 0) {
+            if (R > 0) { /* cpu_kv_merge.c's kept_victim */
+                uint64_t used[LOOM_KV_MERGE_MAX_RETAIN / 64];
+                for (int i = 0; i < (R + 63) / 64; i++) used[i] = 0;
                 int n_kept = 0;
                 for (int j = 0; j < t; j++) {
                     const int rj = b.state[j];
-                    if (rj < 0 || rj >= R) continue;
+                    if (rj < 0 || rj >= R || (used[rj / 64] >> (rj % 64) & 1)) continue;
+                    used[rj / 64] |= (uint64_t)1 << (rj % 64);
                     n_kept++;
                     if (victim < 0 || b.dist[j] <= b.dist[victim]) victim = j;
                 }
                 if (n_kept < R) {
-                    row = n_kept;
+                    row = 0;
+                    while (used[row / 64] >> (row % 64) & 1) row++;
                     victim = -1;
                 } else if (d > b.dist[victim]) {
                     row = b.state[victim];
@@ -253,7 +259,7 @@ extern "C" loom_status loom__cuda_kv_store_merged(cudaStream_t stream, const loo
                                                   size_t v_stride, void *k_pool, void *v_pool,
                                                   const loom__k_merge *m) {
     if (kv->n_rows == 0) return LOOM_OK;
-    if (kv->n_kv_heads > 65535 || kv->n_kv_heads > 4096)
+    if (kv->n_kv_heads > 4096 || m->retain > LOOM_KV_MERGE_MAX_RETAIN)
         LOOM_K_UNSUPPORTED("cuda: merged kv_store of %d heads", kv->n_kv_heads);
     merge_args a = {*kv, k, v, k_stride, v_stride, {(char *)k_pool, (char *)v_pool}, *m};
     switch (kv->kv_type) {

@@ -219,6 +219,7 @@ loom_status loom__engine_kv_create(loom_engine *e) {
     kp.max_seq_len = e->max_ctx;
     kp.prefix_caching = e->params.prefix_cache;
     kp.watermark = e->params.watermark;
+    kp.writes_rewrite_block = e->merge.n_pairs > 0;
     /* Blocks computed by one model are meaningless to another: salt with its identity. */
     const char *name = e->model->name ? e->model->name : "";
     kp.model_salt =

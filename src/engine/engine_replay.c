@@ -51,6 +51,15 @@ static void fill_header(const loom_engine *e, loom__record_header *h) {
 loom_status loom__engine_record_open(loom_engine *e) {
     loom__record_header h;
     fill_header(e, &h);
+    /* A map the record cannot hold would replay as the model's own: refuse rather than record
+     * a run that cannot be replayed. */
+    bool own_map = e->merge.n_pairs == 0;
+    for (int32_t l = 0; own_map && l < e->model->cfg.n_layer; l++)
+        own_map = e->layer_src[l] == e->model->cfg.layers[l].kv_src;
+    LOOM_RETURN_IF(!h.has_layer_src && !own_map, LOOM_ERR_UNSUPPORTED,
+                   "engine: record_path with a kv_plan on a model of %d layers (records hold the "
+                   "layer map of at most %d)",
+                   e->model->cfg.n_layer, LOOM__RECORD_MAX_LAYERS);
     LOOM_TRY(loom__recorder_open(e->params.record_path, &h, &e->rec));
     e->params.record_path = NULL; /* the caller's string: not kept */
     return LOOM_OK;

@@ -48,6 +48,10 @@ static loom_status check_merges(const loom_model *m, const int32_t *layer_src,
         LOOM_RETURN_IF(layer_src[b] != a || layer_src[a] != a, LOOM_ERR_INVALID_ARG,
                        "kv plan: merged layers %d and %d: %d must read %d, which reads itself", a,
                        b, b, a);
+        LOOM_RETURN_IF(m->cfg.layers[b].kv_src != b, LOOM_ERR_INVALID_ARG,
+                       "kv plan: layer %d cannot be merged: the model declares it to share layer "
+                       "%d's K/V, so it has no K/V of its own",
+                       b, m->cfg.layers[b].kv_src);
         for (int32_t o = 0; o < n; o++)
             LOOM_RETURN_IF(o != a && o != b && (layer_src[o] == a || layer_src[o] == b),
                            LOOM_ERR_INVALID_ARG,

@@ -119,8 +119,10 @@ static loom_status check_merges(const loom_kv_desc *kv, size_t elt) {
            loom__type_name(kv->kv_type));
     BAD_IF(kv->kv_flags & LOOM_KV_HADAMARD, LOOM_ERR_UNSUPPORTED,
            "merged pairs with the Hadamard rotation");
-    BAD_IF(kv->merge_retain < 0 || kv->merge_retain > kv->block_size, LOOM_ERR_INVALID_ARG,
-           "merge_retain %d outside [0, block_size %d]", kv->merge_retain, kv->block_size);
+    BAD_IF(kv->merge_retain < 0 || kv->merge_retain > kv->block_size ||
+               kv->merge_retain > LOOM_KV_MERGE_MAX_RETAIN,
+           LOOM_ERR_INVALID_ARG, "merge_retain %d outside [0, min(block_size %d, %d)]",
+           kv->merge_retain, kv->block_size, LOOM_KV_MERGE_MAX_RETAIN);
     BAD_IF(!(kv->merge_t >= 0.0f && kv->merge_t <= 1.0f), LOOM_ERR_INVALID_ARG,
            "merge_t %g outside [0, 1]", (double)kv->merge_t);
     size_t rows, need = 0, pool;
@@ -141,6 +143,9 @@ static loom_status check_merges(const loom_kv_desc *kv, size_t elt) {
         BAD_IF(kv->layer_src[a] != a || kv->layer_src[b] != a, LOOM_ERR_INVALID_ARG,
                "merged pair %d, %d: layer_src must map both to %d (they map to %d and %d)", a, b, a,
                kv->layer_src[a], kv->layer_src[b]);
+        for (int32_t o = 0; o < kv->n_layers; o++) /* its pages hold directions: no third reader */
+            BAD_IF(o != a && o != b && kv->layer_src[o] == a, LOOM_ERR_INVALID_ARG,
+                   "layer %d reads layer %d, which is in a merged pair", o, a);
         BAD_IF(kv->merge_base[l] == NULL || kv->merge_base[l] != kv->merge_base[p] ||
                    (uintptr_t)kv->merge_base[l] % 16 != 0,
                LOOM_ERR_INVALID_ARG, "merged pair %d, %d: no shared 16-byte aligned merge pool", a,

@@ -73,6 +73,7 @@ struct loom__kv {
     int32_t max_seq_len;
     int32_t max_blocks; /* table entries per sequence: ceil(max_seq_len / block_size) */
     bool caching;
+    bool rewrites; /* params.writes_rewrite_block */
     uint64_t model_salt;
 
     loom__kv_group *groups; /* [n_groups] */

@@ -52,6 +52,7 @@ loom_status loom__kv_create(const loom__kv_params *p, loom__kv **out) {
     kv->max_seq_len = p->max_seq_len;
     kv->max_blocks = loom__kv_blocks_for(kv, p->max_seq_len);
     kv->caching = p->prefix_caching;
+    kv->rewrites = p->writes_rewrite_block;
     kv->model_salt = p->model_salt;
 
     loom_status st = LOOM_OK;
@@ -231,14 +232,16 @@ loom_status loom__kv_seq_free(loom__kv *kv, int32_t seq) {
  *  - a pending copy-on-write pinned it after committing more of its slots than this sequence
  *    has (sharers' fills differ after one committed and the other rolled back): that
  *    sequence's rollback returns it here and needs those slots intact. With equal fills (a
- *    fork) the in-place write only touches slots the pinner never committed. */
+ *    fork) the in-place write only touches slots the pinner never committed — unless a write
+ *    rewrites earlier slots too (writes_rewrite_block): then any pin means a copy. */
 static int32_t cow_source(const loom__kv *kv, int32_t seq, int32_t gi, int32_t n) {
     const loom__kv_seq *s = &kv->seqs[seq];
     const int32_t fill = s->n_pos % kv->block_size;
     if (n == 0 || fill == 0) return -1;
     const loom__kv_group *g = &kv->groups[gi];
     int32_t b = loom__kv_table(kv, gi, seq)[s->n_pos / kv->block_size];
-    bool in_place = g->ref[b] == 1 && !g->hashed[b] && (g->pin[b] == 0 || fill >= g->pin_fill[b]);
+    bool in_place = g->ref[b] == 1 && !g->hashed[b] &&
+                    (g->pin[b] == 0 || (!kv->rewrites && fill >= g->pin_fill[b]));
     return in_place ? -1 : b;
 }
 

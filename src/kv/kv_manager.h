@@ -102,6 +102,10 @@ typedef struct loom__kv_params {
     bool prefix_caching; /* reuse computed blocks across sequences (default true) */
     uint64_t model_salt; /* model identity, mixed into every block hash (default 0) */
     float watermark;     /* fraction of each pool that admissions keep free (default 0.01) */
+    /* A store at slot t may rewrite earlier slots of its block (merged layer pairs,
+     * loom_backend.h): a block a pending copy-on-write has pinned is then never written in
+     * place (default false). */
+    bool writes_rewrite_block;
 } loom__kv_params;
 
 loom__kv_params loom__kv_default_params(void);

@@ -151,19 +151,23 @@ static void merge_into_a(const merge_block *b, int32_t t, const float *da, const
 
 /* The kept slot a newcomer would displace: the least distant among slots [0, t) holding a
  * retained row (an equal distance keeps the earlier slot, so the latest of the least goes);
- * -1 when fewer than R are kept, and *free_row then the next row. Until a block keeps R tokens
- * none is displaced, so its kept tokens hold rows 0 .. n_kept-1, handed out in order. */
+ * -1 when fewer than R are kept, and *free_row then the lowest row none of them holds. (Not
+ * simply the number kept: a slot stored a second time — the last block of a cached prompt,
+ * a rolled-back step — finds the earlier slots as its first store's displacements left them.) */
 static int32_t kept_victim(const merge_block *b, int32_t t, int32_t *free_row) {
     const int32_t R = b->kv->merge_retain;
+    uint64_t used[LOOM_KV_MERGE_MAX_RETAIN / 64] = {0};
     int32_t n_kept = 0, victim = -1;
     for (int32_t j = 0; j < t; j++) {
         const int32_t r = b->state[j];
-        if (r < 0 || r >= R) continue;
+        if (r < 0 || r >= R || (used[r / 64] >> (r % 64) & 1)) continue; /* merged, or a dup */
+        used[r / 64] |= (uint64_t)1 << (r % 64);
         n_kept++;
         if (victim < 0 || b->dist[j] <= b->dist[victim]) victim = j;
     }
     if (n_kept < R) {
-        *free_row = n_kept;
+        *free_row = 0;
+        while (used[*free_row / 64] >> (*free_row % 64) & 1) (*free_row)++;
         return -1;
     }
     return victim;

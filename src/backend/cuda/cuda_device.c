@@ -245,7 +245,7 @@ loom_status loom__cuda_weight_prepare(void *dev, const loom_weight_src *src, loo
     uint16_t *decoded = NULL;
     loom_type type = src->type;
     const void *host = src->data;
-    size_t host_stride = src->row_stride;
+    size_t host_stride = src->ne[1] <= 1 ? row_bytes : src->row_stride; /* one row: any stride */
     if (!native) {
         LOOM_TRY(decode_to_bf16(src, &decoded));
         type = LOOM_TYPE_BF16;
@@ -274,7 +274,7 @@ loom_status loom__cuda_weight_prepare(void *dev, const loom_weight_src *src, loo
     }
     pthread_mutex_unlock(&d->mu);
     if (st == LOOM_OK && bytes > 0) {
-        cudaError_t e = (src->ne[1] == 1 || host_stride == row_bytes) && pitch == row_bytes
+        cudaError_t e = host_stride == row_bytes && pitch == row_bytes
                             ? cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice)
                             : cudaMemcpy2D(dst, pitch, host, host_stride, row_bytes,
                                            (size_t)src->ne[1], cudaMemcpyHostToDevice);

@@ -21,8 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Steps of more tokens than this go to the GEMM (the GEMV's group of tokens). */
+/* Steps of more tokens than this go to the GEMM (the GEMV's group of tokens), and of at most
+ * FP8_GEMM_MAX_TOKENS (the epilogue's grid). */
 #define FP8_GEMM_MIN_TOKENS 8
+#define FP8_GEMM_MAX_TOKENS 65535
 /* cuBLASLt's workspace per stream. */
 #define FP8_GEMM_WORKSPACE (32u << 20)
 
@@ -124,11 +126,28 @@ static loom_status reserve(loom__cuda_stream *c, int64_t n_tokens, int64_t k, si
     return loom__cuda_regrow(c, &c->fp8_work, &c->fp8_work_cap, need);
 }
 
+/* The largest power of two (up to 256) dividing both a pointer and a leading dimension in
+ * bytes: what cuBLASLt may assume of a matrix's alignment. */
+static uint32_t alignment_of(const void *p, size_t ld_bytes) {
+    uint32_t a = 256;
+    while (a > 1 && (((uintptr_t)p | ld_bytes) & (a - 1)) != 0) a >>= 1;
+    return a;
+}
+
+/* Why the GEMV runs a step the GEMM was meant for: said once per stream. */
+static void refuse(loom__cuda_stream *c, const char *why, const loom_tensor *w, int64_t T,
+                   int status) {
+    if (c->fp8_gemm_refused) return;
+    c->fp8_gemm_refused = true;
+    loom__log(LOOM_LOG_INFO, "cuda: FP8 GEMM %lld x %lld x %lld: %s (status %d); the GEMV runs it",
+              (long long)w->ne[1], (long long)T, (long long)w->ne[0], why, status);
+}
+
 /* Sets the descriptors of D[n][t] = sum_k A[n][k] B[t][k] (column-major: A k x n transposed,
- * B k x t, D n x t), and runs the first algorithm cuBLASLt proposes. */
-static loom_status run_gemm(loom__cuda_stream *c, const loom_tensor *w, const uint8_t *xq,
-                            size_t xq_stride, int64_t n_tokens, loom_tensor *out, void *ws,
-                            bool *done) {
+ * B k x t, D n x t), and runs the first algorithm cuBLASLt proposes for the matrices' real
+ * alignments. Whatever cuBLASLt declines leaves *done false for the GEMV to run the step. */
+static void run_gemm(loom__cuda_stream *c, const loom_tensor *w, const uint8_t *xq,
+                     size_t xq_stride, int64_t n_tokens, loom_tensor *out, void *ws, bool *done) {
     loom__cuda_blaslt *b = c->dev->blaslt;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
@@ -152,34 +171,34 @@ static loom_status run_gemm(loom__cuda_stream *c, const loom_tensor *w, const ui
     if (s == CUBLAS_STATUS_SUCCESS) s = b->pref_create(&pref);
     if (s == CUBLAS_STATUS_SUCCESS)
         s = b->pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes);
+    const uint32_t align[4] = {alignment_of(w->data, w->row_stride), alignment_of(xq, xq_stride),
+                               alignment_of(out->data, out->row_stride),
+                               alignment_of(out->data, out->row_stride)};
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && s == CUBLAS_STATUS_SUCCESS; i++)
+        s = b->pref_set(pref, align_attr[i], &align[i], sizeof align[i]);
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
     if (s == CUBLAS_STATUS_SUCCESS)
         s = b->heuristic(b->handle, op, la, lb, ld, ld, pref, 1, &heur, &found);
-    loom_status st = LOOM_OK;
     if (s == CUBLAS_STATUS_SUCCESS && found > 0) {
         const float one = 1.0f, zero = 0.0f;
         s = b->matmul(b->handle, op, &one, w->data, la, xq, lb, &zero, out->data, ld, out->data, ld,
                       &heur.algo, ws, FP8_GEMM_WORKSPACE, c->s);
-        if (s != CUBLAS_STATUS_SUCCESS)
-            st = loom__fail(LOOM_ERR_BACKEND,
-                            "cuda: cublasLtMatmul (fp8, %lld x %lld x %lld): "
-                            "status %d",
-                            (long long)w->ne[1], (long long)n_tokens, (long long)w->ne[0], (int)s);
-        *done = st == LOOM_OK;
-    } else if (!c->fp8_gemm_refused) { /* this shape has no FP8 GEMM here: the GEMV runs it */
-        c->fp8_gemm_refused = true;
-        loom__log(LOOM_LOG_INFO,
-                  "cuda: cuBLASLt proposes no FP8 GEMM for %lld x %lld x %lld (status %d); the "
-                  "GEMV runs it",
-                  (long long)w->ne[1], (long long)n_tokens, (long long)w->ne[0], (int)s);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            *done = true;
+        else /* declined at launch: nothing ran, and the GEMV writes out */
+            refuse(c, "cublasLtMatmul declined it", w, n_tokens, (int)s);
+    } else {
+        refuse(c, "cuBLASLt proposes no algorithm", w, n_tokens, (int)s);
     }
     if (pref) b->pref_destroy(pref);
     if (ld) b->layout_destroy(ld);
     if (lb) b->layout_destroy(lb);
     if (la) b->layout_destroy(la);
     if (op) b->desc_destroy(op);
-    return st;
 }
 
 loom_status loom__cuda_fp8_gemm(loom__cuda_stream *c, const loom_tensor *w, const loom_tensor *x,
@@ -187,18 +206,22 @@ loom_status loom__cuda_fp8_gemm(loom__cuda_stream *c, const loom_tensor *w, cons
     *done = false;
     const int64_t T = x->ne[1];
     if (c->dev->blaslt == NULL || w->type != LOOM_TYPE_FP8_E4M3_ROWS || T <= FP8_GEMM_MIN_TOKENS ||
-        w->row_stride % 16 != 0 || out->row_stride % 16 != 0 || ((uintptr_t)w->data & 15) != 0 ||
-        ((uintptr_t)out->data & 15) != 0)
+        T > FP8_GEMM_MAX_TOKENS || w->row_stride % 16 != 0 || out->row_stride % 16 != 0 ||
+        ((uintptr_t)w->data & 15) != 0 || ((uintptr_t)out->data & 15) != 0)
         return LOOM_OK;
     size_t xq_stride;
-    LOOM_TRY(reserve(c, T, w->ne[0], &xq_stride));
+    if (reserve(c, T, w->ne[0], &xq_stride) != LOOM_OK) { /* no room: the GEMV needs none */
+        loom__clear_error();
+        refuse(c, "no device memory for its workspace", w, T, 0);
+        return LOOM_OK;
+    }
     uint8_t *xq = c->fp8_work;
     float *x_scale = (float *)(xq + xq_stride * (size_t)T);
     void *ws = (char *)c->fp8_work +
                ((xq_stride * (size_t)T + (size_t)T * sizeof(float) + 255) & ~(size_t)255);
     LOOM_TRY(loom__cuda_fp8_quantize_acts(c->s, x->data, x->row_stride, T, w->ne[0], xq, xq_stride,
                                           x_scale));
-    LOOM_TRY(run_gemm(c, w, xq, xq_stride, T, out, ws, done));
+    run_gemm(c, w, xq, xq_stride, T, out, ws, done);
     if (!*done) return LOOM_OK;
     const loom__k_weight kw = {.type = (uint32_t)w->type,
                                .k = w->ne[0],

@@ -307,6 +307,12 @@ typedef struct loom_kv_desc {
     float merge_t;             /* slerp weight of the later layer's direction, in [0, 1] */
 } loom_kv_desc;
 
+/* The other layer of layer's merged pair, or -1 (no merged pairs, or none for this layer): a
+ * partner above layer makes it the pair's earlier layer, below it the later. */
+static inline int32_t loom_kv_merge_partner(const loom_kv_desc *kv, int32_t layer) {
+    return (kv->kv_flags & LOOM_KV_MERGED) ? kv->merge_with[layer] : -1;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Operations and their parameters                                                            */
 /* ------------------------------------------------------------------------------------------ */

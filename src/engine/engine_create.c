@@ -177,21 +177,17 @@ static loom_status load_layer_map(loom_engine *e, const int32_t *layer_src,
         int32_t *with = e->merge.with;
         if (merge != NULL) {
             e->merge = *merge;
+            e->merge.with = with;
             memcpy(with, merge->with, (size_t)n * sizeof *with);
         } else {
-            for (int32_t l = 0; l < n; l++) with[l] = -1;
-            e->merge = (loom__kv_merge){.retain = LOOM_KV_MERGE_RETAIN_DEFAULT,
-                                        .t = LOOM_KV_MERGE_T_DEFAULT};
+            loom__kv_merge_reset(&e->merge, n);
         }
-        e->merge.with = with;
         LOOM_TRY(loom__kv_plan_check(e->model, e->layer_src, e->merge.with));
     }
     e->kv_flags = e->params.kv_rotate ? LOOM_KV_HADAMARD : 0;
-    if (e->merge.n_pairs > 0) {
-        LOOM_TRY(loom__kv_merge_check_pages(e->kv_type, e->kv_flags));
-        e->kv_flags |= LOOM_KV_MERGED;
+    LOOM_TRY(loom__kv_merge_flags(&e->merge, e->kv_type, &e->kv_flags));
+    if (e->merge.n_pairs > 0)
         LOOM_TRY(loom__model_check_support(e->model, e->kv_type, e->kv_flags));
-    }
     return LOOM_OK;
 }
 

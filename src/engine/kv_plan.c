@@ -22,15 +22,25 @@ int32_t loom__kv_merge_rows(float retain, int32_t block_size) {
     return r < block_size ? r : block_size;
 }
 
-loom_status loom__kv_merge_check_pages(loom_type kv_type, uint32_t kv_flags) {
+void loom__kv_merge_reset(loom__kv_merge *merge, int32_t n_layer) {
+    for (int32_t l = 0; l < n_layer; l++) merge->with[l] = -1;
+    merge->n_pairs = 0;
+    merge->retain = LOOM_KV_MERGE_RETAIN_DEFAULT;
+    merge->t = LOOM_KV_MERGE_T_DEFAULT;
+}
+
+loom_status loom__kv_merge_flags(const loom__kv_merge *merge, loom_type kv_type,
+                                 uint32_t *kv_flags) {
+    if (merge->n_pairs == 0) return LOOM_OK;
     LOOM_RETURN_IF(kv_type != LOOM_TYPE_F16 && kv_type != LOOM_TYPE_BF16 &&
                        kv_type != LOOM_TYPE_F32,
                    LOOM_ERR_UNSUPPORTED,
                    "kv plan: merged pairs keep unit directions in F16, BF16 or F32 pages, not %s "
                    "(quantized pages would scale each row twice)",
                    loom__type_name(kv_type));
-    LOOM_RETURN_IF(kv_flags & LOOM_KV_HADAMARD, LOOM_ERR_UNSUPPORTED,
+    LOOM_RETURN_IF(*kv_flags & LOOM_KV_HADAMARD, LOOM_ERR_UNSUPPORTED,
                    "kv plan: merged pairs with kv_rotate (the rotation is for quantized pages)");
+    *kv_flags |= LOOM_KV_MERGED;
     return LOOM_OK;
 }
 
@@ -119,7 +129,6 @@ static bool at_end(const char *p) {
     return *p == '\0';
 }
 
-/* One directive (comment and newline removed). *seen_header: the format line came. */
 /* One number field starting at *p (after blanks), in [0, 1]. */
 static bool read_fraction(const char **p, float *out) {
     const char *s = *p;
@@ -158,6 +167,7 @@ static loom_status read_pair(const loom_model *m, const char **p, const char *wh
     return LOOM_OK;
 }
 
+/* One directive (comment and newline removed). *seen_header: the format line came. */
 static loom_status parse_line(const loom_model *m, char *line, const char *name, int lineno,
                               bool *seen_header, int32_t *layer_src, loom__kv_merge *merge,
                               uint8_t *named) {
@@ -206,8 +216,9 @@ static loom_status parse_line(const loom_model *m, char *line, const char *name,
     }
     if (strcmp(word, "merge") == 0) {
         LOOM_TRY(read_pair(m, &p, "merge", name, lineno, named, &a, &b));
-        LOOM_RETURN_IF(merge->with[b] != -1, LOOM_ERR_INVALID_ARG,
-                       "kv plan %s:%d: layer %ld is already in a merged pair", name, lineno, b);
+        LOOM_RETURN_IF(merge->with[b] != -1 || merge->with[a] != -1, LOOM_ERR_INVALID_ARG,
+                       "kv plan %s:%d: layer %ld is already in a merged pair", name, lineno,
+                       merge->with[b] != -1 ? b : a);
         named[a] = 1;
         layer_src[a] = (int32_t)b;
         merge->with[a] = (int32_t)b;
@@ -219,7 +230,10 @@ static loom_status parse_line(const loom_model *m, char *line, const char *name,
         float v = 0.0f;
         LOOM_RETURN_IF(!read_fraction(&p, &v) || !at_end(p), LOOM_ERR_INVALID_ARG,
                        "kv plan %s:%d: expected '%s <number in [0, 1]>'", name, lineno, word);
-        *(word[6] == 'r' ? &merge->retain : &merge->t) = v;
+        if (strcmp(word, "merge-retain") == 0)
+            merge->retain = v;
+        else
+            merge->t = v;
         return LOOM_OK;
     }
     return loom__fail(LOOM_ERR_INVALID_ARG,
@@ -255,13 +269,8 @@ static loom_status parse(const loom_model *m, const char *text, const char *name
 
 /* The model's own map, no pairs, the defaults. */
 static void plan_reset(const loom_model *m, int32_t *layer_src, loom__kv_merge *merge) {
-    for (int32_t l = 0; l < m->cfg.n_layer; l++) {
-        layer_src[l] = m->cfg.layers[l].kv_src;
-        merge->with[l] = -1;
-    }
-    merge->n_pairs = 0;
-    merge->retain = LOOM_KV_MERGE_RETAIN_DEFAULT;
-    merge->t = LOOM_KV_MERGE_T_DEFAULT;
+    for (int32_t l = 0; l < m->cfg.n_layer; l++) layer_src[l] = m->cfg.layers[l].kv_src;
+    loom__kv_merge_reset(merge, m->cfg.n_layer);
 }
 
 loom_status loom__kv_plan_parse(const loom_model *m, const char *text, const char *name,

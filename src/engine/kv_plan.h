@@ -61,6 +61,11 @@ int32_t loom__kv_merge_rows(float retain, int32_t block_size);
 /* Layers of the map that keep their own K/V. */
 int32_t loom__kv_plan_sources(const loom_model *m, const int32_t *layer_src);
 
-/* Whether pages of kv_type with kv_flags can hold merged pairs (F16, BF16 or F32, not rotated).
+/* merge->with[0 .. n_layer) all -1, no pairs, the defaults. */
+void loom__kv_merge_reset(loom__kv_merge *merge, int32_t n_layer);
+
+/* Adds LOOM_KV_MERGED to *kv_flags where merge has pairs, once it is known that pages of kv_type
+ * with *kv_flags can hold them (F16, BF16 or F32, not rotated); no pairs: nothing.
  * Errors: UNSUPPORTED naming what is not. */
-loom_status loom__kv_merge_check_pages(loom_type kv_type, uint32_t kv_flags);
+loom_status loom__kv_merge_flags(const loom__kv_merge *merge, loom_type kv_type,
+                                 uint32_t *kv_flags);

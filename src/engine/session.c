@@ -104,18 +104,6 @@ static loom_status create_kv(loom_session *s, const int32_t *layer_src, const lo
     return loom__kv_storage_create(m, &sp, &s->store);
 }
 
-/* The plan at path (kv_plan.h) into layer_src and merge (merge->with allocated here; the
- * caller frees it and layer_src), and the pages' flags with LOOM_KV_MERGED where it merges. */
-static loom_status load_plan(const loom_model *m, const char *path, loom_type kv_type,
-                             int32_t *layer_src, loom__kv_merge *merge, uint32_t *kv_flags) {
-    LOOM_TRY(loom__kv_plan_load(m, path, layer_src, merge));
-    if (merge->n_pairs > 0) {
-        LOOM_TRY(loom__kv_merge_check_pages(kv_type, *kv_flags));
-        *kv_flags |= LOOM_KV_MERGED;
-    }
-    return LOOM_OK;
-}
-
 loom_status loom_session_create(loom_model *model, const loom_session_params *params,
                                 loom_session **out) {
     loom__clear_error();
@@ -143,8 +131,9 @@ loom_status loom_session_create(loom_model *model, const loom_session_params *pa
     int32_t *layer_src = loom__malloc(n_layer * sizeof *layer_src);
     loom__kv_merge merge = {.with = loom__malloc(n_layer * sizeof *merge.with)};
     loom_status st = layer_src && merge.with
-                         ? load_plan(model, p.kv_plan, kv_type, layer_src, &merge, &kv_flags)
+                         ? loom__kv_plan_load(model, p.kv_plan, layer_src, &merge)
                          : loom__fail(LOOM_ERR_OUT_OF_MEMORY, "session: out of memory");
+    if (st == LOOM_OK) st = loom__kv_merge_flags(&merge, kv_type, &kv_flags);
     if (st == LOOM_OK && (kv_type != LOOM_TYPE_F16 || kv_flags))
         st = loom__model_check_support(model, kv_type, kv_flags);
     if (st != LOOM_OK) {

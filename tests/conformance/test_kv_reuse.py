@@ -26,6 +26,7 @@ except ImportError as e:  # pragma: no cover
 
 import ref_llama
 import synth_llama
+from conf_checks import check, finish, rel_err
 
 BIN_DIR = os.environ.get("LOOM_BIN_DIR", "build/tests")
 TMP = os.environ.get("LOOM_TEST_TMP", "/tmp/loom-conf")
@@ -34,17 +35,10 @@ TOL_REF = 2e-5
 SHAPE = synth_llama.Shape("reuse", n_vocab=512, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
                           n_layer=4)
 MAPS = {"-": {}, "1:0": {1: 0}, "2:1,3:1": {2: 1, 3: 1}, "3:0": {3: 0}}
-failures = []
 
 
-def check(cond, msg):
-    print(("ok   " if cond else "FAIL ") + msg)
-    if not cond:
-        failures.append(msg)
 
 
-def rel_err(a, b):
-    return float(np.max(np.abs(a - b)) / np.sqrt(np.mean(b.astype(np.float64) ** 2)))
 
 
 def run_tool(path, m, tokens):
@@ -103,11 +97,7 @@ def main():
                    ("3:9", "an earlier layer")):
         got, err = run_tool(path, m, tokens)
         check(got is None and why in err, f"map {m} refused: {err.strip()}")
-    if failures:
-        print("FAILED:\n  " + "\n  ".join(failures))
-        return 1
-    print("kv reuse: all checks passed")
-    return 0
+    return finish("kv reuse")
 
 
 if __name__ == "__main__":

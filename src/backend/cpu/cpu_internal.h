@@ -193,6 +193,11 @@ loom_status loom__cpu_rope(void *ctx, loom_tensor *x, const loom_tensor *pos,
 loom_status loom__cpu_kv_store(void *ctx, const loom_tensor *k, const loom_tensor *v,
                                const loom_kv_desc *kv, int32_t layer);
 
+/* Writes n floats of one token's row (every head) into a page row of kv->kv_type at dst: F32
+ * copied, F16/BF16 rounded to nearest even, FP8 with each head's scale into scales (cpu_kv.c). */
+void loom__cpu_kv_put_row(const loom_kv_desc *kv, const float *src, char *dst, char *scales,
+                          int64_t n);
+
 /* cpu_kv_merge.c: kv_store for a layer of a merged pair (loom__cpu_merge_role not NONE), n_rows
  * new rows; pool_layer the pair's earlier layer. Errors: UNSUPPORTED (pages other than F16,
  * BF16, F32), OUT_OF_MEMORY (scratch). */
@@ -205,8 +210,10 @@ size_t loom__cpu_kv_merge_scratch(int32_t n_kv_heads, int32_t head_dim);
 /* A layer's part in a merged pair: none, the earlier layer (owns the pools) or the later. */
 typedef enum { LOOM_CPU_MERGE_NONE, LOOM_CPU_MERGE_A, LOOM_CPU_MERGE_B } loom__cpu_merge_role_t;
 static inline loom__cpu_merge_role_t loom__cpu_merge_role(const loom_kv_desc *kv, int32_t layer) {
-    if (!(kv->kv_flags & LOOM_KV_MERGED) || kv->merge_with[layer] < 0) return LOOM_CPU_MERGE_NONE;
-    return kv->merge_with[layer] > layer ? LOOM_CPU_MERGE_A : LOOM_CPU_MERGE_B;
+    const int32_t partner = loom_kv_merge_partner(kv, layer);
+    return partner < 0       ? LOOM_CPU_MERGE_NONE
+           : partner > layer ? LOOM_CPU_MERGE_A
+                             : LOOM_CPU_MERGE_B;
 }
 
 /* cpu_attention.c */

@@ -58,8 +58,8 @@ static void kvs_put_fp8(bool e4m3, const float *src, uint8_t *dst, float *scale,
     }
 }
 
-static void kvs_put_row(const loom_kv_desc *kv, const float *src, char *dst, char *scales,
-                        int64_t n) {
+void loom__cpu_kv_put_row(const loom_kv_desc *kv, const float *src, char *dst, char *scales,
+                          int64_t n) {
     switch (kv->kv_type) {
     case LOOM_TYPE_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));
@@ -94,10 +94,10 @@ static void kvs_worker(void *arg, int ith, int nth) {
         size_t off = loom__cpu_kv_slot(kv, s, p);
         size_t soff = loom__cpu_kv_scale_slot(kv, s, p);
         float *tmp = t->scratch[ith];
-        kvs_put_row(kv, kvs_source(kv, loom__cpu_row(t->k, r), tmp), t->k_pool + off,
-                    t->k_scale ? t->k_scale + soff : NULL, n);
-        kvs_put_row(kv, kvs_source(kv, loom__cpu_row(t->v, r), tmp), t->v_pool + off,
-                    t->v_scale ? t->v_scale + soff : NULL, n);
+        loom__cpu_kv_put_row(kv, kvs_source(kv, loom__cpu_row(t->k, r), tmp), t->k_pool + off,
+                             t->k_scale ? t->k_scale + soff : NULL, n);
+        loom__cpu_kv_put_row(kv, kvs_source(kv, loom__cpu_row(t->v, r), tmp), t->v_pool + off,
+                             t->v_scale ? t->v_scale + soff : NULL, n);
     }
 }
 

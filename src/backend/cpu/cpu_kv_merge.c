@@ -34,7 +34,7 @@ typedef struct merge_task {
     float *const *scratch;
 } merge_task;
 
-/* Elements of one token's head row in a pool, and its bytes. */
+/* Bytes of one element of the pages merged pairs use (F32, F16, BF16). */
 static size_t elt_bytes(loom_type t) {
     return t == LOOM_TYPE_F32 ? 4 : 2;
 }
@@ -53,24 +53,6 @@ static float widen(loom_type t, const char *p, int64_t i) {
     default:
         memcpy(&h, p + 2 * i, 2);
         return loom__f16_to_f32(h);
-    }
-}
-
-static void narrow(loom_type t, const float *src, char *dst, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        uint16_t h;
-        switch (t) {
-        case LOOM_TYPE_F32:
-            memcpy(dst + 4 * i, &src[i], 4);
-            continue;
-        case LOOM_TYPE_BF16:
-            h = loom__f32_to_bf16(src[i]);
-            break;
-        default:
-            h = loom__f32_to_f16(src[i]);
-            break;
-        }
-        memcpy(dst + 2 * i, &h, 2);
     }
 }
 
@@ -145,7 +127,7 @@ static void merge_into_a(const merge_block *b, int32_t t, const float *da, const
                               &cb);
             for (int64_t i = 0; i < hd; i++) tmp[h * hd + i] = fmaf(ca, ah[i], cb * bh[i]);
         }
-        narrow(kv->kv_type, tmp, a_row(b, kv_i, t), n);
+        loom__cpu_kv_put_row(kv, tmp, a_row(b, kv_i, t), NULL, n);
     }
 }
 
@@ -188,7 +170,7 @@ static void store_a_row(const merge_task *t, int64_t r, float *tmp) {
         for (int32_t h = 0; h < kv->n_kv_heads; h++)
             b.norm[((size_t)slot * kv->n_kv_heads + h) * 4 + kv_i] =
                 to_direction(x + h * hd, tmp + h * hd, hd);
-        narrow(kv->kv_type, tmp, a_row(&b, kv_i, slot), n);
+        loom__cpu_kv_put_row(kv, tmp, a_row(&b, kv_i, slot), NULL, n);
     }
 }
 
@@ -231,7 +213,7 @@ static void store_b_row(const merge_task *t, int64_t r, float *scratch) {
     }
     if (row >= 0) {
         for (int kv_i = 0; kv_i < 2; kv_i++)
-            narrow(kv->kv_type, db + kv_i * n, kept_row(&b, kv_i, row), n);
+            loom__cpu_kv_put_row(kv, db + kv_i * n, kept_row(&b, kv_i, row), NULL, n);
         b.state[slot] = row;
     } else {
         merge_into_a(&b, slot, da, db, tmp);
@@ -285,7 +267,7 @@ loom_status loom__cpu_kv_store_merged(loom__cpu_ctx *c, const loom_tensor *k, co
                     .kv = kv,
                     .pool = {kv->k_base[pool_layer], kv->v_base[pool_layer]},
                     .base = kv->merge_base[layer],
-                    .later = kv->merge_with[layer] < layer,
+                    .later = loom__cpu_merge_role(kv, layer) == LOOM_CPU_MERGE_B,
                     .scratch = c->scratch};
     const int64_t elems = n_rows * kv->n_kv_heads * kv->head_dim;
     if (elems < 16384 || c->n_threads == 1)

@@ -171,7 +171,8 @@ static loom_status check_kv_use(const char *op, const loom_kv_desc *kv, int32_t 
  * no pair. */
 static loom__k_merge merge_of(const loom_kv_desc *kv, int32_t layer) {
     loom__k_merge m = {0};
-    if (!(kv->kv_flags & LOOM_KV_MERGED) || kv->merge_with[layer] < 0) return m;
+    const int32_t partner = loom_kv_merge_partner(kv, layer);
+    if (partner < 0) return m;
     m.base = kv->merge_base[layer];
     m.block_stride = kv->merge_block_stride;
     m.dist_at = loom_kv_merge_dist_at(kv->block_size, kv->n_kv_heads);
@@ -179,7 +180,7 @@ static loom__k_merge merge_of(const loom_kv_desc *kv, int32_t layer) {
     m.rows_at = loom_kv_merge_rows_at(kv->block_size, kv->n_kv_heads);
     m.retain = kv->merge_retain;
     m.t = kv->merge_t;
-    m.later = kv->merge_with[layer] < layer;
+    m.later = partner < layer;
     return m;
 }
 

@@ -70,8 +70,8 @@ extern "C" {
  * per-tensor weight preparation, batched copies, memory queries, the v2 KV descriptor;
  * 4: add_rms_norm; 5: FP8 and BF16 KV pages, kv_flags (the Hadamard rotation) in the KV
  * descriptor, the op descriptor and the step shape; 6: merged pairs (LOOM_KV_MERGED, the merge
- * fields of the KV descriptor). */
-#define LOOM_BACKEND_ABI_VERSION 6
+ * fields of the KV descriptor); 7: logits_summary (sampling without copying logit rows). */
+#define LOOM_BACKEND_ABI_VERSION 7
 
 /* The name of the function a plugin exports (see the top of this file). */
 #define LOOM_BACKEND_ENTRY_SYMBOL "loom_backend_entry"
@@ -457,6 +457,29 @@ typedef struct loom_copy_range {
     size_t bytes;
 } loom_copy_range;
 
+/* What logits_summary reports of one row of logits x[0..V): everything the sampler chain reads
+ * from a whole row when no bias or penalty edits it (sample/chain.h), in float64. NaN counts as
+ * -inf (probability 0), as the chain holds it. */
+typedef struct loom_logit_summary {
+    double max;        /* largest finite x_i; -inf when none */
+    double sum;        /* sum of e^(x_i - max) over the finite x_i */
+    double entropy;    /* H = log(sum) - E_p[x - max] of p = softmax(x), nats, >= 0 */
+    double varentropy; /* E_p[(x - max)^2] - E_p[x - max]^2, nats^2, >= 0 */
+    int32_t n_finite;  /* finite entries */
+    int32_t argmax;    /* lowest index attaining max; -1 when none */
+    int32_t n_posinf;  /* +inf entries (the chain refuses a row holding one) */
+    int32_t n_top;     /* entries of the row's top list: min(n_top asked, n_finite) */
+} loom_logit_summary;
+
+/* One entry of a row's top list. */
+typedef struct loom_logit_cand {
+    float logit;
+    int32_t id;
+} loom_logit_cand;
+
+/* Most entries a top list may be asked for. */
+#define LOOM_LOGIT_SUMMARY_MAX_TOP 1024
+
 /* ------------------------------------------------------------------------------------------ */
 /* The host's callbacks and the ops table                                                     */
 /* ------------------------------------------------------------------------------------------ */
@@ -579,6 +602,18 @@ struct loom_backend_ops {
      * norm. NULL: libloom calls add(x, y, x), then rms_norm(x, w, eps, out). */
     loom_status (*add_rms_norm)(void *stream, loom_tensor *x, const loom_tensor *y,
                                 const loom_tensor *w, float eps, loom_tensor *out);
+
+    /* (optional) Summaries of rows of logits, so that sampling does not copy them to the host
+     * (a row of Gemma 3's 262,144-token vocabulary is 1 MiB; a summary with 256 candidates,
+     * 2 KiB): for each row r of logits (F32 [n_rows, V]), sum[r] as loom_logit_summary says,
+     * and top[r * n_top ...] the row's sum[r].n_top best finite entries, best first (larger
+     * logit first; equal logits, lower id first), 1 <= n_top <= LOOM_LOGIT_SUMMARY_MAX_TOP.
+     * sum and top are host memory; like tensor_get, the call waits for queued work and returns
+     * once they are written. The floating-point sums may differ from the host's in the last
+     * bits (their order is the backend's); max, the counts and the top lists are exact. NULL:
+     * libloom copies whole rows (a backend whose buffers are host memory gains nothing). */
+    loom_status (*logits_summary)(void *stream, const loom_tensor *logits, int32_t n_top,
+                                  loom_logit_summary *sum, loom_logit_cand *top);
 };
 
 #ifdef __cplusplus

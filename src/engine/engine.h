@@ -20,6 +20,9 @@
 #define LOOM_ENGINE_MAX_N 256
 /* Most sampler workspaces (each holds a vocabulary's worth of scratch: 8 MiB for Gemma 3). */
 #define LOOM_ENGINE_MAX_SAMPLERS 8
+/* Candidates a summary holds: a request with top_k <= 256 and n_logprobs <= 256 (or greedy) is
+ * sampled from a few KB per row instead of the whole row. */
+#define LOOM_ENGINE_SUMMARY_TOP 256
 
 typedef struct loom__engine_inbox {
     loom__req **reqs; /* submitted, not yet taken by a step */
@@ -109,11 +112,20 @@ struct loom_engine {
     loom__exec exec;
 
     /* Per-step arrays, sized at create (max_batched_tokens, max_seqs). */
-    loom_token *tokens;                      /* [max_batched_tokens] */
-    int32_t *pos;                            /* [max_batched_tokens] */
-    int32_t *logit_rows;                     /* [max_seqs] */
-    float *logits;                           /* [max_seqs * n_vocab] */
-    int32_t *seqs, *n_new;                   /* [max_seqs] KV sequences of the batch, tokens each */
+    loom_token *tokens;  /* [max_batched_tokens] */
+    int32_t *pos;        /* [max_batched_tokens] */
+    int32_t *logit_rows; /* [max_seqs] */
+    float *logits;       /* [max_seqs * n_vocab] */
+    /* Sampling from summaries (sample/chain.h; set at create): ROWS copies every row of
+     * logits; DEVICE has the backend summarize the rows of requests whose settings allow it
+     * (its logits_summary, the default where it has one); HOST copies the rows but samples
+     * those requests from summaries made here (LOOM_SAMPLE_FROM=summary on a backend without
+     * the slot: how the CPU's tests run the path). */
+    enum { LOOM__FROM_ROWS, LOOM__FROM_DEVICE, LOOM__FROM_HOST } sample_from;
+    uint8_t *summary_only;         /* [max_seqs] per logit row: sampled from its summary */
+    loom_logit_summary *summaries; /* [max_seqs] */
+    loom_logit_cand *summary_top;  /* [max_seqs * LOOM_ENGINE_SUMMARY_TOP] */
+    int32_t *seqs, *n_new;         /* [max_seqs] KV sequences of the batch, tokens each */
     struct loom__req_sample **batch_samples; /* [max_seqs] */
     loom_status *row_status;                 /* [max_seqs] the sampler's status per entry */
     int32_t *sample_entry;                   /* [max_seqs] the entries that sample, in order */

@@ -6,6 +6,7 @@
 
 #include "core/abi.h"
 #include "core/alloc.h"
+#include "core/log.h"
 #include "core/timer.h"
 #include "engine/engine.h"
 #include "engine/kv_plan.h"
@@ -73,6 +74,9 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     e->pos = loom__malloc(B * sizeof *e->pos);
     e->logit_rows = loom__malloc(S * sizeof *e->logit_rows);
     e->logits = loom__malloc(S * (size_t)e->model->cfg.n_vocab * sizeof *e->logits);
+    e->summary_only = loom__malloc(S * sizeof *e->summary_only);
+    e->summaries = loom__malloc(S * sizeof *e->summaries);
+    e->summary_top = loom__malloc(S * LOOM_ENGINE_SUMMARY_TOP * sizeof *e->summary_top);
     e->seqs = loom__malloc(S * sizeof *e->seqs);
     e->n_new = loom__malloc(S * sizeof *e->n_new);
     e->batch_samples = loom__malloc(S * sizeof *e->batch_samples);
@@ -85,9 +89,10 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     e->cap_events = LOOM_ENGINE_BATCH_EVENTS(S) + 16;
     e->events = loom__malloc(e->cap_events * sizeof *e->events);
     e->event_ptrs = loom__malloc(e->cap_events * sizeof *e->event_ptrs);
-    bool ok = e->tokens && e->pos && e->logit_rows && e->logits && e->seqs && e->n_new &&
-              e->batch_samples && e->row_status && e->sample_entry && e->batch_reqs &&
-              e->batch_index && e->batch_entries && e->results && e->events && e->event_ptrs;
+    bool ok = e->tokens && e->pos && e->logit_rows && e->logits && e->summary_only &&
+              e->summaries && e->summary_top && e->seqs && e->n_new && e->batch_samples &&
+              e->row_status && e->sample_entry && e->batch_reqs && e->batch_index &&
+              e->batch_entries && e->results && e->events && e->event_ptrs;
     LOOM_RETURN_IF(!ok, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
     /* A sampler workspace per sampling thread of the engine's own pool: n_sample_threads, or
      * the model's host threads, at most one per sequence and LOOM_ENGINE_MAX_SAMPLERS. */
@@ -129,6 +134,23 @@ static loom_status create_sched(loom_engine *e) {
 
 static void *engine_thread(void *arg);
 
+/* Where the sampler reads a row from (engine.h, sample_from): the backend's summaries where it
+ * has logits_summary, else the rows; LOOM_SAMPLE_FROM=rows or =summary overrides (summary on
+ * a backend without the slot summarizes on the host, which is how tests check the path on the
+ * CPU). */
+static void pick_sample_from(loom_engine *e) {
+    const bool slot = e->ops->logits_summary != NULL;
+    const char *env = getenv("LOOM_SAMPLE_FROM");
+    e->sample_from = slot ? LOOM__FROM_DEVICE : LOOM__FROM_ROWS;
+    if (env == NULL || env[0] == '\0') return;
+    if (strcmp(env, "rows") == 0)
+        e->sample_from = LOOM__FROM_ROWS;
+    else if (strcmp(env, "summary") == 0)
+        e->sample_from = slot ? LOOM__FROM_DEVICE : LOOM__FROM_HOST;
+    else
+        LOOM_LOG_W("engine: LOOM_SAMPLE_FROM=%s ignored (rows or summary)", env);
+}
+
 static loom_status create_engine(loom_engine *e) {
     /* The execution context first: the KV budget (kv_fraction) is what the backend has left. */
     loom__exec_shape es = {
@@ -142,6 +164,7 @@ static loom_status create_engine(loom_engine *e) {
     LOOM_TRY(loom__exec_create(e->model, &es, &e->exec));
     LOOM_TRY(loom__engine_kv_create(e));
     LOOM_TRY(alloc_step_arrays(e));
+    pick_sample_from(e);
     LOOM_TRY(create_sched(e));
     loom__cost_model_init(&e->cost, LOOM_ENGINE_COST_HALF_LIFE);
     e->cost_pub = e->cost;
@@ -278,6 +301,9 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->pos);
     free(e->logit_rows);
     free(e->logits);
+    free(e->summary_only);
+    free(e->summaries);
+    free(e->summary_top);
     free(e->seqs);
     free(e->n_new);
     free(e->batch_samples);

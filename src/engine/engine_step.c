@@ -457,11 +457,28 @@ static bool accept_token(loom_engine *e, loom__req *r, int32_t i, loom_token tok
     return done;
 }
 
+/* Which logit rows are sampled from summaries (engine.h, sample_from): those of requests whose
+ * settings a summary covers (sample/chain.h). Row j is the j-th entry that samples. Returns
+ * whether the backend is to summarize any. */
+static bool mark_summary_rows(loom_engine *e, int32_t n) {
+    bool any = false;
+    for (int32_t b = 0, j = 0; b < n; b++) {
+        if (!e->batch_entries[b]->sample) continue;
+        const bool ok =
+            e->sample_from != LOOM__FROM_ROWS &&
+            loom__sample_chain_summary_ok(&e->batch_reqs[b]->chain, LOOM_ENGINE_SUMMARY_TOP);
+        e->summary_only[j++] = ok;
+        any |= ok;
+    }
+    return any && e->sample_from == LOOM__FROM_DEVICE;
+}
+
 /* Runs the request's sampler chain on one row of logits. The penalties' history is the tail of
  * the sample's known tokens (prompt, then generated) that their window covers; the draw index
  * is the position of the token being drawn. */
 static loom_status sample_row(loom_engine *e, int32_t k, const loom__req *r, loom__req_sample *s,
-                              int32_t i, const float *logits) {
+                              int32_t i, int32_t j) {
+    float *logits = e->logits + (size_t)j * (size_t)e->model->cfg.n_vocab;
     loom_token *hist = e->sample_hist[k]; /* sampler k's own: rows are sampled in parallel */
     loom__sample_chain_config cfg = r->chain;
     /* Each sample draws from its own stream; sample 0 matches an n = 1 request. */
@@ -474,13 +491,27 @@ static loom_status sample_row(loom_engine *e, int32_t k, const loom__req *r, loo
     if (penalize)
         n_hist =
             cfg.penalty_last_n < 0 || cfg.penalty_last_n > n_known ? n_known : cfg.penalty_last_n;
-    for (int32_t j = 0; j < n_hist; j++) hist[j] = loom__sample_token(r, s, n_known - n_hist + j);
+    for (int32_t h = 0; h < n_hist; h++) hist[h] = loom__sample_token(r, s, n_known - n_hist + h);
     loom__sample_chain_result res;
     memset(&res, 0, sizeof res);
     res.top_raw = s->top;
     res.top_final = s->top ? s->top + cfg.n_logprobs : NULL;
-    LOOM_TRY(loom__sample_chain_run(e->sample_ws[k], &cfg, logits, hist, n_hist, (uint64_t)n_known,
-                                    &res));
+    bool need_row = e->summary_only[j] == 0;
+    if (!need_row) { /* from the row's summary: the backend's, or made here from the row */
+        loom_logit_summary *sum = &e->summaries[j];
+        loom_logit_cand *top = e->summary_top + (size_t)j * LOOM_ENGINE_SUMMARY_TOP;
+        if (e->sample_from == LOOM__FROM_HOST)
+            loom__sample_logits_summarize(logits, e->model->cfg.n_vocab, LOOM_ENGINE_SUMMARY_TOP,
+                                          sum, top);
+        LOOM_TRY(loom__sample_chain_run_summary(e->sample_ws[k], &cfg, sum, top, (uint64_t)n_known,
+                                                &res, &need_row));
+        /* Fewer finite logits than top-k: the list holds them all, and is the row. */
+        if (need_row)
+            LOOM_TRY(loom__sample_chain_rebuild_row(sum, top, e->model->cfg.n_vocab, logits));
+    }
+    if (need_row)
+        LOOM_TRY(loom__sample_chain_run(e->sample_ws[k], &cfg, logits, hist, n_hist,
+                                        (uint64_t)n_known, &res));
     loom__sampler_info(&res, &s->info);
     return LOOM_OK;
 }
@@ -502,11 +533,10 @@ static void sample_worker(void *p, int ith, int nth) {
     (void)nth;
     const sample_task *t = p;
     loom_engine *e = t->e;
-    const size_t V = (size_t)e->model->cfg.n_vocab;
     for (int32_t j = ith; ith < e->n_samplers && j < t->n; j += e->n_samplers) {
         const int32_t b = t->entry[j];
-        e->row_status[b] = sample_row(e, ith, e->batch_reqs[b], e->batch_samples[b],
-                                      e->batch_index[b], e->logits + (size_t)j * V);
+        e->row_status[b] =
+            sample_row(e, ith, e->batch_reqs[b], e->batch_samples[b], e->batch_index[b], j);
     }
 }
 
@@ -655,12 +685,17 @@ static loom_status step(loom_engine *e) {
         st = loom__kv_storage_descs(&e->store, e->kv, n, e->seqs, e->n_new, NULL, kv);
         mark(e, "schedule");
         if (st == LOOM_OK) {
+            const bool device_summaries = mark_summary_rows(e, n);
             loom__batch batch = {
                 .tokens = e->tokens,
                 .pos = e->pos,
                 .n_tokens = n_tok,
                 .logit_rows = e->logit_rows,
                 .n_logits = n_logits,
+                .summary_only = device_summaries ? e->summary_only : NULL,
+                .summary = e->summaries,
+                .top = e->summary_top,
+                .n_top = LOOM_ENGINE_SUMMARY_TOP,
                 .on_layers = e->trace ? loom__trace_on_layers : NULL,
                 .hook_user = &e->hook,
                 .hook_every = e->layers.every,

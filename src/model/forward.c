@@ -273,6 +273,36 @@ static loom_status layer_forward(const loom_model *m, loom__exec *ws, int32_t il
     return ffn_block(m, ws, il, n, w_next);
 }
 
+/* Wanted rows done .. done + r - 1, computed into out: to the host whole, or (rows marked
+ * summary_only) as summaries, the whole rows between them copied a run at a time. */
+static loom_status copy_logits(const loom_backend_ops *ops, void *ctx, const loom__batch *b,
+                               const loom_tensor *out, int32_t done, int32_t r, int64_t V,
+                               float *logits) {
+    bool any = false;
+    for (int32_t j = 0; b->summary_only && j < r; j++) any |= b->summary_only[done + j] != 0;
+    if (!any)
+        return ops->tensor_get(ctx, logits + (size_t)done * V, out->data,
+                               (size_t)r * (size_t)V * 4);
+    LOOM_RETURN_IF(ops->logits_summary == NULL, LOOM_ERR_INVALID_ARG,
+                   "forward: summaries asked of backend %s, which has no logits_summary",
+                   ops->name);
+    LOOM_TRY(ops->logits_summary(ctx, out, b->n_top, b->summary + done,
+                                 b->top + (size_t)done * (size_t)b->n_top));
+    for (int32_t j = 0; j < r;) {
+        if (b->summary_only[done + j]) {
+            j++;
+            continue;
+        }
+        int32_t e = j;
+        while (e < r && !b->summary_only[done + e]) e++;
+        LOOM_TRY(ops->tensor_get(ctx, logits + (size_t)(done + j) * V,
+                                 (const char *)out->data + (size_t)j * out->row_stride,
+                                 (size_t)(e - j) * (size_t)V * 4));
+        j = e;
+    }
+    return LOOM_OK;
+}
+
 /* Logits for the wanted rows, n_logit_rows at a time, from xn = the final norm of x (the last
  * layer's last op). */
 static loom_status output_forward(const loom_model *m, loom__exec *ws, const loom__batch *b,
@@ -289,8 +319,7 @@ static loom_status output_forward(const loom_model *m, loom__exec *ws, const loo
         LOOM_TRY(ops->tensor_set(ctx, ids.data, b->logit_rows + done, (size_t)r * 4));
         LOOM_TRY(ops->get_rows(ctx, &xn, &ids, &sel));
         LOOM_TRY(ops->matmul(ctx, &m->output, &sel, &out));
-        LOOM_TRY(
-            ops->tensor_get(ctx, logits + (size_t)done * V, out.data, (size_t)r * (size_t)V * 4));
+        LOOM_TRY(copy_logits(ops, ctx, b, &out, done, r, V, logits));
     }
     return LOOM_OK;
 }

@@ -51,6 +51,15 @@ typedef struct loom__batch {
     int32_t n_tokens;
     const int32_t *logit_rows; /* [n_logits] rows whose logits are wanted, ascending */
     int32_t n_logits;
+    /* Sampling from summaries (loom_backend.h, logits_summary; the backend must have the
+     * slot): where summary_only is non-NULL, wanted row j with summary_only[j] set gets
+     * summary[j] and its n_top best entries at top[j * n_top] instead of its logits (row j of
+     * the logits array is left alone); the other rows are copied as usual. NULL: every row is
+     * copied. */
+    const uint8_t *summary_only;
+    loom_logit_summary *summary;
+    loom_logit_cand *top;
+    int32_t n_top;
     /* For layer-by-layer checks against a reference: when stop_after > 0, only the first
      * stop_after layers run and the residual stream [n_tokens, D] is copied to the host array
      * hidden instead of computing logits. 0 in normal use. */

@@ -139,6 +139,76 @@ loom_status loom__sample_chain_validate(const loom__sample_chain_config *c, int3
     return LOOM_OK;
 }
 
+/* ---- the last steps, shared by the run over a whole row and the run over its summary ----- */
+
+/* A greedy step: a point mass on the arg max. */
+static loom_token greedy(const loom__sample_chain_config *c, const loom__logit_stats *st,
+                         loom__sample_chain_result *out) {
+    out->logprob_final = 0;
+    out->entropy_final = 0;
+    out->temperature = 0;
+    out->n_candidates = 1;
+    out->n_top_final = 0;
+    if (c->n_logprobs > 0) {
+        out->top_final[0] = (loom__sample_chain_logprob){st->argmax, 0.0f};
+        out->n_top_final = 1;
+    }
+    return st->argmax;
+}
+
+/* 9. The draw among the n survivors the filters left in ws->cand (best first when by_prob), at
+ * temperature t, and what the result reports of the final distribution. */
+static loom_token draw(loom__sample_chain_ws *ws, const loom__sample_chain_config *c, double t,
+                       double xmax, int32_t n, bool by_prob, uint64_t draw_index,
+                       loom__sample_chain_result *out) {
+    const double s = 1.0 / t;
+    loom__chain_cand *cd = ws->cand;
+    double *w = ws->aux; /* the survivors' weights, computed once */
+    loom__chain_exp_cands(cd, n, s, xmax, w);
+    double zf = 0;
+    for (int32_t i = 0; i < n; i++) zf += w[i];
+    const double lzf = log(zf);
+    /* inverse CDF in candidate order (a deterministic order) */
+    double u = loom__rng_uniform(c->seed, draw_index) * zf, cum = 0;
+    int32_t pick = n - 1;
+    for (int32_t i = 0; i < n; i++) {
+        cum += w[i];
+        if (u < cum) {
+            pick = i;
+            break;
+        }
+    }
+    out->logprob_final = (float)(s * ((double)cd[pick].x - xmax) - lzf);
+    double hf = 0, izf = 1.0 / zf;
+    for (int32_t i = 0; i < n; i++) {
+        double lq = s * ((double)cd[i].x - xmax) - lzf;
+        hf -= w[i] * izf * lq;
+    }
+    out->entropy_final = hf > 0 ? hf : 0;
+    out->temperature = t;
+    out->n_candidates = n;
+    out->n_top_final = 0;
+    if (c->n_logprobs > 0) {
+        int32_t m = n < c->n_logprobs ? n : c->n_logprobs;
+        const loom__chain_cand *best = cd;
+        if (!by_prob) { /* n-entry heap over the survivors */
+            loom__chain_cand *h = ws->aux;
+            int32_t held = 0;
+            for (int32_t i = 0; i < n; i++)
+                if (held < m || !(cd[i].x < h[0].x)) loom__chain_heap_offer(h, &held, m, cd[i]);
+            qsort(h, (size_t)held, sizeof *h, loom__chain_cand_cmp);
+            best = h;
+        }
+        for (int32_t i = 0; i < m; i++)
+            out->top_final[i] = (loom__sample_chain_logprob){
+                best[i].id, (float)(s * ((double)best[i].x - xmax) - lzf)};
+        out->n_top_final = m;
+    }
+    return cd[pick].id;
+}
+
+/* ---- the run ---------------------------------------------------------------------------- */
+
 loom_status loom__sample_chain_run(loom__sample_chain_ws *ws, const loom__sample_chain_config *c,
                                    const float *logits, const loom_token *history,
                                    int32_t n_history, uint64_t draw_index,
@@ -185,67 +255,130 @@ loom_status loom__sample_chain_run(loom__sample_chain_ws *ws, const loom__sample
     }
 
     /* 3-4. correction and temperature as one scale s = 1 / T. */
-    double t = loom__chain_temperature(c, &st);
+    const double t = loom__chain_temperature(c, &st);
     loom_token tok;
-    out->n_top_final = 0;
-    if (t == 0) { /* greedy: a point mass on the arg max */
-        tok = st.argmax;
-        out->logprob_final = 0;
-        out->entropy_final = 0;
-        out->temperature = 0;
-        out->n_candidates = 1;
-        if (c->n_logprobs > 0) {
-            out->top_final[0] = (loom__sample_chain_logprob){tok, 0.0f};
-            out->n_top_final = 1;
-        }
+    if (t == 0) {
+        tok = greedy(c, &st, out);
     } else {
-        const double s = 1.0 / t, xmax = st.max;
         bool by_prob;
-        int32_t n = loom__chain_filter(ws, c, s, &st, &by_prob);
-        loom__chain_cand *cd = ws->cand;
-        double *w = ws->aux; /* the survivors' weights, computed once */
-        loom__chain_exp_cands(cd, n, s, xmax, w);
-        double zf = 0;
-        for (int32_t i = 0; i < n; i++) zf += w[i];
-        const double lzf = log(zf);
-        /* 9. draw: inverse CDF in candidate order (a deterministic order). */
-        double u = loom__rng_uniform(c->seed, draw_index) * zf, cum = 0;
-        int32_t pick = n - 1;
-        for (int32_t i = 0; i < n; i++) {
-            cum += w[i];
-            if (u < cum) {
-                pick = i;
-                break;
-            }
-        }
-        tok = cd[pick].id;
-        out->logprob_final = (float)(s * ((double)cd[pick].x - xmax) - lzf);
-        double hf = 0, izf = 1.0 / zf;
-        for (int32_t i = 0; i < n; i++) {
-            double lq = s * ((double)cd[i].x - xmax) - lzf;
-            hf -= w[i] * izf * lq;
-        }
-        out->entropy_final = hf > 0 ? hf : 0;
-        out->temperature = t;
-        out->n_candidates = n;
-        if (c->n_logprobs > 0) {
-            int32_t m = n < c->n_logprobs ? n : c->n_logprobs;
-            const loom__chain_cand *best = cd;
-            if (!by_prob) { /* n-entry heap over the survivors */
-                loom__chain_cand *h = ws->aux;
-                int32_t held = 0;
-                for (int32_t i = 0; i < n; i++)
-                    if (held < m || !(cd[i].x < h[0].x)) loom__chain_heap_offer(h, &held, m, cd[i]);
-                qsort(h, (size_t)held, sizeof *h, loom__chain_cand_cmp);
-                best = h;
-            }
-            for (int32_t i = 0; i < m; i++)
-                out->top_final[i] = (loom__sample_chain_logprob){
-                    best[i].id, (float)(s * ((double)best[i].x - xmax) - lzf)};
-            out->n_top_final = m;
-        }
+        int32_t n = loom__chain_filter(ws, c, 1.0 / t, &st, &by_prob);
+        tok = draw(ws, c, t, st.max, n, by_prob, draw_index, out);
     }
     out->token = tok;
     out->logprob_raw = (float)((double)logits[tok] - lse_raw);
+    return LOOM_OK;
+}
+
+/* ---- the run over a row's summary ------------------------------------------------------- */
+
+/* Whether bias or penalties edit the logits (the summary describes the raw row only). */
+static bool edits_logits(const loom__sample_chain_config *c) {
+    const bool penalties =
+        c->penalty_last_n != 0 &&
+        (c->repeat_penalty != 1 || c->presence_penalty != 0 || c->frequency_penalty != 0);
+    return c->n_bias > 0 || penalties;
+}
+
+bool loom__sample_chain_summary_ok(const loom__sample_chain_config *c, int32_t n_top) {
+    if (c == NULL || n_top < 1 || edits_logits(c) || c->n_logprobs > n_top) return false;
+    return c->temperature == 0 || (c->top_k >= 1 && c->top_k <= n_top);
+}
+
+loom_status loom__sample_chain_run_summary(loom__sample_chain_ws *ws,
+                                           const loom__sample_chain_config *c,
+                                           const loom_logit_summary *sum,
+                                           const loom_logit_cand *top, uint64_t draw_index,
+                                           loom__sample_chain_result *out, bool *need_row) {
+    LOOM_CHECK_ARG(ws != NULL && c != NULL && sum != NULL && out != NULL && need_row != NULL);
+    LOOM_CHECK_ARG(sum->n_top >= 0 && (sum->n_top == 0 || top != NULL));
+    *need_row = false;
+    LOOM_TRY(loom__sample_chain_validate(c, ws->n_vocab));
+    LOOM_RETURN_IF(
+        c->n_logprobs > 0 && (out->top_raw == NULL || out->top_final == NULL), LOOM_ERR_INVALID_ARG,
+        "sample chain: n_logprobs %d needs top_raw and top_final buffers", c->n_logprobs);
+    LOOM_RETURN_IF(sum->n_posinf > 0, LOOM_ERR_BAD_INPUT, "sample chain: %d logits are +inf",
+                   sum->n_posinf);
+    LOOM_RETURN_IF(sum->n_finite <= 0, LOOM_ERR_BAD_INPUT, "sample chain: no finite logit among %d",
+                   ws->n_vocab);
+    const int32_t n_known = sum->n_top;
+    /* The list must hold every candidate the settings reach: as summary_ok promises for a list
+     * of n_known entries, or every finite logit (then only bias and penalties need the row). */
+    const bool complete = n_known == sum->n_finite;
+    LOOM_RETURN_IF(edits_logits(c) || (!complete && !loom__sample_chain_summary_ok(c, n_known)),
+                   LOOM_ERR_INVALID_ARG,
+                   "sample chain: these settings need the whole row of logits (bias, penalties, "
+                   "top-k off or above the %d candidates of the summary, or more logprobs)",
+                   n_known);
+
+    /* Without bias or penalties the processed logits are the raw ones: the summary's
+     * statistics are those the chain computes over the whole row. */
+    const loom__logit_stats st = {.max = sum->max,
+                                  .sum = sum->sum,
+                                  .entropy = sum->entropy,
+                                  .varentropy = sum->varentropy,
+                                  .n_finite = sum->n_finite,
+                                  .argmax = sum->argmax};
+    const double lse_raw = st.max + log(st.sum);
+    out->entropy = st.entropy;
+    out->varentropy = st.varentropy;
+    out->n_top_raw = 0;
+    if (c->n_logprobs > 0) { /* the best n of the whole row are the list's first n */
+        int32_t m = c->n_logprobs < n_known ? c->n_logprobs : n_known;
+        for (int32_t i = 0; i < m; i++)
+            out->top_raw[i] =
+                (loom__sample_chain_logprob){top[i].id, (float)((double)top[i].logit - lse_raw)};
+        out->n_top_raw = m;
+    }
+
+    const double t = loom__chain_temperature(c, &st);
+    loom_token tok;
+    float tok_logit;
+    if (t == 0) {
+        tok = greedy(c, &st, out);
+        tok_logit = (float)st.max;
+    } else {
+        /* Top-k over fewer than every finite logit keeps the list's first k (the same total
+         * order as the chain's heap). Otherwise the chain walks the whole vocabulary (top-p's
+         * buckets, or every finite logit in id order): the list then holds every finite logit,
+         * and the caller rebuilds the row from it. */
+        if (!(c->top_k > 0 && c->top_k < st.n_finite)) {
+            *need_row = true;
+            return LOOM_OK;
+        }
+        loom__chain_cand *cd = ws->cand;
+        double *w = ws->aux;
+        const int32_t k = c->top_k;
+        for (int32_t i = 0; i < k; i++) cd[i] = (loom__chain_cand){top[i].logit, top[i].id};
+        loom__chain_exp_cands(cd, k, 1.0 / t, st.max, w);
+        double z = 0;
+        for (int32_t i = 0; i < k; i++) z += w[i];
+        bool by_prob = true;
+        int32_t n = loom__chain_filter_rest(ws, c, 1.0 / t, st.max, k, z, &by_prob);
+        tok = draw(ws, c, t, st.max, n, by_prob, draw_index, out);
+        tok_logit = NAN;
+        for (int32_t i = 0; i < k; i++)
+            if (top[i].id == tok) tok_logit = top[i].logit;
+    }
+    out->token = tok;
+    out->logprob_raw = (float)((double)tok_logit - lse_raw);
+    return LOOM_OK;
+}
+
+loom_status loom__sample_chain_rebuild_row(const loom_logit_summary *sum,
+                                           const loom_logit_cand *top, int32_t n_vocab,
+                                           float *row) {
+    LOOM_CHECK_ARG(sum != NULL && row != NULL && n_vocab > 0);
+    LOOM_RETURN_IF(sum->n_top != sum->n_finite || sum->n_posinf != 0 ||
+                       (sum->n_top > 0 && top == NULL),
+                   LOOM_ERR_INVALID_ARG,
+                   "sample chain: a summary of %d of %d finite logits cannot rebuild its row",
+                   sum->n_top, sum->n_finite);
+    for (int32_t i = 0; i < n_vocab; i++) row[i] = -INFINITY;
+    for (int32_t i = 0; i < sum->n_top; i++) {
+        LOOM_RETURN_IF(top[i].id < 0 || top[i].id >= n_vocab, LOOM_ERR_BAD_INPUT,
+                       "sample chain: summary entry %d names token %d of %d", i, top[i].id,
+                       n_vocab);
+        row[top[i].id] = top[i].logit;
+    }
     return LOOM_OK;
 }

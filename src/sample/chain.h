@@ -55,6 +55,7 @@
 #include <stdint.h>
 
 #include "loom.h"
+#include "loom_backend.h"
 
 /* loom_entropy_mode and loom_logit_bias are the public ones (loom.h). */
 
@@ -145,3 +146,43 @@ loom_status loom__sample_chain_run(loom__sample_chain_ws *ws, const loom__sample
                                    const float *logits, const loom_token *history,
                                    int32_t n_history, uint64_t draw_index,
                                    loom__sample_chain_result *out);
+
+/* ---- sampling from a row's summary (loom_backend.h: logits_summary) ---------------------- */
+/* A device backend can summarize a row of logits — its maximum, normalizer, entropy,
+ * varentropy, finite count and arg max, and its n_top best entries — so that only a few KB
+ * cross to the host instead of the row (1 MiB for a 262,144-token vocabulary). The run below
+ * gives the run over the whole row's results, token and every field, for the settings the
+ * summary covers; the statistics' last bits are the summarizer's (a device sums in its own
+ * order). */
+
+/* Whether the settings can be sampled from a summary with n_top candidates: no logit bias, no
+ * active penalty (both edit entries the summary does not hold), n_logprobs <= n_top, and
+ * either greedy (temperature 0) or top-k on with k <= n_top (top-p, min-p and typical-p then
+ * act on the k candidates). Top-k off with a temperature walks the whole vocabulary (top-p's
+ * nucleus, min-p's survivors in id order), so it needs the row. */
+bool loom__sample_chain_summary_ok(const loom__sample_chain_config *c, int32_t n_top);
+
+/* loom__sample_chain_run over a row known by its summary: sum and top[0..sum->n_top) (best
+ * first), as logits_summary writes them. Where the settings reach the whole vocabulary only
+ * because fewer finite logits than top-k are left (the list then holds them all), it sets
+ * *need_row and returns LOOM_OK with nothing else done: rebuild the row
+ * (loom__sample_chain_rebuild_row) and run the chain on it. Errors: INVALID_ARG (NULL, bad
+ * cfg, settings the summary does not cover), BAD_INPUT (a +inf logit, no finite logit). */
+loom_status loom__sample_chain_run_summary(loom__sample_chain_ws *ws,
+                                           const loom__sample_chain_config *cfg,
+                                           const loom_logit_summary *sum,
+                                           const loom_logit_cand *top, uint64_t draw_index,
+                                           loom__sample_chain_result *out, bool *need_row);
+
+/* row[0..n_vocab) = -inf but for the summary's entries, which must be every finite logit of the
+ * row (sum->n_top == sum->n_finite, no +inf): a row over which the chain gives what it gives
+ * over the original one. Errors: INVALID_ARG (an incomplete list), BAD_INPUT (an id out of
+ * range). */
+loom_status loom__sample_chain_rebuild_row(const loom_logit_summary *sum,
+                                           const loom_logit_cand *top, int32_t n_vocab, float *row);
+
+/* The host's summarizer, what logits_summary computes (the reference for backends, and the
+ * engine's where the backend has none): x[0..n) into *sum and top[0..min(n_top, finite)),
+ * best first; 1 <= n_top. The statistics are the chain's own, bit for bit. */
+void loom__sample_logits_summarize(const float *x, int32_t n, int32_t n_top,
+                                   loom_logit_summary *sum, loom_logit_cand *top);

@@ -190,6 +190,12 @@ int32_t loom__chain_filter(loom__sample_chain_ws *ws, const loom__sample_chain_c
             }
         }
     }
+    return loom__chain_filter_rest(ws, c, s, xmax, n, z, by_prob);
+}
+
+int32_t loom__chain_filter_rest(loom__sample_chain_ws *ws, const loom__sample_chain_config *c,
+                                double s, double xmax, int32_t n, double z, bool *by_prob) {
+    loom__chain_cand *cd = ws->cand;
     if (c->top_p < 1 && *by_prob) { /* 6. top-p after top-k: the shortest best-first prefix with
                                        mass >= top_p */
         double cum = 0, target = (double)c->top_p * z;

@@ -94,3 +94,8 @@ double loom__chain_raw_lse(loom__sample_chain_ws *ws, const loom__sample_chain_c
  * returns their count; *by_prob says whether they are sorted best first. */
 int32_t loom__chain_filter(loom__sample_chain_ws *ws, const loom__sample_chain_config *c, double s,
                            const loom__logit_stats *st, bool *by_prob);
+/* Steps 6-8 after the first selection left n candidates in ws->cand (best first when *by_prob,
+ * their weights summing to z then): what loom__chain_filter does after its top-k, shared with
+ * the run over a row's summary. */
+int32_t loom__chain_filter_rest(loom__sample_chain_ws *ws, const loom__sample_chain_config *c,
+                                double s, double xmax, int32_t n, double z, bool *by_prob);

@@ -13,12 +13,15 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
 #include "backend/cpu/cpu_internal.h"
 #include "engine/engine.h"
 #include "model/synth_model.h"
+#include "sample/chain.h"
 
 static char g_path[2][512];
 
@@ -59,6 +62,36 @@ static loom_status rec_attention(void *s, const loom_tensor *q, const loom_kv_de
                                  const loom_attn_params *p, loom_tensor *out) {
     note_kv(kv);
     return g_real->attention(s, q, kv, p, out);
+}
+
+/* A logits_summary slot for the CPU ops table (which has none: its rows are host memory
+ * already): each row fetched through tensor_get and summarized by the host's summarizer, as a
+ * device backend's kernel would, so the engine's device path runs end to end. */
+static int64_t g_summary_rows, g_logit_bytes;
+static int64_t g_vocab;
+static loom_status rec_logits_summary(void *s, const loom_tensor *logits, int32_t n_top,
+                                      loom_logit_summary *sum, loom_logit_cand *top) {
+    const int64_t V = logits->ne[0];
+    float *row = malloc((size_t)V * sizeof *row);
+    if (row == NULL) return LOOM_ERR_OUT_OF_MEMORY;
+    for (int64_t r = 0; r < logits->ne[1]; r++) {
+        loom_status st = g_real->tensor_get(
+            s, row, (const char *)logits->data + r * logits->row_stride, (size_t)V * 4);
+        if (st != LOOM_OK) {
+            free(row);
+            return st;
+        }
+        loom__sample_logits_summarize(row, (int32_t)V, n_top, &sum[r], top + r * n_top);
+        g_summary_rows++;
+    }
+    free(row);
+    return LOOM_OK;
+}
+
+/* Counts the bytes of whole logit rows the engine copies (transfers of exactly k rows). */
+static loom_status rec_tensor_get(void *s, void *dst, const void *src, size_t bytes) {
+    if (g_vocab > 0 && bytes % ((size_t)g_vocab * 4) == 0) g_logit_bytes += (int64_t)bytes;
+    return g_real->tensor_get(s, dst, src, bytes);
 }
 
 static void reset_counts(void) {
@@ -167,6 +200,135 @@ static void test_cow_one_call(void **state) {
         loom_engine_destroy(e);
         loom_model_free(m);
     }
+}
+
+/* ---- sampling from summaries ---------------------------------------------------------------- */
+
+/* Eight requests whose settings a summary covers or not (top-k, greedy with logprobs, entropy
+ * modes; bias, penalties, top-k off): their tokens and each token's info over n_tok tokens. */
+typedef struct sampled {
+    loom_token tok[8][24];
+    loom_token_info info[8][24];
+    loom_token_logprob top[8][24][2][6];
+} sampled;
+
+static void run_mixed(loom_engine *e, sampled *out) {
+    loom_request_id ids[8];
+    loom_token prompts[8][20];
+    static const loom_logit_bias bias[2] = {{7, 2.5f}, {11, -INFINITY}};
+    for (int r = 0; r < 8; r++) {
+        prompt_of(30 + r, prompts[r], 20);
+        loom_request_params rq = loom_request_default_params();
+        loom_sampler_params sp = loom_sampler_default_params();
+        rq.sampler = &sp;
+        rq.prompt_tokens = prompts[r];
+        rq.n_prompt_tokens = 12 + (size_t)r;
+        rq.max_tokens = 24;
+        rq.ignore_eos = true;
+        sp.seed = 100 + (uint64_t)r;
+        sp.n_logprobs = r % 3 == 0 ? 6 : 0;
+        switch (r) {
+        case 0: /* the defaults: top-k 40, top-p 0.95 */
+            break;
+        case 1:
+            sp.temperature = 0.0f;
+            break;
+        case 2:
+            sp.top_k = 5;
+            sp.min_p = 0.05f;
+            sp.entropy_mode = LOOM_ENTROPY_EXP;
+            break;
+        case 3:
+            sp.top_k = 200;
+            sp.typical_p = 0.8f;
+            sp.entropy_mode = LOOM_ENTROPY_DYNATEMP;
+            break;
+        case 4: /* not covered: bias */
+            sp.logit_bias = bias;
+            sp.n_logit_bias = 2;
+            break;
+        case 5: /* not covered: penalties */
+            sp.repeat_penalty = 1.3f;
+            sp.frequency_penalty = 0.2f;
+            break;
+        case 6: /* not covered: top-k off */
+            sp.top_k = 0;
+            sp.top_p = 0.8f;
+            break;
+        default:
+            sp.top_k = 40;
+            sp.entropy_mode = LOOM_ENTROPY_EDT;
+            break;
+        }
+        assert_int_equal(loom_engine_submit(e, &rq, &ids[r]), LOOM_OK);
+    }
+    int n[8] = {0};
+    while (loom_engine_has_work(e)) {
+        const loom_event *const *ev;
+        size_t n_ev;
+        assert_int_equal(loom_engine_step(e, &ev, &n_ev), LOOM_OK);
+        for (size_t k = 0; k < n_ev; k++) {
+            if (ev[k]->kind == LOOM_EVENT_FAILED) fail_msg("request failed: %s", loom_last_error());
+            for (int r = 0; r < 8; r++) {
+                if (ev[k]->kind != LOOM_EVENT_TOKEN || ev[k]->id != ids[r]) continue;
+                const loom_token_info *in = ev[k]->info;
+                int i = n[r]++;
+                out->tok[r][i] = ev[k]->token;
+                out->info[r][i] = *in;
+                memcpy(out->top[r][i][0], in->top_raw, (size_t)in->n_top_raw * sizeof *in->top_raw);
+                memcpy(out->top[r][i][1], in->top_final,
+                       (size_t)in->n_top_final * sizeof *in->top_final);
+                out->info[r][i].top_raw = out->info[r][i].top_final = NULL;
+            }
+        }
+    }
+    for (int r = 0; r < 8; r++) assert_int_equal(n[r], 24);
+}
+
+/* The same requests sampled from whole rows, from summaries made on the host
+ * (LOOM_SAMPLE_FROM=summary, the CPU's own path), and from a backend's logits_summary (the
+ * slot above): every token and every field of its info bit for bit; with the slot, whole rows
+ * crossed only for the three requests a summary does not cover. */
+static void test_sample_from_summaries(void **state) {
+    (void)state;
+    static sampled runs[3];
+    int64_t bytes[3] = {0}, summarized[3] = {0};
+    for (int mode = 0; mode < 3; mode++) {
+        loom_model *m = load_recorded(g_path[1], false);
+        g_vocab = m->cfg.n_vocab;
+        g_rec.tensor_get = rec_tensor_get;
+        if (mode == 2) g_rec.logits_summary = rec_logits_summary;
+        setenv("LOOM_SAMPLE_FROM", mode == 0 ? "rows" : "summary", 1);
+        loom_engine *e = make_engine(m, 16 << 20, LOOM_PREEMPT_RECOMPUTE);
+        g_logit_bytes = g_summary_rows = 0;
+        run_mixed(e, &runs[mode]);
+        bytes[mode] = g_logit_bytes;
+        summarized[mode] = g_summary_rows;
+        loom_engine_destroy(e);
+        loom_model_free(m);
+        unsetenv("LOOM_SAMPLE_FROM");
+        g_vocab = 0;
+    }
+    for (int mode = 1; mode < 3; mode++)
+        for (int r = 0; r < 8; r++)
+            for (int i = 0; i < 24; i++) {
+                if (runs[mode].tok[r][i] != runs[0].tok[r][i])
+                    fail_msg("mode %d request %d token %d: %d, from rows %d", mode, r, i,
+                             runs[mode].tok[r][i], runs[0].tok[r][i]);
+                if (memcmp(&runs[mode].info[r][i], &runs[0].info[r][i],
+                           sizeof runs[0].info[r][i]) != 0 ||
+                    memcmp(runs[mode].top[r][i], runs[0].top[r][i], sizeof runs[0].top[r][i]) != 0)
+                    fail_msg("mode %d request %d token %d: token info differs", mode, r, i);
+            }
+    assert_int_equal(summarized[0], 0);
+    assert_int_equal(summarized[1], 0);
+    assert_true(summarized[2] > 0);
+    /* 8 x 24 whole rows; with the slot only the 3 uncovered requests' 24 each */
+    const int64_t row_bytes = bytes[0] / (8 * 24);
+    assert_int_equal(bytes[0], 8 * 24 * row_bytes);
+    assert_int_equal(bytes[1], bytes[0]);
+    assert_int_equal(bytes[2], 3 * 24 * row_bytes);
+    assert_int_equal(summarized[2], 8 * 24); /* the slot sees each chunk of rows whole */
 }
 
 /* ---- swap ----------------------------------------------------------------------------------- */
@@ -286,6 +448,7 @@ int main(void) {
         cmocka_unit_test(test_swap_one_call),
         cmocka_unit_test(test_step_begin),
         cmocka_unit_test(test_workspace_sized_once),
+        cmocka_unit_test(test_sample_from_summaries),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

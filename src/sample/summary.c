@@ -1,0 +1,41 @@
+/* summary.c — the host's summarizer of a row of logits (chain.h): the statistics of the chain's
+ * own pass (entropy.c, so a summary made here gives bit for bit what the run over the row
+ * gives) and the n_top best finite entries through the chain's k-best heap. What a device's
+ * logits_summary is checked against, and what the engine uses where a backend has none. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "sample/chain_internal.h"
+
+void loom__sample_logits_summarize(const float *x, int32_t n, int32_t n_top,
+                                   loom_logit_summary *sum, loom_logit_cand *top) {
+    int32_t n_posinf = 0, first_posinf = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (x[i] == INFINITY && n_posinf++ == 0) first_posinf = i;
+    loom__logit_stats st;
+    if (n_posinf == 0) {
+        loom__logit_stats_compute(x, n, 1.0, &st);
+    } else { /* the chain refuses such a row; only the counts and the list are meaningful */
+        st = (loom__logit_stats){.max = INFINITY, .argmax = first_posinf};
+    }
+    /* the k-best heap over the finite entries (the chain's order: larger first, then lower id) */
+    loom__chain_cand h[LOOM_LOGIT_SUMMARY_MAX_TOP];
+    if (n_top > LOOM_LOGIT_SUMMARY_MAX_TOP) n_top = LOOM_LOGIT_SUMMARY_MAX_TOP;
+    int32_t held = 0, n_finite = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (!(x[i] > -INFINITY && x[i] < INFINITY)) continue;
+        n_finite++;
+        if (held == n_top && x[i] < h[0].x) continue;
+        loom__chain_heap_offer(h, &held, n_top, (loom__chain_cand){x[i], i});
+    }
+    qsort(h, (size_t)held, sizeof *h, loom__chain_cand_cmp);
+    for (int32_t i = 0; i < held; i++) top[i] = (loom_logit_cand){h[i].x, h[i].id};
+    *sum = (loom_logit_summary){.max = st.max,
+                                .sum = st.sum,
+                                .entropy = st.entropy,
+                                .varentropy = st.varentropy,
+                                .n_finite = n_finite,
+                                .argmax = st.argmax,
+                                .n_posinf = n_posinf,
+                                .n_top = held};
+}

@@ -3,9 +3,20 @@
  * (included by kernels/*.cu). */
 #pragma once
 
+#if defined(LOOM_K_EMULATE)
+/* tests/kernels_emu/: the kernels built by the host's C++ compiler and run on a SIMT emulator,
+ * whose header stands in for the CUDA headers (types, intrinsics, warp collectives, shared
+ * memory). Never defined in a real build. */
+#include "kernel_emu.h"
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+/* A kernel's dynamic shared memory (the launch's third argument), 16-byte aligned; a macro so
+ * that the emulator can give its own. */
+#define LOOM_K_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
 #include <stdint.h>
 
 #include "loom_kernels.h"

@@ -4,8 +4,11 @@
  * the lanes' sums then meet in a fixed butterfly. The order of every output's additions is
  * thus the same whatever the number of tokens (a token's result does not depend on its batch).
  *
- * Steps of more than 8 tokens run as groups of 8 (grid.y), each re-reading the weights (from
- * L2 where they fit): correct for prefill, and the place where a tensor-core GEMM comes in. */
+ * Steps of more than 8 tokens go to the tensor-core GEMM (gemm.cu), which reads each weight
+ * chunk once per 64 tokens instead of once per 8. Its sums run in another order, so a token's
+ * bits are the same in every step of 1..8 tokens and the same in every step of more than 8, but
+ * may differ between the two regimes (accepted for now). The kernel below still takes any
+ * number of tokens, in groups of 8 (grid.y). */
 #include "dequant.cuh"
 
 #define GEMV_WARPS  4
@@ -85,6 +88,8 @@ extern "C" loom_status loom__cuda_matmul(cudaStream_t stream, const loom__k_weig
                                          const float *x, size_t x_stride, int64_t n_tokens,
                                          float *out, size_t out_stride) {
     if (n_tokens == 0 || w->n == 0) return LOOM_OK;
+    if (n_tokens > GEMV_TOKENS)
+        return loom__cuda_gemm(stream, w, x, x_stride, n_tokens, out, out_stride);
     gemv_args a = {*w, x, x_stride, n_tokens, out, out_stride};
     switch (w->type) {
     case LOOM_K_F32:

@@ -99,10 +99,18 @@ typedef struct loom__k_weight {
 loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_weight *w, const int32_t *ids,
                                 int64_t n_ids, float *out, size_t out_stride);
 
-/* out[t, o] = sum_k x[t, k] * w[o, k] for t < n_tokens. Each output's sum runs in one order,
- * whatever n_tokens is (lanes over 32-value chunks, then a fixed tree). */
+/* out[t, o] = sum_k x[t, k] * w[o, k] for t < n_tokens. Steps of 1..8 tokens run the GEMV
+ * (gemv.cu: lanes over 32-value chunks, then a fixed tree), steps of more than 8 the tensor-core
+ * GEMM (loom__cuda_gemm). Batch invariance holds within each regime: a token's bits are the same
+ * in every step of 1..8 tokens, and the same in every step of more than 8; the two regimes sum
+ * in different orders and may differ from each other in the last bits. */
 loom_status loom__cuda_matmul(cudaStream_t stream, const loom__k_weight *w, const float *x,
                               size_t x_stride, int64_t n_tokens, float *out, size_t out_stride);
+/* The same product on tensor cores (gemm.cu, mma.sync, float32 accuracy through split TF32):
+ * tiles of 64 rows by 64 tokens, each output summed in K order whatever n_tokens is.
+ * loom__cuda_matmul calls it for n_tokens > 8; any n_tokens works. */
+loom_status loom__cuda_gemm(cudaStream_t stream, const loom__k_weight *w, const float *x,
+                            size_t x_stride, int64_t n_tokens, float *out, size_t out_stride);
 
 /* FP8 weight rows on tensor cores (fp8_gemm.cu, around cuBLASLt's GEMM): each token row of x
  * [n_tokens, k] to E4M3 codes xq (rows xq_stride bytes apart) with scale[t] = max|x_t| / 448
@@ -129,6 +137,14 @@ typedef struct loom__k_kv {
     /* FP8: where a (position, head)'s scale lies from a layer's scale base: block * block
      * stride + slot * token stride + head * 4 (loom_kv_desc's scale fields) */
     size_t scale_token_stride, scale_block_stride;
+    /* Attention's two kernels: a sequence with at least LOOM_K_ATTN_PREFILL_ROWS new rows in
+     * the step is a prefill sequence (the tiled kernel, where the layer allows it), the rows of
+     * the others go to the split-KV kernel. A rule on each sequence's own rows, so its result
+     * never depends on the rest of the batch. Zero counts: every row split-KV. */
+    const int32_t *prefill_seqs; /* [n_prefill_seqs] increasing */
+    const int32_t *split_rows;   /* [n_split_rows] increasing: the other sequences' rows */
+    int32_t n_prefill_seqs, n_split_rows;
+    int32_t prefill_max_rows; /* the most new rows of a prefill sequence */
 } loom__k_kv;
 
 /* Writes rows of k and v [n_rows, n_kv_heads*head_dim] into the pools at their positions.
@@ -165,6 +181,10 @@ loom_status loom__cuda_kv_store_merged(cudaStream_t stream, const loom__k_kv *kv
 #define LOOM_K_ATTN_SPLIT_MIN 256
 /* Rows one launch pair (splits, merge) covers: the workspace is sized for this many. */
 #define LOOM_K_ATTN_ROWS 64
+/* New rows of a sequence in one step from which its attention runs on the tiled prefill kernel
+ * (attention_prefill.cu): a whole m16 block of the mma's rows. Decode and short verification
+ * chunks stay on split-KV, which also spreads one row's long context over many blocks. */
+#define LOOM_K_ATTN_PREFILL_ROWS 16
 
 typedef struct loom__k_attn {
     const float *q;
@@ -185,8 +205,26 @@ size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim);
 /* Whether the kernels run this head shape (head_dim <= 256; the query heads of one KV head
  * within the registers one warp holds: at most 16, 8 for head_dim > 128). */
 int loom__cuda_attention_shape_ok(int32_t n_head, int32_t n_kv_heads, int32_t head_dim);
-/* out = softmax(scale * q k^T, causal and window masked, soft-capped) v over the pools. */
+/* out = softmax(scale * q k^T, causal and window masked, soft-capped) v over the pools: the
+ * prefill sequences' rows (kv->prefill_seqs) on the tiled kernel where the layer allows it, the
+ * others (or all) on split-KV. */
 loom_status loom__cuda_attention(cudaStream_t stream, const loom__k_kv *kv, const loom__k_attn *p);
+/* The prefill sequences' rows on the tiled tensor-core kernel (attention_prefill.cu); *ran = 0
+ * (nothing queued, LOOM_OK) where the layer is not one it runs: a merged pair, head_dim not a
+ * multiple of 8 or over 256, page strides not aligned to 4 elements, FP8 without scales, a
+ * device without the shared memory. Called by loom__cuda_attention. */
+loom_status loom__cuda_attention_prefill(cudaStream_t stream, const loom__k_kv *kv,
+                                         const loom__k_attn *p, int *ran);
+
+/* ---- sampling (logits_summary.cu) ---------------------------------------------------------- */
+
+/* Device bytes loom__cuda_logits_summary writes for n_rows rows: the summaries
+ * (loom_logit_summary, loom_backend.h), then each row's n_top candidates. */
+size_t loom__cuda_logits_summary_bytes(int64_t n_rows, int32_t n_top);
+/* The summaries of rows x[r] (n_vocab floats, x_stride bytes apart) into out (device memory,
+ * loom__cuda_logits_summary_bytes): loom_backend.h's logits_summary, on the device. */
+loom_status loom__cuda_logits_summary(cudaStream_t stream, const float *x, size_t x_stride,
+                                      int64_t n_rows, int32_t n_vocab, int32_t n_top, void *out);
 
 #ifdef __cplusplus
 }

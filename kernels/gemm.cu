@@ -1,0 +1,376 @@
+/* gemm.cu — matmul out = x·wᵀ for steps of more than 8 tokens (loom__cuda_matmul sends them
+ * here; steps of 1..8 stay on gemv.cu), on tensor cores at float32 accuracy (mma.cuh).
+ *
+ * A block of 4 warps computes a tile of 64 weight rows by 64 tokens; each warp owns 32 rows by
+ * 32 tokens (2 x 4 m16n8k8 tiles, 32 accumulators per lane). K runs in 32-value chunks, one
+ * loom_dequant32 chunk each:
+ *   - the weight rows' stored bytes arrive a stage at a time (a K-quant super-block; 8 blocks
+ *     of q4_0 / q5_0, 4 of q8_0; 128 bytes of the float formats): all threads copy them
+ *     into shared memory in contiguous 4-byte (or 2-, 1-byte) pieces. A thread decoding its
+ *     own row straight from global memory would have a warp's loads touch 32 rows, 32 cache
+ *     lines per instruction; copied this way they touch one or two. Staged rows are padded to
+ *     an odd number of words, so that 32 threads reading 32 rows hit 32 banks;
+ *   - per chunk, threads 0..63 decode their row's 32 values from the stage (loom_dequant32 on
+ *     the staged bytes), threads 64..127 load the 64 tokens' 32 activations (four rows of 128
+ *     bytes per warp instruction); both land in a tile K-contiguous (the mma's row.col), rows
+ *     padded to 36 floats so that the fragment reads — lane (g, i) at row g, column i — and the
+ *     16-byte stores hit 32 different banks. Two tiles alternate, so one barrier per chunk
+ *     suffices: warps done with a chunk decode the next while others still multiply.
+ *
+ * Arithmetic: activations split into TF32 hi + lo; weights that decode to exact TF32 values
+ * (F16, BF16, FP8 units, whose row scale is applied once to each dot at the end, as gemv.cu
+ * does) take 2 instructions per tile, the others are split too and take 3 (mma.cuh). Within a
+ * k-step the instructions run pass by pass over a row half's 4 tiles (all lo·hi, then all
+ * hi·lo, then all hi·hi), so consecutive mma's do not wait on each other's accumulator; each
+ * accumulator still sees its terms in the one order of loom_mma_3xtf32 / loom_mma_2xtf32_b.
+ *
+ * Batch invariance: an output's sum runs over the chunks in K order, k-step by k-step, in the
+ * same three (two) instructions — no split-K, no atomics, nothing that depends on n_tokens; and
+ * a token sits at place t mod 64 of its tile whatever the step's size. So a token's bits are the
+ * same in every step of more than 8 tokens. They differ from the GEMV's (steps of 1..8 tokens,
+ * float32 FMAs in another order): accepted, each regime is invariant within itself. */
+#include "dequant.cuh"
+#include "mma.cuh"
+
+#define GEMM_THREADS 128
+#define GEMM_ROWS    64 /* weight rows per block: the mma's M */
+#define GEMM_TOKENS  64 /* tokens per block: the mma's N */
+#define GEMM_LD      36 /* floats per row of a tile: a 32-value chunk and 4 of padding */
+
+typedef struct gemm_args {
+    loom__k_weight w;
+    const float *x; /* [n_tokens, w.k], rows x_stride bytes apart */
+    size_t x_stride;
+    int64_t n_tokens;
+    float *out; /* [n_tokens, w.n], rows out_stride bytes apart */
+    size_t out_stride;
+} gemm_args;
+
+/* One chunk of the block's operands: the weight rows' decoded values and the tokens'
+ * activations, each row K-contiguous. */
+typedef struct gemm_tile {
+    float w[GEMM_ROWS][GEMM_LD];
+    float x[GEMM_TOKENS][GEMM_LD];
+} gemm_tile;
+
+/* ---- the stage of stored weight bytes ------------------------------------------------------ */
+
+/* Values per block of the format (1: a float format) and the block's bytes. */
+template <int T> static __host__ __device__ constexpr int gemm_block_values() {
+    return T == LOOM_K_Q4_K || T == LOOM_K_Q5_K || T == LOOM_K_Q6_K   ? 256
+           : T == LOOM_K_Q8_0 || T == LOOM_K_Q4_0 || T == LOOM_K_Q5_0 ? 32
+                                                                      : 1;
+}
+template <int T> static __host__ __device__ constexpr int gemm_block_bytes() {
+    return T == LOOM_K_F32                       ? 4
+           : T == LOOM_K_F16 || T == LOOM_K_BF16 ? 2
+           : T == LOOM_K_FP8_ROWS                ? 1
+           : T == LOOM_K_Q8_0                    ? 34
+           : T == LOOM_K_Q4_0                    ? 18
+           : T == LOOM_K_Q5_0                    ? 22
+           : T == LOOM_K_Q4_K                    ? 144
+           : T == LOOM_K_Q5_K                    ? 176
+                                                 : 210;
+}
+/* Chunks per stage: a K-quant super-block, 8 blocks of q4_0 / q5_0 and 4 of q8_0 (136 to 210
+ * bytes), 128 bytes of the float formats. Small enough that two tiles and the stage fit the
+ * default 48 KB of shared memory (all but q6_K: 50.4 KB, which opts in). */
+template <int T> static __host__ __device__ constexpr int gemm_stage_chunks() {
+    return T == LOOM_K_Q8_0             ? 4
+           : gemm_block_values<T>() > 1 ? 8
+                                        : 128 / (32 * gemm_block_bytes<T>());
+}
+template <int T> static __host__ __device__ constexpr int gemm_stage_bytes() {
+    return gemm_stage_chunks<T>() * 32 / gemm_block_values<T>() * gemm_block_bytes<T>();
+}
+/* Bytes between staged rows: an odd number of 4-byte words, so that 32 threads reading the same
+ * byte of 32 rows hit 32 banks. FP8 rows are read 16 bytes at a time (dequant.cuh): a multiple
+ * of 16 that is 16 past a multiple of 128 spreads each 8-thread phase over the 32 banks. */
+template <int T> static __host__ __device__ constexpr int gemm_stage_pitch() {
+    return T == LOOM_K_FP8_ROWS ? 144 : (((gemm_stage_bytes<T>() + 3) / 4) | 1) * 4;
+}
+template <int T> static __host__ __device__ constexpr size_t gemm_smem_bytes() {
+    return 2 * sizeof(gemm_tile) + (size_t)GEMM_ROWS * gemm_stage_pitch<T>();
+}
+
+/* An unsigned integer of U bytes. */
+template <int U> struct gemm_piece;
+template <> struct gemm_piece<4> { typedef unsigned int type; };
+template <> struct gemm_piece<2> { typedef unsigned short type; };
+template <> struct gemm_piece<1> { typedef unsigned char type; };
+
+/* Stage s of the block's rows — the stored bytes of their values [s V, s V + V) — into raw,
+ * by every thread in U-byte pieces (U divides the weights' address, stride and stage bytes),
+ * BATCH loads in flight before their stores (more would cost registers the 4 blocks per SM of
+ * __launch_bounds__ do not have). The bytes of the piece a row's values end inside (the
+ * last stage of a row whose K ends inside it) are copied one by one; bytes past the row's
+ * values and rows past the last are not read, and nothing decodes them. */
+template <int T, int U>
+static __device__ __forceinline__ void gemm_stage_copy(const gemm_args &a, int64_t n0, int64_t s,
+                                                       uint8_t *raw) {
+    typedef typename gemm_piece<U>::type piece;
+    constexpr int B = gemm_stage_bytes<T>(), P = gemm_stage_pitch<T>(), PIECES = B / U;
+    constexpr int ITERS = (GEMM_ROWS * PIECES + GEMM_THREADS - 1) / GEMM_THREADS, BATCH = 6;
+    const int64_t row_bytes = a.w.k / gemm_block_values<T>() * gemm_block_bytes<T>();
+    const int64_t left = row_bytes - s * B;
+    const int valid = left < B ? (int)left : B, whole = valid / U * U;
+    const int rows = a.w.n - n0 < GEMM_ROWS ? (int)(a.w.n - n0) : GEMM_ROWS;
+    const uint8_t *src = (const uint8_t *)a.w.data + (size_t)n0 * a.w.stride + (size_t)(s * B);
+#pragma unroll 1 /* one batch in flight at a time: unrolled, every load would be hoisted */
+    for (int i0 = 0; i0 < ITERS; i0 += BATCH) {
+        piece buf[BATCH];
+#pragma unroll
+        for (int i = 0; i < BATCH; i++) {
+            const int p = threadIdx.x + GEMM_THREADS * (i0 + i), r = p / PIECES;
+            const int o = U * (p - r * PIECES);
+            if (i0 + i < ITERS && r < rows && o < whole)
+                buf[i] = __ldg((const piece *)(src + (size_t)r * a.w.stride + o));
+        }
+#pragma unroll
+        for (int i = 0; i < BATCH; i++) {
+            const int p = threadIdx.x + GEMM_THREADS * (i0 + i), r = p / PIECES;
+            const int o = U * (p - r * PIECES);
+            if (i0 + i < ITERS && r < rows && o < whole) *(piece *)(raw + r * P + o) = buf[i];
+        }
+    }
+    if (whole < valid)
+        for (int r = threadIdx.x; r < rows; r += GEMM_THREADS)
+            for (int o = whole; o < valid; o++) raw[r * P + o] = src[(size_t)r * a.w.stride + o];
+}
+
+/* ---- a chunk ------------------------------------------------------------------------------- */
+
+/* This thread's share of chunk c (chunk cl of the staged stage s) into v: threads 0..63 decode
+ * staged row tid (zeros past the last row), threads 64..127 read eight 4-value pieces of the
+ * tokens' activations (zeros past the last token and past k: x is never read beyond its rows'
+ * k values). x_vec: x and its stride are 16-byte aligned, so a whole piece is one 16-byte
+ * load. */
+template <int T>
+static __device__ __forceinline__ void gemm_fetch(const gemm_args &a, const uint8_t *raw,
+                                                  int64_t n0, int64_t t0, int64_t s, int cl,
+                                                  int64_t c, bool x_vec, float v[32]) {
+    const int64_t k = a.w.k;
+    if (threadIdx.x < GEMM_ROWS) {
+        if (n0 + threadIdx.x < a.w.n) {
+            /* the stage's values start at s * 32 * (chunks per stage): K relative to them */
+            const int64_t k_stage = k - s * 32 * gemm_stage_chunks<T>();
+            loom_dequant32<T>(raw + threadIdx.x * gemm_stage_pitch<T>(), cl, k_stage, v);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 32; j++) v[j] = 0.0f;
+        }
+    } else {
+        const int u = threadIdx.x - GEMM_ROWS;
+        const int64_t col = 32 * c + 4 * (u & 7);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int64_t t = t0 + 8 * j + (u >> 3);
+            float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (t < a.n_tokens) {
+                const float *xr = (const float *)((const char *)a.x + (size_t)t * a.x_stride);
+                if (x_vec && col + 4 <= k) {
+                    q = *(const float4 *)(xr + col);
+                } else {
+                    if (col < k) q.x = xr[col];
+                    if (col + 1 < k) q.y = xr[col + 1];
+                    if (col + 2 < k) q.z = xr[col + 2];
+                    if (col + 3 < k) q.w = xr[col + 3];
+                }
+            }
+            v[4 * j] = q.x;
+            v[4 * j + 1] = q.y;
+            v[4 * j + 2] = q.z;
+            v[4 * j + 3] = q.w;
+        }
+    }
+}
+
+/* v (gemm_fetch's share) into the tile. */
+static __device__ __forceinline__ void gemm_put(gemm_tile &s, const float v[32]) {
+    if (threadIdx.x < GEMM_ROWS) {
+        float *d = s.w[threadIdx.x];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            *(float4 *)(d + 4 * j) =
+                make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+    } else {
+        const int u = threadIdx.x - GEMM_ROWS;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            *(float4 *)&s.x[8 * j + (u >> 3)][4 * (u & 7)] =
+                make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+    }
+}
+
+/* acc += the warp's 32 rows (from wr) times its 32 tokens (from wt) over one chunk: four
+ * k-steps of 8; in each, the 4 token tiles' fragments are read once, then each 16-row half
+ * runs its instructions in passes over the 4 tiles. W_EXACT: the weights are exact TF32. */
+template <bool W_EXACT>
+static __device__ __forceinline__ void gemm_chunk(const gemm_tile &s, int lane, int wr, int wt,
+                                                  float acc[2][4][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 32; kk += 8) {
+        uint32_t bh[4][2], bl[4][2];
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                loom_tf32_split(
+                    s.x[wt + 8 * ni + loom_mma_b_col(lane)][kk + loom_mma_b_row(lane, r)],
+                    &bh[ni][r], &bl[ni][r]);
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            uint32_t ah[4], al[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float f =
+                    s.w[wr + 16 * mi + loom_mma_a_row(lane, r)][kk + loom_mma_a_col(lane, r)];
+                if constexpr (W_EXACT)
+                    ah[r] = __float_as_uint(f);
+                else
+                    loom_tf32_split(f, &ah[r], &al[r]);
+            }
+            /* smallest terms first, as loom_mma_3xtf32 and loom_mma_2xtf32_b */
+            if constexpr (!W_EXACT) {
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++) loom_mma_tf32(acc[mi][ni], al, bh[ni]);
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) loom_mma_tf32(acc[mi][ni], ah, bl[ni]);
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) loom_mma_tf32(acc[mi][ni], ah, bh[ni]);
+        }
+    }
+}
+
+/* ---- the kernel ---------------------------------------------------------------------------- */
+
+/* grid (token tiles, row tiles): the blocks of one weight tile run side by side and share its
+ * reads through L2. Shared memory: two tiles, then the stage (gemm_smem_bytes). */
+template <int T>
+static __global__ void __launch_bounds__(GEMM_THREADS, 4) gemm_kernel(gemm_args a) {
+    constexpr bool W_EXACT = T == LOOM_K_F16 || T == LOOM_K_BF16 || T == LOOM_K_FP8_ROWS;
+    constexpr int SC = gemm_stage_chunks<T>();
+    LOOM_K_DYN_SMEM(gemm_sm);
+    gemm_tile *tiles = (gemm_tile *)gemm_sm;
+    uint8_t *raw = gemm_sm + 2 * sizeof(gemm_tile);
+    const int64_t t0 = (int64_t)blockIdx.x * GEMM_TOKENS, n0 = (int64_t)blockIdx.y * GEMM_ROWS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wr = 32 * (warp & 1), wt = 32 * (warp >> 1);
+    const int64_t n_chunks = loom_cdiv(a.w.k, 32);
+    const bool x_vec = (((uintptr_t)a.x | a.x_stride) & 15) == 0;
+    const unsigned w_align =
+        (unsigned)(((uintptr_t)a.w.data | a.w.stride | (size_t)gemm_stage_bytes<T>()) & 3);
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[mi][ni][r] = 0.0f;
+
+    for (int64_t c = 0; c < n_chunks; c++) {
+        const int64_t s = c / SC;
+        const int cl = (int)(c - s * SC);
+        if (cl == 0) {
+            /* The stage before was last read by the decodes of chunk c - 1, which every thread
+             * finished before passing that chunk's barrier. */
+            if (w_align == 0)
+                gemm_stage_copy<T, 4>(a, n0, s, raw);
+            else if ((w_align & 1) == 0)
+                gemm_stage_copy<T, 2>(a, n0, s, raw);
+            else
+                gemm_stage_copy<T, 1>(a, n0, s, raw);
+            __syncthreads();
+        }
+        /* Tile c & 1 was last read in chunk c - 2, which every warp finished before passing
+         * the barrier of chunk c - 1. */
+        gemm_tile &tile = tiles[c & 1];
+        float v[32];
+        gemm_fetch<T>(a, raw, n0, t0, s, cl, c, x_vec, v);
+        gemm_put(tile, v);
+        __syncthreads();
+        gemm_chunk<W_EXACT>(tile, lane, wr, wt, acc);
+    }
+
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) { /* accumulators 2h, 2h + 1: one weight row */
+            const int64_t n = n0 + wr + 16 * mi + loom_mma_c_row(lane, 2 * h);
+            if (n >= a.w.n) continue;
+            float row_scale = 1.0f;
+            if constexpr (T == LOOM_K_FP8_ROWS)
+                row_scale = loom_fp8_rows_scale256(
+                    (const uint8_t *)a.w.data + (size_t)n * a.w.stride, a.w.k);
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int r = 2 * h + e;
+                    const int64_t t = t0 + wt + 8 * ni + loom_mma_c_col(lane, r);
+                    if (t >= a.n_tokens) continue;
+                    float d = acc[mi][ni][r];
+                    if constexpr (T == LOOM_K_FP8_ROWS) d *= row_scale; /* once per dot */
+                    ((float *)((char *)a.out + (size_t)t * a.out_stride))[n] = d;
+                }
+        }
+}
+
+/* ---- launch -------------------------------------------------------------------------------- */
+
+#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernel itself */
+template <int T> static loom_status gemm_launch(cudaStream_t stream, const gemm_args &a) {
+    const int64_t gx = loom_cdiv(a.n_tokens, GEMM_TOKENS);
+    const int64_t gy = loom_cdiv(a.w.n, GEMM_ROWS);
+    if (gx > 0x7fffffff || gy > 65535)
+        LOOM_K_UNSUPPORTED("cuda: matmul (gemm) of %lld tokens by %lld rows", (long long)a.n_tokens,
+                           (long long)a.w.n);
+    constexpr size_t smem = gemm_smem_bytes<T>();
+    if (smem > 48 * 1024) { /* past the default: the kernel opts in (sm_80+ allow 163 KB) */
+        const cudaError_t e = cudaFuncSetAttribute(
+            gemm_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return loom__fail(LOOM_ERR_BACKEND,
+                              "cuda: gemm with %zu bytes of shared memory: %s (%s)", smem,
+                              cudaGetErrorString(e), cudaGetErrorName(e));
+        }
+    }
+    gemm_kernel<T><<<dim3((unsigned)gx, (unsigned)gy), GEMM_THREADS, smem, stream>>>(a);
+    LOOM_K_LAUNCHED("gemm");
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom__cuda_gemm(cudaStream_t stream, const loom__k_weight *w, const float *x,
+                                       size_t x_stride, int64_t n_tokens, float *out,
+                                       size_t out_stride) {
+    if (n_tokens == 0 || w->n == 0) return LOOM_OK;
+    gemm_args a = {*w, x, x_stride, n_tokens, out, out_stride};
+    switch (w->type) {
+    case LOOM_K_F32:
+        return gemm_launch<LOOM_K_F32>(stream, a);
+    case LOOM_K_F16:
+        return gemm_launch<LOOM_K_F16>(stream, a);
+    case LOOM_K_BF16:
+        return gemm_launch<LOOM_K_BF16>(stream, a);
+    case LOOM_K_Q8_0:
+        return gemm_launch<LOOM_K_Q8_0>(stream, a);
+    case LOOM_K_Q4_0:
+        return gemm_launch<LOOM_K_Q4_0>(stream, a);
+    case LOOM_K_Q5_0:
+        return gemm_launch<LOOM_K_Q5_0>(stream, a);
+    case LOOM_K_Q4_K:
+        return gemm_launch<LOOM_K_Q4_K>(stream, a);
+    case LOOM_K_Q5_K:
+        return gemm_launch<LOOM_K_Q5_K>(stream, a);
+    case LOOM_K_Q6_K:
+        return gemm_launch<LOOM_K_Q6_K>(stream, a);
+    case LOOM_K_FP8_ROWS:
+        return gemm_launch<LOOM_K_FP8_ROWS>(stream, a);
+    default:
+        LOOM_K_UNSUPPORTED("cuda: matmul of weight type %u", (unsigned)w->type);
+    }
+}
+#endif

@@ -12,8 +12,10 @@
  * merged pair (kv_merge.cu) read directions multiplied by their own norms, the later layer a
  * retained row where its token kept one.
  *
- * This kernel serves prefill rows too (each row reading its own range); the tiled tensor-core
- * prefill kernel is the next step (see the CUDA issue's note). */
+ * The rows of a step's prefill sequences (LOOM_K_ATTN_PREFILL_ROWS new rows or more) go to the
+ * tiled tensor-core kernel (attention_prefill.cu) where the layer is one it runs; this kernel
+ * takes the other rows through the step's list of them (loom__k_kv's split_rows), or every row
+ * where the tiled kernel does not run the layer. */
 #include "common.cuh"
 
 #include <math.h>
@@ -25,8 +27,14 @@
 typedef struct attn_args {
     loom__k_kv kv;
     loom__k_attn p;
-    int32_t row0; /* first row of this launch */
+    const int32_t *rows; /* the rows this kernel takes (kv.split_rows), or NULL: all, in order */
+    int32_t row0;        /* first of them in this launch */
 } attn_args;
+
+/* The step row of a launch's row rr. */
+static __device__ __forceinline__ int attn_row(const attn_args &a, int rr) {
+    return a.rows != NULL ? a.rows[a.row0 + rr] : a.row0 + rr;
+}
 
 /* A row's splits: its attended range [lo, pos] and how it is cut. */
 static __device__ __forceinline__ void row_range(const loom__k_kv &kv, int r, int *lo, int *pos,
@@ -73,7 +81,7 @@ static __device__ __forceinline__ float *part_ml(const attn_args &a, int rr, int
 template <int KV, int HDC, int MAXG>
 static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn_args a) {
     const loom__k_kv &kv = a.kv;
-    const int split = blockIdx.x, kvh = blockIdx.y, rr = blockIdx.z, r = a.row0 + rr;
+    const int split = blockIdx.x, kvh = blockIdx.y, rr = blockIdx.z, r = attn_row(a, rr);
     int lo, pos, ns, chunk;
     row_range(kv, r, &lo, &pos, &ns, &chunk);
     if (split >= ns) return;
@@ -194,7 +202,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn
 
 /* One block per (row, query head): the row's splits in order. */
 static __global__ void attn_merge_kernel(attn_args a) {
-    const int rr = blockIdx.x, h = blockIdx.y, r = a.row0 + rr;
+    const int rr = blockIdx.x, h = blockIdx.y, r = attn_row(a, rr);
     int lo, pos, ns, chunk;
     row_range(a.kv, r, &lo, &pos, &ns, &chunk);
     const int hd = a.kv.head_dim;
@@ -235,15 +243,21 @@ extern "C" int loom__cuda_attention_shape_ok(int32_t n_head, int32_t n_kv_heads,
     return hdc != 0 && n_head / n_kv_heads <= attn_maxg(hdc) && n_kv_heads <= 65535;
 }
 
+/* The rows split-KV takes: n of them, rows[i] (NULL: row i). */
+typedef struct attn_rows {
+    const int32_t *rows;
+    int32_t n;
+} attn_rows;
+
 template <int KV, int HDC, int MAXG>
-static loom_status attn_run(cudaStream_t stream, const loom__k_kv *kv, const loom__k_attn *p) {
+static loom_status attn_run(cudaStream_t stream, const loom__k_kv *kv, const loom__k_attn *p,
+                            attn_rows rs) {
     const int G = p->n_head / kv->n_kv_heads;
     const size_t smem =
         ((size_t)G * kv->head_dim * (1 + ATTN_WARPS) + ATTN_WARPS * G * 2) * sizeof(float);
-    for (int32_t row0 = 0; row0 < kv->n_rows; row0 += LOOM_K_ATTN_ROWS) {
-        const int rows =
-            kv->n_rows - row0 < LOOM_K_ATTN_ROWS ? kv->n_rows - row0 : LOOM_K_ATTN_ROWS;
-        attn_args a = {*kv, *p, row0};
+    for (int32_t row0 = 0; row0 < rs.n; row0 += LOOM_K_ATTN_ROWS) {
+        const int rows = rs.n - row0 < LOOM_K_ATTN_ROWS ? rs.n - row0 : LOOM_K_ATTN_ROWS;
+        attn_args a = {*kv, *p, rs.rows, row0};
         dim3 grid(LOOM_K_ATTN_MAX_SPLITS, (unsigned)kv->n_kv_heads, (unsigned)rows);
         attn_split_kernel<KV, HDC, MAXG><<<grid, ATTN_WARPS * 32, smem, stream>>>(a);
         LOOM_K_LAUNCHED("attention (splits)");
@@ -254,14 +268,15 @@ static loom_status attn_run(cudaStream_t stream, const loom__k_kv *kv, const loo
 }
 
 template <int KV>
-static loom_status attn_by_hd(cudaStream_t stream, const loom__k_kv *kv, const loom__k_attn *p) {
+static loom_status attn_by_hd(cudaStream_t stream, const loom__k_kv *kv, const loom__k_attn *p,
+                              attn_rows rs) {
     switch (attn_hdc(kv->head_dim)) {
     case 2:
-        return attn_run<KV, 2, 16>(stream, kv, p);
+        return attn_run<KV, 2, 16>(stream, kv, p, rs);
     case 4:
-        return attn_run<KV, 4, 16>(stream, kv, p);
+        return attn_run<KV, 4, 16>(stream, kv, p, rs);
     case 8:
-        return attn_run<KV, 8, 8>(stream, kv, p);
+        return attn_run<KV, 8, 8>(stream, kv, p, rs);
     default:
         LOOM_K_UNSUPPORTED("cuda: attention with head_dim %d (at most 256)", kv->head_dim);
     }
@@ -273,19 +288,26 @@ extern "C" loom_status loom__cuda_attention(cudaStream_t stream, const loom__k_k
     if (!loom__cuda_attention_shape_ok(p->n_head, kv->n_kv_heads, kv->head_dim))
         LOOM_K_UNSUPPORTED("cuda: attention with %d query heads, %d kv heads of %d", p->n_head,
                            kv->n_kv_heads, kv->head_dim);
+    /* The prefill sequences on the tiled kernel; the rest here (all rows where it declined). */
+    int prefill = 0;
+    const loom_status st = loom__cuda_attention_prefill(stream, kv, p, &prefill);
+    if (st != LOOM_OK) return st;
+    const attn_rows rs =
+        prefill ? attn_rows{kv->split_rows, kv->n_split_rows} : attn_rows{NULL, kv->n_rows};
+    if (rs.n == 0) return LOOM_OK;
     switch (kv->kv_type) {
     case LOOM_K_F32:
-        return attn_by_hd<LOOM_K_F32>(stream, kv, p);
+        return attn_by_hd<LOOM_K_F32>(stream, kv, p, rs);
     case LOOM_K_F16:
-        return attn_by_hd<LOOM_K_F16>(stream, kv, p);
+        return attn_by_hd<LOOM_K_F16>(stream, kv, p, rs);
     case LOOM_K_BF16:
-        return attn_by_hd<LOOM_K_BF16>(stream, kv, p);
+        return attn_by_hd<LOOM_K_BF16>(stream, kv, p, rs);
     case LOOM_K_FP8_E4M3:
     case LOOM_K_FP8_E5M2:
         if (p->k_scale == NULL || p->v_scale == NULL)
             LOOM_K_UNSUPPORTED("cuda: attention over fp8 pages without scales");
-        return kv->kv_type == LOOM_K_FP8_E4M3 ? attn_by_hd<LOOM_K_FP8_E4M3>(stream, kv, p)
-                                              : attn_by_hd<LOOM_K_FP8_E5M2>(stream, kv, p);
+        return kv->kv_type == LOOM_K_FP8_E4M3 ? attn_by_hd<LOOM_K_FP8_E4M3>(stream, kv, p, rs)
+                                              : attn_by_hd<LOOM_K_FP8_E5M2>(stream, kv, p, rs);
     default:
         LOOM_K_UNSUPPORTED("cuda: attention over kv type %u", (unsigned)kv->kv_type);
     }

@@ -71,7 +71,10 @@ typedef struct loom__cuda_stream {
     void *fp8_work;
     size_t fp8_work_cap;
     bool fp8_gemm_refused; /* cuBLASLt proposed no algorithm once (logged once) */
-    int64_t n_grows;       /* allocations after stream_create (a stream made without a shape) */
+    /* logits_summary's results in device memory before they cross to the host. */
+    void *summary_work;
+    size_t summary_work_cap;
+    int64_t n_grows; /* allocations after stream_create (a stream made without a shape) */
 } loom__cuda_stream;
 
 /* Makes the stream's device current on the calling thread (CUDA's current device is per
@@ -133,6 +136,8 @@ loom_status loom__cuda_kv_store_op(void *stream, const loom_tensor *k, const loo
                                    const loom_kv_desc *kv, int32_t layer);
 loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const loom_kv_desc *kv,
                                     const loom_attn_params *p, loom_tensor *out);
+loom_status loom__cuda_logits_summary_op(void *stream, const loom_tensor *logits, int32_t n_top,
+                                         loom_logit_summary *sum, loom_logit_cand *top);
 loom_status loom__cuda_glu_op(void *stream, const loom_tensor *gate, const loom_tensor *up,
                               loom_glu_kind kind, loom_tensor *out);
 loom_status loom__cuda_add_rms_norm_op(void *stream, loom_tensor *x, const loom_tensor *y,

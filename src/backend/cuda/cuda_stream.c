@@ -1,7 +1,8 @@
 /* cuda_stream.c — the CUDA backend's streams: one CUDA stream per engine or session, the copies
  * that cross PCIe (host <-> device, queued in order; tensor_get waits), the batched block copy
  * of copy-on-write and swap, and step_begin, which packs every descriptor of a step (with the
- * sequence of each row) into pinned memory and uploads it in one copy. */
+ * sequence of each row, and which sequences and rows each attention kernel takes) into pinned
+ * memory and uploads it in one copy. */
 #include "backend/cuda/cuda_internal.h"
 
 #include "core/checked.h"
@@ -18,8 +19,9 @@ static size_t meta_ints(const loom_step_shape *shape, int n_kv) {
     const size_t S = (size_t)shape->max_seqs, T = (size_t)shape->max_tokens;
     const size_t bs = (size_t)shape->block_size;
     const size_t blocks_per_seq = ((size_t)shape->max_ctx + bs - 1) / bs + 1;
-    /* indptr, q_start (S + 1 each), pos_start (S), block ids, row_seq (T) */
-    return (size_t)n_kv * (3 * S + 2 + S * blocks_per_seq + T);
+    /* indptr, q_start (S + 1 each), pos_start (S), block ids, row_seq (T); attention's lists:
+     * prefill sequences (S at most) and split-KV rows (T at most) */
+    return (size_t)n_kv * (4 * S + 2 + S * blocks_per_seq + 2 * T);
 }
 
 loom_status loom__cuda_workspace_size(void *dev, const loom_step_shape *shape, size_t *bytes) {
@@ -124,6 +126,7 @@ void loom__cuda_stream_destroy(void *stream) {
     (void)cudaSetDevice(c->dev->device);
     if (c->s != NULL) (void)cudaStreamSynchronize(c->s);
     (void)cudaFree(c->fp8_work);
+    (void)cudaFree(c->summary_work);
     (void)cudaFree(c->attn_work);
     (void)cudaFree(c->meta_dev);
     (void)cudaFreeHost(c->meta_host);
@@ -218,8 +221,8 @@ loom_status loom__cuda_step_begin(void *stream, const loom_step_desc *step) {
     size_t ints = 0;
     for (int32_t g = 0; g < step->n_kv; g++) {
         const loom_kv_desc *kv = &step->kv[g];
-        ints +=
-            3 * (size_t)kv->n_seqs + 2 + (size_t)kv->indptr[kv->n_seqs] + (size_t)step->n_tokens;
+        ints += 4 * (size_t)kv->n_seqs + 2 + (size_t)kv->indptr[kv->n_seqs] +
+                2 * (size_t)step->n_tokens;
     }
     if (ints > c->meta_cap) c->n_grows++;
     LOOM_TRY(reserve_meta(c, ints));
@@ -245,6 +248,26 @@ loom_status loom__cuda_step_begin(void *stream, const loom_step_desc *step) {
             for (int32_t r = kv->q_start[s]; r < kv->q_start[s + 1]; r++) rs[r] = s;
         d->row_seq = c->meta_dev + at;
         at += (size_t)step->n_tokens;
+        /* Attention's kernels (loom_kernels.h): the prefill sequences, then the others' rows. */
+        int32_t *ps = c->meta_host + at, n_ps = 0, most = 0;
+        for (int32_t s = 0; s < kv->n_seqs; s++) {
+            const int32_t n = kv->q_start[s + 1] - kv->q_start[s];
+            if (n >= LOOM_K_ATTN_PREFILL_ROWS) {
+                ps[n_ps++] = s;
+                most = n > most ? n : most;
+            }
+        }
+        d->prefill_seqs = c->meta_dev + at;
+        at += (size_t)n_ps;
+        int32_t *sr = c->meta_host + at, n_sr = 0;
+        for (int32_t s = 0; s < kv->n_seqs; s++)
+            if (kv->q_start[s + 1] - kv->q_start[s] < LOOM_K_ATTN_PREFILL_ROWS)
+                for (int32_t r = kv->q_start[s]; r < kv->q_start[s + 1]; r++) sr[n_sr++] = r;
+        d->split_rows = c->meta_dev + at;
+        at += (size_t)n_sr;
+        d->n_prefill_seqs = n_ps;
+        d->n_split_rows = n_sr;
+        d->prefill_max_rows = most;
         d->n_seqs = kv->n_seqs;
         d->n_rows = step->n_tokens;
         d->block_size = kv->block_size;

@@ -202,7 +202,8 @@ static void make_row(uint32_t t, int64_t k, uint8_t *row, size_t rb, float *tmp)
     }
 }
 
-/* Appended to a matmul row's type: "+gemm" while the device runs with LOOM_CUDA_FP8_GEMM=1. */
+/* Appended to a matmul row's type: "+cublaslt" while the device runs with LOOM_CUDA_FP8_GEMM=1
+ * (its steps of more than 8 tokens then take cuBLASLt's FP8 GEMM where the device has one). */
 static const char *g_type_suffix = "";
 
 static void bench_matmul(uint32_t t, int64_t k, int64_t n, int64_t T) {
@@ -233,11 +234,14 @@ static void bench_matmul(uint32_t t, int64_t k, int64_t n, int64_t T) {
     m.out = loom_tensor_2d(LOOM_TYPE_F32, o, n, T, (size_t)n * 4);
     double s = time_op(mm_run, &m, m.n_copies, T <= 8 ? 20 : 3);
     double gbs = (double)bytes / s * 1e-9, tflops = 2.0 * (double)k * n * T / s * 1e-12;
-    printf("{\"kind\":\"matmul\",\"type\":\"%s%s\",\"k\":%lld,\"n\":%lld,\"t\":%lld,"
-           "\"s\":%.6e,\"weight_bytes\":%zu,\"gbs\":%.1f,\"pct_bw\":%.1f,\"tflops\":%.2f,"
-           "\"pct_gemm\":%.1f}\n",
-           loom__type_name(t), g_type_suffix, (long long)k, (long long)n, (long long)T, s, bytes,
-           gbs, 100.0 * gbs / g_copy_gbs, tflops, 100.0 * tflops / g_gemm_tflops);
+    /* which kernel ran: steps of 1..8 tokens the GEMV, longer ones loom's tensor-core GEMM
+     * (kernels/gemm.cu) or, opted in, cuBLASLt's FP8 GEMM */
+    const char *kernel = T <= 8 ? "gemv" : *g_type_suffix ? "cublaslt-fp8" : "gemm-mma";
+    printf("{\"kind\":\"matmul\",\"kernel\":\"%s\",\"type\":\"%s%s\",\"k\":%lld,\"n\":%lld,"
+           "\"t\":%lld,\"s\":%.6e,\"weight_bytes\":%zu,\"gbs\":%.1f,\"pct_bw\":%.1f,"
+           "\"tflops\":%.2f,\"pct_gemm\":%.1f}\n",
+           kernel, loom__type_name(t), g_type_suffix, (long long)k, (long long)n, (long long)T, s,
+           bytes, gbs, 100.0 * gbs / g_copy_gbs, tflops, 100.0 * tflops / g_gemm_tflops);
     fflush(stdout);
 }
 
@@ -335,11 +339,14 @@ static void bench_attention(int32_t batch, int32_t ctx, int32_t new_rows, int32_
     const double flops = 4.0 * (double)batch * n_head * hd * (double)new_rows *
                          (new_rows > 1 && new_rows == ctx ? (ctx + 1) / 2.0 : (double)ctx);
     double gbs = kv_bytes / s * 1e-9;
-    printf("{\"kind\":\"attention\",\"kv\":\"%s\",\"batch\":%d,\"ctx\":%d,\"new_rows\":%d,"
-           "\"n_head\":%d,\"n_kv\":%d,\"hd\":%d,\"s\":%.6e,\"kv_bytes\":%.0f,\"gbs\":%.1f,"
-           "\"pct_bw\":%.1f,\"tflops\":%.2f}\n",
-           fp8 ? "fp8_e4m3" : "f16", batch, ctx, new_rows, n_head, n_kv, hd, s, kv_bytes, gbs,
-           100.0 * gbs / g_copy_gbs, flops / s * 1e-12);
+    /* which kernel ran: sequences of 16 new rows or more take the tiled tensor-core prefill
+     * kernel (loom_kernels.h's LOOM_K_ATTN_PREFILL_ROWS), the others split-KV */
+    printf("{\"kind\":\"attention\",\"kernel\":\"%s\",\"kv\":\"%s\",\"batch\":%d,\"ctx\":%d,"
+           "\"new_rows\":%d,\"n_head\":%d,\"n_kv\":%d,\"hd\":%d,\"s\":%.6e,\"kv_bytes\":%.0f,"
+           "\"gbs\":%.1f,\"pct_bw\":%.1f,\"tflops\":%.2f}\n",
+           new_rows >= 16 ? "prefill-mma" : "split-kv", fp8 ? "fp8_e4m3" : "f16", batch, ctx,
+           new_rows, n_head, n_kv, hd, s, kv_bytes, gbs, 100.0 * gbs / g_copy_gbs,
+           flops / s * 1e-12);
     fflush(stdout);
     free(indptr);
     free(ids);
@@ -348,13 +355,62 @@ static void bench_attention(int32_t batch, int32_t ctx, int32_t new_rows, int32_
     free(len);
 }
 
+/* ---- sampling: a row's summary against the row --------------------------------------------- */
+
+typedef struct sum_ctx {
+    loom_tensor logits;
+    loom_logit_summary *sum;
+    loom_logit_cand *top;
+    float *rows; /* host memory for whole rows (pageable, as the engine's) */
+} sum_ctx;
+
+static void sum_run(void *p, int copy) {
+    (void)copy;
+    sum_ctx *c = p;
+    if (g_gpu.ops->logits_summary(g_gpu.ctx, &c->logits, 256, c->sum, c->top) != LOOM_OK)
+        die("logits_summary");
+}
+
+static void rows_run(void *p, int copy) {
+    (void)copy;
+    sum_ctx *c = p;
+    if (g_gpu.ops->tensor_get(g_gpu.ctx, c->rows, c->logits.data,
+                              (size_t)c->logits.ne[0] * (size_t)c->logits.ne[1] * 4) != LOOM_OK)
+        die("tensor_get");
+}
+
+/* What a decode step's sampling moves for batch rows of Gemma 3's 262,144-token vocabulary:
+ * the summaries (logits_summary: the kernel, 2 KB a row to the host, the wait) against the
+ * whole rows (1 MiB each over PCIe, what the host chain then reads). */
+static void bench_sampling(int32_t batch) {
+    const int64_t V = 262144;
+    sum_ctx c;
+    float *d = dev_alloc((size_t)(V * batch) * 4);
+    dev_fill(d, (size_t)(V * batch) * 4);
+    c.logits = loom_tensor_2d(LOOM_TYPE_F32, d, V, batch, (size_t)V * 4);
+    c.sum = malloc(sizeof *c.sum * (size_t)batch);
+    c.top = malloc(sizeof *c.top * 256 * (size_t)batch);
+    c.rows = malloc((size_t)(V * batch) * 4);
+    if (!c.sum || !c.top || !c.rows) die("malloc");
+    const double s_sum = time_op(sum_run, &c, 1, 5), s_rows = time_op(rows_run, &c, 1, 5);
+    printf("{\"kind\":\"sampling\",\"vocab\":%lld,\"batch\":%d,\"s_summary\":%.6e,"
+           "\"s_rows\":%.6e,\"bytes_summary\":%zu,\"bytes_rows\":%lld}\n",
+           (long long)V, batch, s_sum, s_rows,
+           (size_t)batch * (sizeof *c.sum + 256 * sizeof *c.top), (long long)(V * batch * 4));
+    fflush(stdout);
+    free(c.sum);
+    free(c.top);
+    free(c.rows);
+}
+
 int main(int argc, char **argv) {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     loom_backend_open_params op = {.device = 0};
     if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
     ceilings();
-    /* Decode GEMV and small-batch matmuls on Llama-3-8B's shapes (up/gate: 4096 -> 14336; down:
-     * 14336 -> 4096), then a prefill-sized one. */
+    /* Matmuls on Llama-3-8B's shapes (up/gate: 4096 -> 14336; down: 14336 -> 4096): decode and
+     * small batches (T = 1, 8: the GEMV), then steps of more than 8 tokens (T = 16 and a
+     * prefill-sized 512: the tensor-core GEMM). */
     const uint32_t types[] = {LOOM_TYPE_BF16, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_K,
                               LOOM_TYPE_FP8_E4M3_ROWS};
     for (int ti = 0; ti < 4; ti++) {
@@ -365,7 +421,7 @@ int main(int argc, char **argv) {
         if (!quick) bench_matmul(types[ti], 4096, 4096, 512);
     }
     /* Decode attention at long contexts (Llama-3-8B heads: 32 over 8, head_dim 128), Gemma 3
-     * 270M's (4 over 1, head_dim 256), and a prefill chunk. */
+     * 270M's (4 over 1, head_dim 256), and a prefill chunk (the tiled tensor-core kernel). */
     bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_F16);
     bench_attention(64, 8192, 1, 32, 8, 128, LOOM_TYPE_F16);
     bench_attention(1, 16384, 1, 32, 8, 128, LOOM_TYPE_F16);
@@ -377,13 +433,17 @@ int main(int argc, char **argv) {
     bench_attention(64, 8192, 1, 32, 8, 128, LOOM_TYPE_FP8_E4M3);
     bench_attention(1, 16384, 1, 32, 8, 128, LOOM_TYPE_FP8_E4M3);
     bench_attention(16, 8192, 1, 4, 1, 256, LOOM_TYPE_FP8_E4M3);
+    bench_sampling(1);
+    bench_sampling(16);
+    bench_sampling(64);
     loom__backend_stream_close(&g_gpu);
     /* FP8 weight rows through cuBLASLt's FP8 GEMM (the opt-in prefill path) on the prefill
-     * shapes; rows say "+gemm". Where the device has no such GEMM they time the GEMV again. */
+     * shapes; rows say "+cublaslt". Where the device has no such GEMM they time loom's
+     * tensor-core GEMM again. */
     if (!quick) {
         setenv("LOOM_CUDA_FP8_GEMM", "1", 1);
         if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
-        g_type_suffix = "+gemm";
+        g_type_suffix = "+cublaslt";
         bench_matmul(LOOM_TYPE_FP8_E4M3_ROWS, 4096, 14336, 512);
         bench_matmul(LOOM_TYPE_FP8_E4M3_ROWS, 4096, 4096, 512);
         loom__backend_stream_close(&g_gpu);

@@ -149,6 +149,15 @@ def main():
         for r8, r16 in pairs:
             print(f"| B={r8['batch']} ctx={r8['ctx']} H={r8['n_head']}/{r8['n_kv']} hd={r8['hd']} "
                   f"| {r16['s']*1e6:.1f} | {r8['s']*1e6:.1f} | {r16['s'] / r8['s']:.2f}x |")
+    samp = [r for r in rows if r["kind"] == "sampling"]
+    if samp:
+        print("\n| sampling, Gemma 3's 262,144-token vocabulary | summaries µs (KB to host) | "
+              "whole rows µs (MB to host) | rows / summaries |")
+        print("|---|---:|---:|---:|")
+        for r in samp:
+            print(f"| batch {r['batch']} | {r['s_summary']*1e6:.1f} ({r['bytes_summary']/1024:.0f}) "
+                  f"| {r['s_rows']*1e6:.1f} ({r['bytes_rows']/2**20:.0f}) "
+                  f"| {r['s_rows'] / r['s_summary']:.2f} |")
     if hf_seconds > 0:
         try:
             tps = hf_generate(hf_seconds)

@@ -1,6 +1,7 @@
 /* test_cuda_ops.c — every op of the CUDA backend against the CPU backend's (float32
  * activations) or a float64 reference, on fresh random inputs with the outputs poisoned (NaN)
  * before each run, on awkward shapes: 1, 17 and 64 rows; contexts 1, 54, 97, 4099 and 16384;
+ * prefill steps of 15 to 300 new rows per sequence after cached positions;
  * block sizes 1, 8 and 16; head sizes 64, 128 and 256; 1, 4 and 8 query heads per KV head;
  * windows and soft-capping on and off; F32, F16 and BF16 pages. Then whole models: logits of
  * the synthetic llama and gemma3 on CUDA against the CPU.
@@ -20,6 +21,7 @@
 #include "kv/kv_desc.h"
 #include "loom.h"
 #include "model/synth_model.h"
+#include "sample/chain.h"
 #include "tensor/fp8.h"
 
 static loom__backend_stream g_cpu, g_gpu;
@@ -225,26 +227,63 @@ static void test_get_rows(void **state) {
     }
 }
 
+/* For every token t < T and row o: ref = the float64 sum over i of w[o, i] x[t, i], mag = the
+ * sum of the terms' magnitudes; x rows xs floats apart. */
+static void matmul_ref(const float *wd, const float *x, int64_t xs, int64_t k, int64_t n, int64_t T,
+                       double *ref, double *mag) {
+    for (int64_t tk = 0; tk < T; tk++)
+        for (int64_t o = 0; o < n; o++) {
+            double s = 0.0, a = 0.0;
+            for (int64_t i = 0; i < k; i++) {
+                const double p = (double)wd[o * k + i] * (double)x[tk * xs + i];
+                s += p;
+                a += fabs(p);
+            }
+            ref[tk * n + o] = s;
+            mag[tk * n + o] = a;
+        }
+}
+
 /* out against a float64 sum over the GPU's weight values, each output within 1e-5 of the sum
- * of |w x| (float32 accumulation); and a token's outputs bitwise the same in every batch. */
+ * of |w x| (float32 accumulation), in steps of 1 to 130 tokens; and a token's outputs bitwise
+ * the same in every step of its regime: 1..8 tokens (CUDA: the GEMV) and more than 8 (the
+ * tensor-core GEMM), which sum in different orders and may differ from each other. Rows and
+ * tokens run past the GEMM's tiles of 64 x 64 (n = 33 .. 200, 130 tokens); K = 1000 (float types
+ * only: not whole 32-value chunks) takes the tail path; x_pad 1 puts a NaN before x and after
+ * each of its rows (stride K + 1 floats): rows off 16-byte alignment (the scalar loads), and
+ * reading x past K poisons the result. */
 static void test_matmul(void **state) {
     (void)state;
-    /* K = 1000 (not whole 32-value chunks) for the float types only: the tail path */
-    const int64_t shapes[][2] = {{768, 67}, {256, 33}, {1536, 129}, {1000, 45}};
-    const int64_t Ts[] = {1, 3, 8, 9, 17, 64};
+    const struct {
+        int64_t k, n, x_pad;
+    } shapes[] = {{768, 67, 0},  {256, 33, 0},   {1536, 129, 0},
+                  {1000, 45, 0}, {1000, 200, 1}, {512, 200, 1}};
+    const int64_t Ts[] = {1, 3, 8, 9, 17, 64, 130};
+    const int64_t T_max = 130;
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             uint32_t t = g_types[ti];
-            const int64_t k = shapes[si][0], n = shapes[si][1];
+            const int64_t k = shapes[si].k, n = shapes[si].n, pad = shapes[si].x_pad;
             if (k % 32 != 0 && loom__type_get_traits(t)->block_elems != 1) continue;
             weight_pair w;
             make_weight(t, k, n, LOOM_WEIGHT_MATMUL, &w);
-            const int64_t T_max = 64;
-            float *x = xmalloc((size_t)(k * T_max) * 4);
-            fill_acts(x, k * T_max, 1.0f);
-            loom_tensor gx = gpu_f32(x, k, T_max);
+            /* x row tk at x + pad + tk * xs; the pad floats before it are NaN */
+            const int64_t xs = k + pad, x_len = pad + xs * T_max;
+            float *x = xmalloc((size_t)x_len * 4);
+            fill_acts(x, x_len, 1.0f);
+            for (int64_t tk = 0; tk <= T_max && pad > 0; tk++)
+                for (int64_t i = 0; i < pad; i++) x[tk * xs + i] = NAN;
+            float *d_x = gpu_alloc((size_t)x_len * 4);
+            gpu_put(d_x, x, (size_t)x_len * 4);
+            loom_tensor gx = loom_tensor_2d(LOOM_TYPE_F32, d_x + pad, k, T_max, (size_t)xs * 4);
             loom_tensor gout = gpu_f32(NULL, n, T_max);
-            float *got = host_f32(n * T_max), *last = host_f32(n * T_max);
+            double *ref = xmalloc((size_t)(n * T_max) * sizeof *ref);
+            double *mag = xmalloc((size_t)(n * T_max) * sizeof *mag);
+            matmul_ref(w.deq, x + pad, xs, k, n, T_max, ref, mag);
+            float *got = host_f32(n * T_max);
+            /* per regime (0: 1..8 tokens, 1: more): the last step's outputs and its size */
+            float *last[2] = {host_f32(n * T_max), host_f32(n * T_max)};
+            int64_t last_T[2] = {0, 0};
             for (size_t bi = 0; bi < sizeof Ts / sizeof Ts[0]; bi++) {
                 const int64_t T = Ts[bi];
                 loom_tensor vx = gx, vo = gout;
@@ -252,34 +291,30 @@ static void test_matmul(void **state) {
                 gpu_poison(&gout);
                 expect_ok(g_gpu.ops->matmul(g_gpu.ctx, &w.gpu, &vx, &vo), "cuda matmul");
                 gpu_get(got, gout.data, (size_t)(n * T) * 4);
-                for (int64_t tk = 0; tk < T; tk++) {
-                    for (int64_t o = 0; o < n; o++) {
-                        double s = 0.0, a = 0.0;
-                        for (int64_t i = 0; i < k; i++) {
-                            double p = (double)w.deq[o * k + i] * (double)x[tk * k + i];
-                            s += p;
-                            a += fabs(p);
-                        }
-                        double g = got[tk * n + o];
-                        if (!(fabs(g - s) <= 1e-5 * a + 1e-30))
-                            fail_msg("matmul %s k=%lld T=%lld: out[%lld,%lld] = %.9g, float64 "
-                                     "%.9g (|w||x| %.3g)",
-                                     loom__type_name(t), (long long)k, (long long)T, (long long)tk,
-                                     (long long)o, g, s, a);
-                    }
+                for (int64_t i = 0; i < n * T; i++) {
+                    const double g = got[i];
+                    if (!(fabs(g - ref[i]) <= 1e-5 * mag[i] + 1e-30))
+                        fail_msg("matmul %s k=%lld n=%lld T=%lld: out[%lld,%lld] = %.9g, float64 "
+                                 "%.9g (|w||x| %.3g)",
+                                 loom__type_name(t), (long long)k, (long long)n, (long long)T,
+                                 (long long)(i / n), (long long)(i % n), g, ref[i], mag[i]);
                 }
-                /* batch invariance: the rows a smaller batch also computed are the same bits */
-                if (bi > 0) {
-                    const int64_t Tp = Ts[bi - 1];
-                    if (memcmp(got, last, (size_t)(n * Tp) * 4) != 0)
-                        fail_msg("matmul %s: tokens of a %lld-token batch differ from the same "
-                                 "tokens in a %lld-token batch",
-                                 loom__type_name(t), (long long)Tp, (long long)T);
-                }
-                memcpy(last, got, (size_t)(n * T) * 4);
+                /* batch invariance within the regime: the tokens an earlier, smaller step of the
+                 * same regime also computed are the same bits */
+                const int r = T > 8;
+                if (last_T[r] > 0 && memcmp(got, last[r], (size_t)(n * last_T[r]) * 4) != 0)
+                    fail_msg("matmul %s k=%lld n=%lld: tokens of a %lld-token step differ from the "
+                             "same tokens in a %lld-token step",
+                             loom__type_name(t), (long long)k, (long long)n, (long long)last_T[r],
+                             (long long)T);
+                memcpy(last[r], got, (size_t)(n * T) * 4);
+                last_T[r] = T;
             }
             free(got);
-            free(last);
+            free(last[0]);
+            free(last[1]);
+            free(ref);
+            free(mag);
             free(x);
             free_weight(&w);
             gpu_free_all();
@@ -771,8 +806,9 @@ static void run_attn_case(const attn_case *c, const char *label, float *capture)
 
 /* Batch invariance: a sequence's attention is the same bits alone (batch 1), among 17 others
  * and among 63 others — wherever its blocks sit in the pool — since its splits depend on its
- * own length only. (In the CPU stand-in, whose split plan follows the thread count and the
- * batch, within the tolerance instead.) */
+ * own length only; and a prefill sequence's, whose kernel and tiles depend on its own rows only.
+ * (In the CPU stand-in, whose split plan follows the thread count and the batch, within the
+ * tolerance instead.) */
 static void test_attention_batches(void **state) {
     (void)state;
     const int32_t hd = 128, nkv = 2, group = 4, qd = nkv * group * hd;
@@ -806,6 +842,67 @@ static void test_attention_batches(void **state) {
     }
     free(alone);
     free(in_batch);
+    /* Prefill rows (the tiled kernel on CUDA): 100 new rows after 97 cached, alone, then beside
+     * decode rows, a sequence just under the prefill threshold and another prefill sequence. */
+    static const int32_t p_lens[] = {197, 54, 20, 300, 1, 4099 + 1};
+    static const int32_t p_news[] = {100, 1, 15, 40, 1, 1};
+    alone = host_f32(100 * (int64_t)qd);
+    in_batch = host_f32(100 * (int64_t)qd);
+    for (int bi = 0; bi < 2; bi++) {
+        attn_case c = {.block_size = 16,
+                       .head_dim = hd,
+                       .n_kv_heads = nkv,
+                       .group = group,
+                       .kv_type = LOOM_TYPE_F16,
+                       .n_seqs = bi == 0 ? 1 : 6,
+                       .kv_len = p_lens,
+                       .n_new = p_news};
+        const char *label = bi == 0 ? "prefill attention alone" : "prefill attention in a batch";
+        run_attn_case(&c, label, bi == 0 ? alone : in_batch);
+    }
+    if (strcmp(g_gpu_name, "cuda") == 0) {
+        if (memcmp(alone, in_batch, (size_t)(100 * (int64_t)qd) * 4) != 0)
+            fail_msg("prefill attention of 100 rows differs alone and in a batch");
+    } else {
+        expect_close(in_batch, alone, (size_t)(100 * (int64_t)qd), 2e-5, "prefill in a batch");
+    }
+    free(alone);
+    free(in_batch);
+}
+
+/* Prefill in one step: sequences with 16 or more new rows (the tiled tensor-core kernel on
+ * CUDA, loom_kernels.h's LOOM_K_ATTN_PREFILL_ROWS) after 0, 54, 97 and 4099 cached positions,
+ * row counts off the kernel's tiles of 64 / group rows (17, 100, 300; 64 a whole number of them),
+ * beside one sequence at the threshold, one just under it and a decode row (split-KV). Nine cases
+ * of an orthogonal array over block size, head size, group and page type: each pair of those
+ * meets once; windows and soft-capping alternate. The 4099-position sequence (its rows past
+ * position 4000, where the planted off-by-one strikes) and the 300 rows only in the three cases
+ * of 16-position blocks (the engine's), whose head sizes, groups and page types all differ. */
+static void attn_prefill_sweep(void) {
+    static const int32_t lens[] = {54 + 64, 97 + 100, 17, 40 + 16, 5 + 15, 33, 300, 4099 + 17};
+    static const int32_t news[] = {64, 100, 17, 16, 15, 1, 300, 17};
+    const int32_t block_sizes[] = {1, 8, 16}, head_dims[] = {64, 128, 256}, groups[] = {1, 4, 8};
+    const loom_type kv_types[] = {LOOM_TYPE_F16, LOOM_TYPE_BF16, LOOM_TYPE_FP8_E4M3};
+    for (int k = 0; k < 9; k++) {
+        const int a = k / 3, b = k % 3;
+        const int32_t group = groups[(a + b) % 3];
+        attn_case c = {.block_size = block_sizes[a],
+                       .head_dim = head_dims[b],
+                       .n_kv_heads = group == 8 ? 1 : 2,
+                       .group = group,
+                       .window = k % 3 == 1 ? 37 : (k % 3 == 2 ? 1000 : 0),
+                       .softcap = k % 2 ? 30.0f : 0.0f,
+                       .kv_type = kv_types[(a + 2 * b) % 3],
+                       .n_seqs = a == 2 ? 8 : 6,
+                       .kv_len = lens,
+                       .n_new = news};
+        char label[160];
+        snprintf(label, sizeof label,
+                 "prefill attention bs=%d hd=%d kv_heads=%d group=%d window=%d softcap=%g %s",
+                 c.block_size, c.head_dim, c.n_kv_heads, c.group, c.window, (double)c.softcap,
+                 loom__type_name(c.kv_type));
+        run_attn_case(&c, label, NULL);
+    }
 }
 
 static void test_attention(void **state) {
@@ -843,8 +940,8 @@ static void test_attention(void **state) {
                 run_attn_case(&c, label, NULL);
                 n++;
             }
-    /* One long context: 16384 positions, head_dim 128, GQA 4, f16 pages (bf16 pages have no
-     * CPU counterpart to compare with); a decode row and 17 prefill rows at the end. */
+    /* One long context: 16384 positions, head_dim 128, GQA 4, f16 pages; a decode row and 17
+     * prefill rows at the end (the tiled kernel on CUDA). */
     static const int32_t long_len[] = {16384, 16384};
     static const int32_t long_new[] = {1, 17};
     attn_case c = {.block_size = 16,
@@ -879,6 +976,7 @@ static void test_attention(void **state) {
                  o.n_kv_heads);
         run_attn_case(&o, label, NULL);
     }
+    attn_prefill_sweep();
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -925,6 +1023,113 @@ static void test_copy_batch(void **state) {
     free(host);
     free(back);
     gpu_free_all();
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sampling from summaries                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The stand-in's slot: each row through tensor_get and the host's summarizer, with the checks
+ * the CUDA op makes. */
+static loom_status standin_summary(void *stream, const loom_tensor *logits, int32_t n_top,
+                                   loom_logit_summary *sum, loom_logit_cand *top) {
+    if (logits->type != LOOM_TYPE_F32 || n_top < 1 || n_top > LOOM_LOGIT_SUMMARY_MAX_TOP)
+        return LOOM_ERR_INVALID_ARG;
+    const int64_t V = logits->ne[0];
+    float *row = malloc((size_t)V * 4);
+    if (row == NULL) return LOOM_ERR_OUT_OF_MEMORY;
+    for (int64_t r = 0; r < logits->ne[1]; r++) {
+        loom_status st = g_gpu.ops->tensor_get(
+            stream, row, (const char *)logits->data + r * logits->row_stride, (size_t)V * 4);
+        if (st != LOOM_OK) {
+            free(row);
+            return st;
+        }
+        loom__sample_logits_summarize(row, (int32_t)V, n_top, &sum[r], top + r * n_top);
+    }
+    free(row);
+    return LOOM_OK;
+}
+
+/* logits_summary against the host's summarizer (sample/chain.h), outputs poisoned first: the
+ * counts, the arg max, the maximum and every entry of the top lists exactly (ids and bits); the
+ * float64 sums to 1e-12 of themselves (only their order differs). Rows of Gemma 3's vocabulary
+ * and small ones; gaussian, on a coarse grid (ties at the list's edge), a third masked with
+ * NaN among them, five finite logits, one +inf, none finite; lists of 1, 40, 256 and 1024. */
+static void test_logits_summary(void **state) {
+    (void)state;
+    /* The CPU standing in has no slot (its rows are host memory): the test's own logic then
+     * runs against the host's summarizer behind tensor_get, as a slot would. */
+    static loom_backend_ops standin;
+    const loom_backend_ops *real = g_gpu.ops;
+    if (real->logits_summary == NULL) {
+        standin = *real;
+        standin.logits_summary = standin_summary;
+        g_gpu.ops = &standin;
+    }
+    const int32_t Vs[] = {262144, 1000};
+    const int32_t tops[] = {1, 40, 256, LOOM_LOGIT_SUMMARY_MAX_TOP};
+    enum { ROWS = 6 };
+    for (int vi = 0; vi < 2; vi++) {
+        const int32_t V = Vs[vi];
+        float *x = host_f32((int64_t)V * ROWS);
+        fill_rand(x, (size_t)V * ROWS, 4.0f);
+        for (int32_t i = 0; i < V; i++) x[V + i] = 0.5f * roundf(x[V + i]); /* ties */
+        for (int32_t i = 0; i < V; i++)
+            if (i % 3 == 1) x[2 * V + i] = i % 7 ? -INFINITY : NAN;
+        for (int32_t i = 0; i < V; i++)
+            x[3 * V + i] = i % (V / 5) == 3 ? x[3 * V + i] : -INFINITY; /* five finite */
+        x[4 * V + V / 2] = INFINITY;
+        for (int32_t i = 0; i < V; i++) x[5 * V + i] = -INFINITY;
+        loom_tensor g = gpu_f32(x, V, ROWS);
+        for (int ti = 0; ti < 4; ti++) {
+            const int32_t n_top = tops[ti];
+            loom_logit_summary got[ROWS], want;
+            loom_logit_cand *gt = malloc(sizeof *gt * (size_t)n_top * ROWS);
+            loom_logit_cand *wt = malloc(sizeof *wt * (size_t)n_top);
+            assert_true(gt && wt);
+            memset(got, 0xff, sizeof got);
+            memset(gt, 0xff, sizeof *gt * (size_t)n_top * ROWS);
+            expect_ok(g_gpu.ops->logits_summary(g_gpu.ctx, &g, n_top, got, gt), "logits_summary");
+            for (int r = 0; r < ROWS; r++) {
+                loom__sample_logits_summarize(x + (size_t)r * V, V, n_top, &want, wt);
+                const loom_logit_summary *s = &got[r];
+                if (s->n_finite != want.n_finite || s->n_posinf != want.n_posinf ||
+                    s->n_top != want.n_top || s->argmax != want.argmax)
+                    fail_msg("V=%d top %d row %d: finite %d/%d, +inf %d/%d, listed %d/%d, arg max "
+                             "%d/%d (cuda/host)",
+                             V, n_top, r, s->n_finite, want.n_finite, s->n_posinf, want.n_posinf,
+                             s->n_top, want.n_top, s->argmax, want.argmax);
+                if (memcmp(gt + (size_t)r * n_top, wt, sizeof *wt * (size_t)want.n_top) != 0)
+                    fail_msg("V=%d top %d row %d: the top lists differ", V, n_top, r);
+                if (want.n_posinf > 0 || want.n_finite == 0) continue;
+                if (s->max != want.max)
+                    fail_msg("row %d: max %.9g, host %.9g", r, s->max, want.max);
+                const double got_v[3] = {s->sum, s->entropy, s->varentropy};
+                const double want_v[3] = {want.sum, want.entropy, want.varentropy};
+                for (int k = 0; k < 3; k++)
+                    if (!(fabs(got_v[k] - want_v[k]) <= 1e-12 * fmax(fabs(want_v[k]), 1e-3)))
+                        fail_msg("V=%d row %d: sum/entropy/varentropy [%d] %.17g, host %.17g", V, r,
+                                 k, got_v[k], want_v[k]);
+            }
+            free(gt);
+            free(wt);
+        }
+        free(x);
+        gpu_free_all();
+    }
+    /* bad arguments: an n_top out of range, a non-F32 tensor */
+    loom_tensor g = gpu_f32(NULL, 100, 1);
+    loom_logit_summary s;
+    loom_logit_cand c[1];
+    assert_int_equal(g_gpu.ops->logits_summary(g_gpu.ctx, &g, 0, &s, c), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(
+        g_gpu.ops->logits_summary(g_gpu.ctx, &g, LOOM_LOGIT_SUMMARY_MAX_TOP + 1, &s, c),
+        LOOM_ERR_INVALID_ARG);
+    g.type = LOOM_TYPE_F16;
+    assert_int_equal(g_gpu.ops->logits_summary(g_gpu.ctx, &g, 1, &s, c), LOOM_ERR_INVALID_ARG);
+    gpu_free_all();
+    g_gpu.ops = real;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1143,7 +1348,7 @@ static void engine_run(loom_model *m, loom_preempt_mode mode, loom_token out[ENG
 static void test_models_engine(void **state) {
     (void)state;
     const synth_shape *shapes[] = {&SYNTH_LLAMA, &SYNTH_GEMMA3};
-    static loom_token a[ENG_REQ][4][24], b[ENG_REQ][4][24];
+    static loom_token a[ENG_REQ][4][24], b[ENG_REQ][4][24], rows_run[ENG_REQ][4][24];
     for (int mi = 0; mi < 2; mi++) {
         char path[512];
         synth_path(path, sizeof path, mi ? "cuda-eng-gemma3.gguf" : "cuda-eng-llama.gguf");
@@ -1155,6 +1360,17 @@ static void test_models_engine(void **state) {
             loom_engine_stats sc, sg;
             engine_run(mc, (loom_preempt_mode)mode, a, &sc);
             engine_run(mg, (loom_preempt_mode)mode, b, &sg);
+            /* The GPU engine samples the requests a summary covers from logits_summary; with
+             * LOOM_SAMPLE_FROM=rows it copies every row: the same tokens. */
+            setenv("LOOM_SAMPLE_FROM", "rows", 1);
+            loom_engine_stats sr;
+            memset(rows_run, 0, sizeof rows_run);
+            engine_run(mg, (loom_preempt_mode)mode, rows_run, &sr);
+            unsetenv("LOOM_SAMPLE_FROM");
+            if (memcmp(rows_run, b, sizeof rows_run) != 0)
+                fail_msg("%s (%s): the cuda engine's tokens differ sampled from summaries and "
+                         "from whole rows",
+                         shapes[mi]->arch, mode ? "swap" : "recompute");
             printf("%s, preempt by %s: cpu %lld preemptions, %lld prefix-cached tokens; cuda %lld, "
                    "%lld\n",
                    shapes[mi]->arch, mode ? "swap" : "recompute", (long long)sc.preemptions,
@@ -1201,7 +1417,7 @@ int main(void) {
         cmocka_unit_test(test_matmul),        cmocka_unit_test(test_attention_batches),
         cmocka_unit_test(test_attention),     cmocka_unit_test(test_models_logits),
         cmocka_unit_test(test_models_merged), cmocka_unit_test(test_models_engine),
-        cmocka_unit_test(test_fp8_gemm),
+        cmocka_unit_test(test_fp8_gemm),      cmocka_unit_test(test_logits_summary),
     };
     /* LOOM_TEST_ONLY=name runs that test alone (check.sh's planted-bug step). */
     struct CMUnitTest only[1];

@@ -14,32 +14,11 @@
 
 #include <cmocka.h>
 
+#include "sample/chain_test_util.h"
+
 #include "sample/chain.h"
 
 #define TOP 256
-
-static uint64_t rng_state = 0x243F6A8885A308D3ull;
-static double frand(void) { /* xorshift64*, test-local */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0;
-}
-static double gauss(void) {
-    double u = frand(), v = frand();
-    return sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v);
-}
-
-static void *ws_mem;
-static loom__sample_chain_ws *make_ws(int32_t n_vocab) {
-    size_t sz = loom__sample_chain_workspace_size(n_vocab);
-    free(ws_mem);
-    ws_mem = aligned_alloc(16, (sz + 15) / 16 * 16);
-    assert_non_null(ws_mem);
-    loom__sample_chain_ws *ws = NULL;
-    assert_int_equal(loom__sample_chain_workspace_init(ws_mem, sz, n_vocab, &ws), LOOM_OK);
-    return ws;
-}
 
 /* Row kinds: 0 gaussian; 1 logits on a coarse grid (many ties); 2 a third masked to -inf and
  * a few NaN; 3 only 10 finite logits (fewer than most top-k: the rebuilt row); 4 one huge
@@ -318,6 +297,7 @@ static void test_summary_errors(void **state) {
 }
 
 int main(void) {
+    rng_state = 0x243F6A8885A308D3ull;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_summary_equals_row),
         cmocka_unit_test(test_summarizer),
@@ -325,6 +305,6 @@ int main(void) {
         cmocka_unit_test(test_summary_errors),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    free(ws_mem);
+    free_ws();
     return rc;
 }

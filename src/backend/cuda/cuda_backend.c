@@ -75,6 +75,7 @@ static const loom_backend_ops cuda_ops = {
     .add = loom__cuda_add_op,
     .scale = loom__cuda_scale_op,
     .add_rms_norm = loom__cuda_add_rms_norm_op,
+    .logits_summary = loom__cuda_logits_summary_op,
 };
 
 LOOM_BACKEND_EXPORT loom_status loom_backend_entry(uint32_t abi_version,

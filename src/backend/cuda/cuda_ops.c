@@ -241,3 +241,38 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
                        .merge = merge_of(kv, p->layer)};
     return loom__cuda_attention(c->s, dk, &ka);
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Sampling                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+loom_status loom__cuda_logits_summary_op(void *stream, const loom_tensor *logits, int32_t n_top,
+                                         loom_logit_summary *sum, loom_logit_cand *top) {
+    loom__cuda_stream *c = stream;
+    LOOM_CHECK_ARG(c != NULL && logits != NULL && sum != NULL && top != NULL);
+    LOOM_RETURN_IF(
+        logits->type != LOOM_TYPE_F32 || logits->ne[0] < 1 || logits->ne[0] > INT32_MAX ||
+            logits->ne[1] < 0 || (logits->ne[1] > 0 && logits->data == NULL) ||
+            (logits->ne[1] > 1 && logits->row_stride < (size_t)logits->ne[0] * 4),
+        LOOM_ERR_INVALID_ARG,
+        "logits_summary: logits must be F32 rows of 1 .. 2^31 - 1 values (got %s, "
+        "%lld x %lld)",
+        loom__type_name(logits->type), (long long)logits->ne[0], (long long)logits->ne[1]);
+    LOOM_RETURN_IF(n_top < 1 || n_top > LOOM_LOGIT_SUMMARY_MAX_TOP, LOOM_ERR_INVALID_ARG,
+                   "logits_summary: n_top %d (1 .. %d)", n_top, LOOM_LOGIT_SUMMARY_MAX_TOP);
+    const int64_t n = logits->ne[1];
+    if (n == 0) return LOOM_OK;
+    LOOM_TRY(loom__cuda_bind(c->dev));
+    const size_t bytes = loom__cuda_logits_summary_bytes(n, n_top);
+    if (bytes > c->summary_work_cap) c->n_grows++;
+    LOOM_TRY(loom__cuda_regrow(c, &c->summary_work, &c->summary_work_cap, bytes));
+    LOOM_TRY(loom__cuda_logits_summary(c->s, logits->data, logits->row_stride, n,
+                                       (int32_t)logits->ne[0], n_top, c->summary_work));
+    const size_t sum_bytes = (size_t)n * sizeof *sum;
+    LOOM_CU_TRY(cudaMemcpyAsync(sum, c->summary_work, sum_bytes, cudaMemcpyDeviceToHost, c->s));
+    LOOM_CU_TRY(cudaMemcpyAsync(top, (const char *)c->summary_work + sum_bytes,
+                                (size_t)n * (size_t)n_top * sizeof *top, cudaMemcpyDeviceToHost,
+                                c->s));
+    LOOM_CU_TRY(cudaStreamSynchronize(c->s));
+    return LOOM_OK;
+}

@@ -1,0 +1,49 @@
+// emu_cases.h — the kernel cases of test_kernels_emu, one file per kernel family
+// (emu_prefill.cpp, emu_summary.cpp, emu_gemm.cpp), each of which compiles its kernel from
+// kernels/*.cu. The prefill cases are compiled twice: as the kernel is, and with the planted bug
+// (LOOM_K_PLANTED_BUG), which the test must catch.
+#pragma once
+
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include "kernel_emu.h"
+
+namespace emu_test {
+
+// One step of paged prefill attention: sequences with cached[s] positions in the cache and
+// nnew[s] new rows, pages of type `type` (LOOM_K_*) holding bs positions, nkv KV heads of hd
+// elements, G query heads per KV head, a window (0: none) and a soft cap (0: none).
+struct prefill_case {
+    int bs, hd, nkv, G, window;
+    float cap;
+    uint32_t type;
+    std::vector<int> cached, nnew;
+    loom_emu::schedule order;
+};
+
+struct prefill_result {
+    double worst;           // largest error of a row, normalised by the row's largest value
+    std::string problem;    // empty, or what went wrong first
+    std::vector<float> out; // [rows, q_stride] as the kernel left it
+    int q_stride;           // floats
+};
+
+} // namespace emu_test
+
+namespace emu_prefill {
+emu_test::prefill_result run(const emu_test::prefill_case &c);
+}
+namespace emu_prefill_planted {
+emu_test::prefill_result run(const emu_test::prefill_case &c);
+}
+
+// Each runs every case of its kernel; returns the number of failures (each printed).
+namespace emu_summary {
+int run_all(bool verbose);
+}
+namespace emu_gemm {
+int run_all(bool verbose);
+}

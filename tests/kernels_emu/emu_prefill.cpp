@@ -1,0 +1,320 @@
+// emu_prefill.cpp — kernels/attention_prefill.cu's kernel, compiled from that file, run on the
+// emulator over a step of paged KV and checked against a float64 reference of paged attention:
+// causal, windowed (table entries before the window left as LOOM_KV_NO_BLOCK), soft-capped, GQA,
+// F32 / F16 / BF16 / FP8 pages with one scale per position and head, the pool's blocks in a
+// shuffled order with poisoned gaps and margins, outputs poisoned (rows the kernel must not
+// write: the padding of each row and every row of a sequence under the prefill threshold).
+// Built twice (CMakeLists.txt): EMU_PREFILL_NS names this build's run(), LOOM_K_PLANTED_BUG
+// plants attention_prefill.cu's off-by-one.
+#include "attention_prefill.cu"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "emu_cases.h"
+#include "loom_backend.h" /* LOOM_KV_NO_BLOCK */
+
+#if !defined(EMU_PREFILL_NS)
+#define EMU_PREFILL_NS emu_prefill
+#endif
+
+namespace {
+
+uint64_t g_rs;
+uint64_t rnd() {
+    g_rs ^= g_rs << 13, g_rs ^= g_rs >> 7, g_rs ^= g_rs << 17;
+    return g_rs;
+}
+float frand(float a) { /* uniform in (-a, a) */
+    return (float)(((double)(rnd() >> 11) * 0x1p-53 * 2 - 1) * a);
+}
+
+// The reference's own decoders, written from the formats (not the kernels' or loom's).
+double half_value(uint16_t h) {
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+double e4m3_value(uint8_t b) { /* bias 7, 3 mantissa bits, exponent 0: m * 2^-9; 0x7f NaN */
+    const int e = (b >> 3) & 15, m = b & 7;
+    const double v = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+    return (b & 0x80) ? -v : v;
+}
+double e5m2_value(uint8_t b) {
+    return half_value((uint16_t)(b << 8));
+}
+double bf16_value(uint16_t b) { /* a float's top half */
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+size_t elt_bytes(uint32_t type) {
+    return type == LOOM_K_F32 ? 4 : (type == LOOM_K_FP8_E4M3 || type == LOOM_K_FP8_E5M2) ? 1 : 2;
+}
+
+int window_lo(int window, int pos) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+// Keeps the first problem found.
+__attribute__((format(printf, 2, 3))) void problem(emu_test::prefill_result &res, const char *fmt,
+                                                   ...) {
+    if (!res.problem.empty()) return;
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    res.problem = buf;
+}
+
+template <int HD, bool F32KV>
+void launch_kernel(const pf_args &a, unsigned blocks, size_t smem, loom_emu::schedule order) {
+    loom_emu::launch_options opt;
+    opt.order = order;
+    opt.seed = 0x5eed + blocks;
+    loom_emu::launch(
+        dim3(blocks, (unsigned)a.kv.n_kv_heads), dim3(PF_THREADS), smem,
+        [&a] { attn_prefill_kernel<HD, F32KV>(a); }, opt);
+}
+
+} // namespace
+
+namespace EMU_PREFILL_NS {
+
+emu_test::prefill_result run(const emu_test::prefill_case &c) {
+    emu_test::prefill_result res;
+    res.worst = 0;
+    const int S = (int)c.cached.size(), hd = c.hd, nkv = c.nkv, nh = nkv * c.G;
+    const size_t elt = elt_bytes(c.type);
+    const bool fp8 = c.type == LOOM_K_FP8_E4M3 || c.type == LOOM_K_FP8_E5M2;
+    /* strides with room between tokens and blocks, aligned as pf_layer_ok wants */
+    const size_t token = (size_t)nkv * hd * elt + 16, block = (size_t)c.bs * token + 32;
+    const size_t stok = (size_t)nkv * 4 + 4, sblk = (size_t)c.bs * stok + 8;
+
+    /* the descriptor: sequences' block tables into a shuffled pool with three spare blocks */
+    std::vector<int> indptr(S + 1), qs(S + 1), ps(S), len(S);
+    int nb = 0, rows = 0;
+    for (int s = 0; s < S; s++) {
+        len[s] = c.cached[s] + c.nnew[s];
+        indptr[s] = nb;
+        nb += (len[s] + c.bs - 1) / c.bs;
+        qs[s] = rows;
+        ps[s] = c.cached[s];
+        rows += c.nnew[s];
+    }
+    indptr[S] = nb;
+    qs[S] = rows;
+    g_rs = 0x243f6a8885a308d3ull + (uint64_t)nb;
+    std::vector<int> perm(nb + 3);
+    for (int i = 0; i < nb + 3; i++) perm[i] = i;
+    for (int i = nb + 2; i > 0; i--) std::swap(perm[i], perm[rnd() % (uint64_t)(i + 1)]);
+    std::vector<int> ids(nb ? nb : 1);
+    for (int s = 0; s < S; s++) {
+        const int lo = window_lo(c.window, ps[s]); /* the first new row's window start */
+        for (int b = indptr[s]; b < indptr[s + 1]; b++)
+            ids[b] = (b - indptr[s] + 1) * c.bs <= lo ? LOOM_KV_NO_BLOCK : perm[b];
+    }
+    const size_t margin = 1 << 16, pool = (size_t)(nb + 3) * block, spool = (size_t)(nb + 3) * sblk;
+    std::vector<unsigned char> kbuf(pool + 2 * margin, 0xff), vbuf(pool + 2 * margin, 0xff);
+    std::vector<unsigned char> ksb(spool + 2 * margin, 0xff), vsb(spool + 2 * margin, 0xff);
+    unsigned char *kp = kbuf.data() + margin, *vp = vbuf.data() + margin;
+    unsigned char *ksp = ksb.data() + margin, *vsp = vsb.data() + margin;
+
+    /* pages, and the reference's values [s][pos][kv head][d]; a sequence's values depend on its
+       index and length only, so a sequence gets the same data alone and in a batch */
+    std::vector<std::vector<double>> K(S), V(S);
+    for (int s = 0; s < S; s++) {
+        K[s].assign((size_t)len[s] * nkv * hd, 0);
+        V[s].assign((size_t)len[s] * nkv * hd, 0);
+        const int lo = window_lo(c.window, ps[s]);
+        g_rs = 0x9e3779b97f4a7c15ull + (uint64_t)s * 1000003ull + (uint64_t)len[s];
+        for (int p = 0; p < len[s]; p++) {
+            if ((p / c.bs + 1) * c.bs <= lo) continue; /* a block never read: not stored */
+            const int blk = ids[indptr[s] + p / c.bs], slot = p % c.bs;
+            for (int h = 0; h < nkv; h++) {
+                const float ksc = 0.001f + 0.01f * (float)(rnd() % 1000) / 1000;
+                const float vsc = 0.001f + 0.01f * (float)(rnd() % 1000) / 1000;
+                if (fp8) {
+                    memcpy(ksp + (size_t)blk * sblk + slot * stok + h * 4, &ksc, 4);
+                    memcpy(vsp + (size_t)blk * sblk + slot * stok + h * 4, &vsc, 4);
+                }
+                for (int d = 0; d < hd; d++) {
+                    const size_t at =
+                        (size_t)blk * block + slot * token + ((size_t)h * hd + d) * elt;
+                    for (int kv = 0; kv < 2; kv++) {
+                        unsigned char *pp = (kv ? vp : kp) + at;
+                        const float amp = kv ? 1.0f : 2.0f, sc = kv ? vsc : ksc;
+                        double val;
+                        if (c.type == LOOM_K_F32) {
+                            const float f = frand(amp);
+                            memcpy(pp, &f, 4);
+                            val = f;
+                        } else if (c.type == LOOM_K_F16) { /* a normal half in (-amp, amp) */
+                            uint16_t b;
+                            do b = (uint16_t)rnd();
+                            while (((b >> 10) & 31) < 4 || fabs(half_value(b)) >= amp);
+                            memcpy(pp, &b, 2);
+                            val = half_value(b);
+                        } else if (c.type == LOOM_K_BF16) {
+                            const uint16_t b = (uint16_t)(__float_as_uint(frand(amp)) >> 16);
+                            memcpy(pp, &b, 2);
+                            val = bf16_value(b);
+                        } else if (c.type == LOOM_K_FP8_E4M3) {
+                            uint8_t b;
+                            do b = (uint8_t)rnd();
+                            while ((b & 0x7f) == 0x7f);
+                            *pp = b;
+                            val = e4m3_value(b) * sc;
+                        } else { /* E5M2 without infinities and NaN, magnitudes up to 2^9 */
+                            uint8_t b;
+                            do b = (uint8_t)rnd();
+                            while ((b & 0x7f) > 0x60);
+                            *pp = b;
+                            val = e5m2_value(b) * sc;
+                        }
+                        (kv ? V : K)[s][((size_t)p * nkv + h) * hd + d] = val;
+                    }
+                }
+            }
+        }
+    }
+    const int qd = nh * hd, qstride = qd + 8;
+    std::vector<float> q((size_t)rows * qstride);
+    res.out.assign((size_t)rows * qstride, NAN);
+    res.q_stride = qstride;
+    for (int s = 0; s < S; s++) {
+        g_rs = 0x7000ull + (uint64_t)s * 1000003ull + (uint64_t)len[s];
+        for (size_t i = (size_t)qs[s] * qstride; i < (size_t)qs[s + 1] * qstride; i++)
+            q[i] = frand(1.5f);
+    }
+
+    /* the prefill sequences, as step_begin lists them */
+    std::vector<int> pf;
+    int most = 0;
+    for (int s = 0; s < S; s++)
+        if (c.nnew[s] >= LOOM_K_ATTN_PREFILL_ROWS) {
+            pf.push_back(s);
+            most = std::max(most, c.nnew[s]);
+        }
+    loom__k_kv kv = {};
+    kv.indptr = indptr.data();
+    kv.block_ids = ids.data();
+    kv.q_start = qs.data();
+    kv.pos_start = ps.data();
+    kv.n_seqs = S;
+    kv.n_rows = rows;
+    kv.block_size = c.bs;
+    kv.n_kv_heads = nkv;
+    kv.head_dim = hd;
+    kv.window = c.window;
+    kv.kv_type = c.type;
+    kv.token_stride = token;
+    kv.block_stride = block;
+    kv.scale_token_stride = stok;
+    kv.scale_block_stride = sblk;
+    kv.prefill_seqs = pf.data();
+    kv.n_prefill_seqs = (int)pf.size();
+    kv.prefill_max_rows = most;
+    loom__k_attn p = {};
+    p.q = q.data();
+    p.q_stride = (size_t)qstride * 4;
+    p.out = res.out.data();
+    p.out_stride = (size_t)qstride * 4;
+    p.k_pool = kp;
+    p.v_pool = vp;
+    p.k_scale = fp8 ? ksp : nullptr;
+    p.v_scale = fp8 ? vsp : nullptr;
+    p.n_head = nh;
+    p.scale = 1.0f / sqrtf((float)hd);
+    p.softcap = c.cap;
+    if (!pf_layer_ok(&kv, &p)) {
+        problem(res, "pf_layer_ok refuses the case");
+        return res;
+    }
+
+    /* the launch, as loom__cuda_attention_prefill makes it */
+    const pf_args a = {kv, p, c.G, PF_M / c.G};
+    const size_t smem = pf_smem_bytes(hd);
+    const unsigned blocks = (unsigned)(pf.size() * (size_t)loom_cdiv(most, a.rows_per_tile));
+    const bool f32 = c.type == LOOM_K_F32;
+    switch (hd <= 64 ? 64 : hd <= 128 ? 128 : 256) {
+    case 64:
+        f32 ? launch_kernel<64, true>(a, blocks, smem, c.order)
+            : launch_kernel<64, false>(a, blocks, smem, c.order);
+        break;
+    case 128:
+        f32 ? launch_kernel<128, true>(a, blocks, smem, c.order)
+            : launch_kernel<128, false>(a, blocks, smem, c.order);
+        break;
+    default:
+        f32 ? launch_kernel<256, true>(a, blocks, smem, c.order)
+            : launch_kernel<256, false>(a, blocks, smem, c.order);
+        break;
+    }
+
+    /* the float64 reference, row by row */
+    const double inv_sqrt = 1.0 / sqrt((double)hd);
+    std::vector<double> ref(qd), sc;
+    for (int s = 0; s < S; s++) {
+        const bool pre = c.nnew[s] >= LOOM_K_ATTN_PREFILL_ROWS;
+        for (int r = qs[s]; r < qs[s + 1]; r++) {
+            const float *got = &res.out[(size_t)r * qstride];
+            for (int e = qd; e < qstride; e++)
+                if (!std::isnan(got[e])) problem(res, "row %d: its padding was written", r);
+            if (!pre) {
+                for (int e = 0; e < qd; e++)
+                    if (!std::isnan(got[e]))
+                        problem(res,
+                                "row %d of sequence %d (under the prefill threshold) was written",
+                                r, s);
+                continue;
+            }
+            const int pos = ps[s] + r - qs[s], lo = window_lo(c.window, pos);
+            sc.assign(pos + 1, 0);
+            for (int h = 0; h < nh; h++) {
+                const int kh = h / c.G;
+                const float *qr = &q[(size_t)r * qstride + (size_t)h * hd];
+                double mx = -INFINITY;
+                for (int j = lo; j <= pos; j++) {
+                    const double *kr = &K[s][((size_t)j * nkv + kh) * hd];
+                    double d = 0;
+                    for (int e = 0; e < hd; e++) d += (double)qr[e] * kr[e];
+                    d *= inv_sqrt;
+                    if (c.cap > 0) d = c.cap * tanh(d / c.cap);
+                    sc[j] = d;
+                    mx = std::max(mx, d);
+                }
+                double l = 0;
+                for (int j = lo; j <= pos; j++) l += exp(sc[j] - mx);
+                for (int e = 0; e < hd; e++) ref[(size_t)h * hd + e] = 0;
+                for (int j = lo; j <= pos; j++) {
+                    const double w = exp(sc[j] - mx) / l;
+                    const double *vr = &V[s][((size_t)j * nkv + kh) * hd];
+                    for (int e = 0; e < hd; e++) ref[(size_t)h * hd + e] += w * vr[e];
+                }
+            }
+            double num = 0, den = 1e-30;
+            bool nan = false;
+            for (int e = 0; e < qd; e++) {
+                if (std::isnan(got[e])) nan = true;
+                num = std::max(num, fabs(got[e] - ref[e]));
+                den = std::max(den, fabs(ref[e]));
+            }
+            const double err = nan ? INFINITY : num / den;
+            if (!(err <= 2e-5))
+                problem(res,
+                        "sequence %d row %d (position %d): error %.3g of the row's largest value",
+                        s, r, pos, err);
+            res.worst = std::max(res.worst, err);
+        }
+    }
+    return res;
+}
+
+} // namespace EMU_PREFILL_NS

@@ -1,0 +1,182 @@
+// test_kernels_emu.cpp — loom's CUDA kernels run without a GPU: each kernel is compiled by the
+// host's C++ compiler from its own file in kernels/ (LOOM_K_EMULATE: common.cuh takes
+// kernel_emu.h in place of the CUDA headers) and executed on the SIMT emulator of
+// kernel_emu.cpp, then checked against a reference: attention_prefill.cu against float64 paged
+// attention (and the planted off-by-one of LOOM_K_PLANTED_BUG must be caught), logits_summary.cu
+// against the host's summarizer, gemm.cu against a float64 product. The emulator's schedules
+// vary from case to case, so a missing barrier shows as a wrong result.
+// `test_kernels_emu [prefill] [summary] [gemm] [-v]` runs the parts named (all by default).
+#include <stdio.h>
+#include <string.h>
+
+#include <chrono>
+#include <vector>
+
+#include "emu_cases.h"
+#include "loom_kernels.h"
+
+namespace {
+
+using emu_test::prefill_case;
+using loom_emu::schedule;
+
+const char *type_name(uint32_t t) {
+    switch (t) {
+    case LOOM_K_F32:
+        return "f32";
+    case LOOM_K_F16:
+        return "f16";
+    case LOOM_K_BF16:
+        return "bf16";
+    case LOOM_K_FP8_E4M3:
+        return "e4m3";
+    default:
+        return "e5m2";
+    }
+}
+
+const char *const order_names[] = {"breadth", "depth", "depth-rev", "random"};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---- attention_prefill.cu -----------------------------------------------------------------------
+
+struct shape {
+    int bs, hd, nkv, G, window;
+    float cap;
+    uint32_t type;
+};
+
+prefill_case make_case(const shape &s, std::vector<int> cached, std::vector<int> nnew,
+                       schedule order) {
+    return prefill_case{s.bs, s.hd, s.nkv, s.G, s.window, s.cap, s.type, cached, nnew, order};
+}
+
+int prefill_tests(bool verbose) {
+    int bad = 0;
+    /* block sizes 1 / 8 / 16, head sizes 40 .. 256 (the accumulator layouts 64, 128, 256 and
+       sizes under them), GQA groups 1 .. 16, windows, soft caps, every page type */
+    const shape shapes[] = {
+        {16, 128, 2, 4, 0, 0, LOOM_K_F16},    {1, 64, 2, 1, 37, 30, LOOM_K_FP8_E4M3},
+        {8, 256, 1, 8, 0, 0, LOOM_K_BF16},    {16, 64, 1, 8, 600, 30, LOOM_K_FP8_E5M2},
+        {8, 128, 2, 1, 0, 50, LOOM_K_F32},    {1, 256, 1, 4, 37, 0, LOOM_K_F16},
+        {16, 40, 3, 5, 0, 0, LOOM_K_F16},     {8, 96, 1, 7, 37, 30, LOOM_K_F32},
+        {1, 80, 2, 3, 0, 0, LOOM_K_FP8_E4M3}, {16, 128, 1, 16, 0, 0, LOOM_K_F16},
+        {8, 72, 1, 2, 20, 0, LOOM_K_BF16},    {16, 256, 2, 8, 0, 30, LOOM_K_F32},
+    };
+    /* sequences: cached positions and new rows; prefill rows around the tile edges, one
+       sequence at the prefill threshold (16), one under it (15), decodes (1) */
+    const std::vector<int> cached = {0, 54, 97, 5, 40, 33, 130};
+    const std::vector<int> nnew = {17, 64, 100, 15, 16, 1, 33};
+    int i = 0;
+    for (const shape &s : shapes) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const schedule order = (schedule)(i % 4);
+        const emu_test::prefill_result r = emu_prefill::run(make_case(s, cached, nnew, order));
+        if (!r.problem.empty()) {
+            printf("FAIL prefill case %d: %s\n", i, r.problem.c_str());
+            bad++;
+        } else if (verbose) {
+            printf("  prefill %2d bs=%2d hd=%3d nkv=%d G=%2d window=%3d cap=%2g %-4s %-9s: "
+                   "worst %.2g (%.2f s)\n",
+                   i, s.bs, s.hd, s.nkv, s.G, s.window, (double)s.cap, type_name(s.type),
+                   order_names[(int)order], r.worst, seconds_since(t0));
+        }
+        i++;
+    }
+
+    /* Batch invariance: a sequence's outputs alone and in a batch (other sequences before and
+       after it in the descriptor, other block ids, another schedule), bit for bit. */
+    const shape inv_shapes[] = {{16, 128, 2, 4, 0, 0, LOOM_K_F16},
+                                {8, 72, 1, 2, 20, 30, LOOM_K_F32},
+                                {1, 64, 1, 8, 0, 0, LOOM_K_FP8_E4M3}};
+    for (const shape &s : inv_shapes) {
+        const emu_test::prefill_result alone =
+            emu_prefill::run(make_case(s, {97}, {100}, schedule::breadth));
+        const emu_test::prefill_result batch = emu_prefill::run(
+            make_case(s, {97, 33, 0, 500, 7}, {100, 1, 40, 16, 3}, schedule::random));
+        const size_t n = (size_t)100 * alone.q_stride;
+        const bool same = alone.problem.empty() && batch.problem.empty() &&
+                          memcmp(alone.out.data(), batch.out.data(), n * sizeof(float)) == 0;
+        if (!same) {
+            printf("FAIL prefill invariance hd=%d %s: %s\n", s.hd, type_name(s.type),
+                   !alone.problem.empty()   ? alone.problem.c_str()
+                   : !batch.problem.empty() ? batch.problem.c_str()
+                                            : "a sequence's bits differ alone and batched");
+            bad++;
+        } else if (verbose) {
+            printf("  prefill invariance hd=%3d G=%d %-4s: alone and batched the same bits\n", s.hd,
+                   s.G, type_name(s.type));
+        }
+    }
+
+    /* Long rows (positions past 4000, where LOOM_K_PLANTED_BUG drops position 0): the kernel
+       as built passes, the planted build must fail. */
+    const shape long_shape = {16, 64, 1, 4, 0, 0, LOOM_K_F16};
+    const prefill_case lc = make_case(long_shape, {4090, 0}, {20, 16}, schedule::depth);
+    const emu_test::prefill_result real = emu_prefill::run(lc);
+    if (!real.problem.empty()) {
+        printf("FAIL prefill long rows: %s\n", real.problem.c_str());
+        bad++;
+    } else if (verbose) {
+        printf("  prefill long rows (positions 4090 .. 4109): worst %.2g\n", real.worst);
+    }
+    const emu_test::prefill_result planted = emu_prefill_planted::run(lc);
+    if (planted.problem.empty()) {
+        printf("FAIL prefill: the planted off-by-one (LOOM_K_PLANTED_BUG) went unnoticed "
+               "(worst %.2g)\n",
+               planted.worst);
+        bad++;
+    } else if (verbose) {
+        printf("  prefill planted bug caught: %s\n", planted.problem.c_str());
+    }
+    return bad;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    bool verbose = false, prefill = false, summary = false, gemm = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-v"))
+            verbose = true;
+        else if (!strcmp(argv[i], "prefill"))
+            prefill = true;
+        else if (!strcmp(argv[i], "summary"))
+            summary = true;
+        else if (!strcmp(argv[i], "gemm"))
+            gemm = true;
+        else {
+            fprintf(stderr, "usage: %s [prefill] [summary] [gemm] [-v]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (!prefill && !summary && !gemm) prefill = summary = gemm = true;
+    int bad = 0;
+    if (prefill) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const int b = prefill_tests(verbose);
+        printf("attention_prefill: %s (%.1f s)\n", b ? "FAILED" : "ok", seconds_since(t0));
+        bad += b;
+    }
+    if (summary) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const int b = emu_summary::run_all(verbose);
+        printf("logits_summary: %s (%.1f s)\n", b ? "FAILED" : "ok", seconds_since(t0));
+        bad += b;
+    }
+    if (gemm) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const int b = emu_gemm::run_all(verbose);
+        printf("gemm: %s (%.1f s)\n", b ? "FAILED" : "ok", seconds_since(t0));
+        bad += b;
+    }
+    const loom_emu::counters &c = loom_emu::stats();
+    printf(
+        "emulated: %llu blocks, %llu barriers, %llu warp collectives (%llu mma), %llu switches\n",
+        (unsigned long long)c.blocks, (unsigned long long)c.barriers,
+        (unsigned long long)c.warp_ops, (unsigned long long)c.mma, (unsigned long long)c.switches);
+    return bad ? 1 : 0;
+}

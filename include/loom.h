@@ -1033,16 +1033,19 @@ LOOM_API double loom_engine_now(void);
  * BACKEND. */
 LOOM_API loom_status loom_engine_create(loom_model *model, const loom_engine_params *params,
                                         loom_engine **out);
-/* Sampling on a device backend: a request sampled with no logit bias, no active penalty,
- * n_logprobs <= 256, and greedy or top-k in 1 .. 256 (top-p, min-p, typical-p and every entropy
- * mode then act on the k candidates) is sampled from a summary of its row that the backend
- * makes (loom_backend.h, logits_summary: the row's maximum, normalizer, entropy, varentropy
- * and 256 best logits, about 2 KB), not from the row (1 MiB for a 262,144-token vocabulary);
- * its tokens and loom_token_info are those of the whole row, up to the last bits of the
- * entropy sums. Other settings (top-k off, bias, penalties) copy their rows whole. The CPU
- * backend copies rows (they are host memory already). The environment variable
- * LOOM_SAMPLE_FROM=rows makes an engine copy every row; =summary on a backend without
- * summaries makes it summarize on the host (a check of the path), read at engine creation. */
+/* Sampling on a device backend: a request with n_logprobs <= 256 sampled greedily or with top-k
+ * in 1 .. 256 (top-p, min-p, typical-p and every entropy mode then act on the k candidates) is
+ * sampled from a summary of its row that the backend makes (loom_backend.h, logits_summary:
+ * the row's maximum, normalizer, entropy, varentropy and 256 best logits, about 2 KB, not the
+ * row's 1 MiB for a 262,144-token vocabulary), its logit bias and penalties applied there (a
+ * penalty window of more than 1,024 tokens copies the row). Its tokens and loom_token_info are
+ * those of the whole row, up to the last bits of the float64 sums (the device's order; with
+ * bias or penalties the raw log-probabilities' normalizer is summed over the raw row rather
+ * than corrected from the edited one). Top-k off with a temperature copies the row (the chain's
+ * top-p then walks the whole vocabulary). The CPU backend copies rows (they are host memory
+ * already). The environment variable LOOM_SAMPLE_FROM=rows makes an engine copy every row;
+ * =summary on a backend without summaries makes it summarize on the host (a check of the
+ * path); read at engine creation. */
 
 /* Creates an engine that replays a record written through loom_engine_params.record_path:
  * each loom_engine_step runs the next recorded step with the same inputs and clock readings, so

@@ -458,8 +458,8 @@ typedef struct loom_copy_range {
 } loom_copy_range;
 
 /* What logits_summary reports of one row of logits x[0..V): everything the sampler chain reads
- * from a whole row when no bias or penalty edits it (sample/chain.h), in float64. NaN counts as
- * -inf (probability 0), as the chain holds it. */
+ * from a whole row (sample/chain.h), in float64. NaN counts as -inf (probability 0), as the
+ * chain holds it. */
 typedef struct loom_logit_summary {
     double max;        /* largest finite x_i; -inf when none */
     double sum;        /* sum of e^(x_i - max) over the finite x_i */
@@ -479,6 +479,24 @@ typedef struct loom_logit_cand {
 
 /* Most entries a top list may be asked for. */
 #define LOOM_LOGIT_SUMMARY_MAX_TOP 1024
+
+/* The edits the sampler chain makes to a row before it samples (its steps 1 and 2: logit bias,
+ * then repetition / presence / frequency penalties; sample/chain.h), which logits_summary
+ * applies on the device in the chain's own float arithmetic and order: a NaN logit an edit
+ * touches counts as -inf first; then each bias entry in turn, x[id] += bias; then each penalty
+ * entry once (their ids are distinct): x = x > 0 ? x / repeat : x * repeat, then
+ * x -= presence + count * frequency. All arrays are host memory. */
+typedef struct loom_logit_edits {
+    const loom_logit_bias *bias; /* [n_bias]; ids may repeat (they add up in order) */
+    int32_t n_bias;
+    int32_t n_pen;
+    const int32_t *pen_id;    /* [n_pen] distinct token ids */
+    const int32_t *pen_count; /* [n_pen] each id's count in the penalty window, >= 1 */
+    float repeat_penalty, presence_penalty, frequency_penalty;
+} loom_logit_edits;
+
+/* Most edits (bias entries plus penalty entries) of one row logits_summary takes. */
+#define LOOM_LOGIT_SUMMARY_MAX_EDITS 1024
 
 /* ------------------------------------------------------------------------------------------ */
 /* The host's callbacks and the ops table                                                     */
@@ -608,12 +626,21 @@ struct loom_backend_ops {
      * 2 KiB): for each row r of logits (F32 [n_rows, V]), sum[r] as loom_logit_summary says,
      * and top[r * n_top ...] the row's sum[r].n_top best finite entries, best first (larger
      * logit first; equal logits, lower id first), 1 <= n_top <= LOOM_LOGIT_SUMMARY_MAX_TOP.
-     * sum and top are host memory; like tensor_get, the call waits for queued work and returns
-     * once they are written. The floating-point sums may differ from the host's in the last
-     * bits (their order is the backend's); max, the counts and the top lists are exact. NULL:
-     * libloom copies whole rows (a backend whose buffers are host memory gains nothing). */
+     * edits (NULL: none) holds one entry per row; a row with bias or penalty entries (at most
+     * LOOM_LOGIT_SUMMARY_MAX_EDITS together) is summarized twice: raw_sum[r] and
+     * raw_top[r * n_top ...] describe it as it came, sum[r] and top[...] after its edits, and
+     * edit_raw[r * LOOM_LOGIT_SUMMARY_MAX_EDITS + j] is the raw value (NaN as -inf) of its j-th
+     * edit's token (bias entries, then penalty entries); the row's logits are edited in place.
+     * For the other rows, raw_sum and raw_top hold nothing of use and edit_raw is left alone
+     * (all three may be NULL when no row has edits). Every output is host memory; like tensor_get,
+     * the call waits for queued work and returns once they are written. The floating-point sums may
+     * differ from the host's in the last bits (their order is the backend's); max, the counts, the
+     * edited values and the top lists are exact. NULL: libloom copies whole rows (a backend whose
+     * buffers are host memory gains nothing). */
     loom_status (*logits_summary)(void *stream, const loom_tensor *logits, int32_t n_top,
-                                  loom_logit_summary *sum, loom_logit_cand *top);
+                                  const loom_logit_edits *edits, loom_logit_summary *sum,
+                                  loom_logit_cand *top, loom_logit_summary *raw_sum,
+                                  loom_logit_cand *raw_top, float *edit_raw);
 };
 
 #ifdef __cplusplus

@@ -246,7 +246,59 @@ static __global__ void __launch_bounds__(SUM_THREADS) summary_kernel(summary_arg
     }
 }
 
+/* ---- the sampler's edits (loom_logit_edits) ------------------------------------------------ */
+
+typedef struct edit_args {
+    float *x; /* rows edited in place */
+    size_t x_stride;
+    const int32_t *row_off; /* [n_rows + 1] each row's first entry */
+    const loom__k_logit_edit *ent;
+    const float *pen; /* [n_rows * 3] repeat, presence, frequency */
+    float *edit_raw;  /* [n_rows * LOOM_LOGIT_SUMMARY_MAX_EDITS] */
+} edit_args;
+
+/* One block per row, one thread: the raw values first (an id may be edited twice: a bias and a
+ * penalty, or repeated bias entries, and each entry reports the raw value), then the edits in
+ * order, in the chain's arithmetic with every rounding explicit (no contraction into FMAs). */
+static __global__ void edit_kernel(edit_args a) {
+    if (threadIdx.x != 0) return;
+    const int64_t row = blockIdx.x;
+    float *x = (float *)((char *)a.x + row * a.x_stride);
+    const int32_t e0 = a.row_off[row], e1 = a.row_off[row + 1];
+    float *raw = a.edit_raw + row * LOOM_LOGIT_SUMMARY_MAX_EDITS;
+    for (int32_t j = e0; j < e1; j++) {
+        const float v = x[a.ent[j].id];
+        raw[j - e0] = v != v ? -INFINITY : v;
+    }
+    const float rep = a.pen[3 * row], pres = a.pen[3 * row + 1], freq = a.pen[3 * row + 2];
+    for (int32_t j = e0; j < e1; j++) {
+        const loom__k_logit_edit e = a.ent[j];
+        float v = x[e.id];
+        if (v != v) v = -INFINITY;
+        if (e.count == 0) {
+            v = __fadd_rn(v, e.bias);
+        } else {
+            v = v > 0 ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
+            v = __fsub_rn(v, __fadd_rn(pres, __fmul_rn((float)e.count, freq)));
+        }
+        x[e.id] = v;
+    }
+}
+
 #if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernel itself */
+extern "C" loom_status loom__cuda_logits_edit(cudaStream_t stream, float *x, size_t x_stride,
+                                              int64_t n_rows, const int32_t *row_off,
+                                              const loom__k_logit_edit *ent, const float *pen,
+                                              float *edit_raw) {
+    if (n_rows == 0) return LOOM_OK;
+    if (n_rows > 0x7fffffff)
+        LOOM_K_UNSUPPORTED("cuda: logit edits of %lld rows", (long long)n_rows);
+    edit_args a = {x, x_stride, row_off, ent, pen, edit_raw};
+    edit_kernel<<<(unsigned)n_rows, 32, 0, stream>>>(a);
+    LOOM_K_LAUNCHED("logit edits");
+    return LOOM_OK;
+}
+
 extern "C" size_t loom__cuda_logits_summary_bytes(int64_t n_rows, int32_t n_top) {
     return (size_t)n_rows * (sizeof(loom_logit_summary) + (size_t)n_top * sizeof(loom_logit_cand));
 }

@@ -226,6 +226,22 @@ size_t loom__cuda_logits_summary_bytes(int64_t n_rows, int32_t n_top);
 loom_status loom__cuda_logits_summary(cudaStream_t stream, const float *x, size_t x_stride,
                                       int64_t n_rows, int32_t n_vocab, int32_t n_top, void *out);
 
+/* One edit of a row (loom_logit_edits, flattened): count 0, x[id] += bias; else the penalty of
+ * a token seen count times. */
+typedef struct loom__k_logit_edit {
+    int32_t id;
+    int32_t count;
+    float bias;
+} loom__k_logit_edit;
+
+/* Applies rows' edits in place: row r's entries ent[row_off[r] .. row_off[r + 1]) in order,
+ * its penalty parameters pen[3r .. 3r + 2] (repeat, presence, frequency); edit_raw[r *
+ * LOOM_LOGIT_SUMMARY_MAX_EDITS + j] receives entry j's raw value (NaN as -inf). Device
+ * memory; ids checked by the host. */
+loom_status loom__cuda_logits_edit(cudaStream_t stream, float *x, size_t x_stride, int64_t n_rows,
+                                   const int32_t *row_off, const loom__k_logit_edit *ent,
+                                   const float *pen, float *edit_raw);
+
 #ifdef __cplusplus
 }
 #endif

@@ -367,7 +367,8 @@ typedef struct sum_ctx {
 static void sum_run(void *p, int copy) {
     (void)copy;
     sum_ctx *c = p;
-    if (g_gpu.ops->logits_summary(g_gpu.ctx, &c->logits, 256, c->sum, c->top) != LOOM_OK)
+    if (g_gpu.ops->logits_summary(g_gpu.ctx, &c->logits, 256, NULL, c->sum, c->top, NULL, NULL,
+                                  NULL) != LOOM_OK)
         die("logits_summary");
 }
 

@@ -125,7 +125,15 @@ struct loom_engine {
     uint8_t *summary_only;         /* [max_seqs] per logit row: sampled from its summary */
     loom_logit_summary *summaries; /* [max_seqs] */
     loom_logit_cand *summary_top;  /* [max_seqs * LOOM_ENGINE_SUMMARY_TOP] */
-    int32_t *seqs, *n_new;         /* [max_seqs] KV sequences of the batch, tokens each */
+    /* A summary row's bias and penalties (loom_logit_edits), and what the summarizer reports of
+     * the row before them. */
+    loom_logit_edits *edits;      /* [max_seqs] */
+    int32_t *pen_id, *pen_count;  /* [max_seqs * LOOM_LOGIT_SUMMARY_MAX_EDITS] */
+    loom_logit_summary *raw_sums; /* [max_seqs] */
+    loom_logit_cand *raw_top;     /* [max_seqs * LOOM_ENGINE_SUMMARY_TOP] */
+    float *edit_raw;              /* [max_seqs * LOOM_LOGIT_SUMMARY_MAX_EDITS] */
+    float *summary_scratch;       /* HOST: [n_samplers * n_vocab], each sampler's edited copy */
+    int32_t *seqs, *n_new;        /* [max_seqs] KV sequences of the batch, tokens each */
     struct loom__req_sample **batch_samples; /* [max_seqs] */
     loom_status *row_status;                 /* [max_seqs] the sampler's status per entry */
     int32_t *sample_entry;                   /* [max_seqs] the entries that sample, in order */

@@ -77,6 +77,12 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     e->summary_only = loom__malloc(S * sizeof *e->summary_only);
     e->summaries = loom__malloc(S * sizeof *e->summaries);
     e->summary_top = loom__malloc(S * LOOM_ENGINE_SUMMARY_TOP * sizeof *e->summary_top);
+    e->edits = loom__malloc(S * sizeof *e->edits);
+    e->pen_id = loom__malloc(S * LOOM_LOGIT_SUMMARY_MAX_EDITS * sizeof *e->pen_id);
+    e->pen_count = loom__malloc(S * LOOM_LOGIT_SUMMARY_MAX_EDITS * sizeof *e->pen_count);
+    e->raw_sums = loom__malloc(S * sizeof *e->raw_sums);
+    e->raw_top = loom__malloc(S * LOOM_ENGINE_SUMMARY_TOP * sizeof *e->raw_top);
+    e->edit_raw = loom__malloc(S * LOOM_LOGIT_SUMMARY_MAX_EDITS * sizeof *e->edit_raw);
     e->seqs = loom__malloc(S * sizeof *e->seqs);
     e->n_new = loom__malloc(S * sizeof *e->n_new);
     e->batch_samples = loom__malloc(S * sizeof *e->batch_samples);
@@ -90,7 +96,8 @@ static loom_status alloc_step_arrays(loom_engine *e) {
     e->events = loom__malloc(e->cap_events * sizeof *e->events);
     e->event_ptrs = loom__malloc(e->cap_events * sizeof *e->event_ptrs);
     bool ok = e->tokens && e->pos && e->logit_rows && e->logits && e->summary_only &&
-              e->summaries && e->summary_top && e->seqs && e->n_new && e->batch_samples &&
+              e->summaries && e->summary_top && e->edits && e->pen_id && e->pen_count &&
+              e->raw_sums && e->raw_top && e->edit_raw && e->seqs && e->n_new && e->batch_samples &&
               e->row_status && e->sample_entry && e->batch_reqs && e->batch_index &&
               e->batch_entries && e->results && e->events && e->event_ptrs;
     LOOM_RETURN_IF(!ok, LOOM_ERR_OUT_OF_MEMORY, "engine: out of memory for step buffers");
@@ -138,17 +145,23 @@ static void *engine_thread(void *arg);
  * has logits_summary, else the rows; LOOM_SAMPLE_FROM=rows or =summary overrides (summary on
  * a backend without the slot summarizes on the host, which is how tests check the path on the
  * CPU). */
-static void pick_sample_from(loom_engine *e) {
+static loom_status pick_sample_from(loom_engine *e) {
     const bool slot = e->ops->logits_summary != NULL;
     const char *env = getenv("LOOM_SAMPLE_FROM");
     e->sample_from = slot ? LOOM__FROM_DEVICE : LOOM__FROM_ROWS;
-    if (env == NULL || env[0] == '\0') return;
-    if (strcmp(env, "rows") == 0)
+    if (env != NULL && strcmp(env, "rows") == 0)
         e->sample_from = LOOM__FROM_ROWS;
-    else if (strcmp(env, "summary") == 0)
+    else if (env != NULL && strcmp(env, "summary") == 0)
         e->sample_from = slot ? LOOM__FROM_DEVICE : LOOM__FROM_HOST;
-    else
+    else if (env != NULL && env[0] != '\0')
         LOOM_LOG_W("engine: LOOM_SAMPLE_FROM=%s ignored (rows or summary)", env);
+    if (e->sample_from != LOOM__FROM_HOST) return LOOM_OK;
+    /* each sampler's copy of a row to edit */
+    e->summary_scratch = loom__malloc((size_t)e->n_samplers * (size_t)e->model->cfg.n_vocab *
+                                      sizeof *e->summary_scratch);
+    LOOM_RETURN_IF(e->summary_scratch == NULL, LOOM_ERR_OUT_OF_MEMORY,
+                   "engine: out of memory for the samplers' scratch rows");
+    return LOOM_OK;
 }
 
 static loom_status create_engine(loom_engine *e) {
@@ -164,7 +177,7 @@ static loom_status create_engine(loom_engine *e) {
     LOOM_TRY(loom__exec_create(e->model, &es, &e->exec));
     LOOM_TRY(loom__engine_kv_create(e));
     LOOM_TRY(alloc_step_arrays(e));
-    pick_sample_from(e);
+    LOOM_TRY(pick_sample_from(e));
     LOOM_TRY(create_sched(e));
     loom__cost_model_init(&e->cost, LOOM_ENGINE_COST_HALF_LIFE);
     e->cost_pub = e->cost;
@@ -304,6 +317,13 @@ void loom_engine_destroy(loom_engine *e) {
     free(e->summary_only);
     free(e->summaries);
     free(e->summary_top);
+    free(e->edits);
+    free(e->pen_id);
+    free(e->pen_count);
+    free(e->raw_sums);
+    free(e->raw_top);
+    free(e->edit_raw);
+    free(e->summary_scratch);
     free(e->seqs);
     free(e->n_new);
     free(e->batch_samples);

@@ -457,61 +457,84 @@ static bool accept_token(loom_engine *e, loom__req *r, int32_t i, loom_token tok
     return done;
 }
 
+/* The sample's penalty window into hist: the tail of its known tokens (prompt, then generated)
+ * that the window covers, none where no penalty is on. Returns its length. */
+static int32_t penalty_window(const loom__req *r, const loom__req_sample *s, loom_token *hist) {
+    const loom__sample_chain_config *c = &r->chain;
+    const int32_t n_known = r->n_prompt + s->n_generated;
+    const bool penalize =
+        c->penalty_last_n != 0 &&
+        (c->repeat_penalty != 1 || c->presence_penalty != 0 || c->frequency_penalty != 0);
+    if (!penalize) return 0;
+    const int32_t n_hist =
+        c->penalty_last_n < 0 || c->penalty_last_n > n_known ? n_known : c->penalty_last_n;
+    for (int32_t h = 0; h < n_hist; h++) hist[h] = loom__sample_token(r, s, n_known - n_hist + h);
+    return n_hist;
+}
+
 /* Which logit rows are sampled from summaries (engine.h, sample_from): those of requests whose
- * settings a summary covers (sample/chain.h). Row j is the j-th entry that samples. Returns
- * whether the backend is to summarize any. */
+ * settings a summary covers (sample/chain.h), with their bias and penalties as edits (a window
+ * too long for them copies the row). Row j is the j-th entry that samples. Returns whether the
+ * backend is to summarize any. */
 static bool mark_summary_rows(loom_engine *e, int32_t n) {
     bool any = false;
     for (int32_t b = 0, j = 0; b < n; b++) {
         if (!e->batch_entries[b]->sample) continue;
-        const bool ok =
-            e->sample_from != LOOM__FROM_ROWS &&
-            loom__sample_chain_summary_ok(&e->batch_reqs[b]->chain, LOOM_ENGINE_SUMMARY_TOP);
-        e->summary_only[j++] = ok;
+        const loom__req *r = e->batch_reqs[b];
+        bool ok = e->sample_from != LOOM__FROM_ROWS &&
+                  loom__sample_chain_summary_ok(&r->chain, LOOM_ENGINE_SUMMARY_TOP);
+        if (ok) {
+            const int32_t n_hist = penalty_window(r, e->batch_samples[b], e->known);
+            ok = loom__sample_chain_edits(
+                &r->chain, e->known, n_hist, e->pen_id + (size_t)j * LOOM_LOGIT_SUMMARY_MAX_EDITS,
+                e->pen_count + (size_t)j * LOOM_LOGIT_SUMMARY_MAX_EDITS, &e->edits[j]);
+        }
+        e->summary_only[j] = ok;
+        if (!ok) e->edits[j] = (loom_logit_edits){0};
+        j++;
         any |= ok;
     }
     return any && e->sample_from == LOOM__FROM_DEVICE;
 }
 
-/* Runs the request's sampler chain on one row of logits. The penalties' history is the tail of
- * the sample's known tokens (prompt, then generated) that their window covers; the draw index
- * is the position of the token being drawn. */
+/* Runs the request's sampler chain on one row of logits, or on its summary. The penalties'
+ * history is the sample's penalty window; the draw index is the position of the token being
+ * drawn. */
 static loom_status sample_row(loom_engine *e, int32_t k, const loom__req *r, loom__req_sample *s,
                               int32_t i, int32_t j) {
-    float *logits = e->logits + (size_t)j * (size_t)e->model->cfg.n_vocab;
-    loom_token *hist = e->sample_hist[k]; /* sampler k's own: rows are sampled in parallel */
+    const int32_t V = e->model->cfg.n_vocab;
+    float *logits = e->logits + (size_t)j * (size_t)V;
     loom__sample_chain_config cfg = r->chain;
     /* Each sample draws from its own stream; sample 0 matches an n = 1 request. */
     cfg.seed = r->chain.seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
     const int32_t n_known = r->n_prompt + s->n_generated;
-    bool penalize =
-        cfg.penalty_last_n != 0 &&
-        (cfg.repeat_penalty != 1 || cfg.presence_penalty != 0 || cfg.frequency_penalty != 0);
-    int32_t n_hist = 0;
-    if (penalize)
-        n_hist =
-            cfg.penalty_last_n < 0 || cfg.penalty_last_n > n_known ? n_known : cfg.penalty_last_n;
-    for (int32_t h = 0; h < n_hist; h++) hist[h] = loom__sample_token(r, s, n_known - n_hist + h);
     loom__sample_chain_result res;
     memset(&res, 0, sizeof res);
     res.top_raw = s->top;
     res.top_final = s->top ? s->top + cfg.n_logprobs : NULL;
-    bool need_row = e->summary_only[j] == 0;
-    if (!need_row) { /* from the row's summary: the backend's, or made here from the row */
-        loom_logit_summary *sum = &e->summaries[j];
-        loom_logit_cand *top = e->summary_top + (size_t)j * LOOM_ENGINE_SUMMARY_TOP;
-        if (e->sample_from == LOOM__FROM_HOST)
-            loom__sample_logits_summarize(logits, e->model->cfg.n_vocab, LOOM_ENGINE_SUMMARY_TOP,
-                                          sum, top);
-        LOOM_TRY(loom__sample_chain_run_summary(e->sample_ws[k], &cfg, sum, top, (uint64_t)n_known,
-                                                &res, &need_row));
-        /* Fewer finite logits than top-k: the list holds them all, and is the row. */
-        if (need_row)
-            LOOM_TRY(loom__sample_chain_rebuild_row(sum, top, e->model->cfg.n_vocab, logits));
-    }
-    if (need_row)
+    if (!e->summary_only[j]) {
+        loom_token *hist = e->sample_hist[k]; /* sampler k's own: rows are sampled in parallel */
+        const int32_t n_hist = penalty_window(r, s, hist);
         LOOM_TRY(loom__sample_chain_run(e->sample_ws[k], &cfg, logits, hist, n_hist,
                                         (uint64_t)n_known, &res));
+    } else { /* from the row's summary: the backend's, or made here from the row */
+        const size_t at = (size_t)j * LOOM_ENGINE_SUMMARY_TOP;
+        const loom__row_summary rs = {.sum = &e->summaries[j],
+                                      .top = e->summary_top + at,
+                                      .edits = &e->edits[j],
+                                      .raw_sum = &e->raw_sums[j],
+                                      .raw_top = e->raw_top + at,
+                                      .edit_raw =
+                                          e->edit_raw + (size_t)j * LOOM_LOGIT_SUMMARY_MAX_EDITS};
+        if (e->sample_from == LOOM__FROM_HOST)
+            loom__sample_logits_summarize_edited(
+                logits, V, LOOM_ENGINE_SUMMARY_TOP, rs.edits, e->summary_scratch + (size_t)k * V,
+                &e->summaries[j], e->summary_top + at, &e->raw_sums[j], e->raw_top + at,
+                e->edit_raw + (size_t)j * LOOM_LOGIT_SUMMARY_MAX_EDITS);
+        /* the row's own slot of e->logits is the scratch a rebuilt row needs */
+        LOOM_TRY(loom__sample_chain_run_summary(e->sample_ws[k], &cfg, &rs, (uint64_t)n_known,
+                                                logits, &res));
+    }
     loom__sampler_info(&res, &s->info);
     return LOOM_OK;
 }
@@ -696,6 +719,10 @@ static loom_status step(loom_engine *e) {
                 .summary = e->summaries,
                 .top = e->summary_top,
                 .n_top = LOOM_ENGINE_SUMMARY_TOP,
+                .edits = e->edits,
+                .raw_summary = e->raw_sums,
+                .raw_top = e->raw_top,
+                .edit_raw = e->edit_raw,
                 .on_layers = e->trace ? loom__trace_on_layers : NULL,
                 .hook_user = &e->hook,
                 .hook_every = e->layers.every,

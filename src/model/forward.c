@@ -286,8 +286,11 @@ static loom_status copy_logits(const loom_backend_ops *ops, void *ctx, const loo
     LOOM_RETURN_IF(ops->logits_summary == NULL, LOOM_ERR_INVALID_ARG,
                    "forward: summaries asked of backend %s, which has no logits_summary",
                    ops->name);
-    LOOM_TRY(ops->logits_summary(ctx, out, b->n_top, b->summary + done,
-                                 b->top + (size_t)done * (size_t)b->n_top));
+    const size_t at = (size_t)done * (size_t)b->n_top;
+    LOOM_TRY(ops->logits_summary(ctx, out, b->n_top, b->edits ? b->edits + done : NULL,
+                                 b->summary + done, b->top + at, b->raw_summary + done,
+                                 b->raw_top + at,
+                                 b->edit_raw + (size_t)done * LOOM_LOGIT_SUMMARY_MAX_EDITS));
     for (int32_t j = 0; j < r;) {
         if (b->summary_only[done + j]) {
             j++;

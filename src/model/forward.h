@@ -60,6 +60,13 @@ typedef struct loom__batch {
     loom_logit_summary *summary;
     loom_logit_cand *top;
     int32_t n_top;
+    /* With summary_only: each wanted row's edits (bias, penalties; none for the rows copied
+     * whole), and where they are, what the slot reports of the row before them (raw_summary[j],
+     * raw_top[j * n_top], edit_raw[j * LOOM_LOGIT_SUMMARY_MAX_EDITS]). */
+    const loom_logit_edits *edits;
+    loom_logit_summary *raw_summary;
+    loom_logit_cand *raw_top;
+    float *edit_raw;
     /* For layer-by-layer checks against a reference: when stop_after > 0, only the first
      * stop_after layers run and the residual stream [n_tokens, D] is copied to the host array
      * hidden instead of computing logits. 0 in normal use. */

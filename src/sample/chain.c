@@ -271,80 +271,131 @@ loom_status loom__sample_chain_run(loom__sample_chain_ws *ws, const loom__sample
 
 /* ---- the run over a row's summary ------------------------------------------------------- */
 
-/* Whether bias or penalties edit the logits (the summary describes the raw row only). */
-static bool edits_logits(const loom__sample_chain_config *c) {
-    const bool penalties =
-        c->penalty_last_n != 0 &&
-        (c->repeat_penalty != 1 || c->presence_penalty != 0 || c->frequency_penalty != 0);
-    return c->n_bias > 0 || penalties;
+static bool penalties_on(const loom__sample_chain_config *c) {
+    return c->penalty_last_n != 0 &&
+           (c->repeat_penalty != 1 || c->presence_penalty != 0 || c->frequency_penalty != 0);
 }
 
 bool loom__sample_chain_summary_ok(const loom__sample_chain_config *c, int32_t n_top) {
-    if (c == NULL || n_top < 1 || edits_logits(c) || c->n_logprobs > n_top) return false;
+    if (c == NULL || n_top < 1 || c->n_logprobs > n_top) return false;
+    if (c->n_bias < 0 || c->n_bias > LOOM_LOGIT_SUMMARY_MAX_EDITS) return false;
     return c->temperature == 0 || (c->top_k >= 1 && c->top_k <= n_top);
+}
+
+static int cmp_token(const void *a, const void *b) {
+    const loom_token *p = a, *q = b;
+    return (*p > *q) - (*p < *q);
+}
+
+bool loom__sample_chain_edits(const loom__sample_chain_config *c, const loom_token *hist,
+                              int32_t n_hist, int32_t *pen_id, int32_t *pen_count,
+                              loom_logit_edits *out) {
+    *out = (loom_logit_edits){.bias = c->bias,
+                              .n_bias = c->n_bias,
+                              .repeat_penalty = c->repeat_penalty,
+                              .presence_penalty = c->presence_penalty,
+                              .frequency_penalty = c->frequency_penalty};
+    if (c->n_bias > LOOM_LOGIT_SUMMARY_MAX_EDITS) return false;
+    if (!penalties_on(c) || n_hist <= 0) return true;
+    /* the window the chain's penalties read (chain_prepare.c) */
+    int32_t start = 0;
+    if (c->penalty_last_n > 0 && n_hist > c->penalty_last_n) start = n_hist - c->penalty_last_n;
+    const int32_t w = n_hist - start;
+    if (w > LOOM_LOGIT_SUMMARY_MAX_EDITS - c->n_bias) return false;
+    /* distinct tokens with their counts: the window sorted, then runs (the penalties of
+     * distinct tokens touch distinct logits, so their order does not matter) */
+    memcpy(pen_id, hist + start, (size_t)w * sizeof *pen_id);
+    qsort(pen_id, (size_t)w, sizeof *pen_id, cmp_token);
+    int32_t n = 0;
+    for (int32_t i = 0; i < w;) {
+        int32_t j = i;
+        while (j < w && pen_id[j] == pen_id[i]) j++;
+        pen_id[n] = pen_id[i];
+        pen_count[n++] = j - i;
+        i = j;
+    }
+    out->pen_id = pen_id;
+    out->pen_count = pen_count;
+    out->n_pen = n;
+    return true;
+}
+
+/* row[0..n_vocab) = -inf but for the summary's entries, which must be every finite logit. */
+static loom_status rebuild_row(const loom_logit_summary *sum, const loom_logit_cand *top,
+                               int32_t n_vocab, float *row) {
+    LOOM_RETURN_IF(sum->n_top != sum->n_finite || row == NULL, LOOM_ERR_INVALID_ARG,
+                   "sample chain: a summary of %d of %d finite logits cannot rebuild its row",
+                   sum->n_top, sum->n_finite);
+    for (int32_t i = 0; i < n_vocab; i++) row[i] = -INFINITY;
+    for (int32_t i = 0; i < sum->n_top; i++) {
+        LOOM_RETURN_IF(top[i].id < 0 || top[i].id >= n_vocab, LOOM_ERR_BAD_INPUT,
+                       "sample chain: summary entry %d names token %d of %d", i, top[i].id,
+                       n_vocab);
+        row[top[i].id] = top[i].logit;
+    }
+    return LOOM_OK;
+}
+
+/* The raw logit of token tok whose processed logit is x: an edited token's raw value, else x. */
+static float raw_logit(const loom__row_summary *rs, bool edited, loom_token tok, float x) {
+    if (!edited) return x;
+    const loom_logit_edits *e = rs->edits;
+    for (int32_t j = 0; j < e->n_bias; j++)
+        if (e->bias[j].id == tok) return rs->edit_raw[j];
+    for (int32_t j = 0; j < e->n_pen; j++)
+        if (e->pen_id[j] == tok) return rs->edit_raw[e->n_bias + j];
+    return x;
 }
 
 loom_status loom__sample_chain_run_summary(loom__sample_chain_ws *ws,
                                            const loom__sample_chain_config *c,
-                                           const loom_logit_summary *sum,
-                                           const loom_logit_cand *top, uint64_t draw_index,
-                                           loom__sample_chain_result *out, bool *need_row) {
-    LOOM_CHECK_ARG(ws != NULL && c != NULL && sum != NULL && out != NULL && need_row != NULL);
-    LOOM_CHECK_ARG(sum->n_top >= 0 && (sum->n_top == 0 || top != NULL));
-    *need_row = false;
+                                           const loom__row_summary *rs, uint64_t draw_index,
+                                           float *row, loom__sample_chain_result *out) {
+    LOOM_CHECK_ARG(ws != NULL && c != NULL && rs != NULL && out != NULL && rs->sum != NULL);
+    const loom_logit_summary *sum = rs->sum;
+    const bool edited = rs->edits != NULL && rs->edits->n_bias + rs->edits->n_pen > 0;
+    LOOM_CHECK_ARG(sum->n_top >= 0 && (sum->n_top == 0 || rs->top != NULL));
+    LOOM_CHECK_ARG(!edited || (rs->raw_sum != NULL && rs->edit_raw != NULL &&
+                               (rs->raw_sum->n_top == 0 || rs->raw_top != NULL)));
+    const loom_logit_summary *raw = edited ? rs->raw_sum : sum;
+    const loom_logit_cand *top = rs->top, *raw_top = edited ? rs->raw_top : top;
     LOOM_TRY(loom__sample_chain_validate(c, ws->n_vocab));
     LOOM_RETURN_IF(
         c->n_logprobs > 0 && (out->top_raw == NULL || out->top_final == NULL), LOOM_ERR_INVALID_ARG,
         "sample chain: n_logprobs %d needs top_raw and top_final buffers", c->n_logprobs);
-    LOOM_RETURN_IF(sum->n_posinf > 0, LOOM_ERR_BAD_INPUT, "sample chain: %d logits are +inf",
-                   sum->n_posinf);
+    LOOM_RETURN_IF(raw->n_posinf > 0, LOOM_ERR_BAD_INPUT, "sample chain: %d logits are +inf",
+                   raw->n_posinf);
+    LOOM_RETURN_IF(sum->n_posinf > 0, LOOM_ERR_BAD_INPUT,
+                   "sample chain: %d logits overflow after bias and penalties", sum->n_posinf);
     LOOM_RETURN_IF(sum->n_finite <= 0, LOOM_ERR_BAD_INPUT, "sample chain: no finite logit among %d",
                    ws->n_vocab);
-    const int32_t n_known = sum->n_top;
-    /* The list must hold every candidate the settings reach: as summary_ok promises for a list
-     * of n_known entries, or every finite logit (then only bias and penalties need the row). */
-    const bool complete = n_known == sum->n_finite;
-    LOOM_RETURN_IF(edits_logits(c) || (!complete && !loom__sample_chain_summary_ok(c, n_known)),
+    /* The lists must hold every candidate the settings reach: as summary_ok promises for lists
+     * of n_top entries, or every finite logit. */
+    const bool complete = sum->n_top == sum->n_finite;
+    const bool raw_complete = raw->n_top == raw->n_finite;
+    LOOM_RETURN_IF((!complete && !loom__sample_chain_summary_ok(c, sum->n_top)) ||
+                       (!raw_complete && raw->n_top < c->n_logprobs),
                    LOOM_ERR_INVALID_ARG,
-                   "sample chain: these settings need the whole row of logits (bias, penalties, "
-                   "top-k off or above the %d candidates of the summary, or more logprobs)",
-                   n_known);
+                   "sample chain: these settings need the whole row of logits (top-k off or "
+                   "above the %d candidates of the summary, or more logprobs)",
+                   sum->n_top);
 
-    /* Without bias or penalties the processed logits are the raw ones: the summary's
-     * statistics are those the chain computes over the whole row. */
     const loom__logit_stats st = {.max = sum->max,
                                   .sum = sum->sum,
                                   .entropy = sum->entropy,
                                   .varentropy = sum->varentropy,
                                   .n_finite = sum->n_finite,
                                   .argmax = sum->argmax};
-    const double lse_raw = st.max + log(st.sum);
-    out->entropy = st.entropy;
-    out->varentropy = st.varentropy;
-    out->n_top_raw = 0;
-    if (c->n_logprobs > 0) { /* the best n of the whole row are the list's first n */
-        int32_t m = c->n_logprobs < n_known ? c->n_logprobs : n_known;
-        for (int32_t i = 0; i < m; i++)
-            out->top_raw[i] =
-                (loom__sample_chain_logprob){top[i].id, (float)((double)top[i].logit - lse_raw)};
-        out->n_top_raw = m;
-    }
-
+    const double lse_raw = raw->max + log(raw->sum);
     const double t = loom__chain_temperature(c, &st);
     loom_token tok;
-    float tok_logit;
+    float tok_x; /* its processed logit */
     if (t == 0) {
         tok = greedy(c, &st, out);
-        tok_logit = (float)st.max;
-    } else {
+        tok_x = (float)st.max;
+    } else if (c->top_k > 0 && c->top_k < st.n_finite) {
         /* Top-k over fewer than every finite logit keeps the list's first k (the same total
-         * order as the chain's heap). Otherwise the chain walks the whole vocabulary (top-p's
-         * buckets, or every finite logit in id order): the list then holds every finite logit,
-         * and the caller rebuilds the row from it. */
-        if (!(c->top_k > 0 && c->top_k < st.n_finite)) {
-            *need_row = true;
-            return LOOM_OK;
-        }
+         * order as the chain's heap). */
         loom__chain_cand *cd = ws->cand;
         double *w = ws->aux;
         const int32_t k = c->top_k;
@@ -355,30 +406,32 @@ loom_status loom__sample_chain_run_summary(loom__sample_chain_ws *ws,
         bool by_prob = true;
         int32_t n = loom__chain_filter_rest(ws, c, 1.0 / t, st.max, k, z, &by_prob);
         tok = draw(ws, c, t, st.max, n, by_prob, draw_index, out);
-        tok_logit = NAN;
+        tok_x = NAN;
         for (int32_t i = 0; i < k; i++)
-            if (top[i].id == tok) tok_logit = top[i].logit;
+            if (top[i].id == tok) tok_x = top[i].logit;
+    } else {
+        /* The chain walks the whole vocabulary (top-p's buckets, or every finite logit in id
+         * order); the list holds every finite (processed) logit: the row rebuilt from it, run
+         * without the edits it already holds. */
+        LOOM_TRY(rebuild_row(sum, top, ws->n_vocab, row));
+        loom__sample_chain_config plain = *c;
+        plain.n_bias = 0;
+        plain.penalty_last_n = 0;
+        LOOM_TRY(loom__sample_chain_run(ws, &plain, row, NULL, 0, draw_index, out));
+        tok = out->token;
+        tok_x = row[tok];
+    }
+    out->entropy = st.entropy;
+    out->varentropy = st.varentropy;
+    out->n_top_raw = 0;
+    if (c->n_logprobs > 0) { /* the best n of the raw row are its list's first n */
+        int32_t m = c->n_logprobs < raw->n_top ? c->n_logprobs : raw->n_top;
+        for (int32_t i = 0; i < m; i++)
+            out->top_raw[i] = (loom__sample_chain_logprob){
+                raw_top[i].id, (float)((double)raw_top[i].logit - lse_raw)};
+        out->n_top_raw = m;
     }
     out->token = tok;
-    out->logprob_raw = (float)((double)tok_logit - lse_raw);
-    return LOOM_OK;
-}
-
-loom_status loom__sample_chain_rebuild_row(const loom_logit_summary *sum,
-                                           const loom_logit_cand *top, int32_t n_vocab,
-                                           float *row) {
-    LOOM_CHECK_ARG(sum != NULL && row != NULL && n_vocab > 0);
-    LOOM_RETURN_IF(sum->n_top != sum->n_finite || sum->n_posinf != 0 ||
-                       (sum->n_top > 0 && top == NULL),
-                   LOOM_ERR_INVALID_ARG,
-                   "sample chain: a summary of %d of %d finite logits cannot rebuild its row",
-                   sum->n_top, sum->n_finite);
-    for (int32_t i = 0; i < n_vocab; i++) row[i] = -INFINITY;
-    for (int32_t i = 0; i < sum->n_top; i++) {
-        LOOM_RETURN_IF(top[i].id < 0 || top[i].id >= n_vocab, LOOM_ERR_BAD_INPUT,
-                       "sample chain: summary entry %d names token %d of %d", i, top[i].id,
-                       n_vocab);
-        row[top[i].id] = top[i].logit;
-    }
+    out->logprob_raw = (float)((double)raw_logit(rs, edited, tok, tok_x) - lse_raw);
     return LOOM_OK;
 }

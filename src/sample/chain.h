@@ -150,39 +150,66 @@ loom_status loom__sample_chain_run(loom__sample_chain_ws *ws, const loom__sample
 /* ---- sampling from a row's summary (loom_backend.h: logits_summary) ---------------------- */
 /* A device backend can summarize a row of logits — its maximum, normalizer, entropy,
  * varentropy, finite count and arg max, and its n_top best entries — so that only a few KB
- * cross to the host instead of the row (1 MiB for a 262,144-token vocabulary). The run below
- * gives the run over the whole row's results, token and every field, for the settings the
- * summary covers; the statistics' last bits are the summarizer's (a device sums in its own
- * order). */
+ * cross to the host instead of the row (1 MiB for a 262,144-token vocabulary). Bias and
+ * penalties are applied there too (loom_logit_edits, in the chain's arithmetic), the row
+ * summarized before and after them. The run below gives the run over the whole row's results,
+ * token and every field, for the settings a summary covers; the statistics' last bits are the
+ * summarizer's (a device sums in its own order), and with edits the raw normalizer is summed
+ * over the raw row rather than corrected from the edited one. */
 
-/* Whether the settings can be sampled from a summary with n_top candidates: no logit bias, no
- * active penalty (both edit entries the summary does not hold), n_logprobs <= n_top, and
- * either greedy (temperature 0) or top-k on with k <= n_top (top-p, min-p and typical-p then
- * act on the k candidates). Top-k off with a temperature walks the whole vocabulary (top-p's
- * nucleus, min-p's survivors in id order), so it needs the row. */
+/* Whether the settings can be sampled from a summary with n_top candidates: n_logprobs <=
+ * n_top, at most LOOM_LOGIT_SUMMARY_MAX_EDITS bias entries, and either greedy (temperature 0)
+ * or top-k on with k <= n_top (top-p, min-p and typical-p then act on the k candidates). Top-k
+ * off with a temperature walks the whole vocabulary (top-p's nucleus, min-p's survivors in id
+ * order), so it needs the row; so does a penalty window with more distinct tokens than
+ * loom__sample_chain_edits takes (it says so per step). */
 bool loom__sample_chain_summary_ok(const loom__sample_chain_config *c, int32_t n_top);
 
-/* loom__sample_chain_run over a row known by its summary: sum and top[0..sum->n_top) (best
- * first), as logits_summary writes them. Where the settings reach the whole vocabulary only
- * because fewer finite logits than top-k are left (the list then holds them all), it sets
- * *need_row and returns LOOM_OK with nothing else done: rebuild the row
- * (loom__sample_chain_rebuild_row) and run the chain on it. Errors: INVALID_ARG (NULL, bad
- * cfg, settings the summary does not cover), BAD_INPUT (a +inf logit, no finite logit). */
+/* The edits the chain would make for cfg with the request's previous tokens history[0..n_history)
+ * (oldest first; the penalty window is its tail, as in loom__sample_chain_run): cfg's bias
+ * list, and, where a penalty is on, each distinct token of the window with its count, into
+ * pen_id / pen_count (caller arrays of LOOM_LOGIT_SUMMARY_MAX_EDITS entries). Returns false
+ * where the edits do not fit LOOM_LOGIT_SUMMARY_MAX_EDITS (the row is then copied whole);
+ * history ids must be in range (the caller's, as for the run). */
+bool loom__sample_chain_edits(const loom__sample_chain_config *cfg, const loom_token *history,
+                              int32_t n_history, int32_t *pen_id, int32_t *pen_count,
+                              loom_logit_edits *out);
+
+/* A row as its summary gives it: sum and top (the row after its edits, or the row where there
+ * are none); with edits (bias or penalty entries), raw_sum and raw_top the row as it came and
+ * edit_raw the raw value of each edited token (bias entries, then penalty entries). */
+typedef struct loom__row_summary {
+    const loom_logit_summary *sum;
+    const loom_logit_cand *top;
+    const loom_logit_edits *edits; /* NULL or no entries: none */
+    const loom_logit_summary *raw_sum;
+    const loom_logit_cand *raw_top;
+    const float *edit_raw;
+} loom__row_summary;
+
+/* loom__sample_chain_run over a row known by its summary rs, whose edits must be those
+ * loom__sample_chain_edits gives for cfg and the request's history. Where fewer finite logits
+ * than top-k remain the chain walks the whole vocabulary: the list then holds every finite
+ * logit, and the row is rebuilt from it into row (n_vocab floats of scratch) and run. Errors:
+ * INVALID_ARG (NULL, bad cfg, settings the summary does not cover), BAD_INPUT (a +inf logit,
+ * before or after the edits; no finite logit). */
 loom_status loom__sample_chain_run_summary(loom__sample_chain_ws *ws,
                                            const loom__sample_chain_config *cfg,
-                                           const loom_logit_summary *sum,
-                                           const loom_logit_cand *top, uint64_t draw_index,
-                                           loom__sample_chain_result *out, bool *need_row);
-
-/* row[0..n_vocab) = -inf but for the summary's entries, which must be every finite logit of the
- * row (sum->n_top == sum->n_finite, no +inf): a row over which the chain gives what it gives
- * over the original one. Errors: INVALID_ARG (an incomplete list), BAD_INPUT (an id out of
- * range). */
-loom_status loom__sample_chain_rebuild_row(const loom_logit_summary *sum,
-                                           const loom_logit_cand *top, int32_t n_vocab, float *row);
+                                           const loom__row_summary *rs, uint64_t draw_index,
+                                           float *row, loom__sample_chain_result *out);
 
 /* The host's summarizer, what logits_summary computes (the reference for backends, and the
  * engine's where the backend has none): x[0..n) into *sum and top[0..min(n_top, finite)),
- * best first; 1 <= n_top. The statistics are the chain's own, bit for bit. */
+ * best first; 1 <= n_top <= LOOM_LOGIT_SUMMARY_MAX_TOP. The statistics are the chain's own,
+ * bit for bit. */
 void loom__sample_logits_summarize(const float *x, int32_t n, int32_t n_top,
                                    loom_logit_summary *sum, loom_logit_cand *top);
+
+/* The same with edits (NULL or none: as above, raw_* untouched): x summarized into raw_sum /
+ * raw_top, copied into scratch (n floats), edited there as logits_summary edits it (edit_raw
+ * receiving the raw values), and the copy summarized into sum / top. */
+void loom__sample_logits_summarize_edited(const float *x, int32_t n, int32_t n_top,
+                                          const loom_logit_edits *edits, float *scratch,
+                                          loom_logit_summary *sum, loom_logit_cand *top,
+                                          loom_logit_summary *raw_sum, loom_logit_cand *raw_top,
+                                          float *edit_raw);

@@ -55,6 +55,17 @@ static inline uint32_t loom__chain_desc_key(float x) {
     return ~u;
 }
 
+/* The chain's edits of one logit (step 1, a bias entry; step 2, a penalized token seen cnt
+ * times in the window), in the float arithmetic every copy of them must share: the chain's
+ * own (chain_prepare.c) and the summarizer's (summary.c), which a device reproduces. */
+static inline float loom__chain_bias(float x, float bias) {
+    return x + bias;
+}
+static inline float loom__chain_penalize(float x, int32_t cnt, const loom__sample_chain_config *c) {
+    x = x > 0 ? x / c->repeat_penalty : x * c->repeat_penalty;
+    return x - (c->presence_penalty + (float)cnt * c->frequency_penalty);
+}
+
 /* ---- chain_select.c ---- */
 
 /* Higher logit first; equal logits: lower id first (a total order; qsort's signature). */

@@ -92,7 +92,7 @@ loom_status loom__chain_prepare(loom__sample_chain_ws *ws, const loom__sample_ch
     for (int32_t i = 0; i < c->n_bias; i++) {
         loom_token t = c->bias[i].id;
         bool was = x[t] > -INFINITY;
-        x[t] += c->bias[i].bias;
+        x[t] = loom__chain_bias(x[t], c->bias[i].bias);
         edited(ws, t, was, &n_finite);
     }
     if (penalize) {
@@ -105,11 +105,8 @@ loom_status loom__chain_prepare(loom__sample_chain_ws *ws, const loom__sample_ch
             int32_t cnt = ws->counts[t];
             if (cnt == 0) continue;
             ws->counts[t] = 0;
-            float v = x[t];
-            bool was = v > -INFINITY;
-            v = v > 0 ? v / c->repeat_penalty : v * c->repeat_penalty;
-            v -= c->presence_penalty + (float)cnt * c->frequency_penalty;
-            x[t] = v;
+            bool was = x[t] > -INFINITY;
+            x[t] = loom__chain_penalize(x[t], cnt, c);
             edited(ws, t, was, &n_finite);
         }
     }

@@ -4,6 +4,7 @@
  * logits_summary is checked against, and what the engine uses where a backend has none. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "sample/chain_internal.h"
 
@@ -38,4 +39,31 @@ void loom__sample_logits_summarize(const float *x, int32_t n, int32_t n_top,
                                 .argmax = st.argmax,
                                 .n_posinf = n_posinf,
                                 .n_top = held};
+}
+
+void loom__sample_logits_summarize_edited(const float *x, int32_t n, int32_t n_top,
+                                          const loom_logit_edits *e, float *scratch,
+                                          loom_logit_summary *sum, loom_logit_cand *top,
+                                          loom_logit_summary *raw_sum, loom_logit_cand *raw_top,
+                                          float *edit_raw) {
+    if (e == NULL || e->n_bias + e->n_pen == 0) {
+        loom__sample_logits_summarize(x, n, n_top, sum, top);
+        return;
+    }
+    loom__sample_logits_summarize(x, n, n_top, raw_sum, raw_top);
+    memcpy(scratch, x, (size_t)n * sizeof *scratch);
+    /* the chain's steps 1-2 on the touched logits (a NaN as the -inf the chain's copy makes
+     * of it), in its order and arithmetic (chain_prepare.c) */
+    loom__sample_chain_config c = {.repeat_penalty = e->repeat_penalty,
+                                   .presence_penalty = e->presence_penalty,
+                                   .frequency_penalty = e->frequency_penalty};
+    for (int32_t j = 0; j < e->n_bias + e->n_pen; j++) {
+        const loom_token t = j < e->n_bias ? e->bias[j].id : e->pen_id[j - e->n_bias];
+        if (scratch[t] != scratch[t]) scratch[t] = -INFINITY;
+        edit_raw[j] = x[t] != x[t] ? -INFINITY : x[t];
+        scratch[t] = j < e->n_bias
+                         ? loom__chain_bias(scratch[t], e->bias[j].bias)
+                         : loom__chain_penalize(scratch[t], e->pen_count[j - e->n_bias], &c);
+    }
+    loom__sample_logits_summarize(scratch, n, n_top, sum, top);
 }

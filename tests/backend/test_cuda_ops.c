@@ -1029,33 +1029,65 @@ static void test_copy_batch(void **state) {
 /* Sampling from summaries                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
-/* The stand-in's slot: each row through tensor_get and the host's summarizer, with the checks
- * the CUDA op makes. */
+/* The stand-in's slot: each row through tensor_get and the host's summarizer (with the row's
+ * edits), with the checks the CUDA op makes; edited rows are written back, as the op edits
+ * them in place. */
 static loom_status standin_summary(void *stream, const loom_tensor *logits, int32_t n_top,
-                                   loom_logit_summary *sum, loom_logit_cand *top) {
+                                   const loom_logit_edits *edits, loom_logit_summary *sum,
+                                   loom_logit_cand *top, loom_logit_summary *raw_sum,
+                                   loom_logit_cand *raw_top, float *edit_raw) {
     if (logits->type != LOOM_TYPE_F32 || n_top < 1 || n_top > LOOM_LOGIT_SUMMARY_MAX_TOP)
         return LOOM_ERR_INVALID_ARG;
     const int64_t V = logits->ne[0];
-    float *row = malloc((size_t)V * 4);
-    if (row == NULL) return LOOM_ERR_OUT_OF_MEMORY;
-    for (int64_t r = 0; r < logits->ne[1]; r++) {
-        loom_status st = g_gpu.ops->tensor_get(
-            stream, row, (const char *)logits->data + r * logits->row_stride, (size_t)V * 4);
-        if (st != LOOM_OK) {
-            free(row);
-            return st;
+    float *row = malloc((size_t)V * 4), *edited = malloc((size_t)V * 4);
+    loom_status st = row && edited ? LOOM_OK : LOOM_ERR_OUT_OF_MEMORY;
+    for (int64_t r = 0; st == LOOM_OK && r < logits->ne[1]; r++) {
+        char *at = (char *)logits->data + r * logits->row_stride;
+        st = g_gpu.ops->tensor_get(stream, row, at, (size_t)V * 4);
+        if (st != LOOM_OK) break;
+        const loom_logit_edits *e = edits ? &edits[r] : NULL;
+        loom__sample_logits_summarize_edited(
+            row, (int32_t)V, n_top, e, edited, &sum[r], top + r * n_top,
+            raw_sum ? &raw_sum[r] : NULL, raw_top ? raw_top + r * n_top : NULL,
+            edit_raw ? edit_raw + r * LOOM_LOGIT_SUMMARY_MAX_EDITS : NULL);
+        if (e != NULL && e->n_bias + e->n_pen > 0) {
+            st = g_gpu.ops->tensor_set(stream, at, edited, (size_t)V * 4);
+            if (st == LOOM_OK) st = g_gpu.ops->synchronize(stream);
         }
-        loom__sample_logits_summarize(row, (int32_t)V, n_top, &sum[r], top + r * n_top);
     }
     free(row);
-    return LOOM_OK;
+    free(edited);
+    return st;
 }
 
-/* logits_summary against the host's summarizer (sample/chain.h), outputs poisoned first: the
- * counts, the arg max, the maximum and every entry of the top lists exactly (ids and bits); the
- * float64 sums to 1e-12 of themselves (only their order differs). Rows of Gemma 3's vocabulary
- * and small ones; gaussian, on a coarse grid (ties at the list's edge), a third masked with
- * NaN among them, five finite logits, one +inf, none finite; lists of 1, 40, 256 and 1024. */
+/* One row's summary on the backend against the host's: counts, arg max, max and the top list
+ * exactly (ids and bits); the float64 sums to 1e-12 of themselves (only their order differs). */
+static void expect_summary(const loom_logit_summary *s, const loom_logit_cand *st,
+                           const loom_logit_summary *want, const loom_logit_cand *wt,
+                           const char *what) {
+    if (s->n_finite != want->n_finite || s->n_posinf != want->n_posinf || s->n_top != want->n_top ||
+        s->argmax != want->argmax)
+        fail_msg("%s: finite %d/%d, +inf %d/%d, listed %d/%d, arg max %d/%d (cuda/host)", what,
+                 s->n_finite, want->n_finite, s->n_posinf, want->n_posinf, s->n_top, want->n_top,
+                 s->argmax, want->argmax);
+    if (memcmp(st, wt, sizeof *wt * (size_t)want->n_top) != 0)
+        fail_msg("%s: the top lists differ", what);
+    if (want->n_posinf > 0 || want->n_finite == 0) return;
+    if (s->max != want->max) fail_msg("%s: max %.9g, host %.9g", what, s->max, want->max);
+    const double got_v[3] = {s->sum, s->entropy, s->varentropy};
+    const double want_v[3] = {want->sum, want->entropy, want->varentropy};
+    for (int k = 0; k < 3; k++)
+        if (!(fabs(got_v[k] - want_v[k]) <= 1e-12 * fmax(fabs(want_v[k]), 1e-3)))
+            fail_msg("%s: sum/entropy/varentropy [%d] %.17g, host %.17g", what, k, got_v[k],
+                     want_v[k]);
+}
+
+/* logits_summary against the host's summarizer (sample/chain.h), outputs poisoned first. Rows
+ * of Gemma 3's vocabulary and small ones; gaussian, on a coarse grid (ties at the list's edge),
+ * a third masked with NaN among them, five finite logits, one +inf, none finite; lists of 1,
+ * 40, 256 and 1024; without edits, then with edits on three rows (a bias list with a ban, a
+ * boost and an id twice, on a NaN too; penalties over a window; both): the raw and edited
+ * summaries and each edit's raw value. */
 static void test_logits_summary(void **state) {
     (void)state;
     /* The CPU standing in has no slot (its rows are host memory): the test's own logic then
@@ -1070,9 +1102,22 @@ static void test_logits_summary(void **state) {
     const int32_t Vs[] = {262144, 1000};
     const int32_t tops[] = {1, 40, 256, LOOM_LOGIT_SUMMARY_MAX_TOP};
     enum { ROWS = 6 };
+    static const loom_logit_bias bias[4] = {{7, -INFINITY}, {300, 4.5f}, {300, -0.25f}, {2, 1.0f}};
+    static const int32_t pen_id[5] = {3, 7, 9, 300, 500}, pen_count[5] = {1, 4, 2, 1, 3};
+    loom_logit_edits edits[ROWS] = {{0}};
+    edits[0] = (loom_logit_edits){.bias = bias, .n_bias = 4};
+    edits[1] = (loom_logit_edits){.n_pen = 5,
+                                  .pen_id = pen_id,
+                                  .pen_count = pen_count,
+                                  .repeat_penalty = 1.3f,
+                                  .presence_penalty = 0.5f,
+                                  .frequency_penalty = 0.25f};
+    edits[2] = edits[1];
+    edits[2].bias = bias;
+    edits[2].n_bias = 4;
     for (int vi = 0; vi < 2; vi++) {
         const int32_t V = Vs[vi];
-        float *x = host_f32((int64_t)V * ROWS);
+        float *x = host_f32((int64_t)V * ROWS), *scratch = host_f32(V);
         fill_rand(x, (size_t)V * ROWS, 4.0f);
         for (int32_t i = 0; i < V; i++) x[V + i] = 0.5f * roundf(x[V + i]); /* ties */
         for (int32_t i = 0; i < V; i++)
@@ -1082,52 +1127,76 @@ static void test_logits_summary(void **state) {
         x[4 * V + V / 2] = INFINITY;
         for (int32_t i = 0; i < V; i++) x[5 * V + i] = -INFINITY;
         loom_tensor g = gpu_f32(x, V, ROWS);
-        for (int ti = 0; ti < 4; ti++) {
-            const int32_t n_top = tops[ti];
-            loom_logit_summary got[ROWS], want;
+        for (int ti = 0; ti < 8; ti++) {
+            const int32_t n_top = tops[ti % 4];
+            const bool with_edits = ti >= 4;
+            loom_logit_summary got[ROWS], raw_got[ROWS], want, raw_want;
             loom_logit_cand *gt = malloc(sizeof *gt * (size_t)n_top * ROWS);
+            loom_logit_cand *rgt = malloc(sizeof *gt * (size_t)n_top * ROWS);
             loom_logit_cand *wt = malloc(sizeof *wt * (size_t)n_top);
-            assert_true(gt && wt);
+            loom_logit_cand *rwt = malloc(sizeof *wt * (size_t)n_top);
+            float *vals = malloc(sizeof *vals * ROWS * LOOM_LOGIT_SUMMARY_MAX_EDITS);
+            float want_vals[LOOM_LOGIT_SUMMARY_MAX_EDITS];
+            assert_true(gt && rgt && wt && rwt && vals);
             memset(got, 0xff, sizeof got);
+            memset(raw_got, 0xff, sizeof raw_got);
             memset(gt, 0xff, sizeof *gt * (size_t)n_top * ROWS);
-            expect_ok(g_gpu.ops->logits_summary(g_gpu.ctx, &g, n_top, got, gt), "logits_summary");
+            memset(vals, 0xff, sizeof *vals * ROWS * LOOM_LOGIT_SUMMARY_MAX_EDITS);
+            gpu_put(g.data, x, (size_t)V * ROWS * 4); /* the edits of the last call undone */
+            expect_ok(g_gpu.ops->logits_summary(g_gpu.ctx, &g, n_top, with_edits ? edits : NULL,
+                                                got, gt, raw_got, rgt, vals),
+                      "logits_summary");
             for (int r = 0; r < ROWS; r++) {
-                loom__sample_logits_summarize(x + (size_t)r * V, V, n_top, &want, wt);
-                const loom_logit_summary *s = &got[r];
-                if (s->n_finite != want.n_finite || s->n_posinf != want.n_posinf ||
-                    s->n_top != want.n_top || s->argmax != want.argmax)
-                    fail_msg("V=%d top %d row %d: finite %d/%d, +inf %d/%d, listed %d/%d, arg max "
-                             "%d/%d (cuda/host)",
-                             V, n_top, r, s->n_finite, want.n_finite, s->n_posinf, want.n_posinf,
-                             s->n_top, want.n_top, s->argmax, want.argmax);
-                if (memcmp(gt + (size_t)r * n_top, wt, sizeof *wt * (size_t)want.n_top) != 0)
-                    fail_msg("V=%d top %d row %d: the top lists differ", V, n_top, r);
-                if (want.n_posinf > 0 || want.n_finite == 0) continue;
-                if (s->max != want.max)
-                    fail_msg("row %d: max %.9g, host %.9g", r, s->max, want.max);
-                const double got_v[3] = {s->sum, s->entropy, s->varentropy};
-                const double want_v[3] = {want.sum, want.entropy, want.varentropy};
-                for (int k = 0; k < 3; k++)
-                    if (!(fabs(got_v[k] - want_v[k]) <= 1e-12 * fmax(fabs(want_v[k]), 1e-3)))
-                        fail_msg("V=%d row %d: sum/entropy/varentropy [%d] %.17g, host %.17g", V, r,
-                                 k, got_v[k], want_v[k]);
+                char what[96];
+                snprintf(what, sizeof what, "V=%d top %d row %d%s", V, n_top, r,
+                         with_edits ? " (edits)" : "");
+                const loom_logit_edits *e = with_edits ? &edits[r] : NULL;
+                loom__sample_logits_summarize_edited(x + (size_t)r * V, V, n_top, e, scratch, &want,
+                                                     wt, &raw_want, rwt, want_vals);
+                expect_summary(&got[r], gt + (size_t)r * n_top, &want, wt, what);
+                if (e == NULL || e->n_bias + e->n_pen == 0) continue;
+                expect_summary(&raw_got[r], rgt + (size_t)r * n_top, &raw_want, rwt, what);
+                const float *gv = vals + (size_t)r * LOOM_LOGIT_SUMMARY_MAX_EDITS;
+                if (memcmp(gv, want_vals, sizeof *gv * (size_t)(e->n_bias + e->n_pen)) != 0)
+                    fail_msg("%s: the edited logits' raw values differ", what);
             }
             free(gt);
+            free(rgt);
             free(wt);
+            free(rwt);
+            free(vals);
         }
         free(x);
+        free(scratch);
         gpu_free_all();
     }
-    /* bad arguments: an n_top out of range, a non-F32 tensor */
+    /* bad arguments: an n_top out of range, a non-F32 tensor, an edit naming a stray token, too
+     * many edits, edits without the raw outputs */
     loom_tensor g = gpu_f32(NULL, 100, 1);
-    loom_logit_summary s;
-    loom_logit_cand c[1];
-    assert_int_equal(g_gpu.ops->logits_summary(g_gpu.ctx, &g, 0, &s, c), LOOM_ERR_INVALID_ARG);
-    assert_int_equal(
-        g_gpu.ops->logits_summary(g_gpu.ctx, &g, LOOM_LOGIT_SUMMARY_MAX_TOP + 1, &s, c),
-        LOOM_ERR_INVALID_ARG);
+    loom_logit_summary s, rs;
+    loom_logit_cand c[1], rc[1];
+    float v[LOOM_LOGIT_SUMMARY_MAX_EDITS];
+    assert_int_equal(g_gpu.ops->logits_summary(g_gpu.ctx, &g, 0, NULL, &s, c, NULL, NULL, NULL),
+                     LOOM_ERR_INVALID_ARG);
+    assert_int_equal(g_gpu.ops->logits_summary(g_gpu.ctx, &g, LOOM_LOGIT_SUMMARY_MAX_TOP + 1, NULL,
+                                               &s, c, NULL, NULL, NULL),
+                     LOOM_ERR_INVALID_ARG);
+    if (real->logits_summary != NULL) { /* the op's own checks (the stand-in has only some) */
+        loom_logit_bias stray = {100, 1.0f};
+        loom_logit_edits e = {.bias = &stray, .n_bias = 1};
+        assert_int_equal(g_gpu.ops->logits_summary(g_gpu.ctx, &g, 1, &e, &s, c, &rs, rc, v),
+                         LOOM_ERR_INVALID_ARG);
+        stray.id = 5;
+        e.n_bias = LOOM_LOGIT_SUMMARY_MAX_EDITS + 1;
+        assert_int_equal(g_gpu.ops->logits_summary(g_gpu.ctx, &g, 1, &e, &s, c, &rs, rc, v),
+                         LOOM_ERR_INVALID_ARG);
+        e.n_bias = 1;
+        assert_int_equal(g_gpu.ops->logits_summary(g_gpu.ctx, &g, 1, &e, &s, c, NULL, NULL, NULL),
+                         LOOM_ERR_INVALID_ARG);
+    }
     g.type = LOOM_TYPE_F16;
-    assert_int_equal(g_gpu.ops->logits_summary(g_gpu.ctx, &g, 1, &s, c), LOOM_ERR_INVALID_ARG);
+    assert_int_equal(g_gpu.ops->logits_summary(g_gpu.ctx, &g, 1, NULL, &s, c, NULL, NULL, NULL),
+                     LOOM_ERR_INVALID_ARG);
     gpu_free_all();
     g_gpu.ops = real;
 }

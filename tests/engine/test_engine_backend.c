@@ -9,6 +9,7 @@
  *     grows its workspace while running steps of that size, quantized or float32 activations.
  * The tokens are checked too: the same requests on a roomy engine without preemption give the
  * same tokens as with swapping. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -65,27 +66,33 @@ static loom_status rec_attention(void *s, const loom_tensor *q, const loom_kv_de
 }
 
 /* A logits_summary slot for the CPU ops table (which has none: its rows are host memory
- * already): each row fetched through tensor_get and summarized by the host's summarizer, as a
- * device backend's kernel would, so the engine's device path runs end to end. */
-static int64_t g_summary_rows, g_logit_bytes;
+ * already): each row fetched through tensor_get and summarized, with its edits, by the host's
+ * summarizer, as a device backend's kernels would, so the engine's device path runs end to
+ * end. */
+static int64_t g_summary_rows, g_edited_rows, g_logit_bytes;
 static int64_t g_vocab;
 static loom_status rec_logits_summary(void *s, const loom_tensor *logits, int32_t n_top,
-                                      loom_logit_summary *sum, loom_logit_cand *top) {
+                                      const loom_logit_edits *edits, loom_logit_summary *sum,
+                                      loom_logit_cand *top, loom_logit_summary *raw_sum,
+                                      loom_logit_cand *raw_top, float *edit_raw) {
     const int64_t V = logits->ne[0];
-    float *row = malloc((size_t)V * sizeof *row);
-    if (row == NULL) return LOOM_ERR_OUT_OF_MEMORY;
-    for (int64_t r = 0; r < logits->ne[1]; r++) {
-        loom_status st = g_real->tensor_get(
-            s, row, (const char *)logits->data + r * logits->row_stride, (size_t)V * 4);
-        if (st != LOOM_OK) {
-            free(row);
-            return st;
-        }
-        loom__sample_logits_summarize(row, (int32_t)V, n_top, &sum[r], top + r * n_top);
+    float *row = malloc((size_t)V * sizeof *row), *scratch = malloc((size_t)V * sizeof *row);
+    loom_status st = row && scratch ? LOOM_OK : LOOM_ERR_OUT_OF_MEMORY;
+    for (int64_t r = 0; st == LOOM_OK && r < logits->ne[1]; r++) {
+        st = g_real->tensor_get(s, row, (const char *)logits->data + r * logits->row_stride,
+                                (size_t)V * 4);
+        if (st != LOOM_OK) break;
+        const loom_logit_edits *e = edits ? &edits[r] : NULL;
+        loom__sample_logits_summarize_edited(
+            row, (int32_t)V, n_top, e, scratch, &sum[r], top + r * n_top,
+            raw_sum ? &raw_sum[r] : NULL, raw_top ? raw_top + r * n_top : NULL,
+            edit_raw ? edit_raw + r * LOOM_LOGIT_SUMMARY_MAX_EDITS : NULL);
         g_summary_rows++;
+        g_edited_rows += e != NULL && e->n_bias + e->n_pen > 0;
     }
     free(row);
-    return LOOM_OK;
+    free(scratch);
+    return st;
 }
 
 /* Counts the bytes of whole logit rows the engine copies (transfers of exactly k rows). */
@@ -287,12 +294,14 @@ static void run_mixed(loom_engine *e, sampled *out) {
 
 /* The same requests sampled from whole rows, from summaries made on the host
  * (LOOM_SAMPLE_FROM=summary, the CPU's own path), and from a backend's logits_summary (the
- * slot above): every token and every field of its info bit for bit; with the slot, whole rows
- * crossed only for the three requests a summary does not cover. */
+ * slot above): every token and every field of its info bit for bit, but for the raw
+ * log-probabilities of the requests with bias or penalties (summed over the raw row rather
+ * than corrected from the edited one: within 1e-6); with the slot, whole rows crossed only for
+ * the request a summary does not cover (top-k off). */
 static void test_sample_from_summaries(void **state) {
     (void)state;
     static sampled runs[3];
-    int64_t bytes[3] = {0}, summarized[3] = {0};
+    int64_t bytes[3] = {0}, summarized[3] = {0}, edited[3] = {0};
     for (int mode = 0; mode < 3; mode++) {
         loom_model *m = load_recorded(g_path[1], false);
         g_vocab = m->cfg.n_vocab;
@@ -300,10 +309,11 @@ static void test_sample_from_summaries(void **state) {
         if (mode == 2) g_rec.logits_summary = rec_logits_summary;
         setenv("LOOM_SAMPLE_FROM", mode == 0 ? "rows" : "summary", 1);
         loom_engine *e = make_engine(m, 16 << 20, LOOM_PREEMPT_RECOMPUTE);
-        g_logit_bytes = g_summary_rows = 0;
+        g_logit_bytes = g_summary_rows = g_edited_rows = 0;
         run_mixed(e, &runs[mode]);
         bytes[mode] = g_logit_bytes;
         summarized[mode] = g_summary_rows;
+        edited[mode] = g_edited_rows;
         loom_engine_destroy(e);
         loom_model_free(m);
         unsetenv("LOOM_SAMPLE_FROM");
@@ -312,23 +322,42 @@ static void test_sample_from_summaries(void **state) {
     for (int mode = 1; mode < 3; mode++)
         for (int r = 0; r < 8; r++)
             for (int i = 0; i < 24; i++) {
+                const loom_token_info *a = &runs[mode].info[r][i], *b = &runs[0].info[r][i];
                 if (runs[mode].tok[r][i] != runs[0].tok[r][i])
                     fail_msg("mode %d request %d token %d: %d, from rows %d", mode, r, i,
                              runs[mode].tok[r][i], runs[0].tok[r][i]);
-                if (memcmp(&runs[mode].info[r][i], &runs[0].info[r][i],
-                           sizeof runs[0].info[r][i]) != 0 ||
-                    memcmp(runs[mode].top[r][i], runs[0].top[r][i], sizeof runs[0].top[r][i]) != 0)
+                const bool edits = r == 4 || r == 5; /* bias; penalties */
+                if (!(fabsf(a->logprob_raw - b->logprob_raw) <= (edits ? 1e-6f : 0.0f)))
+                    fail_msg("mode %d request %d token %d: raw logprob %.9g, from rows %.9g", mode,
+                             r, i, (double)a->logprob_raw, (double)b->logprob_raw);
+                if (a->token != b->token || a->n_candidates != b->n_candidates ||
+                    a->n_top_raw != b->n_top_raw || a->n_top_final != b->n_top_final ||
+                    memcmp(&a->logprob_final, &b->logprob_final, sizeof a->logprob_final) != 0 ||
+                    memcmp(&a->entropy, &b->entropy, sizeof a->entropy) != 0 ||
+                    memcmp(&a->varentropy, &b->varentropy, sizeof a->varentropy) != 0 ||
+                    memcmp(&a->entropy_final, &b->entropy_final, sizeof a->entropy_final) != 0 ||
+                    memcmp(&a->temperature, &b->temperature, sizeof a->temperature) != 0 ||
+                    memcmp(runs[mode].top[r][i][1], runs[0].top[r][i][1],
+                           sizeof runs[0].top[r][i][1]) != 0)
                     fail_msg("mode %d request %d token %d: token info differs", mode, r, i);
+                for (int k = 0; k < a->n_top_raw; k++) {
+                    const loom_token_logprob *x = &runs[mode].top[r][i][0][k],
+                                             *y = &runs[0].top[r][i][0][k];
+                    if (x->id != y->id ||
+                        !(fabsf(x->logprob - y->logprob) <= (edits ? 1e-6f : 0.0f)))
+                        fail_msg("mode %d request %d token %d: top_raw %d differs", mode, r, i, k);
+                }
             }
     assert_int_equal(summarized[0], 0);
     assert_int_equal(summarized[1], 0);
-    assert_true(summarized[2] > 0);
-    /* 8 x 24 whole rows; with the slot only the 3 uncovered requests' 24 each */
+    /* 8 x 24 whole rows; with the slot only the uncovered request's 24 (the slot sees each
+     * chunk of rows whole, the two requests with edits' rows edited) */
     const int64_t row_bytes = bytes[0] / (8 * 24);
     assert_int_equal(bytes[0], 8 * 24 * row_bytes);
     assert_int_equal(bytes[1], bytes[0]);
-    assert_int_equal(bytes[2], 3 * 24 * row_bytes);
-    assert_int_equal(summarized[2], 8 * 24); /* the slot sees each chunk of rows whole */
+    assert_int_equal(bytes[2], 1 * 24 * row_bytes);
+    assert_int_equal(summarized[2], 8 * 24);
+    assert_int_equal(edited[2], 2 * 24);
 }
 
 /* ---- swap ----------------------------------------------------------------------------------- */

@@ -161,6 +161,106 @@ int run_launch(int V, int n_top, const std::vector<row_kind> &kinds, bool verbos
     return bad;
 }
 
+/* The sampler's edits (edit_kernel) on rows of kind TIES (NaN among them) and WIDE, then the
+ * summary of the edited rows: every logit of each edited row bit for bit the host summarizer's
+ * edited copy (loom__sample_logits_summarize_edited: the chain's own arithmetic), each entry's
+ * raw value, and the edited rows' summaries. A bias list with a ban, a boost, an id twice and
+ * an id on a NaN; penalties over distinct ids with counts; both on a third row. */
+int run_edits(bool verbose) {
+    const int V = 3000, stride = V + 16, n_rows = 3, n_top = 64;
+    std::vector<float> x((size_t)n_rows * stride, INFINITY);
+    for (int r = 0; r < n_rows; r++)
+        fill_row(&x[(size_t)r * stride], V, r == 1 ? WIDE : TIES, 977u + (uint64_t)r);
+    int nan_id = 0;
+    while (x[(size_t)nan_id] == x[(size_t)nan_id]) nan_id++; /* row 0's first NaN */
+    const loom_logit_bias bias[5] = {
+        {5, -INFINITY}, {17, 3.5f}, {17, -0.75f}, {(int32_t)nan_id, 2.0f}, {2999, 1e30f}};
+    const int32_t pen_id[4] = {17, 40, 41, 2000}, pen_count[4] = {3, 1, 2, 5};
+    loom_logit_edits e[n_rows] = {};
+    e[0].bias = bias;
+    e[0].n_bias = 4;
+    e[1].n_pen = 4;
+    e[1].pen_id = pen_id;
+    e[1].pen_count = pen_count;
+    e[1].repeat_penalty = 1.3f;
+    e[1].presence_penalty = 0.4f;
+    e[1].frequency_penalty = 0.3f;
+    e[2] = e[1];
+    e[2].bias = bias;
+    e[2].n_bias = 5;
+    /* the flattened form the host op packs (cuda_ops.c) */
+    std::vector<int32_t> off(n_rows + 1);
+    std::vector<loom__k_logit_edit> ent;
+    std::vector<float> pen(3 * n_rows);
+    for (int r = 0; r < n_rows; r++) {
+        off[r] = (int32_t)ent.size();
+        for (int j = 0; j < e[r].n_bias; j++)
+            ent.push_back(loom__k_logit_edit{e[r].bias[j].id, 0, e[r].bias[j].bias});
+        for (int j = 0; j < e[r].n_pen; j++)
+            ent.push_back(loom__k_logit_edit{e[r].pen_id[j], e[r].pen_count[j], 0.0f});
+        pen[3 * r] = e[r].repeat_penalty;
+        pen[3 * r + 1] = e[r].presence_penalty;
+        pen[3 * r + 2] = e[r].frequency_penalty;
+    }
+    off[n_rows] = (int32_t)ent.size();
+    std::vector<float> edited = x, raw((size_t)n_rows * LOOM_LOGIT_SUMMARY_MAX_EDITS, NAN);
+    edit_args a = {edited.data(), (size_t)stride * sizeof(float),
+                   off.data(),    ent.data(),
+                   pen.data(),    raw.data()};
+    loom_emu::launch(
+        dim3((unsigned)n_rows), dim3(32), 0, [&a] { edit_kernel(a); }, loom_emu::launch_options());
+    std::vector<loom_logit_summary> sum(n_rows);
+    std::vector<loom_logit_cand> top((size_t)n_rows * n_top);
+    summary_args sa;
+    sa.x = edited.data();
+    sa.x_stride = (size_t)stride * sizeof(float);
+    sa.n_vocab = V;
+    sa.n_top = n_top;
+    sa.sum = sum.data();
+    sa.top = top.data();
+    loom_emu::launch(
+        dim3((unsigned)n_rows), dim3(SUM_THREADS), 0, [&sa] { summary_kernel(sa); },
+        loom_emu::launch_options());
+    int bad = 0;
+    std::vector<float> scratch(V), want_raw(LOOM_LOGIT_SUMMARY_MAX_EDITS);
+    std::vector<loom_logit_cand> wt(n_top), rwt(n_top);
+    for (int r = 0; r < n_rows; r++) {
+        loom_logit_summary ws, rws;
+        loom__sample_logits_summarize_edited(&x[(size_t)r * stride], V, n_top, &e[r],
+                                             scratch.data(), &ws, wt.data(), &rws, rwt.data(),
+                                             want_raw.data());
+        const float *got = &edited[(size_t)r * stride];
+        for (int i = 0; i < V; i++) {
+            /* the kernel leaves untouched NaN as NaN (the summary counts it as -inf); the
+             * host's copy does too */
+            if (!bits_equal(got[i], scratch[(size_t)i])) {
+                printf("FAIL logit edits row %d: logit %d is %.9g, host %.9g\n", r, i,
+                       (double)got[i], (double)scratch[(size_t)i]);
+                bad++;
+                break;
+            }
+        }
+        const int m = e[r].n_bias + e[r].n_pen;
+        for (int j = 0; j < m; j++)
+            if (!bits_equal(raw[(size_t)r * LOOM_LOGIT_SUMMARY_MAX_EDITS + j], want_raw[j])) {
+                printf("FAIL logit edits row %d: entry %d's raw value differs\n", r, j);
+                bad++;
+            }
+        const loom_logit_summary &gs = sum[r];
+        if (gs.n_finite != ws.n_finite || gs.n_posinf != ws.n_posinf || gs.argmax != ws.argmax ||
+            !(gs.max == ws.max || gs.n_posinf > 0) || gs.n_top != ws.n_top ||
+            (gs.n_posinf == 0 && !close(gs.sum, ws.sum)) ||
+            memcmp(&top[(size_t)r * n_top], wt.data(), sizeof wt[0] * (size_t)ws.n_top) != 0) {
+            printf("FAIL logit edits row %d: the edited row's summary differs\n", r);
+            bad++;
+        }
+    }
+    if (verbose)
+        printf("  logit edits: %d rows (bias, penalties, both), then their summaries: %s\n", n_rows,
+               bad ? "FAILED" : "ok");
+    return bad;
+}
+
 } // namespace
 
 namespace emu_summary {
@@ -177,6 +277,7 @@ int run_all(bool verbose) {
         bad += run_launch(17, n_top, {TIES, FEW_FINITE, ALL_EQUAL, NONE_FINITE}, verbose);
         bad += run_launch(262144, n_top, large, verbose);
     }
+    bad += run_edits(verbose);
     return bad;
 }
 

@@ -62,13 +62,24 @@ static void expect_same_result(const loom__sample_chain_result *a,
 
 static loom__sample_chain_logprob bufs[4][2 * TOP];
 
-/* One row, one configuration: the whole-row run against the summary's (rebuilding the row
- * where asked). Returns whether the rebuilt row was needed. */
+/* One row, one configuration, the request's history: the whole-row run against the run over
+ * the row's summary (with the edits the settings and history make). Bit for bit, but for the
+ * raw log-probabilities of an edited row (its raw normalizer is summed over the raw row rather
+ * than corrected from the edited one): within 1e-6. Returns whether the chain walked the whole
+ * vocabulary (the summary's row rebuilt). */
 static bool check_one(loom__sample_chain_ws *ws, const loom__sample_chain_config *c, const float *x,
-                      int32_t V, uint64_t draw, const char *what) {
-    loom_logit_summary sum;
-    static loom_logit_cand top[TOP];
-    loom__sample_logits_summarize(x, V, TOP, &sum, top);
+                      int32_t V, const loom_token *hist, int32_t n_hist, uint64_t draw,
+                      const char *what) {
+    static loom_logit_cand top[TOP], raw_top[TOP];
+    static int32_t pen_id[LOOM_LOGIT_SUMMARY_MAX_EDITS], pen_count[LOOM_LOGIT_SUMMARY_MAX_EDITS];
+    static float edit_raw[LOOM_LOGIT_SUMMARY_MAX_EDITS];
+    loom_logit_summary sum, raw_sum;
+    loom_logit_edits edits;
+    assert_true(loom__sample_chain_edits(c, hist, n_hist, pen_id, pen_count, &edits));
+    float *scratch = malloc((size_t)V * sizeof *scratch);
+    assert_non_null(scratch);
+    loom__sample_logits_summarize_edited(x, V, TOP, &edits, scratch, &sum, top, &raw_sum, raw_top,
+                                         edit_raw);
     loom__sample_chain_result full, fromsum;
     memset(&full, 0, sizeof full);
     memset(&fromsum, 0, sizeof fromsum);
@@ -76,22 +87,57 @@ static bool check_one(loom__sample_chain_ws *ws, const loom__sample_chain_config
     full.top_final = bufs[1];
     fromsum.top_raw = bufs[2];
     fromsum.top_final = bufs[3];
-    assert_int_equal(loom__sample_chain_run(ws, c, x, NULL, 0, draw, &full), LOOM_OK);
-    bool need_row = true;
-    assert_int_equal(loom__sample_chain_run_summary(ws, c, &sum, top, draw, &fromsum, &need_row),
-                     LOOM_OK);
-    if (need_row) {
-        float *row = malloc((size_t)V * sizeof *row);
-        assert_non_null(row);
-        assert_int_equal(loom__sample_chain_rebuild_row(&sum, top, V, row), LOOM_OK);
-        memset(&fromsum, 0, sizeof fromsum);
-        fromsum.top_raw = bufs[2];
-        fromsum.top_final = bufs[3];
-        assert_int_equal(loom__sample_chain_run(ws, c, row, NULL, 0, draw, &fromsum), LOOM_OK);
-        free(row);
+    assert_int_equal(loom__sample_chain_run(ws, c, x, hist, n_hist, draw, &full), LOOM_OK);
+    const loom__row_summary rs = {.sum = &sum,
+                                  .top = top,
+                                  .edits = &edits,
+                                  .raw_sum = &raw_sum,
+                                  .raw_top = raw_top,
+                                  .edit_raw = edit_raw};
+    if (loom__sample_chain_run_summary(ws, c, &rs, draw, scratch, &fromsum) != LOOM_OK)
+        fail_msg("%s: %s", what, loom_last_error());
+    free(scratch);
+    const bool edited = edits.n_bias + edits.n_pen > 0;
+    if (edited) { /* the raw log-probabilities within 1e-6, then the rest bit for bit */
+        if (!(fabsf(full.logprob_raw - fromsum.logprob_raw) <= 1e-6f))
+            fail_msg("%s: logprob_raw %.9g, from the row %.9g", what, (double)fromsum.logprob_raw,
+                     (double)full.logprob_raw);
+        assert_int_equal(full.n_top_raw, fromsum.n_top_raw);
+        for (int32_t i = 0; i < full.n_top_raw; i++)
+            if (full.top_raw[i].id != fromsum.top_raw[i].id ||
+                !(fabsf(full.top_raw[i].logprob - fromsum.top_raw[i].logprob) <= 1e-6f))
+                fail_msg("%s: top_raw[%d] differs", what, i);
+        fromsum.logprob_raw = full.logprob_raw;
+        memcpy(fromsum.top_raw, full.top_raw, (size_t)full.n_top_raw * sizeof *full.top_raw);
     }
     expect_same_result(&full, &fromsum, what);
-    return need_row;
+    return c->temperature > 0 && !(c->top_k > 0 && c->top_k < sum.n_finite);
+}
+
+/* The edits rotating over the sweep: none; bias (a ban of the best token, a boost of a poor
+ * one, an id twice); penalties over a 40-token window (tokens among the best and at random);
+ * both. hist receives the window. */
+static int32_t edits_of(int which, const float *x, int32_t V, loom__sample_chain_config *c,
+                        loom_token *hist) {
+    static loom_logit_bias bias[3];
+    int32_t best = 0;
+    for (int32_t i = 1; i < V; i++)
+        if (x[i] > x[best]) best = i;
+    if (which & 1) {
+        bias[0] = (loom_logit_bias){best, -INFINITY};
+        bias[1] = (loom_logit_bias){(best + V / 2) % V, 3.0f};
+        bias[2] = (loom_logit_bias){(best + V / 2) % V, 0.5f};
+        c->bias = bias;
+        c->n_bias = 3;
+    }
+    if (!(which & 2)) return 0;
+    c->repeat_penalty = 1.3f;
+    c->presence_penalty = 0.5f;
+    c->frequency_penalty = 0.2f;
+    c->penalty_last_n = 40;
+    for (int32_t h = 0; h < 50; h++) /* a longer history: the window is its tail */
+        hist[h] = h % 3 == 0 ? (best + h % 7) % V : (loom_token)(frand() * V);
+    return 50;
 }
 
 /* Every covered setting over every row kind: the same result, bit for bit. */
@@ -106,7 +152,8 @@ static void test_summary_equals_row(void **state) {
     const loom_entropy_mode modes[] = {LOOM_ENTROPY_NONE, LOOM_ENTROPY_EXP, LOOM_ENTROPY_EDT,
                                        LOOM_ENTROPY_DYNATEMP};
     const int32_t n_lps[] = {0, 7, 256};
-    int n_cases = 0, n_rebuilt = 0;
+    int n_cases = 0, n_rebuilt = 0, n_edited = 0;
+    loom_token hist[64];
     for (size_t vi = 0; vi < 2; vi++) {
         const int32_t V = Vs[vi];
         loom__sample_chain_ws *ws = make_ws(V);
@@ -119,7 +166,7 @@ static void test_summary_equals_row(void **state) {
                     for (size_t pi = 0; pi < 3; pi++)
                         for (size_t mi = 0; mi < 2; mi++)
                             for (size_t yi = 0; yi < 2; yi++) {
-                                /* the modes and logprob counts rotate over the sweep */
+                                /* the modes, logprob counts and edits rotate over the sweep */
                                 loom__sample_chain_config c = loom__sample_chain_default_config();
                                 c.temperature = temps[ti];
                                 c.top_k = ks[ki];
@@ -129,16 +176,20 @@ static void test_summary_equals_row(void **state) {
                                 c.entropy_mode = modes[n_cases % 4];
                                 c.n_logprobs = n_lps[n_cases % 3];
                                 c.seed = 11u + (uint64_t)n_cases;
+                                const int which = (n_cases / 3) % 4;
+                                const int32_t n_hist = edits_of(which, x, V, &c, hist);
+                                n_edited += which != 0;
                                 assert_true(loom__sample_chain_summary_ok(&c, TOP));
                                 char what[200];
                                 snprintf(what, sizeof what,
                                          "V=%d kind=%d T=%g k=%d p=%g min_p=%g typical=%g mode=%d "
-                                         "logprobs=%d",
+                                         "logprobs=%d edits=%d",
                                          V, kind, (double)c.temperature, c.top_k, (double)c.top_p,
                                          (double)c.min_p, (double)c.typical_p, (int)c.entropy_mode,
-                                         c.n_logprobs);
+                                         c.n_logprobs, which);
                                 for (uint64_t d = 0; d < 3; d++)
-                                    n_rebuilt += check_one(ws, &c, x, V, 1000 + d, what);
+                                    n_rebuilt +=
+                                        check_one(ws, &c, x, V, hist, n_hist, 1000 + d, what);
                                 n_cases++;
                             }
         }
@@ -148,13 +199,14 @@ static void test_summary_equals_row(void **state) {
         g.top_k = 0;
         g.n_logprobs = TOP;
         make_row(x, V, 1, 2.0);
-        check_one(ws, &g, x, V, 5, "greedy, top-k off");
+        check_one(ws, &g, x, V, NULL, 0, 5, "greedy, top-k off");
         free(x);
     }
     /* The rows with 10 finite logits take the rebuilt row wherever top-k reaches 10 */
     assert_true(n_rebuilt > 0);
-    print_message("%d settings x rows x 3 draws; %d went through the rebuilt row\n", n_cases,
-                  n_rebuilt);
+    print_message("%d settings x rows x 3 draws (%d with bias or penalties); %d went through the "
+                  "rebuilt row\n",
+                  n_cases, n_edited, n_rebuilt);
 }
 
 /* The summarizer against float64 sums and a sort of every finite entry. */
@@ -233,19 +285,36 @@ static void test_summary_ok(void **state) {
     assert_true(loom__sample_chain_summary_ok(&c, TOP));
     c.n_logprobs = TOP + 1;
     assert_false(loom__sample_chain_summary_ok(&c, TOP));
-    c = loom__sample_chain_default_config();
+    c = loom__sample_chain_default_config(); /* bias and penalties: edits on the device */
     loom_logit_bias bias = {5, -INFINITY};
     c.bias = &bias;
     c.n_bias = 1;
+    c.repeat_penalty = 1.1f;
+    c.frequency_penalty = 0.5f;
+    assert_true(loom__sample_chain_summary_ok(&c, TOP));
+    c.n_bias = LOOM_LOGIT_SUMMARY_MAX_EDITS + 1; /* more bias entries than a row's edits */
     assert_false(loom__sample_chain_summary_ok(&c, TOP));
+    /* a penalty window longer than the edits take: the row (loom__sample_chain_edits says) */
+    static loom_token hist[LOOM_LOGIT_SUMMARY_MAX_EDITS + 1];
+    static int32_t ids[LOOM_LOGIT_SUMMARY_MAX_EDITS], counts[LOOM_LOGIT_SUMMARY_MAX_EDITS];
+    loom_logit_edits e;
     c = loom__sample_chain_default_config();
     c.repeat_penalty = 1.1f;
-    assert_false(loom__sample_chain_summary_ok(&c, TOP));
-    c.penalty_last_n = 0; /* a window of nothing penalizes nothing */
-    assert_true(loom__sample_chain_summary_ok(&c, TOP));
-    c = loom__sample_chain_default_config();
-    c.frequency_penalty = 0.5f;
-    assert_false(loom__sample_chain_summary_ok(&c, TOP));
+    c.penalty_last_n = -1;
+    assert_false(
+        loom__sample_chain_edits(&c, hist, LOOM_LOGIT_SUMMARY_MAX_EDITS + 1, ids, counts, &e));
+    /* its window, the last 64 of 1025: positions 961..1000 hold 0, 1, 2; 1001..1024 hold 7, 8,
+     * 9 — six distinct tokens, counted */
+    c.penalty_last_n = 64;
+    for (int i = 0; i < LOOM_LOGIT_SUMMARY_MAX_EDITS + 1; i++) hist[i] = i % 3 + (i > 1000) * 7;
+    assert_true(
+        loom__sample_chain_edits(&c, hist, LOOM_LOGIT_SUMMARY_MAX_EDITS + 1, ids, counts, &e));
+    assert_int_equal(e.n_pen, 6);
+    static const int32_t want_ids[6] = {0, 1, 2, 7, 8, 9}, want_counts[6] = {13, 14, 13, 8, 8, 8};
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(ids[i], want_ids[i]);
+        assert_int_equal(counts[i], want_counts[i]);
+    }
 }
 
 /* Bad summaries and settings get clear errors. */
@@ -253,7 +322,7 @@ static void test_summary_errors(void **state) {
     (void)state;
     const int32_t V = 100;
     loom__sample_chain_ws *ws = make_ws(V);
-    float x[100];
+    float x[100], row[100];
     for (int i = 0; i < V; i++) x[i] = (float)gauss();
     loom_logit_summary s;
     static loom_logit_cand top[TOP];
@@ -261,39 +330,41 @@ static void test_summary_errors(void **state) {
     loom__sample_chain_config c = loom__sample_chain_default_config();
     loom__sample_chain_result r;
     memset(&r, 0, sizeof r);
-    bool need = false;
+    loom__row_summary rs = {.sum = &s, .top = top};
     /* top-k 40 over a list of 20 of 100 finite logits: not covered */
-    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &s, top, 0, &r, &need),
-                     LOOM_ERR_INVALID_ARG);
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, row, &r), LOOM_ERR_INVALID_ARG);
     c.top_k = 10;
-    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &s, top, 0, &r, &need), LOOM_OK);
-    assert_false(need);
-    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &s, NULL, 0, &r, &need),
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, row, &r), LOOM_OK);
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, NULL, 0, row, &r),
                      LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom__sample_chain_run_summary(ws, &c, NULL, top, 0, &r, &need),
-                     LOOM_ERR_INVALID_ARG);
-    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &s, top, 0, &r, NULL),
-                     LOOM_ERR_INVALID_ARG);
+    rs.top = NULL;
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, row, &r), LOOM_ERR_INVALID_ARG);
+    rs.top = top;
     loom_logit_summary bad = s;
-    bad.n_posinf = 1;
-    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &bad, top, 0, &r, &need),
-                     LOOM_ERR_BAD_INPUT);
+    bad.n_posinf = 1; /* a +inf (or one made by the edits) */
+    rs.sum = &bad;
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, row, &r), LOOM_ERR_BAD_INPUT);
     bad = s;
     bad.n_finite = 0;
-    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &bad, top, 0, &r, &need),
-                     LOOM_ERR_BAD_INPUT);
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, row, &r), LOOM_ERR_BAD_INPUT);
+    rs.sum = &s;
     c.temperature = -1; /* the settings are validated as the whole-row run validates them */
-    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &s, top, 0, &r, &need),
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, row, &r), LOOM_ERR_INVALID_ARG);
+    c.temperature = 0.5f;
+    /* edits without the raw row's summary */
+    loom_logit_bias b = {3, 1.0f};
+    loom_logit_edits e = {.bias = &b, .n_bias = 1};
+    rs.edits = &e;
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, row, &r), LOOM_ERR_INVALID_ARG);
+    /* every logit finite in a list of 100, top-k 200: the row rebuilt, and without scratch */
+    loom__sample_logits_summarize(x, V, 100, &s, top);
+    rs = (loom__row_summary){.sum = &s, .top = top};
+    c.top_k = 200;
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, row, &r), LOOM_OK);
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, NULL, &r),
                      LOOM_ERR_INVALID_ARG);
-    /* a row rebuilt from a list that does not hold every finite logit, or names a stray id */
-    float row[100];
-    assert_int_equal(loom__sample_chain_rebuild_row(&s, top, V, row), LOOM_ERR_INVALID_ARG);
-    loom_logit_summary full = s;
-    full.n_finite = full.n_top;
-    assert_int_equal(loom__sample_chain_rebuild_row(&full, top, V, row), LOOM_OK);
-    top[3].id = V;
-    assert_int_equal(loom__sample_chain_rebuild_row(&full, top, V, row), LOOM_ERR_BAD_INPUT);
-    assert_int_equal(loom__sample_chain_rebuild_row(NULL, top, V, row), LOOM_ERR_INVALID_ARG);
+    top[3].id = V; /* a stray id in the list */
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, row, &r), LOOM_ERR_BAD_INPUT);
 }
 
 int main(void) {

@@ -74,6 +74,9 @@ typedef struct loom__cuda_stream {
     /* logits_summary's results in device memory before they cross to the host. */
     void *summary_work;
     size_t summary_work_cap;
+    /* The rows' edits packed on the host before they cross (malloc'd). */
+    void *edit_host;
+    size_t edit_host_cap;
     int64_t n_grows; /* allocations after stream_create (a stream made without a shape) */
 } loom__cuda_stream;
 
@@ -137,7 +140,9 @@ loom_status loom__cuda_kv_store_op(void *stream, const loom_tensor *k, const loo
 loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const loom_kv_desc *kv,
                                     const loom_attn_params *p, loom_tensor *out);
 loom_status loom__cuda_logits_summary_op(void *stream, const loom_tensor *logits, int32_t n_top,
-                                         loom_logit_summary *sum, loom_logit_cand *top);
+                                         const loom_logit_edits *edits, loom_logit_summary *sum,
+                                         loom_logit_cand *top, loom_logit_summary *raw_sum,
+                                         loom_logit_cand *raw_top, float *edit_raw);
 loom_status loom__cuda_glu_op(void *stream, const loom_tensor *gate, const loom_tensor *up,
                               loom_glu_kind kind, loom_tensor *out);
 loom_status loom__cuda_add_rms_norm_op(void *stream, loom_tensor *x, const loom_tensor *y,

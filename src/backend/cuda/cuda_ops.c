@@ -4,6 +4,8 @@
  * memory. */
 #include "backend/cuda/cuda_internal.h"
 
+#include <stdlib.h>
+
 #include "tensor/op_check.h"
 #include "tensor/types.h"
 
@@ -246,8 +248,66 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
 /* Sampling                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The rows' edits flattened for the device (loom__k_logit_edit), after checking them: row
+ * offsets, entries and penalty parameters, packed into one host area (ints, then entries, then
+ * floats). Returns the entries' count; 0: no row has any. */
+static loom_status pack_edits(loom__cuda_stream *c, const loom_logit_edits *edits, int64_t n,
+                              int64_t V, size_t *bytes, int64_t *n_ent) {
+    int64_t total = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const loom_logit_edits *e = &edits[r];
+        const int64_t m = (int64_t)e->n_bias + e->n_pen;
+        LOOM_RETURN_IF(e->n_bias < 0 || e->n_pen < 0 || m > LOOM_LOGIT_SUMMARY_MAX_EDITS ||
+                           (e->n_bias > 0 && e->bias == NULL) ||
+                           (e->n_pen > 0 && (e->pen_id == NULL || e->pen_count == NULL)),
+                       LOOM_ERR_INVALID_ARG,
+                       "logits_summary: row %lld's edits (%d bias, %d penalty entries; at most "
+                       "%d together, with their arrays)",
+                       (long long)r, e->n_bias, e->n_pen, LOOM_LOGIT_SUMMARY_MAX_EDITS);
+        for (int32_t j = 0; j < e->n_bias; j++)
+            LOOM_RETURN_IF(e->bias[j].id < 0 || e->bias[j].id >= V, LOOM_ERR_INVALID_ARG,
+                           "logits_summary: row %lld bias %d names token %d of %lld", (long long)r,
+                           j, e->bias[j].id, (long long)V);
+        for (int32_t j = 0; j < e->n_pen; j++)
+            LOOM_RETURN_IF(e->pen_id[j] < 0 || e->pen_id[j] >= V || e->pen_count[j] < 1,
+                           LOOM_ERR_INVALID_ARG,
+                           "logits_summary: row %lld penalty %d: token %d (of %lld), count %d",
+                           (long long)r, j, e->pen_id[j], (long long)V, e->pen_count[j]);
+        total += m;
+    }
+    *n_ent = total;
+    if (total == 0) return LOOM_OK;
+    *bytes = (size_t)(n + 1) * 4 + (size_t)total * sizeof(loom__k_logit_edit) + (size_t)n * 12;
+    if (*bytes > c->edit_host_cap) {
+        void *p = realloc(c->edit_host, *bytes);
+        LOOM_RETURN_IF(p == NULL, LOOM_ERR_OUT_OF_MEMORY,
+                       "logits_summary: out of host memory for %zu bytes of edits", *bytes);
+        c->edit_host = p;
+        c->edit_host_cap = *bytes;
+    }
+    int32_t *off = c->edit_host;
+    loom__k_logit_edit *ent = (loom__k_logit_edit *)(off + n + 1);
+    float *pen = (float *)(ent + total);
+    int32_t at = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const loom_logit_edits *e = &edits[r];
+        off[r] = at;
+        for (int32_t j = 0; j < e->n_bias; j++)
+            ent[at++] = (loom__k_logit_edit){e->bias[j].id, 0, e->bias[j].bias};
+        for (int32_t j = 0; j < e->n_pen; j++)
+            ent[at++] = (loom__k_logit_edit){e->pen_id[j], e->pen_count[j], 0.0f};
+        pen[3 * r] = e->repeat_penalty;
+        pen[3 * r + 1] = e->presence_penalty;
+        pen[3 * r + 2] = e->frequency_penalty;
+    }
+    off[n] = at;
+    return LOOM_OK;
+}
+
 loom_status loom__cuda_logits_summary_op(void *stream, const loom_tensor *logits, int32_t n_top,
-                                         loom_logit_summary *sum, loom_logit_cand *top) {
+                                         const loom_logit_edits *edits, loom_logit_summary *sum,
+                                         loom_logit_cand *top, loom_logit_summary *raw_sum,
+                                         loom_logit_cand *raw_top, float *edit_raw) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL && logits != NULL && sum != NULL && top != NULL);
     LOOM_RETURN_IF(
@@ -260,19 +320,52 @@ loom_status loom__cuda_logits_summary_op(void *stream, const loom_tensor *logits
         loom__type_name(logits->type), (long long)logits->ne[0], (long long)logits->ne[1]);
     LOOM_RETURN_IF(n_top < 1 || n_top > LOOM_LOGIT_SUMMARY_MAX_TOP, LOOM_ERR_INVALID_ARG,
                    "logits_summary: n_top %d (1 .. %d)", n_top, LOOM_LOGIT_SUMMARY_MAX_TOP);
-    const int64_t n = logits->ne[1];
+    const int64_t n = logits->ne[1], V = logits->ne[0];
     if (n == 0) return LOOM_OK;
+    int64_t n_ent = 0;
+    size_t edit_bytes = 0;
+    if (edits != NULL) {
+        LOOM_TRY(pack_edits(c, edits, n, V, &edit_bytes, &n_ent));
+        LOOM_RETURN_IF(n_ent > 0 && (raw_sum == NULL || raw_top == NULL || edit_raw == NULL),
+                       LOOM_ERR_INVALID_ARG,
+                       "logits_summary: edited rows need raw_sum, raw_top and edit_raw");
+    }
     LOOM_TRY(loom__cuda_bind(c->dev));
-    const size_t bytes = loom__cuda_logits_summary_bytes(n, n_top);
+    /* the device area: the summaries, then (with edits) the raw rows' summaries, the raw values
+     * of the edited logits, and the packed edits */
+    const size_t one = loom__cuda_logits_summary_bytes(n, n_top);
+    const size_t raw_vals = (size_t)n * LOOM_LOGIT_SUMMARY_MAX_EDITS * 4;
+    const size_t bytes = n_ent > 0 ? 2 * one + raw_vals + edit_bytes : one;
     if (bytes > c->summary_work_cap) c->n_grows++;
     LOOM_TRY(loom__cuda_regrow(c, &c->summary_work, &c->summary_work_cap, bytes));
-    LOOM_TRY(loom__cuda_logits_summary(c->s, logits->data, logits->row_stride, n,
-                                       (int32_t)logits->ne[0], n_top, c->summary_work));
-    const size_t sum_bytes = (size_t)n * sizeof *sum;
-    LOOM_CU_TRY(cudaMemcpyAsync(sum, c->summary_work, sum_bytes, cudaMemcpyDeviceToHost, c->s));
-    LOOM_CU_TRY(cudaMemcpyAsync(top, (const char *)c->summary_work + sum_bytes,
-                                (size_t)n * (size_t)n_top * sizeof *top, cudaMemcpyDeviceToHost,
-                                c->s));
+    char *work = c->summary_work;
+    const size_t sum_bytes = (size_t)n * sizeof *sum, top_bytes = (size_t)n * n_top * sizeof *top;
+    if (n_ent > 0) {
+        char *raw_area = work + one, *vals = raw_area + one, *packed = vals + raw_vals;
+        LOOM_CU_TRY(
+            cudaMemcpyAsync(packed, c->edit_host, edit_bytes, cudaMemcpyHostToDevice, c->s));
+        const int32_t *off = (const int32_t *)packed;
+        const loom__k_logit_edit *ent = (const loom__k_logit_edit *)(off + n + 1);
+        const float *pen = (const float *)(ent + n_ent);
+        LOOM_TRY(loom__cuda_logits_summary(c->s, logits->data, logits->row_stride, n, (int32_t)V,
+                                           n_top, raw_area));
+        LOOM_TRY(loom__cuda_logits_edit(c->s, logits->data, logits->row_stride, n, off, ent, pen,
+                                        (float *)vals));
+        LOOM_CU_TRY(cudaMemcpyAsync(raw_sum, raw_area, sum_bytes, cudaMemcpyDeviceToHost, c->s));
+        LOOM_CU_TRY(cudaMemcpyAsync(raw_top, raw_area + sum_bytes, top_bytes,
+                                    cudaMemcpyDeviceToHost, c->s));
+        for (int64_t r = 0; r < n; r++) {
+            const size_t m = (size_t)edits[r].n_bias + (size_t)edits[r].n_pen;
+            if (m == 0) continue;
+            const size_t at = (size_t)r * LOOM_LOGIT_SUMMARY_MAX_EDITS;
+            LOOM_CU_TRY(
+                cudaMemcpyAsync(edit_raw + at, vals + at * 4, m * 4, cudaMemcpyDeviceToHost, c->s));
+        }
+    }
+    LOOM_TRY(loom__cuda_logits_summary(c->s, logits->data, logits->row_stride, n, (int32_t)V, n_top,
+                                       work));
+    LOOM_CU_TRY(cudaMemcpyAsync(sum, work, sum_bytes, cudaMemcpyDeviceToHost, c->s));
+    LOOM_CU_TRY(cudaMemcpyAsync(top, work + sum_bytes, top_bytes, cudaMemcpyDeviceToHost, c->s));
     LOOM_CU_TRY(cudaStreamSynchronize(c->s));
     return LOOM_OK;
 }

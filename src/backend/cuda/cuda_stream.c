@@ -127,6 +127,7 @@ void loom__cuda_stream_destroy(void *stream) {
     if (c->s != NULL) (void)cudaStreamSynchronize(c->s);
     (void)cudaFree(c->fp8_work);
     (void)cudaFree(c->summary_work);
+    free(c->edit_host);
     (void)cudaFree(c->attn_work);
     (void)cudaFree(c->meta_dev);
     (void)cudaFreeHost(c->meta_host);

@@ -282,9 +282,12 @@ static void run_mixed(loom_engine *e, sampled *out) {
                 int i = n[r]++;
                 out->tok[r][i] = ev[k]->token;
                 out->info[r][i] = *in;
-                memcpy(out->top[r][i][0], in->top_raw, (size_t)in->n_top_raw * sizeof *in->top_raw);
-                memcpy(out->top[r][i][1], in->top_final,
-                       (size_t)in->n_top_final * sizeof *in->top_final);
+                if (in->n_top_raw > 0) /* the arrays are NULL without logprobs */
+                    memcpy(out->top[r][i][0], in->top_raw,
+                           (size_t)in->n_top_raw * sizeof *in->top_raw);
+                if (in->n_top_final > 0)
+                    memcpy(out->top[r][i][1], in->top_final,
+                           (size_t)in->n_top_final * sizeof *in->top_final);
                 out->info[r][i].top_raw = out->info[r][i].top_final = NULL;
             }
         }

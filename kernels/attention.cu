@@ -90,7 +90,8 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn
     const int hd = kv.head_dim, G = a.p.n_head / kv.n_kv_heads;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-    extern __shared__ float sm[];
+    LOOM_K_DYN_SMEM(attn_sm);
+    float *sm = (float *)attn_sm;
     float *q_s = sm;                        /* [G][hd] */
     float *comb = q_s + G * hd;             /* [ATTN_WARPS][G][hd] */
     float *ml = comb + ATTN_WARPS * G * hd; /* [ATTN_WARPS][G][2] */
@@ -232,6 +233,7 @@ static int attn_maxg(int hdc) {
     return hdc == 8 ? 8 : 16;
 }
 
+#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
 extern "C" size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim) {
     return (size_t)LOOM_K_ATTN_ROWS * (size_t)n_head * LOOM_K_ATTN_MAX_SPLITS *
            ((size_t)head_dim + 2) * sizeof(float);
@@ -312,3 +314,4 @@ extern "C" loom_status loom__cuda_attention(cudaStream_t stream, const loom__k_k
         LOOM_K_UNSUPPORTED("cuda: attention over kv type %u", (unsigned)kv->kv_type);
     }
 }
+#endif

@@ -73,6 +73,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args 
     }
 }
 
+#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
 template <int T> static loom_status gemv_launch(cudaStream_t stream, const gemv_args &a) {
     const int64_t gy = loom_cdiv(a.n_tokens, GEMV_TOKENS);
     const int64_t gx = loom_cdiv(a.w.n, GEMV_WARPS);
@@ -116,3 +117,4 @@ extern "C" loom_status loom__cuda_matmul(cudaStream_t stream, const loom__k_weig
         LOOM_K_UNSUPPORTED("cuda: matmul of weight type %u", (unsigned)w->type);
     }
 }
+#endif

@@ -49,6 +49,7 @@ extern "C" int loom__cuda_weight_type_native(uint32_t type) {
     }
 }
 
+#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
 template <int T>
 static loom_status rows_launch(cudaStream_t stream, const rows_args &a, int64_t n_ids) {
     get_rows_kernel<T><<<(unsigned)n_ids, 128, 0, stream>>>(a);
@@ -87,3 +88,4 @@ extern "C" loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_we
         LOOM_K_UNSUPPORTED("cuda: get_rows of weight type %u", (unsigned)w->type);
     }
 }
+#endif

@@ -144,7 +144,8 @@ static __device__ __forceinline__ bool run_start(const loom__k_kv &kv, int r) {
 /* Shared memory: the newcomer's norms [2][H] (K, V), then the block_sum area. */
 template <int KV>
 static __global__ void __launch_bounds__(MERGE_THREADS) store_b_kernel(merge_args a) {
-    extern __shared__ double smem[];
+    LOOM_K_DYN_SMEM(merge_sm);
+    double *smem = (double *)merge_sm;
     double *red = smem;
     float *xnorm = (float *)(smem + MERGE_THREADS / 32); /* [2][H] */
     __shared__ int32_t decide[2]; /* the newcomer's row (-1: merged), victim */
@@ -241,6 +242,7 @@ static __global__ void __launch_bounds__(MERGE_THREADS) store_b_kernel(merge_arg
     } while (r < kv.n_rows && !run_start(kv, r));
 }
 
+#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
 template <int KV> static loom_status merge_launch(cudaStream_t stream, const merge_args &a) {
     if (!a.m.later) {
         dim3 grid((unsigned)a.kv.n_rows, (unsigned)a.kv.n_kv_heads);
@@ -274,3 +276,4 @@ extern "C" loom_status loom__cuda_kv_store_merged(cudaStream_t stream, const loo
                            (unsigned)kv->kv_type);
     }
 }
+#endif

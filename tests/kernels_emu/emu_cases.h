@@ -1,6 +1,6 @@
-// emu_cases.h — the kernel cases of test_kernels_emu, one file per kernel family
-// (emu_prefill.cpp, emu_summary.cpp, emu_gemm.cpp), each of which compiles its kernel from
-// kernels/*.cu. The prefill cases are compiled twice: as the kernel is, and with the planted bug
+// emu_cases.h — the kernel cases of test_kernels_emu, one file per kernel family (emu_<family>.cpp
+// for kernels/<family>.cu), each of which compiles its kernel from kernels/*.cu. The prefill and
+// split-KV attention cases are compiled twice: as the kernel is, and with the planted bug
 // (LOOM_K_PLANTED_BUG), which the test must catch.
 #pragma once
 
@@ -46,4 +46,33 @@ int run_all(bool verbose);
 }
 namespace emu_gemm {
 int run_all(bool verbose);
+}
+namespace emu_gemv {
+int run_all(bool verbose);
+}
+namespace emu_get_rows {
+int run_all(bool verbose);
+}
+namespace emu_elementwise {
+int run_all(bool verbose);
+}
+namespace emu_rope {
+int run_all(bool verbose);
+}
+namespace emu_kv_store {
+int run_all(bool verbose);
+}
+namespace emu_kv_merge {
+int run_all(bool verbose);
+}
+namespace emu_fp8_gemm {
+int run_all(bool verbose);
+}
+// attention.cu's split-KV and merge kernels; the planted build's run_planted() gives the
+// problem its long rows show (empty: the planted off-by-one went unnoticed).
+namespace emu_attention {
+int run_all(bool verbose);
+}
+namespace emu_attention_planted {
+std::string run_planted();
 }

@@ -3,9 +3,13 @@
 // kernel_emu.h in place of the CUDA headers) and executed on the SIMT emulator of
 // kernel_emu.cpp, then checked against a reference: attention_prefill.cu against float64 paged
 // attention (and the planted off-by-one of LOOM_K_PLANTED_BUG must be caught), logits_summary.cu
-// against the host's summarizer, gemm.cu against a float64 product. The emulator's schedules
-// vary from case to case, so a missing barrier shows as a wrong result.
-// `test_kernels_emu [prefill] [summary] [gemm] [-v]` runs the parts named (all by default).
+// against the host's summarizer, gemm.cu against a float64 product, and the other families
+// against the CPU backend's op (emu_<family>.cpp; gemv.cu against a float64 sum over the CPU's
+// decoded weights, fp8_gemm.cu's kernels against tensor/fp8.h), attention.cu's planted
+// off-by-one caught too. The emulator's schedules vary from case to case, so a missing barrier
+// shows as a wrong result.
+// `test_kernels_emu [PART ...] [-v]` runs the parts named (all by default): prefill, summary,
+// gemm, gemv, get_rows, elementwise, rope, kv_store, attention, kv_merge, fp8_gemm.
 #include <stdio.h>
 #include <string.h>
 
@@ -135,42 +139,66 @@ int prefill_tests(bool verbose) {
     return bad;
 }
 
+// attention.cu's split-KV and merge kernels; then the planted build's long rows must fail.
+int attention_tests(bool verbose) {
+    int bad = emu_attention::run_all(verbose);
+    const std::string planted = emu_attention_planted::run_planted();
+    if (planted.empty()) {
+        printf("FAIL attention: the planted off-by-one (LOOM_K_PLANTED_BUG) went unnoticed\n");
+        bad++;
+    } else if (verbose) {
+        printf("  attention planted bug caught: %s\n", planted.c_str());
+    }
+    return bad;
+}
+
+struct part {
+    const char *name;
+    const char *label; // the kernel file
+    int (*run)(bool verbose);
+};
+
+const part parts[] = {
+    {"prefill", "attention_prefill", prefill_tests},
+    {"summary", "logits_summary", emu_summary::run_all},
+    {"gemm", "gemm", emu_gemm::run_all},
+    {"gemv", "gemv", emu_gemv::run_all},
+    {"get_rows", "get_rows", emu_get_rows::run_all},
+    {"elementwise", "elementwise", emu_elementwise::run_all},
+    {"rope", "rope", emu_rope::run_all},
+    {"kv_store", "kv_store", emu_kv_store::run_all},
+    {"attention", "attention", attention_tests},
+    {"kv_merge", "kv_merge", emu_kv_merge::run_all},
+    {"fp8_gemm", "fp8_gemm", emu_fp8_gemm::run_all},
+};
+const int n_parts = (int)(sizeof parts / sizeof parts[0]);
+
 } // namespace
 
 int main(int argc, char **argv) {
-    bool verbose = false, prefill = false, summary = false, gemm = false;
+    bool verbose = false, want[n_parts] = {}, any = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-v"))
+        if (!strcmp(argv[i], "-v")) {
             verbose = true;
-        else if (!strcmp(argv[i], "prefill"))
-            prefill = true;
-        else if (!strcmp(argv[i], "summary"))
-            summary = true;
-        else if (!strcmp(argv[i], "gemm"))
-            gemm = true;
-        else {
-            fprintf(stderr, "usage: %s [prefill] [summary] [gemm] [-v]\n", argv[0]);
+            continue;
+        }
+        int j = 0;
+        while (j < n_parts && strcmp(argv[i], parts[j].name) != 0) j++;
+        if (j == n_parts) {
+            fprintf(stderr, "usage: %s [PART ...] [-v]; parts:", argv[0]);
+            for (const part &p : parts) fprintf(stderr, " %s", p.name);
+            fprintf(stderr, "\n");
             return 2;
         }
+        want[j] = any = true;
     }
-    if (!prefill && !summary && !gemm) prefill = summary = gemm = true;
     int bad = 0;
-    if (prefill) {
+    for (int j = 0; j < n_parts; j++) {
+        if (any && !want[j]) continue;
         const auto t0 = std::chrono::steady_clock::now();
-        const int b = prefill_tests(verbose);
-        printf("attention_prefill: %s (%.1f s)\n", b ? "FAILED" : "ok", seconds_since(t0));
-        bad += b;
-    }
-    if (summary) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const int b = emu_summary::run_all(verbose);
-        printf("logits_summary: %s (%.1f s)\n", b ? "FAILED" : "ok", seconds_since(t0));
-        bad += b;
-    }
-    if (gemm) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const int b = emu_gemm::run_all(verbose);
-        printf("gemm: %s (%.1f s)\n", b ? "FAILED" : "ok", seconds_since(t0));
+        const int b = parts[j].run(verbose);
+        printf("%s: %s (%.1f s)\n", parts[j].label, b ? "FAILED" : "ok", seconds_since(t0));
+        fflush(stdout);
         bad += b;
     }
     const loom_emu::counters &c = loom_emu::stats();

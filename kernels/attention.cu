@@ -7,6 +7,10 @@
  * maximum, sum and accumulator) per head; the warps' states meet in shared memory, and a merge
  * kernel combines the splits in order.
  *
+ * Head sizes 64, 128 and 256 over 16-byte-aligned pages (not merged pairs) take the vector
+ * form below: each position's K and V read as 16-byte vectors, a warp over several positions
+ * at once; other shapes the scalar form, one position per warp at a time.
+ *
  * FP8 pages are read as they lie: each position's codes widened to float32 and multiplied by
  * its (position, head) scale, the values the CPU backend's attention reads. The layers of a
  * merged pair (kv_merge.cu) read directions multiplied by their own norms, the later layer a
@@ -201,6 +205,224 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn
     }
 }
 
+/* ---- the vector form: 16-byte loads ------------------------------------------------------ */
+/* The common shapes (head sizes 64, 128, 256 over pages whose rows are 16-byte aligned; not the
+ * layers of merged pairs) read each position's K and V as 16-byte vectors: a lane holds EPL
+ * consecutive elements of a vector (8 of F16 and BF16, 4 of F32, 16 of FP8), LPP lanes cover a
+ * position's row, and a warp takes 32 / LPP positions at a time — each lane group keeping its
+ * own online softmax over its positions, the groups' states combined in a fixed xor tree when
+ * the split is done. A position's dot products reduce over the group's lanes by shuffles, once
+ * per query head, so one load of K and V serves the whole GQA group as before. Results differ
+ * from the scalar form in the order of the additions only; a row's bits still depend on the
+ * row alone. */
+
+/* Elements of one 16-byte vector, lanes per position, vectors per lane, for a page type and a
+ * head size. */
+template <int KV> static __host__ __device__ constexpr int vec_epl() {
+    return KV == LOOM_K_F32 ? 4 : (KV == LOOM_K_FP8_E4M3 || KV == LOOM_K_FP8_E5M2) ? 16 : 8;
+}
+template <int KV, int HD> static __host__ __device__ constexpr int vec_lpp() {
+    return HD / vec_epl<KV>() < 32 ? HD / vec_epl<KV>() : 32;
+}
+template <int KV, int HD> static __host__ __device__ constexpr int vec_vpl() {
+    return HD / vec_epl<KV>() / vec_lpp<KV, HD>();
+}
+/* The most query heads per KV head the vector form holds accumulators for (registers): 8, or
+ * 4 where a lane holds 16 elements. */
+template <int KV, int HD> static __host__ __device__ constexpr int vec_maxg() {
+    return vec_epl<KV>() * vec_vpl<KV, HD>() > 8 ? 4 : 8;
+}
+
+/* The n = EPL values of one 16-byte vector at p, as float32. */
+template <int KV> static __device__ __forceinline__ void vec_load(const char *p, float *v) {
+    const uint4 w = *(const uint4 *)p;
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    if (KV == LOOM_K_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) v[i] = __uint_as_float(u[i]);
+    } else if (KV == LOOM_K_F16 || KV == LOOM_K_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint16_t lo = (uint16_t)(u[i] & 0xffffu), hi = (uint16_t)(u[i] >> 16);
+            v[2 * i] = KV == LOOM_K_F16 ? loom_h2f(lo) : loom_bf2f(lo);
+            v[2 * i + 1] = KV == LOOM_K_F16 ? loom_h2f(hi) : loom_bf2f(hi);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const uint8_t b = (uint8_t)(u[i >> 2] >> (8 * (i & 3)));
+            v[i] = KV == LOOM_K_FP8_E4M3 ? loom__fp8_e4m3_to_f32(b) : loom__fp8_e5m2_to_f32(b);
+        }
+    }
+}
+
+template <int KV, int HD>
+static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_vec_kernel(attn_args a) {
+    constexpr int EPL = vec_epl<KV>(), LPP = vec_lpp<KV, HD>(), VPL = vec_vpl<KV, HD>();
+    constexpr int EL = EPL * VPL, PPW = 32 / LPP, MAXG = vec_maxg<KV, HD>();
+    const loom__k_kv &kv = a.kv;
+    const int split = blockIdx.x, kvh = blockIdx.y, rr = blockIdx.z, r = attn_row(a, rr);
+    int lo, pos, ns, chunk;
+    row_range(kv, r, &lo, &pos, &ns, &chunk);
+    if (split >= ns) return;
+    const int a0 = lo + split * chunk;
+    const int a1 = a0 + chunk < pos + 1 ? a0 + chunk : pos + 1;
+    const int G = a.p.n_head / kv.n_kv_heads;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int grp = lane / LPP, sub = lane % LPP;
+
+    LOOM_K_DYN_SMEM(sm_raw);
+    float *sm = (float *)sm_raw;
+    float *q_s = sm;                        /* [G][HD] */
+    float *comb = q_s + G * HD;             /* [ATTN_WARPS][G][HD] */
+    float *ml = comb + ATTN_WARPS * G * HD; /* [ATTN_WARPS][G][2] */
+    const float *qrow = (const float *)((const char *)a.p.q + (size_t)r * a.p.q_stride);
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q_s[i] = qrow[kvh * G * HD + i];
+    __syncthreads();
+
+    /* this lane's elements of a row: vector v covers [(v LPP + sub) EPL, + EPL) */
+    float m[MAXG], l[MAXG], acc[MAXG][EL];
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < EL; i++) acc[g][i] = 0.0f;
+    }
+    const int32_t *table = kv.block_ids + kv.indptr[kv.row_seq[r]];
+    constexpr size_t elt = KV == LOOM_K_F32 ? 4 : (EPL == 16 ? 1 : 2);
+    const bool fp8 = KV == LOOM_K_FP8_E4M3 || KV == LOOM_K_FP8_E5M2;
+    /* warp w takes positions a0 + (k ATTN_WARPS + w) PPW + grp, k = 0, 1, ... */
+    for (int t0 = a0 + warp * PPW; t0 < a1; t0 += ATTN_WARPS * PPW) {
+        const int t = t0 + grp;
+        const bool valid = t < a1;
+        float kf[EL], vf[EL];
+        float ks = 1.0f, vs = 1.0f;
+        if (valid) {
+            const int blk = table[t / kv.block_size], slot = t % kv.block_size;
+            const size_t at = (size_t)blk * kv.block_stride + (size_t)slot * kv.token_stride +
+                              (size_t)kvh * HD * elt;
+            const char *kp = (const char *)a.p.k_pool + at, *vp = (const char *)a.p.v_pool + at;
+#pragma unroll
+            for (int v = 0; v < VPL; v++) {
+                vec_load<KV>(kp + (size_t)((v * LPP + sub) * EPL) * elt, kf + v * EPL);
+                vec_load<KV>(vp + (size_t)((v * LPP + sub) * EPL) * elt, vf + v * EPL);
+            }
+            if (fp8) {
+                const size_t sat = (size_t)blk * kv.scale_block_stride +
+                                   (size_t)slot * kv.scale_token_stride +
+                                   (size_t)kvh * sizeof(float);
+                ks = *(const float *)((const char *)a.p.k_scale + sat);
+                vs = *(const float *)((const char *)a.p.v_scale + sat);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < EL; i++) kf[i] = vf[i] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < EL; i++) {
+            kf[i] *= ks;
+            vf[i] *= vs;
+        }
+#pragma unroll
+        for (int g = 0; g < MAXG; g++) {
+            if (g < G) {
+                float d = 0.0f;
+#pragma unroll
+                for (int v = 0; v < VPL; v++)
+#pragma unroll
+                    for (int i = 0; i < EPL; i++)
+                        d = fmaf(q_s[g * HD + (v * LPP + sub) * EPL + i], kf[v * EPL + i], d);
+                        /* the group's lanes: a fixed tree within the LPP-lane group */
+#pragma unroll
+                for (int o = LPP / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                if (valid) {
+                    float sc = d * a.p.scale;
+                    if (a.p.softcap > 0.0f) sc = a.p.softcap * tanhf(sc / a.p.softcap);
+                    const float mn = fmaxf(m[g], sc);
+                    const float co = expf(m[g] - mn), cn = expf(sc - mn);
+                    l[g] = l[g] * co + cn;
+#pragma unroll
+                    for (int i = 0; i < EL; i++) acc[g][i] = acc[g][i] * co + cn * vf[i];
+                    m[g] = mn;
+                }
+            }
+        }
+    }
+    /* the lane groups' states into one per warp: a fixed xor tree over the groups (a group that
+     * saw no position has m = -inf and weighs 0) */
+#pragma unroll
+    for (int o = LPP; o < 32; o <<= 1) {
+#pragma unroll
+        for (int g = 0; g < MAXG; g++) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m[g], o);
+            const float l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
+            const float M = fmaxf(m[g], m2);
+            const float f1 = M == -INFINITY ? 0.0f : expf(m[g] - M);
+            const float f2 = M == -INFINITY ? 0.0f : expf(m2 - M);
+            l[g] = l[g] * f1 + l2 * f2;
+#pragma unroll
+            for (int i = 0; i < EL; i++) {
+                const float a2 = __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+                acc[g][i] = acc[g][i] * f1 + a2 * f2;
+            }
+            m[g] = M;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+        if (g < G && grp == 0) {
+#pragma unroll
+            for (int v = 0; v < VPL; v++)
+#pragma unroll
+                for (int i = 0; i < EPL; i++)
+                    comb[(warp * G + g) * HD + (v * LPP + sub) * EPL + i] = acc[g][v * EPL + i];
+            if (lane == 0) {
+                ml[(warp * G + g) * 2] = m[g];
+                ml[(warp * G + g) * 2 + 1] = l[g];
+            }
+        }
+    }
+    __syncthreads();
+    /* the warps' states, in warp order, as the scalar form */
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+        const int g = i / HD, e = i % HD;
+        float M = -INFINITY;
+        for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, ml[(w * G + g) * 2]);
+        float A = 0.0f, L = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            const float mw = ml[(w * G + g) * 2];
+            if (mw == -INFINITY) continue;
+            const float f = expf(mw - M);
+            A += comb[(w * G + g) * HD + e] * f;
+            L += ml[(w * G + g) * 2 + 1] * f;
+        }
+        const int h = kvh * G + g;
+        part_out(a, rr, h, split)[e] = A;
+        if (e == 0) {
+            part_ml(a, rr, h, split)[0] = M;
+            part_ml(a, rr, h, split)[1] = L;
+        }
+    }
+}
+
+/* The head size the vector form runs a layer with (64, 128 or 256), or 0: the scalar form
+ * (other head sizes, merged pairs, pages not 16-byte aligned, more query heads per KV head
+ * than its accumulators hold). A rule on the layer alone, so a row's kernel does not depend on
+ * its batch. */
+template <int KV> static int attn_vec_hd(const loom__k_kv &kv, const loom__k_attn &p) {
+    const int hd = kv.head_dim;
+    if ((hd != 64 && hd != 128 && hd != 256) || p.merge.base != NULL) return 0;
+    const int G = p.n_head / kv.n_kv_heads;
+    const int maxg = hd == 64    ? vec_maxg<KV, 64>()
+                     : hd == 128 ? vec_maxg<KV, 128>()
+                                 : vec_maxg<KV, 256>();
+    if (G > maxg) return 0;
+    const uintptr_t align = (uintptr_t)p.k_pool | (uintptr_t)p.v_pool | (uintptr_t)kv.token_stride |
+                            (uintptr_t)kv.block_stride;
+    return align % 16 == 0 ? hd : 0;
+}
+
 /* One block per (row, query head): the row's splits in order. */
 static __global__ void attn_merge_kernel(attn_args a) {
     const int rr = blockIdx.x, h = blockIdx.y, r = attn_row(a, rr);
@@ -257,11 +479,19 @@ static loom_status attn_run(cudaStream_t stream, const loom__k_kv *kv, const loo
     const int G = p->n_head / kv->n_kv_heads;
     const size_t smem =
         ((size_t)G * kv->head_dim * (1 + ATTN_WARPS) + ATTN_WARPS * G * 2) * sizeof(float);
+    const int vec_hd = attn_vec_hd<KV>(*kv, *p);
     for (int32_t row0 = 0; row0 < rs.n; row0 += LOOM_K_ATTN_ROWS) {
         const int rows = rs.n - row0 < LOOM_K_ATTN_ROWS ? rs.n - row0 : LOOM_K_ATTN_ROWS;
         attn_args a = {*kv, *p, rs.rows, row0};
         dim3 grid(LOOM_K_ATTN_MAX_SPLITS, (unsigned)kv->n_kv_heads, (unsigned)rows);
-        attn_split_kernel<KV, HDC, MAXG><<<grid, ATTN_WARPS * 32, smem, stream>>>(a);
+        if (vec_hd == 64)
+            attn_vec_kernel<KV, 64><<<grid, ATTN_WARPS * 32, smem, stream>>>(a);
+        else if (vec_hd == 128)
+            attn_vec_kernel<KV, 128><<<grid, ATTN_WARPS * 32, smem, stream>>>(a);
+        else if (vec_hd == 256)
+            attn_vec_kernel<KV, 256><<<grid, ATTN_WARPS * 32, smem, stream>>>(a);
+        else
+            attn_split_kernel<KV, HDC, MAXG><<<grid, ATTN_WARPS * 32, smem, stream>>>(a);
         LOOM_K_LAUNCHED("attention (splits)");
         attn_merge_kernel<<<dim3((unsigned)rows, (unsigned)p->n_head), 128, 0, stream>>>(a);
         LOOM_K_LAUNCHED("attention (merge)");

@@ -340,13 +340,17 @@ static void bench_attention(int32_t batch, int32_t ctx, int32_t new_rows, int32_
                          (new_rows > 1 && new_rows == ctx ? (ctx + 1) / 2.0 : (double)ctx);
     double gbs = kv_bytes / s * 1e-9;
     /* which kernel ran: sequences of 16 new rows or more take the tiled tensor-core prefill
-     * kernel (loom_kernels.h's LOOM_K_ATTN_PREFILL_ROWS), the others split-KV */
+     * kernel (loom_kernels.h's LOOM_K_ATTN_PREFILL_ROWS), the others split-KV, in its 16-byte
+     * vector form for head sizes 64, 128 and 256 (these pools are aligned; GQA groups within
+     * its accumulators) */
     printf("{\"kind\":\"attention\",\"kernel\":\"%s\",\"kv\":\"%s\",\"batch\":%d,\"ctx\":%d,"
            "\"new_rows\":%d,\"n_head\":%d,\"n_kv\":%d,\"hd\":%d,\"s\":%.6e,\"kv_bytes\":%.0f,"
            "\"gbs\":%.1f,\"pct_bw\":%.1f,\"tflops\":%.2f}\n",
-           new_rows >= 16 ? "prefill-mma" : "split-kv", fp8 ? "fp8_e4m3" : "f16", batch, ctx,
-           new_rows, n_head, n_kv, hd, s, kv_bytes, gbs, 100.0 * gbs / g_copy_gbs,
-           flops / s * 1e-12);
+           new_rows >= 16                         ? "prefill-mma"
+           : (hd == 64 || hd == 128 || hd == 256) ? "split-kv-vec16"
+                                                  : "split-kv",
+           fp8 ? "fp8_e4m3" : "f16", batch, ctx, new_rows, n_head, n_kv, hd, s, kv_bytes, gbs,
+           100.0 * gbs / g_copy_gbs, flops / s * 1e-12);
     fflush(stdout);
     free(indptr);
     free(ids);

@@ -50,8 +50,29 @@ void launch_split(const attn_args &a, unsigned rows, size_t smem, schedule order
         [&a] { attn_split_kernel<KV, HDC, MAXG>(a); }, opt);
 }
 
+template <int KV, int HD>
+void launch_vec(const attn_args &a, unsigned rows, size_t smem, schedule order) {
+    loom_emu::launch_options opt;
+    opt.order = order;
+    opt.seed = 0xa78 + rows + (uint64_t)a.row0;
+    loom_emu::launch(
+        dim3(LOOM_K_ATTN_MAX_SPLITS, (unsigned)a.kv.n_kv_heads, rows), dim3(ATTN_WARPS * 32), smem,
+        [&a] { attn_vec_kernel<KV, HD>(a); }, opt);
+}
+
+/* attn_run's choice: the vector form where attn_vec_hd takes the layer, else the scalar one. */
 template <int KV>
 void launch_split_hd(const attn_args &a, unsigned rows, size_t smem, schedule order) {
+    switch (attn_vec_hd<KV>(a.kv, a.p)) {
+    case 64:
+        return launch_vec<KV, 64>(a, rows, smem, order);
+    case 128:
+        return launch_vec<KV, 128>(a, rows, smem, order);
+    case 256:
+        return launch_vec<KV, 256>(a, rows, smem, order);
+    default:
+        break;
+    }
     switch (attn_hdc(a.kv.head_dim)) {
     case 2:
         return launch_split<KV, 2, 16>(a, rows, smem, order);

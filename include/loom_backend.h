@@ -485,7 +485,8 @@ typedef struct loom_logit_cand {
  * applies on the device in the chain's own float arithmetic and order: a NaN logit an edit
  * touches counts as -inf first; then each bias entry in turn, x[id] += bias; then each penalty
  * entry once (their ids are distinct): x = x > 0 ? x / repeat : x * repeat, then
- * x -= presence + count * frequency. All arrays are host memory. */
+ * x -= presence + count * frequency; an edit giving NaN (an overflow, inf - inf) leaves +inf,
+ * which the chain refuses as it refuses the NaN. All arrays are host memory. */
 typedef struct loom_logit_edits {
     const loom_logit_bias *bias; /* [n_bias]; ids may repeat (they add up in order) */
     int32_t n_bias;
@@ -631,12 +632,12 @@ struct loom_backend_ops {
      * raw_top[r * n_top ...] describe it as it came, sum[r] and top[...] after its edits, and
      * edit_raw[r * LOOM_LOGIT_SUMMARY_MAX_EDITS + j] is the raw value (NaN as -inf) of its j-th
      * edit's token (bias entries, then penalty entries); the row's logits are edited in place.
-     * For the other rows, raw_sum and raw_top hold nothing of use and edit_raw is left alone
-     * (all three may be NULL when no row has edits). Every output is host memory; like tensor_get,
-     * the call waits for queued work and returns once they are written. The floating-point sums may
-     * differ from the host's in the last bits (their order is the backend's); max, the counts, the
-     * edited values and the top lists are exact. NULL: libloom copies whole rows (a backend whose
-     * buffers are host memory gains nothing). */
+     * Entries of raw_sum, raw_top and edit_raw that belong to no edited row's report hold
+     * nothing of use (all three may be NULL when no row has edits). Every output is host memory;
+     * like tensor_get, the call waits for queued work and returns once they are written. The
+     * floating-point sums may differ from the host's in the last bits (their order is the
+     * backend's); max, the counts, the edited values and the top lists are exact. NULL: libloom
+     * copies whole rows (a backend whose buffers are host memory gains nothing). */
     loom_status (*logits_summary)(void *stream, const loom_tensor *logits, int32_t n_top,
                                   const loom_logit_edits *edits, loom_logit_summary *sum,
                                   loom_logit_cand *top, loom_logit_summary *raw_sum,

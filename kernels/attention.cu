@@ -522,8 +522,10 @@ extern "C" loom_status loom__cuda_attention(cudaStream_t stream, const loom__k_k
                            kv->n_kv_heads, kv->head_dim);
     /* The prefill sequences on the tiled kernel; the rest here (all rows where it declined). */
     int prefill = 0;
-    const loom_status st = loom__cuda_attention_prefill(stream, kv, p, &prefill);
-    if (st != LOOM_OK) return st;
+    if (!p->split_only) {
+        const loom_status st = loom__cuda_attention_prefill(stream, kv, p, &prefill);
+        if (st != LOOM_OK) return st;
+    }
     const attn_rows rs =
         prefill ? attn_rows{kv->split_rows, kv->n_split_rows} : attn_rows{NULL, kv->n_rows};
     if (rs.n == 0) return LOOM_OK;

@@ -281,7 +281,7 @@ static __global__ void edit_kernel(edit_args a) {
             v = v > 0 ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
             v = __fsub_rn(v, __fadd_rn(pres, __fmul_rn((float)e.count, freq)));
         }
-        x[e.id] = v;
+        x[e.id] = v != v ? INFINITY : v; /* a NaN (inf - inf) as the +inf the chain refuses */
     }
 }
 

@@ -106,6 +106,11 @@ loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_weight *w, co
  * in different orders and may differ from each other in the last bits. */
 loom_status loom__cuda_matmul(cudaStream_t stream, const loom__k_weight *w, const float *x,
                               size_t x_stride, int64_t n_tokens, float *out, size_t out_stride);
+/* The GEMV for any number of tokens (groups of 8, each re-reading the weights): one order of
+ * additions for every step, so a token's bits never depend on its step (the CUDA backend's
+ * batch-invariant mode, LOOM_CUDA_BATCH_INVARIANT=1). */
+loom_status loom__cuda_gemv(cudaStream_t stream, const loom__k_weight *w, const float *x,
+                            size_t x_stride, int64_t n_tokens, float *out, size_t out_stride);
 /* The same product on tensor cores (gemm.cu, mma.sync, float32 accuracy through split TF32):
  * tiles of 64 rows by 64 tokens, each output summed in K order whatever n_tokens is.
  * loom__cuda_matmul calls it for n_tokens > 8; any n_tokens works. */
@@ -199,6 +204,9 @@ typedef struct loom__k_attn {
     /* A layer of a merged pair: its rows are directions, read times the layer's norms (the
      * later layer's retained row where its token kept one); merge.base NULL otherwise. */
     loom__k_merge merge;
+    /* 1: every row on split-KV, none on the tiled prefill kernel (batch-invariant mode: a row's
+     * kernel then never depends on how its sequence was cut into steps). */
+    int32_t split_only;
 } loom__k_attn;
 
 size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim);

@@ -457,17 +457,21 @@ static bool accept_token(loom_engine *e, loom__req *r, int32_t i, loom_token tok
     return done;
 }
 
-/* The sample's penalty window into hist: the tail of its known tokens (prompt, then generated)
- * that the window covers, none where no penalty is on. Returns its length. */
-static int32_t penalty_window(const loom__req *r, const loom__req_sample *s, loom_token *hist) {
+/* The length of the sample's penalty window: the tail of its known tokens (prompt, then
+ * generated) that the window covers, 0 where no penalty is on. */
+static int32_t penalty_window_len(const loom__req *r, const loom__req_sample *s) {
     const loom__sample_chain_config *c = &r->chain;
     const int32_t n_known = r->n_prompt + s->n_generated;
     const bool penalize =
         c->penalty_last_n != 0 &&
         (c->repeat_penalty != 1 || c->presence_penalty != 0 || c->frequency_penalty != 0);
     if (!penalize) return 0;
-    const int32_t n_hist =
-        c->penalty_last_n < 0 || c->penalty_last_n > n_known ? n_known : c->penalty_last_n;
+    return c->penalty_last_n < 0 || c->penalty_last_n > n_known ? n_known : c->penalty_last_n;
+}
+
+/* The sample's penalty window into hist; returns its length. */
+static int32_t penalty_window(const loom__req *r, const loom__req_sample *s, loom_token *hist) {
+    const int32_t n_known = r->n_prompt + s->n_generated, n_hist = penalty_window_len(r, s);
     for (int32_t h = 0; h < n_hist; h++) hist[h] = loom__sample_token(r, s, n_known - n_hist + h);
     return n_hist;
 }
@@ -483,6 +487,10 @@ static bool mark_summary_rows(loom_engine *e, int32_t n) {
         const loom__req *r = e->batch_reqs[b];
         bool ok = e->sample_from != LOOM__FROM_ROWS &&
                   loom__sample_chain_summary_ok(&r->chain, LOOM_ENGINE_SUMMARY_TOP);
+        /* a window longer than a row's edits copies the row (checked before it is read) */
+        if (ok && penalty_window_len(r, e->batch_samples[b]) >
+                      LOOM_LOGIT_SUMMARY_MAX_EDITS - r->chain.n_bias)
+            ok = false;
         if (ok) {
             const int32_t n_hist = penalty_window(r, e->batch_samples[b], e->known);
             ok = loom__sample_chain_edits(

@@ -53,7 +53,9 @@ void loom__sample_logits_summarize_edited(const float *x, int32_t n, int32_t n_t
     loom__sample_logits_summarize(x, n, n_top, raw_sum, raw_top);
     memcpy(scratch, x, (size_t)n * sizeof *scratch);
     /* the chain's steps 1-2 on the touched logits (a NaN as the -inf the chain's copy makes
-     * of it), in its order and arithmetic (chain_prepare.c) */
+     * of it), in its order and arithmetic (chain_prepare.c); an edit giving NaN (inf - inf:
+     * an overflowing bias or penalty) leaves +inf, which the chain refuses as it refuses the
+     * NaN */
     loom__sample_chain_config c = {.repeat_penalty = e->repeat_penalty,
                                    .presence_penalty = e->presence_penalty,
                                    .frequency_penalty = e->frequency_penalty};
@@ -64,6 +66,7 @@ void loom__sample_logits_summarize_edited(const float *x, int32_t n, int32_t n_t
         scratch[t] = j < e->n_bias
                          ? loom__chain_bias(scratch[t], e->bias[j].bias)
                          : loom__chain_penalize(scratch[t], e->pen_count[j - e->n_bias], &c);
+        if (scratch[t] != scratch[t]) scratch[t] = INFINITY;
     }
     loom__sample_logits_summarize(scratch, n, n_top, sum, top);
 }

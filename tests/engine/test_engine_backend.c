@@ -250,11 +250,12 @@ static void run_mixed(loom_engine *e, sampled *out) {
             sp.typical_p = 0.8f;
             sp.entropy_mode = LOOM_ENTROPY_DYNATEMP;
             break;
-        case 4: /* not covered: bias */
+        case 4: /* bias (edits on the summary's path) */
             sp.logit_bias = bias;
             sp.n_logit_bias = 2;
             break;
-        case 5: /* not covered: penalties */
+        case 5: /* penalties (edits too), with logprobs */
+            sp.n_logprobs = 4;
             sp.repeat_penalty = 1.3f;
             sp.frequency_penalty = 0.2f;
             break;
@@ -295,12 +296,18 @@ static void run_mixed(loom_engine *e, sampled *out) {
     for (int r = 0; r < 8; r++) assert_int_equal(n[r], 24);
 }
 
+/* Neighbouring floats, or within 1e-12 (a log-probability near 0 carries its normalizer's
+ * float64 rounding). */
+static bool near(float a, float b) {
+    return nextafterf(a, b) == b || fabs((double)a - (double)b) <= 1e-12;
+}
+
 /* The same requests sampled from whole rows, from summaries made on the host
  * (LOOM_SAMPLE_FROM=summary, the CPU's own path), and from a backend's logits_summary (the
  * slot above): every token and every field of its info bit for bit, but for the raw
  * log-probabilities of the requests with bias or penalties (summed over the raw row rather
- * than corrected from the edited one: within 1e-6); with the slot, whole rows crossed only for
- * the request a summary does not cover (top-k off). */
+ * than corrected from the edited one: within one float ulp or 1e-12); with the slot, whole rows
+ * crossed only for the request a summary does not cover (top-k off). */
 static void test_sample_from_summaries(void **state) {
     (void)state;
     static sampled runs[3];
@@ -330,7 +337,8 @@ static void test_sample_from_summaries(void **state) {
                     fail_msg("mode %d request %d token %d: %d, from rows %d", mode, r, i,
                              runs[mode].tok[r][i], runs[0].tok[r][i]);
                 const bool edits = r == 4 || r == 5; /* bias; penalties */
-                if (!(fabsf(a->logprob_raw - b->logprob_raw) <= (edits ? 1e-6f : 0.0f)))
+                if (!(a->logprob_raw == b->logprob_raw ||
+                      (edits && near(a->logprob_raw, b->logprob_raw))))
                     fail_msg("mode %d request %d token %d: raw logprob %.9g, from rows %.9g", mode,
                              r, i, (double)a->logprob_raw, (double)b->logprob_raw);
                 if (a->token != b->token || a->n_candidates != b->n_candidates ||
@@ -347,7 +355,7 @@ static void test_sample_from_summaries(void **state) {
                     const loom_token_logprob *x = &runs[mode].top[r][i][0][k],
                                              *y = &runs[0].top[r][i][0][k];
                     if (x->id != y->id ||
-                        !(fabsf(x->logprob - y->logprob) <= (edits ? 1e-6f : 0.0f)))
+                        !(x->logprob == y->logprob || (edits && near(x->logprob, y->logprob))))
                         fail_msg("mode %d request %d token %d: top_raw %d differs", mode, r, i, k);
                 }
             }

@@ -62,11 +62,18 @@ static void expect_same_result(const loom__sample_chain_result *a,
 
 static loom__sample_chain_logprob bufs[4][2 * TOP];
 
+/* Equal, neighbouring floats, or within 1e-12: x - lse with a float64 normalizer summed in
+ * another order (its rounding, about 1e-14 for a normalizer below 100, is all there is to a
+ * log-probability near 0). */
+static bool one_ulp(float a, float b) {
+    return a == b || nextafterf(a, b) == b || fabs((double)a - (double)b) <= 1e-12;
+}
+
 /* One row, one configuration, the request's history: the whole-row run against the run over
  * the row's summary (with the edits the settings and history make). Bit for bit, but for the
  * raw log-probabilities of an edited row (its raw normalizer is summed over the raw row rather
- * than corrected from the edited one): within 1e-6. Returns whether the chain walked the whole
- * vocabulary (the summary's row rebuilt). */
+ * than corrected from the edited one): within one float ulp or 1e-12. Returns whether the chain
+ * walked the whole vocabulary (the summary's row rebuilt into the scratch, seen overwritten). */
 static bool check_one(loom__sample_chain_ws *ws, const loom__sample_chain_config *c, const float *x,
                       int32_t V, const loom_token *hist, int32_t n_hist, uint64_t draw,
                       const char *what) {
@@ -94,24 +101,26 @@ static bool check_one(loom__sample_chain_ws *ws, const loom__sample_chain_config
                                   .raw_sum = &raw_sum,
                                   .raw_top = raw_top,
                                   .edit_raw = edit_raw};
+    for (int32_t i = 0; i < V; i++) scratch[i] = NAN; /* a rebuilt row overwrites it */
     if (loom__sample_chain_run_summary(ws, c, &rs, draw, scratch, &fromsum) != LOOM_OK)
         fail_msg("%s: %s", what, loom_last_error());
+    const bool rebuilt = scratch[0] == scratch[0];
     free(scratch);
     const bool edited = edits.n_bias + edits.n_pen > 0;
     if (edited) { /* the raw log-probabilities within 1e-6, then the rest bit for bit */
-        if (!(fabsf(full.logprob_raw - fromsum.logprob_raw) <= 1e-6f))
+        if (!one_ulp(full.logprob_raw, fromsum.logprob_raw))
             fail_msg("%s: logprob_raw %.9g, from the row %.9g", what, (double)fromsum.logprob_raw,
                      (double)full.logprob_raw);
         assert_int_equal(full.n_top_raw, fromsum.n_top_raw);
         for (int32_t i = 0; i < full.n_top_raw; i++)
             if (full.top_raw[i].id != fromsum.top_raw[i].id ||
-                !(fabsf(full.top_raw[i].logprob - fromsum.top_raw[i].logprob) <= 1e-6f))
+                !one_ulp(full.top_raw[i].logprob, fromsum.top_raw[i].logprob))
                 fail_msg("%s: top_raw[%d] differs", what, i);
         fromsum.logprob_raw = full.logprob_raw;
         memcpy(fromsum.top_raw, full.top_raw, (size_t)full.n_top_raw * sizeof *full.top_raw);
     }
     expect_same_result(&full, &fromsum, what);
-    return c->temperature > 0 && !(c->top_k > 0 && c->top_k < sum.n_finite);
+    return rebuilt;
 }
 
 /* The edits rotating over the sweep: none; bias (a ban of the best token, a boost of a poor
@@ -364,6 +373,24 @@ static void test_summary_errors(void **state) {
     assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, NULL, &r),
                      LOOM_ERR_INVALID_ARG);
     top[3].id = V; /* a stray id in the list */
+    assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, row, &r), LOOM_ERR_BAD_INPUT);
+    /* a penalty that overflows on a -inf logit (-inf - -inf: NaN): the whole-row run refuses it,
+     * and so does the run over the summary */
+    x[5] = -INFINITY;
+    c = loom__sample_chain_default_config();
+    c.frequency_penalty = -3e38f;
+    const loom_token hist[2] = {5, 5};
+    static int32_t ids[LOOM_LOGIT_SUMMARY_MAX_EDITS], counts[LOOM_LOGIT_SUMMARY_MAX_EDITS];
+    static loom_logit_cand rtop[TOP];
+    loom_logit_edits ed;
+    loom_logit_summary rsum;
+    float vals[2], scratch[100];
+    assert_int_equal(loom__sample_chain_run(ws, &c, x, hist, 2, 0, &r), LOOM_ERR_BAD_INPUT);
+    assert_true(loom__sample_chain_edits(&c, hist, 2, ids, counts, &ed));
+    loom__sample_logits_summarize_edited(x, V, TOP, &ed, scratch, &s, top, &rsum, rtop, vals);
+    assert_true(s.n_posinf == 1 && scratch[5] == INFINITY);
+    rs = (loom__row_summary){
+        .sum = &s, .top = top, .edits = &ed, .raw_sum = &rsum, .raw_top = rtop, .edit_raw = vals};
     assert_int_equal(loom__sample_chain_run_summary(ws, &c, &rs, 0, row, &r), LOOM_ERR_BAD_INPUT);
 }
 

@@ -89,7 +89,14 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
     loom__log(LOOM_LOG_INFO, "cuda: device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB",
               d->device, d->name, d->cc_major, d->cc_minor, d->n_sms,
               (double)prop.totalGlobalMem / (1u << 30));
-    loom__cuda_fp8_gemm_open(d);
+    const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT");
+    d->batch_invariant = inv != NULL && strcmp(inv, "1") == 0;
+    if (d->batch_invariant)
+        loom__log(LOOM_LOG_INFO,
+                  "cuda: batch-invariant mode: every matmul on the GEMV, every attention row on "
+                  "split-KV (LOOM_CUDA_BATCH_INVARIANT=1)");
+    else
+        loom__cuda_fp8_gemm_open(d);
     *out = d;
     return LOOM_OK;
 }

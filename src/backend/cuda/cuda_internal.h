@@ -41,6 +41,10 @@ typedef struct loom__cuda_dev {
     loom__cuda_chunk *chunks;
     uint64_t converted_logged; /* bit t: type t's "dequantized to bf16" line was logged */
     loom__cuda_blaslt *blaslt; /* the FP8 GEMM's library (LOOM_CUDA_FP8_GEMM=1); NULL: off */
+    /* LOOM_CUDA_BATCH_INVARIANT=1: every matmul on the GEMV and every attention row on
+     * split-KV, so a token's bits never depend on its step's size or its sequence's cut into
+     * steps (slower prefill); off by default. */
+    bool batch_invariant;
 } loom__cuda_dev;
 
 /* Most descriptors (KV groups) one step hands over. */

@@ -63,8 +63,9 @@ loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_
     LOOM_TRY(loom__cuda_fp8_gemm(c, w, x, out, &done));
     if (done) return LOOM_OK;
     loom__k_weight kw = weight_of(w);
-    return loom__cuda_matmul(c->s, &kw, x->data, x->row_stride, x->ne[1], out->data,
-                             out->row_stride);
+    /* batch-invariant mode: the GEMV whatever the step's size (one order of additions) */
+    return (c->dev->batch_invariant ? loom__cuda_gemv : loom__cuda_matmul)(
+        c->s, &kw, x->data, x->row_stride, x->ne[1], out->data, out->row_stride);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -240,7 +241,8 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
                        .scale = p->scale,
                        .softcap = p->softcap,
                        .work = c->attn_work,
-                       .merge = merge_of(kv, p->layer)};
+                       .merge = merge_of(kv, p->layer),
+                       .split_only = c->dev->batch_invariant};
     return loom__cuda_attention(c->s, dk, &ka);
 }
 
@@ -354,13 +356,19 @@ loom_status loom__cuda_logits_summary_op(void *stream, const loom_tensor *logits
         LOOM_CU_TRY(cudaMemcpyAsync(raw_sum, raw_area, sum_bytes, cudaMemcpyDeviceToHost, c->s));
         LOOM_CU_TRY(cudaMemcpyAsync(raw_top, raw_area + sum_bytes, top_bytes,
                                     cudaMemcpyDeviceToHost, c->s));
-        for (int64_t r = 0; r < n; r++) {
-            const size_t m = (size_t)edits[r].n_bias + (size_t)edits[r].n_pen;
-            if (m == 0) continue;
-            const size_t at = (size_t)r * LOOM_LOGIT_SUMMARY_MAX_EDITS;
-            LOOM_CU_TRY(
-                cudaMemcpyAsync(edit_raw + at, vals + at * 4, m * 4, cudaMemcpyDeviceToHost, c->s));
-        }
+        /* the raw values, in one copy from the first edited row to the end of the last one's
+         * entries (a copy to pageable memory waits: one, not one a row) */
+        int64_t first = -1, last = -1;
+        for (int64_t r = 0; r < n; r++)
+            if (edits[r].n_bias + edits[r].n_pen > 0) {
+                if (first < 0) first = r;
+                last = r;
+            }
+        const size_t at = (size_t)first * LOOM_LOGIT_SUMMARY_MAX_EDITS;
+        const size_t end = (size_t)last * LOOM_LOGIT_SUMMARY_MAX_EDITS +
+                           (size_t)edits[last].n_bias + (size_t)edits[last].n_pen;
+        LOOM_CU_TRY(cudaMemcpyAsync(edit_raw + at, vals + at * 4, (end - at) * 4,
+                                    cudaMemcpyDeviceToHost, c->s));
     }
     LOOM_TRY(loom__cuda_logits_summary(c->s, logits->data, logits->row_stride, n, (int32_t)V, n_top,
                                        work));

@@ -25,8 +25,11 @@
  * Bits. The output of a vector depends only on its own row's positions and the tile grid of
  * positions (absolute multiples of PF_N): an mma output element reads one row of A and one
  * column of B; a tile none of whose positions a warp's vectors attend is skipped, and would
- * have changed nothing (every weight +0, the correction exp(0) = 1). So a sequence's result
- * does not depend on the batch, nor on which rows share its tile.
+ * have changed nothing (every weight +0, the correction exp(0) = 1). So within this kernel a
+ * sequence's result does not depend on the batch, nor on which rows share its tile; but its
+ * rows and split-KV's give different last bits, and which kernel a row takes follows how many
+ * rows its sequence has in the step, which the scheduler's cut decides (the backend's
+ * batch-invariant mode, LOOM_CUDA_BATCH_INVARIANT=1, keeps every row on split-KV).
  *
  * Not here (attention.cu keeps them on the split-KV kernel): the layers of merged pairs, head
  * sizes that are not a multiple of 8, pages whose strides do not align to 4 elements, and a

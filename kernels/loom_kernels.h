@@ -144,8 +144,9 @@ typedef struct loom__k_kv {
     size_t scale_token_stride, scale_block_stride;
     /* Attention's two kernels: a sequence with at least LOOM_K_ATTN_PREFILL_ROWS new rows in
      * the step is a prefill sequence (the tiled kernel, where the layer allows it), the rows of
-     * the others go to the split-KV kernel. A rule on each sequence's own rows, so its result
-     * never depends on the rest of the batch. Zero counts: every row split-KV. */
+     * the others go to the split-KV kernel. A rule on each sequence's own rows in the step
+     * (the other sequences never change a sequence's kernel, but the scheduler's cut of its
+     * rows into steps can). Zero counts: every row split-KV. */
     const int32_t *prefill_seqs; /* [n_prefill_seqs] increasing */
     const int32_t *split_rows;   /* [n_split_rows] increasing: the other sequences' rows */
     int32_t n_prefill_seqs, n_split_rows;

@@ -81,6 +81,33 @@ static __device__ __forceinline__ float *part_ml(const attn_args &a, int rr, int
            (((size_t)rr * a.p.n_head + h) * LOOM_K_ATTN_MAX_SPLITS + sp) * 2;
 }
 
+/* The block's warps' online-softmax states (comb: [ATTN_WARPS][G][hd] accumulators, ml:
+ * [ATTN_WARPS][G] (max, sum) pairs, after a barrier) into the split's partial output, in warp
+ * order; a warp that saw no position has m = -inf and weighs nothing. */
+static __device__ __forceinline__ void combine_warps(const attn_args &a, int rr, int kvh, int split,
+                                                     int G, int hd, const float *comb,
+                                                     const float *ml) {
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
+        const int g = i / hd, e = i % hd;
+        float M = -INFINITY;
+        for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, ml[(w * G + g) * 2]);
+        float A = 0.0f, L = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            const float mw = ml[(w * G + g) * 2];
+            if (mw == -INFINITY) continue;
+            const float f = expf(mw - M);
+            A += comb[(w * G + g) * hd + e] * f;
+            L += ml[(w * G + g) * 2 + 1] * f;
+        }
+        const int h = kvh * G + g;
+        part_out(a, rr, h, split)[e] = A;
+        if (e == 0) {
+            part_ml(a, rr, h, split)[0] = M;
+            part_ml(a, rr, h, split)[1] = L;
+        }
+    }
+}
+
 /* HDC: head elements per lane (head_dim <= 32 * HDC); MAXG: most query heads per KV head. */
 template <int KV, int HDC, int MAXG>
 static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn_args a) {
@@ -183,26 +210,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn
         }
     }
     __syncthreads();
-    /* The warps' states, in warp order; a warp that saw no position has m = -inf. */
-    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
-        const int g = i / hd, e = i % hd;
-        float M = -INFINITY;
-        for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, ml[(w * G + g) * 2]);
-        float A = 0.0f, L = 0.0f;
-        for (int w = 0; w < ATTN_WARPS; w++) {
-            const float mw = ml[(w * G + g) * 2];
-            if (mw == -INFINITY) continue;
-            const float f = expf(mw - M);
-            A += comb[(w * G + g) * hd + e] * f;
-            L += ml[(w * G + g) * 2 + 1] * f;
-        }
-        const int h = kvh * G + g;
-        part_out(a, rr, h, split)[e] = A;
-        if (e == 0) {
-            part_ml(a, rr, h, split)[0] = M;
-            part_ml(a, rr, h, split)[1] = L;
-        }
-    }
+    combine_warps(a, rr, kvh, split, G, hd, comb, ml);
 }
 
 /* ---- the vector form: 16-byte loads ------------------------------------------------------ */
@@ -384,26 +392,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_vec_kernel(attn_a
         }
     }
     __syncthreads();
-    /* the warps' states, in warp order, as the scalar form */
-    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-        const int g = i / HD, e = i % HD;
-        float M = -INFINITY;
-        for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, ml[(w * G + g) * 2]);
-        float A = 0.0f, L = 0.0f;
-        for (int w = 0; w < ATTN_WARPS; w++) {
-            const float mw = ml[(w * G + g) * 2];
-            if (mw == -INFINITY) continue;
-            const float f = expf(mw - M);
-            A += comb[(w * G + g) * HD + e] * f;
-            L += ml[(w * G + g) * 2 + 1] * f;
-        }
-        const int h = kvh * G + g;
-        part_out(a, rr, h, split)[e] = A;
-        if (e == 0) {
-            part_ml(a, rr, h, split)[0] = M;
-            part_ml(a, rr, h, split)[1] = L;
-        }
-    }
+    combine_warps(a, rr, kvh, split, G, HD, comb, ml);
 }
 
 /* The head size the vector form runs a layer with (64, 128 or 256), or 0: the scalar form

@@ -325,9 +325,10 @@ static void test_matmul(void **state) {
 /* The opt-in FP8 GEMM (LOOM_CUDA_FP8_GEMM=1, cuBLASLt on sm_89+) for steps of more than 8
  * tokens: against a float64 sum over the weights' values and the activations quantized as the
  * path quantizes them (E4M3 with max|x_t| / 448 per token, tensor/fp8.h's rounding), each output
- * within 1e-4 of the sum of |w x|; and not the GEMV's outputs (which keep float32 activations),
- * so the GEMM really ran. A device without the GEMM (no FP8 tensor cores, no cuBLASLt) logs why
- * and runs the GEMV: the test then says so and checks nothing more. CUDA only. */
+ * within 1e-4 of the sum of |w x|; and not the outputs of loom's own matmul (float32
+ * activations: its tensor-core GEMM at this step's 48 tokens), so cuBLASLt really ran. A device
+ * without the FP8 GEMM (no FP8 tensor cores, no cuBLASLt) logs why and runs loom's: the test
+ * then says so and checks nothing more. CUDA only. */
 static void test_fp8_gemm(void **state) {
     (void)state;
     if (strcmp(g_gpu_name, "cuda") != 0) return;
@@ -372,7 +373,8 @@ static void test_fp8_gemm(void **state) {
     expect_ok(g_gpu.ops->matmul(g_gpu.ctx, &w.gpu, &gx, &go), "gemv matmul");
     gpu_get(gemv, d_o, (size_t)(n * T) * 4);
     if (memcmp(got, gemv, (size_t)(n * T) * 4) == 0) {
-        printf("fp8 gemm: not available on this device (the GEMV ran): nothing more to check\n");
+        printf("fp8 gemm: not available on this device (loom's matmul ran): nothing more to "
+               "check\n");
     } else {
         for (int64_t t = 0; t < T; t++)
             for (int64_t o = 0; o < n; o++) {

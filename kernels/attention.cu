@@ -108,6 +108,28 @@ static __device__ __forceinline__ void combine_warps(const attn_args &a, int rr,
     }
 }
 
+/* The block's shared memory (q_s [G][hd]: the row's query heads of this KV head; comb
+ * [ATTN_WARPS][G][hd] and ml [ATTN_WARPS][G][2]: the warps' softmax states), with q staged
+ * into q_s; both split-KV forms. */
+static __device__ __forceinline__ void stage_q(const attn_args &a, int r, int kvh, int G, int hd,
+                                               float *sm, float **q_s, float **comb, float **ml) {
+    *q_s = sm;
+    *comb = sm + G * hd;
+    *ml = *comb + ATTN_WARPS * G * hd;
+    const float *qrow = (const float *)((const char *)a.p.q + (size_t)r * a.p.q_stride);
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) (*q_s)[i] = qrow[kvh * G * hd + i];
+    __syncthreads();
+}
+
+/* The (position, KV head) scales of FP8 pages at (block, slot). */
+static __device__ __forceinline__ void fp8_scales(const attn_args &a, int blk, int slot, int kvh,
+                                                  float *ks, float *vs) {
+    const size_t sat = (size_t)blk * a.kv.scale_block_stride +
+                       (size_t)slot * a.kv.scale_token_stride + (size_t)kvh * sizeof(float);
+    *ks = *(const float *)((const char *)a.p.k_scale + sat);
+    *vs = *(const float *)((const char *)a.p.v_scale + sat);
+}
+
 /* HDC: head elements per lane (head_dim <= 32 * HDC); MAXG: most query heads per KV head. */
 template <int KV, int HDC, int MAXG>
 static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn_args a) {
@@ -122,13 +144,8 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
     LOOM_K_DYN_SMEM(attn_sm);
-    float *sm = (float *)attn_sm;
-    float *q_s = sm;                        /* [G][hd] */
-    float *comb = q_s + G * hd;             /* [ATTN_WARPS][G][hd] */
-    float *ml = comb + ATTN_WARPS * G * hd; /* [ATTN_WARPS][G][2] */
-    const float *qrow = (const float *)((const char *)a.p.q + (size_t)r * a.p.q_stride);
-    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q_s[i] = qrow[kvh * G * hd + i];
-    __syncthreads();
+    float *q_s, *comb, *ml;
+    stage_q(a, r, kvh, G, hd, (float *)attn_sm, &q_s, &comb, &ml);
 
     float m[MAXG], l[MAXG], acc[MAXG][HDC];
 #pragma unroll
@@ -162,12 +179,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn
                 }
             }
         }
-        if (fp8) {
-            const size_t sat = (size_t)blk * kv.scale_block_stride +
-                               (size_t)slot * kv.scale_token_stride + (size_t)kvh * sizeof(float);
-            ks = *(const float *)((const char *)a.p.k_scale + sat);
-            vs = *(const float *)((const char *)a.p.v_scale + sat);
-        }
+        if (fp8) fp8_scales(a, blk, slot, kvh, &ks, &vs);
         float kf[HDC], vf[HDC];
 #pragma unroll
         for (int i = 0; i < HDC; i++) {
@@ -279,14 +291,9 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_vec_kernel(attn_a
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int grp = lane / LPP, sub = lane % LPP;
 
-    LOOM_K_DYN_SMEM(sm_raw);
-    float *sm = (float *)sm_raw;
-    float *q_s = sm;                        /* [G][HD] */
-    float *comb = q_s + G * HD;             /* [ATTN_WARPS][G][HD] */
-    float *ml = comb + ATTN_WARPS * G * HD; /* [ATTN_WARPS][G][2] */
-    const float *qrow = (const float *)((const char *)a.p.q + (size_t)r * a.p.q_stride);
-    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q_s[i] = qrow[kvh * G * HD + i];
-    __syncthreads();
+    LOOM_K_DYN_SMEM(attn_sm);
+    float *q_s, *comb, *ml;
+    stage_q(a, r, kvh, G, HD, (float *)attn_sm, &q_s, &comb, &ml);
 
     /* this lane's elements of a row: vector v covers [(v LPP + sub) EPL, + EPL) */
     float m[MAXG], l[MAXG], acc[MAXG][EL];
@@ -298,7 +305,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_vec_kernel(attn_a
         for (int i = 0; i < EL; i++) acc[g][i] = 0.0f;
     }
     const int32_t *table = kv.block_ids + kv.indptr[kv.row_seq[r]];
-    constexpr size_t elt = KV == LOOM_K_F32 ? 4 : (EPL == 16 ? 1 : 2);
+    const size_t elt = kv_elt_bytes<KV>();
     const bool fp8 = KV == LOOM_K_FP8_E4M3 || KV == LOOM_K_FP8_E5M2;
     /* warp w takes positions a0 + (k ATTN_WARPS + w) PPW + grp, k = 0, 1, ... */
     for (int t0 = a0 + warp * PPW; t0 < a1; t0 += ATTN_WARPS * PPW) {
@@ -316,13 +323,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_vec_kernel(attn_a
                 vec_load<KV>(kp + (size_t)((v * LPP + sub) * EPL) * elt, kf + v * EPL);
                 vec_load<KV>(vp + (size_t)((v * LPP + sub) * EPL) * elt, vf + v * EPL);
             }
-            if (fp8) {
-                const size_t sat = (size_t)blk * kv.scale_block_stride +
-                                   (size_t)slot * kv.scale_token_stride +
-                                   (size_t)kvh * sizeof(float);
-                ks = *(const float *)((const char *)a.p.k_scale + sat);
-                vs = *(const float *)((const char *)a.p.v_scale + sat);
-            }
+            if (fp8) fp8_scales(a, blk, slot, kvh, &ks, &vs);
         } else {
 #pragma unroll
             for (int i = 0; i < EL; i++) kf[i] = vf[i] = 0.0f;

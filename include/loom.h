@@ -153,9 +153,10 @@ typedef enum loom_weight_format {
      * loom_backend.h). 8 bits per weight (plus 4 bytes a row): a quarter of F32, half of F16,
      * about twice Q4_K's; matmuls over them keep activations in float32. Norm weights and
      * biases stay float32. The CPU and CUDA backends run them (CUDA: a GEMV decoding the codes
-     * in registers, float32 activations as on the CPU; with LOOM_CUDA_FP8_GEMM=1 in the
-     * environment, steps of more than 8 tokens on sm_89+ use cuBLASLt's FP8 GEMM with
-     * activations quantized to E4M3 per token instead — faster, not batch-invariant); a
+     * in registers, float32 activations as on the CPU; with LOOM_CUDA_FP8_GEMM=1 and
+     * LOOM_CUDA_BATCH_INVARIANT=0 in the environment, steps of more than 8 tokens on sm_89+
+     * use cuBLASLt's FP8 GEMM with activations quantized to E4M3 per token instead — faster,
+     * not batch-invariant); a
      * backend without FP8 kernels refuses it (LOOM_ERR_UNSUPPORTED). A matrix
      * holding a NaN or an infinity fails the load (LOOM_ERR_BAD_MODEL). */
     LOOM_WEIGHTS_FP8_E4M3 = 1,
@@ -737,7 +738,9 @@ LOOM_API loom_status loom_generate(loom_session *session, const char *prompt,
  * twice is spared for a while (no thrashing). Under overload the order keeps deadlines that
  * can still be met: within a priority, requests that can still meet their deadline go first
  * (earliest first), then those that missed it, then those without one. A request's tokens are the
- * same whatever else runs beside it (batch invariance, on the CPU backend).
+ * same whatever else runs beside it (batch invariance: on the CPU backend, and on CUDA by
+ * default — LOOM_CUDA_BATCH_INVARIANT=0 in the environment trades it for faster decode steps
+ * and prefills, see the README).
  *
  * Threads: loom_engine_submit, loom_engine_cancel and loom_engine_get_stats may be called from
  * any thread at any time. loom_engine_step (and loom_engine_generate, which steps) must be

@@ -28,8 +28,9 @@
  * have changed nothing (every weight +0, the correction exp(0) = 1). So within this kernel a
  * sequence's result does not depend on the batch, nor on which rows share its tile; but its
  * rows and split-KV's give different last bits, and which kernel a row takes follows how many
- * rows its sequence has in the step, which the scheduler's cut decides (the backend's
- * batch-invariant mode, LOOM_CUDA_BATCH_INVARIANT=1, keeps every row on split-KV).
+ * rows its sequence has in the step, which the scheduler's cut decides. So only the backend's
+ * fast mode (LOOM_CUDA_BATCH_INVARIANT=0) runs this kernel; by default every row stays on
+ * split-KV.
  *
  * Not here (attention.cu keeps them on the split-KV kernel): the layers of merged pairs, head
  * sizes that are not a multiple of 8, pages whose strides do not align to 4 elements, and a

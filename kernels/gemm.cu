@@ -24,11 +24,16 @@
  * hi·lo, then all hi·hi), so consecutive mma's do not wait on each other's accumulator; each
  * accumulator still sees its terms in the one order of loom_mma_3xtf32 / loom_mma_2xtf32_b.
  *
- * Batch invariance: an output's sum runs over the chunks in K order, k-step by k-step, in the
- * same three (two) instructions — no split-K, no atomics, nothing that depends on n_tokens; and
- * a token sits at place t mod 64 of its tile whatever the step's size. So a token's bits are the
- * same in every step of more than 8 tokens. They differ from the GEMV's (steps of 1..8 tokens,
- * float32 FMAs in another order): accepted, each regime is invariant within itself. */
+ * Batch invariance — the backend's default order for every step, one token or thousands: an
+ * output's sum runs in segments of GEMM_SEG_CHUNKS chunks (256 values) at fixed places of K;
+ * each segment's sum starts from zero and runs over its chunks in K order, k-step by k-step, in
+ * the same three (two) instructions; the segments' sums then meet in a left fold, ((0 + s0) +
+ * s1) + ..., in float32. Nothing depends on n_tokens: a token sits at place t mod 64 of its
+ * tile, and an mma's output element depends only on its own row and column. Where the grid of
+ * tiles is too small to fill the device (decode steps: one token tile), blocks also split K at
+ * segment boundaries (grid.z), each writing its segments' sums apart into a scratch area, and
+ * gemm_fold_kernel folds them in the same order — the same bits as one block folding them in
+ * registers, so the split is free to follow the step's size. No atomics anywhere. */
 #include "dequant.cuh"
 #include "mma.cuh"
 
@@ -36,6 +41,8 @@
 #define GEMM_ROWS    64 /* weight rows per block: the mma's M */
 #define GEMM_TOKENS  64 /* tokens per block: the mma's N */
 #define GEMM_LD      36 /* floats per row of a tile: a 32-value chunk and 4 of padding */
+/* Chunks per segment of K: the fold's unit, whole stages of every format. */
+#define GEMM_SEG_CHUNKS 8
 
 typedef struct gemm_args {
     loom__k_weight w;
@@ -44,6 +51,11 @@ typedef struct gemm_args {
     int64_t n_tokens;
     float *out; /* [n_tokens, w.n], rows out_stride bytes apart */
     size_t out_stride;
+    /* NULL: each block runs all of K, folds its segments and writes out. Else: block z runs
+     * segments [z segs_per_block, (z + 1) segs_per_block) and writes segment j's sums to
+     * partial[(j n_tokens + t) w.n + n]; gemm_fold_kernel writes out. */
+    float *partial;
+    int64_t segs_per_block;
 } gemm_args;
 
 /* One chunk of the block's operands: the weight rows' decoded values and the tokens'
@@ -80,6 +92,7 @@ template <int T> static __host__ __device__ constexpr int gemm_stage_chunks() {
            : gemm_block_values<T>() > 1 ? 8
                                         : 128 / (32 * gemm_block_bytes<T>());
 }
+static_assert(GEMM_SEG_CHUNKS % 8 == 0, "a segment holds whole stages (8 chunks at most)");
 template <int T> static __host__ __device__ constexpr int gemm_stage_bytes() {
     return gemm_stage_chunks<T>() * 32 / gemm_block_values<T>() * gemm_block_bytes<T>();
 }
@@ -207,7 +220,12 @@ static __device__ __forceinline__ void gemm_put(gemm_tile &s, const float v[32])
  * runs its instructions in passes over the 4 tiles. W_EXACT: the weights are exact TF32. */
 template <bool W_EXACT>
 static __device__ __forceinline__ void gemm_chunk(const gemm_tile &s, int lane, int wr, int wt,
-                                                  float acc[2][4][4]) {
+                                                  int nt, float acc[2][4][4]) {
+    /* The warp's token tiles holding no token of the step (nt: tokens in the block) are
+     * skipped: an mma's output column depends on its own column only, so this changes no bits
+     * of the others. Warp-uniform. */
+    if (wt >= nt) return;
+    const int n_ni = nt - wt >= 32 ? 4 : (nt - wt + 7) / 8;
 #pragma unroll
     for (int kk = 0; kk < 32; kk += 8) {
         uint32_t bh[4][2], bl[4][2];
@@ -215,9 +233,10 @@ static __device__ __forceinline__ void gemm_chunk(const gemm_tile &s, int lane, 
         for (int ni = 0; ni < 4; ni++)
 #pragma unroll
             for (int r = 0; r < 2; r++)
-                loom_tf32_split(
-                    s.x[wt + 8 * ni + loom_mma_b_col(lane)][kk + loom_mma_b_row(lane, r)],
-                    &bh[ni][r], &bl[ni][r]);
+                if (ni < n_ni)
+                    loom_tf32_split(
+                        s.x[wt + 8 * ni + loom_mma_b_col(lane)][kk + loom_mma_b_row(lane, r)],
+                        &bh[ni][r], &bl[ni][r]);
 #pragma unroll
         for (int mi = 0; mi < 2; mi++) {
             uint32_t ah[4], al[4];
@@ -233,22 +252,26 @@ static __device__ __forceinline__ void gemm_chunk(const gemm_tile &s, int lane, 
             /* smallest terms first, as loom_mma_3xtf32 and loom_mma_2xtf32_b */
             if constexpr (!W_EXACT) {
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) loom_mma_tf32(acc[mi][ni], al, bh[ni]);
+                for (int ni = 0; ni < 4; ni++)
+                    if (ni < n_ni) loom_mma_tf32(acc[mi][ni], al, bh[ni]);
             }
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++) loom_mma_tf32(acc[mi][ni], ah, bl[ni]);
+            for (int ni = 0; ni < 4; ni++)
+                if (ni < n_ni) loom_mma_tf32(acc[mi][ni], ah, bl[ni]);
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++) loom_mma_tf32(acc[mi][ni], ah, bh[ni]);
+            for (int ni = 0; ni < 4; ni++)
+                if (ni < n_ni) loom_mma_tf32(acc[mi][ni], ah, bh[ni]);
         }
     }
 }
 
 /* ---- the kernel ---------------------------------------------------------------------------- */
 
-/* grid (token tiles, row tiles): the blocks of one weight tile run side by side and share its
- * reads through L2. Shared memory: two tiles, then the stage (gemm_smem_bytes). */
+/* grid (token tiles, row tiles, K groups): the blocks of one weight tile run side by side and
+ * share its reads through L2. Shared memory: two tiles, then the stage (gemm_smem_bytes). Three
+ * blocks per SM: the segment's accumulators and the fold's take 64 registers of the 168. */
 template <int T>
-static __global__ void __launch_bounds__(GEMM_THREADS, 4) gemm_kernel(gemm_args a) {
+static __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(gemm_args a) {
     constexpr bool W_EXACT = T == LOOM_K_F16 || T == LOOM_K_BF16 || T == LOOM_K_FP8_ROWS;
     constexpr int SC = gemm_stage_chunks<T>();
     LOOM_K_DYN_SMEM(gemm_sm);
@@ -257,20 +280,27 @@ static __global__ void __launch_bounds__(GEMM_THREADS, 4) gemm_kernel(gemm_args 
     const int64_t t0 = (int64_t)blockIdx.x * GEMM_TOKENS, n0 = (int64_t)blockIdx.y * GEMM_ROWS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wr = 32 * (warp & 1), wt = 32 * (warp >> 1);
+    const int nt = a.n_tokens - t0 < GEMM_TOKENS ? (int)(a.n_tokens - t0) : GEMM_TOKENS;
     const int64_t n_chunks = loom_cdiv(a.w.k, 32);
+    const int64_t seg0 = a.partial != NULL ? (int64_t)blockIdx.z * a.segs_per_block : 0;
+    const int64_t c_begin = seg0 * GEMM_SEG_CHUNKS;
+    const int64_t c_end =
+        a.partial != NULL && c_begin + a.segs_per_block * GEMM_SEG_CHUNKS < n_chunks
+            ? c_begin + a.segs_per_block * GEMM_SEG_CHUNKS
+            : n_chunks;
     const bool x_vec = (((uintptr_t)a.x | a.x_stride) & 15) == 0;
     const unsigned w_align =
         (unsigned)(((uintptr_t)a.w.data | a.w.stride | (size_t)gemm_stage_bytes<T>()) & 3);
 
-    float acc[2][4][4];
+    float acc[2][4][4], fold[2][4][4];
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
         for (int ni = 0; ni < 4; ni++)
 #pragma unroll
-            for (int r = 0; r < 4; r++) acc[mi][ni][r] = 0.0f;
+            for (int r = 0; r < 4; r++) acc[mi][ni][r] = fold[mi][ni][r] = 0.0f;
 
-    for (int64_t c = 0; c < n_chunks; c++) {
+    for (int64_t c = c_begin; c < c_end; c++) {
         const int64_t s = c / SC;
         const int cl = (int)(c - s * SC);
         if (cl == 0) {
@@ -285,14 +315,34 @@ static __global__ void __launch_bounds__(GEMM_THREADS, 4) gemm_kernel(gemm_args 
             __syncthreads();
         }
         /* Tile c & 1 was last read in chunk c - 2, which every warp finished before passing
-         * the barrier of chunk c - 1. */
+         * the barrier of chunk c - 1 (c_begin is even). */
         gemm_tile &tile = tiles[c & 1];
         float v[32];
         gemm_fetch<T>(a, raw, n0, t0, s, cl, c, x_vec, v);
         gemm_put(tile, v);
         __syncthreads();
-        gemm_chunk<W_EXACT>(tile, lane, wr, wt, acc);
+        gemm_chunk<W_EXACT>(tile, lane, wr, wt, nt, acc);
+        if ((c + 1) % GEMM_SEG_CHUNKS != 0 && c + 1 != c_end) continue;
+        /* the end of a segment: fold its sums (or set them apart), then start the next at 0 */
+        const int64_t seg = c / GEMM_SEG_CHUNKS;
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    if (a.partial == NULL) {
+                        fold[mi][ni][r] += acc[mi][ni][r];
+                    } else {
+                        const int64_t n = n0 + wr + 16 * mi + loom_mma_c_row(lane, r);
+                        const int64_t t = t0 + wt + 8 * ni + loom_mma_c_col(lane, r);
+                        if (n < a.w.n && t < a.n_tokens)
+                            a.partial[(seg * a.n_tokens + t) * a.w.n + n] = acc[mi][ni][r];
+                    }
+                    acc[mi][ni][r] = 0.0f;
+                }
     }
+    if (a.partial != NULL) return;
 
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
@@ -311,22 +361,67 @@ static __global__ void __launch_bounds__(GEMM_THREADS, 4) gemm_kernel(gemm_args 
                     const int r = 2 * h + e;
                     const int64_t t = t0 + wt + 8 * ni + loom_mma_c_col(lane, r);
                     if (t >= a.n_tokens) continue;
-                    float d = acc[mi][ni][r];
+                    float d = fold[mi][ni][r];
                     if constexpr (T == LOOM_K_FP8_ROWS) d *= row_scale; /* once per dot */
                     ((float *)((char *)a.out + (size_t)t * a.out_stride))[n] = d;
                 }
         }
 }
 
+/* out[t][n] = the left fold of the n_segs segment sums partial[(j n_tokens + t) w.n + n], in
+ * the kernel's order and arithmetic (0 + s0, then + s1, ...), times the FP8 rows' scale. One
+ * thread per output, consecutive threads on consecutive n. */
+static __global__ void __launch_bounds__(256) gemm_fold_kernel(gemm_args a, int64_t n_segs) {
+    const int64_t n = (int64_t)blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
+    if (n >= a.w.n) return;
+    float d = 0.0f;
+    for (int64_t j = 0; j < n_segs; j++) d += a.partial[(j * a.n_tokens + t) * a.w.n + n];
+    if (a.w.type == LOOM_K_FP8_ROWS)
+        d *= loom_fp8_rows_scale256((const uint8_t *)a.w.data + (size_t)n * a.w.stride, a.w.k);
+    ((float *)((char *)a.out + (size_t)t * a.out_stride))[n] = d;
+}
+
+/* How a product splits K across blocks: the K groups (1: no split) and segments per group. A
+ * rule on the shapes and the device's size only; any rule gives the same bits. Splits while the
+ * grid of tiles holds fewer than two blocks per SM, into enough groups for three (the kernel's
+ * residency), and only where the scratch stays under 256 MiB. */
+typedef struct gemm_plan {
+    int64_t groups, segs_per_block, n_segs;
+    size_t partial_bytes; /* 0: no split */
+} gemm_plan;
+
+static __host__ __device__ gemm_plan gemm_plan_of(const loom__k_weight *w, int64_t n_tokens,
+                                                  int n_sms) {
+    gemm_plan p = {1, 0, loom_cdiv(loom_cdiv(w->k, 32), GEMM_SEG_CHUNKS), 0};
+    p.segs_per_block = p.n_segs;
+    const int64_t tiles = loom_cdiv(n_tokens, GEMM_TOKENS) * loom_cdiv(w->n, GEMM_ROWS);
+    if (n_sms <= 0 || p.n_segs < 2 || tiles >= 2 * (int64_t)n_sms) return p;
+    const double bytes = 4.0 * (double)p.n_segs * (double)n_tokens * (double)w->n;
+    if (bytes > 256.0 * 1024 * 1024) return p;
+    int64_t groups = loom_cdiv(3 * (int64_t)n_sms, tiles);
+    if (groups > p.n_segs) groups = p.n_segs;
+    p.segs_per_block = loom_cdiv(p.n_segs, groups);
+    p.groups = loom_cdiv(p.n_segs, p.segs_per_block);
+    if (p.groups > 1)
+        p.partial_bytes = (size_t)bytes;
+    else
+        p.segs_per_block = p.n_segs;
+    return p;
+}
+
 /* ---- launch -------------------------------------------------------------------------------- */
 
 #if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernel itself */
-template <int T> static loom_status gemm_launch(cudaStream_t stream, const gemm_args &a) {
+template <int T> static loom_status gemm_launch(cudaStream_t stream, gemm_args a, int n_sms) {
+    const gemm_plan plan = gemm_plan_of(&a.w, a.n_tokens, n_sms);
     const int64_t gx = loom_cdiv(a.n_tokens, GEMM_TOKENS);
     const int64_t gy = loom_cdiv(a.w.n, GEMM_ROWS);
-    if (gx > 0x7fffffff || gy > 65535)
+    if (gx > 0x7fffffff || gy > 65535 || plan.groups > 65535 ||
+        (plan.partial_bytes != 0 && (a.n_tokens > 65535 || loom_cdiv(a.w.n, 256) > 0x7fffffff)))
         LOOM_K_UNSUPPORTED("cuda: matmul (gemm) of %lld tokens by %lld rows", (long long)a.n_tokens,
                            (long long)a.w.n);
+    if (plan.partial_bytes == 0) a.partial = NULL;
+    a.segs_per_block = plan.segs_per_block;
     constexpr size_t smem = gemm_smem_bytes<T>();
     if (smem > 48 * 1024) { /* past the default: the kernel opts in (sm_80+ allow 163 KB) */
         const cudaError_t e = cudaFuncSetAttribute(
@@ -338,37 +433,54 @@ template <int T> static loom_status gemm_launch(cudaStream_t stream, const gemm_
                               cudaGetErrorString(e), cudaGetErrorName(e));
         }
     }
-    gemm_kernel<T><<<dim3((unsigned)gx, (unsigned)gy), GEMM_THREADS, smem, stream>>>(a);
+    gemm_kernel<T>
+        <<<dim3((unsigned)gx, (unsigned)gy, (unsigned)plan.groups), GEMM_THREADS, smem, stream>>>(
+            a);
     LOOM_K_LAUNCHED("gemm");
+    if (a.partial == NULL) return LOOM_OK;
+    gemm_fold_kernel<<<dim3((unsigned)loom_cdiv(a.w.n, 256), (unsigned)a.n_tokens), 256, 0,
+                       stream>>>(a, plan.n_segs);
+    LOOM_K_LAUNCHED("gemm fold");
     return LOOM_OK;
+}
+
+extern "C" size_t loom__cuda_gemm_work_bytes(const loom__k_weight *w, int64_t n_tokens, int n_sms) {
+    if (n_tokens <= 0 || w->n <= 0 || w->k <= 0) return 0;
+    return gemm_plan_of(w, n_tokens, n_sms).partial_bytes;
 }
 
 extern "C" loom_status loom__cuda_gemm(cudaStream_t stream, const loom__k_weight *w, const float *x,
                                        size_t x_stride, int64_t n_tokens, float *out,
-                                       size_t out_stride) {
+                                       size_t out_stride, const loom__k_gemm_work *work) {
     if (n_tokens == 0 || w->n == 0) return LOOM_OK;
-    gemm_args a = {*w, x, x_stride, n_tokens, out, out_stride};
+    const int n_sms = work != NULL ? work->n_sms : 0;
+    const size_t need = loom__cuda_gemm_work_bytes(w, n_tokens, n_sms);
+    if (need != 0 && (work == NULL || work->bytes < need))
+        return loom__fail(LOOM_ERR_INTERNAL, "cuda: gemm needs %zu bytes of scratch, has %zu", need,
+                          work != NULL ? work->bytes : (size_t)0);
+    gemm_args a = {
+        *w, x, x_stride, n_tokens, out, out_stride, need != 0 ? (float *)work->data : NULL, 0};
     switch (w->type) {
     case LOOM_K_F32:
-        return gemm_launch<LOOM_K_F32>(stream, a);
+        return gemm_launch<LOOM_K_F32>(stream, a, n_sms);
     case LOOM_K_F16:
-        return gemm_launch<LOOM_K_F16>(stream, a);
+        return gemm_launch<LOOM_K_F16>(stream, a, n_sms);
     case LOOM_K_BF16:
-        return gemm_launch<LOOM_K_BF16>(stream, a);
+        return gemm_launch<LOOM_K_BF16>(stream, a, n_sms);
     case LOOM_K_Q8_0:
-        return gemm_launch<LOOM_K_Q8_0>(stream, a);
+        return gemm_launch<LOOM_K_Q8_0>(stream, a, n_sms);
     case LOOM_K_Q4_0:
-        return gemm_launch<LOOM_K_Q4_0>(stream, a);
+        return gemm_launch<LOOM_K_Q4_0>(stream, a, n_sms);
     case LOOM_K_Q5_0:
-        return gemm_launch<LOOM_K_Q5_0>(stream, a);
+        return gemm_launch<LOOM_K_Q5_0>(stream, a, n_sms);
     case LOOM_K_Q4_K:
-        return gemm_launch<LOOM_K_Q4_K>(stream, a);
+        return gemm_launch<LOOM_K_Q4_K>(stream, a, n_sms);
     case LOOM_K_Q5_K:
-        return gemm_launch<LOOM_K_Q5_K>(stream, a);
+        return gemm_launch<LOOM_K_Q5_K>(stream, a, n_sms);
     case LOOM_K_Q6_K:
-        return gemm_launch<LOOM_K_Q6_K>(stream, a);
+        return gemm_launch<LOOM_K_Q6_K>(stream, a, n_sms);
     case LOOM_K_FP8_ROWS:
-        return gemm_launch<LOOM_K_FP8_ROWS>(stream, a);
+        return gemm_launch<LOOM_K_FP8_ROWS>(stream, a, n_sms);
     default:
         LOOM_K_UNSUPPORTED("cuda: matmul of weight type %u", (unsigned)w->type);
     }

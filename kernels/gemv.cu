@@ -4,15 +4,16 @@
  * the lanes' sums then meet in a fixed butterfly. The order of every output's additions is
  * thus the same whatever the number of tokens (a token's result does not depend on its batch).
  *
- * Steps of more than 8 tokens go to the tensor-core GEMM (gemm.cu), which reads each weight
- * chunk once per 64 tokens instead of once per 8. Its sums run in another order, so a token's
- * bits are the same in every step of 1..8 tokens and the same in every step of more than 8, but
- * may differ between the two regimes (accepted for now). The kernel below still takes any
- * number of tokens, in groups of 8 (grid.y). */
+ * This is the CUDA backend's fast path for decode steps when batch invariance is off
+ * (LOOM_CUDA_BATCH_INVARIANT=0). Steps of more than 8 tokens go to the tensor-core GEMM
+ * (gemm.cu), which reads each weight chunk once per 64 tokens instead of once per 8; it sums in
+ * another order, so a token's bits here are the same in every step of 1..8 tokens, and there the
+ * same in every step of more than 8. The default (invariant) mode runs the GEMM for every step.
+ * The kernel below still takes any number of tokens, in groups of 8 (grid.y). */
 #include "dequant.cuh"
 
 #define GEMV_WARPS  4
-#define GEMV_TOKENS 8
+#define GEMV_TOKENS LOOM_K_GEMV_MAX_TOKENS
 
 typedef struct gemv_args {
     loom__k_weight w;
@@ -87,9 +88,10 @@ template <int T> static loom_status gemv_launch(cudaStream_t stream, const gemv_
 
 extern "C" loom_status loom__cuda_matmul(cudaStream_t stream, const loom__k_weight *w,
                                          const float *x, size_t x_stride, int64_t n_tokens,
-                                         float *out, size_t out_stride) {
+                                         float *out, size_t out_stride,
+                                         const loom__k_gemm_work *work) {
     if (n_tokens > GEMV_TOKENS)
-        return loom__cuda_gemm(stream, w, x, x_stride, n_tokens, out, out_stride);
+        return loom__cuda_gemm(stream, w, x, x_stride, n_tokens, out, out_stride, work);
     return loom__cuda_gemv(stream, w, x, x_stride, n_tokens, out, out_stride);
 }
 

@@ -99,23 +99,38 @@ typedef struct loom__k_weight {
 loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_weight *w, const int32_t *ids,
                                 int64_t n_ids, float *out, size_t out_stride);
 
-/* out[t, o] = sum_k x[t, k] * w[o, k] for t < n_tokens. Steps of 1..8 tokens run the GEMV
- * (gemv.cu: lanes over 32-value chunks, then a fixed tree), steps of more than 8 the tensor-core
- * GEMM (loom__cuda_gemm). Batch invariance holds within each regime: a token's bits are the same
- * in every step of 1..8 tokens, and the same in every step of more than 8; the two regimes sum
- * in different orders and may differ from each other in the last bits. */
+/* The scratch a matmul may split its sums into (device memory), and the device's SM count that
+ * sizes the split. */
+typedef struct loom__k_gemm_work {
+    void *data;
+    size_t bytes;
+    int n_sms; /* 0: never split */
+} loom__k_gemm_work;
+
+/* The most tokens loom__cuda_matmul gives the GEMV; more go to the GEMM. */
+#define LOOM_K_GEMV_MAX_TOKENS 8
+
+/* out[t, o] = sum_k x[t, k] * w[o, k] for t < n_tokens, the fast way for the step's size: steps
+ * of 1..8 tokens run the GEMV (gemv.cu: lanes over 32-value chunks, then a fixed tree), steps of
+ * more than 8 the tensor-core GEMM (loom__cuda_gemm). A token's bits are the same in every step
+ * of 1..8 tokens and in every step of more than 8, but the two regimes sum in different orders
+ * (the CUDA backend's opt-out mode, LOOM_CUDA_BATCH_INVARIANT=0). work: as loom__cuda_gemm. */
 loom_status loom__cuda_matmul(cudaStream_t stream, const loom__k_weight *w, const float *x,
-                              size_t x_stride, int64_t n_tokens, float *out, size_t out_stride);
-/* The GEMV for any number of tokens (groups of 8, each re-reading the weights): one order of
- * additions for every step, so a token's bits never depend on its step (the CUDA backend's
- * batch-invariant mode, LOOM_CUDA_BATCH_INVARIANT=1). */
+                              size_t x_stride, int64_t n_tokens, float *out, size_t out_stride,
+                              const loom__k_gemm_work *work);
+/* The GEMV for any number of tokens (groups of 8, each re-reading the weights). */
 loom_status loom__cuda_gemv(cudaStream_t stream, const loom__k_weight *w, const float *x,
                             size_t x_stride, int64_t n_tokens, float *out, size_t out_stride);
-/* The same product on tensor cores (gemm.cu, mma.sync, float32 accuracy through split TF32):
- * tiles of 64 rows by 64 tokens, each output summed in K order whatever n_tokens is.
- * loom__cuda_matmul calls it for n_tokens > 8; any n_tokens works. */
+/* The product on tensor cores (gemm.cu, mma.sync, float32 accuracy through split TF32), in one
+ * order of additions for every n_tokens — the CUDA backend's default, batch-invariant matmul:
+ * tiles of 64 rows by 64 tokens; each output summed in 256-value segments of K, folded left to
+ * right. Small grids split K across blocks into work (loom__cuda_gemm_work_bytes for the shape;
+ * NULL or n_sms 0: never split), which changes no bits. */
 loom_status loom__cuda_gemm(cudaStream_t stream, const loom__k_weight *w, const float *x,
-                            size_t x_stride, int64_t n_tokens, float *out, size_t out_stride);
+                            size_t x_stride, int64_t n_tokens, float *out, size_t out_stride,
+                            const loom__k_gemm_work *work);
+/* The scratch loom__cuda_gemm takes for this shape on n_sms SMs (0: it does not split). */
+size_t loom__cuda_gemm_work_bytes(const loom__k_weight *w, int64_t n_tokens, int n_sms);
 
 /* FP8 weight rows on tensor cores (fp8_gemm.cu, around cuBLASLt's GEMM): each token row of x
  * [n_tokens, k] to E4M3 codes xq (rows xq_stride bytes apart) with scale[t] = max|x_t| / 448
@@ -205,8 +220,8 @@ typedef struct loom__k_attn {
     /* A layer of a merged pair: its rows are directions, read times the layer's norms (the
      * later layer's retained row where its token kept one); merge.base NULL otherwise. */
     loom__k_merge merge;
-    /* 1: every row on split-KV, none on the tiled prefill kernel (batch-invariant mode: a row's
-     * kernel then never depends on how its sequence was cut into steps). */
+    /* 1: every row on split-KV, none on the tiled prefill kernel (the batch-invariant default:
+     * a row's kernel then never depends on how its sequence was cut into steps). */
     int32_t split_only;
 } loom__k_attn;
 

@@ -7,7 +7,9 @@
 #   1. build libloom-cuda.so, test_cuda_ops, loom-gpu-bench and loom-gpu-e2e for this device's
 #      architecture only (all cores; cmocka from .gpu-deps/ where the system lacks it — run
 #      bench/gpu/pack-deps.sh here and carry .gpu-deps; without it the tests are not built);
-#   2. test_cuda_ops: each op against the CPU backend, whole models' logits;
+#   2. test_cuda_ops: each op against the CPU backend, whole models' logits, engines, batch
+#      invariance (16 requests together and alone); then its kernel and engine tests again in
+#      the fast mode (LOOM_CUDA_BATCH_INVARIANT=0);
 #   3. the card's ceilings and loom's kernels timed against them (loom-gpu-bench);
 #   4. the same shapes by PyTorch (cuBLAS matmul, flash SDPA) and, time allowing, Hugging Face
 #      transformers generating with a random Llama-3-8B shape (bench/gpu/peers.py);
@@ -114,6 +116,23 @@ if [ -x build-gpu/tests/test_cuda_ops ]; then
     *) status+=("| test_cuda_ops | FAILED rc=$rc: $failed($passed passed; test_cuda_ops.log) |") ;;
     esac
     grep -E "error|FAIL" "$out/test_cuda_ops.log" | head -20
+    # the fast mode (LOOM_CUDA_BATCH_INVARIANT=0): the kernels only it runs (the GEMV for
+    # decode steps, the tiled prefill attention, cuBLASLt's FP8 GEMM) and its engine
+    if [ $rc != 77 ]; then
+        t=$(budget 90)
+        (cd build-gpu/tests && LOOM_TEST_TMP="$PWD" LOOM_CUDA_BATCH_INVARIANT=0 \
+            LOOM_TEST_ONLY=test_matmul,test_attention_batches,test_attention,test_models_logits,test_models_engine,test_fp8_gemm \
+            timeout "$t" ./test_cuda_ops) >"$out/test_cuda_ops_fast.log" 2>&1
+        rc=$?
+        cat "$out/test_cuda_ops_fast.log" >>"$log"
+        passed=$(grep -c '^\[       OK \]' "$out/test_cuda_ops_fast.log")
+        failed=$(grep '^\[  FAILED  \] test_' "$out/test_cuda_ops_fast.log" | sed 's/.*\] //' | tr '\n' ' ')
+        case $rc in
+        0) status+=("| test_cuda_ops, fast mode (LOOM_CUDA_BATCH_INVARIANT=0) | ok: $passed tests passed |") ;;
+        124) status+=("| test_cuda_ops, fast mode | TIMED OUT after $t s ($passed passed) |") ;;
+        *) status+=("| test_cuda_ops, fast mode | FAILED rc=$rc: $failed($passed passed; test_cuda_ops_fast.log) |") ;;
+        esac
+    fi
 else
     status+=("| test_cuda_ops | not built (no cmocka: carry .gpu-deps) |")
 fi

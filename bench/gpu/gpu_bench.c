@@ -205,6 +205,12 @@ static void make_row(uint32_t t, int64_t k, uint8_t *row, size_t rb, float *tmp)
 /* Appended to a matmul row's type: "+cublaslt" while the device runs with LOOM_CUDA_FP8_GEMM=1
  * (its steps of more than 8 tokens then take cuBLASLt's FP8 GEMM where the device has one). */
 static const char *g_type_suffix = "";
+/* The backend's mode while this row ran: "invariant" (the default) or "fast"
+ * (LOOM_CUDA_BATCH_INVARIANT=0: the GEMV for steps of 1..8 tokens, the tiled prefill kernel). */
+static const char *g_mode = "invariant";
+static bool g_fast(void) {
+    return strcmp(g_mode, "fast") == 0;
+}
 
 static void bench_matmul(uint32_t t, int64_t k, int64_t n, int64_t T) {
     mm_ctx m = {0};
@@ -234,14 +240,16 @@ static void bench_matmul(uint32_t t, int64_t k, int64_t n, int64_t T) {
     m.out = loom_tensor_2d(LOOM_TYPE_F32, o, n, T, (size_t)n * 4);
     double s = time_op(mm_run, &m, m.n_copies, T <= 8 ? 20 : 3);
     double gbs = (double)bytes / s * 1e-9, tflops = 2.0 * (double)k * n * T / s * 1e-12;
-    /* which kernel ran: steps of 1..8 tokens the GEMV, longer ones loom's tensor-core GEMM
-     * (kernels/gemm.cu) or, opted in, cuBLASLt's FP8 GEMM */
-    const char *kernel = T <= 8 ? "gemv" : *g_type_suffix ? "cublaslt-fp8" : "gemm-mma";
-    printf("{\"kind\":\"matmul\",\"kernel\":\"%s\",\"type\":\"%s%s\",\"k\":%lld,\"n\":%lld,"
+    /* which kernel ran: by default loom's tensor-core GEMM (kernels/gemm.cu) for every step;
+     * in the fast mode the GEMV for steps of 1..8 tokens; opted in, cuBLASLt's FP8 GEMM */
+    const char *kernel = *g_type_suffix ? "cublaslt-fp8" : g_fast() && T <= 8 ? "gemv" : "gemm-mma";
+    printf("{\"kind\":\"matmul\",\"mode\":\"%s\",\"kernel\":\"%s\",\"type\":\"%s%s\","
+           "\"k\":%lld,\"n\":%lld,"
            "\"t\":%lld,\"s\":%.6e,\"weight_bytes\":%zu,\"gbs\":%.1f,\"pct_bw\":%.1f,"
            "\"tflops\":%.2f,\"pct_gemm\":%.1f}\n",
-           kernel, loom__type_name(t), g_type_suffix, (long long)k, (long long)n, (long long)T, s,
-           bytes, gbs, 100.0 * gbs / g_copy_gbs, tflops, 100.0 * tflops / g_gemm_tflops);
+           g_mode, kernel, loom__type_name(t), g_type_suffix, (long long)k, (long long)n,
+           (long long)T, s, bytes, gbs, 100.0 * gbs / g_copy_gbs, tflops,
+           100.0 * tflops / g_gemm_tflops);
     fflush(stdout);
 }
 
@@ -339,14 +347,16 @@ static void bench_attention(int32_t batch, int32_t ctx, int32_t new_rows, int32_
     const double flops = 4.0 * (double)batch * n_head * hd * (double)new_rows *
                          (new_rows > 1 && new_rows == ctx ? (ctx + 1) / 2.0 : (double)ctx);
     double gbs = kv_bytes / s * 1e-9;
-    /* which kernel ran: sequences of 16 new rows or more take the tiled tensor-core prefill
-     * kernel (loom_kernels.h's LOOM_K_ATTN_PREFILL_ROWS), the others split-KV, in its 16-byte
-     * vector form for head sizes 64, 128 and 256 (these pools are aligned; GQA groups within
-     * its accumulators) */
-    printf("{\"kind\":\"attention\",\"kernel\":\"%s\",\"kv\":\"%s\",\"batch\":%d,\"ctx\":%d,"
+    /* which kernel ran: in the fast mode, sequences of 16 new rows or more take the tiled
+     * tensor-core prefill kernel (loom_kernels.h's LOOM_K_ATTN_PREFILL_ROWS); the others, and
+     * every row in the invariant default, split-KV, in its 16-byte vector form for head sizes
+     * 64, 128 and 256 (these pools are aligned; GQA groups within its accumulators) */
+    printf("{\"kind\":\"attention\",\"mode\":\"%s\",\"kernel\":\"%s\",\"kv\":\"%s\","
+           "\"batch\":%d,\"ctx\":%d,"
            "\"new_rows\":%d,\"n_head\":%d,\"n_kv\":%d,\"hd\":%d,\"s\":%.6e,\"kv_bytes\":%.0f,"
            "\"gbs\":%.1f,\"pct_bw\":%.1f,\"tflops\":%.2f}\n",
-           new_rows >= 16                         ? "prefill-mma"
+           g_mode,
+           g_fast() && new_rows >= 16             ? "prefill-mma"
            : (hd == 64 || hd == 128 || hd == 256) ? "split-kv-vec16"
                                                   : "split-kv",
            fp8 ? "fp8_e4m3" : "f16", batch, ctx, new_rows, n_head, n_kv, hd, s, kv_bytes, gbs,
@@ -414,8 +424,8 @@ int main(int argc, char **argv) {
     if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
     ceilings();
     /* Matmuls on Llama-3-8B's shapes (up/gate: 4096 -> 14336; down: 14336 -> 4096): decode and
-     * small batches (T = 1, 8: the GEMV), then steps of more than 8 tokens (T = 16 and a
-     * prefill-sized 512: the tensor-core GEMM). */
+     * small batches (T = 1, 8), then steps of more than 8 tokens (T = 16 and a prefill-sized
+     * 512), all on the tensor-core GEMM (the invariant default); the fast mode's below. */
     const uint32_t types[] = {LOOM_TYPE_BF16, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_K,
                               LOOM_TYPE_FP8_E4M3_ROWS};
     for (int ti = 0; ti < 4; ti++) {
@@ -441,6 +451,18 @@ int main(int argc, char **argv) {
     bench_sampling(1);
     bench_sampling(16);
     bench_sampling(64);
+    loom__backend_stream_close(&g_gpu);
+    /* The default's cost: the shapes whose kernel the fast mode (LOOM_CUDA_BATCH_INVARIANT=0)
+     * changes — decode steps on the GEMV, a prefill chunk on the tiled attention kernel. */
+    setenv("LOOM_CUDA_BATCH_INVARIANT", "0", 1);
+    if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
+    g_mode = "fast";
+    for (int ti = 0; ti < 4; ti++) {
+        bench_matmul(types[ti], 4096, 14336, 1);
+        bench_matmul(types[ti], 14336, 4096, 1);
+        bench_matmul(types[ti], 4096, 14336, 8);
+    }
+    if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
     loom__backend_stream_close(&g_gpu);
     /* FP8 weight rows through cuBLASLt's FP8 GEMM (the opt-in prefill path) on the prefill
      * shapes; rows say "+cublaslt". Where the device has no such GEMM they time loom's

@@ -119,6 +119,8 @@ def main():
     print("| kernel | shape | loom µs | loom | % of ceiling | torch µs (bf16) | torch/loom |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
+        if r.get("mode") == "fast":
+            continue  # the fast mode's rows: the default's cost, below
         if r["kind"] == "matmul":
             peer = torch_matmul(r["k"], r["n"], r["t"])
             big = r["t"] > 16
@@ -149,6 +151,20 @@ def main():
         for r8, r16 in pairs:
             print(f"| B={r8['batch']} ctx={r8['ctx']} H={r8['n_head']}/{r8['n_kv']} hd={r8['hd']} "
                   f"| {r16['s']*1e6:.1f} | {r8['s']*1e6:.1f} | {r16['s'] / r8['s']:.2f}x |")
+    # the cost of batch invariance (the default) against LOOM_CUDA_BATCH_INVARIANT=0, same shapes
+    shape = lambda r: (r["kind"], r.get("type"), r.get("k"), r.get("n"), r.get("t"), r.get("batch"),
+                       r.get("ctx"), r.get("new_rows"), r.get("n_head"), r.get("hd"), r.get("kv"))
+    inv = {shape(r): r for r in rows if r.get("mode") == "invariant"}
+    fast = [(r, inv[shape(r)]) for r in rows if r.get("mode") == "fast" and shape(r) in inv]
+    if fast:
+        print("\n| batch invariance's cost (default vs LOOM_CUDA_BATCH_INVARIANT=0) | default "
+              "kernel, µs | fast kernel, µs | default / fast |")
+        print("|---|---:|---:|---:|")
+        for rf, ri in fast:
+            what = (f"matmul {rf['type']} K={rf['k']} N={rf['n']} T={rf['t']}" if rf["kind"] == "matmul"
+                    else f"attention B={rf['batch']} ctx={rf['ctx']} rows={rf['new_rows']} hd={rf['hd']}")
+            print(f"| {what} | {ri['kernel']} {ri['s']*1e6:.1f} | {rf['kernel']} {rf['s']*1e6:.1f} "
+                  f"| {ri['s'] / rf['s']:.2f} |")
     samp = [r for r in rows if r["kind"] == "sampling"]
     if samp:
         print("\n| sampling, Gemma 3's 262,144-token vocabulary | summaries µs (KB to host) | "

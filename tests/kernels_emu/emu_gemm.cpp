@@ -5,8 +5,11 @@
 // partial row tile), 9, 17 and 130 tokens (partial token tiles), K = 1000 for the float formats
 // (a partial chunk), a partial last stage for Q8_0; weight strides that make the stage copy take
 // 4-, 2- and 1-byte pieces, activation strides with and without 16-byte loads. Outputs are
-// poisoned: the padding and the rows past the step must stay so. A token's outputs must be the
-// same bits in steps of 9, 17 and 130 tokens (gemm.cu's batch invariance).
+// poisoned: the padding and the rows past the step must stay so. Batch invariance, the CUDA
+// backend's default: a token's outputs must be the same bits in steps of 1, 3, 8, 9, 17 and 130
+// tokens, and the same whether K ran in one block or split across blocks into segment sums that
+// gemm_fold_kernel folds (the plans for 0, 2 and 132 SMs: no split, 2 or 3 groups, one per
+// segment).
 #include "gemm.cu"
 
 #include <stdio.h>
@@ -123,36 +126,49 @@ void decode_row(const weight_spec &ws, const uint8_t *row, double *w) {
     }
 }
 
-template <int T> void launch_gemm(const gemm_args &a, loom_emu::schedule order) {
+template <int T> void launch_gemm(gemm_args a, int n_sms, loom_emu::schedule order) {
     loom_emu::launch_options opt;
     opt.order = order;
-    opt.seed = (uint64_t)a.n_tokens * 977 + T;
+    opt.seed = (uint64_t)a.n_tokens * 977 + T + (uint64_t)n_sms;
+    const gemm_plan plan = gemm_plan_of(&a.w, a.n_tokens, n_sms);
+    std::vector<float> partial(plan.partial_bytes / sizeof(float), NAN);
+    a.partial = plan.partial_bytes != 0 ? partial.data() : nullptr;
+    a.segs_per_block = plan.segs_per_block;
     loom_emu::launch(
-        dim3((unsigned)loom_cdiv(a.n_tokens, GEMM_TOKENS), (unsigned)loom_cdiv(a.w.n, GEMM_ROWS)),
+        dim3((unsigned)loom_cdiv(a.n_tokens, GEMM_TOKENS), (unsigned)loom_cdiv(a.w.n, GEMM_ROWS),
+             (unsigned)plan.groups),
         dim3(GEMM_THREADS), gemm_smem_bytes<T>(), [&a] { gemm_kernel<T>(a); }, opt);
+    if (a.partial == nullptr) return;
+    const int64_t n_segs = plan.n_segs;
+    loom_emu::launch(
+        dim3((unsigned)loom_cdiv(a.w.n, 256), (unsigned)a.n_tokens), dim3(256), 0,
+        [&a, n_segs] { gemm_fold_kernel(a, n_segs); }, opt);
 }
 
-void launch_any(const gemm_args &a, loom_emu::schedule order) {
+void launch_any(const gemm_args &a, int n_sms, loom_emu::schedule order) {
     switch (a.w.type) {
     case LOOM_K_F32:
-        return launch_gemm<LOOM_K_F32>(a, order);
+        return launch_gemm<LOOM_K_F32>(a, n_sms, order);
     case LOOM_K_F16:
-        return launch_gemm<LOOM_K_F16>(a, order);
+        return launch_gemm<LOOM_K_F16>(a, n_sms, order);
     case LOOM_K_BF16:
-        return launch_gemm<LOOM_K_BF16>(a, order);
+        return launch_gemm<LOOM_K_BF16>(a, n_sms, order);
     case LOOM_K_Q8_0:
-        return launch_gemm<LOOM_K_Q8_0>(a, order);
+        return launch_gemm<LOOM_K_Q8_0>(a, n_sms, order);
     case LOOM_K_Q4_K:
-        return launch_gemm<LOOM_K_Q4_K>(a, order);
+        return launch_gemm<LOOM_K_Q4_K>(a, n_sms, order);
     default:
-        return launch_gemm<LOOM_K_FP8_ROWS>(a, order);
+        return launch_gemm<LOOM_K_FP8_ROWS>(a, n_sms, order);
     }
 }
 
-// One weight type: steps of 9, 17 and 130 tokens. Returns the failures (printed).
+// One weight type: steps of 1, 3, 8, 9, 17 and 130 tokens, each on 0, 2 and 132 SMs. Returns
+// the failures (printed).
 int run_type(const weight_spec &ws, bool verbose) {
     const int64_t N = 100, T_MAX = 130;
-    const int steps[] = {9, 17, 130};
+    const int steps[] = {1, 3, 8, 9, 17, 130};
+    const int sms[] = {0, 2, 132};
+    constexpr int N_RUNS = 6 * 3;
     /* weights: rows ws.stride apart, the gaps 0xff; the buffer ends with the last row's bytes,
        so AddressSanitizer sees a read past them */
     std::vector<uint8_t> wbuf((size_t)(N - 1) * ws.stride + ws.row_bytes, 0xff);
@@ -171,8 +187,10 @@ int run_type(const weight_spec &ws, bool verbose) {
 
     int bad = 0;
     std::vector<std::vector<float>> outs;
-    for (int si = 0; si < 3; si++) {
-        const int T = steps[si];
+    std::vector<int> run_T;
+    for (int ri = 0; ri < N_RUNS; ri++) {
+        const int T = steps[ri / 3], n_sms = sms[ri % 3];
+        run_T.push_back(T);
         std::vector<float> out((size_t)(T_MAX * os), NAN);
         gemm_args a;
         a.w = loom__k_weight{ws.type, ws.k, N, ws.stride, wbuf.data()};
@@ -181,16 +199,18 @@ int run_type(const weight_spec &ws, bool verbose) {
         a.n_tokens = T;
         a.out = out.data();
         a.out_stride = (size_t)os * sizeof(float);
-        launch_any(a, (loom_emu::schedule)(si + 1));
+        a.partial = nullptr;
+        a.segs_per_block = 0;
+        launch_any(a, n_sms, (loom_emu::schedule)(ri % 4));
         double worst = 0;
         for (int64_t t = 0; t < T_MAX && !bad; t++)
             for (int64_t n = 0; n < os && !bad; n++) {
                 const float got = out[t * os + n];
                 if (t >= T || n >= N) {
                     if (!std::isnan(got)) {
-                        printf("FAIL gemm %s T=%d: out[%lld][%lld] written (outside the "
+                        printf("FAIL gemm %s T=%d sms=%d: out[%lld][%lld] written (outside the "
                                "product)\n",
-                               ws.name, T, (long long)t, (long long)n);
+                               ws.name, T, n_sms, (long long)t, (long long)n);
                         bad++;
                     }
                     continue;
@@ -203,29 +223,42 @@ int run_type(const weight_spec &ws, bool verbose) {
                 }
                 const double err = fabs(got - ref) / mag;
                 if (!(err <= 1e-5)) {
-                    printf("FAIL gemm %s T=%d: out[%lld][%lld] = %.9g, want %.9g (error %.3g of "
-                           "sum |x w|)\n",
-                           ws.name, T, (long long)t, (long long)n, (double)got, ref, err);
+                    printf("FAIL gemm %s T=%d sms=%d: out[%lld][%lld] = %.9g, want %.9g (error "
+                           "%.3g of sum |x w|)\n",
+                           ws.name, T, n_sms, (long long)t, (long long)n, (double)got, ref, err);
                     bad++;
                 }
                 worst = std::max(worst, err);
             }
         if (verbose && !bad)
-            printf("  gemm %-8s k=%4lld n=%lld T=%3d: worst %.2g of sum |x w|\n", ws.name,
-                   (long long)ws.k, (long long)N, T, worst);
+            printf("  gemm %-8s k=%4lld n=%lld T=%3d sms=%3d (%lld K groups): worst %.2g of sum "
+                   "|x w|\n",
+                   ws.name, (long long)ws.k, (long long)N, T, n_sms,
+                   (long long)gemm_plan_of(&a.w, T, n_sms).groups, worst);
         outs.push_back(out);
     }
-    /* batch invariance: each token's row the same bits in every step that holds it */
-    for (int si = 1; si < 3 && !bad; si++)
-        for (int sj = 0; sj < si; sj++)
-            if (memcmp(outs[si].data(), outs[sj].data(), (size_t)(steps[sj] * os) * 4) != 0) {
-                printf("FAIL gemm %s: tokens 0..%d differ between steps of %d and %d tokens\n",
-                       ws.name, steps[sj] - 1, steps[sj], steps[si]);
+    /* batch invariance: each token's row the same bits in every step that holds it, split or
+       not */
+    for (int ri = 1; ri < N_RUNS && !bad; ri++)
+        for (int rj = 0; rj < ri; rj++) {
+            const int T = std::min(run_T[ri], run_T[rj]);
+            if (memcmp(outs[ri].data(), outs[rj].data(), (size_t)(T * os) * 4) != 0) {
+                printf("FAIL gemm %s: tokens 0..%d differ between steps of %d tokens on %d SMs "
+                       "and %d tokens on %d SMs\n",
+                       ws.name, T - 1, run_T[rj], sms[rj % 3], run_T[ri], sms[ri % 3]);
                 bad++;
                 break;
             }
+        }
+    /* the split plans this test means to cover */
+    const loom__k_weight shape = {ws.type, ws.k, N, ws.stride, nullptr};
+    if (gemm_plan_of(&shape, 1, 2).groups < 2 ||
+        gemm_plan_of(&shape, 1, 132).groups != gemm_plan_of(&shape, 1, 132).n_segs)
+        printf("FAIL gemm %s: the plans for 1 token do not split K as meant\n", ws.name), bad++;
     if (verbose && !bad)
-        printf("  gemm %-8s: tokens the same bits in steps of 9, 17 and 130\n", ws.name);
+        printf("  gemm %-8s: tokens the same bits in steps of 1, 3, 8, 9, 17 and 130, split "
+               "or not\n",
+               ws.name);
     return bad;
 }
 

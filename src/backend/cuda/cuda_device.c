@@ -90,13 +90,16 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
               d->device, d->name, d->cc_major, d->cc_minor, d->n_sms,
               (double)prop.totalGlobalMem / (1u << 30));
     const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT");
-    d->batch_invariant = inv != NULL && strcmp(inv, "1") == 0;
+    d->batch_invariant = !(inv != NULL && strcmp(inv, "0") == 0);
     if (d->batch_invariant)
         loom__log(LOOM_LOG_INFO,
-                  "cuda: batch-invariant mode: every matmul on the GEMV, every attention row on "
-                  "split-KV (LOOM_CUDA_BATCH_INVARIANT=1)");
-    else
-        loom__cuda_fp8_gemm_open(d);
+                  "cuda: batch-invariant: every matmul on the tensor-core GEMM's one order, every "
+                  "attention row on split-KV (LOOM_CUDA_BATCH_INVARIANT=0 turns it off)");
+    if (d->batch_invariant && getenv("LOOM_CUDA_FP8_GEMM") != NULL &&
+        strcmp(getenv("LOOM_CUDA_FP8_GEMM"), "1") == 0)
+        loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_FP8_GEMM=1 ignored: cuBLASLt's sums depend on "
+                                 "the step's shape; it needs LOOM_CUDA_BATCH_INVARIANT=0");
+    if (!d->batch_invariant) loom__cuda_fp8_gemm_open(d);
     *out = d;
     return LOOM_OK;
 }

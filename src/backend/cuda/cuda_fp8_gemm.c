@@ -3,10 +3,11 @@
  * token (kernels/fp8_gemm.cu), the GEMM of the codes with unit scales into float32, and an
  * epilogue multiplying each output by its weight row's scale and its token's.
  *
- * Opt-in (LOOM_CUDA_FP8_GEMM=1 in the environment when the device opens), because it gives up
- * two things the GEMV keeps: activations in float32 (the CPU's FP8 matmul keeps them), and a
- * token's result independent of its batch (cuBLASLt picks its algorithm, and with it the order
- * of the sums, by the shape). Steps of at most 8 tokens stay on the GEMV either way.
+ * Opt-in (LOOM_CUDA_FP8_GEMM=1 in the environment when the device opens, with batch invariance
+ * off: LOOM_CUDA_BATCH_INVARIANT=0), because it gives up two things loom's own kernels keep:
+ * activations in float32 (the CPU's FP8 matmul keeps them), and a token's result independent of
+ * its batch (cuBLASLt picks its algorithm, and with it the order of the sums, by the shape).
+ * Steps of at most 8 tokens stay on the GEMV either way.
  *
  * cuBLASLt is opened with dlopen when the device opens, not linked: the plugin loads, and runs
  * everything else, on a machine whose toolkit has no cuBLAS; there the opt-in logs why it is

@@ -41,9 +41,11 @@ typedef struct loom__cuda_dev {
     loom__cuda_chunk *chunks;
     uint64_t converted_logged; /* bit t: type t's "dequantized to bf16" line was logged */
     loom__cuda_blaslt *blaslt; /* the FP8 GEMM's library (LOOM_CUDA_FP8_GEMM=1); NULL: off */
-    /* LOOM_CUDA_BATCH_INVARIANT=1: every matmul on the GEMV and every attention row on
-     * split-KV, so a token's bits never depend on its step's size or its sequence's cut into
-     * steps (slower prefill); off by default. */
+    /* Batch invariance (the default; LOOM_CUDA_BATCH_INVARIANT=0 turns it off): every matmul on
+     * the tensor-core GEMM's one order of additions and every attention row on split-KV, so a
+     * token's bits never depend on its step's size or its sequence's cut into steps. Off: the
+     * GEMV for steps of 1..8 tokens and the tiled prefill kernel for long prefills (faster,
+     * each regime invariant within itself only). */
     bool batch_invariant;
 } loom__cuda_dev;
 
@@ -71,6 +73,9 @@ typedef struct loom__cuda_stream {
     /* Attention's split-KV partials (loom__cuda_attention_work_bytes). */
     void *attn_work;
     size_t attn_work_cap;
+    /* The GEMM's K-split segment sums (loom__cuda_gemm_work_bytes). */
+    void *gemm_work;
+    size_t gemm_work_cap;
     /* The FP8 GEMM's quantized activations, their scales and cuBLASLt's workspace. */
     void *fp8_work;
     size_t fp8_work_cap;

@@ -63,9 +63,20 @@ loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_
     LOOM_TRY(loom__cuda_fp8_gemm(c, w, x, out, &done));
     if (done) return LOOM_OK;
     loom__k_weight kw = weight_of(w);
-    /* batch-invariant mode: the GEMV whatever the step's size (one order of additions) */
-    return (c->dev->batch_invariant ? loom__cuda_gemv : loom__cuda_matmul)(
-        c->s, &kw, x->data, x->row_stride, x->ne[1], out->data, out->row_stride);
+    const int64_t n_tokens = x->ne[1];
+    /* invariant (the default): the GEMM's one order whatever the step's size; else the GEMV
+     * for steps of 1..8 tokens, which needs no scratch */
+    const bool gemm = c->dev->batch_invariant || n_tokens > LOOM_K_GEMV_MAX_TOKENS;
+    loom__k_gemm_work work = {NULL, 0, c->dev->n_sms};
+    if (gemm) {
+        const size_t need = loom__cuda_gemm_work_bytes(&kw, n_tokens, c->dev->n_sms);
+        if (need > c->gemm_work_cap) c->n_grows++;
+        LOOM_TRY(loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, need));
+        work.data = c->gemm_work;
+        work.bytes = c->gemm_work_cap;
+    }
+    return (c->dev->batch_invariant ? loom__cuda_gemm : loom__cuda_matmul)(
+        c->s, &kw, x->data, x->row_stride, n_tokens, out->data, out->row_stride, &work);
 }
 
 /* ------------------------------------------------------------------------------------------ */

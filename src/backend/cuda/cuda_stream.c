@@ -125,6 +125,7 @@ void loom__cuda_stream_destroy(void *stream) {
     if (c == NULL) return;
     (void)cudaSetDevice(c->dev->device);
     if (c->s != NULL) (void)cudaStreamSynchronize(c->s);
+    (void)cudaFree(c->gemm_work);
     (void)cudaFree(c->fp8_work);
     (void)cudaFree(c->summary_work);
     free(c->edit_host);

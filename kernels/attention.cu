@@ -16,10 +16,11 @@
  * merged pair (kv_merge.cu) read directions multiplied by their own norms, the later layer a
  * retained row where its token kept one.
  *
- * The rows of a step's prefill sequences (LOOM_K_ATTN_PREFILL_ROWS new rows or more) go to the
- * tiled tensor-core kernel (attention_prefill.cu) where the layer is one it runs; this kernel
- * takes the other rows through the step's list of them (loom__k_kv's split_rows), or every row
- * where the tiled kernel does not run the layer. */
+ * Where the layer is one the tiled tensor-core kernel (attention_prefill.cu) runs, it takes
+ * every row in the batch-invariant default, and in the fast mode the rows of a step's prefill
+ * sequences (LOOM_K_ATTN_PREFILL_ROWS new rows or more), this kernel the other rows through
+ * the step's list of them (loom__k_kv's split_rows). Where it does not, this kernel takes every
+ * row. */
 #include "common.cuh"
 
 #include <math.h>
@@ -510,14 +511,14 @@ extern "C" loom_status loom__cuda_attention(cudaStream_t stream, const loom__k_k
     if (!loom__cuda_attention_shape_ok(p->n_head, kv->n_kv_heads, kv->head_dim))
         LOOM_K_UNSUPPORTED("cuda: attention with %d query heads, %d kv heads of %d", p->n_head,
                            kv->n_kv_heads, kv->head_dim);
-    /* The prefill sequences on the tiled kernel; the rest here (all rows where it declined). */
-    int prefill = 0;
-    if (!p->split_only) {
-        const loom_status st = loom__cuda_attention_prefill(stream, kv, p, &prefill);
-        if (st != LOOM_OK) return st;
-    }
-    const attn_rows rs =
-        prefill ? attn_rows{kv->split_rows, kv->n_split_rows} : attn_rows{NULL, kv->n_rows};
+    /* The tiled kernel's rows (all of them in the invariant mode); the rest here (all rows
+     * where it declined the layer). */
+    int tiled = 0;
+    const loom_status st = loom__cuda_attention_prefill(stream, kv, p, &tiled);
+    if (st != LOOM_OK) return st;
+    const attn_rows rs = !tiled         ? attn_rows{NULL, kv->n_rows}
+                         : p->invariant ? attn_rows{NULL, 0}
+                                        : attn_rows{kv->split_rows, kv->n_split_rows};
     if (rs.n == 0) return LOOM_OK;
     switch (kv->kv_type) {
     case LOOM_K_F32:

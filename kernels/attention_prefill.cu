@@ -1,7 +1,8 @@
-/* attention_prefill.cu — tiled prefill attention over the paged KV cache on tensor cores
- * (mma.sync m16n8k8, TF32, sm_80+), for the sequences of a step with many new rows: those with
- * LOOM_K_ATTN_PREFILL_ROWS or more (step_begin lists them; attention.cu's dispatch sends the
- * rows of the others to the split-KV kernel).
+/* attention_prefill.cu — tiled attention over the paged KV cache on tensor cores (mma.sync
+ * m16n8k8, TF32, sm_80+). In the batch-invariant default it takes every row of a step, decodes
+ * included, wherever it runs the layer; in the fast mode (LOOM_CUDA_BATCH_INVARIANT=0) the
+ * sequences of a step with LOOM_K_ATTN_PREFILL_ROWS new rows or more (step_begin lists them;
+ * attention.cu's dispatch sends the rows of the others to the split-KV kernel).
  *
  * Tiling. A block takes one tile of one sequence's new rows and one KV head: PF_M = 64 query
  * vectors, the tile's rows times the query heads of the KV head's GQA group, packed row by row
@@ -14,6 +15,13 @@
  * row's; window: position > the row's - window), soft-caps it, updates its online softmax
  * (float32 maximum, sum and accumulator per vector) and adds P V to its accumulator.
  *
+ * Segments. The online softmax restarts at every multiple of PF_SEG = 256 positions; at a
+ * segment's end its state (maximum, sum over the row's four lanes, accumulator) is folded into
+ * the vector's running fold (pf_fold: registers and shared memory). A step whose blocks would
+ * leave the device idle (decode steps, short chunks of long contexts) splits the positions
+ * across blocks (grid.z) at segment boundaries instead: each block leaves its segments' states
+ * in a scratch area and pf_fold_kernel folds them in the same order with the same arithmetic —
+ * the same bits, so the split may follow the step's size.
  * Arithmetic (float32 accuracy, mma.cuh's TF32 splitting): Q is float32, split hi + lo where
  * each fragment is loaded. F16, BF16 and FP8 pages hold values that are exact TF32, so Q Kᵀ
  * takes two instructions per product (q_lo k + q_hi k) and P V two (p_lo v + p_hi v), P split
@@ -26,11 +34,12 @@
  * positions (absolute multiples of PF_N): an mma output element reads one row of A and one
  * column of B; a tile none of whose positions a warp's vectors attend is skipped, and would
  * have changed nothing (every weight +0, the correction exp(0) = 1). So within this kernel a
- * sequence's result does not depend on the batch, nor on which rows share its tile; but its
- * rows and split-KV's give different last bits, and which kernel a row takes follows how many
- * rows its sequence has in the step, which the scheduler's cut decides. So only the backend's
- * fast mode (LOOM_CUDA_BATCH_INVARIANT=0) runs this kernel; by default every row stays on
- * split-KV.
+ * sequence's result does not depend on the batch, nor on which rows share its tile, nor on
+ * the split: a row's bits are the same in a whole prompt, in any chunk of it, and decoded alone.
+ * Its rows and split-KV's give different last bits; in the fast mode which kernel a row takes
+ * follows how many rows its sequence has in the step, which the scheduler's cut decides, so
+ * only the default keeps every row here (and every row of a layer this kernel does not run on
+ * split-KV).
  *
  * Not here (attention.cu keeps them on the split-KV kernel): the layers of merged pairs, head
  * sizes that are not a multiple of 8, pages whose strides do not align to 4 elements, and a
@@ -47,21 +56,63 @@
 #define PF_N       32              /* positions per K/V tile */
 #define PF_NT      (PF_N / 8)      /* n8 tiles of a warp's S */
 
+/* Positions per segment: a vector's softmax state restarts at every multiple of PF_SEG and the
+ * segments' states meet in a left fold (pf_fold), so that blocks may split a long context at
+ * segment boundaries (decode steps) with the bits of one block walking it whole. */
+#define PF_SEG 256
+
 typedef struct pf_args {
     loom__k_kv kv;
     loom__k_attn p;
     int32_t group;         /* query heads per KV head */
     int32_t rows_per_tile; /* PF_M / group */
+    int32_t all;           /* 1: every sequence of the step (the invariant default); 0: the
+                              prefill sequences (kv.prefill_seqs) */
+    /* NULL: each block walks all its rows' positions and writes out. Else: block z walks the
+     * segments [z segs_per_block, (z + 1) segs_per_block) and leaves each vector's state of
+     * segment j at part + ((row n_head + head) seg_stride + j) (head_dim + 2): the
+     * accumulator, then the maximum and the sum; pf_fold_kernel folds them into out. */
+    float *part;
+    int32_t segs_per_block, seg_stride;
 } pf_args;
 
 /* Shared memory: the tile's page offsets and FP8 scales (two buffers: the next tile's are
  * looked up while this one loads), Q [PF_M][ld], K and V [PF_N][ld] as float32, where
  * ld = head_dim + 4 makes every fragment load below free of bank conflicts (a row of the
- * fragment's eight falls 4 or 12 banks past the one before, its four columns in between). */
+ * fragment's eight falls 4 or 12 banks past the one before, its four columns in between);
+ * then the folded accumulators [PF_M][head_dim + 8] (each lane its own elements, two at a
+ * time: rows 8 banks apart). */
 #define PF_HEAD_BYTES (2 * PF_N * (sizeof(long long) + 2 * sizeof(float)))
 
-static size_t pf_smem_bytes(int32_t head_dim) {
-    return PF_HEAD_BYTES + (size_t)(PF_M + 2 * PF_N) * (size_t)(head_dim + 4) * sizeof(float);
+static __host__ __device__ size_t pf_smem_bytes(int32_t head_dim) {
+    return PF_HEAD_BYTES + (size_t)(PF_M + 2 * PF_N) * (size_t)(head_dim + 4) * sizeof(float) +
+           (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float);
+}
+
+/* The left fold of a vector's segment states, the same arithmetic in the kernel (registers and
+ * shared memory) and in pf_fold_kernel (a split context): (M, L) is the fold so far, (m, l) the
+ * next segment's maximum and sum; returns 0 (an empty segment: nothing changes), 1 (the first
+ * non-empty one: the fold takes it as it is) or 2 (the fold becomes L a + l b, O a + o b, with
+ * the coefficients set here). Every product and sum rounded on its own (no contraction), so that
+ * two compilations give the same bits. */
+static __device__ __forceinline__ int pf_fold(float *M, float *L, float m, float l, float *ca,
+                                              float *cb) {
+    if (m == -INFINITY) return 0;
+    if (*M == -INFINITY) {
+        *M = m;
+        *L = l;
+        return 1;
+    }
+    const float mn = fmaxf(*M, m);
+    *ca = expf(*M - mn);
+    *cb = expf(m - mn);
+    *L = __fadd_rn(__fmul_rn(*L, *ca), __fmul_rn(l, *cb));
+    *M = mn;
+    return 2;
+}
+static __device__ __forceinline__ float pf_fold_value(int how, float O, float o, float ca,
+                                                      float cb) {
+    return how == 0 ? O : how == 1 ? o : __fadd_rn(__fmul_rn(O, ca), __fmul_rn(o, cb));
 }
 
 /* A row's first attended position; the same rule, planted bug included, as attention.cu's
@@ -175,15 +226,69 @@ static __device__ __forceinline__ void pf_load_tile(const pf_args &a, const long
     }
 }
 
+/* The end of a segment for this lane's two vectors: their states (the sums of the four lanes
+ * of each row) are folded into the running fold (M, L in registers, O in shared memory ot),
+ * or, splitting, left in a.part; then the segment's state restarts. Warp-uniform. */
+template <int HDMAX>
+static __device__ __forceinline__ void
+pf_segment_end(const pf_args &a, int seg, int warp, int lane, int row0, int kvh, const bool vin[2],
+               float m_run[2], float l_run[2], float o[HDMAX / 8][4], float M[2], float L[2],
+               float *ot) {
+    const int hd = a.kv.head_dim, G = a.group;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float l = l_run[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int m = warp * 16 + loom_mma_c_row(lane, 2 * h);
+        if (a.part != NULL) {
+            if (vin[h]) {
+                const int rl = m / G, head = kvh * G + m - rl * G;
+                float *st = a.part + (((size_t)(row0 + rl) * a.p.n_head + head) * a.seg_stride +
+                                      (size_t)seg) *
+                                         (size_t)(hd + 2);
+#pragma unroll
+                for (int dn = 0; dn < HDMAX / 8; dn++) {
+                    if (dn * 8 >= hd) break;
+                    st[dn * 8 + loom_mma_c_col(lane, 2 * h)] = o[dn][2 * h];
+                    st[dn * 8 + loom_mma_c_col(lane, 2 * h + 1)] = o[dn][2 * h + 1];
+                }
+                if ((lane & 3) == 0) {
+                    st[hd] = m_run[h];
+                    st[hd + 1] = l;
+                }
+            }
+        } else {
+            float ca = 0.0f, cb = 0.0f;
+            const int how = pf_fold(&M[h], &L[h], m_run[h], l, &ca, &cb);
+            float *orow = ot + m * (hd + 8);
+#pragma unroll
+            for (int dn = 0; dn < HDMAX / 8; dn++) {
+                if (dn * 8 >= hd) break;
+                float2 *at = (float2 *)(orow + dn * 8 + loom_mma_c_col(lane, 2 * h));
+                const float2 O = *at;
+                *at = make_float2(pf_fold_value(how, O.x, o[dn][2 * h], ca, cb),
+                                  pf_fold_value(how, O.y, o[dn][2 * h + 1], ca, cb));
+            }
+        }
+        m_run[h] = -INFINITY;
+        l_run[h] = 0.0f;
+#pragma unroll
+        for (int dn = 0; dn < HDMAX / 8; dn++) o[dn][2 * h] = o[dn][2 * h + 1] = 0.0f;
+    }
+}
+
 /* HDMAX: the head size the accumulator registers are laid out for (head_dim <= HDMAX, a
  * multiple of 8); F32KV: F32 pages, whose K and V are split hi + lo too. */
 template <int HDMAX, bool F32KV>
 static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args a) {
     const loom__k_kv &kv = a.kv;
-    /* blockIdx.x: the prefill sequences' tiles, the last tile of each (the most positions)
-     * first; a sequence with fewer tiles than the longest has nothing at the end. */
-    const int n_pf = kv.n_prefill_seqs;
-    const int s = kv.prefill_seqs[blockIdx.x % n_pf], back = (int)(blockIdx.x / n_pf);
+    /* blockIdx.x: the sequences' tiles, the last tile of each (the most positions) first; a
+     * sequence with fewer tiles than the longest has nothing at the end. blockIdx.z: the
+     * group of segments (splitting; else 0). */
+    const int n_pf = a.all ? kv.n_seqs : kv.n_prefill_seqs;
+    const int s = a.all ? (int)(blockIdx.x % n_pf) : kv.prefill_seqs[blockIdx.x % n_pf];
+    const int back = (int)(blockIdx.x / n_pf);
     const int q0 = kv.q_start[s], n_new = kv.q_start[s + 1] - q0, BR = a.rows_per_tile;
     const int n_tiles = (n_new + BR - 1) / BR;
     if (back >= n_tiles) return;
@@ -195,6 +300,18 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     const bool fp8 = pf_fp8(kv.kv_type);
     const float scale = a.p.scale, cap = a.p.softcap;
 
+    /* The positions this block walks: its rows' [first attended, last], from the tile of 32
+     * holding the first, within its group of segments. */
+    const int lo_first = pf_lo(kv, pos0);
+    int j_begin = lo_first / PF_N * PF_N, j_end = pos_last;
+    if (a.part != NULL) {
+        const long long g0 = (long long)blockIdx.z * a.segs_per_block * PF_SEG;
+        const long long g1 = g0 + (long long)a.segs_per_block * PF_SEG - 1;
+        if (g0 > j_begin) j_begin = (int)g0;
+        if (g1 < j_end) j_end = (int)g1;
+        if (j_begin > j_end) return;
+    }
+
     LOOM_K_DYN_SMEM(pf_sm);
     long long *row_at = (long long *)pf_sm;                       /* [2][PF_N] */
     float *ksc = (float *)(pf_sm + 2 * PF_N * sizeof(long long)); /* [2][PF_N] */
@@ -202,6 +319,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     float *qs = (float *)(pf_sm + PF_HEAD_BYTES);                 /* [PF_M][ld] */
     float *ks = qs + PF_M * ld;                                   /* [PF_N][ld] */
     float *vs = ks + PF_N * ld;                                   /* [PF_N][ld] */
+    float *ot = vs + PF_N * ld;                                   /* [PF_M][hd + 8] */
 
     /* Q: vector m = row m / G, head kvh * G + m % G; vectors past the tile's rows are zeros. */
     for (int e = threadIdx.x; e < PF_M * hd; e += PF_THREADS) {
@@ -213,6 +331,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
             x = qrow[(size_t)(kvh * G + m - rl * G) * hd + d];
         }
         qs[m * ld + d] = x;
+        ot[m * (hd + 8) + d] = 0.0f;
     }
 
     /* This lane's two vectors (rows g and g+8 of its warp's C fragments): in the tile, their
@@ -232,7 +351,9 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     const bool w_any = wr0 < rows;
     const int w_lo = pf_lo(kv, pos0 + wr0), w_hi = pos0 + wr1;
 
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}; /* l: this lane's part */
+    /* The segment's state (l: this lane's part) and the fold of the segments before */
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
     float o[HDMAX / 8][4];
 #pragma unroll
     for (int dn = 0; dn < HDMAX / 8; dn++)
@@ -240,13 +361,12 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
         for (int r = 0; r < 4; r++) o[dn][r] = 0.0f;
 
     const int32_t *table = kv.block_ids + kv.indptr[s];
-    const int lo_first = pf_lo(kv, pos0), j_begin = lo_first / PF_N * PF_N;
     pf_lookup(a, table, kvh, j_begin, lo_first, pos_last, row_at, ksc, vsc);
     __syncthreads();
     int buf = 0;
-    for (int j0 = j_begin; j0 <= pos_last; j0 += PF_N, buf ^= 1) {
+    for (int j0 = j_begin; j0 <= j_end; j0 += PF_N, buf ^= 1) {
         pf_load_tile(a, row_at + buf * PF_N, ks, vs, ld);
-        if (j0 + PF_N <= pos_last)
+        if (j0 + PF_N <= j_end)
             pf_lookup(a, table, kvh, j0 + PF_N, lo_first, pos_last, row_at + (buf ^ 1) * PF_N,
                       ksc + (buf ^ 1) * PF_N, vsc + (buf ^ 1) * PF_N);
         __syncthreads();
@@ -353,26 +473,86 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                 }
             }
         }
+        /* the segment ends at a multiple of PF_SEG or at the end of the walk */
+        if ((j0 + PF_N) % PF_SEG == 0 || j0 + PF_N > j_end)
+            pf_segment_end<HDMAX>(a, j0 / PF_SEG, warp, lane, row0, kvh, vin, m_run, l_run, o, M, L,
+                                  ot);
         __syncthreads();
     }
+    if (a.part != NULL) return; /* pf_fold_kernel writes out */
 
-    /* The row sums over the four lanes, then out = acc / l (as the CPU: times 1 / l). */
+        /* out = the fold's accumulator / its sum (as the CPU: times 1 / l) */
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
         if (!vin[h]) continue;
         const int m = warp * 16 + loom_mma_c_row(lane, 2 * h), rl = m / G;
-        const float inv = l_run[h] > 0.0f ? 1.0f / l_run[h] : 0.0f;
+        const float inv = L[h] > 0.0f ? 1.0f / L[h] : 0.0f;
         float *orow = (float *)((char *)a.p.out + (size_t)(row0 + rl) * a.p.out_stride) +
                       (size_t)(kvh * G + m - rl * G) * hd;
+        const float *frow = ot + m * (hd + 8);
 #pragma unroll
         for (int dn = 0; dn < HDMAX / 8; dn++) {
             if (dn * 8 >= hd) break;
-            orow[dn * 8 + loom_mma_c_col(lane, 2 * h)] = o[dn][2 * h] * inv;
-            orow[dn * 8 + loom_mma_c_col(lane, 2 * h + 1)] = o[dn][2 * h + 1] * inv;
+            const int c0 = dn * 8 + loom_mma_c_col(lane, 2 * h);
+            orow[c0] = frow[c0] * inv;
+            orow[c0 + 1] = frow[c0 + 1] * inv;
         }
     }
+}
+
+/* A split context's fold: row blockIdx.x of the step, query head blockIdx.y; the segments its
+ * positions cover, in order, by pf_fold, then out = O / L — the kernel's arithmetic on the
+ * states it left. */
+static __global__ void __launch_bounds__(128) pf_fold_kernel(pf_args a) {
+    const loom__k_kv &kv = a.kv;
+    const int r = blockIdx.x, head = blockIdx.y, hd = kv.head_dim;
+    const int s = kv.row_seq[r], pos = kv.pos_start[s] + (r - kv.q_start[s]);
+    const int seg0 = pf_lo(kv, pos) / PF_SEG, seg1 = pos / PF_SEG;
+    const float *base = a.part + ((size_t)r * a.p.n_head + head) * a.seg_stride * (size_t)(hd + 2);
+    float *orow = (float *)((char *)a.p.out + (size_t)r * a.p.out_stride) + (size_t)head * hd;
+    for (int d = threadIdx.x; d < hd; d += 128) {
+        float M = -INFINITY, L = 0.0f, O = 0.0f;
+        for (int j = seg0; j <= seg1; j++) {
+            const float *st = base + (size_t)j * (hd + 2);
+            float ca = 0.0f, cb = 0.0f;
+            const int how = pf_fold(&M, &L, st[hd], st[hd + 1], &ca, &cb);
+            O = pf_fold_value(how, O, st[d], ca, cb);
+        }
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        orow[d] = O * inv;
+    }
+}
+
+/* How a step's tiled attention splits the positions: groups of segments (1: no split), and
+ * the partial states' size. A rule on the step's shape and the device's size; any rule gives
+ * the same bits. Splits the invariant mode's steps whose blocks are fewer than two per SM, into
+ * enough groups for two (the kernel's residency), where the states stay under 256 MiB. */
+typedef struct pf_plan {
+    int32_t groups, segs_per_block, seg_stride;
+    size_t part_bytes; /* 0: no split */
+} pf_plan;
+
+static __host__ __device__ pf_plan pf_plan_of(const loom__k_kv *kv, const loom__k_attn *p,
+                                              int all) {
+    pf_plan pl = {1, 0, 0, 0};
+    pl.seg_stride = (kv->max_kv_len + PF_SEG - 1) / PF_SEG;
+    if (pl.seg_stride < 1) pl.seg_stride = 1;
+    pl.segs_per_block = pl.seg_stride;
+    if (!all || p->n_sms <= 0 || pl.seg_stride < 2) return pl;
+    const int64_t G = p->n_head / kv->n_kv_heads, br = PF_M / G;
+    const int64_t blocks = (int64_t)kv->n_seqs * ((kv->max_rows + br - 1) / br) * kv->n_kv_heads;
+    if (blocks >= 2 * (int64_t)p->n_sms) return pl;
+    const double bytes = 4.0 * (double)kv->n_rows * p->n_head * pl.seg_stride * (kv->head_dim + 2);
+    if (bytes > 256.0 * 1024 * 1024) return pl;
+    int64_t groups = (2 * (int64_t)p->n_sms + blocks - 1) / blocks;
+    if (groups > pl.seg_stride) groups = pl.seg_stride;
+    pl.segs_per_block = (int32_t)((pl.seg_stride + groups - 1) / groups);
+    pl.groups = (pl.seg_stride + pl.segs_per_block - 1) / pl.segs_per_block;
+    if (pl.groups > 1)
+        pl.part_bytes = (size_t)bytes;
+    else
+        pl.segs_per_block = pl.seg_stride;
+    return pl;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -381,7 +561,8 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
 
 #if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernel itself */
 template <int HDMAX, bool F32KV>
-static loom_status pf_launch(cudaStream_t stream, const pf_args &a, unsigned blocks, size_t smem) {
+static loom_status pf_launch(cudaStream_t stream, const pf_args &a, unsigned blocks,
+                             unsigned groups, size_t smem) {
     if (smem > 48 * 1024) { /* past the default: the kernel opts in (checked against the device) */
         const cudaError_t e =
             cudaFuncSetAttribute(attn_prefill_kernel<HDMAX, F32KV>,
@@ -394,9 +575,12 @@ static loom_status pf_launch(cudaStream_t stream, const pf_args &a, unsigned blo
                               smem, cudaGetErrorString(e), cudaGetErrorName(e));
         }
     }
-    const dim3 grid(blocks, (unsigned)a.kv.n_kv_heads);
+    const dim3 grid(blocks, (unsigned)a.kv.n_kv_heads, groups);
     attn_prefill_kernel<HDMAX, F32KV><<<grid, PF_THREADS, smem, stream>>>(a);
-    LOOM_K_LAUNCHED("attention (prefill)");
+    LOOM_K_LAUNCHED("attention (tiled)");
+    if (a.part == NULL) return LOOM_OK;
+    pf_fold_kernel<<<dim3((unsigned)a.kv.n_rows, (unsigned)a.p.n_head), 128, 0, stream>>>(a);
+    LOOM_K_LAUNCHED("attention (tiled fold)");
     return LOOM_OK;
 }
 #endif
@@ -422,40 +606,56 @@ static bool pf_layer_ok(const loom__k_kv *kv, const loom__k_attn *p) {
 }
 
 #if !defined(LOOM_K_EMULATE)
+extern "C" int loom__cuda_attention_tiled_ok(const loom__k_kv *kv, const loom__k_attn *p) {
+    return pf_layer_ok(kv, p) && pf_smem_bytes(kv->head_dim) <= (size_t)p->smem_optin;
+}
+
+extern "C" size_t loom__cuda_attention_tiled_work_bytes(const loom__k_kv *kv,
+                                                        const loom__k_attn *p) {
+    if (!p->invariant || kv->n_rows == 0 || !loom__cuda_attention_tiled_ok(kv, p)) return 0;
+    return pf_plan_of(kv, p, 1).part_bytes;
+}
+
 extern "C" loom_status loom__cuda_attention_prefill(cudaStream_t stream, const loom__k_kv *kv,
                                                     const loom__k_attn *p, int *ran) {
     *ran = 0;
-    if (kv->n_prefill_seqs <= 0 || !pf_layer_ok(kv, p)) return LOOM_OK;
+    const int all = p->invariant != 0;
+    if ((all ? kv->n_seqs : kv->n_prefill_seqs) <= 0 || !loom__cuda_attention_tiled_ok(kv, p))
+        return LOOM_OK; /* the split-KV kernel takes every row */
     const size_t smem = pf_smem_bytes(kv->head_dim);
-    int dev = 0, optin = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e != cudaSuccess)
-        return loom__fail(LOOM_ERR_BACKEND,
-                          "cuda: prefill attention: the device's shared memory: "
-                          "%s (%s)",
-                          cudaGetErrorString(e), cudaGetErrorName(e));
-    if (smem > (size_t)optin) return LOOM_OK; /* the split-KV kernel takes every row */
-    pf_args a = {*kv, *p, p->n_head / kv->n_kv_heads, 0};
+    const pf_plan pl = pf_plan_of(kv, p, all);
+    if (pl.part_bytes > p->tiled_work_bytes)
+        return loom__fail(LOOM_ERR_INTERNAL,
+                          "cuda: tiled attention needs %zu bytes of scratch, "
+                          "has %zu",
+                          pl.part_bytes, p->tiled_work_bytes);
+    pf_args a = {*kv,
+                 *p,
+                 p->n_head / kv->n_kv_heads,
+                 0,
+                 all,
+                 pl.part_bytes != 0 ? p->tiled_work : NULL,
+                 pl.segs_per_block,
+                 pl.seg_stride};
     a.rows_per_tile = PF_M / a.group;
-    const int64_t blocks =
-        (int64_t)kv->n_prefill_seqs * loom_cdiv(kv->prefill_max_rows, a.rows_per_tile);
-    if (blocks > 0x7fffffff) return LOOM_OK;
+    const int64_t blocks = (int64_t)(all ? kv->n_seqs : kv->n_prefill_seqs) *
+                           loom_cdiv(all ? kv->max_rows : kv->prefill_max_rows, a.rows_per_tile);
+    if (blocks > 0x7fffffff || pl.groups > 65535) return LOOM_OK;
     const bool f32 = kv->kv_type == LOOM_K_F32;
+    const unsigned g = (unsigned)pl.groups;
     loom_status st = LOOM_OK;
     switch (kv->head_dim <= 64 ? 64 : kv->head_dim <= 128 ? 128 : 256) {
     case 64:
-        st = f32 ? pf_launch<64, true>(stream, a, (unsigned)blocks, smem)
-                 : pf_launch<64, false>(stream, a, (unsigned)blocks, smem);
+        st = f32 ? pf_launch<64, true>(stream, a, (unsigned)blocks, g, smem)
+                 : pf_launch<64, false>(stream, a, (unsigned)blocks, g, smem);
         break;
     case 128:
-        st = f32 ? pf_launch<128, true>(stream, a, (unsigned)blocks, smem)
-                 : pf_launch<128, false>(stream, a, (unsigned)blocks, smem);
+        st = f32 ? pf_launch<128, true>(stream, a, (unsigned)blocks, g, smem)
+                 : pf_launch<128, false>(stream, a, (unsigned)blocks, g, smem);
         break;
     case 256:
-        st = f32 ? pf_launch<256, true>(stream, a, (unsigned)blocks, smem)
-                 : pf_launch<256, false>(stream, a, (unsigned)blocks, smem);
+        st = f32 ? pf_launch<256, true>(stream, a, (unsigned)blocks, g, smem)
+                 : pf_launch<256, false>(stream, a, (unsigned)blocks, g, smem);
         break;
     default:
         LOOM_K_UNSUPPORTED("cuda: prefill attention with head_dim %d", kv->head_dim);

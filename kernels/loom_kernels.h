@@ -157,15 +157,18 @@ typedef struct loom__k_kv {
     /* FP8: where a (position, head)'s scale lies from a layer's scale base: block * block
      * stride + slot * token stride + head * 4 (loom_kv_desc's scale fields) */
     size_t scale_token_stride, scale_block_stride;
-    /* Attention's two kernels: a sequence with at least LOOM_K_ATTN_PREFILL_ROWS new rows in
-     * the step is a prefill sequence (the tiled kernel, where the layer allows it), the rows of
-     * the others go to the split-KV kernel. A rule on each sequence's own rows in the step
-     * (the other sequences never change a sequence's kernel, but the scheduler's cut of its
-     * rows into steps can). Zero counts: every row split-KV. */
+    /* Attention's two kernels in the fast mode (loom__k_attn.invariant 0): a sequence with at
+     * least LOOM_K_ATTN_PREFILL_ROWS new rows in the step is a prefill sequence (the tiled
+     * kernel, where the layer allows it), the rows of the others go to the split-KV kernel. A
+     * rule on each sequence's own rows in the step (the other sequences never change a
+     * sequence's kernel, but the scheduler's cut of its rows into steps can). Zero counts:
+     * every row split-KV. The invariant default takes every sequence on one kernel. */
     const int32_t *prefill_seqs; /* [n_prefill_seqs] increasing */
     const int32_t *split_rows;   /* [n_split_rows] increasing: the other sequences' rows */
     int32_t n_prefill_seqs, n_split_rows;
     int32_t prefill_max_rows; /* the most new rows of a prefill sequence */
+    int32_t max_rows;         /* the most new rows of any sequence */
+    int32_t max_kv_len;       /* the most positions any sequence holds after the step */
 } loom__k_kv;
 
 /* Writes rows of k and v [n_rows, n_kv_heads*head_dim] into the pools at their positions.
@@ -220,9 +223,16 @@ typedef struct loom__k_attn {
     /* A layer of a merged pair: its rows are directions, read times the layer's norms (the
      * later layer's retained row where its token kept one); merge.base NULL otherwise. */
     loom__k_merge merge;
-    /* 1: every row on split-KV, none on the tiled prefill kernel (the batch-invariant default:
-     * a row's kernel then never depends on how its sequence was cut into steps). */
-    int32_t split_only;
+    /* 1 (the batch-invariant default): every row on the tiled kernel where the layer runs on
+     * it (loom__cuda_attention_tiled_ok), else every row on split-KV — a rule on the layer and
+     * the device, so a row's kernel never depends on how its sequence was cut into steps; long
+     * contexts of small steps split at fixed positions into tiled_work. 0 (the fast mode):
+     * prefill sequences on the tiled kernel, the other rows on split-KV. */
+    int32_t invariant;
+    int32_t n_sms;      /* the device's SMs (sizes the split; 0: never split) */
+    int32_t smem_optin; /* the most shared memory a block may opt in to */
+    float *tiled_work;  /* loom__cuda_attention_tiled_work_bytes */
+    size_t tiled_work_bytes;
 } loom__k_attn;
 
 size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim);
@@ -230,13 +240,20 @@ size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim);
  * within the registers one warp holds: at most 16, 8 for head_dim > 128). */
 int loom__cuda_attention_shape_ok(int32_t n_head, int32_t n_kv_heads, int32_t head_dim);
 /* out = softmax(scale * q k^T, causal and window masked, soft-capped) v over the pools: the
- * prefill sequences' rows (kv->prefill_seqs) on the tiled kernel where the layer allows it, the
- * others (or all) on split-KV. */
+ * tiled kernel's rows (loom__cuda_attention_prefill) there, the others (or all, where the
+ * layer is not one it runs) on split-KV. */
 loom_status loom__cuda_attention(cudaStream_t stream, const loom__k_kv *kv, const loom__k_attn *p);
-/* The prefill sequences' rows on the tiled tensor-core kernel (attention_prefill.cu); *ran = 0
- * (nothing queued, LOOM_OK) where the layer is not one it runs: a merged pair, head_dim not a
- * multiple of 8 or over 256, page strides not aligned to 4 elements, FP8 without scales, a
- * device without the shared memory. Called by loom__cuda_attention. */
+/* Whether the tiled kernel runs the layer: not a merged pair, head_dim a multiple of 8 up to
+ * 256, page strides aligned to 4 elements, FP8 with scales, the shared memory within
+ * p->smem_optin. */
+int loom__cuda_attention_tiled_ok(const loom__k_kv *kv, const loom__k_attn *p);
+/* The scratch the invariant mode's tiled attention splits this step's long contexts into (0:
+ * it does not split; p->invariant, n_sms, smem_optin and the layer's fields read). */
+size_t loom__cuda_attention_tiled_work_bytes(const loom__k_kv *kv, const loom__k_attn *p);
+/* The rows of the tiled tensor-core kernel (attention_prefill.cu): every sequence's in the
+ * invariant mode, the prefill sequences' (kv->prefill_seqs) in the fast mode; *ran = 0
+ * (nothing queued, LOOM_OK) where the layer is not one it runs (loom__cuda_attention_tiled_ok).
+ * Called by loom__cuda_attention. */
 loom_status loom__cuda_attention_prefill(cudaStream_t stream, const loom__k_kv *kv,
                                          const loom__k_attn *p, int *ran);
 

@@ -347,16 +347,19 @@ static void bench_attention(int32_t batch, int32_t ctx, int32_t new_rows, int32_
     const double flops = 4.0 * (double)batch * n_head * hd * (double)new_rows *
                          (new_rows > 1 && new_rows == ctx ? (ctx + 1) / 2.0 : (double)ctx);
     double gbs = kv_bytes / s * 1e-9;
-    /* which kernel ran: in the fast mode, sequences of 16 new rows or more take the tiled
-     * tensor-core prefill kernel (loom_kernels.h's LOOM_K_ATTN_PREFILL_ROWS); the others, and
-     * every row in the invariant default, split-KV, in its 16-byte vector form for head sizes
-     * 64, 128 and 256 (these pools are aligned; GQA groups within its accumulators) */
+    /* which kernel ran: by default every row takes the tiled tensor-core kernel
+     * (attention_prefill.cu; these layers are all ones it runs), long contexts of small steps
+     * split at fixed segments; in the fast mode, sequences of 16 new rows or more take it
+     * (loom_kernels.h's LOOM_K_ATTN_PREFILL_ROWS), the others split-KV, in its 16-byte vector
+     * form for head sizes 64, 128 and 256 (these pools are aligned; GQA groups within its
+     * accumulators) */
     printf("{\"kind\":\"attention\",\"mode\":\"%s\",\"kernel\":\"%s\",\"kv\":\"%s\","
            "\"batch\":%d,\"ctx\":%d,"
            "\"new_rows\":%d,\"n_head\":%d,\"n_kv\":%d,\"hd\":%d,\"s\":%.6e,\"kv_bytes\":%.0f,"
            "\"gbs\":%.1f,\"pct_bw\":%.1f,\"tflops\":%.2f}\n",
            g_mode,
-           g_fast() && new_rows >= 16             ? "prefill-mma"
+           !g_fast()                              ? "tiled-mma"
+           : new_rows >= 16                       ? "prefill-mma"
            : (hd == 64 || hd == 128 || hd == 256) ? "split-kv-vec16"
                                                   : "split-kv",
            fp8 ? "fp8_e4m3" : "f16", batch, ctx, new_rows, n_head, n_kv, hd, s, kv_bytes, gbs,
@@ -453,7 +456,8 @@ int main(int argc, char **argv) {
     bench_sampling(64);
     loom__backend_stream_close(&g_gpu);
     /* The default's cost: the shapes whose kernel the fast mode (LOOM_CUDA_BATCH_INVARIANT=0)
-     * changes — decode steps on the GEMV, a prefill chunk on the tiled attention kernel. */
+     * changes — decode steps on the GEMV, decode attention on split-KV (a prefill chunk takes
+     * the tiled kernel in both modes, without the segment folds' split in this one). */
     setenv("LOOM_CUDA_BATCH_INVARIANT", "0", 1);
     if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
     g_mode = "fast";
@@ -462,6 +466,10 @@ int main(int argc, char **argv) {
         bench_matmul(types[ti], 14336, 4096, 1);
         bench_matmul(types[ti], 4096, 14336, 8);
     }
+    bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_F16);
+    bench_attention(1, 16384, 1, 32, 8, 128, LOOM_TYPE_F16);
+    bench_attention(16, 8192, 1, 4, 1, 256, LOOM_TYPE_F16);
+    bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_FP8_E4M3);
     if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
     loom__backend_stream_close(&g_gpu);
     /* FP8 weight rows through cuBLASLt's FP8 GEMM (the opt-in prefill path) on the prefill

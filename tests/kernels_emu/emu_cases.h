@@ -15,13 +15,20 @@ namespace emu_test {
 
 // One step of paged prefill attention: sequences with cached[s] positions in the cache and
 // nnew[s] new rows, pages of type `type` (LOOM_K_*) holding bs positions, nkv KV heads of hd
-// elements, G query heads per KV head, a window (0: none) and a soft cap (0: none).
+// elements, G query heads per KV head, a window (0: none) and a soft cap (0: none). all: the
+// invariant mode (every sequence on the tiled kernel, split for n_sms SMs; 0: never) rather
+// than the fast mode's prefill sequences. A sequence's K, V and queries are a function of
+// (id, position), id = ids[s] (or s where ids is empty), so the same sequence cut into other
+// steps reads and asks the same values.
 struct prefill_case {
     int bs, hd, nkv, G, window;
     float cap;
     uint32_t type;
     std::vector<int> cached, nnew;
     loom_emu::schedule order;
+    bool all = false;
+    int n_sms = 0;
+    std::vector<int> ids = {};
 };
 
 struct prefill_result {
@@ -29,6 +36,7 @@ struct prefill_result {
     std::string problem;    // empty, or what went wrong first
     std::vector<float> out; // [rows, q_stride] as the kernel left it
     int q_stride;           // floats
+    int groups;             // the split's groups of segments (1: none)
 };
 
 } // namespace emu_test

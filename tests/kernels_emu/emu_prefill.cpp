@@ -3,7 +3,9 @@
 // causal, windowed (table entries before the window left as LOOM_KV_NO_BLOCK), soft-capped, GQA,
 // F32 / F16 / BF16 / FP8 pages with one scale per position and head, the pool's blocks in a
 // shuffled order with poisoned gaps and margins, outputs poisoned (rows the kernel must not
-// write: the padding of each row and every row of a sequence under the prefill threshold).
+// write: the padding of each row and, in the fast mode, every row of a sequence under the prefill
+// threshold). In the invariant mode every row, split across blocks at segment boundaries where
+// the case's SM count asks for it (the segment states poisoned), then folded.
 // Built twice (CMakeLists.txt): EMU_PREFILL_NS names this build's run(), LOOM_K_PLANTED_BUG
 // plants attention_prefill.cu's off-by-one.
 #include "attention_prefill.cu"
@@ -74,13 +76,26 @@ __attribute__((format(printf, 2, 3))) void problem(emu_test::prefill_result &res
 }
 
 template <int HD, bool F32KV>
-void launch_kernel(const pf_args &a, unsigned blocks, size_t smem, loom_emu::schedule order) {
+void launch_kernel(const pf_args &a, unsigned blocks, unsigned groups, size_t smem,
+                   loom_emu::schedule order) {
     loom_emu::launch_options opt;
     opt.order = order;
     opt.seed = 0x5eed + blocks;
     loom_emu::launch(
-        dim3(blocks, (unsigned)a.kv.n_kv_heads), dim3(PF_THREADS), smem,
+        dim3(blocks, (unsigned)a.kv.n_kv_heads, groups), dim3(PF_THREADS), smem,
         [&a] { attn_prefill_kernel<HD, F32KV>(a); }, opt);
+    if (a.part != nullptr)
+        loom_emu::launch(
+            dim3((unsigned)a.kv.n_rows, (unsigned)a.p.n_head), dim3(128), 0,
+            [&a] { pf_fold_kernel(a); }, opt);
+}
+
+// A sequence's values at a position: a generator seeded by (id, position, what).
+void seed_at(int id, int pos, int what) {
+    g_rs = 0x9e3779b97f4a7c15ull ^
+           ((uint64_t)id * 1000003ull + (uint64_t)pos * 7919ull + (uint64_t)what * 104729ull + 1);
+    if (g_rs == 0) g_rs = 1;
+    for (int i = 0; i < 4; i++) (void)rnd(); /* nearby seeds: spread them */
 }
 
 } // namespace
@@ -127,15 +142,16 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
     unsigned char *ksp = ksb.data() + margin, *vsp = vsb.data() + margin;
 
     /* pages, and the reference's values [s][pos][kv head][d]; a sequence's values depend on its
-       index and length only, so a sequence gets the same data alone and in a batch */
+       id and the position only, so a sequence gets the same data alone, in a batch and cut
+       into other steps */
     std::vector<std::vector<double>> K(S), V(S);
     for (int s = 0; s < S; s++) {
         K[s].assign((size_t)len[s] * nkv * hd, 0);
         V[s].assign((size_t)len[s] * nkv * hd, 0);
         const int lo = window_lo(c.window, ps[s]);
-        g_rs = 0x9e3779b97f4a7c15ull + (uint64_t)s * 1000003ull + (uint64_t)len[s];
         for (int p = 0; p < len[s]; p++) {
             if ((p / c.bs + 1) * c.bs <= lo) continue; /* a block never read: not stored */
+            seed_at(c.ids.empty() ? s : c.ids[s], p, 0);
             const int blk = ids[indptr[s] + p / c.bs], slot = p % c.bs;
             for (int h = 0; h < nkv; h++) {
                 const float ksc = 0.001f + 0.01f * (float)(rnd() % 1000) / 1000;
@@ -188,20 +204,25 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
     std::vector<float> q((size_t)rows * qstride);
     res.out.assign((size_t)rows * qstride, NAN);
     res.q_stride = qstride;
-    for (int s = 0; s < S; s++) {
-        g_rs = 0x7000ull + (uint64_t)s * 1000003ull + (uint64_t)len[s];
-        for (size_t i = (size_t)qs[s] * qstride; i < (size_t)qs[s + 1] * qstride; i++)
-            q[i] = frand(1.5f);
-    }
+    for (int s = 0; s < S; s++)
+        for (int r = qs[s]; r < qs[s + 1]; r++) {
+            seed_at(c.ids.empty() ? s : c.ids[s], ps[s] + r - qs[s], 1);
+            for (size_t i = (size_t)r * qstride; i < (size_t)(r + 1) * qstride; i++)
+                q[i] = frand(1.5f);
+        }
 
     /* the prefill sequences, as step_begin lists them */
-    std::vector<int> pf;
-    int most = 0;
-    for (int s = 0; s < S; s++)
+    std::vector<int> pf, row_seq;
+    int most = 0, most_any = 0, longest = 0;
+    for (int s = 0; s < S; s++) {
         if (c.nnew[s] >= LOOM_K_ATTN_PREFILL_ROWS) {
             pf.push_back(s);
             most = std::max(most, c.nnew[s]);
         }
+        most_any = std::max(most_any, c.nnew[s]);
+        longest = std::max(longest, len[s]);
+        for (int i = 0; i < c.nnew[s]; i++) row_seq.push_back(s);
+    }
     loom__k_kv kv = {};
     kv.indptr = indptr.data();
     kv.block_ids = ids.data();
@@ -221,7 +242,12 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
     kv.prefill_seqs = pf.data();
     kv.n_prefill_seqs = (int)pf.size();
     kv.prefill_max_rows = most;
+    kv.row_seq = row_seq.data();
+    kv.max_rows = most_any;
+    kv.max_kv_len = longest;
     loom__k_attn p = {};
+    p.invariant = c.all;
+    p.n_sms = c.n_sms;
     p.q = q.data();
     p.q_stride = (size_t)qstride * 4;
     p.out = res.out.data();
@@ -239,22 +265,34 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
     }
 
     /* the launch, as loom__cuda_attention_prefill makes it */
-    const pf_args a = {kv, p, c.G, PF_M / c.G};
+    const pf_plan pl = pf_plan_of(&kv, &p, c.all);
+    res.groups = pl.groups;
+    std::vector<float> part(pl.part_bytes / sizeof(float), NAN);
+    const pf_args a = {kv,
+                       p,
+                       c.G,
+                       PF_M / c.G,
+                       c.all,
+                       pl.part_bytes != 0 ? part.data() : nullptr,
+                       pl.segs_per_block,
+                       pl.seg_stride};
     const size_t smem = pf_smem_bytes(hd);
-    const unsigned blocks = (unsigned)(pf.size() * (size_t)loom_cdiv(most, a.rows_per_tile));
+    const unsigned blocks = (unsigned)((c.all ? (size_t)S : pf.size()) *
+                                       (size_t)loom_cdiv(c.all ? most_any : most, a.rows_per_tile));
+    const unsigned g = (unsigned)pl.groups;
     const bool f32 = c.type == LOOM_K_F32;
     switch (hd <= 64 ? 64 : hd <= 128 ? 128 : 256) {
     case 64:
-        f32 ? launch_kernel<64, true>(a, blocks, smem, c.order)
-            : launch_kernel<64, false>(a, blocks, smem, c.order);
+        f32 ? launch_kernel<64, true>(a, blocks, g, smem, c.order)
+            : launch_kernel<64, false>(a, blocks, g, smem, c.order);
         break;
     case 128:
-        f32 ? launch_kernel<128, true>(a, blocks, smem, c.order)
-            : launch_kernel<128, false>(a, blocks, smem, c.order);
+        f32 ? launch_kernel<128, true>(a, blocks, g, smem, c.order)
+            : launch_kernel<128, false>(a, blocks, g, smem, c.order);
         break;
     default:
-        f32 ? launch_kernel<256, true>(a, blocks, smem, c.order)
-            : launch_kernel<256, false>(a, blocks, smem, c.order);
+        f32 ? launch_kernel<256, true>(a, blocks, g, smem, c.order)
+            : launch_kernel<256, false>(a, blocks, g, smem, c.order);
         break;
     }
 
@@ -262,7 +300,7 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
     const double inv_sqrt = 1.0 / sqrt((double)hd);
     std::vector<double> ref(qd), sc;
     for (int s = 0; s < S; s++) {
-        const bool pre = c.nnew[s] >= LOOM_K_ATTN_PREFILL_ROWS;
+        const bool pre = c.all || c.nnew[s] >= LOOM_K_ATTN_PREFILL_ROWS;
         for (int r = qs[s]; r < qs[s + 1]; r++) {
             const float *got = &res.out[(size_t)r * qstride];
             for (int e = qd; e < qstride; e++)

@@ -232,6 +232,10 @@ loom__k_kv kernel_desc(const kv_step &st) {
     k.n_prefill_seqs = (int32_t)st.prefill_seqs.size();
     k.n_split_rows = (int32_t)st.split_rows.size();
     k.prefill_max_rows = st.prefill_max_rows;
+    for (int s = 0; s < st.n_seqs; s++) {
+        k.max_rows = std::max(k.max_rows, st.q_start[s + 1] - st.q_start[s]);
+        k.max_kv_len = std::max(k.max_kv_len, st.kv_len[s]);
+    }
     return k;
 }
 

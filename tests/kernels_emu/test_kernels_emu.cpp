@@ -55,7 +55,124 @@ struct shape {
 
 prefill_case make_case(const shape &s, std::vector<int> cached, std::vector<int> nnew,
                        schedule order) {
-    return prefill_case{s.bs, s.hd, s.nkv, s.G, s.window, s.cap, s.type, cached, nnew, order};
+    prefill_case c;
+    c.bs = s.bs, c.hd = s.hd, c.nkv = s.nkv, c.G = s.G, c.window = s.window, c.cap = s.cap;
+    c.type = s.type, c.cached = cached, c.nnew = nnew, c.order = order;
+    return c;
+}
+
+prefill_case with(prefill_case c, bool all, int n_sms, std::vector<int> ids = {}) {
+    c.all = all;
+    c.n_sms = n_sms;
+    c.ids = ids;
+    return c;
+}
+
+// A row's output (q_stride floats from row r of res) equals another's, bit for bit.
+bool same_row(const emu_test::prefill_result &a, int ra, const emu_test::prefill_result &b,
+              int rb) {
+    return memcmp(&a.out[(size_t)ra * a.q_stride], &b.out[(size_t)rb * b.q_stride],
+                  (size_t)a.q_stride * sizeof(float)) == 0;
+}
+
+// The invariant mode (every row on the tiled kernel, long contexts of small steps split across
+// blocks at fixed segments): every row against float64, and a sequence's rows the same bits
+// whatever the step — cut into other chunks, decoded one row at a time, beside other
+// sequences, split or not.
+int invariant_mode_tests(bool verbose) {
+    int bad = 0;
+    auto report = [&](const char *what, const emu_test::prefill_result &r) {
+        if (!r.problem.empty()) {
+            printf("FAIL prefill (invariant mode) %s: %s\n", what, r.problem.c_str());
+            bad++;
+        } else if (verbose) {
+            printf("  prefill (invariant mode) %s: worst %.2g, %d group(s)\n", what, r.worst,
+                   r.groups);
+        }
+    };
+    /* every row, decodes among prefills, against float64: the plans of 0, 4 and 132 SMs */
+    const shape shapes[] = {
+        {16, 128, 2, 4, 0, 0, LOOM_K_F16},  {1, 64, 2, 1, 37, 30, LOOM_K_FP8_E4M3},
+        {8, 256, 1, 8, 0, 0, LOOM_K_BF16},  {8, 128, 2, 1, 0, 50, LOOM_K_F32},
+        {16, 40, 3, 5, 300, 0, LOOM_K_F16}, {16, 64, 1, 8, 600, 30, LOOM_K_FP8_E5M2},
+    };
+    const int sms[] = {0, 4, 132};
+    for (int i = 0; i < 6; i++) {
+        const shape &s = shapes[i];
+        const prefill_case c =
+            with(make_case(s, {0, 700, 97, 5, 300, 1030}, {17, 1, 40, 3, 1, 2}, (schedule)(i % 4)),
+                 true, sms[i % 3]);
+        char what[96];
+        snprintf(what, sizeof what, "bs=%d hd=%d G=%d window=%d %s on %d SMs", s.bs, s.hd, s.G,
+                 s.window, type_name(s.type), sms[i % 3]);
+        report(what, emu_prefill::run(c));
+    }
+
+    /* cuts: a 120-row prompt in one step alone; in chunks of 1, 16, 40 and 63 rows beside other
+       sequences (each chunk's step on a different SM count); its last 10 rows decoded one per
+       step beside others; a long context (1030 positions, 5 segments) decoded, split or not */
+    const shape inv_shapes[] = {{16, 128, 2, 4, 0, 0, LOOM_K_F16},
+                                {8, 72, 1, 2, 20, 30, LOOM_K_F32},
+                                {1, 64, 1, 8, 0, 0, LOOM_K_FP8_E4M3},
+                                {16, 256, 1, 4, 300, 0, LOOM_K_BF16}};
+    for (const shape &s : inv_shapes) {
+        const emu_test::prefill_result alone =
+            emu_prefill::run(with(make_case(s, {0}, {120}, schedule::breadth), true, 0, {7}));
+        report("a 120-row prompt alone", alone);
+        const int chunk_at[] = {0, 1, 17, 57, 120};
+        bool same = alone.problem.empty();
+        for (int k = 0; k < 4 && same; k++) {
+            const int n = chunk_at[k + 1] - chunk_at[k];
+            const emu_test::prefill_result r = emu_prefill::run(
+                with(make_case(s, {33, chunk_at[k], 500}, {2, n, 1}, (schedule)(k % 4)), true,
+                     sms[k % 3], {3, 7, 9}));
+            report("a chunk of the prompt beside others", r);
+            for (int i = 0; i < n && same; i++)
+                if (!same_row(alone, chunk_at[k] + i, r, 2 + i)) {
+                    printf("FAIL prefill (invariant mode) hd=%d %s: position %d differs in a "
+                           "chunk of %d rows from the whole prompt's\n",
+                           s.hd, type_name(s.type), chunk_at[k] + i, n);
+                    same = false;
+                    bad++;
+                }
+        }
+        for (int pos = 110; pos < 120 && same; pos++) {
+            const emu_test::prefill_result r = emu_prefill::run(with(
+                make_case(s, {pos, 9}, {1, 3}, (schedule)(pos % 4)), true, sms[pos % 3], {7, 2}));
+            if (!r.problem.empty() || !same_row(alone, pos, r, 0)) {
+                printf("FAIL prefill (invariant mode) hd=%d %s: position %d decoded alone in its "
+                       "row differs from the whole prompt's (%s)\n",
+                       s.hd, type_name(s.type), pos, r.problem.c_str());
+                same = false;
+                bad++;
+            }
+        }
+        /* a long context: its last row as a decode step on 0, 4 and 132 SMs, and in a prefill
+           chunk of 20 rows */
+        const emu_test::prefill_result chunk =
+            emu_prefill::run(with(make_case(s, {1010}, {20}, schedule::depth), true, 0, {11}));
+        report("a 20-row chunk at position 1010", chunk);
+        for (int k = 0; k < 3 && same; k++) {
+            const emu_test::prefill_result r = emu_prefill::run(
+                with(make_case(s, {1029, 40}, {1, 1}, (schedule)(k + 1)), true, sms[k], {11, 4}));
+            if (!r.problem.empty() || !same_row(chunk, 19, r, 0)) {
+                printf("FAIL prefill (invariant mode) hd=%d %s: position 1029 decoded on %d SMs "
+                       "(%d groups) differs from its chunk's (%s)\n",
+                       s.hd, type_name(s.type), sms[k], r.groups, r.problem.c_str());
+                same = false;
+                bad++;
+            } else if (verbose) {
+                printf("  prefill (invariant mode) hd=%3d %-4s: position 1029 on %3d SMs (%d "
+                       "groups) the same bits as in its chunk\n",
+                       s.hd, type_name(s.type), sms[k], r.groups);
+            }
+        }
+        if (same && verbose)
+            printf("  prefill (invariant mode) hd=%3d G=%d %-4s: the prompt's rows the same bits "
+                   "whole, in chunks and decoded\n",
+                   s.hd, s.G, type_name(s.type));
+    }
+    return bad;
 }
 
 int prefill_tests(bool verbose) {
@@ -115,6 +232,8 @@ int prefill_tests(bool verbose) {
                    s.G, type_name(s.type));
         }
     }
+
+    bad += invariant_mode_tests(verbose);
 
     /* Long rows (positions past 4000, where LOOM_K_PLANTED_BUG drops position 0): the kernel
        as built passes, the planted build must fail. */

@@ -74,6 +74,7 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
     d->cc_major = prop.major;
     d->cc_minor = prop.minor;
     d->n_sms = prop.multiProcessorCount;
+    d->smem_optin = (int)prop.sharedMemPerBlockOptin;
     snprintf(d->name, sizeof d->name, "%s", prop.name);
     d->weight_bytes = p->weight_bytes;
     pthread_mutex_init(&d->mu, NULL);
@@ -94,7 +95,7 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
     if (d->batch_invariant)
         loom__log(LOOM_LOG_INFO,
                   "cuda: batch-invariant: every matmul on the tensor-core GEMM's one order, every "
-                  "attention row on split-KV (LOOM_CUDA_BATCH_INVARIANT=0 turns it off)");
+                  "attention row on one kernel (LOOM_CUDA_BATCH_INVARIANT=0 turns it off)");
     if (d->batch_invariant && getenv("LOOM_CUDA_FP8_GEMM") != NULL &&
         strcmp(getenv("LOOM_CUDA_FP8_GEMM"), "1") == 0)
         loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_FP8_GEMM=1 ignored: cuBLASLt's sums depend on "

@@ -34,6 +34,7 @@ typedef struct loom__cuda_blaslt loom__cuda_blaslt;
 typedef struct loom__cuda_dev {
     int device; /* CUDA device ordinal */
     int cc_major, cc_minor, n_sms;
+    int smem_optin; /* the most shared memory a block may opt in to (bytes) */
     char name[256];
     size_t weight_bytes; /* the open-time hint: the first upload allocates one arena this big */
     pthread_mutex_t mu;  /* guards chunks and converted_logged (weight_prepare may run on any
@@ -42,10 +43,10 @@ typedef struct loom__cuda_dev {
     uint64_t converted_logged; /* bit t: type t's "dequantized to bf16" line was logged */
     loom__cuda_blaslt *blaslt; /* the FP8 GEMM's library (LOOM_CUDA_FP8_GEMM=1); NULL: off */
     /* Batch invariance (the default; LOOM_CUDA_BATCH_INVARIANT=0 turns it off): every matmul on
-     * the tensor-core GEMM's one order of additions and every attention row on split-KV, so a
-     * token's bits never depend on its step's size or its sequence's cut into steps. Off: the
-     * GEMV for steps of 1..8 tokens and the tiled prefill kernel for long prefills (faster,
-     * each regime invariant within itself only). */
+     * the tensor-core GEMM's one order of additions and every attention row of a layer on one
+     * kernel (the tiled one where it runs the layer), so a token's bits never depend on its
+     * step's size or its sequence's cut into steps. Off: the GEMV for steps of 1..8 tokens and
+     * the tiled kernel for long prefills only (each regime invariant within itself only). */
     bool batch_invariant;
 } loom__cuda_dev;
 
@@ -73,6 +74,9 @@ typedef struct loom__cuda_stream {
     /* Attention's split-KV partials (loom__cuda_attention_work_bytes). */
     void *attn_work;
     size_t attn_work_cap;
+    /* The tiled attention's segment states (loom__cuda_attention_tiled_work_bytes). */
+    void *tiled_work;
+    size_t tiled_work_cap;
     /* The GEMM's K-split segment sums (loom__cuda_gemm_work_bytes). */
     void *gemm_work;
     size_t gemm_work_cap;

@@ -253,7 +253,14 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
                        .softcap = p->softcap,
                        .work = c->attn_work,
                        .merge = merge_of(kv, p->layer),
-                       .split_only = c->dev->batch_invariant};
+                       .invariant = c->dev->batch_invariant,
+                       .n_sms = c->dev->n_sms,
+                       .smem_optin = c->dev->smem_optin};
+    const size_t tiled = loom__cuda_attention_tiled_work_bytes(dk, &ka);
+    if (tiled > c->tiled_work_cap) c->n_grows++;
+    LOOM_TRY(loom__cuda_regrow(c, &c->tiled_work, &c->tiled_work_cap, tiled));
+    ka.tiled_work = c->tiled_work;
+    ka.tiled_work_bytes = c->tiled_work_cap;
     return loom__cuda_attention(c->s, dk, &ka);
 }
 

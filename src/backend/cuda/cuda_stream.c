@@ -126,6 +126,7 @@ void loom__cuda_stream_destroy(void *stream) {
     (void)cudaSetDevice(c->dev->device);
     if (c->s != NULL) (void)cudaStreamSynchronize(c->s);
     (void)cudaFree(c->gemm_work);
+    (void)cudaFree(c->tiled_work);
     (void)cudaFree(c->fp8_work);
     (void)cudaFree(c->summary_work);
     free(c->edit_host);
@@ -251,9 +252,13 @@ loom_status loom__cuda_step_begin(void *stream, const loom_step_desc *step) {
         d->row_seq = c->meta_dev + at;
         at += (size_t)step->n_tokens;
         /* Attention's kernels (loom_kernels.h): the prefill sequences, then the others' rows. */
-        int32_t *ps = c->meta_host + at, n_ps = 0, most = 0;
+        int32_t *ps = c->meta_host + at, n_ps = 0, most = 0, most_any = 0, longest = 0;
         for (int32_t s = 0; s < kv->n_seqs; s++) {
             const int32_t n = kv->q_start[s + 1] - kv->q_start[s];
+            most_any = n > most_any ? n : most_any;
+            /* the positions the rows attend: through pos_start + n - 1 (kv_len should agree) */
+            const int32_t held = kv->pos_start[s] + n;
+            longest = held > longest ? held : longest;
             if (n >= LOOM_K_ATTN_PREFILL_ROWS) {
                 ps[n_ps++] = s;
                 most = n > most ? n : most;
@@ -270,6 +275,8 @@ loom_status loom__cuda_step_begin(void *stream, const loom_step_desc *step) {
         d->n_prefill_seqs = n_ps;
         d->n_split_rows = n_sr;
         d->prefill_max_rows = most;
+        d->max_rows = most_any;
+        d->max_kv_len = longest;
         d->n_seqs = kv->n_seqs;
         d->n_rows = step->n_tokens;
         d->block_size = kv->block_size;

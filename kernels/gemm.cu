@@ -58,6 +58,31 @@ typedef struct gemm_args {
     int64_t segs_per_block;
 } gemm_args;
 
+/* Up to LOOM_K_GEMM_MULTI products of one x in one launch (matmul_multi: q, k and v; gate and
+ * up): weight j takes the row tiles (blockIdx.y) [tile0[j], tile0[j + 1]) and, splitting, the
+ * fold's blocks [fold0[j], fold0[j + 1]). Each output gets the bits of its own product. */
+typedef struct gemm_multi {
+    gemm_args m[LOOM_K_GEMM_MULTI];
+    int32_t n;
+    int32_t tile0[LOOM_K_GEMM_MULTI + 1], fold0[LOOM_K_GEMM_MULTI + 1];
+} gemm_multi;
+
+/* The product block b (a row tile or a fold block, by the prefix `first`) belongs to, and the
+ * block's place in it. Selected field by field: no local copy of the parameters. */
+static __device__ __forceinline__ gemm_args gemm_pick(const gemm_multi &mm, const int32_t *first,
+                                                      int b, int *local) {
+    int j = 0;
+#pragma unroll
+    for (int i = 1; i < LOOM_K_GEMM_MULTI; i++)
+        if (i < mm.n && b >= first[i]) j = i;
+    gemm_args a = mm.m[0];
+#pragma unroll
+    for (int i = 1; i < LOOM_K_GEMM_MULTI; i++)
+        if (j == i) a = mm.m[i];
+    *local = b - first[j];
+    return a;
+}
+
 /* One chunk of the block's operands: the weight rows' decoded values and the tokens'
  * activations, each row K-contiguous. */
 typedef struct gemm_tile {
@@ -271,13 +296,15 @@ static __device__ __forceinline__ void gemm_chunk(const gemm_tile &s, int lane, 
  * share its reads through L2. Shared memory: two tiles, then the stage (gemm_smem_bytes). Three
  * blocks per SM: the segment's accumulators and the fold's take 64 registers of the 168. */
 template <int T>
-static __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(gemm_args a) {
+static __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(gemm_multi mm) {
+    int row_tile = 0;
+    const gemm_args a = gemm_pick(mm, mm.tile0, (int)blockIdx.y, &row_tile);
     constexpr bool W_EXACT = T == LOOM_K_F16 || T == LOOM_K_BF16 || T == LOOM_K_FP8_ROWS;
     constexpr int SC = gemm_stage_chunks<T>();
     LOOM_K_DYN_SMEM(gemm_sm);
     gemm_tile *tiles = (gemm_tile *)gemm_sm;
     uint8_t *raw = gemm_sm + 2 * sizeof(gemm_tile);
-    const int64_t t0 = (int64_t)blockIdx.x * GEMM_TOKENS, n0 = (int64_t)blockIdx.y * GEMM_ROWS;
+    const int64_t t0 = (int64_t)blockIdx.x * GEMM_TOKENS, n0 = (int64_t)row_tile * GEMM_ROWS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wr = 32 * (warp & 1), wt = 32 * (warp >> 1);
     const int nt = a.n_tokens - t0 < GEMM_TOKENS ? (int)(a.n_tokens - t0) : GEMM_TOKENS;
@@ -371,8 +398,10 @@ static __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(gemm_args 
 /* out[t][n] = the left fold of the n_segs segment sums partial[(j n_tokens + t) w.n + n], in
  * the kernel's order and arithmetic (0 + s0, then + s1, ...), times the FP8 rows' scale. One
  * thread per output, consecutive threads on consecutive n. */
-static __global__ void __launch_bounds__(256) gemm_fold_kernel(gemm_args a, int64_t n_segs) {
-    const int64_t n = (int64_t)blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
+static __global__ void __launch_bounds__(256) gemm_fold_kernel(gemm_multi mm, int64_t n_segs) {
+    int fb = 0;
+    const gemm_args a = gemm_pick(mm, mm.fold0, (int)blockIdx.x, &fb);
+    const int64_t n = (int64_t)fb * 256 + threadIdx.x, t = blockIdx.y;
     if (n >= a.w.n) return;
     float d = 0.0f;
     for (int64_t j = 0; j < n_segs; j++) d += a.partial[(j * a.n_tokens + t) * a.w.n + n];
@@ -390,13 +419,18 @@ typedef struct gemm_plan {
     size_t partial_bytes; /* 0: no split */
 } gemm_plan;
 
-static __host__ __device__ gemm_plan gemm_plan_of(const loom__k_weight *w, int64_t n_tokens,
-                                                  int n_sms) {
-    gemm_plan p = {1, 0, loom_cdiv(loom_cdiv(w->k, 32), GEMM_SEG_CHUNKS), 0};
+static __host__ __device__ gemm_plan gemm_plan_of(const loom__k_weight *const *ws, int n,
+                                                  int64_t n_tokens, int n_sms) {
+    gemm_plan p = {1, 0, loom_cdiv(loom_cdiv(ws[0]->k, 32), GEMM_SEG_CHUNKS), 0};
     p.segs_per_block = p.n_segs;
-    const int64_t tiles = loom_cdiv(n_tokens, GEMM_TOKENS) * loom_cdiv(w->n, GEMM_ROWS);
+    int64_t row_tiles = 0, rows = 0;
+    for (int j = 0; j < n; j++) {
+        row_tiles += loom_cdiv(ws[j]->n, GEMM_ROWS);
+        rows += ws[j]->n;
+    }
+    const int64_t tiles = loom_cdiv(n_tokens, GEMM_TOKENS) * row_tiles;
     if (n_sms <= 0 || p.n_segs < 2 || tiles >= 2 * (int64_t)n_sms) return p;
-    const double bytes = 4.0 * (double)p.n_segs * (double)n_tokens * (double)w->n;
+    const double bytes = 4.0 * (double)p.n_segs * (double)n_tokens * (double)rows;
     if (bytes > 256.0 * 1024 * 1024) return p;
     int64_t groups = loom_cdiv(3 * (int64_t)n_sms, tiles);
     if (groups > p.n_segs) groups = p.n_segs;
@@ -409,19 +443,48 @@ static __host__ __device__ gemm_plan gemm_plan_of(const loom__k_weight *w, int64
     return p;
 }
 
+/* The launch's parameters for products j < n of one x (each weight's row tiles after the one
+ * before's; partials, splitting, the same way in work), under plan pl. */
+static __host__ __device__ gemm_multi gemm_multi_of(const loom__k_weight *const *ws, int n,
+                                                    const float *x, size_t x_stride,
+                                                    int64_t n_tokens, float *const *outs,
+                                                    const size_t *out_strides, const gemm_plan &pl,
+                                                    float *work) {
+    gemm_multi mm = {};
+    mm.n = n;
+    size_t part_at = 0;
+    for (int j = 0; j < n; j++) {
+        gemm_args &a = mm.m[j];
+        a.w = *ws[j];
+        a.x = x;
+        a.x_stride = x_stride;
+        a.n_tokens = n_tokens;
+        a.out = outs[j];
+        a.out_stride = out_strides[j];
+        a.partial = pl.partial_bytes != 0 ? work + part_at : NULL;
+        a.segs_per_block = pl.segs_per_block;
+        part_at += (size_t)pl.n_segs * (size_t)n_tokens * (size_t)ws[j]->n;
+        mm.tile0[j + 1] = mm.tile0[j] + (int32_t)loom_cdiv(ws[j]->n, GEMM_ROWS);
+        mm.fold0[j + 1] = mm.fold0[j] + (int32_t)loom_cdiv(ws[j]->n, 256);
+    }
+    for (int j = n + 1; j <= LOOM_K_GEMM_MULTI; j++) {
+        mm.tile0[j] = mm.tile0[n];
+        mm.fold0[j] = mm.fold0[n];
+    }
+    return mm;
+}
+
 /* ---- launch -------------------------------------------------------------------------------- */
 
 #if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernel itself */
-template <int T> static loom_status gemm_launch(cudaStream_t stream, gemm_args a, int n_sms) {
-    const gemm_plan plan = gemm_plan_of(&a.w, a.n_tokens, n_sms);
-    const int64_t gx = loom_cdiv(a.n_tokens, GEMM_TOKENS);
-    const int64_t gy = loom_cdiv(a.w.n, GEMM_ROWS);
-    if (gx > 0x7fffffff || gy > 65535 || plan.groups > 65535 ||
-        (plan.partial_bytes != 0 && (a.n_tokens > 65535 || loom_cdiv(a.w.n, 256) > 0x7fffffff)))
-        LOOM_K_UNSUPPORTED("cuda: matmul (gemm) of %lld tokens by %lld rows", (long long)a.n_tokens,
-                           (long long)a.w.n);
-    if (plan.partial_bytes == 0) a.partial = NULL;
-    a.segs_per_block = plan.segs_per_block;
+template <int T>
+static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const gemm_plan &pl) {
+    const int64_t gx = loom_cdiv(mm.m[0].n_tokens, GEMM_TOKENS);
+    const int64_t gy = mm.tile0[mm.n];
+    if (gx > 0x7fffffff || gy > 65535 || pl.groups > 65535 ||
+        (pl.partial_bytes != 0 && (mm.m[0].n_tokens > 65535 || mm.fold0[mm.n] > 0x7fffffff)))
+        LOOM_K_UNSUPPORTED("cuda: matmul (gemm) of %lld tokens by %lld row tiles",
+                           (long long)mm.m[0].n_tokens, (long long)gy);
     constexpr size_t smem = gemm_smem_bytes<T>();
     if (smem > 48 * 1024) { /* past the default: the kernel opts in (sm_80+ allow 163 KB) */
         const cudaError_t e = cudaFuncSetAttribute(
@@ -434,55 +497,77 @@ template <int T> static loom_status gemm_launch(cudaStream_t stream, gemm_args a
         }
     }
     gemm_kernel<T>
-        <<<dim3((unsigned)gx, (unsigned)gy, (unsigned)plan.groups), GEMM_THREADS, smem, stream>>>(
-            a);
+        <<<dim3((unsigned)gx, (unsigned)gy, (unsigned)pl.groups), GEMM_THREADS, smem, stream>>>(mm);
     LOOM_K_LAUNCHED("gemm");
-    if (a.partial == NULL) return LOOM_OK;
-    gemm_fold_kernel<<<dim3((unsigned)loom_cdiv(a.w.n, 256), (unsigned)a.n_tokens), 256, 0,
-                       stream>>>(a, plan.n_segs);
+    if (pl.partial_bytes == 0) return LOOM_OK;
+    gemm_fold_kernel<<<dim3((unsigned)mm.fold0[mm.n], (unsigned)mm.m[0].n_tokens), 256, 0,
+                       stream>>>(mm, pl.n_segs);
     LOOM_K_LAUNCHED("gemm fold");
     return LOOM_OK;
 }
 
+extern "C" size_t loom__cuda_gemm_multi_work_bytes(int n, const loom__k_weight *const *ws,
+                                                   int64_t n_tokens, int n_sms) {
+    if (n < 1 || n > LOOM_K_GEMM_MULTI || n_tokens <= 0) return 0;
+    for (int j = 0; j < n; j++)
+        if (ws[j]->n <= 0 || ws[j]->k <= 0 || ws[j]->k != ws[0]->k) return 0;
+    return gemm_plan_of(ws, n, n_tokens, n_sms).partial_bytes;
+}
+
 extern "C" size_t loom__cuda_gemm_work_bytes(const loom__k_weight *w, int64_t n_tokens, int n_sms) {
-    if (n_tokens <= 0 || w->n <= 0 || w->k <= 0) return 0;
-    return gemm_plan_of(w, n_tokens, n_sms).partial_bytes;
+    return loom__cuda_gemm_multi_work_bytes(1, &w, n_tokens, n_sms);
+}
+
+extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
+                                             const loom__k_weight *const *ws, const float *x,
+                                             size_t x_stride, int64_t n_tokens, float *const *outs,
+                                             const size_t *out_strides,
+                                             const loom__k_gemm_work *work) {
+    if (n < 1 || n > LOOM_K_GEMM_MULTI)
+        return loom__fail(LOOM_ERR_INVALID_ARG, "cuda: gemm of %d weights (1 .. %d)", n,
+                          LOOM_K_GEMM_MULTI);
+    for (int j = 1; j < n; j++)
+        if (ws[j]->type != ws[0]->type || ws[j]->k != ws[0]->k)
+            return loom__fail(LOOM_ERR_INVALID_ARG,
+                              "cuda: gemm of weights of other types or widths in one launch");
+    if (n_tokens == 0) return LOOM_OK;
+    const int n_sms = work != NULL ? work->n_sms : 0;
+    const gemm_plan pl = gemm_plan_of(ws, n, n_tokens, n_sms);
+    if (pl.partial_bytes != 0 && (work == NULL || work->bytes < pl.partial_bytes))
+        return loom__fail(LOOM_ERR_INTERNAL, "cuda: gemm needs %zu bytes of scratch, has %zu",
+                          pl.partial_bytes, work != NULL ? work->bytes : (size_t)0);
+    const gemm_multi mm = gemm_multi_of(ws, n, x, x_stride, n_tokens, outs, out_strides, pl,
+                                        pl.partial_bytes != 0 ? (float *)work->data : NULL);
+    if (mm.tile0[n] == 0) return LOOM_OK; /* no rows */
+    switch (ws[0]->type) {
+    case LOOM_K_F32:
+        return gemm_launch<LOOM_K_F32>(stream, mm, pl);
+    case LOOM_K_F16:
+        return gemm_launch<LOOM_K_F16>(stream, mm, pl);
+    case LOOM_K_BF16:
+        return gemm_launch<LOOM_K_BF16>(stream, mm, pl);
+    case LOOM_K_Q8_0:
+        return gemm_launch<LOOM_K_Q8_0>(stream, mm, pl);
+    case LOOM_K_Q4_0:
+        return gemm_launch<LOOM_K_Q4_0>(stream, mm, pl);
+    case LOOM_K_Q5_0:
+        return gemm_launch<LOOM_K_Q5_0>(stream, mm, pl);
+    case LOOM_K_Q4_K:
+        return gemm_launch<LOOM_K_Q4_K>(stream, mm, pl);
+    case LOOM_K_Q5_K:
+        return gemm_launch<LOOM_K_Q5_K>(stream, mm, pl);
+    case LOOM_K_Q6_K:
+        return gemm_launch<LOOM_K_Q6_K>(stream, mm, pl);
+    case LOOM_K_FP8_ROWS:
+        return gemm_launch<LOOM_K_FP8_ROWS>(stream, mm, pl);
+    default:
+        LOOM_K_UNSUPPORTED("cuda: matmul of weight type %u", (unsigned)ws[0]->type);
+    }
 }
 
 extern "C" loom_status loom__cuda_gemm(cudaStream_t stream, const loom__k_weight *w, const float *x,
                                        size_t x_stride, int64_t n_tokens, float *out,
                                        size_t out_stride, const loom__k_gemm_work *work) {
-    if (n_tokens == 0 || w->n == 0) return LOOM_OK;
-    const int n_sms = work != NULL ? work->n_sms : 0;
-    const size_t need = loom__cuda_gemm_work_bytes(w, n_tokens, n_sms);
-    if (need != 0 && (work == NULL || work->bytes < need))
-        return loom__fail(LOOM_ERR_INTERNAL, "cuda: gemm needs %zu bytes of scratch, has %zu", need,
-                          work != NULL ? work->bytes : (size_t)0);
-    gemm_args a = {
-        *w, x, x_stride, n_tokens, out, out_stride, need != 0 ? (float *)work->data : NULL, 0};
-    switch (w->type) {
-    case LOOM_K_F32:
-        return gemm_launch<LOOM_K_F32>(stream, a, n_sms);
-    case LOOM_K_F16:
-        return gemm_launch<LOOM_K_F16>(stream, a, n_sms);
-    case LOOM_K_BF16:
-        return gemm_launch<LOOM_K_BF16>(stream, a, n_sms);
-    case LOOM_K_Q8_0:
-        return gemm_launch<LOOM_K_Q8_0>(stream, a, n_sms);
-    case LOOM_K_Q4_0:
-        return gemm_launch<LOOM_K_Q4_0>(stream, a, n_sms);
-    case LOOM_K_Q5_0:
-        return gemm_launch<LOOM_K_Q5_0>(stream, a, n_sms);
-    case LOOM_K_Q4_K:
-        return gemm_launch<LOOM_K_Q4_K>(stream, a, n_sms);
-    case LOOM_K_Q5_K:
-        return gemm_launch<LOOM_K_Q5_K>(stream, a, n_sms);
-    case LOOM_K_Q6_K:
-        return gemm_launch<LOOM_K_Q6_K>(stream, a, n_sms);
-    case LOOM_K_FP8_ROWS:
-        return gemm_launch<LOOM_K_FP8_ROWS>(stream, a, n_sms);
-    default:
-        LOOM_K_UNSUPPORTED("cuda: matmul of weight type %u", (unsigned)w->type);
-    }
+    return loom__cuda_gemm_multi(stream, 1, &w, x, x_stride, n_tokens, &out, &out_stride, work);
 }
 #endif

@@ -132,6 +132,18 @@ loom_status loom__cuda_gemm(cudaStream_t stream, const loom__k_weight *w, const 
 /* The scratch loom__cuda_gemm takes for this shape on n_sms SMs (0: it does not split). */
 size_t loom__cuda_gemm_work_bytes(const loom__k_weight *w, int64_t n_tokens, int n_sms);
 
+/* Most weights one loom__cuda_gemm_multi launch takes (loom_backend.h's LOOM_MATMUL_MULTI_MAX). */
+#define LOOM_K_GEMM_MULTI 4
+/* outs[j] = x·ws[j]ᵀ for j < n (1..LOOM_K_GEMM_MULTI weights of one type and width): one launch
+ * (and one fold, splitting) for all, each outs[j] the bits of loom__cuda_gemm(ws[j]). */
+loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n, const loom__k_weight *const *ws,
+                                  const float *x, size_t x_stride, int64_t n_tokens,
+                                  float *const *outs, const size_t *out_strides,
+                                  const loom__k_gemm_work *work);
+/* Its scratch for these shapes (0: it does not split, or the shapes are not one launch's). */
+size_t loom__cuda_gemm_multi_work_bytes(int n, const loom__k_weight *const *ws, int64_t n_tokens,
+                                        int n_sms);
+
 /* FP8 weight rows on tensor cores (fp8_gemm.cu, around cuBLASLt's GEMM): each token row of x
  * [n_tokens, k] to E4M3 codes xq (rows xq_stride bytes apart) with scale[t] = max|x_t| / 448
  * (a zero row: scale 0, zero codes); and out[t][n] *= (row n's scale) * token_scale[t]. */

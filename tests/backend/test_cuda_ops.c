@@ -326,6 +326,80 @@ static void test_matmul(void **state) {
     }
 }
 
+/* matmul_multi (q, k, v; gate and up): each out the bits of its own matmul, with weights of one
+ * type (one launch) and of mixed types (a Q4_K_M file's Q6_K v beside Q4_K q and k: a launch per
+ * type), in decode steps (1, 3 tokens: the split GEMM by default) and a prefill chunk (40); and
+ * the bad calls refused: no weights, too many, outputs that overlap. */
+static void test_matmul_multi(void **state) {
+    (void)state;
+    const int64_t k = 512, T_max = 40;
+    const uint32_t sets[2][3] = {{LOOM_TYPE_Q4_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q4_K},
+                                 {LOOM_TYPE_Q4_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q6_K}};
+    const int64_t rows[3] = {256, 64, 96};
+    float *x = xmalloc((size_t)(k * T_max) * 4);
+    fill_acts(x, k * T_max, 1.0f);
+    float *d_x = gpu_alloc((size_t)(k * T_max) * 4);
+    gpu_put(d_x, x, (size_t)(k * T_max) * 4);
+    for (int si = 0; si < 2; si++) {
+        weight_pair w[3];
+        loom_tensor one[3], multi[3];
+        const loom_tensor *ws[3];
+        loom_tensor *outs[3];
+        for (int j = 0; j < 3; j++) {
+            make_weight(sets[si][j], k, rows[j], LOOM_WEIGHT_MATMUL, &w[j]);
+            ws[j] = &w[j].gpu;
+            one[j] = gpu_f32(NULL, rows[j], T_max);
+            multi[j] = gpu_f32(NULL, rows[j], T_max);
+            outs[j] = &multi[j];
+        }
+        const int64_t Ts[] = {1, 3, 40};
+        for (int ti = 0; ti < 3; ti++) {
+            loom_tensor gx = loom_tensor_2d(LOOM_TYPE_F32, d_x, k, Ts[ti], (size_t)k * 4);
+            loom_tensor vo[3], vm[3];
+            loom_tensor *vmp[3];
+            for (int j = 0; j < 3; j++) {
+                vo[j] = one[j], vm[j] = multi[j];
+                vo[j].ne[1] = vm[j].ne[1] = Ts[ti];
+                vmp[j] = &vm[j];
+                gpu_poison(&one[j]);
+                gpu_poison(&multi[j]);
+                expect_ok(g_gpu.ops->matmul(g_gpu.ctx, ws[j], &gx, &vo[j]), "matmul");
+            }
+            assert_non_null(g_gpu.ops->matmul_multi);
+            expect_ok(g_gpu.ops->matmul_multi(g_gpu.ctx, 3, ws, &gx, vmp), "matmul_multi");
+            for (int j = 0; j < 3; j++) {
+                float *a = host_f32(rows[j] * T_max), *b = host_f32(rows[j] * T_max);
+                gpu_get(a, one[j].data, (size_t)(rows[j] * T_max) * 4);
+                gpu_get(b, multi[j].data, (size_t)(rows[j] * T_max) * 4);
+                if (memcmp(a, b, (size_t)(rows[j] * T_max) * 4) != 0)
+                    fail_msg("matmul_multi (%s) T=%lld: out %d is not matmul's bits",
+                             si ? "mixed types" : "one type", (long long)Ts[ti], j);
+                free(a), free(b);
+            }
+        }
+        /* bad calls */
+        assert_int_equal(g_gpu.ops->matmul_multi(g_gpu.ctx, 0, ws, &one[0], outs),
+                         LOOM_ERR_INVALID_ARG);
+        assert_int_equal(
+            g_gpu.ops->matmul_multi(g_gpu.ctx, LOOM_MATMUL_MULTI_MAX + 1, ws, &one[0], outs),
+            LOOM_ERR_INVALID_ARG);
+        loom_tensor gx = loom_tensor_2d(LOOM_TYPE_F32, d_x, k, 1, (size_t)k * 4);
+        loom_tensor same = multi[1];
+        same.ne[1] = 1;
+        loom_tensor *clash[3] = {&same, &same, &multi[2]};
+        const loom_tensor *ws2[3] = {ws[1], ws[1], ws[2]};
+        multi[2].ne[1] = 1;
+        assert_int_equal(g_gpu.ops->matmul_multi(g_gpu.ctx, 3, ws2, &gx, clash),
+                         LOOM_ERR_INVALID_ARG);
+        for (int j = 0; j < 3; j++) free_weight(&w[j]);
+        gpu_free_all();
+        d_x = gpu_alloc((size_t)(k * T_max) * 4);
+        gpu_put(d_x, x, (size_t)(k * T_max) * 4);
+    }
+    free(x);
+    gpu_free_all();
+}
+
 /* The opt-in FP8 GEMM (LOOM_CUDA_FP8_GEMM=1, cuBLASLt on sm_89+) for steps of more than 8
  * tokens: against a float64 sum over the weights' values and the activations quantized as the
  * path quantizes them (E4M3 with max|x_t| / 448 per token, tensor/fp8.h's rounding), each output
@@ -1616,6 +1690,7 @@ int main(void) {
         cmocka_unit_test(test_fp8_gemm),
         cmocka_unit_test(test_logits_summary),
         cmocka_unit_test(test_engine_batch_invariance),
+        cmocka_unit_test(test_matmul_multi),
     };
     /* LOOM_TEST_ONLY=name[,name...] runs those tests alone (check.sh's planted-bug step and its
      * run of the fast mode). */

@@ -126,39 +126,43 @@ void decode_row(const weight_spec &ws, const uint8_t *row, double *w) {
     }
 }
 
-template <int T> void launch_gemm(gemm_args a, int n_sms, loom_emu::schedule order) {
+// Products j < n of one x, as loom__cuda_gemm_multi launches them (one launch, one fold).
+template <int T>
+void launch_gemm(const loom__k_weight *const *ws, int n, const float *x, size_t xs,
+                 int64_t n_tokens, float *const *outs, const size_t *oss, int n_sms,
+                 loom_emu::schedule order) {
     loom_emu::launch_options opt;
     opt.order = order;
-    opt.seed = (uint64_t)a.n_tokens * 977 + T + (uint64_t)n_sms;
-    const gemm_plan plan = gemm_plan_of(&a.w, a.n_tokens, n_sms);
-    std::vector<float> partial(plan.partial_bytes / sizeof(float), NAN);
-    a.partial = plan.partial_bytes != 0 ? partial.data() : nullptr;
-    a.segs_per_block = plan.segs_per_block;
+    opt.seed = (uint64_t)n_tokens * 977 + T + (uint64_t)n_sms + (uint64_t)n;
+    const gemm_plan pl = gemm_plan_of(ws, n, n_tokens, n_sms);
+    std::vector<float> partial(pl.partial_bytes / sizeof(float), NAN);
+    const gemm_multi mm = gemm_multi_of(ws, n, x, xs, n_tokens, outs, oss, pl, partial.data());
     loom_emu::launch(
-        dim3((unsigned)loom_cdiv(a.n_tokens, GEMM_TOKENS), (unsigned)loom_cdiv(a.w.n, GEMM_ROWS),
-             (unsigned)plan.groups),
-        dim3(GEMM_THREADS), gemm_smem_bytes<T>(), [&a] { gemm_kernel<T>(a); }, opt);
-    if (a.partial == nullptr) return;
-    const int64_t n_segs = plan.n_segs;
+        dim3((unsigned)loom_cdiv(n_tokens, GEMM_TOKENS), (unsigned)mm.tile0[n],
+             (unsigned)pl.groups),
+        dim3(GEMM_THREADS), gemm_smem_bytes<T>(), [&mm] { gemm_kernel<T>(mm); }, opt);
+    if (pl.partial_bytes == 0) return;
+    const int64_t n_segs = pl.n_segs;
     loom_emu::launch(
-        dim3((unsigned)loom_cdiv(a.w.n, 256), (unsigned)a.n_tokens), dim3(256), 0,
-        [&a, n_segs] { gemm_fold_kernel(a, n_segs); }, opt);
+        dim3((unsigned)mm.fold0[n], (unsigned)n_tokens), dim3(256), 0,
+        [&mm, n_segs] { gemm_fold_kernel(mm, n_segs); }, opt);
 }
 
-void launch_any(const gemm_args &a, int n_sms, loom_emu::schedule order) {
-    switch (a.w.type) {
+void launch_any(const loom__k_weight *const *ws, int n, const float *x, size_t xs, int64_t n_tokens,
+                float *const *outs, const size_t *oss, int n_sms, loom_emu::schedule order) {
+    switch (ws[0]->type) {
     case LOOM_K_F32:
-        return launch_gemm<LOOM_K_F32>(a, n_sms, order);
+        return launch_gemm<LOOM_K_F32>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     case LOOM_K_F16:
-        return launch_gemm<LOOM_K_F16>(a, n_sms, order);
+        return launch_gemm<LOOM_K_F16>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     case LOOM_K_BF16:
-        return launch_gemm<LOOM_K_BF16>(a, n_sms, order);
+        return launch_gemm<LOOM_K_BF16>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     case LOOM_K_Q8_0:
-        return launch_gemm<LOOM_K_Q8_0>(a, n_sms, order);
+        return launch_gemm<LOOM_K_Q8_0>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     case LOOM_K_Q4_K:
-        return launch_gemm<LOOM_K_Q4_K>(a, n_sms, order);
+        return launch_gemm<LOOM_K_Q4_K>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     default:
-        return launch_gemm<LOOM_K_FP8_ROWS>(a, n_sms, order);
+        return launch_gemm<LOOM_K_FP8_ROWS>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     }
 }
 
@@ -192,16 +196,12 @@ int run_type(const weight_spec &ws, bool verbose) {
         const int T = steps[ri / 3], n_sms = sms[ri % 3];
         run_T.push_back(T);
         std::vector<float> out((size_t)(T_MAX * os), NAN);
-        gemm_args a;
-        a.w = loom__k_weight{ws.type, ws.k, N, ws.stride, wbuf.data()};
-        a.x = x.data();
-        a.x_stride = (size_t)xs * sizeof(float);
-        a.n_tokens = T;
-        a.out = out.data();
-        a.out_stride = (size_t)os * sizeof(float);
-        a.partial = nullptr;
-        a.segs_per_block = 0;
-        launch_any(a, n_sms, (loom_emu::schedule)(ri % 4));
+        const loom__k_weight kw = {ws.type, ws.k, N, ws.stride, wbuf.data()};
+        const loom__k_weight *kp = &kw;
+        float *op = out.data();
+        const size_t oss = (size_t)os * sizeof(float);
+        launch_any(&kp, 1, x.data(), (size_t)xs * sizeof(float), T, &op, &oss, n_sms,
+                   (loom_emu::schedule)(ri % 4));
         double worst = 0;
         for (int64_t t = 0; t < T_MAX && !bad; t++)
             for (int64_t n = 0; n < os && !bad; n++) {
@@ -234,7 +234,7 @@ int run_type(const weight_spec &ws, bool verbose) {
             printf("  gemm %-8s k=%4lld n=%lld T=%3d sms=%3d (%lld K groups): worst %.2g of sum "
                    "|x w|\n",
                    ws.name, (long long)ws.k, (long long)N, T, n_sms,
-                   (long long)gemm_plan_of(&a.w, T, n_sms).groups, worst);
+                   (long long)gemm_plan_of(&kp, 1, T, n_sms).groups, worst);
         outs.push_back(out);
     }
     /* batch invariance: each token's row the same bits in every step that holds it, split or
@@ -252,12 +252,47 @@ int run_type(const weight_spec &ws, bool verbose) {
         }
     /* the split plans this test means to cover */
     const loom__k_weight shape = {ws.type, ws.k, N, ws.stride, nullptr};
-    if (gemm_plan_of(&shape, 1, 2).groups < 2 ||
-        gemm_plan_of(&shape, 1, 132).groups != gemm_plan_of(&shape, 1, 132).n_segs)
+    const loom__k_weight *sp = &shape;
+    if (gemm_plan_of(&sp, 1, 1, 2).groups < 2 ||
+        gemm_plan_of(&sp, 1, 1, 132).groups != gemm_plan_of(&sp, 1, 1, 132).n_segs)
         printf("FAIL gemm %s: the plans for 1 token do not split K as meant\n", ws.name), bad++;
+    /* matmul_multi: the rows cut into three weights (37, 27 and 36 rows) in one launch, each
+       output the bits of the whole product's (runs 0, 14, 17: 1 token unsplit, 17 tokens on 2
+       SMs, 130 tokens on 132) */
+    const int cut[4] = {0, 37, 64, 100}, multi_runs[3] = {0, 14, 17};
+    for (int mi = 0; mi < 3 && !bad; mi++) {
+        const int ri = multi_runs[mi], T = run_T[ri], n_sms = sms[ri % 3];
+        loom__k_weight kw[3];
+        const loom__k_weight *kp[3];
+        std::vector<float> part[3];
+        float *op[3];
+        size_t oss[3];
+        for (int j = 0; j < 3; j++) {
+            kw[j] = loom__k_weight{ws.type, ws.k, cut[j + 1] - cut[j], ws.stride,
+                                   &wbuf[(size_t)cut[j] * ws.stride]};
+            kp[j] = &kw[j];
+            part[j].assign((size_t)(T * (cut[j + 1] - cut[j] + 3)), NAN);
+            op[j] = part[j].data();
+            oss[j] = (size_t)(cut[j + 1] - cut[j] + 3) * sizeof(float);
+        }
+        launch_any(kp, 3, x.data(), (size_t)xs * sizeof(float), T, op, oss, n_sms,
+                   (loom_emu::schedule)(mi + 1));
+        for (int j = 0; j < 3 && !bad; j++)
+            for (int t = 0; t < T && !bad; t++) {
+                const float *got = &part[j][(size_t)t * (cut[j + 1] - cut[j] + 3)];
+                if (memcmp(got, &outs[ri][(size_t)t * os + cut[j]],
+                           (size_t)(cut[j + 1] - cut[j]) * sizeof(float)) != 0 ||
+                    !std::isnan(got[cut[j + 1] - cut[j]])) {
+                    printf("FAIL gemm %s: matmul_multi's weight %d, token %d (of %d, on %d SMs): "
+                           "not the bits of its own product (or its padding written)\n",
+                           ws.name, j, t, T, n_sms);
+                    bad++;
+                }
+            }
+    }
     if (verbose && !bad)
         printf("  gemm %-8s: tokens the same bits in steps of 1, 3, 8, 9, 17 and 130, split "
-               "or not\n",
+               "or not, alone or in a multi-weight launch\n",
                ws.name);
     return bad;
 }

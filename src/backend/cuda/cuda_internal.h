@@ -142,6 +142,8 @@ loom_status loom__cuda_fp8_gemm(loom__cuda_stream *c, const loom_tensor *w, cons
 /* ---- ops (cuda_ops.c) ---- */
 loom_status loom__cuda_get_rows_op(void *stream, const loom_tensor *table, const loom_tensor *ids,
                                    loom_tensor *out);
+loom_status loom__cuda_matmul_multi_op(void *stream, int n, const loom_tensor *const *ws,
+                                       const loom_tensor *x, loom_tensor *const *outs);
 loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_tensor *x,
                                  loom_tensor *out);
 loom_status loom__cuda_rms_norm_op(void *stream, const loom_tensor *x, const loom_tensor *w,

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "tensor/op_check.h"
+#include "tensor/tensor_check.h"
 #include "tensor/types.h"
 
 /* The element-wise kernels' shape: out's rows and columns, the operands' strides (a y of one
@@ -77,6 +78,67 @@ loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_
     }
     return (c->dev->batch_invariant ? loom__cuda_gemm : loom__cuda_matmul)(
         c->s, &kw, x->data, x->row_stride, n_tokens, out->data, out->row_stride, &work);
+}
+
+/* outs[j] = x·ws[j]ᵀ: the weights of each type in one GEMM launch (q, k, v of one type; gate and
+ * up), each out the bits of its own matmul. Steps the GEMM does not take (the fast mode's GEMV
+ * steps) and FP8 weights under cuBLASLt's GEMM run one matmul each. */
+_Static_assert(LOOM_K_GEMM_MULTI == LOOM_MATMUL_MULTI_MAX, "one launch takes a whole call");
+
+loom_status loom__cuda_matmul_multi_op(void *stream, int n, const loom_tensor *const *ws,
+                                       const loom_tensor *x, loom_tensor *const *outs) {
+    loom__cuda_stream *c = stream;
+    LOOM_CHECK_ARG(c != NULL);
+    LOOM_RETURN_IF(n < 1 || n > LOOM_MATMUL_MULTI_MAX, LOOM_ERR_INVALID_ARG,
+                   "matmul_multi: %d matmuls (1 .. %d)", n, LOOM_MATMUL_MULTI_MAX);
+    LOOM_RETURN_IF(ws == NULL || outs == NULL, LOOM_ERR_INVALID_ARG,
+                   "matmul_multi: weights or outputs are NULL");
+    for (int j = 0; j < n; j++) {
+        LOOM_RETURN_IF(ws[j] == NULL || outs[j] == NULL, LOOM_ERR_INVALID_ARG,
+                       "matmul_multi: weight or output %d is NULL", j);
+        LOOM_TRY(loom__check_matmul("cuda", ws[j], x, outs[j]));
+        LOOM_TRY(check_native_weight("matmul_multi", ws[j]));
+        for (int i = 0; i < n; i++)
+            LOOM_RETURN_IF(i != j && loom__tensors_overlap(outs[j], ws[i]), LOOM_ERR_INVALID_ARG,
+                           "matmul_multi: out %d overlaps weight %d", j, i);
+        for (int i = 0; i < j; i++)
+            LOOM_RETURN_IF(loom__tensors_overlap(outs[j], outs[i]), LOOM_ERR_INVALID_ARG,
+                           "matmul_multi: outs %d and %d overlap", i, j);
+    }
+    const int64_t n_tokens = x->ne[1];
+    if (n_tokens == 0) return LOOM_OK;
+    if (!c->dev->batch_invariant &&
+        (n_tokens <= LOOM_K_GEMV_MAX_TOKENS || c->dev->blaslt != NULL)) {
+        for (int j = 0; j < n; j++) LOOM_TRY(loom__cuda_matmul_op(c, ws[j], x, outs[j]));
+        return LOOM_OK;
+    }
+    LOOM_TRY(loom__cuda_bind(c->dev));
+    bool done[LOOM_MATMUL_MULTI_MAX] = {false};
+    for (int j = 0; j < n; j++) {
+        if (done[j]) continue;
+        /* this weight and the later ones of its type */
+        loom__k_weight kw[LOOM_K_GEMM_MULTI];
+        const loom__k_weight *kp[LOOM_K_GEMM_MULTI];
+        float *op[LOOM_K_GEMM_MULTI];
+        size_t os[LOOM_K_GEMM_MULTI];
+        int m = 0;
+        for (int i = j; i < n; i++) {
+            if (done[i] || ws[i]->type != ws[j]->type) continue;
+            kw[m] = weight_of(ws[i]);
+            kp[m] = &kw[m];
+            op[m] = outs[i]->data;
+            os[m] = outs[i]->row_stride;
+            done[i] = true;
+            m++;
+        }
+        const size_t need = loom__cuda_gemm_multi_work_bytes(m, kp, n_tokens, c->dev->n_sms);
+        if (need > c->gemm_work_cap) c->n_grows++;
+        LOOM_TRY(loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, need));
+        const loom__k_gemm_work work = {c->gemm_work, c->gemm_work_cap, c->dev->n_sms};
+        LOOM_TRY(
+            loom__cuda_gemm_multi(c->s, m, kp, x->data, x->row_stride, n_tokens, op, os, &work));
+    }
+    return LOOM_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */

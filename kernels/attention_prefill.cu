@@ -60,6 +60,8 @@
  * segments' states meet in a left fold (pf_fold), so that blocks may split a long context at
  * segment boundaries (decode steps) with the bits of one block walking it whole. */
 #define PF_SEG 256
+/* The most scratch a split takes; a split that would need more does not happen. */
+#define PF_WORK_MAX ((size_t)64 << 20)
 
 typedef struct pf_args {
     loom__k_kv kv;
@@ -526,7 +528,7 @@ static __global__ void __launch_bounds__(128) pf_fold_kernel(pf_args a) {
 /* How a step's tiled attention splits the positions: groups of segments (1: no split), and
  * the partial states' size. A rule on the step's shape and the device's size; any rule gives
  * the same bits. Splits the invariant mode's steps whose blocks are fewer than two per SM, into
- * enough groups for two (the kernel's residency), where the states stay under 256 MiB. */
+ * enough groups for two (the kernel's residency), where the states fit PF_WORK_MAX. */
 typedef struct pf_plan {
     int32_t groups, segs_per_block, seg_stride;
     size_t part_bytes; /* 0: no split */
@@ -543,7 +545,7 @@ static __host__ __device__ pf_plan pf_plan_of(const loom__k_kv *kv, const loom__
     const int64_t blocks = (int64_t)kv->n_seqs * ((kv->max_rows + br - 1) / br) * kv->n_kv_heads;
     if (blocks >= 2 * (int64_t)p->n_sms) return pl;
     const double bytes = 4.0 * (double)kv->n_rows * p->n_head * pl.seg_stride * (kv->head_dim + 2);
-    if (bytes > 256.0 * 1024 * 1024) return pl;
+    if (bytes > (double)PF_WORK_MAX) return pl;
     int64_t groups = (2 * (int64_t)p->n_sms + blocks - 1) / blocks;
     if (groups > pl.seg_stride) groups = pl.seg_stride;
     pl.segs_per_block = (int32_t)((pl.seg_stride + groups - 1) / groups);
@@ -608,6 +610,21 @@ static bool pf_layer_ok(const loom__k_kv *kv, const loom__k_attn *p) {
 #if !defined(LOOM_K_EMULATE)
 extern "C" int loom__cuda_attention_tiled_ok(const loom__k_kv *kv, const loom__k_attn *p) {
     return pf_layer_ok(kv, p) && pf_smem_bytes(kv->head_dim) <= (size_t)p->smem_optin;
+}
+
+extern "C" size_t loom__cuda_attention_tiled_work_bound(int32_t n_head, int32_t n_kv_heads,
+                                                        int32_t head_dim, int32_t max_tokens,
+                                                        int32_t max_ctx, int n_sms) {
+    if (n_head < 1 || n_kv_heads < 1 || n_head % n_kv_heads != 0 || head_dim < 1 || n_sms < 1 ||
+        max_tokens < 1 || max_ctx < 1)
+        return 0;
+    /* a split step has fewer than 2 n_sms blocks: rows < (rows per tile) 2 n_sms / n_kv_heads */
+    const int64_t per_tile = PF_M / (n_head / n_kv_heads);
+    int64_t rows = per_tile * 2 * (int64_t)n_sms / n_kv_heads;
+    if (rows > max_tokens) rows = max_tokens;
+    const double bytes = 4.0 * (double)rows * n_head * (double)((max_ctx + PF_SEG - 1) / PF_SEG) *
+                         (double)(head_dim + 2);
+    return bytes > (double)PF_WORK_MAX ? PF_WORK_MAX : (size_t)bytes;
 }
 
 extern "C" size_t loom__cuda_attention_tiled_work_bytes(const loom__k_kv *kv,

@@ -25,7 +25,8 @@
  * accumulator still sees its terms in the one order of loom_mma_3xtf32 / loom_mma_2xtf32_b.
  *
  * Batch invariance — the backend's default order for every step, one token or thousands: an
- * output's sum runs in segments of GEMM_SEG_CHUNKS chunks (256 values) at fixed places of K;
+ * output's sum runs in segments of K at fixed places — seg_chunks 32-value chunks each, a
+ * multiple of 8 set by K alone (gemm_seg_chunks: 256 values, more where K has over 16 of them);
  * each segment's sum starts from zero and runs over its chunks in K order, k-step by k-step, in
  * the same three (two) instructions; the segments' sums then meet in a left fold, ((0 + s0) +
  * s1) + ..., in float32. Nothing depends on n_tokens: a token sits at place t mod 64 of its
@@ -41,8 +42,12 @@
 #define GEMM_ROWS    64 /* weight rows per block: the mma's M */
 #define GEMM_TOKENS  64 /* tokens per block: the mma's N */
 #define GEMM_LD      36 /* floats per row of a tile: a 32-value chunk and 4 of padding */
-/* Chunks per segment of K: the fold's unit, whole stages of every format. */
+/* Chunks per segment of K at the least (the fold's unit: whole stages of every format), and the
+ * most segments a row has. */
 #define GEMM_SEG_CHUNKS 8
+#define GEMM_MAX_SEGS   16
+/* The most scratch a split takes; a split that would need more does not happen. */
+#define GEMM_WORK_MAX ((size_t)64 << 20)
 
 typedef struct gemm_args {
     loom__k_weight w;
@@ -56,6 +61,7 @@ typedef struct gemm_args {
      * partial[(j n_tokens + t) w.n + n]; gemm_fold_kernel writes out. */
     float *partial;
     int64_t segs_per_block;
+    int64_t seg_chunks; /* chunks per segment (gemm_seg_chunks(w.k)) */
 } gemm_args;
 
 /* Up to LOOM_K_GEMM_MULTI products of one x in one launch (matmul_multi: q, k and v; gate and
@@ -118,6 +124,13 @@ template <int T> static __host__ __device__ constexpr int gemm_stage_chunks() {
                                         : 128 / (32 * gemm_block_bytes<T>());
 }
 static_assert(GEMM_SEG_CHUNKS % 8 == 0, "a segment holds whole stages (8 chunks at most)");
+
+/* Chunks per segment for rows of k values: a multiple of GEMM_SEG_CHUNKS giving at most
+ * GEMM_MAX_SEGS segments. A rule on k alone: every product of one weight sums alike. */
+static __host__ __device__ __forceinline__ int64_t gemm_seg_chunks(int64_t k) {
+    const int64_t units = loom_cdiv(loom_cdiv(k, 32), GEMM_SEG_CHUNKS);
+    return GEMM_SEG_CHUNKS * loom_cdiv(units, GEMM_MAX_SEGS);
+}
 template <int T> static __host__ __device__ constexpr int gemm_stage_bytes() {
     return gemm_stage_chunks<T>() * 32 / gemm_block_values<T>() * gemm_block_bytes<T>();
 }
@@ -310,11 +323,11 @@ static __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(gemm_multi
     const int nt = a.n_tokens - t0 < GEMM_TOKENS ? (int)(a.n_tokens - t0) : GEMM_TOKENS;
     const int64_t n_chunks = loom_cdiv(a.w.k, 32);
     const int64_t seg0 = a.partial != NULL ? (int64_t)blockIdx.z * a.segs_per_block : 0;
-    const int64_t c_begin = seg0 * GEMM_SEG_CHUNKS;
-    const int64_t c_end =
-        a.partial != NULL && c_begin + a.segs_per_block * GEMM_SEG_CHUNKS < n_chunks
-            ? c_begin + a.segs_per_block * GEMM_SEG_CHUNKS
-            : n_chunks;
+    const int64_t seg_chunks = a.seg_chunks;
+    const int64_t c_begin = seg0 * seg_chunks;
+    const int64_t c_end = a.partial != NULL && c_begin + a.segs_per_block * seg_chunks < n_chunks
+                              ? c_begin + a.segs_per_block * seg_chunks
+                              : n_chunks;
     const bool x_vec = (((uintptr_t)a.x | a.x_stride) & 15) == 0;
     const unsigned w_align =
         (unsigned)(((uintptr_t)a.w.data | a.w.stride | (size_t)gemm_stage_bytes<T>()) & 3);
@@ -349,9 +362,9 @@ static __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(gemm_multi
         gemm_put(tile, v);
         __syncthreads();
         gemm_chunk<W_EXACT>(tile, lane, wr, wt, nt, acc);
-        if ((c + 1) % GEMM_SEG_CHUNKS != 0 && c + 1 != c_end) continue;
+        if ((c + 1) % seg_chunks != 0 && c + 1 != c_end) continue;
         /* the end of a segment: fold its sums (or set them apart), then start the next at 0 */
-        const int64_t seg = c / GEMM_SEG_CHUNKS;
+        const int64_t seg = c / seg_chunks;
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -413,15 +426,17 @@ static __global__ void __launch_bounds__(256) gemm_fold_kernel(gemm_multi mm, in
 /* How a product splits K across blocks: the K groups (1: no split) and segments per group. A
  * rule on the shapes and the device's size only; any rule gives the same bits. Splits while the
  * grid of tiles holds fewer than two blocks per SM, into enough groups for three (the kernel's
- * residency), and only where the scratch stays under 256 MiB. */
+ * residency), where the segment sums' traffic (written, then read: 8 bytes per segment, token
+ * and row) stays within an eighth of the weights' bytes and the scratch within GEMM_WORK_MAX. */
 typedef struct gemm_plan {
-    int64_t groups, segs_per_block, n_segs;
+    int64_t groups, segs_per_block, n_segs, seg_chunks;
     size_t partial_bytes; /* 0: no split */
 } gemm_plan;
 
 static __host__ __device__ gemm_plan gemm_plan_of(const loom__k_weight *const *ws, int n,
                                                   int64_t n_tokens, int n_sms) {
-    gemm_plan p = {1, 0, loom_cdiv(loom_cdiv(ws[0]->k, 32), GEMM_SEG_CHUNKS), 0};
+    const int64_t sc = gemm_seg_chunks(ws[0]->k);
+    gemm_plan p = {1, 0, loom_cdiv(loom_cdiv(ws[0]->k, 32), sc), sc, 0};
     p.segs_per_block = p.n_segs;
     int64_t row_tiles = 0, rows = 0;
     for (int j = 0; j < n; j++) {
@@ -430,8 +445,9 @@ static __host__ __device__ gemm_plan gemm_plan_of(const loom__k_weight *const *w
     }
     const int64_t tiles = loom_cdiv(n_tokens, GEMM_TOKENS) * row_tiles;
     if (n_sms <= 0 || p.n_segs < 2 || tiles >= 2 * (int64_t)n_sms) return p;
+    if (8.0 * (double)p.n_segs * (double)n_tokens > (double)ws[0]->stride / 8) return p;
     const double bytes = 4.0 * (double)p.n_segs * (double)n_tokens * (double)rows;
-    if (bytes > 256.0 * 1024 * 1024) return p;
+    if (bytes > (double)GEMM_WORK_MAX) return p;
     int64_t groups = loom_cdiv(3 * (int64_t)n_sms, tiles);
     if (groups > p.n_segs) groups = p.n_segs;
     p.segs_per_block = loom_cdiv(p.n_segs, groups);
@@ -463,6 +479,7 @@ static __host__ __device__ gemm_multi gemm_multi_of(const loom__k_weight *const 
         a.out_stride = out_strides[j];
         a.partial = pl.partial_bytes != 0 ? work + part_at : NULL;
         a.segs_per_block = pl.segs_per_block;
+        a.seg_chunks = pl.seg_chunks;
         part_at += (size_t)pl.n_segs * (size_t)n_tokens * (size_t)ws[j]->n;
         mm.tile0[j + 1] = mm.tile0[j] + (int32_t)loom_cdiv(ws[j]->n, GEMM_ROWS);
         mm.fold0[j + 1] = mm.fold0[j] + (int32_t)loom_cdiv(ws[j]->n, 256);

@@ -131,6 +131,12 @@ loom_status loom__cuda_gemm(cudaStream_t stream, const loom__k_weight *w, const 
                             const loom__k_gemm_work *work);
 /* The scratch loom__cuda_gemm takes for this shape on n_sms SMs (0: it does not split). */
 size_t loom__cuda_gemm_work_bytes(const loom__k_weight *w, int64_t n_tokens, int n_sms);
+/* The most it takes for any step of 1..max_tokens tokens (w's data unused): one weight's; a
+ * loom__cuda_gemm_multi launch of up to LOOM_K_GEMM_MULTI weights of one type and width takes
+ * at most the sum of theirs (it splits only where each alone would, with their segments). */
+size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t max_tokens, int n_sms);
+/* The most scratch any split takes (a split needing more does not happen). */
+size_t loom__cuda_gemm_work_bound_cap(void);
 
 /* Most weights one loom__cuda_gemm_multi launch takes (loom_backend.h's LOOM_MATMUL_MULTI_MAX). */
 #define LOOM_K_GEMM_MULTI 4
@@ -262,6 +268,9 @@ int loom__cuda_attention_tiled_ok(const loom__k_kv *kv, const loom__k_attn *p);
 /* The scratch the invariant mode's tiled attention splits this step's long contexts into (0:
  * it does not split; p->invariant, n_sms, smem_optin and the layer's fields read). */
 size_t loom__cuda_attention_tiled_work_bytes(const loom__k_kv *kv, const loom__k_attn *p);
+/* The most it takes for any step within these bounds (stream_create reserves it once). */
+size_t loom__cuda_attention_tiled_work_bound(int32_t n_head, int32_t n_kv_heads, int32_t head_dim,
+                                             int32_t max_tokens, int32_t max_ctx, int n_sms);
 /* The rows of the tiled tensor-core kernel (attention_prefill.cu): every sequence's in the
  * invariant mode, the prefill sequences' (kv->prefill_seqs) in the fast mode; *ran = 0
  * (nothing queued, LOOM_OK) where the layer is not one it runs (loom__cuda_attention_tiled_ok).

@@ -3,7 +3,8 @@
 // float64 product over the weights as kernels/dequant.cuh decodes them (bit-exact with the CPU's
 // decoder, which test_cuda_ops checks), within 1e-5 of sum_k |x w|. Awkward shapes: 100 rows (a
 // partial row tile), 9, 17 and 130 tokens (partial token tiles), K = 1000 for the float formats
-// (a partial chunk), a partial last stage for Q8_0; weight strides that make the stage copy take
+// (a partial chunk), a partial last stage for Q8_0, K = 4352 for Q4_K (segments of 512 values,
+// the last of 256); weight strides that make the stage copy take
 // 4-, 2- and 1-byte pieces, activation strides with and without 16-byte loads. Outputs are
 // poisoned: the padding and the rows past the step must stay so. Batch invariance, the CUDA
 // backend's default: a token's outputs must be the same bits in steps of 1, 3, 8, 9, 17 and 130
@@ -308,6 +309,8 @@ int run_all(bool verbose) {
         {LOOM_K_BF16, "bf16", 1000, 2000, 2008},   /* 4-byte pieces */
         {LOOM_K_Q8_0, "q8_0", 992, 31 * 34, 1059}, /* 1-byte pieces; 31 blocks: a partial stage */
         {LOOM_K_Q4_K, "q4_k", 768, 3 * 144, 434},  /* 2-byte pieces */
+        /* 136 chunks: segments of 16 chunks (gemm_seg_chunks), the last one of 8 */
+        {LOOM_K_Q4_K, "q4_k", 4352, 17 * 144, 2450},
         {LOOM_K_FP8_ROWS, "fp8rows", 1000, 1004, 1008},
     };
     int bad = 0;

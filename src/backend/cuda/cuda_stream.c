@@ -6,6 +6,7 @@
 #include "backend/cuda/cuda_internal.h"
 
 #include "core/checked.h"
+#include "tensor/types.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -24,12 +25,38 @@ static size_t meta_ints(const loom_step_shape *shape, int n_kv) {
     return (size_t)n_kv * (4 * S + 2 + S * blocks_per_seq + 2 * T);
 }
 
+/* The GEMM's split scratch for any step of shape: the largest any of its matmuls takes, times
+ * the weights one matmul_multi launch may hold (at most the GEMM's own cap, which a split
+ * never passes). Weights are laid out as weight_prepare lays them (FP8 rows padded to 16). */
+static size_t gemm_work_bound(const loom__cuda_dev *d, const loom_step_shape *shape) {
+    size_t most = 0;
+    for (int32_t i = 0; shape->matmuls != NULL && i < shape->n_matmuls; i++) {
+        const loom_matmul_shape *m = &shape->matmuls[i];
+        size_t rb = 0;
+        if (m->k < 1 || m->n < 1 || !loom__type_row_bytes(m->type, m->k, &rb)) continue;
+        if (m->type == LOOM_TYPE_FP8_E4M3_ROWS) rb = (rb + 15) & ~(size_t)15;
+        const loom__k_weight w = {(uint32_t)m->type, m->k, m->n, rb, NULL};
+        const int64_t T = m->max_rows > 0 ? m->max_rows : shape->max_tokens;
+        const size_t b = loom__cuda_gemm_work_bound(&w, T, d->n_sms);
+        most = b > most ? b : most;
+    }
+    const size_t multi = most * LOOM_K_GEMM_MULTI;
+    const size_t cap = loom__cuda_gemm_work_bound_cap();
+    return multi < cap ? multi : cap;
+}
+
+static size_t tiled_work_bound(const loom__cuda_dev *d, const loom_step_shape *shape) {
+    return loom__cuda_attention_tiled_work_bound(shape->n_head, shape->n_kv_heads, shape->head_dim,
+                                                 shape->max_tokens, shape->max_ctx, d->n_sms);
+}
+
 loom_status loom__cuda_workspace_size(void *dev, const loom_step_shape *shape, size_t *bytes) {
     LOOM_CHECK_ARG(dev != NULL && shape != NULL && bytes != NULL);
     LOOM_CHECK_ARG(shape->max_tokens > 0 && shape->max_seqs > 0 && shape->block_size > 0 &&
                    shape->max_ctx > 0);
     *bytes = loom__cuda_attention_work_bytes(shape->n_head, shape->head_dim) +
-             meta_ints(shape, LOOM_CUDA_MAX_KV) * sizeof(int32_t);
+             meta_ints(shape, LOOM_CUDA_MAX_KV) * sizeof(int32_t) + gemm_work_bound(dev, shape) +
+             tiled_work_bound(dev, shape);
     return LOOM_OK;
 }
 
@@ -110,6 +137,14 @@ loom_status loom__cuda_stream_create(void *dev, const loom_step_shape *shape, vo
                       loom__cuda_reserve_attn(
                           c, loom__cuda_attention_work_bytes(shape->n_head, shape->head_dim)),
                       fail);
+        /* the splits' scratch: sized once, so that no step of the shape allocates */
+        LOOM_TRY_GOTO(
+            st, loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, gemm_work_bound(d, shape)),
+            fail);
+        LOOM_TRY_GOTO(
+            st,
+            loom__cuda_regrow(c, &c->tiled_work, &c->tiled_work_cap, tiled_work_bound(d, shape)),
+            fail);
     }
     if (st == LOOM_OK) {
         *out = c;

@@ -565,18 +565,11 @@ static __host__ __device__ pf_plan pf_plan_of(const loom__k_kv *kv, const loom__
 template <int HDMAX, bool F32KV>
 static loom_status pf_launch(cudaStream_t stream, const pf_args &a, unsigned blocks,
                              unsigned groups, size_t smem) {
-    if (smem > 48 * 1024) { /* past the default: the kernel opts in (checked against the device) */
-        const cudaError_t e =
-            cudaFuncSetAttribute(attn_prefill_kernel<HDMAX, F32KV>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            return loom__fail(LOOM_ERR_BACKEND,
-                              "cuda: prefill attention with %zu bytes of shared "
-                              "memory: %s (%s)",
-                              smem, cudaGetErrorString(e), cudaGetErrorName(e));
-        }
-    }
+    /* past the default 48 KB: the kernel opts in (checked against the device before) */
+    static std::atomic<int> optin[LOOM_K_OPTIN_DEVICES];
+    const loom_status st =
+        loom_k_smem_optin(attn_prefill_kernel<HDMAX, F32KV>, smem, optin, "tiled attention");
+    if (st != LOOM_OK) return st;
     const dim3 grid(blocks, (unsigned)a.kv.n_kv_heads, groups);
     attn_prefill_kernel<HDMAX, F32KV><<<grid, PF_THREADS, smem, stream>>>(a);
     LOOM_K_LAUNCHED("attention (tiled)");

@@ -36,6 +36,35 @@ extern "C" loom_status loom__fail(loom_status status, const char *fmt, ...);
 
 #define LOOM_K_UNSUPPORTED(...) return loom__fail(LOOM_ERR_UNSUPPORTED, __VA_ARGS__)
 
+#if !defined(LOOM_K_EMULATE)
+#include <atomic>
+
+/* Devices a kernel's shared-memory opt-in is remembered for (others set it on every launch). */
+#define LOOM_K_OPTIN_DEVICES 64
+
+/* Lets kernel take smem bytes of dynamic shared memory (past the default 48 KB) on the current
+ * device. The attribute is set the first time, or when a launch asks for more than was set,
+ * not on every launch: set[] is the kernel's record, one slot per device (a function-local
+ * static per kernel; two threads racing both set it, which is harmless). */
+template <typename K>
+static loom_status loom_k_smem_optin(K kernel, size_t smem, std::atomic<int> *set,
+                                     const char *what) {
+    if (smem <= 48 * 1024) return LOOM_OK;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    const bool known = e == cudaSuccess && dev >= 0 && dev < LOOM_K_OPTIN_DEVICES;
+    if (known && set[dev].load(std::memory_order_relaxed) >= (int)smem) return LOOM_OK;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return loom__fail(LOOM_ERR_BACKEND, "cuda: %s with %zu bytes of shared memory: %s (%s)",
+                          what, smem, cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    if (known) set[dev].store((int)smem, std::memory_order_relaxed);
+    return LOOM_OK;
+}
+#endif
+
 /* Sum over the 32 lanes of a warp, every lane receiving it; a fixed butterfly, so the order of
  * the additions is the same in every call. */
 static __device__ __forceinline__ float loom_warp_sum(float v) {

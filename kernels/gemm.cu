@@ -503,16 +503,9 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
         LOOM_K_UNSUPPORTED("cuda: matmul (gemm) of %lld tokens by %lld row tiles",
                            (long long)mm.m[0].n_tokens, (long long)gy);
     constexpr size_t smem = gemm_smem_bytes<T>();
-    if (smem > 48 * 1024) { /* past the default: the kernel opts in (sm_80+ allow 163 KB) */
-        const cudaError_t e = cudaFuncSetAttribute(
-            gemm_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            return loom__fail(LOOM_ERR_BACKEND,
-                              "cuda: gemm with %zu bytes of shared memory: %s (%s)", smem,
-                              cudaGetErrorString(e), cudaGetErrorName(e));
-        }
-    }
+    static std::atomic<int> optin[LOOM_K_OPTIN_DEVICES]; /* past 48 KB (sm_80+ allow 163 KB) */
+    const loom_status st = loom_k_smem_optin(gemm_kernel<T>, smem, optin, "gemm");
+    if (st != LOOM_OK) return st;
     gemm_kernel<T>
         <<<dim3((unsigned)gx, (unsigned)gy, (unsigned)pl.groups), GEMM_THREADS, smem, stream>>>(mm);
     LOOM_K_LAUNCHED("gemm");

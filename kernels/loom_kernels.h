@@ -123,9 +123,10 @@ loom_status loom__cuda_gemv(cudaStream_t stream, const loom__k_weight *w, const 
                             size_t x_stride, int64_t n_tokens, float *out, size_t out_stride);
 /* The product on tensor cores (gemm.cu, mma.sync, float32 accuracy through split TF32), in one
  * order of additions for every n_tokens — the CUDA backend's default, batch-invariant matmul:
- * tiles of 64 rows by 64 tokens; each output summed in 256-value segments of K, folded left to
- * right. Small grids split K across blocks into work (loom__cuda_gemm_work_bytes for the shape;
- * NULL or n_sms 0: never split), which changes no bits. */
+ * tiles of 64 rows by 64 tokens; each output summed in segments of K (256 values; K/16 past
+ * 4,096), folded left to right. Small grids split K across blocks into work
+ * (loom__cuda_gemm_work_bytes for the shape; NULL or n_sms 0: never split), which changes no bits.
+ */
 loom_status loom__cuda_gemm(cudaStream_t stream, const loom__k_weight *w, const float *x,
                             size_t x_stride, int64_t n_tokens, float *out, size_t out_stride,
                             const loom__k_gemm_work *work);

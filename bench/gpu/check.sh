@@ -13,9 +13,13 @@
 #   3. the card's ceilings and loom's kernels timed against them (loom-gpu-bench);
 #   4. the same shapes by PyTorch (cuBLAS matmul, flash SDPA) and, time allowing, Hugging Face
 #      transformers generating with a random Llama-3-8B shape (bench/gpu/peers.py);
-#   5. end to end: prefill and decode tokens/s of synthetic Gemma-3-270M and Llama-3-8B shapes;
+#   5. end to end: prefill and decode tokens/s of synthetic Gemma-3-270M and Llama-3-8B shapes,
+#      again with CUDA graphs (LOOM_CUDA_GRAPHS=1) and in the fast mode for two of them;
+#   5b. Nsight Compute (ncu) over a decode step and a prefill: the three heaviest kernels of each
+#      with achieved bandwidth, tensor-pipe use and stall reasons (bench/gpu/ncu.sh);
 #   6. the tests' teeth: the plugin rebuilt with a planted off-by-one in attention's mask
-#      (LOOM_CUDA_PLANTED_BUG) must make test_attention fail.
+#      (LOOM_CUDA_PLANTED_BUG) must make test_attention fail;
+#   7. time allowing: e2e with graphs and in the fast mode, then the ncu pass (5b above).
 # Every step has a share of one 460 s deadline; a step that fails or runs out is reported and
 # the next still runs. Nothing here needs the network.
 set -uo pipefail
@@ -48,19 +52,29 @@ table() {
         echo
         [ -s "$out/peers.md" ] && cat "$out/peers.md" && echo
         if [ -s "$out/e2e.jsonl" ]; then
-            echo "End to end (synthetic models, loom_model_load_synthetic; decode: B requests of 16-token prompts generating 64 tokens each, B*64 / wall time):"
+            echo "End to end (synthetic models, loom_model_load_synthetic; prefill: one call of 512 or 2,048 tokens; decode: B requests of 16-token prompts generating 64 tokens each, B*64 / wall time). Mode: invariant (the default) or fast (LOOM_CUDA_BATCH_INVARIANT=0); graphs: LOOM_CUDA_GRAPHS=1:"
             echo
-            echo "| model | weights | load s | prefill 512 tok/s | decode B=1 tok/s | B=16 | B=64 |"
-            echo "|---|---|---:|---:|---:|---:|---:|"
-            python3 - "$out/e2e.jsonl" <<'PY'
-import json, sys
-for l in open(sys.argv[1]):
-    if l.startswith("{"):
+            echo "| model | weights | mode | graphs | load s | prefill 512 tok/s | prefill 2048 tok/s | decode B=1 tok/s | B=16 | B=64 |"
+            echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|"
+            python3 - "$out/e2e.jsonl" "$out/e2e-modes.jsonl" <<'PY'
+import json, os, sys
+for path in sys.argv[1:]:
+    if not os.path.exists(path):
+        continue
+    for l in open(path):
+        if not l.startswith("{"):
+            continue
         r = json.loads(l)
-        print(f"| {r['model']} | {r['type']} | {r['load_s']} | {r['prefill_512_tps']} | "
-              f"{r.get('decode_b1_tps', '')} | {r.get('decode_b16_tps', '')} | {r.get('decode_b64_tps', '')} |")
+        mode = "invariant" if r.get("invariant", True) else "fast"
+        graphs = "on" if r.get("graphs") else "off"
+        print(f"| {r['model']} | {r['type']} | {mode} | {graphs} | {r['load_s']} | "
+              f"{r['prefill_512_tps']} | {r.get('prefill_2048_tps', '')} | "
+              f"{r.get('decode_b1_tps', '')} | {r.get('decode_b16_tps', '')} | "
+              f"{r.get('decode_b64_tps', '')} |")
 PY
+            echo
         fi
+        [ -s "$out/ncu.md" ] && cat "$out/ncu.md" && echo
     } >"$md"
 }
 
@@ -78,7 +92,7 @@ jobs=$(nproc)
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 extra=()
-targets=(loom-cuda loom-gpu-bench loom-gpu-e2e)
+targets=(loom-cuda loom-gpu-bench loom-gpu-e2e loom-gpu-ncu)
 if [ -f .gpu-deps/include/cmocka.h ]; then
     extra+=(-DCMOCKA_INCLUDE_DIR="$PWD/.gpu-deps/include" -DCMOCKA_LIBRARY="$PWD/.gpu-deps/lib/libcmocka.so.0")
     export LD_LIBRARY_PATH="$PWD/.gpu-deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -193,5 +207,37 @@ if [ -x build-gpu/tests/test_cuda_ops ] && [ $((deadline - $(date +%s))) -gt 40 
 else
     status+=("| planted bug | not run (no test build, or no time left) |")
 fi
+table
+
+step "graphs and the fast mode"
+# the same models with LOOM_CUDA_GRAPHS=1, and in the fast mode: what graphs give, and what
+# batch invariance (the default) costs end to end
+if [ -x build-gpu/bench/loom-gpu-e2e ]; then
+    : >"$out/e2e-modes.jsonl"
+    # graphs where launches weigh most (a small model); the fast mode where the matmuls do
+    LOOM_CUDA_GRAPHS=1 timeout "$(budget 40)" build-gpu/bench/loom-gpu-e2e --backend cuda \
+        --only gemma3-270m:bf16 >>"$out/e2e-modes.jsonl" 2>>"$log"
+    for cfg in gemma3-270m:bf16 llama3-8b:q4_K; do
+        LOOM_CUDA_BATCH_INVARIANT=0 timeout "$(budget 50)" build-gpu/bench/loom-gpu-e2e \
+            --backend cuda --only "$cfg" >>"$out/e2e-modes.jsonl" 2>>"$log"
+    done
+    cat "$out/e2e-modes.jsonl" >>"$log"
+    status+=("| loom-gpu-e2e, graphs and fast mode | $(grep -c '^{' "$out/e2e-modes.jsonl") of 3 runs (raw.log) |")
+fi
+table
+
+step "ncu"
+# Nsight Compute over one decode step and one prefill of the Llama-3-8B shape (Q4_K, 2 layers):
+# each kernel's time first, then the three heaviest of each with their memory throughput,
+# tensor-pipe use and stall reasons (ncu.md; the raw reports ncu-*.csv).
+if command -v ncu >/dev/null && [ -x build-gpu/bench/loom-gpu-ncu ] &&
+   [ $((deadline - $(date +%s))) -gt 60 ]; then
+    bench/gpu/ncu.sh "$out" build-gpu/bench/loom-gpu-ncu "$(budget 90)" >>"$log" 2>&1
+    status+=("| ncu | $([ -s "$out/ncu.md" ] && echo "ok (ncu.md)" || echo "FAILED (raw.log)") |")
+else
+    status+=("| ncu | not run (no ncu, no driver binary, or no time left) |")
+fi
+table
+
 table
 cat "$md"

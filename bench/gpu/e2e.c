@@ -2,11 +2,13 @@
  * (loom_model_load_synthetic: Gemma-3-270M and Llama-3-8B shapes) on a backend, for
  * bench/gpu/check.sh. Public API only.
  *
- *   prefill: one 512-token prompt through a session (tokens / time of the call);
+ *   prefill: one 512-token prompt, and one of 2,048 tokens, through a session in one call each
+ *            (tokens / time of the call);
  *   decode:  B requests with 16-token prompts generating 64 tokens each through an engine
  *            (greedy, EOS ignored): B * 64 / the time of the whole run, prefill included
  *            (16-token prompts make it a small share).
- * One JSON object per line. Usage: loom-gpu-e2e [--backend B] [--quick] */
+ * One JSON object per line, with the environment's LOOM_CUDA_BATCH_INVARIANT and
+ * LOOM_CUDA_GRAPHS. Usage: loom-gpu-e2e [--backend B] [--quick] [--only PRESET:TYPE] */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +28,13 @@ static int fail(const char *what) {
     return 1;
 }
 
+/* n prompt tokens in one forward call (n_batch n). */
 static double prefill(loom_model *m, int32_t V, int n) {
     loom_session *s = NULL;
-    if (loom_session_create(m, NULL, &s) != LOOM_OK) return -1;
+    loom_session_params sp = loom_session_default_params();
+    sp.n_ctx = n + 64;
+    sp.n_batch = n;
+    if (loom_session_create(m, &sp, &s) != LOOM_OK) return -1;
     loom_token *t = malloc(sizeof *t * (size_t)n);
     for (int i = 0; i < n; i++) t[i] = (loom_token)(3 + (i * 7919) % (V - 3));
     /* once to warm up (first launches, workspace), then timed */
@@ -75,17 +81,22 @@ static double decode(loom_model *m, int32_t V, int batch, int n_new) {
 }
 
 int main(int argc, char **argv) {
-    const char *backend = "cuda";
+    const char *backend = "cuda", *only = NULL;
     int quick = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
         if (!strcmp(argv[i], "--quick")) quick = 1;
+        if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     }
+    const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT"), *graphs = getenv("LOOM_CUDA_GRAPHS");
     const char *presets[] = {"gemma3-270m", "llama3-8b"};
     const char *types[] = {"bf16", "q8_0", "q4_K"};
     const int batches[] = {1, 16, 64};
     for (int p = 0; p < 2; p++) {
         for (int t = 0; t < 3; t++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s:%s", presets[p], types[t]);
+            if (only != NULL && strcmp(only, name) != 0) continue;
             loom_synthetic_params sp = loom_synthetic_default_params();
             sp.preset = presets[p];
             sp.weight_type = types[t];
@@ -99,10 +110,14 @@ int main(int argc, char **argv) {
             loom_model_info info = {.size = sizeof info};
             loom_model_get_info(m, &info);
             double pf = prefill(m, info.n_vocab, 512);
-            if (pf < 0) return fail("prefill");
-            printf("{\"model\":\"%s\",\"type\":\"%s\",\"backend\":\"%s\",\"load_s\":%.1f,"
-                   "\"prefill_512_tps\":%.1f",
-                   presets[p], types[t], backend, load_s, pf);
+            double pf2k = quick ? 0 : prefill(m, info.n_vocab, 2048);
+            if (pf < 0 || pf2k < 0) return fail("prefill");
+            printf("{\"model\":\"%s\",\"type\":\"%s\",\"backend\":\"%s\",\"invariant\":%s,"
+                   "\"graphs\":%s,\"load_s\":%.1f,\"prefill_512_tps\":%.1f,"
+                   "\"prefill_2048_tps\":%.1f",
+                   presets[p], types[t], backend,
+                   inv != NULL && !strcmp(inv, "0") ? "false" : "true",
+                   graphs != NULL && !strcmp(graphs, "1") ? "true" : "false", load_s, pf, pf2k);
             for (int b = 0; b < 3; b++) {
                 double d = decode(m, info.n_vocab, batches[b], 64);
                 if (d < 0) return fail("decode");

@@ -1652,6 +1652,29 @@ static void test_engine_batch_invariance(void **state) {
     loom_model_free(m);
 }
 
+/* CUDA graphs (LOOM_CUDA_GRAPHS=1): the 16 requests of test_engine_batch_invariance give the
+ * same tokens, log-probabilities and entropies with every step's kernels replayed as graphs as
+ * launched one by one. (The CPU stand-in has no graphs: there it compares two plain runs.) */
+static void test_engine_graphs(void **state) {
+    (void)state;
+    char path[512];
+    synth_path(path, sizeof path, "cuda-inv-llama.gguf");
+    assert_int_equal(synth_write(path, &SYNTH_LLAMA, 43), 0);
+    loom_model *plain = load_on(path, g_gpu_name);
+    setenv("LOOM_CUDA_GRAPHS", "1", 1);
+    loom_model *graphs = load_on(path, g_gpu_name);
+    unsetenv("LOOM_CUDA_GRAPHS");
+    static inv_out a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    inv_run(plain, -1, &a);
+    inv_run(graphs, -1, &b);
+    if (memcmp(&a, &b, sizeof a) != 0)
+        fail_msg("the engine's tokens differ with CUDA graphs and without");
+    loom_model_free(plain);
+    loom_model_free(graphs);
+}
+
 int main(void) {
     /* the CUDA backend's mode, as it reads it when it opens: batch-invariant unless "0" */
     g_invariant = getenv("LOOM_CUDA_BATCH_INVARIANT") == NULL ||
@@ -1691,6 +1714,7 @@ int main(void) {
         cmocka_unit_test(test_logits_summary),
         cmocka_unit_test(test_engine_batch_invariance),
         cmocka_unit_test(test_matmul_multi),
+        cmocka_unit_test(test_engine_graphs),
     };
     /* LOOM_TEST_ONLY=name[,name...] runs those tests alone (check.sh's planted-bug step and its
      * run of the fast mode). */

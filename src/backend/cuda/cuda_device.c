@@ -101,6 +101,11 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
         loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_FP8_GEMM=1 ignored: cuBLASLt's sums depend on "
                                  "the step's shape; it needs LOOM_CUDA_BATCH_INVARIANT=0");
     if (!d->batch_invariant) loom__cuda_fp8_gemm_open(d);
+    const char *graphs = getenv("LOOM_CUDA_GRAPHS");
+    d->graphs = graphs != NULL && strcmp(graphs, "1") == 0;
+    if (d->graphs)
+        loom__log(LOOM_LOG_INFO, "cuda: a step's kernels replayed as CUDA graphs "
+                                 "(LOOM_CUDA_GRAPHS=1)");
     *out = d;
     return LOOM_OK;
 }

@@ -210,6 +210,7 @@ loom_status loom__cuda_fp8_gemm(loom__cuda_stream *c, const loom_tensor *w, cons
         T > FP8_GEMM_MAX_TOKENS || w->row_stride % 16 != 0 || out->row_stride % 16 != 0 ||
         ((uintptr_t)w->data & 15) != 0 || ((uintptr_t)out->data & 15) != 0)
         return LOOM_OK;
+    LOOM_TRY(loom__cuda_flush(c)); /* cuBLASLt's calls run uncaptured */
     size_t xq_stride;
     if (reserve(c, T, w->ne[0], &xq_stride) != LOOM_OK) { /* no room: the GEMV needs none */
         loom__clear_error();

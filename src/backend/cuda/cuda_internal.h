@@ -48,6 +48,8 @@ typedef struct loom__cuda_dev {
      * step's size or its sequence's cut into steps. Off: the GEMV for steps of 1..8 tokens and
      * the tiled kernel for long prefills only (each regime invariant within itself only). */
     bool batch_invariant;
+    /* LOOM_CUDA_GRAPHS=1: a step's kernel launches replayed as CUDA graphs (cuda_graph.c). */
+    bool graphs;
 } loom__cuda_dev;
 
 /* Most descriptors (KV groups) one step hands over. */
@@ -58,6 +60,15 @@ typedef struct loom__cuda_step_kv {
     const loom_kv_desc *host; /* the descriptor libloom handed to step_begin */
     loom__k_kv dev;           /* the kernels' view (device arrays inside meta_dev) */
 } loom__cuda_step_kv;
+
+/* Executable graphs a stream keeps (cuda_graph.c). */
+#define LOOM_CUDA_GRAPH_SLOTS 4
+
+typedef struct loom__cuda_graph_slot {
+    cudaGraphExec_t exec; /* NULL: empty */
+    size_t n_nodes;       /* of the graph it was made from */
+    uint64_t used;        /* the stream's graph_clock when last launched */
+} loom__cuda_graph_slot;
 
 typedef struct loom__cuda_stream {
     loom__cuda_dev *dev;
@@ -91,11 +102,27 @@ typedef struct loom__cuda_stream {
     void *edit_host;
     size_t edit_host_cap;
     int64_t n_grows; /* allocations after stream_create (a stream made without a shape) */
+    /* Graphs (dev->graphs): capturing between loom__cuda_launches and loom__cuda_flush;
+     * graph_off after a failure. */
+    bool capturing, graph_off;
+    loom__cuda_graph_slot graphs[LOOM_CUDA_GRAPH_SLOTS];
+    uint64_t graph_clock;
+    int64_t n_graph_updates, n_graph_instantiations;
 } loom__cuda_stream;
 
 /* Makes the stream's device current on the calling thread (CUDA's current device is per
  * thread; streams of one model may be driven from any thread). */
 loom_status loom__cuda_bind(const loom__cuda_dev *d);
+
+/* ---- graphs (cuda_graph.c) ---- */
+/* Before an op queues kernels: makes the device current and, with graphs on, starts capturing
+ * the stream if it is not already. */
+loom_status loom__cuda_launches(loom__cuda_stream *c);
+/* Before anything that is not a kernel launch on the stream (a copy, a synchronization, an
+ * allocation, the next step): ends a capture and launches it as a graph. A no-op otherwise. */
+loom_status loom__cuda_flush(loom__cuda_stream *c);
+/* The stream's graphs (stream_destroy). */
+void loom__cuda_graphs_free(loom__cuda_stream *c);
 
 /* ---- device (cuda_device.c) ---- */
 loom_status loom__cuda_open(const loom_backend_open_params *p, void **dev);

@@ -47,7 +47,7 @@ loom_status loom__cuda_get_rows_op(void *stream, const loom_tensor *table, const
     LOOM_CHECK_ARG(c != NULL);
     LOOM_TRY(loom__check_get_rows("cuda", table, ids, out));
     LOOM_TRY(check_native_weight("get_rows", table));
-    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_TRY(loom__cuda_launches(c));
     loom__k_weight w = weight_of(table);
     return loom__cuda_get_rows(c->s, &w, ids->data, ids->ne[0], out->data, out->row_stride);
 }
@@ -59,7 +59,7 @@ loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_
     LOOM_TRY(loom__check_matmul("cuda", w, x, out));
     LOOM_TRY(check_native_weight("matmul", w));
     if (x->ne[1] == 0) return LOOM_OK;
-    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_TRY(loom__cuda_launches(c));
     bool done = false;
     LOOM_TRY(loom__cuda_fp8_gemm(c, w, x, out, &done));
     if (done) return LOOM_OK;
@@ -112,7 +112,7 @@ loom_status loom__cuda_matmul_multi_op(void *stream, int n, const loom_tensor *c
         for (int j = 0; j < n; j++) LOOM_TRY(loom__cuda_matmul_op(c, ws[j], x, outs[j]));
         return LOOM_OK;
     }
-    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_TRY(loom__cuda_launches(c));
     bool done[LOOM_MATMUL_MULTI_MAX] = {false};
     for (int j = 0; j < n; j++) {
         if (done[j]) continue;
@@ -150,7 +150,7 @@ loom_status loom__cuda_rms_norm_op(void *stream, const loom_tensor *x, const loo
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
     LOOM_TRY(loom__check_rms_norm(x, w, eps, out));
-    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_TRY(loom__cuda_launches(c));
     loom__k_rows r = rows_of(x, NULL, out);
     return loom__cuda_rms_norm(c->s, &r, x->data, w ? w->data : NULL, eps, out->data);
 }
@@ -160,7 +160,7 @@ loom_status loom__cuda_add_rms_norm_op(void *stream, loom_tensor *x, const loom_
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
     LOOM_TRY(loom__check_add_rms_norm(x, y, w, eps, out));
-    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_TRY(loom__cuda_launches(c));
     loom__k_rows r = rows_of(x, y, out);
     return loom__cuda_add_rms_norm(c->s, &r, x->data, y->data, w ? w->data : NULL, eps, out->data);
 }
@@ -170,7 +170,7 @@ loom_status loom__cuda_add_op(void *stream, const loom_tensor *a, const loom_ten
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
     LOOM_TRY(loom__check_add(a, b, out));
-    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_TRY(loom__cuda_launches(c));
     loom__k_rows r = rows_of(a, b, out);
     return loom__cuda_add(c->s, &r, a->data, b->data, out->data);
 }
@@ -179,7 +179,7 @@ loom_status loom__cuda_scale_op(void *stream, const loom_tensor *x, float s, loo
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
     LOOM_TRY(loom__check_scale(x, out));
-    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_TRY(loom__cuda_launches(c));
     loom__k_rows r = rows_of(x, NULL, out);
     return loom__cuda_scale(c->s, &r, x->data, s, out->data);
 }
@@ -189,7 +189,7 @@ loom_status loom__cuda_glu_op(void *stream, const loom_tensor *gate, const loom_
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
     LOOM_TRY(loom__check_glu(gate, up, kind, out));
-    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_TRY(loom__cuda_launches(c));
     loom__k_rows r = rows_of(gate, up, out);
     return loom__cuda_glu(c->s, &r, gate->data, up->data, kind == LOOM_GLU_SWIGLU ? 0 : 1,
                           out->data);
@@ -203,7 +203,7 @@ loom_status loom__cuda_rope_op(void *stream, loom_tensor *x, const loom_tensor *
     if (x->ne[1] == 0) return LOOM_OK;
     /* The frequency factors are a prepared weight in device memory: validated where the model
      * reads them from its file, not here. */
-    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_TRY(loom__cuda_launches(c));
     loom__k_rope kp = {.n_rows = x->ne[1],
                        .x_stride = x->row_stride,
                        .n_head = p->n_head,
@@ -271,7 +271,7 @@ loom_status loom__cuda_kv_store_op(void *stream, const loom_tensor *k, const loo
     if (n_rows == 0) return LOOM_OK;
     const loom__k_kv *dk;
     LOOM_TRY(loom__cuda_find_step_kv(c, "kv_store", kv, &dk));
-    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_TRY(loom__cuda_launches(c));
     const loom__k_merge m = merge_of(kv, layer);
     if (m.base != NULL)
         return loom__cuda_kv_store_merged(c->s, dk, k->data, k->row_stride, v->data, v->row_stride,
@@ -298,7 +298,7 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
     if (n_rows == 0) return LOOM_OK;
     const loom__k_kv *dk;
     LOOM_TRY(loom__cuda_find_step_kv(c, "attention", kv, &dk));
-    LOOM_TRY(loom__cuda_bind(c->dev));
+    LOOM_TRY(loom__cuda_launches(c));
     const size_t need = loom__cuda_attention_work_bytes(p->n_head, kv->head_dim);
     if (need > c->attn_work_cap) c->n_grows++;
     LOOM_TRY(loom__cuda_reserve_attn(c, need));
@@ -412,6 +412,7 @@ loom_status loom__cuda_logits_summary_op(void *stream, const loom_tensor *logits
                        LOOM_ERR_INVALID_ARG,
                        "logits_summary: edited rows need raw_sum, raw_top and edit_raw");
     }
+    LOOM_TRY(loom__cuda_flush(c)); /* its kernels and copies run uncaptured */
     LOOM_TRY(loom__cuda_bind(c->dev));
     /* the device area: the summaries, then (with edits) the raw rows' summaries, the raw values
      * of the edited logits, and the packed edits */

@@ -92,6 +92,7 @@ static loom_status reserve_meta(loom__cuda_stream *c, size_t ints) {
 
 loom_status loom__cuda_regrow(loom__cuda_stream *c, void **area, size_t *cap, size_t bytes) {
     if (bytes <= *cap) return LOOM_OK;
+    LOOM_TRY(loom__cuda_flush(c)); /* an allocation and a wait: not in a capture */
     void *w = NULL;
     LOOM_CU_TRY(cudaMalloc(&w, bytes));
     if (*area != NULL) { /* queued kernels may still read the old area: free it after them */
@@ -159,7 +160,10 @@ void loom__cuda_stream_destroy(void *stream) {
     loom__cuda_stream *c = stream;
     if (c == NULL) return;
     (void)cudaSetDevice(c->dev->device);
-    if (c->s != NULL) (void)cudaStreamSynchronize(c->s);
+    if (c->s != NULL) {
+        loom__cuda_graphs_free(c);
+        (void)cudaStreamSynchronize(c->s);
+    }
     (void)cudaFree(c->gemm_work);
     (void)cudaFree(c->tiled_work);
     (void)cudaFree(c->fp8_work);
@@ -181,6 +185,7 @@ loom_status loom__cuda_tensor_set(void *stream, void *dst, const void *src, size
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL && (bytes == 0 || (dst != NULL && src != NULL)));
     if (bytes == 0) return LOOM_OK;
+    LOOM_TRY(loom__cuda_flush(c));
     LOOM_TRY(loom__cuda_bind(c->dev));
     LOOM_CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->s));
     return LOOM_OK;
@@ -189,6 +194,7 @@ loom_status loom__cuda_tensor_set(void *stream, void *dst, const void *src, size
 loom_status loom__cuda_tensor_get(void *stream, void *dst, const void *src, size_t bytes) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL && (bytes == 0 || (dst != NULL && src != NULL)));
+    LOOM_TRY(loom__cuda_flush(c));
     LOOM_TRY(loom__cuda_bind(c->dev));
     if (bytes > 0) LOOM_CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->s));
     /* Also where a kernel queued before failed: its error surfaces here, with its text. */
@@ -217,6 +223,7 @@ loom_status loom__cuda_copy_batch(void *stream, loom_copy_kind kind, const loom_
     for (size_t i = 0; i < n; i++)
         LOOM_RETURN_IF(ranges[i].bytes > 0 && (ranges[i].src == NULL || ranges[i].dst == NULL),
                        LOOM_ERR_INVALID_ARG, "copy_batch: range %zu has a NULL side", i);
+    LOOM_TRY(loom__cuda_flush(c));
     LOOM_TRY(loom__cuda_bind(c->dev));
     /* Queued in order on the stream: a block copied to host memory is there once the stream is
      * synchronized (the engine does before it reuses the block). */
@@ -229,6 +236,7 @@ loom_status loom__cuda_copy_batch(void *stream, loom_copy_kind kind, const loom_
 loom_status loom__cuda_synchronize(void *stream) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
+    LOOM_TRY(loom__cuda_flush(c));
     LOOM_TRY(loom__cuda_bind(c->dev));
     LOOM_CU_TRY(cudaStreamSynchronize(c->s));
     return LOOM_OK;
@@ -253,6 +261,7 @@ loom_status loom__cuda_step_begin(void *stream, const loom_step_desc *step) {
     LOOM_RETURN_IF(step->n_kv > LOOM_CUDA_MAX_KV, LOOM_ERR_UNSUPPORTED,
                    "step_begin: %d kv groups (the cuda backend takes %d)", step->n_kv,
                    LOOM_CUDA_MAX_KV);
+    LOOM_TRY(loom__cuda_flush(c));
     LOOM_TRY(loom__cuda_bind(c->dev));
     /* Until this step's descriptors are in place, no op may find the last step's. */
     c->n_kv = 0;

@@ -116,36 +116,34 @@ export LOOM_BACKEND_PATH="$PWD/build-gpu"
 table
 
 step "tests"
-if [ -x build-gpu/tests/test_cuda_ops ]; then
-    t=$(budget 150)
-    (cd build-gpu/tests && LOOM_TEST_TMP="$PWD" timeout "$t" ./test_cuda_ops) >"$out/test_cuda_ops.log" 2>&1
+# run_tests LABEL LOG SECONDS [VAR=VALUE ...]: test_cuda_ops under env, its row in the table;
+# sets rc
+run_tests() {
+    local label=$1 name=$2 t=$3
+    shift 3
+    (cd build-gpu/tests && env LOOM_TEST_TMP="$PWD" "$@" timeout "$t" ./test_cuda_ops) \
+        >"$out/$name" 2>&1
     rc=$?
-    cat "$out/test_cuda_ops.log" >>"$log"
-    passed=$(grep -c '^\[       OK \]' "$out/test_cuda_ops.log")
-    failed=$(grep '^\[  FAILED  \] test_' "$out/test_cuda_ops.log" | sed 's/.*\] //' | tr '\n' ' ')
+    cat "$out/$name" >>"$log"
+    local passed failed
+    passed=$(grep -c '^\[       OK \]' "$out/$name")
+    failed=$(grep '^\[  FAILED  \] test_' "$out/$name" | sed 's/.*\] //' | tr '\n' ' ')
     case $rc in
-    0) status+=("| test_cuda_ops | ok: $passed tests passed |") ;;
-    77) status+=("| test_cuda_ops | SKIPPED: $(head -1 "$out/test_cuda_ops.log") |") ;;
-    124) status+=("| test_cuda_ops | TIMED OUT after $t s ($passed passed) |") ;;
-    *) status+=("| test_cuda_ops | FAILED rc=$rc: $failed($passed passed; test_cuda_ops.log) |") ;;
+    0) status+=("| $label | ok: $passed tests passed |") ;;
+    77) status+=("| $label | SKIPPED: $(head -1 "$out/$name") |") ;;
+    124) status+=("| $label | TIMED OUT after $t s ($passed passed) |") ;;
+    *) status+=("| $label | FAILED rc=$rc: $failed($passed passed; $name) |") ;;
     esac
-    grep -E "error|FAIL" "$out/test_cuda_ops.log" | head -20
+    grep -E "error|FAIL" "$out/$name" | head -20
+}
+if [ -x build-gpu/tests/test_cuda_ops ]; then
+    run_tests test_cuda_ops test_cuda_ops.log "$(budget 150)"
     # the fast mode (LOOM_CUDA_BATCH_INVARIANT=0): the kernels only it runs (the GEMV for
-    # decode steps, the tiled prefill attention, cuBLASLt's FP8 GEMM) and its engine
+    # decode steps, split-KV decode attention, cuBLASLt's FP8 GEMM) and its engine
     if [ $rc != 77 ]; then
-        t=$(budget 90)
-        (cd build-gpu/tests && LOOM_TEST_TMP="$PWD" LOOM_CUDA_BATCH_INVARIANT=0 \
-            LOOM_TEST_ONLY=test_matmul,test_attention_batches,test_attention,test_models_logits,test_models_engine,test_fp8_gemm \
-            timeout "$t" ./test_cuda_ops) >"$out/test_cuda_ops_fast.log" 2>&1
-        rc=$?
-        cat "$out/test_cuda_ops_fast.log" >>"$log"
-        passed=$(grep -c '^\[       OK \]' "$out/test_cuda_ops_fast.log")
-        failed=$(grep '^\[  FAILED  \] test_' "$out/test_cuda_ops_fast.log" | sed 's/.*\] //' | tr '\n' ' ')
-        case $rc in
-        0) status+=("| test_cuda_ops, fast mode (LOOM_CUDA_BATCH_INVARIANT=0) | ok: $passed tests passed |") ;;
-        124) status+=("| test_cuda_ops, fast mode | TIMED OUT after $t s ($passed passed) |") ;;
-        *) status+=("| test_cuda_ops, fast mode | FAILED rc=$rc: $failed($passed passed; test_cuda_ops_fast.log) |") ;;
-        esac
+        run_tests "test_cuda_ops, fast mode (LOOM_CUDA_BATCH_INVARIANT=0)" test_cuda_ops_fast.log \
+            "$(budget 90)" LOOM_CUDA_BATCH_INVARIANT=0 \
+            LOOM_TEST_ONLY=test_matmul,test_attention_batches,test_attention,test_models_logits,test_models_engine,test_fp8_gemm,test_engine_batch_invariance
     fi
 else
     status+=("| test_cuda_ops | not built (no cmocka: carry .gpu-deps) |")

@@ -45,8 +45,7 @@ static int run_decode(loom_model *m, int32_t V) {
     loom_engine *e = NULL;
     if (loom_engine_create(m, &ep, &e) != LOOM_OK) return fail("engine");
     for (int r = 0; r < B; r++) {
-        for (int i = 0; i < PROMPT; i++)
-            prompt[i] = (loom_token)(3 + (r * 131 + i * 17) % (V - 3));
+        for (int i = 0; i < PROMPT; i++) prompt[i] = (loom_token)(3 + (r * 131 + i * 17) % (V - 3));
         loom_request_params rq = loom_request_default_params();
         rq.prompt_tokens = prompt;
         rq.n_prompt_tokens = PROMPT;
@@ -88,8 +87,8 @@ int main(int argc, char **argv) {
     if (loom_model_load_synthetic(&sp, &mp, &m) != LOOM_OK) return fail("load");
     loom_model_info info = {.size = sizeof info};
     loom_model_get_info(m, &info);
-    const int rc = strcmp(argv[1], "decode") == 0 ? run_decode(m, info.n_vocab)
-                                                   : run_prefill(m, info.n_vocab);
+    const int rc =
+        strcmp(argv[1], "decode") == 0 ? run_decode(m, info.n_vocab) : run_prefill(m, info.n_vocab);
     loom_model_free(m);
     return rc;
 }

@@ -46,6 +46,26 @@ loom_status loom__check_matmul(const char *backend, const loom_tensor *w, const 
     return LOOM_OK;
 }
 
+loom_status loom__check_matmul_multi(const char *backend, int n, const loom_tensor *const *ws,
+                                     const loom_tensor *x, loom_tensor *const *outs) {
+    LOOM_RETURN_IF(n < 1 || n > LOOM_MATMUL_MULTI_MAX, LOOM_ERR_INVALID_ARG,
+                   "matmul_multi: %d matmuls (1 .. %d)", n, LOOM_MATMUL_MULTI_MAX);
+    LOOM_RETURN_IF(ws == NULL || outs == NULL, LOOM_ERR_INVALID_ARG,
+                   "matmul_multi: weights or outputs are NULL");
+    for (int j = 0; j < n; j++) {
+        LOOM_RETURN_IF(ws[j] == NULL || outs[j] == NULL, LOOM_ERR_INVALID_ARG,
+                       "matmul_multi: weight or output %d is NULL", j);
+        LOOM_TRY(loom__check_matmul(backend, ws[j], x, outs[j]));
+        for (int i = 0; i < n; i++)
+            LOOM_RETURN_IF(i != j && loom__tensors_overlap(outs[j], ws[i]), LOOM_ERR_INVALID_ARG,
+                           "matmul_multi: out %d overlaps weight %d", j, i);
+        for (int i = 0; i < j; i++)
+            LOOM_RETURN_IF(loom__tensors_overlap(outs[j], outs[i]), LOOM_ERR_INVALID_ARG,
+                           "matmul_multi: outs %d and %d overlap", i, j);
+    }
+    return LOOM_OK;
+}
+
 loom_status loom__check_rms_norm(const loom_tensor *x, const loom_tensor *w, float eps,
                                  const loom_tensor *out) {
     LOOM_TRY(loom__check_f32("rms_norm", "x", x));

@@ -14,6 +14,10 @@ loom_status loom__check_get_rows(const char *backend, const loom_tensor *table,
                                  const loom_tensor *ids, const loom_tensor *out);
 loom_status loom__check_matmul(const char *backend, const loom_tensor *w, const loom_tensor *x,
                                const loom_tensor *out);
+/* matmul_multi: 1 .. LOOM_MATMUL_MULTI_MAX matmuls of one x, each with matmul's checks, no out
+ * overlapping another's w or another out. */
+loom_status loom__check_matmul_multi(const char *backend, int n, const loom_tensor *const *ws,
+                                     const loom_tensor *x, loom_tensor *const *outs);
 loom_status loom__check_rms_norm(const loom_tensor *x, const loom_tensor *w, float eps,
                                  const loom_tensor *out);
 loom_status loom__check_add(const loom_tensor *a, const loom_tensor *b, const loom_tensor *out);

@@ -1619,12 +1619,19 @@ static void inv_run(loom_model *m, int only, inv_out *o) {
     loom_engine_destroy(e);
 }
 
+/* The synthetic llama both tests below run, written once per run of the test. */
+static const char *inv_model_path(void) {
+    static char path[512];
+    if (path[0] == '\0') {
+        synth_path(path, sizeof path, "cuda-inv-llama.gguf");
+        assert_int_equal(synth_write(path, &SYNTH_LLAMA, 43), 0);
+    }
+    return path;
+}
+
 static void test_engine_batch_invariance(void **state) {
     (void)state;
-    char path[512];
-    synth_path(path, sizeof path, "cuda-inv-llama.gguf");
-    assert_int_equal(synth_write(path, &SYNTH_LLAMA, 43), 0);
-    loom_model *m = load_on(path, g_gpu_name);
+    loom_model *m = load_on(inv_model_path(), g_gpu_name);
     static inv_out together, alone;
     memset(&together, 0, sizeof together);
     memset(&alone, 0, sizeof alone);
@@ -1657,12 +1664,9 @@ static void test_engine_batch_invariance(void **state) {
  * launched one by one. (The CPU stand-in has no graphs: there it compares two plain runs.) */
 static void test_engine_graphs(void **state) {
     (void)state;
-    char path[512];
-    synth_path(path, sizeof path, "cuda-inv-llama.gguf");
-    assert_int_equal(synth_write(path, &SYNTH_LLAMA, 43), 0);
-    loom_model *plain = load_on(path, g_gpu_name);
+    loom_model *plain = load_on(inv_model_path(), g_gpu_name);
     setenv("LOOM_CUDA_GRAPHS", "1", 1);
-    loom_model *graphs = load_on(path, g_gpu_name);
+    loom_model *graphs = load_on(inv_model_path(), g_gpu_name);
     unsetenv("LOOM_CUDA_GRAPHS");
     static inv_out a, b;
     memset(&a, 0, sizeof a);

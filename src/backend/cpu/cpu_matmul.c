@@ -626,23 +626,9 @@ loom_status loom__cpu_matmul(void *ctx, const loom_tensor *w, const loom_tensor 
 loom_status loom__cpu_matmul_multi(void *ctx, int n, const loom_tensor *const *ws,
                                    const loom_tensor *x, loom_tensor *const *outs) {
     loom__cpu_ctx *c = ctx;
-    LOOM_RETURN_IF(n < 1 || n > LOOM_MATMUL_MULTI_MAX, LOOM_ERR_INVALID_ARG,
-                   "matmul_multi: %d matmuls (1 .. %d)", n, LOOM_MATMUL_MULTI_MAX);
-    LOOM_RETURN_IF(ws == NULL || outs == NULL, LOOM_ERR_INVALID_ARG,
-                   "matmul_multi: weights or outputs are NULL");
+    LOOM_TRY(loom__check_matmul_multi("cpu", n, ws, x, outs));
     bool same_type = true;
-    for (int j = 0; j < n; j++) {
-        LOOM_RETURN_IF(ws[j] == NULL || outs[j] == NULL, LOOM_ERR_INVALID_ARG,
-                       "matmul_multi: weight or output %d is NULL", j);
-        LOOM_TRY(mm_check(ws[j], x, outs[j]));
-        for (int i = 0; i < n; i++)
-            LOOM_RETURN_IF(i != j && loom__tensors_overlap(outs[j], ws[i]), LOOM_ERR_INVALID_ARG,
-                           "matmul_multi: out %d overlaps weight %d", j, i);
-        for (int i = 0; i < j; i++)
-            LOOM_RETURN_IF(loom__tensors_overlap(outs[j], outs[i]), LOOM_ERR_INVALID_ARG,
-                           "matmul_multi: outs %d and %d overlap", i, j);
-        same_type = same_type && ws[j]->type == ws[0]->type;
-    }
+    for (int j = 0; j < n; j++) same_type = same_type && ws[j]->type == ws[0]->type;
     if (x->ne[1] == 0) return LOOM_OK;
 
     const bool fp8 = same_type && ws[0]->type == LOOM_TYPE_FP8_E4M3_ROWS;

@@ -7,7 +7,6 @@
 #include <stdlib.h>
 
 #include "tensor/op_check.h"
-#include "tensor/tensor_check.h"
 #include "tensor/types.h"
 
 /* The element-wise kernels' shape: out's rows and columns, the operands' strides (a y of one
@@ -89,22 +88,8 @@ loom_status loom__cuda_matmul_multi_op(void *stream, int n, const loom_tensor *c
                                        const loom_tensor *x, loom_tensor *const *outs) {
     loom__cuda_stream *c = stream;
     LOOM_CHECK_ARG(c != NULL);
-    LOOM_RETURN_IF(n < 1 || n > LOOM_MATMUL_MULTI_MAX, LOOM_ERR_INVALID_ARG,
-                   "matmul_multi: %d matmuls (1 .. %d)", n, LOOM_MATMUL_MULTI_MAX);
-    LOOM_RETURN_IF(ws == NULL || outs == NULL, LOOM_ERR_INVALID_ARG,
-                   "matmul_multi: weights or outputs are NULL");
-    for (int j = 0; j < n; j++) {
-        LOOM_RETURN_IF(ws[j] == NULL || outs[j] == NULL, LOOM_ERR_INVALID_ARG,
-                       "matmul_multi: weight or output %d is NULL", j);
-        LOOM_TRY(loom__check_matmul("cuda", ws[j], x, outs[j]));
-        LOOM_TRY(check_native_weight("matmul_multi", ws[j]));
-        for (int i = 0; i < n; i++)
-            LOOM_RETURN_IF(i != j && loom__tensors_overlap(outs[j], ws[i]), LOOM_ERR_INVALID_ARG,
-                           "matmul_multi: out %d overlaps weight %d", j, i);
-        for (int i = 0; i < j; i++)
-            LOOM_RETURN_IF(loom__tensors_overlap(outs[j], outs[i]), LOOM_ERR_INVALID_ARG,
-                           "matmul_multi: outs %d and %d overlap", i, j);
-    }
+    LOOM_TRY(loom__check_matmul_multi("cuda", n, ws, x, outs));
+    for (int j = 0; j < n; j++) LOOM_TRY(check_native_weight("matmul_multi", ws[j]));
     const int64_t n_tokens = x->ne[1];
     if (n_tokens == 0) return LOOM_OK;
     if (!c->dev->batch_invariant &&

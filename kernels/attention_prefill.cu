@@ -32,8 +32,10 @@
  *
  * Bits. The output of a vector depends only on its own row's positions and the tile grid of
  * positions (absolute multiples of PF_N): an mma output element reads one row of A and one
- * column of B; a tile none of whose positions a warp's vectors attend is skipped, and would
- * have changed nothing (every weight +0, the correction exp(0) = 1). So within this kernel a
+ * column of B; a tile none of whose positions a warp's vectors attend is skipped, and a vector
+ * that attends none of a tile its warp runs adds nothing to its state (its correction is
+ * exp(0) = 1 and its P V sum is not added), so the tiles a warp runs never change a vector's
+ * bits. So within this kernel a
  * sequence's result does not depend on the batch, nor on which rows share its tile, nor on
  * the split: a row's bits are the same in a whole prompt, in any chunk of it, and decoded alone.
  * Its rows and split-KV's give different last bits; in the fast mode which kernel a row takes
@@ -82,13 +84,15 @@ typedef struct pf_args {
  * looked up while this one loads), Q [PF_M][ld], K and V [PF_N][ld] as float32, where
  * ld = head_dim + 4 makes every fragment load below free of bank conflicts (a row of the
  * fragment's eight falls 4 or 12 banks past the one before, its four columns in between);
- * then the folded accumulators [PF_M][head_dim + 8] (each lane its own elements, two at a
- * time: rows 8 banks apart). */
-#define PF_HEAD_BYTES (2 * PF_N * (sizeof(long long) + 2 * sizeof(float)))
+ * then, for head sizes over PF_FOLD_REGS_HD, the folded accumulators [PF_M][head_dim + 8]
+ * (each lane its own elements, two at a time: rows 8 banks apart) — smaller heads keep them in
+ * registers, which keeps head size 128 within the 99 KB of sm_86/89. */
+#define PF_HEAD_BYTES   (2 * PF_N * (sizeof(long long) + 2 * sizeof(float)))
+#define PF_FOLD_REGS_HD 128
 
 static __host__ __device__ size_t pf_smem_bytes(int32_t head_dim) {
     return PF_HEAD_BYTES + (size_t)(PF_M + 2 * PF_N) * (size_t)(head_dim + 4) * sizeof(float) +
-           (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float);
+           (head_dim > PF_FOLD_REGS_HD ? (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float) : 0);
 }
 
 /* The left fold of a vector's segment states, the same arithmetic in the kernel (registers and
@@ -229,13 +233,15 @@ static __device__ __forceinline__ void pf_load_tile(const pf_args &a, const long
 }
 
 /* The end of a segment for this lane's two vectors: their states (the sums of the four lanes
- * of each row) are folded into the running fold (M, L in registers, O in shared memory ot),
- * or, splitting, left in a.part; then the segment's state restarts. Warp-uniform. */
+ * of each row) are folded into the running fold (M, L and, for HDMAX <= PF_FOLD_REGS_HD, the
+ * accumulator Of in registers; else in shared memory ot), or, splitting, left in a.part; then
+ * the segment's state restarts. Warp-uniform. */
 template <int HDMAX>
 static __device__ __forceinline__ void
 pf_segment_end(const pf_args &a, int seg, int warp, int lane, int row0, int kvh, const bool vin[2],
                float m_run[2], float l_run[2], float o[HDMAX / 8][4], float M[2], float L[2],
-               float *ot) {
+               float (*Of)[4], float *ot) {
+    constexpr bool FOLD_REGS = HDMAX <= PF_FOLD_REGS_HD;
     const int hd = a.kv.head_dim, G = a.group;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -263,14 +269,20 @@ pf_segment_end(const pf_args &a, int seg, int warp, int lane, int row0, int kvh,
         } else {
             float ca = 0.0f, cb = 0.0f;
             const int how = pf_fold(&M[h], &L[h], m_run[h], l, &ca, &cb);
-            float *orow = ot + m * (hd + 8);
 #pragma unroll
             for (int dn = 0; dn < HDMAX / 8; dn++) {
                 if (dn * 8 >= hd) break;
-                float2 *at = (float2 *)(orow + dn * 8 + loom_mma_c_col(lane, 2 * h));
-                const float2 O = *at;
-                *at = make_float2(pf_fold_value(how, O.x, o[dn][2 * h], ca, cb),
-                                  pf_fold_value(how, O.y, o[dn][2 * h + 1], ca, cb));
+                if constexpr (FOLD_REGS) {
+                    Of[dn][2 * h] = pf_fold_value(how, Of[dn][2 * h], o[dn][2 * h], ca, cb);
+                    Of[dn][2 * h + 1] =
+                        pf_fold_value(how, Of[dn][2 * h + 1], o[dn][2 * h + 1], ca, cb);
+                } else {
+                    float2 *at =
+                        (float2 *)(ot + m * (hd + 8) + dn * 8 + loom_mma_c_col(lane, 2 * h));
+                    const float2 O = *at;
+                    *at = make_float2(pf_fold_value(how, O.x, o[dn][2 * h], ca, cb),
+                                      pf_fold_value(how, O.y, o[dn][2 * h + 1], ca, cb));
+                }
             }
         }
         m_run[h] = -INFINITY;
@@ -321,7 +333,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     float *qs = (float *)(pf_sm + PF_HEAD_BYTES);                 /* [PF_M][ld] */
     float *ks = qs + PF_M * ld;                                   /* [PF_N][ld] */
     float *vs = ks + PF_N * ld;                                   /* [PF_N][ld] */
-    float *ot = vs + PF_N * ld;                                   /* [PF_M][hd + 8] */
+    float *ot = vs + PF_N * ld; /* [PF_M][hd + 8]: the fold (HDMAX > PF_FOLD_REGS_HD) */
 
     /* Q: vector m = row m / G, head kvh * G + m % G; vectors past the tile's rows are zeros. */
     for (int e = threadIdx.x; e < PF_M * hd; e += PF_THREADS) {
@@ -333,7 +345,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
             x = qrow[(size_t)(kvh * G + m - rl * G) * hd + d];
         }
         qs[m * ld + d] = x;
-        ot[m * (hd + 8) + d] = 0.0f;
+        if (HDMAX > PF_FOLD_REGS_HD) ot[m * (hd + 8) + d] = 0.0f;
     }
 
     /* This lane's two vectors (rows g and g+8 of its warp's C fragments): in the tile, their
@@ -356,11 +368,16 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     /* The segment's state (l: this lane's part) and the fold of the segments before */
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
-    float o[HDMAX / 8][4];
+    constexpr int OF = HDMAX <= PF_FOLD_REGS_HD ? HDMAX / 8 : 1; /* the fold in registers */
+    float o[HDMAX / 8][4], Of[OF][4];
 #pragma unroll
     for (int dn = 0; dn < HDMAX / 8; dn++)
 #pragma unroll
         for (int r = 0; r < 4; r++) o[dn][r] = 0.0f;
+#pragma unroll
+    for (int dn = 0; dn < OF; dn++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) Of[dn][r] = 0.0f;
 
     const int32_t *table = kv.block_ids + kv.indptr[s];
     pf_lookup(a, table, kvh, j_begin, lo_first, pos_last, row_at, ksc, vsc);
@@ -450,35 +467,47 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
             for (int dn = 0; dn < HDMAX / 8; dn++)
 #pragma unroll
                 for (int r = 0; r < 4; r++) o[dn][r] *= corr[r >> 1];
-                    /* O += P V, k over the tile's positions in pf_pv_pos order (above). */
+            /* O += P V, k over the tile's positions in pf_pv_pos order (above): each head
+             * element's sum over the tile from zero (t), then added to O — by a vector that
+             * attends any position of the tile only. A vector that attends none keeps O as it
+             * was, bit for bit, whatever its warp's other vectors attend (whether the warp runs
+             * this tile depends on them, that is on how the step cut the rows), rather than
+             * trusting the tensor core to leave O unchanged when adding products of 0. */
+            uint32_t ph[PF_NT][4], pl[PF_NT][4];
 #pragma unroll
-            for (int nt = 0; nt < PF_NT; nt++) {
-                uint32_t ph[4], pl[4];
+            for (int nt = 0; nt < PF_NT; nt++)
 #pragma unroll
-                for (int r = 0; r < 4; r++) loom_tf32_split(sc[nt][pf_a_from_c(r)], &ph[r], &pl[r]);
-                const float *vt = vs + nt * 8 * ld + loom_mma_b_col(lane);
-                const int v0 = pf_pv_pos(loom_mma_b_row(lane, 0)) * ld;
-                const int v1 = pf_pv_pos(loom_mma_b_row(lane, 1)) * ld;
+                for (int r = 0; r < 4; r++)
+                    loom_tf32_split(sc[nt][pf_a_from_c(r)], &ph[nt][r], &pl[nt][r]);
+            const bool any[2] = {mx[0] != -INFINITY, mx[1] != -INFINITY};
+            const int v0 = pf_pv_pos(loom_mma_b_row(lane, 0)) * ld;
+            const int v1 = pf_pv_pos(loom_mma_b_row(lane, 1)) * ld;
 #pragma unroll
-                for (int dn = 0; dn < HDMAX / 8; dn++) {
-                    if (dn * 8 >= hd) break;
+            for (int dn = 0; dn < HDMAX / 8; dn++) {
+                if (dn * 8 >= hd) break;
+                float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int nt = 0; nt < PF_NT; nt++) {
+                    const float *vt = vs + nt * 8 * ld + loom_mma_b_col(lane) + dn * 8;
                     if (F32KV) {
                         uint32_t vh[2], vl[2];
-                        loom_tf32_split(vt[v0 + dn * 8], &vh[0], &vl[0]);
-                        loom_tf32_split(vt[v1 + dn * 8], &vh[1], &vl[1]);
-                        loom_mma_3xtf32(o[dn], ph, pl, vh, vl);
+                        loom_tf32_split(vt[v0], &vh[0], &vl[0]);
+                        loom_tf32_split(vt[v1], &vh[1], &vl[1]);
+                        loom_mma_3xtf32(t, ph[nt], pl[nt], vh, vl);
                     } else {
-                        const uint32_t vb[2] = {__float_as_uint(vt[v0 + dn * 8]),
-                                                __float_as_uint(vt[v1 + dn * 8])};
-                        loom_mma_2xtf32_a(o[dn], ph, pl, vb);
+                        const uint32_t vb[2] = {__float_as_uint(vt[v0]), __float_as_uint(vt[v1])};
+                        loom_mma_2xtf32_a(t, ph[nt], pl[nt], vb);
                     }
                 }
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    if (any[r >> 1]) o[dn][r] += t[r];
             }
         }
         /* the segment ends at a multiple of PF_SEG or at the end of the walk */
         if ((j0 + PF_N) % PF_SEG == 0 || j0 + PF_N > j_end)
             pf_segment_end<HDMAX>(a, j0 / PF_SEG, warp, lane, row0, kvh, vin, m_run, l_run, o, M, L,
-                                  ot);
+                                  Of, ot);
         __syncthreads();
     }
     if (a.part != NULL) return; /* pf_fold_kernel writes out */
@@ -496,8 +525,13 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
         for (int dn = 0; dn < HDMAX / 8; dn++) {
             if (dn * 8 >= hd) break;
             const int c0 = dn * 8 + loom_mma_c_col(lane, 2 * h);
-            orow[c0] = frow[c0] * inv;
-            orow[c0 + 1] = frow[c0 + 1] * inv;
+            if constexpr (HDMAX <= PF_FOLD_REGS_HD) {
+                orow[c0] = Of[dn][2 * h] * inv;
+                orow[c0 + 1] = Of[dn][2 * h + 1] * inv;
+            } else {
+                orow[c0] = frow[c0] * inv;
+                orow[c0 + 1] = frow[c0 + 1] * inv;
+            }
         }
     }
 }
@@ -650,7 +684,14 @@ extern "C" loom_status loom__cuda_attention_prefill(cudaStream_t stream, const l
     a.rows_per_tile = PF_M / a.group;
     const int64_t blocks = (int64_t)(all ? kv->n_seqs : kv->n_prefill_seqs) *
                            loom_cdiv(all ? kv->max_rows : kv->prefill_max_rows, a.rows_per_tile);
-    if (blocks > 0x7fffffff || pl.groups > 65535) return LOOM_OK;
+    if (blocks > 0x7fffffff || pl.groups > 65535) {
+        /* the fast mode may send the rows to split-KV; the invariant mode may not (the
+         * layer's rows would change kernels with the step) */
+        if (all)
+            LOOM_K_UNSUPPORTED("cuda: tiled attention of %lld blocks in %d groups",
+                               (long long)blocks, (int)pl.groups);
+        return LOOM_OK;
+    }
     const bool f32 = kv->kv_type == LOOM_K_F32;
     const unsigned g = (unsigned)pl.groups;
     loom_status st = LOOM_OK;

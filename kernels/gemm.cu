@@ -524,6 +524,24 @@ extern "C" size_t loom__cuda_gemm_multi_work_bytes(int n, const loom__k_weight *
     return gemm_plan_of(ws, n, n_tokens, n_sms).partial_bytes;
 }
 
+extern "C" size_t loom__cuda_gemm_work_bound_cap(void) {
+    return GEMM_WORK_MAX;
+}
+
+extern "C" size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t max_tokens,
+                                             int n_sms) {
+    if (w->n <= 0 || w->k <= 0 || n_sms <= 0) return 0;
+    size_t most = 0;
+    /* only steps whose tiles number fewer than two per SM split: a short loop */
+    const int64_t row_tiles = loom_cdiv(w->n, GEMM_ROWS);
+    for (int64_t t = 1;
+         t <= max_tokens && loom_cdiv(t, GEMM_TOKENS) * row_tiles < 2 * (int64_t)n_sms; t++) {
+        const size_t b = gemm_plan_of(&w, 1, t, n_sms).partial_bytes;
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
 extern "C" size_t loom__cuda_gemm_work_bytes(const loom__k_weight *w, int64_t n_tokens, int n_sms) {
     return loom__cuda_gemm_multi_work_bytes(1, &w, n_tokens, n_sms);
 }

@@ -80,6 +80,7 @@ static cudaError_t instantiate(cudaGraphExec_t *exec, cudaGraph_t g) {
 loom_status loom__cuda_flush(loom__cuda_stream *c) {
     if (!c->capturing) return LOOM_OK;
     c->capturing = false;
+    LOOM_TRY(loom__cuda_bind(c->dev)); /* instantiation and launch on the stream's device */
     cudaGraph_t g = NULL;
     cudaError_t e = cudaStreamEndCapture(c->s, &g);
     if (e != cudaSuccess || g == NULL) {
@@ -105,6 +106,11 @@ loom_status loom__cuda_flush(loom__cuda_stream *c) {
             (void)cudaGraphExecDestroy(s->exec);
             s->exec = NULL;
         }
+    }
+    if (e == cudaSuccess && s->exec != NULL && s->n_nodes != n_nodes) {
+        /* the least recently used slot, holding another shape: its graph goes */
+        (void)cudaGraphExecDestroy(s->exec);
+        s->exec = NULL;
     }
     if (e == cudaSuccess && s->exec == NULL) {
         e = instantiate(&s->exec, g);

@@ -301,8 +301,8 @@ loom_status loom__cuda_step_begin(void *stream, const loom_step_desc *step) {
             const int32_t n = kv->q_start[s + 1] - kv->q_start[s];
             most_any = n > most_any ? n : most_any;
             /* the positions the rows attend: through pos_start + n - 1 (kv_len should agree) */
-            const int32_t held = kv->pos_start[s] + n;
-            longest = held > longest ? held : longest;
+            const int64_t held = (int64_t)kv->pos_start[s] + n;
+            if (held > longest) longest = held > INT32_MAX ? INT32_MAX : (int32_t)held;
             if (n >= LOOM_K_ATTN_PREFILL_ROWS) {
                 ps[n_ps++] = s;
                 most = n > most ? n : most;

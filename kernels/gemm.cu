@@ -1,5 +1,5 @@
-/* gemm.cu — matmul out = x·wᵀ for steps of more than 8 tokens (loom__cuda_matmul sends them
- * here; steps of 1..8 stay on gemv.cu), on tensor cores at float32 accuracy (mma.cuh).
+/* gemm.cu — matmul out = x·wᵀ on tensor cores at float32 accuracy (mma.cuh): every step by
+ * default; in the fast mode steps of more than 8 tokens (1..8 go to gemv.cu).
  *
  * A block of 4 warps computes a tile of 64 weight rows by 64 tokens; each warp owns 32 rows by
  * 32 tokens (2 x 4 m16n8k8 tiles, 32 accumulators per lane). K runs in 32-value chunks, one
@@ -542,10 +542,6 @@ extern "C" size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t ma
     return most;
 }
 
-extern "C" size_t loom__cuda_gemm_work_bytes(const loom__k_weight *w, int64_t n_tokens, int n_sms) {
-    return loom__cuda_gemm_multi_work_bytes(1, &w, n_tokens, n_sms);
-}
-
 extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
                                              const loom__k_weight *const *ws, const float *x,
                                              size_t x_stride, int64_t n_tokens, float *const *outs,
@@ -593,9 +589,4 @@ extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
     }
 }
 
-extern "C" loom_status loom__cuda_gemm(cudaStream_t stream, const loom__k_weight *w, const float *x,
-                                       size_t x_stride, int64_t n_tokens, float *out,
-                                       size_t out_stride, const loom__k_gemm_work *work) {
-    return loom__cuda_gemm_multi(stream, 1, &w, x, x_stride, n_tokens, &out, &out_stride, work);
-}
 #endif

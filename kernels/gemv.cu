@@ -86,15 +86,6 @@ template <int T> static loom_status gemv_launch(cudaStream_t stream, const gemv_
     return LOOM_OK;
 }
 
-extern "C" loom_status loom__cuda_matmul(cudaStream_t stream, const loom__k_weight *w,
-                                         const float *x, size_t x_stride, int64_t n_tokens,
-                                         float *out, size_t out_stride,
-                                         const loom__k_gemm_work *work) {
-    if (n_tokens > GEMV_TOKENS)
-        return loom__cuda_gemm(stream, w, x, x_stride, n_tokens, out, out_stride, work);
-    return loom__cuda_gemv(stream, w, x, x_stride, n_tokens, out, out_stride);
-}
-
 extern "C" loom_status loom__cuda_gemv(cudaStream_t stream, const loom__k_weight *w, const float *x,
                                        size_t x_stride, int64_t n_tokens, float *out,
                                        size_t out_stride) {

@@ -107,42 +107,23 @@ typedef struct loom__k_gemm_work {
     int n_sms; /* 0: never split */
 } loom__k_gemm_work;
 
-/* The most tokens loom__cuda_matmul gives the GEMV; more go to the GEMM. */
+/* The fast mode (LOOM_CUDA_BATCH_INVARIANT=0) runs steps of up to this many tokens on the GEMV,
+ * more on the GEMM. A token's bits are the same in every step of either regime, but the two sum
+ * in different orders. */
 #define LOOM_K_GEMV_MAX_TOKENS 8
 
-/* out[t, o] = sum_k x[t, k] * w[o, k] for t < n_tokens, the fast way for the step's size: steps
- * of 1..8 tokens run the GEMV (gemv.cu: lanes over 32-value chunks, then a fixed tree), steps of
- * more than 8 the tensor-core GEMM (loom__cuda_gemm). A token's bits are the same in every step
- * of 1..8 tokens and in every step of more than 8, but the two regimes sum in different orders
- * (the CUDA backend's opt-out mode, LOOM_CUDA_BATCH_INVARIANT=0). work: as loom__cuda_gemm. */
-loom_status loom__cuda_matmul(cudaStream_t stream, const loom__k_weight *w, const float *x,
-                              size_t x_stride, int64_t n_tokens, float *out, size_t out_stride,
-                              const loom__k_gemm_work *work);
 /* The GEMV for any number of tokens (groups of 8, each re-reading the weights). */
 loom_status loom__cuda_gemv(cudaStream_t stream, const loom__k_weight *w, const float *x,
                             size_t x_stride, int64_t n_tokens, float *out, size_t out_stride);
-/* The product on tensor cores (gemm.cu, mma.sync, float32 accuracy through split TF32), in one
- * order of additions for every n_tokens — the CUDA backend's default, batch-invariant matmul:
- * tiles of 64 rows by 64 tokens; each output summed in segments of K (256 values; K/16 past
- * 4,096), folded left to right. Small grids split K across blocks into work
- * (loom__cuda_gemm_work_bytes for the shape; NULL or n_sms 0: never split), which changes no bits.
- */
-loom_status loom__cuda_gemm(cudaStream_t stream, const loom__k_weight *w, const float *x,
-                            size_t x_stride, int64_t n_tokens, float *out, size_t out_stride,
-                            const loom__k_gemm_work *work);
-/* The scratch loom__cuda_gemm takes for this shape on n_sms SMs (0: it does not split). */
-size_t loom__cuda_gemm_work_bytes(const loom__k_weight *w, int64_t n_tokens, int n_sms);
-/* The most it takes for any step of 1..max_tokens tokens (w's data unused): one weight's; a
- * loom__cuda_gemm_multi launch of up to LOOM_K_GEMM_MULTI weights of one type and width takes
- * at most the sum of theirs (it splits only where each alone would, with their segments). */
-size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t max_tokens, int n_sms);
-/* The most scratch any split takes (a split needing more does not happen). */
-size_t loom__cuda_gemm_work_bound_cap(void);
-
 /* Most weights one loom__cuda_gemm_multi launch takes (loom_backend.h's LOOM_MATMUL_MULTI_MAX). */
 #define LOOM_K_GEMM_MULTI 4
-/* outs[j] = x·ws[j]ᵀ for j < n (1..LOOM_K_GEMM_MULTI weights of one type and width): one launch
- * (and one fold, splitting) for all, each outs[j] the bits of loom__cuda_gemm(ws[j]). */
+/* outs[j] = x·ws[j]ᵀ for j < n (1..LOOM_K_GEMM_MULTI weights of one type and width) on tensor
+ * cores (gemm.cu, mma.sync, float32 accuracy through split TF32), in one order of additions for
+ * every n_tokens — the CUDA backend's default, batch-invariant matmul: tiles of 64 rows by 64
+ * tokens; each output summed in segments of K (256 values; K/16 past 4,096), folded left to
+ * right. One launch (and one fold, splitting) for all n; each outs[j] gets the bits it would
+ * alone. Small grids split K across blocks into work (loom__cuda_gemm_multi_work_bytes; NULL or
+ * n_sms 0: never split), which changes no bits. */
 loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n, const loom__k_weight *const *ws,
                                   const float *x, size_t x_stride, int64_t n_tokens,
                                   float *const *outs, const size_t *out_strides,
@@ -150,6 +131,12 @@ loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n, const loom__k_weig
 /* Its scratch for these shapes (0: it does not split, or the shapes are not one launch's). */
 size_t loom__cuda_gemm_multi_work_bytes(int n, const loom__k_weight *const *ws, int64_t n_tokens,
                                         int n_sms);
+/* The most loom__cuda_gemm_multi takes for one weight in any step of 1..max_tokens tokens (w's
+ * data unused); a launch of up to LOOM_K_GEMM_MULTI weights of one type and width takes
+ * at most the sum of theirs (it splits only where each alone would, with their segments). */
+size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t max_tokens, int n_sms);
+/* The most scratch any split takes (a split needing more does not happen). */
+size_t loom__cuda_gemm_work_bound_cap(void);
 
 /* FP8 weight rows on tensor cores (fp8_gemm.cu, around cuBLASLt's GEMM): each token row of x
  * [n_tokens, k] to E4M3 codes xq (rows xq_stride bytes apart) with scale[t] = max|x_t| / 448

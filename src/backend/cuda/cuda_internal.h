@@ -88,7 +88,7 @@ typedef struct loom__cuda_stream {
     /* The tiled attention's segment states (loom__cuda_attention_tiled_work_bytes). */
     void *tiled_work;
     size_t tiled_work_cap;
-    /* The GEMM's K-split segment sums (loom__cuda_gemm_work_bytes). */
+    /* The GEMM's K-split segment sums (loom__cuda_gemm_multi_work_bytes). */
     void *gemm_work;
     size_t gemm_work_cap;
     /* The FP8 GEMM's quantized activations, their scales and cuBLASLt's workspace. */

@@ -51,6 +51,18 @@ loom_status loom__cuda_get_rows_op(void *stream, const loom_tensor *table, const
     return loom__cuda_get_rows(c->s, &w, ids->data, ids->ne[0], out->data, out->row_stride);
 }
 
+/* outs[j] = x·kp[j]ᵀ for j < m weights of one type on the GEMM, its split scratch grown first
+ * where the stream was not sized for the step (counted in n_grows). */
+static loom_status run_gemm(loom__cuda_stream *c, int m, const loom__k_weight *const *kp,
+                            const loom_tensor *x, float *const *op, const size_t *os) {
+    const int64_t n_tokens = x->ne[1];
+    const size_t need = loom__cuda_gemm_multi_work_bytes(m, kp, n_tokens, c->dev->n_sms);
+    if (need > c->gemm_work_cap) c->n_grows++;
+    LOOM_TRY(loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, need));
+    const loom__k_gemm_work work = {c->gemm_work, c->gemm_work_cap, c->dev->n_sms};
+    return loom__cuda_gemm_multi(c->s, m, kp, x->data, x->row_stride, n_tokens, op, os, &work);
+}
+
 loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_tensor *x,
                                  loom_tensor *out) {
     loom__cuda_stream *c = stream;
@@ -63,20 +75,13 @@ loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_
     LOOM_TRY(loom__cuda_fp8_gemm(c, w, x, out, &done));
     if (done) return LOOM_OK;
     loom__k_weight kw = weight_of(w);
-    const int64_t n_tokens = x->ne[1];
-    /* invariant (the default): the GEMM's one order whatever the step's size; else the GEMV
-     * for steps of 1..8 tokens, which needs no scratch */
-    const bool gemm = c->dev->batch_invariant || n_tokens > LOOM_K_GEMV_MAX_TOKENS;
-    loom__k_gemm_work work = {NULL, 0, c->dev->n_sms};
-    if (gemm) {
-        const size_t need = loom__cuda_gemm_work_bytes(&kw, n_tokens, c->dev->n_sms);
-        if (need > c->gemm_work_cap) c->n_grows++;
-        LOOM_TRY(loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, need));
-        work.data = c->gemm_work;
-        work.bytes = c->gemm_work_cap;
-    }
-    return (c->dev->batch_invariant ? loom__cuda_gemm : loom__cuda_matmul)(
-        c->s, &kw, x->data, x->row_stride, n_tokens, out->data, out->row_stride, &work);
+    const loom__k_weight *kp = &kw;
+    float *op = out->data;
+    /* invariant (the default): the GEMM's one order whatever the step's size; in the fast mode
+     * the GEMV for steps of 1..8 tokens */
+    if (c->dev->batch_invariant || x->ne[1] > LOOM_K_GEMV_MAX_TOKENS)
+        return run_gemm(c, 1, &kp, x, &op, &out->row_stride);
+    return loom__cuda_gemv(c->s, &kw, x->data, x->row_stride, x->ne[1], out->data, out->row_stride);
 }
 
 /* outs[j] = x·ws[j]ᵀ: the weights of each type in one GEMM launch (q, k, v of one type; gate and
@@ -116,12 +121,7 @@ loom_status loom__cuda_matmul_multi_op(void *stream, int n, const loom_tensor *c
             done[i] = true;
             m++;
         }
-        const size_t need = loom__cuda_gemm_multi_work_bytes(m, kp, n_tokens, c->dev->n_sms);
-        if (need > c->gemm_work_cap) c->n_grows++;
-        LOOM_TRY(loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, need));
-        const loom__k_gemm_work work = {c->gemm_work, c->gemm_work_cap, c->dev->n_sms};
-        LOOM_TRY(
-            loom__cuda_gemm_multi(c->s, m, kp, x->data, x->row_stride, n_tokens, op, os, &work));
+        LOOM_TRY(run_gemm(c, m, kp, x, op, os));
     }
     return LOOM_OK;
 }

@@ -29,6 +29,11 @@
  * their codes' values: the (position, KV head) scale of K multiplies that position's score
  * column after Q Kᵀ, the scale of V the probability that weighs the position (P V), while the
  * softmax sum takes the unscaled probability. Masked positions get a weight of exactly 0.
+ * BF16 math (LOOM_K_MATH_BF16, pf_ops_of): Q, K, V and P in one 16-bit type instead, one
+ * m16n8k16 per product tile — F16 for F16 and FP8 pages (their values exact in it; FP8 V is
+ * scaled as it is loaded), BF16 for BF16 and F32 pages; P's A fragments are S's C fragments
+ * packed in place. The softmax, masks, segments and folds are the same code, so the bits
+ * argument below holds for either form (a device-wide setting, never a choice per step).
  *
  * Bits. The output of a vector depends only on its own row's positions and the tile grid of
  * positions (absolute multiples of PF_N): an mma output element reads one row of A and one
@@ -90,9 +95,46 @@ typedef struct pf_args {
 #define PF_HEAD_BYTES   (2 * PF_N * (sizeof(long long) + 2 * sizeof(float)))
 #define PF_FOLD_REGS_HD 128
 
-static __host__ __device__ size_t pf_smem_bytes(int32_t head_dim) {
+/* The products' operands (the kernel's OPS): Q and P split into TF32 hi + lo against exact
+ * K and V (F16, BF16, FP8 pages), all four split (F32 pages), or everything in one 16-bit type
+ * (LOOM_K_MATH_BF16: BF16 for BF16 and F32 pages, F16 for F16 and FP8 pages, whose values F16
+ * holds exactly). The 16-bit forms keep Q, K and V in shared memory as 16-bit values, two to a
+ * word as the mma's registers hold them: Q and K by row, head elements 2e and 2e + 1 in word e,
+ * pf_qk_words(head_dim) words a row (a multiple of 8 plus 4: the fragment reads, lane (g, i)
+ * word i of row g, hit 32 banks; the 4 words past head_dim are zeros, read by the last 16-wide
+ * step where head_dim is 8 past a multiple of 16); V by pairs of positions, positions 2p and
+ * 2p + 1 of head element d in word d of row p, pf_v_words(head_dim) words a row (8 past a
+ * multiple of 32: lane (g, i) reads word g of row i, 32 banks), so that each B register of P V
+ * is one word, as K's are. */
+#define PF_TF32    0
+#define PF_TF32_KV 1
+#define PF_BF16    2
+#define PF_F16     3
+
+static __host__ __device__ int pf_ops_of(uint32_t kv_type, int32_t math) {
+    if (math == LOOM_K_MATH_BF16)
+        return kv_type == LOOM_K_BF16 || kv_type == LOOM_K_F32 ? PF_BF16 : PF_F16;
+    return kv_type == LOOM_K_F32 ? PF_TF32_KV : PF_TF32;
+}
+
+static __host__ __device__ int pf_qk_words(int32_t head_dim) {
+    return head_dim / 2 + 4;
+}
+static __host__ __device__ int pf_v_words(int32_t head_dim) {
+    return head_dim + (8 - head_dim % 32 + 32) % 32;
+}
+
+static __host__ __device__ size_t pf_smem_bytes(int32_t head_dim, int ops) {
+    const size_t fold =
+        head_dim > PF_FOLD_REGS_HD ? (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float) : 0;
+    if (ops >= PF_BF16)
+        return PF_HEAD_BYTES +
+               ((size_t)(PF_M + PF_N) * (size_t)pf_qk_words(head_dim) +
+                (size_t)(PF_N / 2) * (size_t)pf_v_words(head_dim)) *
+                   sizeof(uint32_t) +
+               fold;
     return PF_HEAD_BYTES + (size_t)(PF_M + 2 * PF_N) * (size_t)(head_dim + 4) * sizeof(float) +
-           (head_dim > PF_FOLD_REGS_HD ? (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float) : 0);
+           fold;
 }
 
 /* The left fold of a vector's segment states, the same arithmetic in the kernel (registers and
@@ -232,6 +274,49 @@ static __device__ __forceinline__ void pf_load_tile(const pf_args &a, const long
     }
 }
 
+/* The same into the 16-bit tiles (the layouts above), each value rounded to OP16 (exact for
+ * the page types pf_ops_of pairs with F16 and BF16, F32 pages aside); FP8 V codes are
+ * multiplied by their position's scale first (P V then needs no scale: an FP8 value times its
+ * scale is the value the page stands for, within F16's range where the KV write's scales keep
+ * it). K a position and 4 elements at a time; V two positions and 4 elements, 16 bytes. */
+template <int OP16>
+static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const long long *row_at,
+                                                      const float *vscb, uint32_t *ks,
+                                                      uint32_t *vs) {
+    const int hd = a.kv.head_dim, per = hd / 4, ldw = pf_qk_words(hd), ldv = pf_v_words(hd);
+    const uint32_t type = a.kv.kv_type;
+    const size_t elt = pf_elt_bytes(type);
+    const bool fp8 = pf_fp8(type);
+    const char *kp = (const char *)a.p.k_pool, *vp = (const char *)a.p.v_pool;
+    for (int it = threadIdx.x; it < PF_N * per; it += PF_THREADS) {
+        const int jl = it / per, c = (it - jl * per) * 4;
+        const long long at = row_at[jl];
+        float4 k4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (at >= 0) k4 = pf_load4(type, kp + at + (size_t)c * elt);
+        *(uint2 *)(ks + jl * ldw + c / 2) =
+            make_uint2(loom_mma16_pack<OP16>(k4.x, k4.y), loom_mma16_pack<OP16>(k4.z, k4.w));
+    }
+    for (int it = threadIdx.x; it < PF_N / 2 * per; it += PF_THREADS) {
+        const int jp = it / per, c = (it - jp * per) * 4;
+        float4 v[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const long long at = row_at[2 * jp + e];
+            v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (at >= 0) {
+                v[e] = pf_load4(type, vp + at + (size_t)c * elt);
+                if (fp8) {
+                    const float vsj = vscb[2 * jp + e];
+                    v[e] = make_float4(v[e].x * vsj, v[e].y * vsj, v[e].z * vsj, v[e].w * vsj);
+                }
+            }
+        }
+        *(uint4 *)(vs + jp * ldv + c) = make_uint4(
+            loom_mma16_pack<OP16>(v[0].x, v[1].x), loom_mma16_pack<OP16>(v[0].y, v[1].y),
+            loom_mma16_pack<OP16>(v[0].z, v[1].z), loom_mma16_pack<OP16>(v[0].w, v[1].w));
+    }
+}
+
 /* The end of a segment for this lane's two vectors: their states (the sums of the four lanes
  * of each row) are folded into the running fold (M, L and, for HDMAX <= PF_FOLD_REGS_HD, the
  * accumulator Of in registers; else in shared memory ot), or, splitting, left in a.part; then
@@ -293,9 +378,11 @@ pf_segment_end(const pf_args &a, int seg, int warp, int lane, int row0, int kvh,
 }
 
 /* HDMAX: the head size the accumulator registers are laid out for (head_dim <= HDMAX, a
- * multiple of 8); F32KV: F32 pages, whose K and V are split hi + lo too. */
-template <int HDMAX, bool F32KV>
+ * multiple of 8); OPS: the products' operands (PF_TF32 .. PF_F16, pf_ops_of). */
+template <int HDMAX, int OPS>
 static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args a) {
+    constexpr bool F32KV = OPS == PF_TF32_KV, M16 = OPS >= PF_BF16;
+    constexpr int OP16 = OPS == PF_F16 ? LOOM_MMA16_F16 : LOOM_MMA16_BF16;
     const loom__k_kv &kv = a.kv;
     /* blockIdx.x: the sequences' tiles, the last tile of each (the most positions) first; a
      * sequence with fewer tiles than the longest has nothing at the end. blockIdx.z: the
@@ -334,18 +421,36 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     float *ks = qs + PF_M * ld;                                   /* [PF_N][ld] */
     float *vs = ks + PF_N * ld;                                   /* [PF_N][ld] */
     float *ot = vs + PF_N * ld; /* [PF_M][hd + 8]: the fold (HDMAX > PF_FOLD_REGS_HD) */
+    /* the 16-bit forms' tiles in the same place, two values a word: Q [PF_M][ldw], K
+     * [PF_N][ldw], V [PF_N / 2][ldv], then ot */
+    const int ldw = pf_qk_words(hd), ldv = pf_v_words(hd);
+    uint32_t *qs16 = (uint32_t *)(pf_sm + PF_HEAD_BYTES);
+    uint32_t *ks16 = qs16 + PF_M * ldw, *vs16 = ks16 + PF_N * ldw;
+    if constexpr (M16) ot = (float *)(vs16 + PF_N / 2 * ldv);
 
-    /* Q: vector m = row m / G, head kvh * G + m % G; vectors past the tile's rows are zeros. */
-    for (int e = threadIdx.x; e < PF_M * hd; e += PF_THREADS) {
-        const int m = e / hd, d = e - m * hd, rl = m / G;
-        float x = 0.0f;
-        if (rl < rows) {
+    /* Q: vector m = row m / G, head kvh * G + m % G; vectors past the tile's rows are zeros
+     * (and, 16-bit, the 8 columns past head_dim, of K's rows too). */
+    const int qld = M16 ? ldw : hd; /* words (16-bit) or floats a row */
+    for (int e = threadIdx.x; e < PF_M * qld; e += PF_THREADS) {
+        const int m = e / qld, d = (e - m * qld) * (M16 ? 2 : 1), rl = m / G;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (rl < rows && d < hd) {
             const float *qrow =
-                (const float *)((const char *)a.p.q + (size_t)(row0 + rl) * a.p.q_stride);
-            x = qrow[(size_t)(kvh * G + m - rl * G) * hd + d];
+                (const float *)((const char *)a.p.q + (size_t)(row0 + rl) * a.p.q_stride) +
+                (size_t)(kvh * G + m - rl * G) * hd;
+            x0 = qrow[d];
+            if (M16) x1 = qrow[d + 1]; /* hd is even */
         }
-        qs[m * ld + d] = x;
-        if (HDMAX > PF_FOLD_REGS_HD) ot[m * (hd + 8) + d] = 0.0f;
+        if constexpr (M16) {
+            qs16[m * ldw + d / 2] = loom_mma16_pack<OP16>(x0, x1);
+            if (m < PF_N && d >= hd) ks16[m * ldw + d / 2] = 0;
+        } else {
+            qs[m * ld + d] = x0;
+        }
+        if (HDMAX > PF_FOLD_REGS_HD && d < hd) {
+            ot[m * (hd + 8) + d] = 0.0f;
+            if (M16) ot[m * (hd + 8) + d + 1] = 0.0f;
+        }
     }
 
     /* This lane's two vectors (rows g and g+8 of its warp's C fragments): in the tile, their
@@ -384,7 +489,10 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     __syncthreads();
     int buf = 0;
     for (int j0 = j_begin; j0 <= j_end; j0 += PF_N, buf ^= 1) {
-        pf_load_tile(a, row_at + buf * PF_N, ks, vs, ld);
+        if constexpr (M16)
+            pf_load_tile16<OP16>(a, row_at + buf * PF_N, vsc + buf * PF_N, ks16, vs16);
+        else
+            pf_load_tile(a, row_at + buf * PF_N, ks, vs, ld);
         if (j0 + PF_N <= j_end)
             pf_lookup(a, table, kvh, j0 + PF_N, lo_first, pos_last, row_at + (buf ^ 1) * PF_N,
                       ksc + (buf ^ 1) * PF_N, vsc + (buf ^ 1) * PF_N);
@@ -398,8 +506,27 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
 #pragma unroll
                 for (int r = 0; r < 4; r++) sc[nt][r] = 0.0f;
             const float *qw = qs + warp * 16 * ld;
+            if constexpr (M16) {
+                const uint32_t *qw16 = qs16 + warp * 16 * ldw;
 #pragma unroll 2
-            for (int d0 = 0; d0 < hd; d0 += 8) {
+                for (int d0 = 0; d0 < hd; d0 += 16) {
+                    uint32_t qa[4];
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        qa[r] = qw16[loom_mma16_a_row(lane, r) * ldw +
+                                     (d0 + loom_mma16_a_col(lane, r)) / 2];
+#pragma unroll
+                    for (int nt = 0; nt < PF_NT; nt++) {
+                        /* B = Kᵀ: rows (k) head elements, column (n) position */
+                        const uint32_t *kr = ks16 + (nt * 8 + loom_mma16_b_col(lane)) * ldw;
+                        const uint32_t kb[2] = {kr[(d0 + loom_mma16_b_row(lane, 0)) / 2],
+                                                kr[(d0 + loom_mma16_b_row(lane, 1)) / 2]};
+                        loom_mma16<OP16>(sc[nt], qa, kb);
+                    }
+                }
+            }
+#pragma unroll 2
+            for (int d0 = 0; d0 < (M16 ? 0 : hd); d0 += 8) {
                 uint32_t qh[4], ql[4];
 #pragma unroll
                 for (int r = 0; r < 4; r++)
@@ -459,7 +586,8 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                     const int h = r >> 1;
                     const float w = sc[nt][r] == -INFINITY ? 0.0f : expf(sc[nt][r] - m_run[h]);
                     ls[h] += w;
-                    sc[nt][r] = fp8 ? w * vscb[nt * 8 + loom_mma_c_col(lane, r)] : w;
+                    /* (the 16-bit forms scaled V as they loaded it) */
+                    sc[nt][r] = fp8 && !M16 ? w * vscb[nt * 8 + loom_mma_c_col(lane, r)] : w;
                 }
 #pragma unroll
             for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * corr[h] + ls[h];
@@ -473,17 +601,45 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
              * was, bit for bit, whatever its warp's other vectors attend (whether the warp runs
              * this tile depends on them, that is on how the step cut the rows), rather than
              * trusting the tensor core to leave O unchanged when adding products of 0. */
+            const bool any[2] = {mx[0] != -INFINITY, mx[1] != -INFINITY};
+            if constexpr (M16) {
+                /* P's A fragments: two n8 tiles of S's C fragments side by side, packed (the
+                 * positions in their own order); V's B fragment: positions (k) 2i, 2i + 1
+                 * (+ 8) of the 16, head element g: one word of V's pairs per register. */
+                uint32_t pa[PF_N / 16][4];
+#pragma unroll
+                for (int u = 0; u < PF_N / 16; u++) {
+                    pa[u][0] = loom_mma16_pack<OP16>(sc[2 * u][0], sc[2 * u][1]);
+                    pa[u][1] = loom_mma16_pack<OP16>(sc[2 * u][2], sc[2 * u][3]);
+                    pa[u][2] = loom_mma16_pack<OP16>(sc[2 * u + 1][0], sc[2 * u + 1][1]);
+                    pa[u][3] = loom_mma16_pack<OP16>(sc[2 * u + 1][2], sc[2 * u + 1][3]);
+                }
+#pragma unroll
+                for (int dn = 0; dn < HDMAX / 8; dn++) {
+                    if (dn * 8 >= hd) break;
+                    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                    for (int u = 0; u < PF_N / 16; u++) {
+                        const uint32_t *vt = vs16 + (8 * u) * ldv + dn * 8 + loom_mma16_b_col(lane);
+                        const uint32_t vb[2] = {vt[loom_mma16_b_row(lane, 0) / 2 * ldv],
+                                                vt[loom_mma16_b_row(lane, 1) / 2 * ldv]};
+                        loom_mma16<OP16>(t, pa[u], vb);
+                    }
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        if (any[r >> 1]) o[dn][r] += t[r];
+                }
+            }
             uint32_t ph[PF_NT][4], pl[PF_NT][4];
 #pragma unroll
             for (int nt = 0; nt < PF_NT; nt++)
 #pragma unroll
                 for (int r = 0; r < 4; r++)
-                    loom_tf32_split(sc[nt][pf_a_from_c(r)], &ph[nt][r], &pl[nt][r]);
-            const bool any[2] = {mx[0] != -INFINITY, mx[1] != -INFINITY};
+                    if (!M16) loom_tf32_split(sc[nt][pf_a_from_c(r)], &ph[nt][r], &pl[nt][r]);
             const int v0 = pf_pv_pos(loom_mma_b_row(lane, 0)) * ld;
             const int v1 = pf_pv_pos(loom_mma_b_row(lane, 1)) * ld;
 #pragma unroll
-            for (int dn = 0; dn < HDMAX / 8; dn++) {
+            for (int dn = 0; dn < (M16 ? 0 : HDMAX / 8); dn++) {
                 if (dn * 8 >= hd) break;
                 float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -596,21 +752,36 @@ static __host__ __device__ pf_plan pf_plan_of(const loom__k_kv *kv, const loom__
 /* ------------------------------------------------------------------------------------------ */
 
 #if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernel itself */
-template <int HDMAX, bool F32KV>
+template <int HDMAX, int OPS>
 static loom_status pf_launch(cudaStream_t stream, const pf_args &a, unsigned blocks,
                              unsigned groups, size_t smem) {
     /* past the default 48 KB: the kernel opts in (checked against the device before) */
     static std::atomic<int> optin[LOOM_K_OPTIN_DEVICES];
     const loom_status st =
-        loom_k_smem_optin(attn_prefill_kernel<HDMAX, F32KV>, smem, optin, "tiled attention");
+        loom_k_smem_optin(attn_prefill_kernel<HDMAX, OPS>, smem, optin, "tiled attention");
     if (st != LOOM_OK) return st;
     const dim3 grid(blocks, (unsigned)a.kv.n_kv_heads, groups);
-    attn_prefill_kernel<HDMAX, F32KV><<<grid, PF_THREADS, smem, stream>>>(a);
+    attn_prefill_kernel<HDMAX, OPS><<<grid, PF_THREADS, smem, stream>>>(a);
     LOOM_K_LAUNCHED("attention (tiled)");
     if (a.part == NULL) return LOOM_OK;
     pf_fold_kernel<<<dim3((unsigned)a.kv.n_rows, (unsigned)a.p.n_head), 128, 0, stream>>>(a);
     LOOM_K_LAUNCHED("attention (tiled fold)");
     return LOOM_OK;
+}
+
+template <int HDMAX>
+static loom_status pf_launch_ops(cudaStream_t stream, const pf_args &a, int ops, unsigned blocks,
+                                 unsigned groups, size_t smem) {
+    switch (ops) {
+    case PF_TF32:
+        return pf_launch<HDMAX, PF_TF32>(stream, a, blocks, groups, smem);
+    case PF_TF32_KV:
+        return pf_launch<HDMAX, PF_TF32_KV>(stream, a, blocks, groups, smem);
+    case PF_BF16:
+        return pf_launch<HDMAX, PF_BF16>(stream, a, blocks, groups, smem);
+    default:
+        return pf_launch<HDMAX, PF_F16>(stream, a, blocks, groups, smem);
+    }
 }
 #endif
 
@@ -636,7 +807,8 @@ static bool pf_layer_ok(const loom__k_kv *kv, const loom__k_attn *p) {
 
 #if !defined(LOOM_K_EMULATE)
 extern "C" int loom__cuda_attention_tiled_ok(const loom__k_kv *kv, const loom__k_attn *p) {
-    return pf_layer_ok(kv, p) && pf_smem_bytes(kv->head_dim) <= (size_t)p->smem_optin;
+    return pf_layer_ok(kv, p) &&
+           pf_smem_bytes(kv->head_dim, pf_ops_of(kv->kv_type, p->math)) <= (size_t)p->smem_optin;
 }
 
 extern "C" size_t loom__cuda_attention_tiled_work_bound(int32_t n_head, int32_t n_kv_heads,
@@ -666,7 +838,8 @@ extern "C" loom_status loom__cuda_attention_prefill(cudaStream_t stream, const l
     const int all = p->invariant != 0;
     if ((all ? kv->n_seqs : kv->n_prefill_seqs) <= 0 || !loom__cuda_attention_tiled_ok(kv, p))
         return LOOM_OK; /* the split-KV kernel takes every row */
-    const size_t smem = pf_smem_bytes(kv->head_dim);
+    const int ops = pf_ops_of(kv->kv_type, p->math);
+    const size_t smem = pf_smem_bytes(kv->head_dim, ops);
     const pf_plan pl = pf_plan_of(kv, p, all);
     if (pl.part_bytes > p->tiled_work_bytes)
         return loom__fail(LOOM_ERR_INTERNAL,
@@ -692,21 +865,17 @@ extern "C" loom_status loom__cuda_attention_prefill(cudaStream_t stream, const l
                                (long long)blocks, (int)pl.groups);
         return LOOM_OK;
     }
-    const bool f32 = kv->kv_type == LOOM_K_F32;
     const unsigned g = (unsigned)pl.groups;
     loom_status st = LOOM_OK;
     switch (kv->head_dim <= 64 ? 64 : kv->head_dim <= 128 ? 128 : 256) {
     case 64:
-        st = f32 ? pf_launch<64, true>(stream, a, (unsigned)blocks, g, smem)
-                 : pf_launch<64, false>(stream, a, (unsigned)blocks, g, smem);
+        st = pf_launch_ops<64>(stream, a, ops, (unsigned)blocks, g, smem);
         break;
     case 128:
-        st = f32 ? pf_launch<128, true>(stream, a, (unsigned)blocks, g, smem)
-                 : pf_launch<128, false>(stream, a, (unsigned)blocks, g, smem);
+        st = pf_launch_ops<128>(stream, a, ops, (unsigned)blocks, g, smem);
         break;
     case 256:
-        st = f32 ? pf_launch<256, true>(stream, a, (unsigned)blocks, g, smem)
-                 : pf_launch<256, false>(stream, a, (unsigned)blocks, g, smem);
+        st = pf_launch_ops<256>(stream, a, ops, (unsigned)blocks, g, smem);
         break;
     default:
         LOOM_K_UNSUPPORTED("cuda: prefill attention with head_dim %d", kv->head_dim);

@@ -23,6 +23,10 @@
  * k-step the instructions run pass by pass over a row half's 4 tiles (all lo·hi, then all
  * hi·lo, then all hi·hi), so consecutive mma's do not wait on each other's accumulator; each
  * accumulator still sees its terms in the one order of loom_mma_3xtf32 / loom_mma_2xtf32_b.
+ * BF16 math (LOOM_K_MATH_BF16, a template parameter): the decoded weights and the activations
+ * are rounded to BF16 as they enter the tile (each value's rounding depends on itself alone)
+ * and a k-step of 16 is one m16n8k16 per row half and token tile: a sixth (a quarter) of the
+ * instructions at twice their rate. Segments, folds and splits are unchanged.
  *
  * Batch invariance — the backend's default order for every step, one token or thousands: an
  * output's sum runs in segments of K at fixed places — seg_chunks 32-value chunks each, a
@@ -90,11 +94,19 @@ static __device__ __forceinline__ gemm_args gemm_pick(const gemm_multi &mm, cons
 }
 
 /* One chunk of the block's operands: the weight rows' decoded values and the tokens'
- * activations, each row K-contiguous. */
-typedef struct gemm_tile {
+ * activations, each row K-contiguous: float32 (LOOM_K_MATH_F32), or rounded to BF16
+ * (LOOM_K_MATH_BF16), two values a word (the lower K in the low half, as the mma takes them):
+ * rows of 20 words, 16 and 4 of padding, so that the fragment reads — lane (g, i) a word i
+ * (+ 4) of row g — hit 32 different banks, and the 16-byte stores of a row's quarter too. */
+#define GEMM_LDW 20
+template <int MATH> struct gemm_tile {
     float w[GEMM_ROWS][GEMM_LD];
     float x[GEMM_TOKENS][GEMM_LD];
-} gemm_tile;
+};
+template <> struct gemm_tile<LOOM_K_MATH_BF16> {
+    uint32_t w[GEMM_ROWS][GEMM_LDW];
+    uint32_t x[GEMM_TOKENS][GEMM_LDW];
+};
 
 /* ---- the stage of stored weight bytes ------------------------------------------------------ */
 
@@ -140,8 +152,8 @@ template <int T> static __host__ __device__ constexpr int gemm_stage_bytes() {
 template <int T> static __host__ __device__ constexpr int gemm_stage_pitch() {
     return T == LOOM_K_FP8_ROWS ? 144 : (((gemm_stage_bytes<T>() + 3) / 4) | 1) * 4;
 }
-template <int T> static __host__ __device__ constexpr size_t gemm_smem_bytes() {
-    return 2 * sizeof(gemm_tile) + (size_t)GEMM_ROWS * gemm_stage_pitch<T>();
+template <int T, int MATH> static __host__ __device__ constexpr size_t gemm_smem_bytes() {
+    return 2 * sizeof(gemm_tile<MATH>) + (size_t)GEMM_ROWS * gemm_stage_pitch<T>();
 }
 
 /* An unsigned integer of U bytes. */
@@ -236,8 +248,25 @@ static __device__ __forceinline__ void gemm_fetch(const gemm_args &a, const uint
     }
 }
 
-/* v (gemm_fetch's share) into the tile. */
-static __device__ __forceinline__ void gemm_put(gemm_tile &s, const float v[32]) {
+/* v (gemm_fetch's share) into the tile, rounded to BF16 where the tile holds BF16 (nearest
+ * even: each value's rounding depends on the value alone). */
+static __device__ __forceinline__ void gemm_put(gemm_tile<LOOM_K_MATH_BF16> &s, const float v[32]) {
+    uint32_t p[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) p[j] = loom_mma16_pack<LOOM_MMA16_BF16>(v[2 * j], v[2 * j + 1]);
+    if (threadIdx.x < GEMM_ROWS) {
+        uint32_t *d = s.w[threadIdx.x];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            *(uint4 *)(d + 4 * j) = make_uint4(p[4 * j], p[4 * j + 1], p[4 * j + 2], p[4 * j + 3]);
+    } else {
+        const int u = threadIdx.x - GEMM_ROWS;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            *(uint2 *)&s.x[8 * j + (u >> 3)][2 * (u & 7)] = make_uint2(p[2 * j], p[2 * j + 1]);
+    }
+}
+static __device__ __forceinline__ void gemm_put(gemm_tile<LOOM_K_MATH_F32> &s, const float v[32]) {
     if (threadIdx.x < GEMM_ROWS) {
         float *d = s.w[threadIdx.x];
 #pragma unroll
@@ -257,8 +286,8 @@ static __device__ __forceinline__ void gemm_put(gemm_tile &s, const float v[32])
  * k-steps of 8; in each, the 4 token tiles' fragments are read once, then each 16-row half
  * runs its instructions in passes over the 4 tiles. W_EXACT: the weights are exact TF32. */
 template <bool W_EXACT>
-static __device__ __forceinline__ void gemm_chunk(const gemm_tile &s, int lane, int wr, int wt,
-                                                  int nt, float acc[2][4][4]) {
+static __device__ __forceinline__ void gemm_chunk(const gemm_tile<LOOM_K_MATH_F32> &s, int lane,
+                                                  int wr, int wt, int nt, float acc[2][4][4]) {
     /* The warp's token tiles holding no token of the step (nt: tokens in the block) are
      * skipped: an mma's output column depends on its own column only, so this changes no bits
      * of the others. Warp-uniform. */
@@ -303,20 +332,50 @@ static __device__ __forceinline__ void gemm_chunk(const gemm_tile &s, int lane, 
     }
 }
 
+/* The same over a BF16 tile: two k-steps of 16, one m16n8k16 per row half and token tile. The
+ * fragments are words of the tile (two values adjacent in K). */
+static __device__ __forceinline__ void gemm_chunk16(const gemm_tile<LOOM_K_MATH_BF16> &s, int lane,
+                                                    int wr, int wt, int nt, float acc[2][4][4]) {
+    if (wt >= nt) return;
+    const int n_ni = nt - wt >= 32 ? 4 : (nt - wt + 7) / 8;
+#pragma unroll
+    for (int kk = 0; kk < 32; kk += 16) {
+        uint32_t b[4][2];
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                if (ni < n_ni)
+                    b[ni][r] = s.x[wt + 8 * ni + loom_mma16_b_col(lane)]
+                                  [(kk + loom_mma16_b_row(lane, r)) / 2];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            uint32_t a[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                a[r] = s.w[wr + 16 * mi + loom_mma16_a_row(lane, r)]
+                          [(kk + loom_mma16_a_col(lane, r)) / 2];
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+                if (ni < n_ni) loom_mma16<LOOM_MMA16_BF16>(acc[mi][ni], a, b[ni]);
+        }
+    }
+}
+
 /* ---- the kernel ---------------------------------------------------------------------------- */
 
 /* grid (token tiles, row tiles, K groups): the blocks of one weight tile run side by side and
  * share its reads through L2. Shared memory: two tiles, then the stage (gemm_smem_bytes). Three
  * blocks per SM: the segment's accumulators and the fold's take 64 registers of the 168. */
-template <int T>
+template <int T, int MATH>
 static __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(gemm_multi mm) {
     int row_tile = 0;
     const gemm_args a = gemm_pick(mm, mm.tile0, (int)blockIdx.y, &row_tile);
     constexpr bool W_EXACT = T == LOOM_K_F16 || T == LOOM_K_BF16 || T == LOOM_K_FP8_ROWS;
     constexpr int SC = gemm_stage_chunks<T>();
     LOOM_K_DYN_SMEM(gemm_sm);
-    gemm_tile *tiles = (gemm_tile *)gemm_sm;
-    uint8_t *raw = gemm_sm + 2 * sizeof(gemm_tile);
+    gemm_tile<MATH> *tiles = (gemm_tile<MATH> *)gemm_sm;
+    uint8_t *raw = gemm_sm + 2 * sizeof(gemm_tile<MATH>);
     const int64_t t0 = (int64_t)blockIdx.x * GEMM_TOKENS, n0 = (int64_t)row_tile * GEMM_ROWS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wr = 32 * (warp & 1), wt = 32 * (warp >> 1);
@@ -356,12 +415,15 @@ static __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(gemm_multi
         }
         /* Tile c & 1 was last read in chunk c - 2, which every warp finished before passing
          * the barrier of chunk c - 1 (c_begin is even). */
-        gemm_tile &tile = tiles[c & 1];
+        gemm_tile<MATH> &tile = tiles[c & 1];
         float v[32];
         gemm_fetch<T>(a, raw, n0, t0, s, cl, c, x_vec, v);
         gemm_put(tile, v);
         __syncthreads();
-        gemm_chunk<W_EXACT>(tile, lane, wr, wt, nt, acc);
+        if constexpr (MATH == LOOM_K_MATH_BF16)
+            gemm_chunk16(tile, lane, wr, wt, nt, acc);
+        else
+            gemm_chunk<W_EXACT>(tile, lane, wr, wt, nt, acc);
         if ((c + 1) % seg_chunks != 0 && c + 1 != c_end) continue;
         /* the end of a segment: fold its sums (or set them apart), then start the next at 0 */
         const int64_t seg = c / seg_chunks;
@@ -494,7 +556,7 @@ static __host__ __device__ gemm_multi gemm_multi_of(const loom__k_weight *const 
 /* ---- launch -------------------------------------------------------------------------------- */
 
 #if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernel itself */
-template <int T>
+template <int T, int MATH>
 static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const gemm_plan &pl) {
     const int64_t gx = loom_cdiv(mm.m[0].n_tokens, GEMM_TOKENS);
     const int64_t gy = mm.tile0[mm.n];
@@ -502,11 +564,11 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
         (pl.partial_bytes != 0 && (mm.m[0].n_tokens > 65535 || mm.fold0[mm.n] > 0x7fffffff)))
         LOOM_K_UNSUPPORTED("cuda: matmul (gemm) of %lld tokens by %lld row tiles",
                            (long long)mm.m[0].n_tokens, (long long)gy);
-    constexpr size_t smem = gemm_smem_bytes<T>();
+    constexpr size_t smem = gemm_smem_bytes<T, MATH>();
     static std::atomic<int> optin[LOOM_K_OPTIN_DEVICES]; /* past 48 KB (sm_80+ allow 163 KB) */
-    const loom_status st = loom_k_smem_optin(gemm_kernel<T>, smem, optin, "gemm");
+    const loom_status st = loom_k_smem_optin(gemm_kernel<T, MATH>, smem, optin, "gemm");
     if (st != LOOM_OK) return st;
-    gemm_kernel<T>
+    gemm_kernel<T, MATH>
         <<<dim3((unsigned)gx, (unsigned)gy, (unsigned)pl.groups), GEMM_THREADS, smem, stream>>>(mm);
     LOOM_K_LAUNCHED("gemm");
     if (pl.partial_bytes == 0) return LOOM_OK;
@@ -542,11 +604,42 @@ extern "C" size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t ma
     return most;
 }
 
+template <int MATH>
+static loom_status gemm_dispatch(cudaStream_t stream, uint32_t type, const gemm_multi &mm,
+                                 const gemm_plan &pl) {
+    switch (type) {
+    case LOOM_K_F32:
+        return gemm_launch<LOOM_K_F32, MATH>(stream, mm, pl);
+    case LOOM_K_F16:
+        return gemm_launch<LOOM_K_F16, MATH>(stream, mm, pl);
+    case LOOM_K_BF16:
+        return gemm_launch<LOOM_K_BF16, MATH>(stream, mm, pl);
+    case LOOM_K_Q8_0:
+        return gemm_launch<LOOM_K_Q8_0, MATH>(stream, mm, pl);
+    case LOOM_K_Q4_0:
+        return gemm_launch<LOOM_K_Q4_0, MATH>(stream, mm, pl);
+    case LOOM_K_Q5_0:
+        return gemm_launch<LOOM_K_Q5_0, MATH>(stream, mm, pl);
+    case LOOM_K_Q4_K:
+        return gemm_launch<LOOM_K_Q4_K, MATH>(stream, mm, pl);
+    case LOOM_K_Q5_K:
+        return gemm_launch<LOOM_K_Q5_K, MATH>(stream, mm, pl);
+    case LOOM_K_Q6_K:
+        return gemm_launch<LOOM_K_Q6_K, MATH>(stream, mm, pl);
+    case LOOM_K_FP8_ROWS:
+        return gemm_launch<LOOM_K_FP8_ROWS, MATH>(stream, mm, pl);
+    default:
+        LOOM_K_UNSUPPORTED("cuda: matmul of weight type %u", (unsigned)type);
+    }
+}
+
 extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
                                              const loom__k_weight *const *ws, const float *x,
                                              size_t x_stride, int64_t n_tokens, float *const *outs,
                                              const size_t *out_strides,
-                                             const loom__k_gemm_work *work) {
+                                             const loom__k_gemm_work *work, int math) {
+    if (math != LOOM_K_MATH_F32 && math != LOOM_K_MATH_BF16)
+        return loom__fail(LOOM_ERR_INVALID_ARG, "cuda: gemm with math %d", math);
     if (n < 1 || n > LOOM_K_GEMM_MULTI)
         return loom__fail(LOOM_ERR_INVALID_ARG, "cuda: gemm of %d weights (1 .. %d)", n,
                           LOOM_K_GEMM_MULTI);
@@ -563,30 +656,8 @@ extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
     const gemm_multi mm = gemm_multi_of(ws, n, x, x_stride, n_tokens, outs, out_strides, pl,
                                         pl.partial_bytes != 0 ? (float *)work->data : NULL);
     if (mm.tile0[n] == 0) return LOOM_OK; /* no rows */
-    switch (ws[0]->type) {
-    case LOOM_K_F32:
-        return gemm_launch<LOOM_K_F32>(stream, mm, pl);
-    case LOOM_K_F16:
-        return gemm_launch<LOOM_K_F16>(stream, mm, pl);
-    case LOOM_K_BF16:
-        return gemm_launch<LOOM_K_BF16>(stream, mm, pl);
-    case LOOM_K_Q8_0:
-        return gemm_launch<LOOM_K_Q8_0>(stream, mm, pl);
-    case LOOM_K_Q4_0:
-        return gemm_launch<LOOM_K_Q4_0>(stream, mm, pl);
-    case LOOM_K_Q5_0:
-        return gemm_launch<LOOM_K_Q5_0>(stream, mm, pl);
-    case LOOM_K_Q4_K:
-        return gemm_launch<LOOM_K_Q4_K>(stream, mm, pl);
-    case LOOM_K_Q5_K:
-        return gemm_launch<LOOM_K_Q5_K>(stream, mm, pl);
-    case LOOM_K_Q6_K:
-        return gemm_launch<LOOM_K_Q6_K>(stream, mm, pl);
-    case LOOM_K_FP8_ROWS:
-        return gemm_launch<LOOM_K_FP8_ROWS>(stream, mm, pl);
-    default:
-        LOOM_K_UNSUPPORTED("cuda: matmul of weight type %u", (unsigned)ws[0]->type);
-    }
+    return math == LOOM_K_MATH_BF16 ? gemm_dispatch<LOOM_K_MATH_BF16>(stream, ws[0]->type, mm, pl)
+                                    : gemm_dispatch<LOOM_K_MATH_F32>(stream, ws[0]->type, mm, pl);
 }
 
 #endif

@@ -99,6 +99,18 @@ typedef struct loom__k_weight {
 loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_weight *w, const int32_t *ids,
                                 int64_t n_ids, float *out, size_t out_stride);
 
+/* The products' operands in the tensor-core kernels (LOOM_CUDA_MATH, read when the device
+ * opens). LOOM_K_MATH_F32, the default: float32 accuracy — float32 operands split into two TF32
+ * parts (mma.cuh), as the CPU backend's float32 arithmetic. LOOM_K_MATH_BF16: each operand
+ * rounded once to a 16-bit type and one m16n8k16 per product tile, what the BF16 peers (cuBLAS,
+ * flash attention) do: the GEMM's weights and activations to BF16; attention's to F16 where the
+ * pages hold F16 or FP8 (exact in F16: K and V keep their bits, Q and P round to F16's 11 bits)
+ * and to BF16 where they hold BF16 or F32. The sums stay float32, in the same fixed order as the
+ * default's, so either setting is batch-invariant; they differ from each other in the last bits
+ * (BF16 operands: a relative 2^-9 per operand). */
+#define LOOM_K_MATH_F32  0
+#define LOOM_K_MATH_BF16 1
+
 /* The scratch a matmul may split its sums into (device memory), and the device's SM count that
  * sizes the split. */
 typedef struct loom__k_gemm_work {
@@ -118,7 +130,8 @@ loom_status loom__cuda_gemv(cudaStream_t stream, const loom__k_weight *w, const 
 /* Most weights one loom__cuda_gemm_multi launch takes (loom_backend.h's LOOM_MATMUL_MULTI_MAX). */
 #define LOOM_K_GEMM_MULTI 4
 /* outs[j] = x·ws[j]ᵀ for j < n (1..LOOM_K_GEMM_MULTI weights of one type and width) on tensor
- * cores (gemm.cu, mma.sync, float32 accuracy through split TF32), in one order of additions for
+ * cores (gemm.cu, mma.sync; math: LOOM_K_MATH_F32, float32 accuracy through split TF32, or
+ * LOOM_K_MATH_BF16, operands rounded to BF16), in one order of additions for
  * every n_tokens — the CUDA backend's default, batch-invariant matmul: tiles of 64 rows by 64
  * tokens; each output summed in segments of K (256 values; K/16 past 4,096), folded left to
  * right. One launch (and one fold, splitting) for all n; each outs[j] gets the bits it would
@@ -127,7 +140,7 @@ loom_status loom__cuda_gemv(cudaStream_t stream, const loom__k_weight *w, const 
 loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n, const loom__k_weight *const *ws,
                                   const float *x, size_t x_stride, int64_t n_tokens,
                                   float *const *outs, const size_t *out_strides,
-                                  const loom__k_gemm_work *work);
+                                  const loom__k_gemm_work *work, int math);
 /* Its scratch for these shapes (0: it does not split, or the shapes are not one launch's). */
 size_t loom__cuda_gemm_multi_work_bytes(int n, const loom__k_weight *const *ws, int64_t n_tokens,
                                         int n_sms);
@@ -239,6 +252,7 @@ typedef struct loom__k_attn {
     int32_t smem_optin; /* the most shared memory a block may opt in to */
     float *tiled_work;  /* loom__cuda_attention_tiled_work_bytes */
     size_t tiled_work_bytes;
+    int32_t math; /* the tiled kernel's operands: LOOM_K_MATH_F32 or LOOM_K_MATH_BF16 */
 } loom__k_attn;
 
 size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim);

@@ -102,3 +102,70 @@ loom_mma_2xtf32_b(float d[4], const uint32_t a[4], const uint32_t b_hi[2], const
     loom_mma_tf32(d, a, b_lo);
     loom_mma_tf32(d, a, b_hi);
 }
+
+/* ---- 16-bit operands: mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 ------ */
+/* The reduced-precision products (LOOM_CUDA_MATH=bf16): D[16x8] = A[16x16] · B[16x8] + C, the
+ * operands BF16 (or F16) packed two to a register, the products summed into float32. One
+ * instruction covers what six (3xTF32) or four (2xTF32) m16n8k8's do at float32 accuracy, at
+ * the tensor cores' 16-bit rate (twice TF32's).
+ *
+ * Fragment layout (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"), per
+ * lane, g = lane / 4, i = lane % 4; each register holds two elements, the lower-numbered in
+ * its low 16 bits, the pair adjacent in K:
+ *   A (16 x 16, row-major)  a[r], r < 4: row g + 8 (r % 2), columns 2i + 8 (r / 2) and + 1
+ *   B (16 x 8, column-major) b[r], r < 2: rows (k) 2i + 8 r and + 1, column (n) g
+ *   C, D (16 x 8)            as m16n8k8's (loom_mma_c_row / loom_mma_c_col)
+ * So a C fragment of two n8 tiles side by side is, packed, the A fragment of a 16-wide K step
+ * (lane (g, i) holds columns 2i, 2i + 1 of both): attention's P needs no shuffle. */
+static __host__ __device__ __forceinline__ int loom_mma16_a_row(int lane, int r) {
+    return (lane >> 2) + 8 * (r & 1);
+}
+static __host__ __device__ __forceinline__ int loom_mma16_a_col(int lane, int r) {
+    return 2 * (lane & 3) + 8 * (r >> 1);
+}
+static __host__ __device__ __forceinline__ int loom_mma16_b_row(int lane, int r) {
+    return 2 * (lane & 3) + 8 * r;
+}
+static __host__ __device__ __forceinline__ int loom_mma16_b_col(int lane) {
+    return lane >> 2;
+}
+
+/* The 16-bit operand types. */
+#define LOOM_MMA16_BF16 0
+#define LOOM_MMA16_F16  1
+
+/* x rounded to the 16-bit type (nearest even), its bits. */
+template <int OP16> static __device__ __forceinline__ uint32_t loom_mma16_bits(float x) {
+    if constexpr (OP16 == LOOM_MMA16_BF16)
+        return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    else
+        return __half_as_ushort(__float2half_rn(x));
+}
+/* lo and hi, rounded, in one register (lo in the low half). */
+template <int OP16> static __device__ __forceinline__ uint32_t loom_mma16_pack(float lo, float hi) {
+    return loom_mma16_bits<OP16>(lo) | (loom_mma16_bits<OP16>(hi) << 16);
+}
+
+/* d += a · b over one m16n8k16 tile (a: 4 registers, b: 2, of two OP16 values each). */
+template <int OP16>
+static __device__ __forceinline__ void loom_mma16(float d[4], const uint32_t a[4],
+                                                  const uint32_t b[2]) {
+#if defined(LOOM_K_EMULATE)
+    loom_emu_mma_m16n8k16(OP16 == LOOM_MMA16_F16, d, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (OP16 == LOOM_MMA16_BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    (void)a;
+    (void)b;
+    d[0] = d[1] = d[2] = d[3] = __int_as_float(0x7fc00000);
+#endif
+}

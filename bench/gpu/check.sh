@@ -9,17 +9,20 @@
 #      bench/gpu/pack-deps.sh here and carry .gpu-deps; without it the tests are not built);
 #   2. test_cuda_ops: each op against the CPU backend, whole models' logits, engines, batch
 #      invariance (16 requests together and alone); then its kernel and engine tests again in
-#      the fast mode (LOOM_CUDA_BATCH_INVARIANT=0);
+#      the fast mode (LOOM_CUDA_BATCH_INVARIANT=0) and with 16-bit operands
+#      (LOOM_CUDA_MATH=bf16);
 #   3. the card's ceilings and loom's kernels timed against them (loom-gpu-bench);
 #   4. the same shapes by PyTorch (cuBLAS matmul, flash SDPA) and, time allowing, Hugging Face
 #      transformers generating with a random Llama-3-8B shape (bench/gpu/peers.py);
 #   5. end to end: prefill and decode tokens/s of synthetic Gemma-3-270M and Llama-3-8B shapes,
-#      again with CUDA graphs (LOOM_CUDA_GRAPHS=1) and in the fast mode for two of them;
+#      again with CUDA graphs (LOOM_CUDA_GRAPHS=1), in the fast mode for two of them and with
+#      BF16 math for the Llama-3-8B shape;
 #   5b. Nsight Compute (ncu) over a decode step and a prefill: the three heaviest kernels of each
 #      with achieved bandwidth, tensor-pipe use and stall reasons (bench/gpu/ncu.sh);
 #   6. the tests' teeth: the plugin rebuilt with a planted off-by-one in attention's mask
 #      (LOOM_CUDA_PLANTED_BUG) must make test_attention fail;
-#   7. time allowing: e2e with graphs and in the fast mode, then the ncu pass (5b above).
+#   7. time allowing: e2e with graphs, in the fast mode and in bf16 math, then the ncu pass (5b
+#      above).
 # Every step has a share of one 460 s deadline; a step that fails or runs out is reported and
 # the next still runs. Nothing here needs the network.
 set -uo pipefail
@@ -52,10 +55,10 @@ table() {
         echo
         [ -s "$out/peers.md" ] && cat "$out/peers.md" && echo
         if [ -s "$out/e2e.jsonl" ]; then
-            echo "End to end (synthetic models, loom_model_load_synthetic; prefill: one call of 512 or 2,048 tokens; decode: B requests of 16-token prompts generating 64 tokens each, B*64 / wall time). Mode: invariant (the default) or fast (LOOM_CUDA_BATCH_INVARIANT=0); graphs: LOOM_CUDA_GRAPHS=1:"
+            echo "End to end (synthetic models, loom_model_load_synthetic; prefill: one call of 512 or 2,048 tokens; decode: B requests of 16-token prompts generating 64 tokens each, B*64 / wall time). Mode: invariant (the default) or fast (LOOM_CUDA_BATCH_INVARIANT=0); graphs: LOOM_CUDA_GRAPHS=1; math: f32 (the default) or bf16 (LOOM_CUDA_MATH=bf16):"
             echo
-            echo "| model | weights | mode | graphs | load s | prefill 512 tok/s | prefill 2048 tok/s | decode B=1 tok/s | B=16 | B=64 |"
-            echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|"
+            echo "| model | weights | mode | graphs | math | load s | prefill 512 tok/s | prefill 2048 tok/s | decode B=1 tok/s | B=16 | B=64 |"
+            echo "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"
             python3 - "$out/e2e.jsonl" "$out/e2e-modes.jsonl" <<'PY'
 import json, os, sys
 for path in sys.argv[1:]:
@@ -67,7 +70,7 @@ for path in sys.argv[1:]:
         r = json.loads(l)
         mode = "invariant" if r.get("invariant", True) else "fast"
         graphs = "on" if r.get("graphs") else "off"
-        print(f"| {r['model']} | {r['type']} | {mode} | {graphs} | {r['load_s']} | "
+        print(f"| {r['model']} | {r['type']} | {mode} | {graphs} | {r.get('math', 'f32')} | {r['load_s']} | "
               f"{r['prefill_512_tps']} | {r.get('prefill_2048_tps', '')} | "
               f"{r.get('decode_b1_tps', '')} | {r.get('decode_b16_tps', '')} | "
               f"{r.get('decode_b64_tps', '')} |")
@@ -144,6 +147,11 @@ if [ -x build-gpu/tests/test_cuda_ops ]; then
         run_tests "test_cuda_ops, fast mode (LOOM_CUDA_BATCH_INVARIANT=0)" test_cuda_ops_fast.log \
             "$(budget 90)" LOOM_CUDA_BATCH_INVARIANT=0 \
             LOOM_TEST_ONLY=test_matmul,test_attention_batches,test_attention,test_models_logits,test_models_engine,test_fp8_gemm,test_engine_batch_invariance
+        # BF16 math (LOOM_CUDA_MATH=bf16): the 16-bit forms of the GEMM and the tiled kernel,
+        # against the CPU within BF16 tolerances, their bits across steps as strictly
+        run_tests "test_cuda_ops, BF16 math (LOOM_CUDA_MATH=bf16)" test_cuda_ops_bf16.log \
+            "$(budget 80)" LOOM_CUDA_MATH=bf16 \
+            LOOM_TEST_ONLY=test_matmul,test_matmul_multi,test_attention_batches,test_attention,test_models_logits,test_engine_batch_invariance
     fi
 else
     status+=("| test_cuda_ops | not built (no cmocka: carry .gpu-deps) |")
@@ -207,9 +215,9 @@ else
 fi
 table
 
-step "graphs and the fast mode"
-# the same models with LOOM_CUDA_GRAPHS=1, and in the fast mode: what graphs give, and what
-# batch invariance (the default) costs end to end
+step "graphs, the fast mode, bf16 math"
+# the same models with LOOM_CUDA_GRAPHS=1, in the fast mode and with LOOM_CUDA_MATH=bf16: what
+# graphs give, what batch invariance (the default) costs end to end, what 16-bit operands give
 if [ -x build-gpu/bench/loom-gpu-e2e ]; then
     : >"$out/e2e-modes.jsonl"
     # graphs where launches weigh most (a small model); the fast mode where the matmuls do
@@ -219,8 +227,11 @@ if [ -x build-gpu/bench/loom-gpu-e2e ]; then
         LOOM_CUDA_BATCH_INVARIANT=0 timeout "$(budget 50)" build-gpu/bench/loom-gpu-e2e \
             --backend cuda --only "$cfg" >>"$out/e2e-modes.jsonl" 2>>"$log"
     done
+    # BF16 math where prefill is compute-bound: the peers' arithmetic, the issue's comparison
+    LOOM_CUDA_MATH=bf16 timeout "$(budget 50)" build-gpu/bench/loom-gpu-e2e --backend cuda \
+        --only llama3-8b:bf16 >>"$out/e2e-modes.jsonl" 2>>"$log"
     cat "$out/e2e-modes.jsonl" >>"$log"
-    status+=("| loom-gpu-e2e, graphs and fast mode | $(grep -c '^{' "$out/e2e-modes.jsonl") of 3 runs (raw.log) |")
+    status+=("| loom-gpu-e2e, graphs, fast mode, bf16 math | $(grep -c '^{' "$out/e2e-modes.jsonl") of 4 runs (raw.log) |")
 fi
 table
 

@@ -7,8 +7,9 @@
  *   decode:  B requests with 16-token prompts generating 64 tokens each through an engine
  *            (greedy, EOS ignored): B * 64 / the time of the whole run, prefill included
  *            (16-token prompts make it a small share).
- * One JSON object per line, with the environment's LOOM_CUDA_BATCH_INVARIANT and
- * LOOM_CUDA_GRAPHS. Usage: loom-gpu-e2e [--backend B] [--quick] [--only PRESET:TYPE] */
+ * One JSON object per line, with the environment's LOOM_CUDA_BATCH_INVARIANT,
+ * LOOM_CUDA_GRAPHS and LOOM_CUDA_MATH. Usage: loom-gpu-e2e [--backend B] [--quick] [--only
+ * PRESET:TYPE] */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +90,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     }
     const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT"), *graphs = getenv("LOOM_CUDA_GRAPHS");
+    const char *math = getenv("LOOM_CUDA_MATH");
     const char *presets[] = {"gemma3-270m", "llama3-8b"};
     const char *types[] = {"bf16", "q8_0", "q4_K"};
     const int batches[] = {1, 16, 64};
@@ -113,11 +115,12 @@ int main(int argc, char **argv) {
             double pf2k = quick ? 0 : prefill(m, info.n_vocab, 2048);
             if (pf < 0 || pf2k < 0) return fail("prefill");
             printf("{\"model\":\"%s\",\"type\":\"%s\",\"backend\":\"%s\",\"invariant\":%s,"
-                   "\"graphs\":%s,\"load_s\":%.1f,\"prefill_512_tps\":%.1f,"
+                   "\"graphs\":%s,\"math\":\"%s\",\"load_s\":%.1f,\"prefill_512_tps\":%.1f,"
                    "\"prefill_2048_tps\":%.1f",
                    presets[p], types[t], backend,
                    inv != NULL && !strcmp(inv, "0") ? "false" : "true",
-                   graphs != NULL && !strcmp(graphs, "1") ? "true" : "false", load_s, pf, pf2k);
+                   graphs != NULL && !strcmp(graphs, "1") ? "true" : "false",
+                   math != NULL && !strcmp(math, "bf16") ? "bf16" : "f32", load_s, pf, pf2k);
             for (int b = 0; b < 3; b++) {
                 double d = decode(m, info.n_vocab, batches[b], 64);
                 if (d < 0) return fail("decode");

@@ -211,6 +211,10 @@ static const char *g_mode = "invariant";
 static bool g_fast(void) {
     return strcmp(g_mode, "fast") == 0;
 }
+/* Attention rows: the block table in order (the pool's blocks one after another: the same
+ * kernel over contiguous KV) or shuffled (blocks scattered, as a paged cache leaves them after
+ * a while); the issue's paged-vs-contiguous comparison pairs the two. */
+static bool g_shuffle = false;
 
 static void bench_matmul(uint32_t t, int64_t k, int64_t n, int64_t T) {
     mm_ctx m = {0};
@@ -294,6 +298,13 @@ static void bench_attention(int32_t batch, int32_t ctx, int32_t new_rows, int32_
         q_start[s] = s * new_rows;
     }
     for (int32_t i = 0; i < nb; i++) ids[i] = i;
+    uint64_t rs = 0x9e3779b97f4a7c15ull;
+    for (int32_t i = nb - 1; g_shuffle && i > 0; i--) { /* Fisher-Yates, a fixed seed */
+        rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
+        const int32_t j = (int32_t)(rs % (uint64_t)(i + 1)), t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
+    }
     for (int32_t s = 0; s < batch; s++) {
         pos[s] = ctx - new_rows;
         len[s] = ctx;
@@ -354,7 +365,7 @@ static void bench_attention(int32_t batch, int32_t ctx, int32_t new_rows, int32_
      * form for head sizes 64, 128 and 256 (these pools are aligned; GQA groups within its
      * accumulators) */
     printf("{\"kind\":\"attention\",\"mode\":\"%s\",\"kernel\":\"%s\",\"kv\":\"%s\","
-           "\"batch\":%d,\"ctx\":%d,"
+           "\"blocks\":\"%s\",\"batch\":%d,\"ctx\":%d,"
            "\"new_rows\":%d,\"n_head\":%d,\"n_kv\":%d,\"hd\":%d,\"s\":%.6e,\"kv_bytes\":%.0f,"
            "\"gbs\":%.1f,\"pct_bw\":%.1f,\"tflops\":%.2f}\n",
            g_mode,
@@ -362,8 +373,11 @@ static void bench_attention(int32_t batch, int32_t ctx, int32_t new_rows, int32_
            : new_rows >= 16                       ? "prefill-mma"
            : (hd == 64 || hd == 128 || hd == 256) ? "split-kv-vec16"
                                                   : "split-kv",
-           fp8 ? "fp8_e4m3" : "f16", batch, ctx, new_rows, n_head, n_kv, hd, s, kv_bytes, gbs,
-           100.0 * gbs / g_copy_gbs, flops / s * 1e-12);
+           fp8                         ? "fp8_e4m3"
+           : kv_type == LOOM_TYPE_BF16 ? "bf16"
+                                       : "f16",
+           g_shuffle ? "shuffled" : "in order", batch, ctx, new_rows, n_head, n_kv, hd, s, kv_bytes,
+           gbs, 100.0 * gbs / g_copy_gbs, flops / s * 1e-12);
     fflush(stdout);
     free(indptr);
     free(ids);
@@ -445,6 +459,12 @@ int main(int argc, char **argv) {
     bench_attention(1, 16384, 1, 32, 8, 128, LOOM_TYPE_F16);
     bench_attention(16, 8192, 1, 4, 1, 256, LOOM_TYPE_F16);
     if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
+    /* Paged against contiguous: the same shapes with the block table shuffled (the rows above
+     * read their blocks in order). */
+    g_shuffle = true;
+    bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_F16);
+    if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
+    g_shuffle = false;
     /* FP8 E4M3 pages on the same decode shapes: half the bytes read (issue goal: >= 1.6x the
      * F16 kernel's rate at >= 8k positions). */
     bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_FP8_E4M3);
@@ -482,6 +502,33 @@ int main(int argc, char **argv) {
         bench_matmul(LOOM_TYPE_FP8_E4M3_ROWS, 4096, 14336, 512);
         bench_matmul(LOOM_TYPE_FP8_E4M3_ROWS, 4096, 4096, 512);
         loom__backend_stream_close(&g_gpu);
+        unsetenv("LOOM_CUDA_FP8_GEMM");
+        g_type_suffix = "";
     }
+    /* BF16 math (LOOM_CUDA_MATH=bf16, batch-invariant): the tensor-core kernels on 16-bit
+     * operands, as the peers compute, against the default's float32 accuracy on the same
+     * shapes; and the issue's prefill attention, BF16 pages, head size 128, causal, 8k, in
+     * both. */
+    unsetenv("LOOM_CUDA_BATCH_INVARIANT");
+    if (!quick) {
+        if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
+        g_mode = "invariant";
+        bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
+        loom__backend_stream_close(&g_gpu);
+    }
+    setenv("LOOM_CUDA_MATH", "bf16", 1);
+    if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
+    g_mode = "bf16-math";
+    const uint32_t types16[] = {LOOM_TYPE_BF16, LOOM_TYPE_Q4_K};
+    for (int ti = 0; ti < 2; ti++) {
+        bench_matmul(types16[ti], 4096, 14336, 1);
+        if (!quick) bench_matmul(types16[ti], 4096, 14336, 16);
+        if (!quick) bench_matmul(types16[ti], 4096, 4096, 512);
+    }
+    bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_F16);
+    if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
+    if (!quick) bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
+    loom__backend_stream_close(&g_gpu);
+    unsetenv("LOOM_CUDA_MATH");
     return 0;
 }

@@ -119,14 +119,15 @@ def main():
     print("| kernel | shape | loom µs | loom | % of ceiling | torch µs (bf16) | torch/loom |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        if r.get("mode") == "fast":
-            continue  # the fast mode's rows: the default's cost, below
+        if r.get("mode") == "fast" or r.get("blocks") == "shuffled":
+            continue  # the fast mode's rows and the shuffled tables': tables of their own below
+        m16 = " (bf16 math)" if r.get("mode") == "bf16-math" else ""
         if r["kind"] == "matmul":
             peer = torch_matmul(r["k"], r["n"], r["t"])
             big = r["t"] > 16
             what = f"{r['tflops']:.1f} TFLOP/s" if big else f"{r['gbs']:.0f} GB/s"
             pct = r["pct_gemm"] if big else r["pct_bw"]
-            print(f"| matmul {r['type']} | K={r['k']} N={r['n']} T={r['t']} | {r['s']*1e6:.1f} | "
+            print(f"| matmul {r['type']}{m16} | K={r['k']} N={r['n']} T={r['t']} | {r['s']*1e6:.1f} | "
                   f"{what} | {pct:.0f}% | {peer*1e6:.1f} | {peer / r['s']:.2f} |")
         elif r["kind"] == "attention":
             peer, be = torch_attention(r["batch"], r["ctx"], r["new_rows"], r["n_head"], r["n_kv"],
@@ -135,7 +136,7 @@ def main():
             big = r["new_rows"] > 1
             what = f"{r['tflops']:.1f} TFLOP/s" if big else f"{r['gbs']:.0f} GB/s"
             pct = 100.0 * r["tflops"] / ceil["cublas bf16 gemm"]["tflops"] if big else r["pct_bw"]
-            print(f"| attention {kind} ({r.get('kv', 'f16')} pages; torch {be}, bf16) | "
+            print(f"| attention {kind}{m16} ({r.get('kv', 'f16')} pages; torch {be}, bf16) | "
                   f"B={r['batch']} ctx={r['ctx']} "
                   f"rows={r['new_rows']} H={r['n_head']}/{r['n_kv']} hd={r['hd']} | "
                   f"{r['s']*1e6:.1f} | {what} | {pct:.0f}% | {peer*1e6:.1f} | {peer / r['s']:.2f} |")
@@ -153,7 +154,8 @@ def main():
                   f"| {r16['s']*1e6:.1f} | {r8['s']*1e6:.1f} | {r16['s'] / r8['s']:.2f}x |")
     # the cost of batch invariance (the default) against LOOM_CUDA_BATCH_INVARIANT=0, same shapes
     shape = lambda r: (r["kind"], r.get("type"), r.get("k"), r.get("n"), r.get("t"), r.get("batch"),
-                       r.get("ctx"), r.get("new_rows"), r.get("n_head"), r.get("hd"), r.get("kv"))
+                       r.get("ctx"), r.get("new_rows"), r.get("n_head"), r.get("hd"), r.get("kv"),
+                       r.get("blocks"))
     inv = {shape(r): r for r in rows if r.get("mode") == "invariant"}
     fast = [(r, inv[shape(r)]) for r in rows if r.get("mode") == "fast" and shape(r) in inv]
     if fast:
@@ -165,6 +167,32 @@ def main():
                     else f"attention B={rf['batch']} ctx={rf['ctx']} rows={rf['new_rows']} hd={rf['hd']}")
             print(f"| {what} | {ri['kernel']} {ri['s']*1e6:.1f} | {rf['kernel']} {rf['s']*1e6:.1f} "
                   f"| {ri['s'] / rf['s']:.2f} |")
+    # BF16 math (LOOM_CUDA_MATH=bf16) against the default's float32 accuracy, same shapes
+    m16 = [(r, inv[shape(r)]) for r in rows if r.get("mode") == "bf16-math" and shape(r) in inv]
+    if m16:
+        print("\n| BF16 math (LOOM_CUDA_MATH=bf16) vs the default (float32 accuracy) | default µs "
+              "| bf16 math µs | speed-up |")
+        print("|---|---:|---:|---:|")
+        for rb, ri in m16:
+            what = (f"matmul {rb['type']} K={rb['k']} N={rb['n']} T={rb['t']}" if rb["kind"] == "matmul"
+                    else f"attention B={rb['batch']} ctx={rb['ctx']} rows={rb['new_rows']} "
+                         f"hd={rb['hd']} {rb.get('kv')} pages")
+            print(f"| {what} | {ri['s']*1e6:.1f} | {rb['s']*1e6:.1f} | {ri['s'] / rb['s']:.2f}x |")
+    # paged (the block table shuffled) against contiguous (in order), the same kernel and shape
+    # (goal: paged >= 90% of contiguous)
+    ordered = {shape(r)[:-1] + (r.get("mode"),): r for r in rows
+               if r["kind"] == "attention" and r.get("blocks") == "in order"}
+    paged = [(r, ordered[shape(r)[:-1] + (r.get("mode"),)]) for r in rows
+             if r["kind"] == "attention" and r.get("blocks") == "shuffled"
+             and shape(r)[:-1] + (r.get("mode"),) in ordered]
+    if paged:
+        print("\n| attention, paged (shuffled block table) vs contiguous (in order) | contiguous µs "
+              "| paged µs | paged rate / contiguous |")
+        print("|---|---:|---:|---:|")
+        for rp, rc in paged:
+            print(f"| B={rp['batch']} ctx={rp['ctx']} rows={rp['new_rows']} hd={rp['hd']} "
+                  f"{rp.get('kv')} pages ({rp['mode']}) | {rc['s']*1e6:.1f} | {rp['s']*1e6:.1f} "
+                  f"| {100.0 * rc['s'] / rp['s']:.0f}% |")
     samp = [r for r in rows if r["kind"] == "sampling"]
     if samp:
         print("\n| sampling, Gemma 3's 262,144-token vocabulary | summaries µs (KB to host) | "

@@ -19,7 +19,7 @@ namespace emu_test {
 // invariant mode (every sequence on the tiled kernel, split for n_sms SMs; 0: never) rather
 // than the fast mode's prefill sequences. A sequence's K, V and queries are a function of
 // (id, position), id = ids[s] (or s where ids is empty), so the same sequence cut into other
-// steps reads and asks the same values.
+// steps reads and asks the same values. math: the products' operands.
 struct prefill_case {
     int bs, hd, nkv, G, window;
     float cap;
@@ -29,6 +29,7 @@ struct prefill_case {
     bool all = false;
     int n_sms = 0;
     std::vector<int> ids = {};
+    int math = 0; // LOOM_K_MATH_*: 1, BF16 math (16-bit operands, pf_ops_of)
 };
 
 struct prefill_result {

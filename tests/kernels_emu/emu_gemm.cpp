@@ -10,7 +10,10 @@
 // backend's default: a token's outputs must be the same bits in steps of 1, 3, 8, 9, 17 and 130
 // tokens, and the same whether K ran in one block or split across blocks into segment sums that
 // gemm_fold_kernel folds (the plans for 0, 2 and 132 SMs: no split, 2 or 3 groups, one per
-// segment).
+// segment). All of it twice: at float32 accuracy (LOOM_K_MATH_F32), and with BF16 operands
+// (LOOM_K_MATH_BF16), checked against a float64 product of the operands rounded to BF16 here
+// (the same 1e-5: the products are exact either way, only the operands differ) and within 2^-7
+// of sum_k |x w| of the unrounded product.
 #include "gemm.cu"
 
 #include <stdio.h>
@@ -97,8 +100,19 @@ void fill_row(const weight_spec &ws, uint8_t *row) {
     }
 }
 
-// Row n's values as the kernels decode them (dequant.cuh), the FP8 rows' scale included.
-void decode_row(const weight_spec &ws, const uint8_t *row, double *w) {
+// x rounded to BF16, nearest even (written here from the format: a float's top 16 bits).
+double bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
+// Row n's values as the kernels decode them (dequant.cuh), the FP8 rows' scale included; w16:
+// each decoded value rounded to BF16 first (the scale is applied after the sum either way).
+void decode_row(const weight_spec &ws, const uint8_t *row, double *w, double *w16) {
     float v[32];
     for (int64_t c = 0; c < (ws.k + 31) / 32; c++) {
         switch (ws.type) {
@@ -123,12 +137,15 @@ void decode_row(const weight_spec &ws, const uint8_t *row, double *w) {
         }
         const double scale =
             ws.type == LOOM_K_FP8_ROWS ? (double)loom_fp8_rows_scale256(row, ws.k) : 1.0;
-        for (int j = 0; j < 32 && 32 * c + j < ws.k; j++) w[32 * c + j] = v[j] * scale;
+        for (int j = 0; j < 32 && 32 * c + j < ws.k; j++) {
+            w[32 * c + j] = v[j] * scale;
+            w16[32 * c + j] = bf16_round(v[j]) * scale;
+        }
     }
 }
 
 // Products j < n of one x, as loom__cuda_gemm_multi launches them (one launch, one fold).
-template <int T>
+template <int T, int MATH>
 void launch_gemm(const loom__k_weight *const *ws, int n, const float *x, size_t xs,
                  int64_t n_tokens, float *const *outs, const size_t *oss, int n_sms,
                  loom_emu::schedule order) {
@@ -141,7 +158,7 @@ void launch_gemm(const loom__k_weight *const *ws, int n, const float *x, size_t 
     loom_emu::launch(
         dim3((unsigned)loom_cdiv(n_tokens, GEMM_TOKENS), (unsigned)mm.tile0[n],
              (unsigned)pl.groups),
-        dim3(GEMM_THREADS), gemm_smem_bytes<T>(), [&mm] { gemm_kernel<T>(mm); }, opt);
+        dim3(GEMM_THREADS), gemm_smem_bytes<T, MATH>(), [&mm] { gemm_kernel<T, MATH>(mm); }, opt);
     if (pl.partial_bytes == 0) return;
     const int64_t n_segs = pl.n_segs;
     loom_emu::launch(
@@ -149,27 +166,40 @@ void launch_gemm(const loom__k_weight *const *ws, int n, const float *x, size_t 
         [&mm, n_segs] { gemm_fold_kernel(mm, n_segs); }, opt);
 }
 
-void launch_any(const loom__k_weight *const *ws, int n, const float *x, size_t xs, int64_t n_tokens,
-                float *const *outs, const size_t *oss, int n_sms, loom_emu::schedule order) {
+template <int MATH>
+void launch_math(const loom__k_weight *const *ws, int n, const float *x, size_t xs,
+                 int64_t n_tokens, float *const *outs, const size_t *oss, int n_sms,
+                 loom_emu::schedule order) {
     switch (ws[0]->type) {
     case LOOM_K_F32:
-        return launch_gemm<LOOM_K_F32>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
+        return launch_gemm<LOOM_K_F32, MATH>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     case LOOM_K_F16:
-        return launch_gemm<LOOM_K_F16>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
+        return launch_gemm<LOOM_K_F16, MATH>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     case LOOM_K_BF16:
-        return launch_gemm<LOOM_K_BF16>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
+        return launch_gemm<LOOM_K_BF16, MATH>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     case LOOM_K_Q8_0:
-        return launch_gemm<LOOM_K_Q8_0>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
+        return launch_gemm<LOOM_K_Q8_0, MATH>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     case LOOM_K_Q4_K:
-        return launch_gemm<LOOM_K_Q4_K>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
+        return launch_gemm<LOOM_K_Q4_K, MATH>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     default:
-        return launch_gemm<LOOM_K_FP8_ROWS>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
+        return launch_gemm<LOOM_K_FP8_ROWS, MATH>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     }
+}
+
+void launch_any(int math, const loom__k_weight *const *ws, int n, const float *x, size_t xs,
+                int64_t n_tokens, float *const *outs, const size_t *oss, int n_sms,
+                loom_emu::schedule order) {
+    if (math == LOOM_K_MATH_BF16)
+        launch_math<LOOM_K_MATH_BF16>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
+    else
+        launch_math<LOOM_K_MATH_F32>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
 }
 
 // One weight type: steps of 1, 3, 8, 9, 17 and 130 tokens, each on 0, 2 and 132 SMs. Returns
 // the failures (printed).
-int run_type(const weight_spec &ws, bool verbose) {
+int run_type(const weight_spec &ws, int math, bool verbose) {
+    const bool m16 = math == LOOM_K_MATH_BF16;
+    const char *mname = m16 ? "bf16 math" : "f32 math";
     const int64_t N = 100, T_MAX = 130;
     const int steps[] = {1, 3, 8, 9, 17, 130};
     const int sms[] = {0, 2, 132};
@@ -179,8 +209,9 @@ int run_type(const weight_spec &ws, bool verbose) {
     std::vector<uint8_t> wbuf((size_t)(N - 1) * ws.stride + ws.row_bytes, 0xff);
     g_rs = 0x2545f4914f6cdd1dull + ws.type;
     for (int64_t n = 0; n < N; n++) fill_row(ws, &wbuf[(size_t)n * ws.stride]);
-    std::vector<double> w((size_t)(N * ws.k));
-    for (int64_t n = 0; n < N; n++) decode_row(ws, &wbuf[(size_t)n * ws.stride], &w[n * ws.k]);
+    std::vector<double> w((size_t)(N * ws.k)), w16(w.size());
+    for (int64_t n = 0; n < N; n++)
+        decode_row(ws, &wbuf[(size_t)n * ws.stride], &w[n * ws.k], &w16[n * ws.k]);
     /* activations: the float formats' rows 4 floats apart from 16-byte multiples (the scalar
        loads), the others' aligned (the 16-byte loads) */
     const bool x_aligned = ws.type != LOOM_K_F32 && ws.type != LOOM_K_F16;
@@ -201,41 +232,48 @@ int run_type(const weight_spec &ws, bool verbose) {
         const loom__k_weight *kp = &kw;
         float *op = out.data();
         const size_t oss = (size_t)os * sizeof(float);
-        launch_any(&kp, 1, x.data(), (size_t)xs * sizeof(float), T, &op, &oss, n_sms,
+        launch_any(math, &kp, 1, x.data(), (size_t)xs * sizeof(float), T, &op, &oss, n_sms,
                    (loom_emu::schedule)(ri % 4));
-        double worst = 0;
+        double worst = 0, worst_exact = 0;
         for (int64_t t = 0; t < T_MAX && !bad; t++)
             for (int64_t n = 0; n < os && !bad; n++) {
                 const float got = out[t * os + n];
                 if (t >= T || n >= N) {
                     if (!std::isnan(got)) {
-                        printf("FAIL gemm %s T=%d sms=%d: out[%lld][%lld] written (outside the "
-                               "product)\n",
-                               ws.name, T, n_sms, (long long)t, (long long)n);
+                        printf("FAIL gemm %s (%s) T=%d sms=%d: out[%lld][%lld] written (outside "
+                               "the product)\n",
+                               ws.name, mname, T, n_sms, (long long)t, (long long)n);
                         bad++;
                     }
                     continue;
                 }
-                double ref = 0, mag = 0;
+                /* ref: the product of the operands the kernel multiplies (rounded to BF16 in
+                   bf16 math); exact: of the unrounded ones */
+                double ref = 0, mag = 0, exact = 0;
                 for (int64_t i = 0; i < ws.k; i++) {
-                    const double p = (double)x[t * xs + i] * w[n * ws.k + i];
+                    const float xv = x[t * xs + i];
+                    const double p =
+                        m16 ? bf16_round(xv) * w16[n * ws.k + i] : (double)xv * w[n * ws.k + i];
                     ref += p;
                     mag += fabs(p);
+                    exact += (double)xv * w[n * ws.k + i];
                 }
-                const double err = fabs(got - ref) / mag;
-                if (!(err <= 1e-5)) {
-                    printf("FAIL gemm %s T=%d sms=%d: out[%lld][%lld] = %.9g, want %.9g (error "
-                           "%.3g of sum |x w|)\n",
-                           ws.name, T, n_sms, (long long)t, (long long)n, (double)got, ref, err);
+                const double err = fabs(got - ref) / mag, err_exact = fabs(got - exact) / mag;
+                if (!(err <= 1e-5) || !(err_exact <= (m16 ? 0x1p-7 : 1e-5))) {
+                    printf("FAIL gemm %s (%s) T=%d sms=%d: out[%lld][%lld] = %.9g, want %.9g "
+                           "(error %.3g of sum |x w|; %.3g from the unrounded product)\n",
+                           ws.name, mname, T, n_sms, (long long)t, (long long)n, (double)got, ref,
+                           err, err_exact);
                     bad++;
                 }
                 worst = std::max(worst, err);
+                worst_exact = std::max(worst_exact, err_exact);
             }
         if (verbose && !bad)
-            printf("  gemm %-8s k=%4lld n=%lld T=%3d sms=%3d (%lld K groups): worst %.2g of sum "
-                   "|x w|\n",
-                   ws.name, (long long)ws.k, (long long)N, T, n_sms,
-                   (long long)gemm_plan_of(&kp, 1, T, n_sms).groups, worst);
+            printf("  gemm %-8s %-9s k=%4lld n=%lld T=%3d sms=%3d (%lld K groups): worst %.2g "
+                   "of sum |x w| (%.2g from the unrounded product)\n",
+                   ws.name, mname, (long long)ws.k, (long long)N, T, n_sms,
+                   (long long)gemm_plan_of(&kp, 1, T, n_sms).groups, worst, worst_exact);
         outs.push_back(out);
     }
     /* batch invariance: each token's row the same bits in every step that holds it, split or
@@ -244,9 +282,9 @@ int run_type(const weight_spec &ws, bool verbose) {
         for (int rj = 0; rj < ri; rj++) {
             const int T = std::min(run_T[ri], run_T[rj]);
             if (memcmp(outs[ri].data(), outs[rj].data(), (size_t)(T * os) * 4) != 0) {
-                printf("FAIL gemm %s: tokens 0..%d differ between steps of %d tokens on %d SMs "
-                       "and %d tokens on %d SMs\n",
-                       ws.name, T - 1, run_T[rj], sms[rj % 3], run_T[ri], sms[ri % 3]);
+                printf("FAIL gemm %s (%s): tokens 0..%d differ between steps of %d tokens on %d "
+                       "SMs and %d tokens on %d SMs\n",
+                       ws.name, mname, T - 1, run_T[rj], sms[rj % 3], run_T[ri], sms[ri % 3]);
                 bad++;
                 break;
             }
@@ -276,7 +314,7 @@ int run_type(const weight_spec &ws, bool verbose) {
             op[j] = part[j].data();
             oss[j] = (size_t)(cut[j + 1] - cut[j] + 3) * sizeof(float);
         }
-        launch_any(kp, 3, x.data(), (size_t)xs * sizeof(float), T, op, oss, n_sms,
+        launch_any(math, kp, 3, x.data(), (size_t)xs * sizeof(float), T, op, oss, n_sms,
                    (loom_emu::schedule)(mi + 1));
         for (int j = 0; j < 3 && !bad; j++)
             for (int t = 0; t < T && !bad; t++) {
@@ -284,17 +322,17 @@ int run_type(const weight_spec &ws, bool verbose) {
                 if (memcmp(got, &outs[ri][(size_t)t * os + cut[j]],
                            (size_t)(cut[j + 1] - cut[j]) * sizeof(float)) != 0 ||
                     !std::isnan(got[cut[j + 1] - cut[j]])) {
-                    printf("FAIL gemm %s: matmul_multi's weight %d, token %d (of %d, on %d SMs): "
-                           "not the bits of its own product (or its padding written)\n",
-                           ws.name, j, t, T, n_sms);
+                    printf("FAIL gemm %s (%s): matmul_multi's weight %d, token %d (of %d, on %d "
+                           "SMs): not the bits of its own product (or its padding written)\n",
+                           ws.name, mname, j, t, T, n_sms);
                     bad++;
                 }
             }
     }
     if (verbose && !bad)
-        printf("  gemm %-8s: tokens the same bits in steps of 1, 3, 8, 9, 17 and 130, split "
-               "or not, alone or in a multi-weight launch\n",
-               ws.name);
+        printf("  gemm %-8s %-9s: tokens the same bits in steps of 1, 3, 8, 9, 17 and 130, "
+               "split or not, alone or in a multi-weight launch\n",
+               ws.name, mname);
     return bad;
 }
 
@@ -314,7 +352,8 @@ int run_all(bool verbose) {
         {LOOM_K_FP8_ROWS, "fp8rows", 1000, 1004, 1008},
     };
     int bad = 0;
-    for (const weight_spec &ws : specs) bad += run_type(ws, verbose);
+    for (int math : {LOOM_K_MATH_F32, LOOM_K_MATH_BF16})
+        for (const weight_spec &ws : specs) bad += run_type(ws, math, verbose);
     return bad;
 }
 

@@ -5,7 +5,10 @@
 // shuffled order with poisoned gaps and margins, outputs poisoned (rows the kernel must not
 // write: the padding of each row and, in the fast mode, every row of a sequence under the prefill
 // threshold). In the invariant mode every row, split across blocks at segment boundaries where
-// the case's SM count asks for it (the segment states poisoned), then folded.
+// the case's SM count asks for it (the segment states poisoned), then folded. In BF16 math
+// (16-bit operands) the reference takes the operands the kernel rounds as it rounds them (Q, and
+// F32 pages' K and V, to BF16 or F16 by pf_ops_of; FP8 V times its scale to F16): what remains
+// is the rounding of the softmax weights P, a relative 2^-9 (BF16) or 2^-12 (F16) each.
 // Built twice (CMakeLists.txt): EMU_PREFILL_NS names this build's run(), LOOM_K_PLANTED_BUG
 // plants attention_prefill.cu's off-by-one.
 #include "attention_prefill.cu"
@@ -75,7 +78,16 @@ __attribute__((format(printf, 2, 3))) void problem(emu_test::prefill_result &res
     res.problem = buf;
 }
 
-template <int HD, bool F32KV>
+// x rounded to the 16-bit operand type: BF16 written here from the format (a float's top half,
+// nearest even), F16 by the emulator's conversion read back with half_value.
+double round16(int ops, float x) {
+    if (ops == PF_F16) return half_value(__half_as_ushort(__float2half_rn(x)));
+    uint32_t u = __float_as_uint(x);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return __uint_as_float(u);
+}
+
+template <int HD, int OPS>
 void launch_kernel(const pf_args &a, unsigned blocks, unsigned groups, size_t smem,
                    loom_emu::schedule order) {
     loom_emu::launch_options opt;
@@ -83,11 +95,26 @@ void launch_kernel(const pf_args &a, unsigned blocks, unsigned groups, size_t sm
     opt.seed = 0x5eed + blocks;
     loom_emu::launch(
         dim3(blocks, (unsigned)a.kv.n_kv_heads, groups), dim3(PF_THREADS), smem,
-        [&a] { attn_prefill_kernel<HD, F32KV>(a); }, opt);
+        [&a] { attn_prefill_kernel<HD, OPS>(a); }, opt);
     if (a.part != nullptr)
         loom_emu::launch(
             dim3((unsigned)a.kv.n_rows, (unsigned)a.p.n_head), dim3(128), 0,
             [&a] { pf_fold_kernel(a); }, opt);
+}
+
+template <int HD>
+void launch_ops(int ops, const pf_args &a, unsigned blocks, unsigned groups, size_t smem,
+                loom_emu::schedule order) {
+    switch (ops) {
+    case PF_TF32:
+        return launch_kernel<HD, PF_TF32>(a, blocks, groups, smem, order);
+    case PF_TF32_KV:
+        return launch_kernel<HD, PF_TF32_KV>(a, blocks, groups, smem, order);
+    case PF_BF16:
+        return launch_kernel<HD, PF_BF16>(a, blocks, groups, smem, order);
+    default:
+        return launch_kernel<HD, PF_F16>(a, blocks, groups, smem, order);
+    }
 }
 
 // A sequence's values at a position: a generator seeded by (id, position, what).
@@ -108,6 +135,8 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
     const int S = (int)c.cached.size(), hd = c.hd, nkv = c.nkv, nh = nkv * c.G;
     const size_t elt = elt_bytes(c.type);
     const bool fp8 = c.type == LOOM_K_FP8_E4M3 || c.type == LOOM_K_FP8_E5M2;
+    const int ops = pf_ops_of(c.type, c.math);
+    const bool m16 = ops >= PF_BF16;
     /* strides with room between tokens and blocks, aligned as pf_layer_ok wants */
     const size_t token = (size_t)nkv * hd * elt + 16, block = (size_t)c.bs * token + 32;
     const size_t stok = (size_t)nkv * 4 + 4, sblk = (size_t)c.bs * stok + 8;
@@ -170,7 +199,7 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
                         if (c.type == LOOM_K_F32) {
                             const float f = frand(amp);
                             memcpy(pp, &f, 4);
-                            val = f;
+                            val = m16 ? round16(ops, f) : f;
                         } else if (c.type == LOOM_K_F16) { /* a normal half in (-amp, amp) */
                             uint16_t b;
                             do b = (uint16_t)rnd();
@@ -187,12 +216,14 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
                             while ((b & 0x7f) == 0x7f);
                             *pp = b;
                             val = e4m3_value(b) * sc;
+                            if (m16 && kv) val = round16(ops, (float)e4m3_value(b) * sc);
                         } else { /* E5M2 without infinities and NaN, magnitudes up to 2^9 */
                             uint8_t b;
                             do b = (uint8_t)rnd();
                             while ((b & 0x7f) > 0x60);
                             *pp = b;
                             val = e5m2_value(b) * sc;
+                            if (m16 && kv) val = round16(ops, (float)e5m2_value(b) * sc);
                         }
                         (kv ? V : K)[s][((size_t)p * nkv + h) * hd + d] = val;
                     }
@@ -259,6 +290,7 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
     p.n_head = nh;
     p.scale = 1.0f / sqrtf((float)hd);
     p.softcap = c.cap;
+    p.math = c.math;
     if (!pf_layer_ok(&kv, &p)) {
         problem(res, "pf_layer_ok refuses the case");
         return res;
@@ -276,23 +308,19 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
                        pl.part_bytes != 0 ? part.data() : nullptr,
                        pl.segs_per_block,
                        pl.seg_stride};
-    const size_t smem = pf_smem_bytes(hd);
+    const size_t smem = pf_smem_bytes(hd, ops);
     const unsigned blocks = (unsigned)((c.all ? (size_t)S : pf.size()) *
                                        (size_t)loom_cdiv(c.all ? most_any : most, a.rows_per_tile));
     const unsigned g = (unsigned)pl.groups;
-    const bool f32 = c.type == LOOM_K_F32;
     switch (hd <= 64 ? 64 : hd <= 128 ? 128 : 256) {
     case 64:
-        f32 ? launch_kernel<64, true>(a, blocks, g, smem, c.order)
-            : launch_kernel<64, false>(a, blocks, g, smem, c.order);
+        launch_ops<64>(ops, a, blocks, g, smem, c.order);
         break;
     case 128:
-        f32 ? launch_kernel<128, true>(a, blocks, g, smem, c.order)
-            : launch_kernel<128, false>(a, blocks, g, smem, c.order);
+        launch_ops<128>(ops, a, blocks, g, smem, c.order);
         break;
     default:
-        f32 ? launch_kernel<256, true>(a, blocks, g, smem, c.order)
-            : launch_kernel<256, false>(a, blocks, g, smem, c.order);
+        launch_ops<256>(ops, a, blocks, g, smem, c.order);
         break;
     }
 
@@ -322,7 +350,8 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
                 for (int j = lo; j <= pos; j++) {
                     const double *kr = &K[s][((size_t)j * nkv + kh) * hd];
                     double d = 0;
-                    for (int e = 0; e < hd; e++) d += (double)qr[e] * kr[e];
+                    for (int e = 0; e < hd; e++)
+                        d += (m16 ? round16(ops, qr[e]) : (double)qr[e]) * kr[e];
                     d *= inv_sqrt;
                     if (c.cap > 0) d = c.cap * tanh(d / c.cap);
                     sc[j] = d;
@@ -345,7 +374,9 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
                 den = std::max(den, fabs(ref[e]));
             }
             const double err = nan ? INFINITY : num / den;
-            if (!(err <= 2e-5))
+            /* 16-bit: one unit in the last place of the type (P rounds to half of one) */
+            const double tol = ops == PF_BF16 ? 0x1p-7 : ops == PF_F16 ? 0x1p-10 : 2e-5;
+            if (!(err <= tol))
                 problem(res,
                         "sequence %d row %d (position %d): error %.3g of the row's largest value",
                         s, r, pos, err);

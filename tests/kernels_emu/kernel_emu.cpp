@@ -86,8 +86,9 @@ kemu_start:
 #endif
 
 enum thread_state : uint8_t { RUNNABLE, AT_BARRIER, AT_WARP_OP, DONE };
-enum op_kind : uint8_t { OP_SHFL, OP_BALLOT, OP_MMA, OP_SYNCWARP };
-const char *const op_names[] = {"a shuffle", "__ballot_sync", "mma.sync", "__syncwarp"};
+enum op_kind : uint8_t { OP_SHFL, OP_BALLOT, OP_MMA, OP_SYNCWARP, OP_MMA16 };
+const char *const op_names[] = {"a shuffle", "__ballot_sync", "mma.sync", "__syncwarp",
+                                "mma.sync (16-bit)"};
 
 // Stacks: kernels keep their arrays in registers on the device, here on the stack (the prefill
 // kernel's accumulator is 512 bytes); AddressSanitizer's redzones need room too.
@@ -108,6 +109,7 @@ struct thread {
     uint64_t in, out;
     float *d;
     const uint32_t *a, *b;
+    bool f16; // OP_MMA16: F16 operands (else BF16)
 };
 
 struct machine {
@@ -353,6 +355,48 @@ void warp_mma(int w) {
     M.stats.mma++;
 }
 
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 for warp w ("Matrix Fragments
+// for mma.m16n8k16 with floating point type"), two 16-bit elements per register, the lower in
+// the low half, lane l, g = l / 4, i = l % 4:
+//   A (16 x 16)  a0: (g, 2i..2i+1)  a1: (g + 8, 2i..)  a2: (g, 2i + 8..)  a3: (g + 8, 2i + 8..)
+//   B (16 x 8)   b0: (2i..2i+1, g)  b1: (2i + 8.., g)
+//   C, D         as m16n8k8's
+// Products of 16-bit values are exact in double; the 16 and C summed, rounded to float once.
+void warp_mma16(int w) {
+    double A[16][16], B[16][8], C[16][8];
+    const bool f16 = M.threads[w * 32].f16;
+    auto val = [f16](uint32_t u) {
+        const uint16_t h = (uint16_t)u;
+        return f16 ? (double)__half2float(__ushort_as_half(h))
+                   : (double)__bfloat162float(__ushort_as_bfloat16(h));
+    };
+    static const int c_at[4][2] = {{0, 0}, {0, 1}, {8, 0}, {8, 1}};
+    for (int l = 0; l < 32; l++) {
+        const thread &t = M.threads[w * 32 + l];
+        if (t.f16 != f16) fault("warp %d: lanes 0 and %d run mma of different types", w, l);
+        const int g = l >> 2, i = l & 3;
+        for (int r = 0; r < 4; r++)
+            for (int e = 0; e < 2; e++)
+                A[g + 8 * (r & 1)][2 * i + 8 * (r >> 1) + e] = val(t.a[r] >> (16 * e));
+        for (int r = 0; r < 2; r++)
+            for (int e = 0; e < 2; e++) B[2 * i + 8 * r + e][g] = val(t.b[r] >> (16 * e));
+        for (int r = 0; r < 4; r++) C[g + c_at[r][0]][2 * i + c_at[r][1]] = t.d[r];
+    }
+    float D[16][8];
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 8; n++) {
+            double s = C[m][n];
+            for (int k = 0; k < 16; k++) s += A[m][k] * B[k][n];
+            D[m][n] = (float)s;
+        }
+    for (int l = 0; l < 32; l++) {
+        const thread &t = M.threads[w * 32 + l];
+        const int g = l >> 2, i = l & 3;
+        for (int r = 0; r < 4; r++) t.d[r] = D[g + c_at[r][0]][2 * i + c_at[r][1]];
+    }
+    M.stats.mma++;
+}
+
 // Warp w's 32 lanes have all reached a collective: check they agree on which, compute it, let
 // them run on.
 void warp_complete(int w) {
@@ -385,6 +429,9 @@ void warp_complete(int w) {
     }
     case OP_MMA:
         warp_mma(w);
+        break;
+    case OP_MMA16:
+        warp_mma16(w);
         break;
     case OP_SYNCWARP:
         break;
@@ -553,6 +600,17 @@ void loom_emu_mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b
     loom_emu::thread &th = loom_emu::current("mma.sync");
     th.op = loom_emu::OP_MMA;
     th.mask = 0xffffffffu;
+    th.d = d;
+    th.a = a;
+    th.b = b;
+    loom_emu::warp_arrive(th);
+}
+
+void loom_emu_mma_m16n8k16(bool f16, float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    loom_emu::thread &th = loom_emu::current("mma.sync");
+    th.op = loom_emu::OP_MMA16;
+    th.mask = 0xffffffffu;
+    th.f16 = f16;
     th.d = d;
     th.a = a;
     th.b = b;

@@ -2,7 +2,8 @@
 // of the CUDA headers when LOOM_K_EMULATE is defined, so that the kernels of kernels/*.cu compile
 // with the host's C++ compiler and run on a SIMT machine (kernel_emu.cpp): a block of up to 1024
 // coroutine threads with threadIdx / blockIdx / blockDim, __syncthreads, warp collectives
-// (shuffles, ballot, mma.sync m16n8k8 TF32), static and dynamic shared memory.
+// (shuffles, ballot, mma.sync m16n8k8 TF32 and m16n8k16 BF16 / F16), static and dynamic shared
+// memory.
 //
 // Semantics kept as CUDA states them, and checked where a kernel could break them: a warp
 // collective needs all 32 lanes at the same collective with a full mask (a lane elsewhere is a
@@ -101,6 +102,8 @@ template <typename T> static inline T shfl(unsigned mask, T v, shfl_mode mode, i
 // layout) and cvt.rna.tf32.f32: what kernels/mma.cuh's inline assembly becomes when emulated.
 void loom_emu_mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b[2]);
 uint32_t loom_emu_cvt_rna_tf32(float x);
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 (f16: the F16 form).
+void loom_emu_mma_m16n8k16(bool f16, float d[4], const uint32_t a[4], const uint32_t b[2]);
 
 // ---- built-in variables -------------------------------------------------------------------------
 

@@ -68,6 +68,15 @@ prefill_case with(prefill_case c, bool all, int n_sms, std::vector<int> ids = {}
     return c;
 }
 
+prefill_case in_math(prefill_case c, int math) {
+    c.math = math;
+    return c;
+}
+
+const char *math_name(int math) {
+    return math == LOOM_K_MATH_BF16 ? "bf16 math" : "f32 math";
+}
+
 // A row's output (q_stride floats from row r of res) equals another's, bit for bit.
 bool same_row(const emu_test::prefill_result &a, int ra, const emu_test::prefill_result &b,
               int rb) {
@@ -78,18 +87,20 @@ bool same_row(const emu_test::prefill_result &a, int ra, const emu_test::prefill
 // The invariant mode (every row on the tiled kernel, long contexts of small steps split across
 // blocks at fixed segments): every row against float64, and a sequence's rows the same bits
 // whatever the step — cut into other chunks, decoded one row at a time, beside other
-// sequences, split or not.
-int invariant_mode_tests(bool verbose) {
+// sequences, split or not. In either math.
+int invariant_mode_tests(bool verbose, int math) {
     int bad = 0;
+    const char *mn = math_name(math);
     auto report = [&](const char *what, const emu_test::prefill_result &r) {
         if (!r.problem.empty()) {
-            printf("FAIL prefill (invariant mode) %s: %s\n", what, r.problem.c_str());
+            printf("FAIL prefill (invariant mode, %s) %s: %s\n", mn, what, r.problem.c_str());
             bad++;
         } else if (verbose) {
-            printf("  prefill (invariant mode) %s: worst %.2g, %d group(s)\n", what, r.worst,
-                   r.groups);
+            printf("  prefill (invariant mode, %s) %s: worst %.2g, %d group(s)\n", mn, what,
+                   r.worst, r.groups);
         }
     };
+    auto run = [math](const prefill_case &c) { return emu_prefill::run(in_math(c, math)); };
     /* every row, decodes among prefills, against float64: the plans of 0, 4 and 132 SMs */
     const shape shapes[] = {
         {16, 128, 2, 4, 0, 0, LOOM_K_F16},  {1, 64, 2, 1, 37, 30, LOOM_K_FP8_E4M3},
@@ -105,7 +116,7 @@ int invariant_mode_tests(bool verbose) {
         char what[96];
         snprintf(what, sizeof what, "bs=%d hd=%d G=%d window=%d %s on %d SMs", s.bs, s.hd, s.G,
                  s.window, type_name(s.type), sms[i % 3]);
-        report(what, emu_prefill::run(c));
+        report(what, run(c));
     }
 
     /* cuts: a 120-row prompt in one step alone; in chunks of 1, 16, 40 and 63 rows beside other
@@ -117,32 +128,33 @@ int invariant_mode_tests(bool verbose) {
                                 {16, 256, 1, 4, 300, 0, LOOM_K_BF16}};
     for (const shape &s : inv_shapes) {
         const emu_test::prefill_result alone =
-            emu_prefill::run(with(make_case(s, {0}, {120}, schedule::breadth), true, 0, {7}));
+            run(with(make_case(s, {0}, {120}, schedule::breadth), true, 0, {7}));
         report("a 120-row prompt alone", alone);
         const int chunk_at[] = {0, 1, 17, 57, 120};
         bool same = alone.problem.empty();
         for (int k = 0; k < 4 && same; k++) {
             const int n = chunk_at[k + 1] - chunk_at[k];
-            const emu_test::prefill_result r = emu_prefill::run(
-                with(make_case(s, {33, chunk_at[k], 500}, {2, n, 1}, (schedule)(k % 4)), true,
-                     sms[k % 3], {3, 7, 9}));
+            const emu_test::prefill_result r =
+                run(with(make_case(s, {33, chunk_at[k], 500}, {2, n, 1}, (schedule)(k % 4)), true,
+                         sms[k % 3], {3, 7, 9}));
             report("a chunk of the prompt beside others", r);
             for (int i = 0; i < n && same; i++)
                 if (!same_row(alone, chunk_at[k] + i, r, 2 + i)) {
-                    printf("FAIL prefill (invariant mode) hd=%d %s: position %d differs in a "
+                    printf("FAIL prefill (invariant mode, %s) hd=%d %s: position %d differs in a "
                            "chunk of %d rows from the whole prompt's\n",
-                           s.hd, type_name(s.type), chunk_at[k] + i, n);
+                           mn, s.hd, type_name(s.type), chunk_at[k] + i, n);
                     same = false;
                     bad++;
                 }
         }
         for (int pos = 110; pos < 120 && same; pos++) {
-            const emu_test::prefill_result r = emu_prefill::run(with(
+            const emu_test::prefill_result r = run(with(
                 make_case(s, {pos, 9}, {1, 3}, (schedule)(pos % 4)), true, sms[pos % 3], {7, 2}));
             if (!r.problem.empty() || !same_row(alone, pos, r, 0)) {
-                printf("FAIL prefill (invariant mode) hd=%d %s: position %d decoded alone in its "
-                       "row differs from the whole prompt's (%s)\n",
-                       s.hd, type_name(s.type), pos, r.problem.c_str());
+                printf(
+                    "FAIL prefill (invariant mode, %s) hd=%d %s: position %d decoded alone in its "
+                    "row differs from the whole prompt's (%s)\n",
+                    mn, s.hd, type_name(s.type), pos, r.problem.c_str());
                 same = false;
                 bad++;
             }
@@ -150,27 +162,29 @@ int invariant_mode_tests(bool verbose) {
         /* a long context: its last row as a decode step on 0, 4 and 132 SMs, and in a prefill
            chunk of 20 rows */
         const emu_test::prefill_result chunk =
-            emu_prefill::run(with(make_case(s, {1010}, {20}, schedule::depth), true, 0, {11}));
+            run(with(make_case(s, {1010}, {20}, schedule::depth), true, 0, {11}));
         report("a 20-row chunk at position 1010", chunk);
         for (int k = 0; k < 3 && same; k++) {
-            const emu_test::prefill_result r = emu_prefill::run(
+            const emu_test::prefill_result r = run(
                 with(make_case(s, {1029, 40}, {1, 1}, (schedule)(k + 1)), true, sms[k], {11, 4}));
             if (!r.problem.empty() || !same_row(chunk, 19, r, 0)) {
-                printf("FAIL prefill (invariant mode) hd=%d %s: position 1029 decoded on %d SMs "
-                       "(%d groups) differs from its chunk's (%s)\n",
-                       s.hd, type_name(s.type), sms[k], r.groups, r.problem.c_str());
+                printf(
+                    "FAIL prefill (invariant mode, %s) hd=%d %s: position 1029 decoded on %d SMs "
+                    "(%d groups) differs from its chunk's (%s)\n",
+                    mn, s.hd, type_name(s.type), sms[k], r.groups, r.problem.c_str());
                 same = false;
                 bad++;
             } else if (verbose) {
-                printf("  prefill (invariant mode) hd=%3d %-4s: position 1029 on %3d SMs (%d "
+                printf("  prefill (invariant mode, %s) hd=%3d %-4s: position 1029 on %3d SMs (%d "
                        "groups) the same bits as in its chunk\n",
-                       s.hd, type_name(s.type), sms[k], r.groups);
+                       mn, s.hd, type_name(s.type), sms[k], r.groups);
             }
         }
         if (same && verbose)
-            printf("  prefill (invariant mode) hd=%3d G=%d %-4s: the prompt's rows the same bits "
-                   "whole, in chunks and decoded\n",
-                   s.hd, s.G, type_name(s.type));
+            printf(
+                "  prefill (invariant mode, %s) hd=%3d G=%d %-4s: the prompt's rows the same bits "
+                "whole, in chunks and decoded\n",
+                mn, s.hd, s.G, type_name(s.type));
     }
     return bad;
 }
@@ -191,21 +205,24 @@ int prefill_tests(bool verbose) {
        sequence at the prefill threshold (16), one under it (15), decodes (1) */
     const std::vector<int> cached = {0, 54, 97, 5, 40, 33, 130};
     const std::vector<int> nnew = {17, 64, 100, 15, 16, 1, 33};
-    int i = 0;
-    for (const shape &s : shapes) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const schedule order = (schedule)(i % 4);
-        const emu_test::prefill_result r = emu_prefill::run(make_case(s, cached, nnew, order));
-        if (!r.problem.empty()) {
-            printf("FAIL prefill case %d: %s\n", i, r.problem.c_str());
-            bad++;
-        } else if (verbose) {
-            printf("  prefill %2d bs=%2d hd=%3d nkv=%d G=%2d window=%3d cap=%2g %-4s %-9s: "
-                   "worst %.2g (%.2f s)\n",
-                   i, s.bs, s.hd, s.nkv, s.G, s.window, (double)s.cap, type_name(s.type),
-                   order_names[(int)order], r.worst, seconds_since(t0));
+    for (int math : {LOOM_K_MATH_F32, LOOM_K_MATH_BF16}) {
+        int i = 0;
+        for (const shape &s : shapes) {
+            const auto t0 = std::chrono::steady_clock::now();
+            const schedule order = (schedule)(i % 4);
+            const emu_test::prefill_result r =
+                emu_prefill::run(in_math(make_case(s, cached, nnew, order), math));
+            if (!r.problem.empty()) {
+                printf("FAIL prefill case %d (%s): %s\n", i, math_name(math), r.problem.c_str());
+                bad++;
+            } else if (verbose) {
+                printf("  prefill %2d %-9s bs=%2d hd=%3d nkv=%d G=%2d window=%3d cap=%2g %-4s "
+                       "%-9s: worst %.2g (%.2f s)\n",
+                       i, math_name(math), s.bs, s.hd, s.nkv, s.G, s.window, (double)s.cap,
+                       type_name(s.type), order_names[(int)order], r.worst, seconds_since(t0));
+            }
+            i++;
         }
-        i++;
     }
 
     /* Batch invariance: a sequence's outputs alone and in a batch (other sequences before and
@@ -233,7 +250,8 @@ int prefill_tests(bool verbose) {
         }
     }
 
-    bad += invariant_mode_tests(verbose);
+    bad += invariant_mode_tests(verbose, LOOM_K_MATH_F32);
+    bad += invariant_mode_tests(verbose, LOOM_K_MATH_BF16);
 
     /* Long rows (positions past 4000, where LOOM_K_PLANTED_BUG drops position 0): the kernel
        as built passes, the planted build must fail. */

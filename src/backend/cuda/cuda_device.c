@@ -101,6 +101,17 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
         loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_FP8_GEMM=1 ignored: cuBLASLt's sums depend on "
                                  "the step's shape; it needs LOOM_CUDA_BATCH_INVARIANT=0");
     if (!d->batch_invariant) loom__cuda_fp8_gemm_open(d);
+    const char *math = getenv("LOOM_CUDA_MATH");
+    d->math = LOOM_K_MATH_F32;
+    if (math != NULL && strcmp(math, "bf16") == 0) {
+        d->math = LOOM_K_MATH_BF16;
+        loom__log(LOOM_LOG_INFO, "cuda: tensor-core products on 16-bit operands (LOOM_CUDA_MATH="
+                                 "bf16): matmul in BF16, attention in F16 or BF16 by page type, "
+                                 "sums in float32");
+    } else if (math != NULL && strcmp(math, "f32") != 0) {
+        loom__cuda_close(d);
+        return loom__fail(LOOM_ERR_INVALID_ARG, "cuda: LOOM_CUDA_MATH=%s: not f32 or bf16", math);
+    }
     const char *graphs = getenv("LOOM_CUDA_GRAPHS");
     d->graphs = graphs != NULL && strcmp(graphs, "1") == 0;
     if (d->graphs)

@@ -50,6 +50,9 @@ typedef struct loom__cuda_dev {
     bool batch_invariant;
     /* LOOM_CUDA_GRAPHS=1: a step's kernel launches replayed as CUDA graphs (cuda_graph.c). */
     bool graphs;
+    /* LOOM_CUDA_MATH: the tensor-core kernels' operands, LOOM_K_MATH_F32 (the default, float32
+     * accuracy) or LOOM_K_MATH_BF16 (=bf16: 16-bit operands, the peers' arithmetic). */
+    int math;
 } loom__cuda_dev;
 
 /* Most descriptors (KV groups) one step hands over. */

@@ -60,7 +60,8 @@ static loom_status run_gemm(loom__cuda_stream *c, int m, const loom__k_weight *c
     if (need > c->gemm_work_cap) c->n_grows++;
     LOOM_TRY(loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, need));
     const loom__k_gemm_work work = {c->gemm_work, c->gemm_work_cap, c->dev->n_sms};
-    return loom__cuda_gemm_multi(c->s, m, kp, x->data, x->row_stride, n_tokens, op, os, &work);
+    return loom__cuda_gemm_multi(c->s, m, kp, x->data, x->row_stride, n_tokens, op, os, &work,
+                                 c->dev->math);
 }
 
 loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_tensor *x,
@@ -302,7 +303,8 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
                        .merge = merge_of(kv, p->layer),
                        .invariant = c->dev->batch_invariant,
                        .n_sms = c->dev->n_sms,
-                       .smem_optin = c->dev->smem_optin};
+                       .smem_optin = c->dev->smem_optin,
+                       .math = c->dev->math};
     const size_t tiled = loom__cuda_attention_tiled_work_bytes(dk, &ka);
     if (tiled > c->tiled_work_cap) c->n_grows++;
     LOOM_TRY(loom__cuda_regrow(c, &c->tiled_work, &c->tiled_work_cap, tiled));

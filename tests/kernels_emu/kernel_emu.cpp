@@ -319,58 +319,61 @@ void start_thread(int t) {
 
 // ---- the collectives ----------------------------------------------------------------------------
 
+// D = A B + C for warp w over a K-deep product (A: 16 x K, B: K x 8, exact in double), C and D
+// in the m16n8 accumulator fragments every mma shares, lane l, g = l / 4, i = l % 4:
+//   c0: (g, 2i)     c1: (g, 2i + 1)     c2: (g + 8, 2i)     c3: (g + 8, 2i + 1)
+// The K products and C summed in double, rounded to float once (the device accumulates in
+// float32, in an order it does not document: within the tolerances, not bit for bit).
+template <int K> void mma_finish(int w, const double (&A)[16][K], const double (&B)[K][8]) {
+    static const int c_at[4][2] = {{0, 0}, {0, 1}, {8, 0}, {8, 1}};
+    double C[16][8];
+    for (int l = 0; l < 32; l++)
+        for (int r = 0; r < 4; r++)
+            C[(l >> 2) + c_at[r][0]][2 * (l & 3) + c_at[r][1]] = M.threads[w * 32 + l].d[r];
+    for (int l = 0; l < 32; l++)
+        for (int r = 0; r < 4; r++) {
+            const int m = (l >> 2) + c_at[r][0], n = 2 * (l & 3) + c_at[r][1];
+            double s = C[m][n];
+            for (int k = 0; k < K; k++) s += A[m][k] * B[k][n];
+            M.threads[w * 32 + l].d[r] = (float)s;
+        }
+    M.stats.mma++;
+}
+
 // mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 for warp w, the fragments as the PTX ISA
-// lays them out ("Matrix Fragments for mma.m16n8k8", .tf32), lane l, g = l / 4, i = l % 4:
+// lays them out ("Matrix Fragments for mma.m16n8k8", .tf32):
 //   A (16 x 8)  a0: (g, i)      a1: (g + 8, i)      a2: (g, i + 4)      a3: (g + 8, i + 4)
 //   B (8 x 8)   b0: (i, g)      b1: (i + 4, g)
-//   C, D        c0: (g, 2i)     c1: (g, 2i + 1)     c2: (g + 8, 2i)     c3: (g + 8, 2i + 1)
-// Operands are TF32: the low 13 bits of each register are ignored. Products of TF32 values are
-// exact in double; the sum of the 8 and C is rounded to float once (the device accumulates in
-// float32, in an order it does not document: within the tolerances, not bit for bit).
+// Operands are TF32: the low 13 bits of each register are ignored; their products are exact in
+// double.
 void warp_mma(int w) {
     static const int a_at[4][2] = {{0, 0}, {8, 0}, {0, 4}, {8, 4}};
     static const int b_at[2][2] = {{0, 0}, {4, 0}};
-    static const int c_at[4][2] = {{0, 0}, {0, 1}, {8, 0}, {8, 1}};
-    double A[16][8], B[8][8], C[16][8];
+    double A[16][8], B[8][8];
     auto tf32 = [](uint32_t u) { return (double)__uint_as_float(u & 0xffffe000u); };
     for (int l = 0; l < 32; l++) {
         const thread &t = M.threads[w * 32 + l];
         const int g = l >> 2, i = l & 3;
         for (int r = 0; r < 4; r++) A[g + a_at[r][0]][i + a_at[r][1]] = tf32(t.a[r]);
         for (int r = 0; r < 2; r++) B[i + b_at[r][0]][g + b_at[r][1]] = tf32(t.b[r]);
-        for (int r = 0; r < 4; r++) C[g + c_at[r][0]][2 * i + c_at[r][1]] = t.d[r];
     }
-    float D[16][8];
-    for (int m = 0; m < 16; m++)
-        for (int n = 0; n < 8; n++) {
-            double s = C[m][n];
-            for (int k = 0; k < 8; k++) s += A[m][k] * B[k][n];
-            D[m][n] = (float)s;
-        }
-    for (int l = 0; l < 32; l++) {
-        const thread &t = M.threads[w * 32 + l];
-        const int g = l >> 2, i = l & 3;
-        for (int r = 0; r < 4; r++) t.d[r] = D[g + c_at[r][0]][2 * i + c_at[r][1]];
-    }
-    M.stats.mma++;
+    mma_finish<8>(w, A, B);
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 for warp w ("Matrix Fragments
 // for mma.m16n8k16 with floating point type"), two 16-bit elements per register, the lower in
-// the low half, lane l, g = l / 4, i = l % 4:
+// the low half:
 //   A (16 x 16)  a0: (g, 2i..2i+1)  a1: (g + 8, 2i..)  a2: (g, 2i + 8..)  a3: (g + 8, 2i + 8..)
 //   B (16 x 8)   b0: (2i..2i+1, g)  b1: (2i + 8.., g)
-//   C, D         as m16n8k8's
-// Products of 16-bit values are exact in double; the 16 and C summed, rounded to float once.
+// Products of 16-bit values are exact in double.
 void warp_mma16(int w) {
-    double A[16][16], B[16][8], C[16][8];
+    double A[16][16], B[16][8];
     const bool f16 = M.threads[w * 32].f16;
     auto val = [f16](uint32_t u) {
         const uint16_t h = (uint16_t)u;
         return f16 ? (double)__half2float(__ushort_as_half(h))
                    : (double)__bfloat162float(__ushort_as_bfloat16(h));
     };
-    static const int c_at[4][2] = {{0, 0}, {0, 1}, {8, 0}, {8, 1}};
     for (int l = 0; l < 32; l++) {
         const thread &t = M.threads[w * 32 + l];
         if (t.f16 != f16) fault("warp %d: lanes 0 and %d run mma of different types", w, l);
@@ -380,21 +383,8 @@ void warp_mma16(int w) {
                 A[g + 8 * (r & 1)][2 * i + 8 * (r >> 1) + e] = val(t.a[r] >> (16 * e));
         for (int r = 0; r < 2; r++)
             for (int e = 0; e < 2; e++) B[2 * i + 8 * r + e][g] = val(t.b[r] >> (16 * e));
-        for (int r = 0; r < 4; r++) C[g + c_at[r][0]][2 * i + c_at[r][1]] = t.d[r];
     }
-    float D[16][8];
-    for (int m = 0; m < 16; m++)
-        for (int n = 0; n < 8; n++) {
-            double s = C[m][n];
-            for (int k = 0; k < 16; k++) s += A[m][k] * B[k][n];
-            D[m][n] = (float)s;
-        }
-    for (int l = 0; l < 32; l++) {
-        const thread &t = M.threads[w * 32 + l];
-        const int g = l >> 2, i = l & 3;
-        for (int r = 0; r < 4; r++) t.d[r] = D[g + c_at[r][0]][2 * i + c_at[r][1]];
-    }
-    M.stats.mma++;
+    mma_finish<16>(w, A, B);
 }
 
 // Warp w's 32 lanes have all reached a collective: check they agree on which, compute it, let

@@ -151,7 +151,7 @@ size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t max_tokens, i
 /* The most scratch any split takes (a split needing more does not happen). */
 size_t loom__cuda_gemm_work_bound_cap(void);
 
-/* FP8 weight rows on tensor cores (fp8_gemm.cu, around cuBLASLt's GEMM): each token row of x
+/* cuBLASLt's GEMMs of the fast mode (blaslt_gemm.cu). FP8 weight rows: each token row of x
  * [n_tokens, k] to E4M3 codes xq (rows xq_stride bytes apart) with scale[t] = max|x_t| / 448
  * (a zero row: scale 0, zero codes); and out[t][n] *= (row n's scale) * token_scale[t]. */
 loom_status loom__cuda_fp8_quantize_acts(cudaStream_t stream, const float *x, size_t x_stride,
@@ -159,6 +159,10 @@ loom_status loom__cuda_fp8_quantize_acts(cudaStream_t stream, const float *x, si
                                          float *scale);
 loom_status loom__cuda_fp8_scale_out(cudaStream_t stream, const loom__k_weight *w, float *out,
                                      size_t out_stride, int64_t n_tokens, const float *token_scale);
+/* BF16 weights in BF16 math: each token row of x [n_tokens, k] rounded to BF16 into xb (rows
+ * xb_stride bytes apart; n_tokens <= 65535). */
+loom_status loom__cuda_acts_to_bf16(cudaStream_t stream, const float *x, size_t x_stride,
+                                    int64_t n_tokens, int64_t k, uint16_t *xb, size_t xb_stride);
 
 /* ---- the paged KV cache (kv_store.cu, attention.cu) ---------------------------------------- */
 

@@ -414,22 +414,33 @@ static void test_matmul_multi(void **state) {
  * activations: its tensor-core GEMM at this step's 48 tokens), so cuBLASLt really ran. A device
  * without the FP8 GEMM (no FP8 tensor cores, no cuBLASLt) logs why and runs loom's: the test
  * then says so and checks nothing more. CUDA only. */
-static void test_fp8_gemm(void **state) {
-    (void)state;
-    if (strcmp(g_gpu_name, "cuda") != 0) return;
-    setenv("LOOM_CUDA_FP8_GEMM", "1", 1);
+/* A CUDA stream opened in the fast mode (cuBLASLt is not invariant: opt-out only) with one more
+ * variable set; the environment left as it was. */
+static void open_fast_with(const char *var, const char *value, loom__backend_stream *gb) {
     char *inv =
         getenv("LOOM_CUDA_BATCH_INVARIANT") ? strdup(getenv("LOOM_CUDA_BATCH_INVARIANT")) : NULL;
-    setenv("LOOM_CUDA_BATCH_INVARIANT", "0", 1); /* cuBLASLt is not invariant: opt-out only */
-    loom__backend_stream gb;
+    char *old = getenv(var) ? strdup(getenv(var)) : NULL;
+    setenv("LOOM_CUDA_BATCH_INVARIANT", "0", 1);
+    setenv(var, value, 1);
     loom_backend_open_params gp = {.device = 0, .n_threads = 2, .f32_activations = true};
-    expect_ok(loom__backend_stream_open("cuda", &gp, &gb), "cuda (fp8 gemm) open");
-    unsetenv("LOOM_CUDA_FP8_GEMM");
+    expect_ok(loom__backend_stream_open("cuda", &gp, gb), var);
+    if (old != NULL)
+        setenv(var, old, 1);
+    else
+        unsetenv(var);
     if (inv != NULL)
         setenv("LOOM_CUDA_BATCH_INVARIANT", inv, 1);
     else
         unsetenv("LOOM_CUDA_BATCH_INVARIANT");
+    free(old);
     free(inv);
+}
+
+static void test_fp8_gemm(void **state) {
+    (void)state;
+    if (strcmp(g_gpu_name, "cuda") != 0) return;
+    loom__backend_stream gb;
+    open_fast_with("LOOM_CUDA_FP8_GEMM", "1", &gb);
     const int64_t k = 1024, n = 192, T = 48;
     weight_pair w;
     make_weight(LOOM_TYPE_FP8_E4M3_ROWS, k, n, LOOM_WEIGHT_MATMUL, &w);
@@ -487,6 +498,72 @@ static void test_fp8_gemm(void **state) {
                (long long)n, (long long)T, (long long)k);
     }
     free(x), free(xq), free(got), free(gemv);
+    free_weight(&w);
+    gpu_free_all();
+    loom__backend_stream_close(&gb);
+}
+
+/* BF16 weights in the fast mode with BF16 math (LOOM_CUDA_BATCH_INVARIANT=0 LOOM_CUDA_MATH=bf16:
+ * cuBLASLt's BF16 GEMM for steps of more than 8 tokens, loom's own BF16-math GEMM where cuBLASLt
+ * is missing): against a float64 sum over the weights and the activations rounded to BF16
+ * (nearest even, written here), each output within 1e-4 of the sum of |w x| — either GEMM sums
+ * exact products in float32 — and not within 1e-6 of the float32 product (the activations were
+ * rounded: the BF16 path ran, not the default's). CUDA only. */
+static void test_bf16_gemm(void **state) {
+    (void)state;
+    if (strcmp(g_gpu_name, "cuda") != 0) return;
+    loom__backend_stream gb;
+    open_fast_with("LOOM_CUDA_MATH", "bf16", &gb);
+    const int64_t k = 1024, n = 192, T = 48;
+    weight_pair w;
+    make_weight(LOOM_TYPE_BF16, k, n, LOOM_WEIGHT_MATMUL, &w);
+    loom_weight_src src = {.name = "test.bf16",
+                           .type = LOOM_TYPE_BF16,
+                           .ne = {k, n},
+                           .row_stride = row_bytes(LOOM_TYPE_BF16, k),
+                           .data = w.host,
+                           .persistent = true,
+                           .use = LOOM_WEIGHT_MATMUL};
+    loom_tensor wg;
+    expect_ok(gb.ops->weight_prepare(gb.dev, &src, &wg), "weight_prepare (bf16 gemm)");
+    float *x = xmalloc((size_t)(k * T) * 4), *xb = xmalloc((size_t)(k * T) * 4);
+    fill_acts(x, k * T, 1.0f);
+    for (int64_t i = 0; i < k * T; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        memcpy(&xb[i], &u, 4);
+    }
+    float *d_x = gpu_alloc((size_t)(k * T) * 4), *d_o = gpu_alloc((size_t)(n * T) * 4);
+    gpu_put(d_x, x, (size_t)(k * T) * 4);
+    loom_tensor gx = loom_tensor_2d(LOOM_TYPE_F32, d_x, k, T, (size_t)k * 4);
+    loom_tensor go = loom_tensor_2d(LOOM_TYPE_F32, d_o, n, T, (size_t)n * 4);
+    gpu_poison(&go);
+    expect_ok(gb.ops->matmul(gb.ctx, &wg, &gx, &go), "bf16 gemm matmul");
+    expect_ok(gb.ops->synchronize(gb.ctx), "bf16 gemm sync");
+    float *got = host_f32(n * T);
+    gpu_get(got, d_o, (size_t)(n * T) * 4);
+    double far = 0.0; /* the largest distance from the float32 product, of sum |w x| */
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t o = 0; o < n; o++) {
+            double s = 0.0, a = 0.0, s32 = 0.0;
+            for (int64_t i = 0; i < k; i++) {
+                const double p = (double)w.deq[o * k + i] * (double)xb[t * k + i];
+                s += p;
+                a += fabs(p);
+                s32 += (double)w.deq[o * k + i] * (double)x[t * k + i];
+            }
+            const double g = got[t * n + o];
+            if (!(fabs(g - s) <= 1e-4 * a + 1e-30))
+                fail_msg("bf16 gemm out[%lld,%lld] = %.9g, float64 %.9g (|w||x| %.3g)",
+                         (long long)t, (long long)o, g, s, a);
+            far = fmax(far, fabs(g - s32) / (a + 1e-30));
+        }
+    if (!(far > 1e-6)) fail_msg("bf16 gemm: the float32 product's bits (%.3g): no BF16 ran", far);
+    printf("bf16 gemm: %lld x %lld x %lld within 1e-4 of the float64 sum over BF16 activations "
+           "(%.2g from the float32 product)\n",
+           (long long)n, (long long)T, (long long)k, far);
+    free(x), free(xb), free(got);
     free_weight(&w);
     gpu_free_all();
     loom__backend_stream_close(&gb);
@@ -1712,21 +1789,14 @@ int main(void) {
     loom_backend_open_params cp = {.device = 0, .n_threads = 4, .f32_activations = true};
     if (loom__backend_stream_open("cpu", &cp, &g_cpu) != LOOM_OK) return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_copy_batch),
-        cmocka_unit_test(test_get_rows),
-        cmocka_unit_test(test_elementwise),
-        cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_attention_batches),
-        cmocka_unit_test(test_attention),
-        cmocka_unit_test(test_models_logits),
-        cmocka_unit_test(test_models_merged),
-        cmocka_unit_test(test_models_engine),
-        cmocka_unit_test(test_fp8_gemm),
-        cmocka_unit_test(test_logits_summary),
-        cmocka_unit_test(test_engine_batch_invariance),
-        cmocka_unit_test(test_matmul_multi),
-        cmocka_unit_test(test_engine_graphs),
+        cmocka_unit_test(test_copy_batch),     cmocka_unit_test(test_get_rows),
+        cmocka_unit_test(test_elementwise),    cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_matmul),         cmocka_unit_test(test_attention_batches),
+        cmocka_unit_test(test_attention),      cmocka_unit_test(test_models_logits),
+        cmocka_unit_test(test_models_merged),  cmocka_unit_test(test_models_engine),
+        cmocka_unit_test(test_fp8_gemm),       cmocka_unit_test(test_bf16_gemm),
+        cmocka_unit_test(test_logits_summary), cmocka_unit_test(test_engine_batch_invariance),
+        cmocka_unit_test(test_matmul_multi),   cmocka_unit_test(test_engine_graphs),
     };
     /* LOOM_TEST_ONLY=name[,name...] runs those tests alone (check.sh's planted-bug step and its
      * run of the fast mode). */

@@ -74,7 +74,7 @@ int run_all(bool verbose);
 namespace emu_kv_merge {
 int run_all(bool verbose);
 }
-namespace emu_fp8_gemm {
+namespace emu_blaslt_gemm {
 int run_all(bool verbose);
 }
 // attention.cu's split-KV and merge kernels; the planted build's run_planted() gives the

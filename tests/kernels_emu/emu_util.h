@@ -1,6 +1,6 @@
 // emu_util.h — what the kernel cases that compare against the CPU backend share (emu_gemv.cpp,
 // emu_get_rows.cpp, emu_elementwise.cpp, emu_rope.cpp, emu_kv_store.cpp, emu_attention.cpp,
-// emu_kv_merge.cpp, emu_fp8_gemm.cpp): a seeded generator, the CPU backend's ops on one stream
+// emu_kv_merge.cpp, emu_blaslt_gemm.cpp): a seeded generator, the CPU backend's ops on one stream
 // (the reference), weight rows of every type, a paged-KV step as both the CPU's descriptor
 // (loom_kv_desc) and the kernels' (loom__k_kv), and the comparisons. Included after the kernel
 // file a case compiles (its first include), so kernel_emu.h is already in.

@@ -5,11 +5,11 @@
 // attention (and the planted off-by-one of LOOM_K_PLANTED_BUG must be caught), logits_summary.cu
 // against the host's summarizer, gemm.cu against a float64 product, and the other families
 // against the CPU backend's op (emu_<family>.cpp; gemv.cu against a float64 sum over the CPU's
-// decoded weights, fp8_gemm.cu's kernels against tensor/fp8.h), attention.cu's planted
-// off-by-one caught too. The emulator's schedules vary from case to case, so a missing barrier
-// shows as a wrong result.
-// `test_kernels_emu [PART ...] [-v]` runs the parts named (all by default): prefill, summary,
-// gemm, gemv, get_rows, elementwise, rope, kv_store, attention, kv_merge, fp8_gemm.
+// decoded weights, blaslt_gemm.cu's kernels against tensor/fp8.h and a BF16 rounding),
+// attention.cu's planted off-by-one caught too. The emulator's schedules vary from case to case, so
+// a missing barrier shows as a wrong result. `test_kernels_emu [PART ...] [-v]` runs the parts
+// named (all by default): prefill, summary, gemm, gemv, get_rows, elementwise, rope, kv_store,
+// attention, kv_merge, blaslt_gemm.
 #include <stdio.h>
 #include <string.h>
 
@@ -306,7 +306,7 @@ const part parts[] = {
     {"kv_store", "kv_store", emu_kv_store::run_all},
     {"attention", "attention", attention_tests},
     {"kv_merge", "kv_merge", emu_kv_merge::run_all},
-    {"fp8_gemm", "fp8_gemm", emu_fp8_gemm::run_all},
+    {"blaslt_gemm", "blaslt_gemm", emu_blaslt_gemm::run_all},
 };
 const int n_parts = (int)(sizeof parts / sizeof parts[0]);
 

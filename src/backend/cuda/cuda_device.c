@@ -90,17 +90,6 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
     loom__log(LOOM_LOG_INFO, "cuda: device %d: %s, compute capability %d.%d, %d SMs, %.1f GiB",
               d->device, d->name, d->cc_major, d->cc_minor, d->n_sms,
               (double)prop.totalGlobalMem / (1u << 30));
-    const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT");
-    d->batch_invariant = !(inv != NULL && strcmp(inv, "0") == 0);
-    if (d->batch_invariant)
-        loom__log(LOOM_LOG_INFO,
-                  "cuda: batch-invariant: every matmul on the tensor-core GEMM's one order, every "
-                  "attention row on one kernel (LOOM_CUDA_BATCH_INVARIANT=0 turns it off)");
-    if (d->batch_invariant && getenv("LOOM_CUDA_FP8_GEMM") != NULL &&
-        strcmp(getenv("LOOM_CUDA_FP8_GEMM"), "1") == 0)
-        loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_FP8_GEMM=1 ignored: cuBLASLt's sums depend on "
-                                 "the step's shape; it needs LOOM_CUDA_BATCH_INVARIANT=0");
-    if (!d->batch_invariant) loom__cuda_fp8_gemm_open(d);
     const char *math = getenv("LOOM_CUDA_MATH");
     d->math = LOOM_K_MATH_F32;
     if (math != NULL && strcmp(math, "bf16") == 0) {
@@ -112,6 +101,17 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
         loom__cuda_close(d);
         return loom__fail(LOOM_ERR_INVALID_ARG, "cuda: LOOM_CUDA_MATH=%s: not f32 or bf16", math);
     }
+    const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT");
+    d->batch_invariant = !(inv != NULL && strcmp(inv, "0") == 0);
+    if (d->batch_invariant)
+        loom__log(LOOM_LOG_INFO,
+                  "cuda: batch-invariant: every matmul on the tensor-core GEMM's one order, every "
+                  "attention row on one kernel (LOOM_CUDA_BATCH_INVARIANT=0 turns it off)");
+    if (d->batch_invariant && getenv("LOOM_CUDA_FP8_GEMM") != NULL &&
+        strcmp(getenv("LOOM_CUDA_FP8_GEMM"), "1") == 0)
+        loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_FP8_GEMM=1 ignored: cuBLASLt's sums depend on "
+                                 "the step's shape; it needs LOOM_CUDA_BATCH_INVARIANT=0");
+    if (!d->batch_invariant) loom__cuda_blaslt_open(d);
     const char *graphs = getenv("LOOM_CUDA_GRAPHS");
     d->graphs = graphs != NULL && strcmp(graphs, "1") == 0;
     if (d->graphs)
@@ -125,7 +125,7 @@ void loom__cuda_close(void *dev) {
     loom__cuda_dev *d = dev;
     if (d == NULL) return;
     (void)cudaSetDevice(d->device);
-    loom__cuda_fp8_gemm_close(d);
+    loom__cuda_blaslt_close(d);
     for (loom__cuda_chunk *c = d->chunks, *next; c != NULL; c = next) {
         next = c->next;
         (void)cudaFree(c->base);

@@ -28,7 +28,7 @@ loom_status loom__cuda_status(cudaError_t e, const char *call);
 
 /* One block of uploaded weights (a singly linked list: the arena, then any overflow). */
 typedef struct loom__cuda_chunk loom__cuda_chunk;
-/* cuBLASLt, opened at run time for the FP8 GEMM (cuda_fp8_gemm.c). */
+/* cuBLASLt, opened at run time for the fast mode's library GEMMs (cuda_blaslt_gemm.c). */
 typedef struct loom__cuda_blaslt loom__cuda_blaslt;
 
 typedef struct loom__cuda_dev {
@@ -41,7 +41,9 @@ typedef struct loom__cuda_dev {
                             thread) */
     loom__cuda_chunk *chunks;
     uint64_t converted_logged; /* bit t: type t's "dequantized to bf16" line was logged */
-    loom__cuda_blaslt *blaslt; /* the FP8 GEMM's library (LOOM_CUDA_FP8_GEMM=1); NULL: off */
+    /* cuBLASLt, where the fast mode runs some matmuls on it (LOOM_CUDA_FP8_GEMM=1: FP8 rows;
+     * LOOM_CUDA_MATH=bf16: BF16 weights); NULL: off */
+    loom__cuda_blaslt *blaslt;
     /* Batch invariance (the default; LOOM_CUDA_BATCH_INVARIANT=0 turns it off): every matmul on
      * the tensor-core GEMM's one order of additions and every attention row of a layer on one
      * kernel (the tiled one where it runs the layer), so a token's bits never depend on its
@@ -95,9 +97,9 @@ typedef struct loom__cuda_stream {
     void *gemm_work;
     size_t gemm_work_cap;
     /* The FP8 GEMM's quantized activations, their scales and cuBLASLt's workspace. */
-    void *fp8_work;
-    size_t fp8_work_cap;
-    bool fp8_gemm_refused; /* cuBLASLt proposed no algorithm once (logged once) */
+    void *blaslt_work; /* cuBLASLt's activations and workspace */
+    size_t blaslt_work_cap;
+    bool blaslt_refused; /* cuBLASLt declined a step once (logged once) */
     /* logits_summary's results in device memory before they cross to the host. */
     void *summary_work;
     size_t summary_work_cap;
@@ -158,16 +160,17 @@ loom_status loom__cuda_regrow(loom__cuda_stream *c, void **area, size_t *cap, si
 /* Makes attention's workspace hold at least bytes. */
 loom_status loom__cuda_reserve_attn(loom__cuda_stream *c, size_t bytes);
 
-/* ---- FP8 GEMM (cuda_fp8_gemm.c) ---- */
-/* Opens cuBLASLt where LOOM_CUDA_FP8_GEMM=1 and the device has FP8 tensor cores (else logs why
- * not and leaves d->blaslt NULL); never fails the device. */
-void loom__cuda_fp8_gemm_open(loom__cuda_dev *d);
-void loom__cuda_fp8_gemm_close(loom__cuda_dev *d);
-/* out = x w^T for FP8 weight rows w through cuBLASLt when it is open and the step has more
- * than 8 tokens: *done tells whether it ran (false: the caller runs the GEMV). Errors: the
- * launches', cuBLASLt's (BACKEND), OUT_OF_MEMORY (its workspace). */
-loom_status loom__cuda_fp8_gemm(loom__cuda_stream *c, const loom_tensor *w, const loom_tensor *x,
-                                loom_tensor *out, bool *done);
+/* ---- cuBLASLt's GEMMs of the fast mode (cuda_blaslt_gemm.c) ---- */
+/* Opens cuBLASLt (called in the fast mode only, after d->math is set) where LOOM_CUDA_FP8_GEMM=1
+ * and the device has FP8 tensor cores, or d->math is LOOM_K_MATH_BF16 (else, or where cuBLASLt
+ * cannot be loaded, logs why and leaves d->blaslt NULL); never fails the device. */
+void loom__cuda_blaslt_open(loom__cuda_dev *d);
+void loom__cuda_blaslt_close(loom__cuda_dev *d);
+/* out = x w^T through cuBLASLt for the weights it takes (FP8 rows, opted in; BF16 in BF16
+ * math) in steps of more than 8 tokens: *done tells whether it ran (false: the caller runs
+ * loom's kernels). Errors: the launches', cuBLASLt's (BACKEND). */
+loom_status loom__cuda_blaslt_gemm(loom__cuda_stream *c, const loom_tensor *w, const loom_tensor *x,
+                                   loom_tensor *out, bool *done);
 
 /* ---- ops (cuda_ops.c) ---- */
 loom_status loom__cuda_get_rows_op(void *stream, const loom_tensor *table, const loom_tensor *ids,

@@ -73,7 +73,7 @@ loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_
     if (x->ne[1] == 0) return LOOM_OK;
     LOOM_TRY(loom__cuda_launches(c));
     bool done = false;
-    LOOM_TRY(loom__cuda_fp8_gemm(c, w, x, out, &done));
+    LOOM_TRY(loom__cuda_blaslt_gemm(c, w, x, out, &done));
     if (done) return LOOM_OK;
     loom__k_weight kw = weight_of(w);
     const loom__k_weight *kp = &kw;

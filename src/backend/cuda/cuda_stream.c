@@ -166,7 +166,7 @@ void loom__cuda_stream_destroy(void *stream) {
     }
     (void)cudaFree(c->gemm_work);
     (void)cudaFree(c->tiled_work);
-    (void)cudaFree(c->fp8_work);
+    (void)cudaFree(c->blaslt_work);
     (void)cudaFree(c->summary_work);
     free(c->edit_host);
     (void)cudaFree(c->attn_work);

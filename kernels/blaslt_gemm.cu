@@ -1,7 +1,8 @@
-/* fp8_gemm.cu — the two small kernels around cuBLASLt's FP8 GEMM (src/backend/cuda/
- * cuda_fp8_gemm.c): activations quantized to E4M3 with one scale per token (max |x| / 448, the
- * weights' rule, tensor/fp8.h's rounding), and the epilogue that multiplies each raw product
- * sum of codes by its weight row's scale and its token's. */
+/* blaslt_gemm.cu — the small kernels around cuBLASLt's GEMMs of the fast mode (src/backend/
+ * cuda/cuda_blaslt_gemm.c). For the FP8 GEMM: activations quantized to E4M3 with one scale per
+ * token (max |x| / 448, the weights' rule, tensor/fp8.h's rounding), and the epilogue that
+ * multiplies each raw product sum of codes by its weight row's scale and its token's. For the
+ * BF16 GEMM (BF16 math): activations rounded to BF16, nearest even. */
 #include "common.cuh"
 
 #include "tensor/fp8.h"
@@ -54,7 +55,40 @@ static __global__ void scale_kernel(scale_args a) {
     *o = *o * (ws * a.token_scale[t]);
 }
 
+typedef struct bf16_args {
+    const float *x;
+    size_t x_stride;
+    int64_t k;
+    uint16_t *xb;
+    size_t xb_stride;
+} bf16_args;
+
+/* xb[t][i] = x[t][i] rounded to BF16 (nearest even; overflow to infinity, NaN stays NaN): grid
+ * (pieces of a row, rows), one value a thread. */
+static __global__ void __launch_bounds__(256) bf16_kernel(bf16_args a) {
+    const int64_t t = blockIdx.y;
+    const float *x = (const float *)((const char *)a.x + (size_t)t * a.x_stride);
+    uint16_t *o = (uint16_t *)((char *)a.xb + (size_t)t * a.xb_stride);
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < a.k;
+         i += (int64_t)gridDim.x * 256)
+        o[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+}
+
 #if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
+extern "C" loom_status loom__cuda_acts_to_bf16(cudaStream_t stream, const float *x, size_t x_stride,
+                                               int64_t n_tokens, int64_t k, uint16_t *xb,
+                                               size_t xb_stride) {
+    if (n_tokens == 0 || k == 0) return LOOM_OK;
+    if (n_tokens > 65535)
+        LOOM_K_UNSUPPORTED("cuda: bf16 activations of %lld rows", (long long)n_tokens);
+    const int64_t pieces = loom_cdiv(k, 256);
+    bf16_args a = {x, x_stride, k, xb, xb_stride};
+    bf16_kernel<<<dim3((unsigned)(pieces < 64 ? pieces : 64), (unsigned)n_tokens), 256, 0,
+                  stream>>>(a);
+    LOOM_K_LAUNCHED("bf16 activations");
+    return LOOM_OK;
+}
+
 extern "C" loom_status loom__cuda_fp8_quantize_acts(cudaStream_t stream, const float *x,
                                                     size_t x_stride, int64_t n_tokens, int64_t k,
                                                     uint8_t *xq, size_t xq_stride, float *scale) {

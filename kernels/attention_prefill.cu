@@ -30,8 +30,11 @@
  * column after Q Kᵀ, the scale of V the probability that weighs the position (P V), while the
  * softmax sum takes the unscaled probability. Masked positions get a weight of exactly 0.
  * BF16 math (LOOM_K_MATH_BF16, pf_ops_of): Q, K, V and P in one 16-bit type instead, one
- * m16n8k16 per product tile — F16 for F16 and FP8 pages (their values exact in it; FP8 V is
- * scaled as it is loaded), BF16 for BF16 and F32 pages; P's A fragments are S's C fragments
+ * m16n8k16 per product tile — F16 for F16 pages (their values exact in it), BF16 for BF16, F32
+ * and FP8 pages (FP8 codes exact in it, the scales applied outside the products as above, in
+ * BF16's range: F16's would lose P times a small V scale to its subnormals, or overflow); Q is
+ * rounded to the type, so a query element past F16's 65504 over F16 pages becomes infinite (the
+ * default's float32 Q does not); P's A fragments are S's C fragments
  * packed in place. The softmax, masks, segments and folds are the same code, so the bits
  * argument below holds for either form (a device-wide setting, never a choice per step).
  *
@@ -97,11 +100,11 @@ typedef struct pf_args {
 
 /* The products' operands (the kernel's OPS): Q and P split into TF32 hi + lo against exact
  * K and V (F16, BF16, FP8 pages), all four split (F32 pages), or everything in one 16-bit type
- * (LOOM_K_MATH_BF16: BF16 for BF16 and F32 pages, F16 for F16 and FP8 pages, whose values F16
- * holds exactly). The 16-bit forms keep Q, K and V in shared memory as 16-bit values, two to a
+ * (LOOM_K_MATH_BF16: F16 for F16 pages, whose values it holds exactly; BF16 for the others).
+ * The 16-bit forms keep Q, K and V in shared memory as 16-bit values, two to a
  * word as the mma's registers hold them: Q and K by row, head elements 2e and 2e + 1 in word e,
- * pf_qk_words(head_dim) words a row (a multiple of 8 plus 4: the fragment reads, lane (g, i)
- * word i of row g, hit 32 banks; the 4 words past head_dim are zeros, read by the last 16-wide
+ * pf_qk_words(head_dim) words a row (4 past a multiple of 8: the fragment reads, lane (g, i)
+ * word i of row g, hit 32 banks; the words past head_dim are zeros, read by the last 16-wide
  * step where head_dim is 8 past a multiple of 16); V by pairs of positions, positions 2p and
  * 2p + 1 of head element d in word d of row p, pf_v_words(head_dim) words a row (8 past a
  * multiple of 32: lane (g, i) reads word g of row i, 32 banks), so that each B register of P V
@@ -112,13 +115,12 @@ typedef struct pf_args {
 #define PF_F16     3
 
 static __host__ __device__ int pf_ops_of(uint32_t kv_type, int32_t math) {
-    if (math == LOOM_K_MATH_BF16)
-        return kv_type == LOOM_K_BF16 || kv_type == LOOM_K_F32 ? PF_BF16 : PF_F16;
+    if (math == LOOM_K_MATH_BF16) return kv_type == LOOM_K_F16 ? PF_F16 : PF_BF16;
     return kv_type == LOOM_K_F32 ? PF_TF32_KV : PF_TF32;
 }
 
 static __host__ __device__ int pf_qk_words(int32_t head_dim) {
-    return head_dim / 2 + 4;
+    return head_dim / 2 + (head_dim % 16 != 0 ? 8 : 4);
 }
 static __host__ __device__ int pf_v_words(int32_t head_dim) {
     return head_dim + (8 - head_dim % 32 + 32) % 32;
@@ -274,19 +276,15 @@ static __device__ __forceinline__ void pf_load_tile(const pf_args &a, const long
     }
 }
 
-/* The same into the 16-bit tiles (the layouts above), each value rounded to OP16 (exact for
- * the page types pf_ops_of pairs with F16 and BF16, F32 pages aside); FP8 V codes are
- * multiplied by their position's scale first (P V then needs no scale: an FP8 value times its
- * scale is the value the page stands for, within F16's range where the KV write's scales keep
- * it). K a position and 4 elements at a time; V two positions and 4 elements, 16 bytes. */
+/* The same into the 16-bit tiles (the layouts above), each value rounded to OP16 (exact but
+ * for F32 pages; FP8 codes unscaled, as pf_load_tile leaves them). K a position and 4 elements
+ * at a time; V two positions and 4 elements, 16 bytes. */
 template <int OP16>
 static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const long long *row_at,
-                                                      const float *vscb, uint32_t *ks,
-                                                      uint32_t *vs) {
+                                                      uint32_t *ks, uint32_t *vs) {
     const int hd = a.kv.head_dim, per = hd / 4, ldw = pf_qk_words(hd), ldv = pf_v_words(hd);
     const uint32_t type = a.kv.kv_type;
     const size_t elt = pf_elt_bytes(type);
-    const bool fp8 = pf_fp8(type);
     const char *kp = (const char *)a.p.k_pool, *vp = (const char *)a.p.v_pool;
     for (int it = threadIdx.x; it < PF_N * per; it += PF_THREADS) {
         const int jl = it / per, c = (it - jl * per) * 4;
@@ -303,13 +301,7 @@ static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const lo
         for (int e = 0; e < 2; e++) {
             const long long at = row_at[2 * jp + e];
             v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (at >= 0) {
-                v[e] = pf_load4(type, vp + at + (size_t)c * elt);
-                if (fp8) {
-                    const float vsj = vscb[2 * jp + e];
-                    v[e] = make_float4(v[e].x * vsj, v[e].y * vsj, v[e].z * vsj, v[e].w * vsj);
-                }
-            }
+            if (at >= 0) v[e] = pf_load4(type, vp + at + (size_t)c * elt);
         }
         *(uint4 *)(vs + jp * ldv + c) = make_uint4(
             loom_mma16_pack<OP16>(v[0].x, v[1].x), loom_mma16_pack<OP16>(v[0].y, v[1].y),
@@ -490,7 +482,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     int buf = 0;
     for (int j0 = j_begin; j0 <= j_end; j0 += PF_N, buf ^= 1) {
         if constexpr (M16)
-            pf_load_tile16<OP16>(a, row_at + buf * PF_N, vsc + buf * PF_N, ks16, vs16);
+            pf_load_tile16<OP16>(a, row_at + buf * PF_N, ks16, vs16);
         else
             pf_load_tile(a, row_at + buf * PF_N, ks, vs, ld);
         if (j0 + PF_N <= j_end)
@@ -586,8 +578,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                     const int h = r >> 1;
                     const float w = sc[nt][r] == -INFINITY ? 0.0f : expf(sc[nt][r] - m_run[h]);
                     ls[h] += w;
-                    /* (the 16-bit forms scaled V as they loaded it) */
-                    sc[nt][r] = fp8 && !M16 ? w * vscb[nt * 8 + loom_mma_c_col(lane, r)] : w;
+                    sc[nt][r] = fp8 ? w * vscb[nt * 8 + loom_mma_c_col(lane, r)] : w;
                 }
 #pragma unroll
             for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * corr[h] + ls[h];

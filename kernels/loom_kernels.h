@@ -104,10 +104,11 @@ loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_weight *w, co
  * parts (mma.cuh), as the CPU backend's float32 arithmetic. LOOM_K_MATH_BF16: each operand
  * rounded once to a 16-bit type and one m16n8k16 per product tile, what the BF16 peers (cuBLAS,
  * flash attention) do: the GEMM's weights and activations to BF16; attention's to F16 where the
- * pages hold F16 or FP8 (exact in F16: K and V keep their bits, Q and P round to F16's 11 bits)
- * and to BF16 where they hold BF16 or F32. The sums stay float32, in the same fixed order as the
- * default's, so either setting is batch-invariant; they differ from each other in the last bits
- * (BF16 operands: a relative 2^-9 per operand). */
+ * pages hold F16 (K and V keep their bits, Q and P round to F16's 11 bits) and to BF16 where
+ * they hold BF16, F32 or FP8 (FP8 codes keep theirs; the scales stay outside the products).
+ * The sums stay float32, in the same fixed order as the default's, so either setting is
+ * batch-invariant; the two differ by the operands' rounding (BF16: up to 2^-8 of each
+ * operand, F16 2^-11). The fast mode's GEMV and split-KV kernels stay float32 either way. */
 #define LOOM_K_MATH_F32  0
 #define LOOM_K_MATH_BF16 1
 

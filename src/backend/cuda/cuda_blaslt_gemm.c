@@ -152,8 +152,9 @@ static uint32_t alignment_of(const void *p, size_t ld_bytes) {
 /* Why loom's own kernels run a step cuBLASLt was meant for: said once per stream. */
 static void refuse(loom__cuda_stream *c, const char *why, const loom_tensor *w, int64_t T,
                    int status) {
-    if (c->blaslt_refused) return;
-    c->blaslt_refused = true;
+    bool *said = &c->blaslt_refused[w->type == LOOM_TYPE_BF16];
+    if (*said) return;
+    *said = true;
     loom__log(LOOM_LOG_INFO,
               "cuda: cuBLASLt GEMM %lld x %lld x %lld (%s weights): %s (status %d); loom's "
               "kernels run it",
@@ -221,13 +222,19 @@ static void run_gemm(loom__cuda_stream *c, const loom_tensor *w, cudaDataType_t 
     if (op) b->desc_destroy(op);
 }
 
+bool loom__cuda_blaslt_takes(const loom__cuda_dev *d, loom_type type) {
+    const loom__cuda_blaslt *b = d->blaslt;
+    return b != NULL &&
+           ((b->fp8 && type == LOOM_TYPE_FP8_E4M3_ROWS) || (b->bf16 && type == LOOM_TYPE_BF16));
+}
+
 loom_status loom__cuda_blaslt_gemm(loom__cuda_stream *c, const loom_tensor *w, const loom_tensor *x,
                                    loom_tensor *out, bool *done) {
     *done = false;
     const int64_t T = x->ne[1];
-    const loom__cuda_blaslt *b = c->dev->blaslt;
-    const bool fp8 = b != NULL && b->fp8 && w->type == LOOM_TYPE_FP8_E4M3_ROWS;
-    const bool bf16 = b != NULL && b->bf16 && w->type == LOOM_TYPE_BF16;
+    const bool takes = loom__cuda_blaslt_takes(c->dev, w->type);
+    const bool fp8 = takes && w->type == LOOM_TYPE_FP8_E4M3_ROWS;
+    const bool bf16 = takes && w->type == LOOM_TYPE_BF16;
     if ((!fp8 && !bf16) || T <= BLT_MIN_TOKENS || T > BLT_MAX_TOKENS || w->row_stride % 16 != 0 ||
         out->row_stride % 16 != 0 || ((uintptr_t)w->data & 15) != 0 ||
         ((uintptr_t)out->data & 15) != 0)

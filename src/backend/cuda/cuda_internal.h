@@ -99,7 +99,7 @@ typedef struct loom__cuda_stream {
     /* The FP8 GEMM's quantized activations, their scales and cuBLASLt's workspace. */
     void *blaslt_work; /* cuBLASLt's activations and workspace */
     size_t blaslt_work_cap;
-    bool blaslt_refused; /* cuBLASLt declined a step once (logged once) */
+    bool blaslt_refused[2]; /* cuBLASLt declined an FP8 / BF16 step once (logged once each) */
     /* logits_summary's results in device memory before they cross to the host. */
     void *summary_work;
     size_t summary_work_cap;
@@ -171,6 +171,9 @@ void loom__cuda_blaslt_close(loom__cuda_dev *d);
  * loom's kernels). Errors: the launches', cuBLASLt's (BACKEND). */
 loom_status loom__cuda_blaslt_gemm(loom__cuda_stream *c, const loom_tensor *w, const loom_tensor *x,
                                    loom_tensor *out, bool *done);
+/* Whether cuBLASLt is open for weights of this type (their steps of more than 8 tokens go to
+ * it, so they leave matmul_multi's one launch). */
+bool loom__cuda_blaslt_takes(const loom__cuda_dev *d, loom_type type);
 
 /* ---- ops (cuda_ops.c) ---- */
 loom_status loom__cuda_get_rows_op(void *stream, const loom_tensor *table, const loom_tensor *ids,

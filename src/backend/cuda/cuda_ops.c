@@ -87,7 +87,8 @@ loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_
 
 /* outs[j] = x·ws[j]ᵀ: the weights of each type in one GEMM launch (q, k, v of one type; gate and
  * up), each out the bits of its own matmul. Steps the GEMM does not take (the fast mode's GEMV
- * steps) and FP8 weights under cuBLASLt's GEMM run one matmul each. */
+ * steps) and weights cuBLASLt takes in the fast mode (FP8 rows, opted in; BF16 in BF16 math)
+ * run one matmul each. */
 _Static_assert(LOOM_K_GEMM_MULTI == LOOM_MATMUL_MULTI_MAX, "one launch takes a whole call");
 
 loom_status loom__cuda_matmul_multi_op(void *stream, int n, const loom_tensor *const *ws,
@@ -98,13 +99,13 @@ loom_status loom__cuda_matmul_multi_op(void *stream, int n, const loom_tensor *c
     for (int j = 0; j < n; j++) LOOM_TRY(check_native_weight("matmul_multi", ws[j]));
     const int64_t n_tokens = x->ne[1];
     if (n_tokens == 0) return LOOM_OK;
-    if (!c->dev->batch_invariant &&
-        (n_tokens <= LOOM_K_GEMV_MAX_TOKENS || c->dev->blaslt != NULL)) {
-        for (int j = 0; j < n; j++) LOOM_TRY(loom__cuda_matmul_op(c, ws[j], x, outs[j]));
-        return LOOM_OK;
-    }
-    LOOM_TRY(loom__cuda_launches(c));
     bool done[LOOM_MATMUL_MULTI_MAX] = {false};
+    for (int j = 0; j < n && !c->dev->batch_invariant; j++)
+        if (n_tokens <= LOOM_K_GEMV_MAX_TOKENS || loom__cuda_blaslt_takes(c->dev, ws[j]->type)) {
+            LOOM_TRY(loom__cuda_matmul_op(c, ws[j], x, outs[j]));
+            done[j] = true;
+        }
+    LOOM_TRY(loom__cuda_launches(c));
     for (int j = 0; j < n; j++) {
         if (done[j]) continue;
         /* this weight and the later ones of its type */

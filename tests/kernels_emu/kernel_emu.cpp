@@ -584,27 +584,26 @@ void warp_sync(unsigned mask) {
     warp_arrive(th);
 }
 
-} // namespace loom_emu
-
-void loom_emu_mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-    loom_emu::thread &th = loom_emu::current("mma.sync");
-    th.op = loom_emu::OP_MMA;
-    th.mask = 0xffffffffu;
-    th.d = d;
-    th.a = a;
-    th.b = b;
-    loom_emu::warp_arrive(th);
-}
-
-void loom_emu_mma_m16n8k16(bool f16, float d[4], const uint32_t a[4], const uint32_t b[2]) {
-    loom_emu::thread &th = loom_emu::current("mma.sync");
-    th.op = loom_emu::OP_MMA16;
+// The running lane reaches an mma (its operands stored) and waits for its warp.
+void mma_arrive(op_kind op, bool f16, float *d, const uint32_t *a, const uint32_t *b) {
+    thread &th = current("mma.sync");
+    th.op = op;
     th.mask = 0xffffffffu;
     th.f16 = f16;
     th.d = d;
     th.a = a;
     th.b = b;
-    loom_emu::warp_arrive(th);
+    warp_arrive(th);
+}
+
+} // namespace loom_emu
+
+void loom_emu_mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    loom_emu::mma_arrive(loom_emu::OP_MMA, false, d, a, b);
+}
+
+void loom_emu_mma_m16n8k16(bool f16, float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    loom_emu::mma_arrive(loom_emu::OP_MMA16, f16, d, a, b);
 }
 
 // cvt.rna.tf32.f32: to 10 mantissa bits, to nearest with ties away from zero (adding half of the

@@ -497,7 +497,6 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
             for (int nt = 0; nt < PF_NT; nt++)
 #pragma unroll
                 for (int r = 0; r < 4; r++) sc[nt][r] = 0.0f;
-            const float *qw = qs + warp * 16 * ld;
             if constexpr (M16) {
                 const uint32_t *qw16 = qs16 + warp * 16 * ldw;
 #pragma unroll 2
@@ -516,30 +515,33 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                         loom_mma16<OP16>(sc[nt], qa, kb);
                     }
                 }
-            }
+            } else {
+                const float *qw = qs + warp * 16 * ld;
 #pragma unroll 2
-            for (int d0 = 0; d0 < (M16 ? 0 : hd); d0 += 8) {
-                uint32_t qh[4], ql[4];
+                for (int d0 = 0; d0 < hd; d0 += 8) {
+                    uint32_t qh[4], ql[4];
 #pragma unroll
-                for (int r = 0; r < 4; r++)
-                    loom_tf32_split(qw[loom_mma_a_row(lane, r) * ld + d0 + loom_mma_a_col(lane, r)],
-                                    &qh[r], &ql[r]);
+                    for (int r = 0; r < 4; r++)
+                        loom_tf32_split(
+                            qw[loom_mma_a_row(lane, r) * ld + d0 + loom_mma_a_col(lane, r)], &qh[r],
+                            &ql[r]);
 #pragma unroll
-                for (int nt = 0; nt < PF_NT; nt++) {
-                    /* B = Kᵀ: row (k) = head element, column (n) = position */
-                    const float *kr = ks + (nt * 8 + loom_mma_b_col(lane)) * ld + d0;
-                    if (F32KV) {
-                        uint32_t kh[2], kl[2];
+                    for (int nt = 0; nt < PF_NT; nt++) {
+                        /* B = Kᵀ: row (k) = head element, column (n) = position */
+                        const float *kr = ks + (nt * 8 + loom_mma_b_col(lane)) * ld + d0;
+                        if (F32KV) {
+                            uint32_t kh[2], kl[2];
 #pragma unroll
-                        for (int r = 0; r < 2; r++)
-                            loom_tf32_split(kr[loom_mma_b_row(lane, r)], &kh[r], &kl[r]);
-                        loom_mma_3xtf32(sc[nt], qh, ql, kh, kl);
-                    } else {
-                        uint32_t kb[2];
+                            for (int r = 0; r < 2; r++)
+                                loom_tf32_split(kr[loom_mma_b_row(lane, r)], &kh[r], &kl[r]);
+                            loom_mma_3xtf32(sc[nt], qh, ql, kh, kl);
+                        } else {
+                            uint32_t kb[2];
 #pragma unroll
-                        for (int r = 0; r < 2; r++)
-                            kb[r] = __float_as_uint(kr[loom_mma_b_row(lane, r)]);
-                        loom_mma_2xtf32_a(sc[nt], qh, ql, kb);
+                            for (int r = 0; r < 2; r++)
+                                kb[r] = __float_as_uint(kr[loom_mma_b_row(lane, r)]);
+                            loom_mma_2xtf32_a(sc[nt], qh, ql, kb);
+                        }
                     }
                 }
             }
@@ -620,35 +622,37 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                     for (int r = 0; r < 4; r++)
                         if (any[r >> 1]) o[dn][r] += t[r];
                 }
-            }
-            uint32_t ph[PF_NT][4], pl[PF_NT][4];
+            } else {
+                uint32_t ph[PF_NT][4], pl[PF_NT][4];
 #pragma unroll
-            for (int nt = 0; nt < PF_NT; nt++)
+                for (int nt = 0; nt < PF_NT; nt++)
 #pragma unroll
-                for (int r = 0; r < 4; r++)
-                    if (!M16) loom_tf32_split(sc[nt][pf_a_from_c(r)], &ph[nt][r], &pl[nt][r]);
-            const int v0 = pf_pv_pos(loom_mma_b_row(lane, 0)) * ld;
-            const int v1 = pf_pv_pos(loom_mma_b_row(lane, 1)) * ld;
+                    for (int r = 0; r < 4; r++)
+                        loom_tf32_split(sc[nt][pf_a_from_c(r)], &ph[nt][r], &pl[nt][r]);
+                const int v0 = pf_pv_pos(loom_mma_b_row(lane, 0)) * ld;
+                const int v1 = pf_pv_pos(loom_mma_b_row(lane, 1)) * ld;
 #pragma unroll
-            for (int dn = 0; dn < (M16 ? 0 : HDMAX / 8); dn++) {
-                if (dn * 8 >= hd) break;
-                float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (int dn = 0; dn < HDMAX / 8; dn++) {
+                    if (dn * 8 >= hd) break;
+                    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int nt = 0; nt < PF_NT; nt++) {
-                    const float *vt = vs + nt * 8 * ld + loom_mma_b_col(lane) + dn * 8;
-                    if (F32KV) {
-                        uint32_t vh[2], vl[2];
-                        loom_tf32_split(vt[v0], &vh[0], &vl[0]);
-                        loom_tf32_split(vt[v1], &vh[1], &vl[1]);
-                        loom_mma_3xtf32(t, ph[nt], pl[nt], vh, vl);
-                    } else {
-                        const uint32_t vb[2] = {__float_as_uint(vt[v0]), __float_as_uint(vt[v1])};
-                        loom_mma_2xtf32_a(t, ph[nt], pl[nt], vb);
+                    for (int nt = 0; nt < PF_NT; nt++) {
+                        const float *vt = vs + nt * 8 * ld + loom_mma_b_col(lane) + dn * 8;
+                        if (F32KV) {
+                            uint32_t vh[2], vl[2];
+                            loom_tf32_split(vt[v0], &vh[0], &vl[0]);
+                            loom_tf32_split(vt[v1], &vh[1], &vl[1]);
+                            loom_mma_3xtf32(t, ph[nt], pl[nt], vh, vl);
+                        } else {
+                            const uint32_t vb[2] = {__float_as_uint(vt[v0]),
+                                                    __float_as_uint(vt[v1])};
+                            loom_mma_2xtf32_a(t, ph[nt], pl[nt], vb);
+                        }
                     }
-                }
 #pragma unroll
-                for (int r = 0; r < 4; r++)
-                    if (any[r >> 1]) o[dn][r] += t[r];
+                    for (int r = 0; r < 4; r++)
+                        if (any[r >> 1]) o[dn][r] += t[r];
+                }
             }
         }
         /* the segment ends at a multiple of PF_SEG or at the end of the walk */

@@ -153,16 +153,16 @@ static __device__ __forceinline__ void loom_mma16(float d[4], const uint32_t a[4
 #if defined(LOOM_K_EMULATE)
     loom_emu_mma_m16n8k16(OP16 == LOOM_MMA16_F16, d, a, b);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define LOOM_MMA16_ASM(T)                                                                          \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 "                          \
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                 \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
     if constexpr (OP16 == LOOM_MMA16_BF16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        LOOM_MMA16_ASM("bf16");
     else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+        LOOM_MMA16_ASM("f16");
+#undef LOOM_MMA16_ASM
 #else
     (void)a;
     (void)b;

@@ -41,6 +41,7 @@
  * registers, so the split is free to follow the step's size. No atomics anywhere. */
 #include "dequant.cuh"
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 #define GEMM_THREADS 128
 #define GEMM_ROWS    64 /* weight rows per block: the mma's M */
@@ -52,6 +53,23 @@
 #define GEMM_MAX_SEGS   16
 /* The most scratch a split takes; a split that would need more does not happen. */
 #define GEMM_WORK_MAX ((size_t)64 << 20)
+/* The wgmma kernel (LOOM_K_MATH_BF16_WGMMA, gemm_wgmma.cuh): two warpgroups, 128 weight rows by
+ * 128 tokens a block. */
+#define GEMM_WG_THREADS 256
+#define GEMM_WG_ROWS    128
+#define GEMM_WG_TOKENS  128
+
+/* A kernel's tile (weight rows, tokens) and the blocks an SM holds at once: the mma.sync
+ * kernel's 3 (its __launch_bounds__), the wgmma kernel's 1 (its registers). */
+static __host__ __device__ __forceinline__ int gemm_tile_rows(int math) {
+    return math == LOOM_K_MATH_BF16_WGMMA ? GEMM_WG_ROWS : GEMM_ROWS;
+}
+static __host__ __device__ __forceinline__ int gemm_tile_tokens(int math) {
+    return math == LOOM_K_MATH_BF16_WGMMA ? GEMM_WG_TOKENS : GEMM_TOKENS;
+}
+static __host__ __device__ __forceinline__ int gemm_residency(int math) {
+    return math == LOOM_K_MATH_BF16_WGMMA ? 1 : 3;
+}
 
 typedef struct gemm_args {
     loom__k_weight w;
@@ -162,66 +180,85 @@ template <> struct gemm_piece<4> { typedef unsigned int type; };
 template <> struct gemm_piece<2> { typedef unsigned short type; };
 template <> struct gemm_piece<1> { typedef unsigned char type; };
 
-/* Stage s of the block's rows — the stored bytes of their values [s V, s V + V) — into raw,
- * by every thread in U-byte pieces (U divides the weights' address, stride and stage bytes),
- * BATCH loads in flight before their stores (more would cost registers the 4 blocks per SM of
- * __launch_bounds__ do not have). The bytes of the piece a row's values end inside (the
+/* Stage s of the block's ROWS rows — the stored bytes of their values [s V, s V + V) — into
+ * raw, by the block's THREADS threads in U-byte pieces (U divides the weights' address, stride
+ * and stage bytes), BATCH loads in flight before their stores (more would cost registers the
+ * kernels' residency does not leave). The bytes of the piece a row's values end inside (the
  * last stage of a row whose K ends inside it) are copied one by one; bytes past the row's
  * values and rows past the last are not read, and nothing decodes them. */
-template <int T, int U>
+template <int T, int U, int ROWS, int THREADS>
 static __device__ __forceinline__ void gemm_stage_copy(const gemm_args &a, int64_t n0, int64_t s,
                                                        uint8_t *raw) {
     typedef typename gemm_piece<U>::type piece;
     constexpr int B = gemm_stage_bytes<T>(), P = gemm_stage_pitch<T>(), PIECES = B / U;
-    constexpr int ITERS = (GEMM_ROWS * PIECES + GEMM_THREADS - 1) / GEMM_THREADS, BATCH = 6;
+    constexpr int ITERS = (ROWS * PIECES + THREADS - 1) / THREADS, BATCH = 6;
     const int64_t row_bytes = a.w.k / gemm_block_values<T>() * gemm_block_bytes<T>();
     const int64_t left = row_bytes - s * B;
     const int valid = left < B ? (int)left : B, whole = valid / U * U;
-    const int rows = a.w.n - n0 < GEMM_ROWS ? (int)(a.w.n - n0) : GEMM_ROWS;
+    const int rows = a.w.n - n0 < ROWS ? (int)(a.w.n - n0) : ROWS;
     const uint8_t *src = (const uint8_t *)a.w.data + (size_t)n0 * a.w.stride + (size_t)(s * B);
 #pragma unroll 1 /* one batch in flight at a time: unrolled, every load would be hoisted */
     for (int i0 = 0; i0 < ITERS; i0 += BATCH) {
         piece buf[BATCH];
 #pragma unroll
         for (int i = 0; i < BATCH; i++) {
-            const int p = threadIdx.x + GEMM_THREADS * (i0 + i), r = p / PIECES;
+            const int p = threadIdx.x + THREADS * (i0 + i), r = p / PIECES;
             const int o = U * (p - r * PIECES);
             if (i0 + i < ITERS && r < rows && o < whole)
                 buf[i] = __ldg((const piece *)(src + (size_t)r * a.w.stride + o));
         }
 #pragma unroll
         for (int i = 0; i < BATCH; i++) {
-            const int p = threadIdx.x + GEMM_THREADS * (i0 + i), r = p / PIECES;
+            const int p = threadIdx.x + THREADS * (i0 + i), r = p / PIECES;
             const int o = U * (p - r * PIECES);
             if (i0 + i < ITERS && r < rows && o < whole) *(piece *)(raw + r * P + o) = buf[i];
         }
     }
     if (whole < valid)
-        for (int r = threadIdx.x; r < rows; r += GEMM_THREADS)
+        for (int r = threadIdx.x; r < rows; r += THREADS)
             for (int o = whole; o < valid; o++) raw[r * P + o] = src[(size_t)r * a.w.stride + o];
+}
+
+/* The same in the widest pieces w_align allows (the low bits of the weights' address, stride
+ * and stage bytes). */
+template <int T, int ROWS, int THREADS>
+static __device__ __forceinline__ void gemm_stage(const gemm_args &a, int64_t n0, int64_t s,
+                                                  unsigned w_align, uint8_t *raw) {
+    if (w_align == 0)
+        gemm_stage_copy<T, 4, ROWS, THREADS>(a, n0, s, raw);
+    else if ((w_align & 1) == 0)
+        gemm_stage_copy<T, 2, ROWS, THREADS>(a, n0, s, raw);
+    else
+        gemm_stage_copy<T, 1, ROWS, THREADS>(a, n0, s, raw);
 }
 
 /* ---- a chunk ------------------------------------------------------------------------------- */
 
+/* Staged row r's values of chunk cl (of the staged stage s) into v; zeros past the last row. */
+template <int T>
+static __device__ __forceinline__ void gemm_decode(const gemm_args &a, const uint8_t *raw,
+                                                   int64_t n0, int r, int64_t s, int cl,
+                                                   float v[32]) {
+    if (n0 + r < a.w.n) {
+        /* the stage's values start at s * 32 * (chunks per stage): K relative to them */
+        const int64_t k_stage = a.w.k - s * 32 * gemm_stage_chunks<T>();
+        loom_dequant32<T>(raw + r * gemm_stage_pitch<T>(), cl, k_stage, v);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 32; j++) v[j] = 0.0f;
+    }
+}
 /* This thread's share of chunk c (chunk cl of the staged stage s) into v: threads 0..63 decode
- * staged row tid (zeros past the last row), threads 64..127 read eight 4-value pieces of the
- * tokens' activations (zeros past the last token and past k: x is never read beyond its rows'
- * k values). x_vec: x and its stride are 16-byte aligned, so a whole piece is one 16-byte
- * load. */
+ * staged row tid, threads 64..127 read eight 4-value pieces of the tokens' activations (zeros
+ * past the last token and past k: x is never read beyond its rows' k values). x_vec: x and its
+ * stride are 16-byte aligned, so a whole piece is one 16-byte load. */
 template <int T>
 static __device__ __forceinline__ void gemm_fetch(const gemm_args &a, const uint8_t *raw,
                                                   int64_t n0, int64_t t0, int64_t s, int cl,
                                                   int64_t c, bool x_vec, float v[32]) {
     const int64_t k = a.w.k;
     if (threadIdx.x < GEMM_ROWS) {
-        if (n0 + threadIdx.x < a.w.n) {
-            /* the stage's values start at s * 32 * (chunks per stage): K relative to them */
-            const int64_t k_stage = k - s * 32 * gemm_stage_chunks<T>();
-            loom_dequant32<T>(raw + threadIdx.x * gemm_stage_pitch<T>(), cl, k_stage, v);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 32; j++) v[j] = 0.0f;
-        }
+        gemm_decode<T>(a, raw, n0, (int)threadIdx.x, s, cl, v);
     } else {
         const int u = threadIdx.x - GEMM_ROWS;
         const int64_t col = 32 * c + 4 * (u & 7);
@@ -405,12 +442,7 @@ static __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(gemm_multi
         if (cl == 0) {
             /* The stage before was last read by the decodes of chunk c - 1, which every thread
              * finished before passing that chunk's barrier. */
-            if (w_align == 0)
-                gemm_stage_copy<T, 4>(a, n0, s, raw);
-            else if ((w_align & 1) == 0)
-                gemm_stage_copy<T, 2>(a, n0, s, raw);
-            else
-                gemm_stage_copy<T, 1>(a, n0, s, raw);
+            gemm_stage<T, GEMM_ROWS, GEMM_THREADS>(a, n0, s, w_align, raw);
             __syncthreads();
         }
         /* Tile c & 1 was last read in chunk c - 2, which every warp finished before passing
@@ -485,32 +517,36 @@ static __global__ void __launch_bounds__(256) gemm_fold_kernel(gemm_multi mm, in
     ((float *)((char *)a.out + (size_t)t * a.out_stride))[n] = d;
 }
 
+#include "gemm_wgmma.cuh"
+
 /* How a product splits K across blocks: the K groups (1: no split) and segments per group. A
- * rule on the shapes and the device's size only; any rule gives the same bits. Splits while the
- * grid of tiles holds fewer than two blocks per SM, into enough groups for three (the kernel's
- * residency), where the segment sums' traffic (written, then read: 8 bytes per segment, token
- * and row) stays within an eighth of the weights' bytes and the scratch within GEMM_WORK_MAX. */
+ * rule on the shapes, the kernel and the device's size only; any rule gives the same bits.
+ * Splits while the grid of tiles holds fewer blocks than the SMs hold at once (R, the kernel's
+ * residency: 3 or 1) less one per SM where R > 1, into enough groups for R per SM, where the
+ * segment sums' traffic (written, then read: 8 bytes per segment, token and row) stays within an
+ * eighth of the weights' bytes and the scratch within GEMM_WORK_MAX. */
 typedef struct gemm_plan {
     int64_t groups, segs_per_block, n_segs, seg_chunks;
     size_t partial_bytes; /* 0: no split */
 } gemm_plan;
 
 static __host__ __device__ gemm_plan gemm_plan_of(const loom__k_weight *const *ws, int n,
-                                                  int64_t n_tokens, int n_sms) {
+                                                  int64_t n_tokens, int n_sms, int math) {
     const int64_t sc = gemm_seg_chunks(ws[0]->k);
     gemm_plan p = {1, 0, loom_cdiv(loom_cdiv(ws[0]->k, 32), sc), sc, 0};
     p.segs_per_block = p.n_segs;
     int64_t row_tiles = 0, rows = 0;
     for (int j = 0; j < n; j++) {
-        row_tiles += loom_cdiv(ws[j]->n, GEMM_ROWS);
+        row_tiles += loom_cdiv(ws[j]->n, gemm_tile_rows(math));
         rows += ws[j]->n;
     }
-    const int64_t tiles = loom_cdiv(n_tokens, GEMM_TOKENS) * row_tiles;
-    if (n_sms <= 0 || p.n_segs < 2 || tiles >= 2 * (int64_t)n_sms) return p;
+    const int64_t tiles = loom_cdiv(n_tokens, gemm_tile_tokens(math)) * row_tiles;
+    const int res = gemm_residency(math);
+    if (n_sms <= 0 || p.n_segs < 2 || tiles >= (res > 1 ? res - 1 : 1) * (int64_t)n_sms) return p;
     if (8.0 * (double)p.n_segs * (double)n_tokens > (double)ws[0]->stride / 8) return p;
     const double bytes = 4.0 * (double)p.n_segs * (double)n_tokens * (double)rows;
     if (bytes > (double)GEMM_WORK_MAX) return p;
-    int64_t groups = loom_cdiv(3 * (int64_t)n_sms, tiles);
+    int64_t groups = loom_cdiv(res * (int64_t)n_sms, tiles);
     if (groups > p.n_segs) groups = p.n_segs;
     p.segs_per_block = loom_cdiv(p.n_segs, groups);
     p.groups = loom_cdiv(p.n_segs, p.segs_per_block);
@@ -521,13 +557,13 @@ static __host__ __device__ gemm_plan gemm_plan_of(const loom__k_weight *const *w
     return p;
 }
 
-/* The launch's parameters for products j < n of one x (each weight's row tiles after the one
- * before's; partials, splitting, the same way in work), under plan pl. */
+/* The launch's parameters for products j < n of one x (each weight's row tiles, of the math's
+ * kernel, after the one before's; partials, splitting, the same way in work), under plan pl. */
 static __host__ __device__ gemm_multi gemm_multi_of(const loom__k_weight *const *ws, int n,
                                                     const float *x, size_t x_stride,
                                                     int64_t n_tokens, float *const *outs,
                                                     const size_t *out_strides, const gemm_plan &pl,
-                                                    float *work) {
+                                                    float *work, int math) {
     gemm_multi mm = {};
     mm.n = n;
     size_t part_at = 0;
@@ -543,7 +579,7 @@ static __host__ __device__ gemm_multi gemm_multi_of(const loom__k_weight *const 
         a.segs_per_block = pl.segs_per_block;
         a.seg_chunks = pl.seg_chunks;
         part_at += (size_t)pl.n_segs * (size_t)n_tokens * (size_t)ws[j]->n;
-        mm.tile0[j + 1] = mm.tile0[j] + (int32_t)loom_cdiv(ws[j]->n, GEMM_ROWS);
+        mm.tile0[j + 1] = mm.tile0[j] + (int32_t)loom_cdiv(ws[j]->n, gemm_tile_rows(math));
         mm.fold0[j + 1] = mm.fold0[j] + (int32_t)loom_cdiv(ws[j]->n, 256);
     }
     for (int j = n + 1; j <= LOOM_K_GEMM_MULTI; j++) {
@@ -558,19 +594,27 @@ static __host__ __device__ gemm_multi gemm_multi_of(const loom__k_weight *const 
 #if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernel itself */
 template <int T, int MATH>
 static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const gemm_plan &pl) {
-    const int64_t gx = loom_cdiv(mm.m[0].n_tokens, GEMM_TOKENS);
+    const int64_t gx = loom_cdiv(mm.m[0].n_tokens, gemm_tile_tokens(MATH));
     const int64_t gy = mm.tile0[mm.n];
     if (gx > 0x7fffffff || gy > 65535 || pl.groups > 65535 ||
         (pl.partial_bytes != 0 && (mm.m[0].n_tokens > 65535 || mm.fold0[mm.n] > 0x7fffffff)))
         LOOM_K_UNSUPPORTED("cuda: matmul (gemm) of %lld tokens by %lld row tiles",
                            (long long)mm.m[0].n_tokens, (long long)gy);
-    constexpr size_t smem = gemm_smem_bytes<T, MATH>();
+    const dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)pl.groups);
     static std::atomic<int> optin[LOOM_K_OPTIN_DEVICES]; /* past 48 KB (sm_80+ allow 163 KB) */
-    const loom_status st = loom_k_smem_optin(gemm_kernel<T, MATH>, smem, optin, "gemm");
-    if (st != LOOM_OK) return st;
-    gemm_kernel<T, MATH>
-        <<<dim3((unsigned)gx, (unsigned)gy, (unsigned)pl.groups), GEMM_THREADS, smem, stream>>>(mm);
-    LOOM_K_LAUNCHED("gemm");
+    if constexpr (MATH == LOOM_K_MATH_BF16_WGMMA) {
+        constexpr size_t smem = gemm_wg_smem_bytes<T>();
+        const loom_status st = loom_k_smem_optin(gemm_wg_kernel<T>, smem, optin, "gemm (wgmma)");
+        if (st != LOOM_OK) return st;
+        gemm_wg_kernel<T><<<grid, GEMM_WG_THREADS, smem, stream>>>(mm);
+        LOOM_K_LAUNCHED("gemm (wgmma)");
+    } else {
+        constexpr size_t smem = gemm_smem_bytes<T, MATH>();
+        const loom_status st = loom_k_smem_optin(gemm_kernel<T, MATH>, smem, optin, "gemm");
+        if (st != LOOM_OK) return st;
+        gemm_kernel<T, MATH><<<grid, GEMM_THREADS, smem, stream>>>(mm);
+        LOOM_K_LAUNCHED("gemm");
+    }
     if (pl.partial_bytes == 0) return LOOM_OK;
     gemm_fold_kernel<<<dim3((unsigned)mm.fold0[mm.n], (unsigned)mm.m[0].n_tokens), 256, 0,
                        stream>>>(mm, pl.n_segs);
@@ -579,26 +623,27 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
 }
 
 extern "C" size_t loom__cuda_gemm_multi_work_bytes(int n, const loom__k_weight *const *ws,
-                                                   int64_t n_tokens, int n_sms) {
+                                                   int64_t n_tokens, int n_sms, int math) {
     if (n < 1 || n > LOOM_K_GEMM_MULTI || n_tokens <= 0) return 0;
     for (int j = 0; j < n; j++)
         if (ws[j]->n <= 0 || ws[j]->k <= 0 || ws[j]->k != ws[0]->k) return 0;
-    return gemm_plan_of(ws, n, n_tokens, n_sms).partial_bytes;
+    return gemm_plan_of(ws, n, n_tokens, n_sms, math).partial_bytes;
 }
 
 extern "C" size_t loom__cuda_gemm_work_bound_cap(void) {
     return GEMM_WORK_MAX;
 }
 
-extern "C" size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t max_tokens,
-                                             int n_sms) {
+extern "C" size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t max_tokens, int n_sms,
+                                             int math) {
     if (w->n <= 0 || w->k <= 0 || n_sms <= 0) return 0;
     size_t most = 0;
-    /* only steps whose tiles number fewer than two per SM split: a short loop */
-    const int64_t row_tiles = loom_cdiv(w->n, GEMM_ROWS);
+    /* only steps whose tiles number fewer than two per SM (one, on wgmma) split: a short loop */
+    const int64_t row_tiles = loom_cdiv(w->n, gemm_tile_rows(math));
+    const int64_t split_below = (gemm_residency(math) > 1 ? gemm_residency(math) - 1 : 1) * n_sms;
     for (int64_t t = 1;
-         t <= max_tokens && loom_cdiv(t, GEMM_TOKENS) * row_tiles < 2 * (int64_t)n_sms; t++) {
-        const size_t b = gemm_plan_of(&w, 1, t, n_sms).partial_bytes;
+         t <= max_tokens && loom_cdiv(t, gemm_tile_tokens(math)) * row_tiles < split_below; t++) {
+        const size_t b = gemm_plan_of(&w, 1, t, n_sms, math).partial_bytes;
         most = b > most ? b : most;
     }
     return most;
@@ -638,7 +683,7 @@ extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
                                              size_t x_stride, int64_t n_tokens, float *const *outs,
                                              const size_t *out_strides,
                                              const loom__k_gemm_work *work, int math) {
-    if (math != LOOM_K_MATH_F32 && math != LOOM_K_MATH_BF16)
+    if (math != LOOM_K_MATH_F32 && math != LOOM_K_MATH_BF16 && math != LOOM_K_MATH_BF16_WGMMA)
         return loom__fail(LOOM_ERR_INVALID_ARG, "cuda: gemm with math %d", math);
     if (n < 1 || n > LOOM_K_GEMM_MULTI)
         return loom__fail(LOOM_ERR_INVALID_ARG, "cuda: gemm of %d weights (1 .. %d)", n,
@@ -649,15 +694,46 @@ extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
                               "cuda: gemm of weights of other types or widths in one launch");
     if (n_tokens == 0) return LOOM_OK;
     const int n_sms = work != NULL ? work->n_sms : 0;
-    const gemm_plan pl = gemm_plan_of(ws, n, n_tokens, n_sms);
+    const gemm_plan pl = gemm_plan_of(ws, n, n_tokens, n_sms, math);
     if (pl.partial_bytes != 0 && (work == NULL || work->bytes < pl.partial_bytes))
         return loom__fail(LOOM_ERR_INTERNAL, "cuda: gemm needs %zu bytes of scratch, has %zu",
                           pl.partial_bytes, work != NULL ? work->bytes : (size_t)0);
     const gemm_multi mm = gemm_multi_of(ws, n, x, x_stride, n_tokens, outs, out_strides, pl,
-                                        pl.partial_bytes != 0 ? (float *)work->data : NULL);
+                                        pl.partial_bytes != 0 ? (float *)work->data : NULL, math);
     if (mm.tile0[n] == 0) return LOOM_OK; /* no rows */
-    return math == LOOM_K_MATH_BF16 ? gemm_dispatch<LOOM_K_MATH_BF16>(stream, ws[0]->type, mm, pl)
-                                    : gemm_dispatch<LOOM_K_MATH_F32>(stream, ws[0]->type, mm, pl);
+    switch (math) {
+    case LOOM_K_MATH_BF16:
+        return gemm_dispatch<LOOM_K_MATH_BF16>(stream, ws[0]->type, mm, pl);
+    case LOOM_K_MATH_BF16_WGMMA:
+        return gemm_dispatch<LOOM_K_MATH_BF16_WGMMA>(stream, ws[0]->type, mm, pl);
+    default:
+        return gemm_dispatch<LOOM_K_MATH_F32>(stream, ws[0]->type, mm, pl);
+    }
+}
+
+/* Writes 1 to *runs where this device's code carries gemm_wg_kernel's instructions. */
+static __global__ void gemm_wg_probe_kernel(int *runs) {
+    *runs = LOOM_WGMMA_HAS;
+}
+
+extern "C" loom_status loom__cuda_wgmma_probe(int *runs) {
+    *runs = 0;
+    int *d = NULL;
+    cudaError_t e = cudaMalloc((void **)&d, sizeof(int));
+    if (e == cudaSuccess) {
+        gemm_wg_probe_kernel<<<1, 1>>>(d);
+        e = cudaGetLastError();
+        if (e == cudaSuccess) e = cudaMemcpy(runs, d, sizeof(int), cudaMemcpyDeviceToHost);
+        const cudaError_t f = cudaFree(d);
+        if (e == cudaSuccess) e = f;
+    }
+    if (e != cudaSuccess) {
+        *runs = 0;
+        (void)cudaGetLastError();
+        return loom__fail(LOOM_ERR_BACKEND, "cuda: wgmma probe: %s (%s)", cudaGetErrorString(e),
+                          cudaGetErrorName(e));
+    }
+    return LOOM_OK;
 }
 
 #endif

@@ -111,6 +111,12 @@ loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_weight *w, co
  * operand, F16 2^-11). The fast mode's GEMV and split-KV kernels stay float32 either way. */
 #define LOOM_K_MATH_F32  0
 #define LOOM_K_MATH_BF16 1
+/* The GEMM only (loom__cuda_gemm_multi and its scratch functions; LOOM_CUDA_WGMMA=1 on an sm_90
+ * device in BF16 math): the BF16 math's operands on Hopper's warpgroup MMA (wgmma.cuh, gemm.cu's
+ * gemm_wg_kernel: tiles of 128 rows by 128 tokens), the same segments and folds, its own bits
+ * (batch-invariant within itself, not the mma.sync kernel's bits). Needs sm_90a device code:
+ * loom__cuda_wgmma_probe says whether the device runs it. */
+#define LOOM_K_MATH_BF16_WGMMA 2
 
 /* The scratch a matmul may split its sums into (device memory), and the device's SM count that
  * sizes the split. */
@@ -132,23 +138,26 @@ loom_status loom__cuda_gemv(cudaStream_t stream, const loom__k_weight *w, const 
 #define LOOM_K_GEMM_MULTI 4
 /* outs[j] = x·ws[j]ᵀ for j < n (1..LOOM_K_GEMM_MULTI weights of one type and width) on tensor
  * cores (gemm.cu, mma.sync; math: LOOM_K_MATH_F32, float32 accuracy through split TF32, or
- * LOOM_K_MATH_BF16, operands rounded to BF16), in one order of additions for
- * every n_tokens — the CUDA backend's default, batch-invariant matmul: tiles of 64 rows by 64
- * tokens; each output summed in segments of K (256 values; K/16 past 4,096), folded left to
- * right. One launch (and one fold, splitting) for all n; each outs[j] gets the bits it would
- * alone. Small grids split K across blocks into work (loom__cuda_gemm_multi_work_bytes; NULL or
- * n_sms 0: never split), which changes no bits. */
+ * LOOM_K_MATH_BF16, operands rounded to BF16; LOOM_K_MATH_BF16_WGMMA, the latter on wgmma), in
+ * one order of additions for every n_tokens — the CUDA backend's default, batch-invariant
+ * matmul: tiles of 64 rows by 64 tokens (128 by 128 on wgmma); each output summed in segments of K
+ * (256 values; K/16 past 4,096), folded left to right. One launch (and one fold, splitting) for all
+ * n; each outs[j] gets the bits it would alone. Small grids split K across blocks into work
+ * (loom__cuda_gemm_multi_work_bytes; NULL or n_sms 0: never split), which changes no bits. */
 loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n, const loom__k_weight *const *ws,
                                   const float *x, size_t x_stride, int64_t n_tokens,
                                   float *const *outs, const size_t *out_strides,
                                   const loom__k_gemm_work *work, int math);
 /* Its scratch for these shapes (0: it does not split, or the shapes are not one launch's). */
 size_t loom__cuda_gemm_multi_work_bytes(int n, const loom__k_weight *const *ws, int64_t n_tokens,
-                                        int n_sms);
+                                        int n_sms, int math);
 /* The most loom__cuda_gemm_multi takes for one weight in any step of 1..max_tokens tokens (w's
  * data unused); a launch of up to LOOM_K_GEMM_MULTI weights of one type and width takes
  * at most the sum of theirs (it splits only where each alone would, with their segments). */
-size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t max_tokens, int n_sms);
+size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t max_tokens, int n_sms, int math);
+/* 1 where the current device runs gemm.cu's wgmma kernel (sm_90a code, built and loadable), 0
+ * where it does not; a launch error is a status. */
+loom_status loom__cuda_wgmma_probe(int *runs);
 /* The most scratch any split takes (a split needing more does not happen). */
 size_t loom__cuda_gemm_work_bound_cap(void);
 

@@ -9,8 +9,8 @@
 #      bench/gpu/pack-deps.sh here and carry .gpu-deps; without it the tests are not built);
 #   2. test_cuda_ops: each op against the CPU backend, whole models' logits, engines, batch
 #      invariance (16 requests together and alone); then its kernel and engine tests again in
-#      the fast mode (LOOM_CUDA_BATCH_INVARIANT=0) and with 16-bit operands
-#      (LOOM_CUDA_MATH=bf16);
+#      the fast mode (LOOM_CUDA_BATCH_INVARIANT=0), with 16-bit operands (LOOM_CUDA_MATH=bf16)
+#      and on Hopper's wgmma GEMM (LOOM_CUDA_WGMMA=1);
 #   3. the card's ceilings and loom's kernels timed against them (loom-gpu-bench);
 #   4. the same shapes by PyTorch (cuBLAS matmul, flash SDPA) and, time allowing, Hugging Face
 #      transformers generating with a random Llama-3-8B shape (bench/gpu/peers.py);
@@ -21,8 +21,8 @@
 #      with achieved bandwidth, tensor-pipe use and stall reasons (bench/gpu/ncu.sh);
 #   6. the tests' teeth: the plugin rebuilt with a planted off-by-one in attention's mask
 #      (LOOM_CUDA_PLANTED_BUG) must make test_attention fail;
-#   7. time allowing: e2e with graphs, in the fast mode and in bf16 math, then the ncu pass (5b
-#      above).
+#   7. time allowing: e2e with graphs, in the fast mode, in bf16 math and on the wgmma GEMM, then
+#      the ncu pass (5b above).
 # Every step has a share of one 460 s deadline; a step that fails or runs out is reported and
 # the next still runs. Nothing here needs the network.
 set -uo pipefail
@@ -55,7 +55,7 @@ table() {
         echo
         [ -s "$out/peers.md" ] && cat "$out/peers.md" && echo
         if [ -s "$out/e2e.jsonl" ]; then
-            echo "End to end (synthetic models, loom_model_load_synthetic; prefill: one call of 512 or 2,048 tokens; decode: B requests of 16-token prompts generating 64 tokens each, B*64 / wall time). Mode: invariant (the default) or fast (LOOM_CUDA_BATCH_INVARIANT=0); graphs: LOOM_CUDA_GRAPHS=1; math: f32 (the default) or bf16 (LOOM_CUDA_MATH=bf16):"
+            echo "End to end (synthetic models, loom_model_load_synthetic; prefill: one call of 512 or 2,048 tokens; decode: B requests of 16-token prompts generating 64 tokens each, B*64 / wall time). Mode: invariant (the default) or fast (LOOM_CUDA_BATCH_INVARIANT=0); graphs: LOOM_CUDA_GRAPHS=1; math: f32 (the default), bf16 (LOOM_CUDA_MATH=bf16) or bf16+wgmma (and LOOM_CUDA_WGMMA=1, which the device takes on Hopper only: see the wgmma test row):"
             echo
             echo "| model | weights | mode | graphs | math | load s | prefill 512 tok/s | prefill 2048 tok/s | decode B=1 tok/s | B=16 | B=64 |"
             echo "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"
@@ -152,6 +152,12 @@ if [ -x build-gpu/tests/test_cuda_ops ]; then
         run_tests "test_cuda_ops, BF16 math (LOOM_CUDA_MATH=bf16)" test_cuda_ops_bf16.log \
             "$(budget 80)" LOOM_CUDA_MATH=bf16 \
             LOOM_TEST_ONLY=test_matmul,test_matmul_multi,test_attention_batches,test_attention,test_models_logits,test_engine_batch_invariance
+        # the wgmma GEMM (LOOM_CUDA_WGMMA=1, Hopper): its own test, then the matmuls, models and
+        # engine on it (elsewhere the device ignores the variable and test_wgmma_gemm says so)
+        run_tests "test_cuda_ops, wgmma GEMM (LOOM_CUDA_MATH=bf16 LOOM_CUDA_WGMMA=1)" \
+            test_cuda_ops_wgmma.log "$(budget 60)" LOOM_CUDA_MATH=bf16 LOOM_CUDA_WGMMA=1 \
+            LOOM_TEST_ONLY=test_wgmma_gemm,test_matmul,test_matmul_multi,test_models_logits,test_engine_batch_invariance
+        grep -m3 "wgmma gemm" "$out/test_cuda_ops_wgmma.log"
     fi
 else
     status+=("| test_cuda_ops | not built (no cmocka: carry .gpu-deps) |")
@@ -234,8 +240,11 @@ if [ -x build-gpu/bench/loom-gpu-e2e ]; then
     LOOM_CUDA_MATH=bf16 LOOM_CUDA_BATCH_INVARIANT=0 timeout "$(budget 50)" \
         build-gpu/bench/loom-gpu-e2e --backend cuda --only llama3-8b:bf16 \
         >>"$out/e2e-modes.jsonl" 2>>"$log"
+    # and on the wgmma GEMM (Hopper), invariant
+    LOOM_CUDA_MATH=bf16 LOOM_CUDA_WGMMA=1 timeout "$(budget 50)" build-gpu/bench/loom-gpu-e2e \
+        --backend cuda --only llama3-8b:bf16 >>"$out/e2e-modes.jsonl" 2>>"$log"
     cat "$out/e2e-modes.jsonl" >>"$log"
-    status+=("| loom-gpu-e2e, graphs, fast mode, bf16 math | $(grep -c '^{' "$out/e2e-modes.jsonl") of 5 runs (raw.log) |")
+    status+=("| loom-gpu-e2e, graphs, fast mode, bf16 math, wgmma | $(grep -c '^{' "$out/e2e-modes.jsonl") of 6 runs (raw.log) |")
 fi
 table
 

@@ -90,7 +90,11 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     }
     const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT"), *graphs = getenv("LOOM_CUDA_GRAPHS");
-    const char *math = getenv("LOOM_CUDA_MATH");
+    const char *math = getenv("LOOM_CUDA_MATH"), *wgmma = getenv("LOOM_CUDA_WGMMA");
+    /* "bf16+wgmma": asked for; the device logs whether it took it (check.sh's test row too) */
+    const char *math_name = math == NULL || strcmp(math, "bf16") != 0 ? "f32"
+                            : wgmma != NULL && !strcmp(wgmma, "1")    ? "bf16+wgmma"
+                                                                      : "bf16";
     const char *presets[] = {"gemma3-270m", "llama3-8b"};
     const char *types[] = {"bf16", "q8_0", "q4_K"};
     const int batches[] = {1, 16, 64};
@@ -119,8 +123,8 @@ int main(int argc, char **argv) {
                    "\"prefill_2048_tps\":%.1f",
                    presets[p], types[t], backend,
                    inv != NULL && !strcmp(inv, "0") ? "false" : "true",
-                   graphs != NULL && !strcmp(graphs, "1") ? "true" : "false",
-                   math != NULL && !strcmp(math, "bf16") ? "bf16" : "f32", load_s, pf, pf2k);
+                   graphs != NULL && !strcmp(graphs, "1") ? "true" : "false", math_name, load_s, pf,
+                   pf2k);
             for (int b = 0; b < 3; b++) {
                 double d = decode(m, info.n_vocab, batches[b], 64);
                 if (d < 0) return fail("decode");

@@ -205,8 +205,10 @@ static void make_row(uint32_t t, int64_t k, uint8_t *row, size_t rb, float *tmp)
 /* Appended to a matmul row's type: "+cublaslt" while the device runs with LOOM_CUDA_FP8_GEMM=1
  * (its steps of more than 8 tokens then take cuBLASLt's FP8 GEMM where the device has one). */
 static const char *g_type_suffix = "";
-/* The backend's mode while this row ran: "invariant" (the default) or "fast"
- * (LOOM_CUDA_BATCH_INVARIANT=0: the GEMV for steps of 1..8 tokens, the tiled prefill kernel). */
+/* The backend's mode while this row ran: "invariant" (the default), "fast"
+ * (LOOM_CUDA_BATCH_INVARIANT=0: the GEMV for steps of 1..8 tokens, the tiled prefill kernel),
+ * "bf16-math" (LOOM_CUDA_MATH=bf16) or "wgmma" (that and LOOM_CUDA_WGMMA=1: the GEMM on
+ * Hopper's warpgroup MMA). */
 static const char *g_mode = "invariant";
 static bool g_fast(void) {
     return strcmp(g_mode, "fast") == 0;
@@ -246,7 +248,10 @@ static void bench_matmul(uint32_t t, int64_t k, int64_t n, int64_t T) {
     double gbs = (double)bytes / s * 1e-9, tflops = 2.0 * (double)k * n * T / s * 1e-12;
     /* which kernel ran: by default loom's tensor-core GEMM (kernels/gemm.cu) for every step;
      * in the fast mode the GEMV for steps of 1..8 tokens; opted in, cuBLASLt's FP8 GEMM */
-    const char *kernel = *g_type_suffix ? "cublaslt-fp8" : g_fast() && T <= 8 ? "gemv" : "gemm-mma";
+    const char *kernel = *g_type_suffix                 ? "cublaslt-fp8"
+                         : g_fast() && T <= 8           ? "gemv"
+                         : strcmp(g_mode, "wgmma") == 0 ? "gemm-wgmma"
+                                                        : "gemm-mma";
     printf("{\"kind\":\"matmul\",\"mode\":\"%s\",\"kernel\":\"%s\",\"type\":\"%s%s\","
            "\"k\":%lld,\"n\":%lld,"
            "\"t\":%lld,\"s\":%.6e,\"weight_bytes\":%zu,\"gbs\":%.1f,\"pct_bw\":%.1f,"
@@ -435,6 +440,25 @@ static void bench_sampling(int32_t batch) {
     free(c.rows);
 }
 
+/* What the device said of LOOM_CUDA_WGMMA=1 when it opened (its INFO log lines). */
+typedef struct wgmma_log {
+    bool chosen;
+    char refused[200];
+} wgmma_log;
+
+static void note_wgmma(loom_log_level level, const char *msg, void *user) {
+    (void)level;
+    wgmma_log *w = user;
+    if (strstr(msg, "warpgroup MMA (LOOM_CUDA_WGMMA=1)") != NULL) w->chosen = true;
+    if (strstr(msg, "LOOM_CUDA_WGMMA=1 ignored") != NULL) {
+        /* JSON-safe: the log lines hold no quotes or backslashes, but keep it so */
+        size_t j = 0;
+        for (const char *p = msg; *p != '\0' && j + 1 < sizeof w->refused; p++)
+            if (*p != '"' && *p != '\\') w->refused[j++] = *p;
+        w->refused[j] = '\0';
+    }
+}
+
 int main(int argc, char **argv) {
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     loom_backend_open_params op = {.device = 0};
@@ -529,6 +553,26 @@ int main(int argc, char **argv) {
     if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
     if (!quick) bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
     loom__backend_stream_close(&g_gpu);
+    /* The same matmuls on the wgmma GEMM (LOOM_CUDA_WGMMA=1, BF16 math, sm_90 only), where the
+     * device takes it (its INFO log line says; else a note row says why). */
+    setenv("LOOM_CUDA_WGMMA", "1", 1);
+    wgmma_log wl = {0};
+    loom_log_set(note_wgmma, LOOM_LOG_INFO, &wl);
+    if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
+    loom_log_set(NULL, LOOM_LOG_WARN, NULL);
+    if (wl.chosen) {
+        g_mode = "wgmma";
+        for (int ti = 0; ti < 2; ti++) {
+            bench_matmul(types16[ti], 4096, 14336, 1);
+            if (!quick) bench_matmul(types16[ti], 4096, 14336, 16);
+            if (!quick) bench_matmul(types16[ti], 4096, 4096, 512);
+        }
+    } else {
+        printf("{\"kind\":\"note\",\"what\":\"wgmma GEMM not run: %s\"}\n",
+               wl.refused[0] ? wl.refused : "the device said neither yes nor no");
+    }
+    loom__backend_stream_close(&g_gpu);
+    unsetenv("LOOM_CUDA_WGMMA");
     unsetenv("LOOM_CUDA_MATH");
     return 0;
 }

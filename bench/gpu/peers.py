@@ -121,7 +121,7 @@ def main():
     for r in rows:
         if r.get("mode") == "fast" or r.get("blocks") == "shuffled":
             continue  # the fast mode's rows and the shuffled tables': tables of their own below
-        m16 = " (bf16 math)" if r.get("mode") == "bf16-math" else ""
+        m16 = {"bf16-math": " (bf16 math)", "wgmma": " (bf16 math, wgmma)"}.get(r.get("mode"), "")
         if r["kind"] == "matmul":
             peer = torch_matmul(r["k"], r["n"], r["t"])
             big = r["t"] > 16
@@ -178,6 +178,18 @@ def main():
                     else f"attention B={rb['batch']} ctx={rb['ctx']} rows={rb['new_rows']} "
                          f"hd={rb['hd']} {rb.get('kv')} pages")
             print(f"| {what} | {ri['s']*1e6:.1f} | {rb['s']*1e6:.1f} | {ri['s'] / rb['s']:.2f}x |")
+    # the wgmma GEMM (LOOM_CUDA_WGMMA=1) against the mma.sync GEMM, both in BF16 math
+    b16 = {shape(r): r for r in rows if r.get("mode") == "bf16-math"}
+    wg = [(r, b16[shape(r)]) for r in rows if r.get("mode") == "wgmma" and shape(r) in b16]
+    if wg:
+        print("\n| matmul, BF16 math: wgmma vs mma.sync | mma.sync µs | wgmma µs | speed-up |")
+        print("|---|---:|---:|---:|")
+        for rw, rb in wg:
+            print(f"| {rw['type']} K={rw['k']} N={rw['n']} T={rw['t']} | {rb['s']*1e6:.1f} | "
+                  f"{rw['s']*1e6:.1f} | {rb['s'] / rw['s']:.2f}x |")
+    for r in rows:
+        if r["kind"] == "note":
+            print(f"\nNote: {r['what']}")
     # paged (the block table shuffled) against contiguous (in order), the same kernel and shape
     # (goal: paged >= 90% of contiguous)
     ordered = {shape(r)[:-1] + (r.get("mode"),): r for r in rows

@@ -414,26 +414,31 @@ static void test_matmul_multi(void **state) {
  * activations: its tensor-core GEMM at this step's 48 tokens), so cuBLASLt really ran. A device
  * without the FP8 GEMM (no FP8 tensor cores, no cuBLASLt) logs why and runs loom's: the test
  * then says so and checks nothing more. CUDA only. */
-/* A CUDA stream opened in the fast mode (cuBLASLt is not invariant: opt-out only) with one more
- * variable set; the environment left as it was. */
-static void open_fast_with(const char *var, const char *value, loom__backend_stream *gb) {
-    char *inv =
-        getenv("LOOM_CUDA_BATCH_INVARIANT") ? strdup(getenv("LOOM_CUDA_BATCH_INVARIANT")) : NULL;
-    char *old = getenv(var) ? strdup(getenv(var)) : NULL;
-    setenv("LOOM_CUDA_BATCH_INVARIANT", "0", 1);
-    setenv(var, value, 1);
+/* A CUDA stream opened with the n variables vars[2 i] set to vars[2 i + 1]; the environment
+ * left as it was. */
+static void open_with_env(const char *const *vars, int n, loom__backend_stream *gb) {
+    char *old[8];
+    assert_true(n <= 8);
+    for (int i = 0; i < n; i++) {
+        old[i] = getenv(vars[2 * i]) ? strdup(getenv(vars[2 * i])) : NULL;
+        setenv(vars[2 * i], vars[2 * i + 1], 1);
+    }
     loom_backend_open_params gp = {.device = 0, .n_threads = 2, .f32_activations = true};
-    expect_ok(loom__backend_stream_open("cuda", &gp, gb), var);
-    if (old != NULL)
-        setenv(var, old, 1);
-    else
-        unsetenv(var);
-    if (inv != NULL)
-        setenv("LOOM_CUDA_BATCH_INVARIANT", inv, 1);
-    else
-        unsetenv("LOOM_CUDA_BATCH_INVARIANT");
-    free(old);
-    free(inv);
+    expect_ok(loom__backend_stream_open("cuda", &gp, gb), vars[0]);
+    for (int i = 0; i < n; i++) {
+        if (old[i] != NULL)
+            setenv(vars[2 * i], old[i], 1);
+        else
+            unsetenv(vars[2 * i]);
+        free(old[i]);
+    }
+}
+
+/* A CUDA stream opened in the fast mode (cuBLASLt is not invariant: opt-out only) with one more
+ * variable set. */
+static void open_fast_with(const char *var, const char *value, loom__backend_stream *gb) {
+    const char *vars[] = {"LOOM_CUDA_BATCH_INVARIANT", "0", var, value};
+    open_with_env(vars, 2, gb);
 }
 
 static void test_fp8_gemm(void **state) {
@@ -566,6 +571,140 @@ static void test_bf16_gemm(void **state) {
     free(x), free(xb), free(got);
     free_weight(&w);
     gpu_free_all();
+    loom__backend_stream_close(&gb);
+}
+
+/* The wgmma GEMM (LOOM_CUDA_MATH=bf16 LOOM_CUDA_WGMMA=1, Hopper; the batch-invariant default):
+ * where the device opens with it (the INFO log says so), Q4_K, Q8_0 and BF16 weights of 192 rows
+ * (a whole and a partial 128-row tile) in steps of 1, 9, 48 and 200 tokens (two token tiles):
+ * each output within 1e-4 of sum |w x| of a float64 sum over the weights' values and the
+ * activations, both rounded to BF16 here (the kernel sums exact products in float32); each
+ * token's row the same bits in every step that holds it (the step of 1 splits K across blocks,
+ * the others do not: the split's traffic rule); and matmul_multi's three weights cut from the rows
+ * the bits of the whole. Elsewhere (not sm_90, or a build without sm_90a code) the log says why and
+ * the test checks nothing more. CUDA only. */
+typedef struct log_capture {
+    char chosen, refused[256];
+} log_capture;
+
+static void capture_wgmma_log(loom_log_level level, const char *msg, void *user) {
+    (void)level;
+    log_capture *c = user;
+    if (strstr(msg, "warpgroup MMA (LOOM_CUDA_WGMMA=1)") != NULL) c->chosen = 1;
+    if (strstr(msg, "LOOM_CUDA_WGMMA=1 ignored") != NULL)
+        snprintf(c->refused, sizeof c->refused, "%s", msg);
+}
+
+static float bf16_round_f(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static void test_wgmma_gemm(void **state) {
+    (void)state;
+    if (strcmp(g_gpu_name, "cuda") != 0) return;
+    log_capture cap = {0};
+    loom_log_set(capture_wgmma_log, LOOM_LOG_INFO, &cap);
+    loom__backend_stream gb;
+    const char *vars[] = {
+        "LOOM_CUDA_MATH", "bf16", "LOOM_CUDA_WGMMA", "1", "LOOM_CUDA_BATCH_INVARIANT", "1"};
+    open_with_env(vars, 3, &gb);
+    loom_log_set(NULL, LOOM_LOG_WARN, NULL);
+    if (!cap.chosen) {
+        printf("wgmma gemm: not run (%s)\n", cap.refused[0] ? cap.refused : "no log line");
+        if (cap.refused[0] == '\0') fail_msg("wgmma gemm: the device said neither yes nor no");
+        loom__backend_stream_close(&gb);
+        return;
+    }
+    const uint32_t types[] = {LOOM_TYPE_Q4_K, LOOM_TYPE_Q8_0, LOOM_TYPE_BF16};
+    const int64_t k = 1024, n = 192, steps[] = {1, 9, 48, 200}, T_max = 200;
+    float *x = xmalloc((size_t)(k * T_max) * 4), *xb = xmalloc((size_t)(k * T_max) * 4);
+    fill_acts(x, k * T_max, 1.0f);
+    for (int64_t i = 0; i < k * T_max; i++) xb[i] = bf16_round_f(x[i]);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        weight_pair w;
+        make_weight(types[ti], k, n, LOOM_WEIGHT_MATMUL, &w);
+        loom_weight_src src = {.name = "test.wgmma",
+                               .type = (loom_type)types[ti],
+                               .ne = {k, n},
+                               .row_stride = row_bytes(types[ti], k),
+                               .data = w.host,
+                               .persistent = true,
+                               .use = LOOM_WEIGHT_MATMUL};
+        loom_tensor wg;
+        expect_ok(gb.ops->weight_prepare(gb.dev, &src, &wg), "weight_prepare (wgmma)");
+        float *d_x = gpu_alloc((size_t)(k * T_max) * 4), *d_o = gpu_alloc((size_t)(n * T_max) * 4);
+        gpu_put(d_x, x, (size_t)(k * T_max) * 4);
+        float *prev = host_f32(n * T_max), *got = host_f32(n * T_max);
+        for (size_t si = 0; si < sizeof steps / sizeof steps[0]; si++) {
+            const int64_t T = steps[si];
+            loom_tensor gx = loom_tensor_2d(LOOM_TYPE_F32, d_x, k, T, (size_t)k * 4);
+            loom_tensor go = loom_tensor_2d(LOOM_TYPE_F32, d_o, n, T, (size_t)n * 4);
+            gpu_poison(&go);
+            expect_ok(gb.ops->matmul(gb.ctx, &wg, &gx, &go), "wgmma matmul");
+            expect_ok(gb.ops->synchronize(gb.ctx), "wgmma sync");
+            gpu_get(got, d_o, (size_t)(n * T) * 4);
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t o = 0; o < n; o++) {
+                    double s = 0.0, a = 0.0;
+                    for (int64_t i = 0; i < k; i++) {
+                        const double p =
+                            (double)bf16_round_f(w.deq[o * k + i]) * (double)xb[t * k + i];
+                        s += p;
+                        a += fabs(p);
+                    }
+                    const double g = got[t * n + o];
+                    if (!(fabs(g - s) <= 1e-4 * a + 1e-30))
+                        fail_msg("wgmma %s T=%lld: out[%lld,%lld] = %.9g, float64 %.9g "
+                                 "(|w||x| %.3g)",
+                                 loom__type_name((loom_type)types[ti]), (long long)T, (long long)t,
+                                 (long long)o, g, s, a);
+                }
+            if (si > 0 && memcmp(prev, got, (size_t)(n * steps[si - 1]) * 4) != 0)
+                fail_msg("wgmma %s: tokens 0..%lld differ between steps of %lld and %lld tokens",
+                         loom__type_name((loom_type)types[ti]), (long long)steps[si - 1] - 1,
+                         (long long)steps[si - 1], (long long)T);
+            memcpy(prev, got, (size_t)(n * T) * 4);
+        }
+        /* the rows cut into three weights (64, 80 and 48 rows) in one matmul_multi */
+        const int64_t cut[4] = {0, 64, 144, 192};
+        loom_tensor part[3], outs[3];
+        const loom_tensor *pw[3];
+        loom_tensor *po[3];
+        float *d_p = gpu_alloc((size_t)(n * T_max) * 4);
+        for (int j = 0; j < 3; j++) {
+            part[j] = wg;
+            part[j].ne[1] = cut[j + 1] - cut[j];
+            part[j].data = (uint8_t *)wg.data + (size_t)cut[j] * wg.row_stride;
+            pw[j] = &part[j];
+            outs[j] = loom_tensor_2d(LOOM_TYPE_F32, d_p + cut[j] * T_max, cut[j + 1] - cut[j],
+                                     T_max, (size_t)(cut[j + 1] - cut[j]) * 4);
+            gpu_poison(&outs[j]);
+            po[j] = &outs[j];
+        }
+        loom_tensor gx = loom_tensor_2d(LOOM_TYPE_F32, d_x, k, T_max, (size_t)k * 4);
+        expect_ok(gb.ops->matmul_multi(gb.ctx, 3, pw, &gx, po), "wgmma matmul_multi");
+        expect_ok(gb.ops->synchronize(gb.ctx), "wgmma multi sync");
+        for (int j = 0; j < 3; j++) {
+            const int64_t rows = cut[j + 1] - cut[j];
+            gpu_get(got, d_p + cut[j] * T_max, (size_t)(rows * T_max) * 4);
+            for (int64_t t = 0; t < T_max; t++)
+                if (memcmp(got + t * rows, prev + t * n + cut[j], (size_t)rows * 4) != 0)
+                    fail_msg("wgmma %s matmul_multi: weight %d, token %lld not the bits of the "
+                             "whole product",
+                             loom__type_name((loom_type)types[ti]), j, (long long)t);
+        }
+        printf("wgmma gemm %s: %lld x %lld, steps of 1, 9, 48, 200 tokens within 1e-4 of the "
+               "float64 sum over BF16 operands, the same bits in each, and in matmul_multi\n",
+               loom__type_name((loom_type)types[ti]), (long long)n, (long long)k);
+        free(prev), free(got);
+        free_weight(&w);
+        gpu_free_all();
+    }
+    free(x), free(xb);
     loom__backend_stream_close(&gb);
 }
 
@@ -1797,6 +1936,7 @@ int main(void) {
         cmocka_unit_test(test_fp8_gemm),       cmocka_unit_test(test_bf16_gemm),
         cmocka_unit_test(test_logits_summary), cmocka_unit_test(test_engine_batch_invariance),
         cmocka_unit_test(test_matmul_multi),   cmocka_unit_test(test_engine_graphs),
+        cmocka_unit_test(test_wgmma_gemm),
     };
     /* LOOM_TEST_ONLY=name[,name...] runs those tests alone (check.sh's planted-bug step and its
      * run of the fast mode). */

@@ -10,10 +10,13 @@
 // backend's default: a token's outputs must be the same bits in steps of 1, 3, 8, 9, 17 and 130
 // tokens, and the same whether K ran in one block or split across blocks into segment sums that
 // gemm_fold_kernel folds (the plans for 0, 2 and 132 SMs: no split, 2 or 3 groups, one per
-// segment). All of it twice: at float32 accuracy (LOOM_K_MATH_F32), and with BF16 operands
-// (LOOM_K_MATH_BF16), checked against a float64 product of the operands rounded to BF16 here
-// (the same 1e-5: the products are exact either way, only the operands differ) and within 2^-7
-// of sum_k |x w| of the unrounded product.
+// segment). All of it three times: at float32 accuracy (LOOM_K_MATH_F32), with BF16 operands
+// (LOOM_K_MATH_BF16), and with BF16 operands on the wgmma kernel (LOOM_K_MATH_BF16_WGMMA,
+// gemm_wgmma.cuh: 128 x 128 tiles, so 130 tokens are two token tiles and 100 rows part of one;
+// the emulator computes each wgmma when its group is waited for), the BF16 runs checked against
+// a float64 product of the operands rounded to BF16 here (the same 1e-5: the products are exact
+// either way, only the operands differ) and within 2^-7 of sum_k |x w| of the unrounded
+// product.
 #include "gemm.cu"
 
 #include <stdio.h>
@@ -152,13 +155,20 @@ void launch_gemm(const loom__k_weight *const *ws, int n, const float *x, size_t 
     loom_emu::launch_options opt;
     opt.order = order;
     opt.seed = (uint64_t)n_tokens * 977 + T + (uint64_t)n_sms + (uint64_t)n;
-    const gemm_plan pl = gemm_plan_of(ws, n, n_tokens, n_sms);
+    const gemm_plan pl = gemm_plan_of(ws, n, n_tokens, n_sms, MATH);
     std::vector<float> partial(pl.partial_bytes / sizeof(float), NAN);
-    const gemm_multi mm = gemm_multi_of(ws, n, x, xs, n_tokens, outs, oss, pl, partial.data());
-    loom_emu::launch(
-        dim3((unsigned)loom_cdiv(n_tokens, GEMM_TOKENS), (unsigned)mm.tile0[n],
-             (unsigned)pl.groups),
-        dim3(GEMM_THREADS), gemm_smem_bytes<T, MATH>(), [&mm] { gemm_kernel<T, MATH>(mm); }, opt);
+    const gemm_multi mm =
+        gemm_multi_of(ws, n, x, xs, n_tokens, outs, oss, pl, partial.data(), MATH);
+    const dim3 grid((unsigned)loom_cdiv(n_tokens, gemm_tile_tokens(MATH)), (unsigned)mm.tile0[n],
+                    (unsigned)pl.groups);
+    if constexpr (MATH == LOOM_K_MATH_BF16_WGMMA)
+        loom_emu::launch(
+            grid, dim3(GEMM_WG_THREADS), gemm_wg_smem_bytes<T>(), [&mm] { gemm_wg_kernel<T>(mm); },
+            opt);
+    else
+        loom_emu::launch(
+            grid, dim3(GEMM_THREADS), gemm_smem_bytes<T, MATH>(),
+            [&mm] { gemm_kernel<T, MATH>(mm); }, opt);
     if (pl.partial_bytes == 0) return;
     const int64_t n_segs = pl.n_segs;
     loom_emu::launch(
@@ -191,6 +201,8 @@ void launch_any(int math, const loom__k_weight *const *ws, int n, const float *x
                 loom_emu::schedule order) {
     if (math == LOOM_K_MATH_BF16)
         launch_math<LOOM_K_MATH_BF16>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
+    else if (math == LOOM_K_MATH_BF16_WGMMA)
+        launch_math<LOOM_K_MATH_BF16_WGMMA>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
     else
         launch_math<LOOM_K_MATH_F32>(ws, n, x, xs, n_tokens, outs, oss, n_sms, order);
 }
@@ -198,8 +210,8 @@ void launch_any(int math, const loom__k_weight *const *ws, int n, const float *x
 // One weight type: steps of 1, 3, 8, 9, 17 and 130 tokens, each on 0, 2 and 132 SMs. Returns
 // the failures (printed).
 int run_type(const weight_spec &ws, int math, bool verbose) {
-    const bool m16 = math == LOOM_K_MATH_BF16;
-    const char *mname = m16 ? "bf16 math" : "f32 math";
+    const bool m16 = math != LOOM_K_MATH_F32;
+    const char *mname = math == LOOM_K_MATH_BF16_WGMMA ? "wgmma" : m16 ? "bf16 math" : "f32 math";
     const int64_t N = 100, T_MAX = 130;
     const int steps[] = {1, 3, 8, 9, 17, 130};
     const int sms[] = {0, 2, 132};
@@ -273,7 +285,7 @@ int run_type(const weight_spec &ws, int math, bool verbose) {
             printf("  gemm %-8s %-9s k=%4lld n=%lld T=%3d sms=%3d (%lld K groups): worst %.2g "
                    "of sum |x w| (%.2g from the unrounded product)\n",
                    ws.name, mname, (long long)ws.k, (long long)N, T, n_sms,
-                   (long long)gemm_plan_of(&kp, 1, T, n_sms).groups, worst, worst_exact);
+                   (long long)gemm_plan_of(&kp, 1, T, n_sms, math).groups, worst, worst_exact);
         outs.push_back(out);
     }
     /* batch invariance: each token's row the same bits in every step that holds it, split or
@@ -292,8 +304,8 @@ int run_type(const weight_spec &ws, int math, bool verbose) {
     /* the split plans this test means to cover */
     const loom__k_weight shape = {ws.type, ws.k, N, ws.stride, nullptr};
     const loom__k_weight *sp = &shape;
-    if (gemm_plan_of(&sp, 1, 1, 2).groups < 2 ||
-        gemm_plan_of(&sp, 1, 1, 132).groups != gemm_plan_of(&sp, 1, 1, 132).n_segs)
+    if (gemm_plan_of(&sp, 1, 1, 2, math).groups < 2 ||
+        gemm_plan_of(&sp, 1, 1, 132, math).groups != gemm_plan_of(&sp, 1, 1, 132, math).n_segs)
         printf("FAIL gemm %s: the plans for 1 token do not split K as meant\n", ws.name), bad++;
     /* matmul_multi: the rows cut into three weights (37, 27 and 36 rows) in one launch, each
        output the bits of the whole product's (runs 0, 14, 17: 1 token unsplit, 17 tokens on 2
@@ -352,7 +364,7 @@ int run_all(bool verbose) {
         {LOOM_K_FP8_ROWS, "fp8rows", 1000, 1004, 1008},
     };
     int bad = 0;
-    for (int math : {LOOM_K_MATH_F32, LOOM_K_MATH_BF16})
+    for (int math : {LOOM_K_MATH_F32, LOOM_K_MATH_BF16, LOOM_K_MATH_BF16_WGMMA})
         for (const weight_spec &ws : specs) bad += run_type(ws, math, verbose);
     return bad;
 }

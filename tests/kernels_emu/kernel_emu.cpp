@@ -13,6 +13,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <deque>
 #include <utility>
 #include <vector>
 
@@ -86,9 +87,20 @@ kemu_start:
 #endif
 
 enum thread_state : uint8_t { RUNNABLE, AT_BARRIER, AT_WARP_OP, DONE };
-enum op_kind : uint8_t { OP_SHFL, OP_BALLOT, OP_MMA, OP_SYNCWARP, OP_MMA16 };
-const char *const op_names[] = {"a shuffle", "__ballot_sync", "mma.sync", "__syncwarp",
-                                "mma.sync (16-bit)"};
+enum op_kind : uint8_t {
+    OP_SHFL,
+    OP_BALLOT,
+    OP_MMA,
+    OP_SYNCWARP,
+    OP_MMA16,
+    OP_WG_MMA,
+    OP_WG_FENCE,
+    OP_WG_COMMIT,
+    OP_WG_WAIT
+};
+const char *const op_names[] = {"a shuffle",   "__ballot_sync",      "mma.sync",
+                                "__syncwarp",  "mma.sync (16-bit)",  "wgmma.mma_async",
+                                "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group"};
 
 // Stacks: kernels keep their arrays in registers on the device, here on the stack (the prefill
 // kernel's accumulator is 512 bytes); AddressSanitizer's redzones need room too.
@@ -110,6 +122,25 @@ struct thread {
     float *d;
     const uint32_t *a, *b;
     bool f16; // OP_MMA16: F16 operands (else BF16)
+    // OP_WG_MMA: the descriptors, the columns, scale-d; OP_WG_WAIT: the groups left pending (arg)
+    uint64_t da, db;
+    int wg_n;
+    bool wg_acc;
+};
+
+// A wgmma.mma_async a warp has issued and the emulator has not computed yet.
+struct wg_op {
+    float *d[32]; // each lane's accumulators
+    uint64_t da, db;
+    int n;
+    bool acc;
+};
+
+// A warp's wgmma's in flight: those issued since its last commit, and the committed groups,
+// oldest first.
+struct wg_queue {
+    std::vector<wg_op> open;
+    std::deque<std::vector<wg_op>> groups;
 };
 
 struct machine {
@@ -122,6 +153,7 @@ struct machine {
     std::vector<unsigned char> dyn;
     int n_barrier = 0, n_done = 0;
     int warp_arrived[MAX_THREADS / 32];
+    wg_queue wgmma[MAX_THREADS / 32];
     // runnable threads, each at most once; taken as the schedule says
     std::vector<int> queue;
     size_t head = 0;
@@ -387,6 +419,52 @@ void warp_mma16(int w) {
     mma_finish<16>(w, A, B);
 }
 
+// The BF16 element (r, k) of a K-major operand without swizzle at descriptor desc (wgmma.cuh's
+// layout, from the PTX ISA's "Shared Memory Matrix Layout" and "Matrix Descriptor"): start
+// address bits 0-13, LBO 16-29, SBO 32-45 (each in 16-byte units), base offset 49-51 and swizzle
+// mode 62-63 both 0 here, the other bits unused (0).
+double wg_element(int w, uint64_t desc, int r, int k) {
+    const uint64_t used = 0x3fffull | 0x3fffull << 16 | 0x3fffull << 32;
+    if ((desc & ~used) != 0)
+        fault("warp %d: wgmma descriptor 0x%016llx sets bits past the address, LBO and SBO "
+              "(base offset, swizzle or unused ones: not emulated)",
+              w, (unsigned long long)desc);
+    const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)(desc >> 16 & 0x3fff) << 4;
+    const size_t sbo = (size_t)(desc >> 32 & 0x3fff) << 4;
+    const size_t at = start + (size_t)(r / 8) * sbo + (size_t)(r % 8) * 16 + (size_t)(k / 8) * lbo +
+                      (size_t)(k % 8) * 2;
+    if (at + 2 > M.dyn.size())
+        fault("warp %d: wgmma operand element (%d, %d) at shared byte %zu, past the %zu bytes of "
+              "dynamic shared memory",
+              w, r, k, at, M.dyn.size());
+    uint16_t h;
+    memcpy(&h, M.dyn.data() + at, 2);
+    return (double)__bfloat162float(__ushort_as_bfloat16(h));
+}
+
+// wgmma.mma_async.m64nNk16.f32.bf16.bf16 of warp w (its 16 rows): D = A B + (acc ? D : 0), A
+// (64 x 16) and B (16 x N, stored N rows of K) K-major; the accumulator fragment as wgmma.cuh
+// states it from the ISA ("Register Fragments", m64nNk16): register j of lane l holds row
+// 16 (w % 4) + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2. Products exact in
+// double, the sum rounded to float once.
+void wg_compute(int w, const wg_op &op) {
+    const int q = w % 4;
+    double A[16][16];
+    for (int r = 0; r < 16; r++)
+        for (int k = 0; k < 16; k++) A[r][k] = wg_element(w, op.da, 16 * q + r, k);
+    std::vector<double> B((size_t)op.n * 16);
+    for (int c = 0; c < op.n; c++)
+        for (int k = 0; k < 16; k++) B[(size_t)c * 16 + k] = wg_element(w, op.db, c, k);
+    for (int l = 0; l < 32; l++)
+        for (int j = 0; j < op.n / 2; j++) {
+            const int r = l / 4 + 8 * ((j / 2) % 2), c = 8 * (j / 4) + 2 * (l % 4) + j % 2;
+            double s = op.acc ? (double)op.d[l][j] : 0.0;
+            for (int k = 0; k < 16; k++) s += A[r][k] * B[(size_t)c * 16 + k];
+            op.d[l][j] = (float)s;
+        }
+    M.stats.mma++;
+}
+
 // Warp w's 32 lanes have all reached a collective: check they agree on which, compute it, let
 // them run on.
 void warp_complete(int w) {
@@ -424,7 +502,34 @@ void warp_complete(int w) {
         warp_mma16(w);
         break;
     case OP_SYNCWARP:
+    case OP_WG_FENCE:
         break;
+    case OP_WG_MMA: {
+        wg_op o;
+        o.da = lane[0].da, o.db = lane[0].db, o.n = lane[0].wg_n, o.acc = lane[0].wg_acc;
+        for (int l = 0; l < 32; l++) {
+            if (lane[l].da != o.da || lane[l].db != o.db || lane[l].wg_n != o.n ||
+                lane[l].wg_acc != o.acc)
+                fault("warp %d: lanes 0 and %d issue wgmma with other operands", w, l);
+            o.d[l] = lane[l].d;
+        }
+        M.wgmma[w].open.push_back(o);
+        break;
+    }
+    case OP_WG_COMMIT:
+        M.wgmma[w].groups.push_back(std::move(M.wgmma[w].open));
+        M.wgmma[w].open.clear();
+        break;
+    case OP_WG_WAIT: {
+        for (int l = 0; l < 32; l++)
+            if (lane[l].arg != lane[0].arg) fault("warp %d: lanes wait for other counts", w);
+        wg_queue &qu = M.wgmma[w];
+        while ((int)qu.groups.size() > lane[0].arg) {
+            for (const wg_op &o : qu.groups.front()) wg_compute(w, o);
+            qu.groups.pop_front();
+        }
+        break;
+    }
     }
     M.stats.warp_ops++;
     for (int l = 0; l < 32; l++) lane[l].state = RUNNABLE;
@@ -486,6 +591,10 @@ void run_block() {
     M.head = 0;
     for (int t = 0; t < M.n; t++) start_thread(t);
     push_range(0, M.n);
+    for (int w = 0; w < M.n / 32; w++) {
+        M.wgmma[w].open.clear();
+        M.wgmma[w].groups.clear();
+    }
     for (;;) {
         const int t = pop();
         if (t >= 0)
@@ -493,6 +602,11 @@ void run_block() {
         else if (!unblock())
             break;
     }
+    for (int w = 0; w < M.n / 32; w++)
+        if (!M.wgmma[w].open.empty() || !M.wgmma[w].groups.empty())
+            fault("warp %d ended with wgmma's in flight (%zu uncommitted, %zu groups not waited "
+                  "for)",
+                  w, M.wgmma[w].open.size(), M.wgmma[w].groups.size());
     M.stats.blocks++;
 }
 
@@ -604,6 +718,59 @@ void loom_emu_mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b
 
 void loom_emu_mma_m16n8k16(bool f16, float d[4], const uint32_t a[4], const uint32_t b[2]) {
     loom_emu::mma_arrive(loom_emu::OP_MMA16, f16, d, a, b);
+}
+
+uint32_t loom_emu_smem_addr(const void *p) {
+    using namespace loom_emu;
+    current("__cvta_generic_to_shared");
+    const unsigned char *c = (const unsigned char *)p;
+    if (M.dyn.empty() || c < M.dyn.data() || c >= M.dyn.data() + M.dyn.size())
+        fault("a shared-memory address of %p, outside the dynamic shared memory (the only one "
+              "emulated for wgmma)",
+              p);
+    return (uint32_t)(c - M.dyn.data());
+}
+
+void loom_emu_fence_proxy_async(void) {
+    loom_emu::current("fence.proxy.async");
+}
+
+namespace loom_emu {
+namespace {
+void wg_collective(op_kind op, int arg) {
+    thread &th = current(op_names[op]);
+    th.op = op;
+    th.mask = 0xffffffffu;
+    th.arg = arg;
+    warp_arrive(th);
+}
+} // namespace
+} // namespace loom_emu
+
+void loom_emu_wgmma_fence(void) {
+    loom_emu::wg_collective(loom_emu::OP_WG_FENCE, 0);
+}
+
+void loom_emu_wgmma_commit(void) {
+    loom_emu::wg_collective(loom_emu::OP_WG_COMMIT, 0);
+}
+
+void loom_emu_wgmma_wait(int n) {
+    loom_emu::wg_collective(loom_emu::OP_WG_WAIT, n);
+}
+
+void loom_emu_wgmma_bf16(int n, float *d, uint64_t da, uint64_t db, bool accumulate) {
+    using namespace loom_emu;
+    thread &th = current("wgmma.mma_async");
+    if (n < 8 || n > 256 || n % 8 != 0) fault("wgmma with N = %d (8 .. 256, multiples of 8)", n);
+    th.op = OP_WG_MMA;
+    th.mask = 0xffffffffu;
+    th.d = d;
+    th.da = da;
+    th.db = db;
+    th.wg_n = n;
+    th.wg_acc = accumulate;
+    warp_arrive(th);
 }
 
 // cvt.rna.tf32.f32: to 10 mantissa bits, to nearest with ties away from zero (adding half of the

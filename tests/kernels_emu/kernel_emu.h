@@ -2,8 +2,8 @@
 // of the CUDA headers when LOOM_K_EMULATE is defined, so that the kernels of kernels/*.cu compile
 // with the host's C++ compiler and run on a SIMT machine (kernel_emu.cpp): a block of up to 1024
 // coroutine threads with threadIdx / blockIdx / blockDim, __syncthreads, warp collectives
-// (shuffles, ballot, mma.sync m16n8k8 TF32 and m16n8k16 BF16 / F16), static and dynamic shared
-// memory.
+// (shuffles, ballot, mma.sync m16n8k8 TF32 and m16n8k16 BF16 / F16, wgmma.mma_async BF16),
+// static and dynamic shared memory.
 //
 // Semantics kept as CUDA states them, and checked where a kernel could break them: a warp
 // collective needs all 32 lanes at the same collective with a full mask (a lane elsewhere is a
@@ -104,6 +104,22 @@ void loom_emu_mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b
 uint32_t loom_emu_cvt_rna_tf32(float x);
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 (f16: the F16 form).
 void loom_emu_mma_m16n8k16(bool f16, float d[4], const uint32_t a[4], const uint32_t b[2]);
+
+// Hopper's warpgroup MMA (kernels/wgmma.cuh), emulated warp by warp: warp w of a warpgroup
+// computes rows 16 (w % 4) .. + 15 of the m64 product, which is all the registers it holds.
+// wgmma.mma_async (BF16 operands in shared memory, K-major without swizzle, as the descriptors
+// da and db say; n columns; accumulate: scale-d) is recorded when the warp issues it and
+// computed when a wgmma.wait_group lets its committed group go: with the shared memory and the
+// accumulators as they are then, so a kernel that writes either before waiting gets other
+// results. Groups still open or pending when the block ends are reported. Not checked: that the
+// four warps of a warpgroup issue the same instructions, and the fences' ordering (wgmma.fence
+// and fence.proxy.async are no-ops here, wgmma.fence a convergence point of the warp).
+uint32_t loom_emu_smem_addr(const void *p); // __cvta_generic_to_shared, dynamic shared memory
+void loom_emu_fence_proxy_async(void);
+void loom_emu_wgmma_fence(void);
+void loom_emu_wgmma_commit(void);
+void loom_emu_wgmma_wait(int n);
+void loom_emu_wgmma_bf16(int n, float *d, uint64_t da, uint64_t db, bool accumulate);
 
 // ---- built-in variables -------------------------------------------------------------------------
 

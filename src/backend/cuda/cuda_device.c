@@ -101,6 +101,27 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
         loom__cuda_close(d);
         return loom__fail(LOOM_ERR_INVALID_ARG, "cuda: LOOM_CUDA_MATH=%s: not f32 or bf16", math);
     }
+    d->gemm_math = d->math;
+    const char *wgmma = getenv("LOOM_CUDA_WGMMA");
+    if (wgmma != NULL && strcmp(wgmma, "1") == 0) {
+        int runs = 0;
+        if (d->math != LOOM_K_MATH_BF16)
+            loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_WGMMA=1 ignored: the wgmma GEMM takes BF16 "
+                                     "operands (LOOM_CUDA_MATH=bf16)");
+        else if (d->cc_major != 9 || d->cc_minor != 0)
+            loom__log(LOOM_LOG_INFO,
+                      "cuda: LOOM_CUDA_WGMMA=1 ignored: wgmma needs sm_90 (the "
+                      "device is sm_%d%d)",
+                      d->cc_major, d->cc_minor);
+        else if (loom__cuda_wgmma_probe(&runs) != LOOM_OK || !runs)
+            loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_WGMMA=1 ignored: this build has no sm_90a "
+                                     "code for the device (LOOM_CUDA_ARCHITECTURES)");
+        else {
+            d->gemm_math = LOOM_K_MATH_BF16_WGMMA;
+            loom__log(LOOM_LOG_INFO, "cuda: matmul on Hopper's warpgroup MMA (LOOM_CUDA_WGMMA=1): "
+                                     "BF16 operands, 128 x 128 tiles");
+        }
+    }
     const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT");
     d->batch_invariant = !(inv != NULL && strcmp(inv, "0") == 0);
     if (d->batch_invariant)

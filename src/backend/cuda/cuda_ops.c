@@ -56,12 +56,13 @@ loom_status loom__cuda_get_rows_op(void *stream, const loom_tensor *table, const
 static loom_status run_gemm(loom__cuda_stream *c, int m, const loom__k_weight *const *kp,
                             const loom_tensor *x, float *const *op, const size_t *os) {
     const int64_t n_tokens = x->ne[1];
-    const size_t need = loom__cuda_gemm_multi_work_bytes(m, kp, n_tokens, c->dev->n_sms);
+    const size_t need =
+        loom__cuda_gemm_multi_work_bytes(m, kp, n_tokens, c->dev->n_sms, c->dev->gemm_math);
     if (need > c->gemm_work_cap) c->n_grows++;
     LOOM_TRY(loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, need));
     const loom__k_gemm_work work = {c->gemm_work, c->gemm_work_cap, c->dev->n_sms};
     return loom__cuda_gemm_multi(c->s, m, kp, x->data, x->row_stride, n_tokens, op, os, &work,
-                                 c->dev->math);
+                                 c->dev->gemm_math);
 }
 
 loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_tensor *x,

@@ -39,6 +39,7 @@
  * segment boundaries (grid.z), each writing its segments' sums apart into a scratch area, and
  * gemm_fold_kernel folds them in the same order — the same bits as one block folding them in
  * registers, so the split is free to follow the step's size. No atomics anywhere. */
+#include "cp_async.cuh"
 #include "dequant.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -93,6 +94,9 @@ typedef struct gemm_multi {
     gemm_args m[LOOM_K_GEMM_MULTI];
     int32_t n;
     int32_t tile0[LOOM_K_GEMM_MULTI + 1], fold0[LOOM_K_GEMM_MULTI + 1];
+    /* the wgmma kernel's x as BF16 rows x16_stride bytes apart (gemm_x16_kernel) */
+    const uint8_t *x16;
+    size_t x16_stride;
 } gemm_multi;
 
 /* The product block b (a row tile or a fold block, by the prefix `first`) belongs to, and the
@@ -603,10 +607,33 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
     const dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)pl.groups);
     static std::atomic<int> optin[LOOM_K_OPTIN_DEVICES]; /* past 48 KB (sm_80+ allow 163 KB) */
     if constexpr (MATH == LOOM_K_MATH_BF16_WGMMA) {
-        constexpr size_t smem = gemm_wg_smem_bytes<T>();
-        const loom_status st = loom_k_smem_optin(gemm_wg_kernel<T>, smem, optin, "gemm (wgmma)");
-        if (st != LOOM_OK) return st;
-        gemm_wg_kernel<T><<<grid, GEMM_WG_THREADS, smem, stream>>>(mm);
+        const int64_t k = mm.m[0].w.k, pieces = (int64_t)gemm_x16_stride(k) / 16;
+        if (mm.m[0].n_tokens > 65535)
+            LOOM_K_UNSUPPORTED("cuda: matmul (wgmma gemm) of %lld tokens",
+                               (long long)mm.m[0].n_tokens);
+        gemm_x16_kernel<<<dim3((unsigned)loom_cdiv(pieces, 256), (unsigned)mm.m[0].n_tokens), 256,
+                          0, stream>>>(mm.m[0].x, mm.m[0].x_stride, k, (uint8_t *)mm.x16);
+        LOOM_K_LAUNCHED("gemm (wgmma): x to bf16");
+        /* BF16 rows 16-byte aligned are copied to their tiles as stored */
+        bool direct = T == LOOM_K_BF16;
+        for (int j = 0; j < mm.n; j++)
+            direct = direct && (((uintptr_t)mm.m[j].w.data | mm.m[j].w.stride) & 15) == 0;
+        if constexpr (T == LOOM_K_BF16)
+            if (direct) {
+                constexpr size_t smem = gemm_wg_smem_bytes<T, true>();
+                static std::atomic<int> optin_d[LOOM_K_OPTIN_DEVICES];
+                const loom_status st =
+                    loom_k_smem_optin(gemm_wg_kernel<T, true>, smem, optin_d, "gemm (wgmma)");
+                if (st != LOOM_OK) return st;
+                gemm_wg_kernel<T, true><<<grid, GEMM_WG_THREADS, smem, stream>>>(mm);
+            }
+        if (!direct) {
+            constexpr size_t smem = gemm_wg_smem_bytes<T, false>();
+            const loom_status st =
+                loom_k_smem_optin(gemm_wg_kernel<T, false>, smem, optin, "gemm (wgmma)");
+            if (st != LOOM_OK) return st;
+            gemm_wg_kernel<T, false><<<grid, GEMM_WG_THREADS, smem, stream>>>(mm);
+        }
         LOOM_K_LAUNCHED("gemm (wgmma)");
     } else {
         constexpr size_t smem = gemm_smem_bytes<T, MATH>();
@@ -628,6 +655,11 @@ extern "C" size_t loom__cuda_gemm_multi_work_bytes(int n, const loom__k_weight *
     for (int j = 0; j < n; j++)
         if (ws[j]->n <= 0 || ws[j]->k <= 0 || ws[j]->k != ws[0]->k) return 0;
     return gemm_plan_of(ws, n, n_tokens, n_sms, math).partial_bytes;
+}
+
+extern "C" size_t loom__cuda_gemm_x16_bytes(int64_t n_tokens, int64_t k, int math) {
+    if (math != LOOM_K_MATH_BF16_WGMMA || n_tokens <= 0 || k <= 0) return 0;
+    return (size_t)n_tokens * gemm_x16_stride(k);
 }
 
 extern "C" size_t loom__cuda_gemm_work_bound_cap(void) {
@@ -698,9 +730,19 @@ extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
     if (pl.partial_bytes != 0 && (work == NULL || work->bytes < pl.partial_bytes))
         return loom__fail(LOOM_ERR_INTERNAL, "cuda: gemm needs %zu bytes of scratch, has %zu",
                           pl.partial_bytes, work != NULL ? work->bytes : (size_t)0);
-    const gemm_multi mm = gemm_multi_of(ws, n, x, x_stride, n_tokens, outs, out_strides, pl,
-                                        pl.partial_bytes != 0 ? (float *)work->data : NULL, math);
+    const size_t x16_need = loom__cuda_gemm_x16_bytes(n_tokens, ws[0]->k, math);
+    if (x16_need != 0 && (work == NULL || work->x16 == NULL || work->x16_bytes < x16_need))
+        return loom__fail(LOOM_ERR_INTERNAL,
+                          "cuda: gemm (wgmma) needs %zu bytes for x in BF16, "
+                          "has %zu",
+                          x16_need, work != NULL ? work->x16_bytes : (size_t)0);
+    gemm_multi mm = gemm_multi_of(ws, n, x, x_stride, n_tokens, outs, out_strides, pl,
+                                  pl.partial_bytes != 0 ? (float *)work->data : NULL, math);
     if (mm.tile0[n] == 0) return LOOM_OK; /* no rows */
+    if (x16_need != 0) {
+        mm.x16 = (const uint8_t *)work->x16;
+        mm.x16_stride = gemm_x16_stride(ws[0]->k);
+    }
     switch (math) {
     case LOOM_K_MATH_BF16:
         return gemm_dispatch<LOOM_K_MATH_BF16>(stream, ws[0]->type, mm, pl);

@@ -124,6 +124,9 @@ typedef struct loom__k_gemm_work {
     void *data;
     size_t bytes;
     int n_sms; /* 0: never split */
+    /* LOOM_K_MATH_BF16_WGMMA: x rounded to BF16 once per launch, loom__cuda_gemm_x16_bytes */
+    void *x16;
+    size_t x16_bytes;
 } loom__k_gemm_work;
 
 /* The fast mode (LOOM_CUDA_BATCH_INVARIANT=0) runs steps of up to this many tokens on the GEMV,
@@ -160,6 +163,8 @@ size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t max_tokens, i
 loom_status loom__cuda_wgmma_probe(int *runs);
 /* The most scratch any split takes (a split needing more does not happen). */
 size_t loom__cuda_gemm_work_bound_cap(void);
+/* The wgmma GEMM's x in BF16 for a step of n_tokens rows of k values (0 for the other maths). */
+size_t loom__cuda_gemm_x16_bytes(int64_t n_tokens, int64_t k, int math);
 
 /* cuBLASLt's GEMMs of the fast mode (blaslt_gemm.cu). FP8 weight rows: each token row of x
  * [n_tokens, k] to E4M3 codes xq (rows xq_stride bytes apart) with scale[t] = max|x_t| / 448

@@ -46,8 +46,7 @@ static __device__ __forceinline__ uint32_t loom_wg_smem_addr(const void *p) {
 /* The matrix descriptor of an operand at p in the layout above (no swizzle, base offset 0):
  * bits 0-13 the start address, 16-29 LBO, 32-45 SBO, each in units of 16 bytes. p, lbo and sbo
  * are multiples of 16. */
-static __device__ __forceinline__ uint64_t loom_wg_desc(const void *p, uint32_t lbo,
-                                                        uint32_t sbo) {
+static __device__ __forceinline__ uint64_t loom_wg_desc(const void *p, uint32_t lbo, uint32_t sbo) {
     const uint64_t a = (loom_wg_smem_addr(p) >> 4) & 0x3fffu;
     return a | (uint64_t)((lbo >> 4) & 0x3fffu) << 16 | (uint64_t)((sbo >> 4) & 0x3fffu) << 32;
 }
@@ -90,6 +89,18 @@ template <int N> static __device__ __forceinline__ void loom_wg_wait(void) {
     loom_emu_wgmma_wait(N);
 #elif LOOM_WGMMA_HAS
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+
+/* Keeps the compiler from moving register uses of the accumulators across the wgmma's and
+ * waits around this point: to the compiler the wait asm touches memory only, so without this a
+ * read of d could be scheduled before the wait that makes it valid. Emits no instruction. */
+static __device__ __forceinline__ void loom_wg_fence_acc(float d[64]) {
+#if !defined(LOOM_K_EMULATE)
+#pragma unroll
+    for (int j = 0; j < 64; j++) asm volatile("" : "+f"(d[j])::"memory");
+#else
+    (void)d;
 #endif
 }
 

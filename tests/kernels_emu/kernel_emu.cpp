@@ -134,6 +134,20 @@ struct wg_op {
     uint64_t da, db;
     int n;
     bool acc;
+    std::vector<double> a, b; // the warp's A rows and all of B as they were at the issue
+};
+
+// A cp.async a thread has issued and the emulator has not performed yet.
+struct cp_op {
+    unsigned char *dst;
+    const unsigned char *src;
+    int src_bytes;
+};
+
+// A thread's cp.async's in flight: those since its last commit, then the committed groups.
+struct cp_queue {
+    std::vector<cp_op> open;
+    std::deque<std::vector<cp_op>> groups;
 };
 
 // A warp's wgmma's in flight: those issued since its last commit, and the committed groups,
@@ -154,6 +168,7 @@ struct machine {
     int n_barrier = 0, n_done = 0;
     int warp_arrived[MAX_THREADS / 32];
     wg_queue wgmma[MAX_THREADS / 32];
+    cp_queue cp[MAX_THREADS];
     // runnable threads, each at most once; taken as the schedule says
     std::vector<int> queue;
     size_t head = 0;
@@ -447,14 +462,30 @@ double wg_element(int w, uint64_t desc, int r, int k) {
 // states it from the ISA ("Register Fragments", m64nNk16): register j of lane l holds row
 // 16 (w % 4) + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2. Products exact in
 // double, the sum rounded to float once.
-void wg_compute(int w, const wg_op &op) {
+// The operands of warp w's wgmma: its 16 rows of A (16 x 16) and B (n rows of 16).
+void wg_operands(int w, const wg_op &op, std::vector<double> &a, std::vector<double> &b) {
     const int q = w % 4;
+    a.resize(16 * 16);
+    b.resize((size_t)op.n * 16);
+    for (int r = 0; r < 16; r++)
+        for (int k = 0; k < 16; k++) a[(size_t)r * 16 + k] = wg_element(w, op.da, 16 * q + r, k);
+    for (int c = 0; c < op.n; c++)
+        for (int k = 0; k < 16; k++) b[(size_t)c * 16 + k] = wg_element(w, op.db, c, k);
+}
+
+// The operands are read at the issue and again here, when the wait lets the instruction go: the
+// hardware reads them somewhere in between, so any change (a write that landed late, or came
+// before the wait) is a race, reported.
+void wg_compute(int w, const wg_op &op) {
+    std::vector<double> a, B;
+    wg_operands(w, op, a, B);
+    if (a != op.a || B != op.b)
+        fault("warp %d: a wgmma's shared-memory operands changed between its issue and the wait "
+              "that let it go",
+              w);
     double A[16][16];
     for (int r = 0; r < 16; r++)
-        for (int k = 0; k < 16; k++) A[r][k] = wg_element(w, op.da, 16 * q + r, k);
-    std::vector<double> B((size_t)op.n * 16);
-    for (int c = 0; c < op.n; c++)
-        for (int k = 0; k < 16; k++) B[(size_t)c * 16 + k] = wg_element(w, op.db, c, k);
+        for (int k = 0; k < 16; k++) A[r][k] = a[(size_t)r * 16 + k];
     for (int l = 0; l < 32; l++)
         for (int j = 0; j < op.n / 2; j++) {
             const int r = l / 4 + 8 * ((j / 2) % 2), c = 8 * (j / 4) + 2 * (l % 4) + j % 2;
@@ -513,7 +544,8 @@ void warp_complete(int w) {
                 fault("warp %d: lanes 0 and %d issue wgmma with other operands", w, l);
             o.d[l] = lane[l].d;
         }
-        M.wgmma[w].open.push_back(o);
+        wg_operands(w, o, o.a, o.b);
+        M.wgmma[w].open.push_back(std::move(o));
         break;
     }
     case OP_WG_COMMIT:
@@ -595,6 +627,10 @@ void run_block() {
         M.wgmma[w].open.clear();
         M.wgmma[w].groups.clear();
     }
+    for (int t = 0; t < M.n; t++) {
+        M.cp[t].open.clear();
+        M.cp[t].groups.clear();
+    }
     for (;;) {
         const int t = pop();
         if (t >= 0)
@@ -607,6 +643,11 @@ void run_block() {
             fault("warp %d ended with wgmma's in flight (%zu uncommitted, %zu groups not waited "
                   "for)",
                   w, M.wgmma[w].open.size(), M.wgmma[w].groups.size());
+    for (int t = 0; t < M.n; t++)
+        if (!M.cp[t].open.empty() || !M.cp[t].groups.empty())
+            fault("thread %d ended with cp.async copies in flight (%zu uncommitted, %zu groups not "
+                  "waited for)",
+                  t, M.cp[t].open.size(), M.cp[t].groups.size());
     M.stats.blocks++;
 }
 
@@ -718,6 +759,41 @@ void loom_emu_mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b
 
 void loom_emu_mma_m16n8k16(bool f16, float d[4], const uint32_t a[4], const uint32_t b[2]) {
     loom_emu::mma_arrive(loom_emu::OP_MMA16, f16, d, a, b);
+}
+
+void loom_emu_cp_async16(void *dst, const void *src, int src_bytes) {
+    using namespace loom_emu;
+    current("cp.async");
+    unsigned char *d = (unsigned char *)dst;
+    if (M.dyn.empty() || d < M.dyn.data() || d + 16 > M.dyn.data() + M.dyn.size() ||
+        ((uintptr_t)d & 15) != 0 || ((uintptr_t)src & 15) != 0)
+        fault("cp.async to %p from %p: not 16 aligned bytes of dynamic shared memory and global "
+              "memory",
+              dst, src);
+    if (src_bytes < 0 || src_bytes > 16) fault("cp.async of %d source bytes", src_bytes);
+    memset(d, 0xff, 16);
+    M.cp[M.cur].open.push_back(cp_op{d, (const unsigned char *)src, src_bytes});
+}
+
+void loom_emu_cp_async_commit(void) {
+    using namespace loom_emu;
+    current("cp.async.commit_group");
+    cp_queue &q = M.cp[M.cur];
+    q.groups.push_back(std::move(q.open));
+    q.open.clear();
+}
+
+void loom_emu_cp_async_wait(int n) {
+    using namespace loom_emu;
+    current("cp.async.wait_group");
+    cp_queue &q = M.cp[M.cur];
+    while ((int)q.groups.size() > n) {
+        for (const cp_op &c : q.groups.front()) {
+            memcpy(c.dst, c.src, (size_t)c.src_bytes);
+            memset(c.dst + c.src_bytes, 0, (size_t)(16 - c.src_bytes));
+        }
+        q.groups.pop_front();
+    }
 }
 
 uint32_t loom_emu_smem_addr(const void *p) {

@@ -109,11 +109,18 @@ void loom_emu_mma_m16n8k16(bool f16, float d[4], const uint32_t a[4], const uint
 // computes rows 16 (w % 4) .. + 15 of the m64 product, which is all the registers it holds.
 // wgmma.mma_async (BF16 operands in shared memory, K-major without swizzle, as the descriptors
 // da and db say; n columns; accumulate: scale-d) is recorded when the warp issues it and
-// computed when a wgmma.wait_group lets its committed group go: with the shared memory and the
-// accumulators as they are then, so a kernel that writes either before waiting gets other
-// results. Groups still open or pending when the block ends are reported. Not checked: that the
+// computed when a wgmma.wait_group lets its committed group go, on the accumulators as they are
+// then; its operands are read at both points and any difference reported (the hardware reads
+// them somewhere in between: a store that lands late or comes before the wait is a race).
+// Groups still open or pending when the block ends are reported. Not checked: that the
 // four warps of a warpgroup issue the same instructions, and the fences' ordering (wgmma.fence
 // and fence.proxy.async are no-ops here, wgmma.fence a convergence point of the warp).
+// cp.async (kernels/cp_async.cuh), per thread: a 16-byte copy fills its destination with 0xff
+// at once and copies (src_bytes of it, 0..16; zeros after) when a cp.async.wait_group of the
+// issuing thread lets its group go; copies still in flight when the block ends are reported.
+void loom_emu_cp_async16(void *dst, const void *src, int src_bytes);
+void loom_emu_cp_async_commit(void);
+void loom_emu_cp_async_wait(int n);
 uint32_t loom_emu_smem_addr(const void *p); // __cvta_generic_to_shared, dynamic shared memory
 void loom_emu_fence_proxy_async(void);
 void loom_emu_wgmma_fence(void);

@@ -113,7 +113,9 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
                       "cuda: LOOM_CUDA_WGMMA=1 ignored: wgmma needs sm_90 (the "
                       "device is sm_%d%d)",
                       d->cc_major, d->cc_minor);
-        else if (loom__cuda_wgmma_probe(&runs) != LOOM_OK || !runs)
+        else if (loom__cuda_wgmma_probe(&runs) != LOOM_OK)
+            loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_WGMMA=1 ignored: %s", loom__error_message());
+        else if (!runs)
             loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_WGMMA=1 ignored: this build has no sm_90a "
                                      "code for the device (LOOM_CUDA_ARCHITECTURES)");
         else {

@@ -99,6 +99,9 @@ typedef struct loom__cuda_stream {
     /* The GEMM's K-split segment sums (loom__cuda_gemm_multi_work_bytes). */
     void *gemm_work;
     size_t gemm_work_cap;
+    /* The wgmma GEMM's activations in BF16 (loom__cuda_gemm_x16_bytes). */
+    void *gemm_x16;
+    size_t gemm_x16_cap;
     /* The FP8 GEMM's quantized activations, their scales and cuBLASLt's workspace. */
     void *blaslt_work; /* cuBLASLt's activations and workspace */
     size_t blaslt_work_cap;

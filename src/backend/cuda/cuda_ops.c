@@ -58,9 +58,12 @@ static loom_status run_gemm(loom__cuda_stream *c, int m, const loom__k_weight *c
     const int64_t n_tokens = x->ne[1];
     const size_t need =
         loom__cuda_gemm_multi_work_bytes(m, kp, n_tokens, c->dev->n_sms, c->dev->gemm_math);
-    if (need > c->gemm_work_cap) c->n_grows++;
+    const size_t need16 = loom__cuda_gemm_x16_bytes(n_tokens, kp[0]->k, c->dev->gemm_math);
+    if (need > c->gemm_work_cap || need16 > c->gemm_x16_cap) c->n_grows++;
     LOOM_TRY(loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, need));
-    const loom__k_gemm_work work = {c->gemm_work, c->gemm_work_cap, c->dev->n_sms};
+    LOOM_TRY(loom__cuda_regrow(c, &c->gemm_x16, &c->gemm_x16_cap, need16));
+    const loom__k_gemm_work work = {c->gemm_work, c->gemm_work_cap, c->dev->n_sms, c->gemm_x16,
+                                    c->gemm_x16_cap};
     return loom__cuda_gemm_multi(c->s, m, kp, x->data, x->row_stride, n_tokens, op, os, &work,
                                  c->dev->gemm_math);
 }

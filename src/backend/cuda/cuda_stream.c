@@ -45,6 +45,19 @@ static size_t gemm_work_bound(const loom__cuda_dev *d, const loom_step_shape *sh
     return multi < cap ? multi : cap;
 }
 
+/* The wgmma GEMM's BF16 activations for any step of shape: the largest matmul's (0 for the
+ * other GEMMs). */
+static size_t gemm_x16_bound(const loom__cuda_dev *d, const loom_step_shape *shape) {
+    size_t most = 0;
+    for (int32_t i = 0; shape->matmuls != NULL && i < shape->n_matmuls; i++) {
+        const loom_matmul_shape *m = &shape->matmuls[i];
+        const int64_t T = m->max_rows > 0 ? m->max_rows : shape->max_tokens;
+        const size_t b = loom__cuda_gemm_x16_bytes(T, m->k, d->gemm_math);
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
 static size_t tiled_work_bound(const loom__cuda_dev *d, const loom_step_shape *shape) {
     return loom__cuda_attention_tiled_work_bound(shape->n_head, shape->n_kv_heads, shape->head_dim,
                                                  shape->max_tokens, shape->max_ctx, d->n_sms);
@@ -56,7 +69,7 @@ loom_status loom__cuda_workspace_size(void *dev, const loom_step_shape *shape, s
                    shape->max_ctx > 0);
     *bytes = loom__cuda_attention_work_bytes(shape->n_head, shape->head_dim) +
              meta_ints(shape, LOOM_CUDA_MAX_KV) * sizeof(int32_t) + gemm_work_bound(dev, shape) +
-             tiled_work_bound(dev, shape);
+             gemm_x16_bound(dev, shape) + tiled_work_bound(dev, shape);
     return LOOM_OK;
 }
 
@@ -143,6 +156,9 @@ loom_status loom__cuda_stream_create(void *dev, const loom_step_shape *shape, vo
             st, loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, gemm_work_bound(d, shape)),
             fail);
         LOOM_TRY_GOTO(
+            st, loom__cuda_regrow(c, &c->gemm_x16, &c->gemm_x16_cap, gemm_x16_bound(d, shape)),
+            fail);
+        LOOM_TRY_GOTO(
             st,
             loom__cuda_regrow(c, &c->tiled_work, &c->tiled_work_cap, tiled_work_bound(d, shape)),
             fail);
@@ -165,6 +181,7 @@ void loom__cuda_stream_destroy(void *stream) {
         (void)cudaStreamSynchronize(c->s);
     }
     (void)cudaFree(c->gemm_work);
+    (void)cudaFree(c->gemm_x16);
     (void)cudaFree(c->tiled_work);
     (void)cudaFree(c->blaslt_work);
     (void)cudaFree(c->summary_work);

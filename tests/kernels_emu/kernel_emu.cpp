@@ -434,11 +434,12 @@ void warp_mma16(int w) {
     mma_finish<16>(w, A, B);
 }
 
-// The BF16 element (r, k) of a K-major operand without swizzle at descriptor desc (wgmma.cuh's
-// layout, from the PTX ISA's "Shared Memory Matrix Layout" and "Matrix Descriptor"): start
-// address bits 0-13, LBO 16-29, SBO 32-45 (each in 16-byte units), base offset 49-51 and swizzle
-// mode 62-63 both 0 here, the other bits unused (0).
-double wg_element(int w, uint64_t desc, int r, int k) {
+// Rows r0 .. r0 + rows - 1 (16 BF16 values of K each) of a K-major operand without swizzle at
+// descriptor desc into out[rows][16] (wgmma.cuh's layout, from the PTX ISA's "Shared Memory
+// Matrix Layout" and "Matrix Descriptor"): element (r, k) at start + (r / 8) SBO + (r % 8) 16 +
+// (k / 8) LBO + (k % 8) 2; start address bits 0-13, LBO 16-29, SBO 32-45 (each in 16-byte
+// units), base offset 49-51 and swizzle mode 62-63 both 0 here, the other bits unused (0).
+void wg_rows(int w, uint64_t desc, int r0, int rows, double *out) {
     const uint64_t used = 0x3fffull | 0x3fffull << 16 | 0x3fffull << 32;
     if ((desc & ~used) != 0)
         fault("warp %d: wgmma descriptor 0x%016llx sets bits past the address, LBO and SBO "
@@ -446,15 +447,19 @@ double wg_element(int w, uint64_t desc, int r, int k) {
               w, (unsigned long long)desc);
     const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)(desc >> 16 & 0x3fff) << 4;
     const size_t sbo = (size_t)(desc >> 32 & 0x3fff) << 4;
-    const size_t at = start + (size_t)(r / 8) * sbo + (size_t)(r % 8) * 16 + (size_t)(k / 8) * lbo +
-                      (size_t)(k % 8) * 2;
-    if (at + 2 > M.dyn.size())
-        fault("warp %d: wgmma operand element (%d, %d) at shared byte %zu, past the %zu bytes of "
-              "dynamic shared memory",
-              w, r, k, at, M.dyn.size());
-    uint16_t h;
-    memcpy(&h, M.dyn.data() + at, 2);
-    return (double)__bfloat162float(__ushort_as_bfloat16(h));
+    for (int r = r0; r < r0 + rows; r++)
+        for (int kg = 0; kg < 2; kg++) {
+            const size_t at = start + (size_t)(r / 8) * sbo + (size_t)(r % 8) * 16 + kg * lbo;
+            if (at + 16 > M.dyn.size())
+                fault("warp %d: wgmma operand row %d, values %d..%d at shared byte %zu, past the "
+                      "%zu bytes of dynamic shared memory",
+                      w, r, 8 * kg, 8 * kg + 7, at, M.dyn.size());
+            uint16_t h[8];
+            memcpy(h, M.dyn.data() + at, 16);
+            for (int e = 0; e < 8; e++)
+                out[(size_t)(r - r0) * 16 + 8 * kg + e] =
+                    (double)__bfloat162float(__ushort_as_bfloat16(h[e]));
+        }
 }
 
 // wgmma.mma_async.m64nNk16.f32.bf16.bf16 of warp w (its 16 rows): D = A B + (acc ? D : 0), A
@@ -467,10 +472,8 @@ void wg_operands(int w, const wg_op &op, std::vector<double> &a, std::vector<dou
     const int q = w % 4;
     a.resize(16 * 16);
     b.resize((size_t)op.n * 16);
-    for (int r = 0; r < 16; r++)
-        for (int k = 0; k < 16; k++) a[(size_t)r * 16 + k] = wg_element(w, op.da, 16 * q + r, k);
-    for (int c = 0; c < op.n; c++)
-        for (int k = 0; k < 16; k++) b[(size_t)c * 16 + k] = wg_element(w, op.db, c, k);
+    wg_rows(w, op.da, 16 * q, 16, a.data());
+    wg_rows(w, op.db, 0, op.n, b.data());
 }
 
 // The operands are read at the issue and again here, when the wait lets the instruction go: the

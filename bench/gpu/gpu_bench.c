@@ -549,6 +549,8 @@ int main(int argc, char **argv) {
         if (!quick) bench_matmul(types16[ti], 4096, 14336, 16);
         if (!quick) bench_matmul(types16[ti], 4096, 4096, 512);
     }
+    /* a 2,048-token prefill's largest matmul (up/gate), against cuBLAS on the same shape */
+    if (!quick) bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
     bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_F16);
     if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
     if (!quick) bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
@@ -567,6 +569,7 @@ int main(int argc, char **argv) {
             if (!quick) bench_matmul(types16[ti], 4096, 14336, 16);
             if (!quick) bench_matmul(types16[ti], 4096, 4096, 512);
         }
+        if (!quick) bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
     } else {
         printf("{\"kind\":\"note\",\"what\":\"wgmma GEMM not run: %s\"}\n",
                wl.refused[0] ? wl.refused : "the device said neither yes nor no");

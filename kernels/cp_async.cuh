@@ -16,8 +16,7 @@ static __device__ __forceinline__ void loom_cp_async16(void *dst, const void *sr
     loom_emu_cp_async16(dst, src, src_bytes);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
-                 "r"(src_bytes)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes)
                  : "memory");
 #else
     (void)dst;

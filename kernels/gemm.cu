@@ -733,9 +733,8 @@ extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
     const size_t x16_need = loom__cuda_gemm_x16_bytes(n_tokens, ws[0]->k, math);
     if (x16_need != 0 && (work == NULL || work->x16 == NULL || work->x16_bytes < x16_need))
         return loom__fail(LOOM_ERR_INTERNAL,
-                          "cuda: gemm (wgmma) needs %zu bytes for x in BF16, "
-                          "has %zu",
-                          x16_need, work != NULL ? work->x16_bytes : (size_t)0);
+                          "cuda: gemm (wgmma) needs %zu bytes for x in BF16, has %zu", x16_need,
+                          work != NULL ? work->x16_bytes : (size_t)0);
     gemm_multi mm = gemm_multi_of(ws, n, x, x_stride, n_tokens, outs, out_strides, pl,
                                   pl.partial_bytes != 0 ? (float *)work->data : NULL, math);
     if (mm.tile0[n] == 0) return LOOM_OK; /* no rows */

@@ -236,6 +236,22 @@ static __device__ __forceinline__ void gemm_stage(const gemm_args &a, int64_t n0
         gemm_stage_copy<T, 1, ROWS, THREADS>(a, n0, s, raw);
 }
 
+/* The low bits of the weights' address, stride and stage bytes: the stage copy's pieces. */
+template <int T> static __device__ __forceinline__ unsigned gemm_w_align(const gemm_args &a) {
+    return (unsigned)(((uintptr_t)a.w.data | a.w.stride | (size_t)gemm_stage_bytes<T>()) & 3);
+}
+
+/* The chunks [c_begin, c_end) a block runs: all of K, or, splitting, its group's segments
+ * (blockIdx.z). c_begin is a segment's start. */
+static __device__ __forceinline__ void gemm_chunk_range(const gemm_args &a, int64_t *c_begin,
+                                                        int64_t *c_end) {
+    const int64_t n_chunks = loom_cdiv(a.w.k, 32);
+    *c_begin = a.partial != NULL ? (int64_t)blockIdx.z * a.segs_per_block * a.seg_chunks : 0;
+    *c_end = a.partial != NULL && *c_begin + a.segs_per_block * a.seg_chunks < n_chunks
+                 ? *c_begin + a.segs_per_block * a.seg_chunks
+                 : n_chunks;
+}
+
 /* ---- a chunk ------------------------------------------------------------------------------- */
 
 /* Staged row r's values of chunk cl (of the staged stage s) into v; zeros past the last row. */
@@ -421,16 +437,11 @@ static __global__ void __launch_bounds__(GEMM_THREADS, 3) gemm_kernel(gemm_multi
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wr = 32 * (warp & 1), wt = 32 * (warp >> 1);
     const int nt = a.n_tokens - t0 < GEMM_TOKENS ? (int)(a.n_tokens - t0) : GEMM_TOKENS;
-    const int64_t n_chunks = loom_cdiv(a.w.k, 32);
-    const int64_t seg0 = a.partial != NULL ? (int64_t)blockIdx.z * a.segs_per_block : 0;
     const int64_t seg_chunks = a.seg_chunks;
-    const int64_t c_begin = seg0 * seg_chunks;
-    const int64_t c_end = a.partial != NULL && c_begin + a.segs_per_block * seg_chunks < n_chunks
-                              ? c_begin + a.segs_per_block * seg_chunks
-                              : n_chunks;
+    int64_t c_begin, c_end;
+    gemm_chunk_range(a, &c_begin, &c_end);
     const bool x_vec = (((uintptr_t)a.x | a.x_stride) & 15) == 0;
-    const unsigned w_align =
-        (unsigned)(((uintptr_t)a.w.data | a.w.stride | (size_t)gemm_stage_bytes<T>()) & 3);
+    const unsigned w_align = gemm_w_align<T>(a);
 
     float acc[2][4][4], fold[2][4][4];
 #pragma unroll

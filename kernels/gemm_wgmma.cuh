@@ -144,15 +144,10 @@ static __global__ void __launch_bounds__(GEMM_WG_THREADS, 1) gemm_wg_kernel(gemm
     const int64_t n0 = (int64_t)row_tile * GEMM_WG_ROWS;
     const int lane = threadIdx.x & 31, wg = threadIdx.x >> 7, wq = (threadIdx.x >> 5) & 3;
     const bool w_thread = threadIdx.x < GEMM_WG_ROWS;
-    const int64_t n_chunks = loom_cdiv(a.w.k, 32);
-    const int64_t seg0 = a.partial != NULL ? (int64_t)blockIdx.z * a.segs_per_block : 0;
     const int64_t seg_chunks = a.seg_chunks;
-    const int64_t c_begin = seg0 * seg_chunks;
-    const int64_t c_end = a.partial != NULL && c_begin + a.segs_per_block * seg_chunks < n_chunks
-                              ? c_begin + a.segs_per_block * seg_chunks
-                              : n_chunks;
-    const unsigned w_align =
-        (unsigned)(((uintptr_t)a.w.data | a.w.stride | (size_t)gemm_stage_bytes<T>()) & 3);
+    int64_t c_begin, c_end;
+    gemm_chunk_range(a, &c_begin, &c_end);
+    const unsigned w_align = gemm_w_align<T>(a);
 
     /* acc needs no zeros: a segment's first wgmma does not read it (scale-d 0); values the
      * compiler would have to move into it would make ptxas wait for the wgmma's in flight */

@@ -407,13 +407,6 @@ static void test_matmul_multi(void **state) {
     gpu_free_all();
 }
 
-/* The opt-in FP8 GEMM (LOOM_CUDA_FP8_GEMM=1, cuBLASLt on sm_89+) for steps of more than 8
- * tokens: against a float64 sum over the weights' values and the activations quantized as the
- * path quantizes them (E4M3 with max|x_t| / 448 per token, tensor/fp8.h's rounding), each output
- * within 1e-4 of the sum of |w x|; and not the outputs of loom's own matmul (float32
- * activations: its tensor-core GEMM at this step's 48 tokens), so cuBLASLt really ran. A device
- * without the FP8 GEMM (no FP8 tensor cores, no cuBLASLt) logs why and runs loom's: the test
- * then says so and checks nothing more. CUDA only. */
 /* A CUDA stream opened with the n variables vars[2 i] set to vars[2 i + 1]; the environment
  * left as it was. */
 static void open_with_env(const char *const *vars, int n, loom__backend_stream *gb) {
@@ -441,6 +434,13 @@ static void open_fast_with(const char *var, const char *value, loom__backend_str
     open_with_env(vars, 2, gb);
 }
 
+/* The opt-in FP8 GEMM (LOOM_CUDA_FP8_GEMM=1, cuBLASLt on sm_89+) for steps of more than 8
+ * tokens: against a float64 sum over the weights' values and the activations quantized as the
+ * path quantizes them (E4M3 with max|x_t| / 448 per token, tensor/fp8.h's rounding), each output
+ * within 1e-4 of the sum of |w x|; and not the outputs of loom's own matmul (float32
+ * activations: its tensor-core GEMM at this step's 48 tokens), so cuBLASLt really ran. A device
+ * without the FP8 GEMM (no FP8 tensor cores, no cuBLASLt) logs why and runs loom's: the test
+ * then says so and checks nothing more. CUDA only. */
 static void test_fp8_gemm(void **state) {
     (void)state;
     if (strcmp(g_gpu_name, "cuda") != 0) return;

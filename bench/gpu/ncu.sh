@@ -2,11 +2,13 @@
 # ncu.sh — Nsight Compute over loom's decode step and prefill (bench/gpu/check.sh's ncu step).
 # Usage: bench/gpu/ncu.sh OUT_DIR DRIVER SECONDS
 #   DRIVER: build-gpu/bench/loom-gpu-ncu (profiles only its region: --profile-from-start off).
-# For each of decode and prefill: a first pass times every kernel of the region; the three
+# For each of decode, prefill and prefill-wgmma (the prefill with LOOM_CUDA_MATH=bf16
+# LOOM_CUDA_WGMMA=1: the wgmma GEMM on Hopper, elsewhere the BF16-math mma.sync GEMM): a first
+# pass times every kernel of the region; the three
 # kernels with the most time (summed over their launches) then get a second pass with the
 # Speed Of Light, memory, compute and warp-state sections. Writes OUT_DIR/ncu.md (a table per
 # region: time share, DRAM throughput, SM throughput, tensor-pipe use where ncu reports it, the
-# top stall reasons) and the raw CSVs OUT_DIR/ncu-<region>-{times,detail}.csv.
+# top stall reasons) and the raw CSVs OUT_DIR/ncu-<label>-{times,detail}.csv.
 set -uo pipefail
 out=${1:?usage: ncu.sh OUT_DIR DRIVER SECONDS}
 drv=${2:?driver}
@@ -14,12 +16,15 @@ secs=${3:-90}
 end=$(($(date +%s) + secs))
 left() { local l=$((end - $(date +%s))); echo $((l > 5 ? l : 5)); }
 : >"$out/ncu.md"
-echo "Nsight Compute ($(ncu --version 2>/dev/null | tail -1)), synthetic Llama-3-8B shape, Q4_K, 2 layers, default (invariant) mode:" >>"$out/ncu.md"
-for region in decode prefill; do
-    times="$out/ncu-$region-times.csv"
-    detail="$out/ncu-$region-detail.csv"
-    timeout "$(left)" ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
-        --page raw "$drv" "$region" >"$times" 2>>"$out/ncu-$region.log"
+echo "Nsight Compute ($(ncu --version 2>/dev/null | tail -1)), synthetic Llama-3-8B shape, Q4_K, 2 layers, default (invariant) mode; prefill-wgmma with LOOM_CUDA_MATH=bf16 LOOM_CUDA_WGMMA=1:" >>"$out/ncu.md"
+for label in decode prefill prefill-wgmma; do
+    region=${label%-wgmma}
+    envs=()
+    [ "$label" = prefill-wgmma ] && envs=(LOOM_CUDA_MATH=bf16 LOOM_CUDA_WGMMA=1)
+    times="$out/ncu-$label-times.csv"
+    detail="$out/ncu-$label-detail.csv"
+    timeout "$(left)" env "${envs[@]}" ncu --profile-from-start off --metrics gpu__time_duration.sum \
+        --csv --page raw "$drv" "$region" >"$times" 2>>"$out/ncu-$label.log"
     top=$(python3 - "$times" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
@@ -38,14 +43,14 @@ print("|".join(k for k, _ in tot.most_common(3)))
 PY
 )
     if [ -z "$top" ]; then
-        echo "- $region: the timing pass gave nothing (ncu-$region.log)" >>"$out/ncu.md"
+        echo "- $label: the timing pass gave nothing (ncu-$label.log)" >>"$out/ncu.md"
         continue
     fi
-    timeout "$(left)" ncu --profile-from-start off --kernel-name-base function \
+    timeout "$(left)" env "${envs[@]}" ncu --profile-from-start off --kernel-name-base function \
         --kernel-name "regex:^($top)\$" --launch-count 12 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-        --section WarpStateStats --csv --page raw "$drv" "$region" >"$detail" 2>>"$out/ncu-$region.log"
-    python3 - "$times" "$detail" "$region" >>"$out/ncu.md" <<'PY'
+        --section WarpStateStats --csv --page raw "$drv" "$region" >"$detail" 2>>"$out/ncu-$label.log"
+    python3 - "$times" "$detail" "$label" >>"$out/ncu.md" <<'PY'
 import csv, sys, collections
 def load(path):
     rows = [r for r in csv.reader(l for l in open(path) if l.startswith('"'))]

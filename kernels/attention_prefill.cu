@@ -1,8 +1,10 @@
 /* attention_prefill.cu — tiled attention over the paged KV cache on tensor cores (mma.sync
- * m16n8k8, TF32, sm_80+). In the batch-invariant default it takes every row of a step, decodes
- * included, wherever it runs the layer; in the fast mode (LOOM_CUDA_BATCH_INVARIANT=0) the
- * sequences of a step with LOOM_K_ATTN_PREFILL_ROWS new rows or more (step_begin lists them;
- * attention.cu's dispatch sends the rows of the others to the split-KV kernel).
+ * m16n8k8, TF32, sm_80+; m16n8k16 in BF16 math; wgmma on sm_90 with LOOM_CUDA_WGMMA=1, head
+ * sizes 64 and 128: PF_WG_BF16 / PF_WG_F16 below). In the batch-invariant default it takes every
+ * row of a step, decodes included, wherever it runs the layer; in the fast mode
+ * (LOOM_CUDA_BATCH_INVARIANT=0) the sequences of a step with LOOM_K_ATTN_PREFILL_ROWS new rows or
+ * more (step_begin lists them; attention.cu's dispatch sends the rows of the others to the split-KV
+ * kernel).
  *
  * Tiling. A block takes one tile of one sequence's new rows and one KV head: PF_M = 64 query
  * vectors, the tile's rows times the query heads of the KV head's GQA group, packed row by row
@@ -55,6 +57,7 @@
  * sizes that are not a multiple of 8, pages whose strides do not align to 4 elements, and a
  * device whose shared memory per block is too small for the tile. */
 #include "mma.cuh"
+#include "wgmma.cuh"
 
 #include <math.h>
 
@@ -113,10 +116,29 @@ typedef struct pf_args {
 #define PF_TF32_KV 1
 #define PF_BF16    2
 #define PF_F16     3
+/* The 16-bit forms on Hopper's warpgroup MMA (LOOM_K_MATH_BF16_WGMMA, head sizes 64 and 128):
+ * the four warps are one warpgroup; S = Q Kᵀ is m64n32k16's over Q and K in shared memory, P V
+ * m64n{head size}k16's with P from the registers S left (the A fragment mma.sync's form packs)
+ * and V in shared memory. Q and K are stored in wgmma.cuh's K-major layout (rows: vectors or
+ * positions, K: head elements), V transposed in it (rows: head elements, K: positions); the
+ * fold lives in shared memory (the registers hold S, O and each tile's P V). Every warp runs
+ * every tile its block walks (a warpgroup instruction): a warp whose vectors attend none of a
+ * tile changes nothing, as for the skipped tiles of the forms above. */
+#define PF_WG_BF16 4
+#define PF_WG_F16  5
 
-static __host__ __device__ int pf_ops_of(uint32_t kv_type, int32_t math) {
-    if (math == LOOM_K_MATH_BF16) return kv_type == LOOM_K_F16 ? PF_F16 : PF_BF16;
+static __host__ __device__ int pf_ops_of(uint32_t kv_type, int32_t math, int32_t head_dim) {
+    if (math == LOOM_K_MATH_BF16_WGMMA && (head_dim == 64 || head_dim == 128))
+        return kv_type == LOOM_K_F16 ? PF_WG_F16 : PF_WG_BF16;
+    if (math == LOOM_K_MATH_BF16 || math == LOOM_K_MATH_BF16_WGMMA)
+        return kv_type == LOOM_K_F16 ? PF_F16 : PF_BF16;
     return kv_type == LOOM_K_F32 ? PF_TF32_KV : PF_TF32;
+}
+
+/* Byte offset of 16-bit element (r, k) of a tile in wgmma.cuh's K-major layout with LBO 128:
+ * rows' groups of 8 sbo bytes apart. */
+static __device__ __forceinline__ int pf_wg_at(int r, int k, int sbo) {
+    return (r >> 3) * sbo + (r & 7) * 16 + (k >> 3) * 128 + (k & 7) * 2;
 }
 
 static __host__ __device__ int pf_qk_words(int32_t head_dim) {
@@ -127,8 +149,11 @@ static __host__ __device__ int pf_v_words(int32_t head_dim) {
 }
 
 static __host__ __device__ size_t pf_smem_bytes(int32_t head_dim, int ops) {
-    const size_t fold =
-        head_dim > PF_FOLD_REGS_HD ? (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float) : 0;
+    const size_t fold = head_dim > PF_FOLD_REGS_HD || ops >= PF_WG_BF16
+                            ? (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float)
+                            : 0;
+    if (ops >= PF_WG_BF16) /* Q [PF_M][hd], K [PF_N][hd], V [hd][PF_N], 16-bit */
+        return PF_HEAD_BYTES + (size_t)(PF_M + 2 * PF_N) * (size_t)head_dim * 2 + fold;
     if (ops >= PF_BF16)
         return PF_HEAD_BYTES +
                ((size_t)(PF_M + PF_N) * (size_t)pf_qk_words(head_dim) +
@@ -309,16 +334,52 @@ static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const lo
     }
 }
 
+/* The same into the wgmma forms' tiles: K [PF_N][hd] by position, V transposed [hd][PF_N] (row
+ * d: head element d of the tile's positions), both in wgmma.cuh's K-major layout; each value
+ * rounded to OP16. K a position and 4 elements at a time (8 bytes); V two positions and 4
+ * elements, one word per element. */
+template <int OP16>
+static __device__ __forceinline__ void pf_load_tile_wg(const pf_args &a, const long long *row_at,
+                                                       uint8_t *ks, uint8_t *vs) {
+    const int hd = a.kv.head_dim, per = hd / 4, ksbo = hd * 16;
+    const uint32_t type = a.kv.kv_type;
+    const size_t elt = pf_elt_bytes(type);
+    const char *kp = (const char *)a.p.k_pool, *vp = (const char *)a.p.v_pool;
+    for (int it = threadIdx.x; it < PF_N * per; it += PF_THREADS) {
+        const int jl = it / per, c = (it - jl * per) * 4;
+        const long long at = row_at[jl];
+        float4 k4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (at >= 0) k4 = pf_load4(type, kp + at + (size_t)c * elt);
+        *(uint2 *)(ks + pf_wg_at(jl, c, ksbo)) =
+            make_uint2(loom_mma16_pack<OP16>(k4.x, k4.y), loom_mma16_pack<OP16>(k4.z, k4.w));
+    }
+    for (int it = threadIdx.x; it < PF_N / 2 * per; it += PF_THREADS) {
+        const int jp = it / per, c = (it - jp * per) * 4;
+        float4 v[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const long long at = row_at[2 * jp + e];
+            v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (at >= 0) v[e] = pf_load4(type, vp + at + (size_t)c * elt);
+        }
+        const float v0[4] = {v[0].x, v[0].y, v[0].z, v[0].w},
+                    v1[4] = {v[1].x, v[1].y, v[1].z, v[1].w};
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            *(uint32_t *)(vs + pf_wg_at(c + e, 2 * jp, PF_N * 16)) =
+                loom_mma16_pack<OP16>(v0[e], v1[e]);
+    }
+}
+
 /* The end of a segment for this lane's two vectors: their states (the sums of the four lanes
- * of each row) are folded into the running fold (M, L and, for HDMAX <= PF_FOLD_REGS_HD, the
+ * of each row) are folded into the running fold (M, L and, FOLD_REGS, the
  * accumulator Of in registers; else in shared memory ot), or, splitting, left in a.part; then
  * the segment's state restarts. Warp-uniform. */
-template <int HDMAX>
+template <int HDMAX, bool FOLD_REGS>
 static __device__ __forceinline__ void
 pf_segment_end(const pf_args &a, int seg, int warp, int lane, int row0, int kvh, const bool vin[2],
                float m_run[2], float l_run[2], float o[HDMAX / 8][4], float M[2], float L[2],
                float (*Of)[4], float *ot) {
-    constexpr bool FOLD_REGS = HDMAX <= PF_FOLD_REGS_HD;
     const int hd = a.kv.head_dim, G = a.group;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -370,11 +431,14 @@ pf_segment_end(const pf_args &a, int seg, int warp, int lane, int row0, int kvh,
 }
 
 /* HDMAX: the head size the accumulator registers are laid out for (head_dim <= HDMAX, a
- * multiple of 8); OPS: the products' operands (PF_TF32 .. PF_F16, pf_ops_of). */
+ * multiple of 8; the wgmma forms: head_dim == HDMAX); OPS: the products' operands (PF_TF32 ..
+ * PF_WG_F16, pf_ops_of). */
 template <int HDMAX, int OPS>
 static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args a) {
-    constexpr bool F32KV = OPS == PF_TF32_KV, M16 = OPS >= PF_BF16;
-    constexpr int OP16 = OPS == PF_F16 ? LOOM_MMA16_F16 : LOOM_MMA16_BF16;
+    constexpr bool F32KV = OPS == PF_TF32_KV, M16 = OPS >= PF_BF16, WG = OPS >= PF_WG_BF16;
+    constexpr int OP16 = OPS == PF_F16 || OPS == PF_WG_F16 ? LOOM_MMA16_F16 : LOOM_MMA16_BF16;
+    /* the fold in registers (small heads, mma.sync forms) or in shared memory (ot) */
+    constexpr bool FOLD_REGS = HDMAX <= PF_FOLD_REGS_HD && !WG;
     const loom__k_kv &kv = a.kv;
     /* blockIdx.x: the sequences' tiles, the last tile of each (the most positions) first; a
      * sequence with fewer tiles than the longest has nothing at the end. blockIdx.z: the
@@ -419,10 +483,13 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     uint32_t *qs16 = (uint32_t *)(pf_sm + PF_HEAD_BYTES);
     uint32_t *ks16 = qs16 + PF_M * ldw, *vs16 = ks16 + PF_N * ldw;
     if constexpr (M16) ot = (float *)(vs16 + PF_N / 2 * ldv);
+    /* the wgmma forms' tiles (pf_wg_at): Q [PF_M][hd], K [PF_N][hd], V [hd][PF_N], then ot */
+    uint8_t *qg = pf_sm + PF_HEAD_BYTES, *kg = qg + PF_M * hd * 2, *vg = kg + PF_N * hd * 2;
+    if constexpr (WG) ot = (float *)(vg + PF_N * hd * 2);
 
     /* Q: vector m = row m / G, head kvh * G + m % G; vectors past the tile's rows are zeros
      * (and, 16-bit, the 8 columns past head_dim, of K's rows too). */
-    const int qld = M16 ? ldw : hd; /* words (16-bit) or floats a row */
+    const int qld = WG ? hd / 2 : M16 ? ldw : hd; /* words (16-bit) or floats a row */
     for (int e = threadIdx.x; e < PF_M * qld; e += PF_THREADS) {
         const int m = e / qld, d = (e - m * qld) * (M16 ? 2 : 1), rl = m / G;
         float x0 = 0.0f, x1 = 0.0f;
@@ -433,13 +500,15 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
             x0 = qrow[d];
             if (M16) x1 = qrow[d + 1]; /* hd is even */
         }
-        if constexpr (M16) {
+        if constexpr (WG) {
+            *(uint32_t *)(qg + pf_wg_at(m, d, hd * 16)) = loom_mma16_pack<OP16>(x0, x1);
+        } else if constexpr (M16) {
             qs16[m * ldw + d / 2] = loom_mma16_pack<OP16>(x0, x1);
             if (m < PF_N && d >= hd) ks16[m * ldw + d / 2] = 0;
         } else {
             qs[m * ld + d] = x0;
         }
-        if (HDMAX > PF_FOLD_REGS_HD && d < hd) {
+        if (!FOLD_REGS && d < hd) {
             ot[m * (hd + 8) + d] = 0.0f;
             if (M16) ot[m * (hd + 8) + d + 1] = 0.0f;
         }
@@ -465,7 +534,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     /* The segment's state (l: this lane's part) and the fold of the segments before */
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
-    constexpr int OF = HDMAX <= PF_FOLD_REGS_HD ? HDMAX / 8 : 1; /* the fold in registers */
+    constexpr int OF = FOLD_REGS ? HDMAX / 8 : 1; /* the fold in registers */
     float o[HDMAX / 8][4], Of[OF][4];
 #pragma unroll
     for (int dn = 0; dn < HDMAX / 8; dn++)
@@ -481,15 +550,20 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     __syncthreads();
     int buf = 0;
     for (int j0 = j_begin; j0 <= j_end; j0 += PF_N, buf ^= 1) {
-        if constexpr (M16)
+        if constexpr (WG)
+            pf_load_tile_wg<OP16>(a, row_at + buf * PF_N, kg, vg);
+        else if constexpr (M16)
             pf_load_tile16<OP16>(a, row_at + buf * PF_N, ks16, vs16);
         else
             pf_load_tile(a, row_at + buf * PF_N, ks, vs, ld);
         if (j0 + PF_N <= j_end)
             pf_lookup(a, table, kvh, j0 + PF_N, lo_first, pos_last, row_at + (buf ^ 1) * PF_N,
                       ksc + (buf ^ 1) * PF_N, vsc + (buf ^ 1) * PF_N);
+        if constexpr (WG) loom_wg_fence_proxy_async(); /* the tiles (and Q), for the wgmma's */
         __syncthreads();
-        if (w_any && j0 <= w_hi && j0 + PF_N - 1 >= w_lo) { /* warp-uniform */
+        /* warp-uniform; the wgmma forms: every warp (the block's rows attend every tile it
+         * walks, so some warp needs it) */
+        if (WG || (w_any && j0 <= w_hi && j0 + PF_N - 1 >= w_lo)) {
             const float *kscb = ksc + buf * PF_N, *vscb = vsc + buf * PF_N;
             /* S = Q Kᵀ: [16 vectors][PF_N positions] in C fragments. */
             float sc[PF_NT][4];
@@ -497,7 +571,20 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
             for (int nt = 0; nt < PF_NT; nt++)
 #pragma unroll
                 for (int r = 0; r < 4; r++) sc[nt][r] = 0.0f;
-            if constexpr (M16) {
+            if constexpr (WG) {
+                /* the warpgroup's 64 vectors against the tile's 32 positions, k16 steps over
+                 * the head (scale-d 0 first: S from zero) */
+                loom_wg_fence_acc<PF_N / 2>(&sc[0][0]);
+                loom_wg_fence();
+#pragma unroll
+                for (int d0 = 0; d0 < HDMAX; d0 += 16) /* hd == HDMAX */
+                    loom_wg_ss<OP16, PF_N>(&sc[0][0], loom_wg_desc(qg + d0 / 8 * 128, 128, hd * 16),
+                                           loom_wg_desc(kg + d0 / 8 * 128, 128, hd * 16),
+                                           d0 == 0 ? 0 : 1);
+                loom_wg_commit();
+                loom_wg_wait<0>();
+                loom_wg_fence_acc<PF_N / 2>(&sc[0][0]);
+            } else if constexpr (M16) {
                 const uint32_t *qw16 = qs16 + warp * 16 * ldw;
 #pragma unroll 2
                 for (int d0 = 0; d0 < hd; d0 += 16) {
@@ -598,7 +685,8 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
             if constexpr (M16) {
                 /* P's A fragments: two n8 tiles of S's C fragments side by side, packed (the
                  * positions in their own order); V's B fragment: positions (k) 2i, 2i + 1
-                 * (+ 8) of the 16, head element g: one word of V's pairs per register. */
+                 * (+ 8) of the 16, head element g: one word of V's pairs per register (the
+                 * wgmma forms: the same A fragments, V from its transposed tile). */
                 uint32_t pa[PF_N / 16][4];
 #pragma unroll
                 for (int u = 0; u < PF_N / 16; u++) {
@@ -607,8 +695,26 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                     pa[u][2] = loom_mma16_pack<OP16>(sc[2 * u + 1][0], sc[2 * u + 1][1]);
                     pa[u][3] = loom_mma16_pack<OP16>(sc[2 * u + 1][2], sc[2 * u + 1][3]);
                 }
+                if constexpr (WG) {
+                    float t[HDMAX / 8][4];
+                    loom_wg_fence_regs<PF_N / 4>(&pa[0][0]);
+                    loom_wg_fence();
 #pragma unroll
-                for (int dn = 0; dn < HDMAX / 8; dn++) {
+                    for (int u = 0; u < PF_N / 16; u++)
+                        loom_wg_rs<OP16, HDMAX>(&t[0][0], pa[u],
+                                                loom_wg_desc(vg + 2 * u * 128, 128, PF_N * 16),
+                                                u == 0 ? 0 : 1);
+                    loom_wg_commit();
+                    loom_wg_wait<0>();
+                    loom_wg_fence_acc<HDMAX / 2>(&t[0][0]);
+#pragma unroll
+                    for (int dn = 0; dn < HDMAX / 8; dn++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++)
+                            if (any[r >> 1]) o[dn][r] += t[dn][r];
+                }
+#pragma unroll
+                for (int dn = 0; dn < (WG ? 0 : HDMAX / 8); dn++) {
                     if (dn * 8 >= hd) break;
                     float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -657,8 +763,8 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
         }
         /* the segment ends at a multiple of PF_SEG or at the end of the walk */
         if ((j0 + PF_N) % PF_SEG == 0 || j0 + PF_N > j_end)
-            pf_segment_end<HDMAX>(a, j0 / PF_SEG, warp, lane, row0, kvh, vin, m_run, l_run, o, M, L,
-                                  Of, ot);
+            pf_segment_end<HDMAX, FOLD_REGS>(a, j0 / PF_SEG, warp, lane, row0, kvh, vin, m_run,
+                                             l_run, o, M, L, Of, ot);
         __syncthreads();
     }
     if (a.part != NULL) return; /* pf_fold_kernel writes out */
@@ -676,7 +782,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
         for (int dn = 0; dn < HDMAX / 8; dn++) {
             if (dn * 8 >= hd) break;
             const int c0 = dn * 8 + loom_mma_c_col(lane, 2 * h);
-            if constexpr (HDMAX <= PF_FOLD_REGS_HD) {
+            if constexpr (FOLD_REGS) {
                 orow[c0] = Of[dn][2 * h] * inv;
                 orow[c0 + 1] = Of[dn][2 * h + 1] * inv;
             } else {
@@ -774,8 +880,15 @@ static loom_status pf_launch_ops(cudaStream_t stream, const pf_args &a, int ops,
         return pf_launch<HDMAX, PF_TF32_KV>(stream, a, blocks, groups, smem);
     case PF_BF16:
         return pf_launch<HDMAX, PF_BF16>(stream, a, blocks, groups, smem);
-    default:
+    case PF_F16:
         return pf_launch<HDMAX, PF_F16>(stream, a, blocks, groups, smem);
+    default: /* the wgmma forms, whose head size is HDMAX (pf_ops_of) */
+        if constexpr (HDMAX == 64 || HDMAX == 128) {
+            if (ops == PF_WG_F16)
+                return pf_launch<HDMAX, PF_WG_F16>(stream, a, blocks, groups, smem);
+            return pf_launch<HDMAX, PF_WG_BF16>(stream, a, blocks, groups, smem);
+        }
+        LOOM_K_UNSUPPORTED("cuda: tiled attention (wgmma) with head_dim %d", a.kv.head_dim);
     }
 }
 #endif
@@ -803,7 +916,8 @@ static bool pf_layer_ok(const loom__k_kv *kv, const loom__k_attn *p) {
 #if !defined(LOOM_K_EMULATE)
 extern "C" int loom__cuda_attention_tiled_ok(const loom__k_kv *kv, const loom__k_attn *p) {
     return pf_layer_ok(kv, p) &&
-           pf_smem_bytes(kv->head_dim, pf_ops_of(kv->kv_type, p->math)) <= (size_t)p->smem_optin;
+           pf_smem_bytes(kv->head_dim, pf_ops_of(kv->kv_type, p->math, kv->head_dim)) <=
+               (size_t)p->smem_optin;
 }
 
 extern "C" size_t loom__cuda_attention_tiled_work_bound(int32_t n_head, int32_t n_kv_heads,
@@ -833,7 +947,7 @@ extern "C" loom_status loom__cuda_attention_prefill(cudaStream_t stream, const l
     const int all = p->invariant != 0;
     if ((all ? kv->n_seqs : kv->n_prefill_seqs) <= 0 || !loom__cuda_attention_tiled_ok(kv, p))
         return LOOM_OK; /* the split-KV kernel takes every row */
-    const int ops = pf_ops_of(kv->kv_type, p->math);
+    const int ops = pf_ops_of(kv->kv_type, p->math, kv->head_dim);
     const size_t smem = pf_smem_bytes(kv->head_dim, ops);
     const pf_plan pl = pf_plan_of(kv, p, all);
     if (pl.part_bytes > p->tiled_work_bytes)

@@ -202,23 +202,23 @@ static __global__ void __launch_bounds__(GEMM_WG_THREADS, 1) gemm_wg_kernel(gemm
         /* this warpgroup's chunk c - 1: one wait in every chunk, at one place, so that ptxas
          * finds the same wgmma's in flight on every path (else it adds waits of its own) */
         loom_wg_wait<0>();
-        loom_wg_fence_acc(acc);
+        loom_wg_fence_acc<64>(acc);
         const bool seg_start = c % seg_chunks == 0; /* c_begin is a segment's start */
         if (seg_start && c != c_begin) settle(c / seg_chunks - 1);
         loom_wg_fence_proxy_async(); /* the stores and copies above, for the tensor cores */
         __syncthreads();
         loom_wg_fence();
-        loom_wg_fence_acc(acc);
+        loom_wg_fence_acc<64>(acc);
 #pragma unroll
         for (int ks = 0; ks < 2; ks++) /* k16 step ks: the chunk's 8-value groups 2 ks, 2 ks + 1 */
-            loom_wg_bf16_m64n128k16(
+            loom_wg_ss<LOOM_MMA16_BF16, 128>(
                 acc,
                 loom_wg_desc(tw + 64 * wg / 8 * GEMM_WG_SBO + 2 * ks * GEMM_WG_LBO, GEMM_WG_LBO,
                              GEMM_WG_SBO),
                 loom_wg_desc(tx + 2 * ks * GEMM_WG_LBO, GEMM_WG_LBO, GEMM_WG_SBO),
                 seg_start && ks == 0 ? 0 : 1); /* a segment's sum starts from zero */
         loom_wg_commit();
-        loom_wg_fence_acc(acc);
+        loom_wg_fence_acc<64>(acc);
         if (!DIRECT && c + 1 < c_end) {
             const int64_t s1 = (c + 1) / SC;
             if (s1 * SC == c + 1) {
@@ -233,7 +233,7 @@ static __global__ void __launch_bounds__(GEMM_WG_THREADS, 1) gemm_wg_kernel(gemm
     }
     loom_cp_async_wait<0>(); /* the empty groups past the end */
     loom_wg_wait<0>();
-    loom_wg_fence_acc(acc);
+    loom_wg_fence_acc<64>(acc);
     if (c_end > c_begin) settle((c_end - 1) / seg_chunks);
     if (a.partial != NULL) return;
 

@@ -111,11 +111,12 @@ loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_weight *w, co
  * operand, F16 2^-11). The fast mode's GEMV and split-KV kernels stay float32 either way. */
 #define LOOM_K_MATH_F32  0
 #define LOOM_K_MATH_BF16 1
-/* The GEMM only (loom__cuda_gemm_multi and its scratch functions; LOOM_CUDA_WGMMA=1 on an sm_90
- * device in BF16 math): the BF16 math's operands on Hopper's warpgroup MMA (wgmma.cuh, gemm.cu's
- * gemm_wg_kernel: tiles of 128 rows by 128 tokens), the same segments and folds, its own bits
- * (batch-invariant within itself, not the mma.sync kernel's bits). Needs sm_90a device code:
- * loom__cuda_wgmma_probe says whether the device runs it. */
+/* LOOM_CUDA_WGMMA=1 on an sm_90 device in BF16 math: the BF16 math's operands on Hopper's
+ * warpgroup MMA (wgmma.cuh) — the GEMM (gemm.cu's gemm_wg_kernel: tiles of 128 rows by 128
+ * tokens) and the tiled attention of head sizes 64 and 128 (attention_prefill.cu's wgmma
+ * forms; other head sizes as LOOM_K_MATH_BF16) — the same segments and folds, their own bits
+ * (batch-invariant within themselves, not the mma.sync kernels' bits). Needs sm_90a device
+ * code: loom__cuda_wgmma_probe says whether the device runs it. */
 #define LOOM_K_MATH_BF16_WGMMA 2
 
 /* The scratch a matmul may split its sums into (device memory), and the device's SM count that
@@ -271,7 +272,7 @@ typedef struct loom__k_attn {
     int32_t smem_optin; /* the most shared memory a block may opt in to */
     float *tiled_work;  /* loom__cuda_attention_tiled_work_bytes */
     size_t tiled_work_bytes;
-    int32_t math; /* the tiled kernel's operands: LOOM_K_MATH_F32 or LOOM_K_MATH_BF16 */
+    int32_t math; /* the tiled kernel's operands: LOOM_K_MATH_F32, _BF16 or _BF16_WGMMA */
 } loom__k_attn;
 
 size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim);

@@ -92,47 +92,119 @@ template <int N> static __device__ __forceinline__ void loom_wg_wait(void) {
 #endif
 }
 
-/* Keeps the compiler from moving register uses of the accumulators across the wgmma's and
+/* Keeps the compiler from moving register uses of the N accumulators d across the wgmma's and
  * waits around this point: to the compiler the wait asm touches memory only, so without this a
  * read of d could be scheduled before the wait that makes it valid. Emits no instruction. */
-static __device__ __forceinline__ void loom_wg_fence_acc(float d[64]) {
+template <int N> static __device__ __forceinline__ void loom_wg_fence_acc(float *d) {
 #if !defined(LOOM_K_EMULATE)
 #pragma unroll
-    for (int j = 0; j < 64; j++) asm volatile("" : "+f"(d[j])::"memory");
+    for (int j = 0; j < N; j++) asm volatile("" : "+f"(d[j])::"memory");
 #else
     (void)d;
 #endif
 }
 
-/* d = A · B + (scale_d ? d : 0) over m64n128k16, BF16 operands, float32 accumulators: A (64 x 16)
- * and B (16 x 128, stored as 128 rows of K) in shared memory at descriptors da and db, K-major
- * both. Issued asynchronously: d and the operands' shared memory belong to the instruction
- * until a loom_wg_wait lets it go. */
-static __device__ __forceinline__ void loom_wg_bf16_m64n128k16(float d[64], uint64_t da,
-                                                               uint64_t db, int scale_d) {
-#if defined(LOOM_K_EMULATE)
-    loom_emu_wgmma_bf16(128, d, da, db, scale_d != 0);
-#elif LOOM_WGMMA_HAS
+/* The same for N registers of A fragments (loom_wg_rs): computed before the wgmma.fence that
+ * precedes their wgmma's, not moved past it. */
+template <int N> static __device__ __forceinline__ void loom_wg_fence_regs(uint32_t *a) {
+#if !defined(LOOM_K_EMULATE)
+#pragma unroll
+    for (int j = 0; j < N; j++) asm volatile("" : "+r"(a[j])::"memory");
+#else
+    (void)a;
+#endif
+}
+
+/* d = A · B + (scale_d ? d : 0) over m64nNk16, OP16 operands (LOOM_MMA16_BF16 or _F16, as
+ * mma.cuh names them), float32 accumulators d[N / 2] in the fragment layout above. B (16 x N,
+ * stored as N rows of K) in shared memory at descriptor db, K-major; A (64 x 16) in shared
+ * memory at descriptor da, K-major (loom_wg_ss), or in registers (loom_wg_rs: a[4] per thread,
+ * warp w's rows 16 w .. 16 w + 15 as mma.sync m16n8k16's A fragment: loom_mma16_a_row/col).
+ * Issued asynchronously: d, a and the operands' shared memory belong to the instruction until a
+ * loom_wg_wait lets it go. N: 32, 64 or 128. scale-d is a predicate; A and B are unscaled (1)
+ * and K-major (transpose 0; a register A has no transpose operand). */
 #define LOOM_WG_D8(i)                                                                              \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),    \
         "+f"(d[i + 6]), "+f"(d[i + 7])
-    /* scale-d is a predicate; A and B unscaled (1) and K-major (transpose 0) */
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
-                 "%31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
-                 "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
-                 "%61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : LOOM_WG_D8(0), LOOM_WG_D8(8), LOOM_WG_D8(16), LOOM_WG_D8(24), LOOM_WG_D8(32),
-                   LOOM_WG_D8(40), LOOM_WG_D8(48), LOOM_WG_D8(56)
-                 : "l"(da), "l"(db), "r"(scale_d)
-                 : "memory");
-#undef LOOM_WG_D8
+#define LOOM_WG_OUT16 LOOM_WG_D8(0), LOOM_WG_D8(8)
+#define LOOM_WG_OUT32 LOOM_WG_OUT16, LOOM_WG_D8(16), LOOM_WG_D8(24)
+#define LOOM_WG_OUT64 LOOM_WG_OUT32, LOOM_WG_D8(32), LOOM_WG_D8(40), LOOM_WG_D8(48), LOOM_WG_D8(56)
+#define LOOM_WG_R16   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+#define LOOM_WG_R32                                                                                \
+    LOOM_WG_R16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define LOOM_WG_R64                                                                                \
+    LOOM_WG_R32                                                                                    \
+    ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+/* One wgmma: SHAPE and T (strings), REGS the accumulators' operand list, AB the operands of A
+ * and B, SCALE scale-d's operand, TAIL the immediates. */
+#define LOOM_WG_ASM(SHAPE, T, REGS, AB, SCALE, TAIL, OUTS, ...)                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE ", 0;\n"                                \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." T "." T " {" REGS "}, " AB          \
+                 ", p, " TAIL ";\n}\n"                                                             \
+                 : OUTS:__VA_ARGS__                                                                \
+                 : "memory")
+#define LOOM_WG_SS(T, N)                                                                           \
+    do {                                                                                           \
+        if constexpr (N == 32)                                                                     \
+            LOOM_WG_ASM("m64n32k16", T, LOOM_WG_R16, "%16, %17", "%18", "1, 1, 0, 0",              \
+                        LOOM_WG_OUT16, "l"(da), "l"(db), "r"(scale_d));                            \
+        else if constexpr (N == 64)                                                                \
+            LOOM_WG_ASM("m64n64k16", T, LOOM_WG_R32, "%32, %33", "%34", "1, 1, 0, 0",              \
+                        LOOM_WG_OUT32, "l"(da), "l"(db), "r"(scale_d));                            \
+        else                                                                                       \
+            LOOM_WG_ASM("m64n128k16", T, LOOM_WG_R64, "%64, %65", "%66", "1, 1, 0, 0",             \
+                        LOOM_WG_OUT64, "l"(da), "l"(db), "r"(scale_d));                            \
+    } while (0)
+#define LOOM_WG_RS(T, N)                                                                           \
+    do {                                                                                           \
+        if constexpr (N == 32)                                                                     \
+            LOOM_WG_ASM("m64n32k16", T, LOOM_WG_R16, "{%16, %17, %18, %19}, %20", "%21",           \
+                        "1, 1, 0", LOOM_WG_OUT16, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]),      \
+                        "l"(db), "r"(scale_d));                                                    \
+        else if constexpr (N == 64)                                                                \
+            LOOM_WG_ASM("m64n64k16", T, LOOM_WG_R32, "{%32, %33, %34, %35}, %36", "%37",           \
+                        "1, 1, 0", LOOM_WG_OUT32, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]),      \
+                        "l"(db), "r"(scale_d));                                                    \
+        else                                                                                       \
+            LOOM_WG_ASM("m64n128k16", T, LOOM_WG_R64, "{%64, %65, %66, %67}, %68", "%69",          \
+                        "1, 1, 0", LOOM_WG_OUT64, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]),      \
+                        "l"(db), "r"(scale_d));                                                    \
+    } while (0)
+
+template <int OP16, int N>
+static __device__ __forceinline__ void loom_wg_ss(float *d, uint64_t da, uint64_t db, int scale_d) {
+    static_assert(N == 32 || N == 64 || N == 128, "wgmma N: 32, 64 or 128 here");
+#if defined(LOOM_K_EMULATE)
+    loom_emu_wgmma(OP16 == LOOM_MMA16_F16, N, d, da, nullptr, db, scale_d != 0);
+#elif LOOM_WGMMA_HAS
+    if constexpr (OP16 == LOOM_MMA16_F16)
+        LOOM_WG_SS("f16", N);
+    else
+        LOOM_WG_SS("bf16", N);
 #else
     (void)da;
     (void)db;
     (void)scale_d;
-    for (int j = 0; j < 64; j++) d[j] = __int_as_float(0x7fc00000);
+    for (int j = 0; j < N / 2; j++) d[j] = __int_as_float(0x7fc00000);
+#endif
+}
+
+template <int OP16, int N>
+static __device__ __forceinline__ void loom_wg_rs(float *d, const uint32_t a[4], uint64_t db,
+                                                  int scale_d) {
+    static_assert(N == 32 || N == 64 || N == 128, "wgmma N: 32, 64 or 128 here");
+#if defined(LOOM_K_EMULATE)
+    loom_emu_wgmma(OP16 == LOOM_MMA16_F16, N, d, 0, a, db, scale_d != 0);
+#elif LOOM_WGMMA_HAS
+    if constexpr (OP16 == LOOM_MMA16_F16)
+        LOOM_WG_RS("f16", N);
+    else
+        LOOM_WG_RS("bf16", N);
+#else
+    (void)a;
+    (void)db;
+    (void)scale_d;
+    for (int j = 0; j < N / 2; j++) d[j] = __int_as_float(0x7fc00000);
 #endif
 }

@@ -152,11 +152,12 @@ if [ -x build-gpu/tests/test_cuda_ops ]; then
         run_tests "test_cuda_ops, BF16 math (LOOM_CUDA_MATH=bf16)" test_cuda_ops_bf16.log \
             "$(budget 80)" LOOM_CUDA_MATH=bf16 \
             LOOM_TEST_ONLY=test_matmul,test_matmul_multi,test_attention_batches,test_attention,test_models_logits,test_engine_batch_invariance
-        # the wgmma GEMM (LOOM_CUDA_WGMMA=1, Hopper): its own test, then the matmuls, models and
-        # engine on it (elsewhere the device ignores the variable and test_wgmma_gemm says so)
-        run_tests "test_cuda_ops, wgmma GEMM (LOOM_CUDA_MATH=bf16 LOOM_CUDA_WGMMA=1)" \
-            test_cuda_ops_wgmma.log "$(budget 60)" LOOM_CUDA_MATH=bf16 LOOM_CUDA_WGMMA=1 \
-            LOOM_TEST_ONLY=test_wgmma_gemm,test_matmul,test_matmul_multi,test_models_logits,test_engine_batch_invariance
+        # the wgmma kernels (LOOM_CUDA_WGMMA=1, Hopper): the GEMM's own test, then the matmuls,
+        # attention (head sizes 64 and 128 on wgmma), models and engine on them (elsewhere the
+        # device ignores the variable and test_wgmma_gemm says so)
+        run_tests "test_cuda_ops, wgmma (LOOM_CUDA_MATH=bf16 LOOM_CUDA_WGMMA=1)" \
+            test_cuda_ops_wgmma.log "$(budget 80)" LOOM_CUDA_MATH=bf16 LOOM_CUDA_WGMMA=1 \
+            LOOM_TEST_ONLY=test_wgmma_gemm,test_matmul,test_matmul_multi,test_attention_batches,test_attention,test_models_logits,test_engine_batch_invariance
         grep -m3 "wgmma gemm" "$out/test_cuda_ops_wgmma.log"
     fi
 else

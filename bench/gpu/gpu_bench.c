@@ -555,8 +555,9 @@ int main(int argc, char **argv) {
     if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
     if (!quick) bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
     loom__backend_stream_close(&g_gpu);
-    /* The same matmuls on the wgmma GEMM (LOOM_CUDA_WGMMA=1, BF16 math, sm_90 only), where the
-     * device takes it (its INFO log line says; else a note row says why). */
+    /* The same matmuls and attention shapes on the wgmma kernels (LOOM_CUDA_WGMMA=1, BF16 math,
+     * sm_90 only), where the device takes them (its INFO log line says; else a note row says
+     * why). */
     setenv("LOOM_CUDA_WGMMA", "1", 1);
     wgmma_log wl = {0};
     loom_log_set(note_wgmma, LOOM_LOG_INFO, &wl);
@@ -570,6 +571,10 @@ int main(int argc, char **argv) {
             if (!quick) bench_matmul(types16[ti], 4096, 4096, 512);
         }
         if (!quick) bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
+        /* the tiled attention's wgmma forms (head size 128): decode, a 2k and the 8k prefill */
+        bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_F16);
+        if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
+        if (!quick) bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
     } else {
         printf("{\"kind\":\"note\",\"what\":\"wgmma GEMM not run: %s\"}\n",
                wl.refused[0] ? wl.refused : "the device said neither yes nor no");

@@ -130,10 +130,11 @@ struct thread {
 
 // A wgmma.mma_async a warp has issued and the emulator has not computed yet.
 struct wg_op {
-    float *d[32]; // each lane's accumulators
+    float *d[32];           // each lane's accumulators
+    const uint32_t *ar[32]; // each lane's A registers (A from registers), else null
     uint64_t da, db;
     int n;
-    bool acc;
+    bool acc, f16;
     std::vector<double> a, b; // the warp's A rows and all of B as they were at the issue
 };
 
@@ -434,12 +435,12 @@ void warp_mma16(int w) {
     mma_finish<16>(w, A, B);
 }
 
-// Rows r0 .. r0 + rows - 1 (16 BF16 values of K each) of a K-major operand without swizzle at
-// descriptor desc into out[rows][16] (wgmma.cuh's layout, from the PTX ISA's "Shared Memory
+// Rows r0 .. r0 + rows - 1 (16 BF16 or F16 values of K each) of a K-major operand without swizzle
+// at descriptor desc into out[rows][16] (wgmma.cuh's layout, from the PTX ISA's "Shared Memory
 // Matrix Layout" and "Matrix Descriptor"): element (r, k) at start + (r / 8) SBO + (r % 8) 16 +
 // (k / 8) LBO + (k % 8) 2; start address bits 0-13, LBO 16-29, SBO 32-45 (each in 16-byte
 // units), base offset 49-51 and swizzle mode 62-63 both 0 here, the other bits unused (0).
-void wg_rows(int w, uint64_t desc, int r0, int rows, double *out) {
+void wg_rows(int w, uint64_t desc, bool f16, int r0, int rows, double *out) {
     const uint64_t used = 0x3fffull | 0x3fffull << 16 | 0x3fffull << 32;
     if ((desc & ~used) != 0)
         fault("warp %d: wgmma descriptor 0x%016llx sets bits past the address, LBO and SBO "
@@ -458,23 +459,39 @@ void wg_rows(int w, uint64_t desc, int r0, int rows, double *out) {
             memcpy(h, M.dyn.data() + at, 16);
             for (int e = 0; e < 8; e++)
                 out[(size_t)(r - r0) * 16 + 8 * kg + e] =
-                    (double)__bfloat162float(__ushort_as_bfloat16(h[e]));
+                    f16 ? (double)__half2float(__ushort_as_half(h[e]))
+                        : (double)__bfloat162float(__ushort_as_bfloat16(h[e]));
         }
 }
 
-// wgmma.mma_async.m64nNk16.f32.bf16.bf16 of warp w (its 16 rows): D = A B + (acc ? D : 0), A
-// (64 x 16) and B (16 x N, stored N rows of K) K-major; the accumulator fragment as wgmma.cuh
-// states it from the ISA ("Register Fragments", m64nNk16): register j of lane l holds row
-// 16 (w % 4) + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2. Products exact in
-// double, the sum rounded to float once.
-// The operands of warp w's wgmma: its 16 rows of A (16 x 16) and B (n rows of 16).
+// The operands of warp w's wgmma: its 16 rows of A (16 x 16) and B (n rows of 16). A from
+// registers: lane l = 4 g + i holds in a[r] the pair of row g + 8 (r % 2), columns 2i + 8 (r / 2)
+// and + 1, the lower in the low half (the ISA's "Register Fragments" for m64nNk16's A: warp w
+// % 4's rows, as mma.sync m16n8k16's A fragment).
 void wg_operands(int w, const wg_op &op, std::vector<double> &a, std::vector<double> &b) {
     const int q = w % 4;
     a.resize(16 * 16);
     b.resize((size_t)op.n * 16);
-    wg_rows(w, op.da, 16 * q, 16, a.data());
-    wg_rows(w, op.db, 0, op.n, b.data());
+    if (op.ar[0] == nullptr) {
+        wg_rows(w, op.da, op.f16, 16 * q, 16, a.data());
+    } else {
+        for (int l = 0; l < 32; l++)
+            for (int r = 0; r < 4; r++)
+                for (int e = 0; e < 2; e++) {
+                    const uint16_t h = (uint16_t)(op.ar[l][r] >> (16 * e));
+                    a[(size_t)(l / 4 + 8 * (r % 2)) * 16 + 2 * (l % 4) + 8 * (r / 2) + e] =
+                        op.f16 ? (double)__half2float(__ushort_as_half(h))
+                               : (double)__bfloat162float(__ushort_as_bfloat16(h));
+                }
+    }
+    wg_rows(w, op.db, op.f16, 0, op.n, b.data());
 }
+
+// wgmma.mma_async.m64nNk16.f32.{bf16,f16} of warp w (its 16 rows): D = A B + (acc ? D : 0), A
+// (64 x 16) and B (16 x N, stored N rows of K) K-major; the accumulator fragment as wgmma.cuh
+// states it from the ISA ("Register Fragments", m64nNk16): register j of lane l holds row
+// 16 (w % 4) + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2. Products exact in
+// double, the sum rounded to float once.
 
 // The operands are read at the issue and again here, when the wait lets the instruction go: the
 // hardware reads them somewhere in between, so any change (a write that landed late, or came
@@ -483,8 +500,8 @@ void wg_compute(int w, const wg_op &op) {
     std::vector<double> a, B;
     wg_operands(w, op, a, B);
     if (a != op.a || B != op.b)
-        fault("warp %d: a wgmma's shared-memory operands changed between its issue and the wait "
-              "that let it go",
+        fault("warp %d: a wgmma's operands (shared memory or A's registers) changed between its "
+              "issue and the wait that let it go",
               w);
     double A[16][16];
     for (int r = 0; r < 16; r++)
@@ -541,11 +558,14 @@ void warp_complete(int w) {
     case OP_WG_MMA: {
         wg_op o;
         o.da = lane[0].da, o.db = lane[0].db, o.n = lane[0].wg_n, o.acc = lane[0].wg_acc;
+        o.f16 = lane[0].f16;
         for (int l = 0; l < 32; l++) {
             if (lane[l].da != o.da || lane[l].db != o.db || lane[l].wg_n != o.n ||
-                lane[l].wg_acc != o.acc)
+                lane[l].wg_acc != o.acc || lane[l].f16 != o.f16 ||
+                (lane[l].a == nullptr) != (lane[0].a == nullptr))
                 fault("warp %d: lanes 0 and %d issue wgmma with other operands", w, l);
             o.d[l] = lane[l].d;
+            o.ar[l] = lane[l].a;
         }
         wg_operands(w, o, o.a, o.b);
         M.wgmma[w].open.push_back(std::move(o));
@@ -838,7 +858,8 @@ void loom_emu_wgmma_wait(int n) {
     loom_emu::wg_collective(loom_emu::OP_WG_WAIT, n);
 }
 
-void loom_emu_wgmma_bf16(int n, float *d, uint64_t da, uint64_t db, bool accumulate) {
+void loom_emu_wgmma(bool f16, int n, float *d, uint64_t da, const uint32_t *a, uint64_t db,
+                    bool accumulate) {
     using namespace loom_emu;
     thread &th = current("wgmma.mma_async");
     if (n < 8 || n > 256 || n % 8 != 0) fault("wgmma with N = %d (8 .. 256, multiples of 8)", n);
@@ -849,6 +870,8 @@ void loom_emu_wgmma_bf16(int n, float *d, uint64_t da, uint64_t db, bool accumul
     th.db = db;
     th.wg_n = n;
     th.wg_acc = accumulate;
+    th.f16 = f16;
+    th.a = a;
     warp_arrive(th);
 }
 

@@ -2,7 +2,7 @@
 // of the CUDA headers when LOOM_K_EMULATE is defined, so that the kernels of kernels/*.cu compile
 // with the host's C++ compiler and run on a SIMT machine (kernel_emu.cpp): a block of up to 1024
 // coroutine threads with threadIdx / blockIdx / blockDim, __syncthreads, warp collectives
-// (shuffles, ballot, mma.sync m16n8k8 TF32 and m16n8k16 BF16 / F16, wgmma.mma_async BF16),
+// (shuffles, ballot, mma.sync m16n8k8 TF32 and m16n8k16 BF16 / F16, wgmma.mma_async BF16 / F16),
 // static and dynamic shared memory.
 //
 // Semantics kept as CUDA states them, and checked where a kernel could break them: a warp
@@ -107,12 +107,12 @@ void loom_emu_mma_m16n8k16(bool f16, float d[4], const uint32_t a[4], const uint
 
 // Hopper's warpgroup MMA (kernels/wgmma.cuh), emulated warp by warp: warp w of a warpgroup
 // computes rows 16 (w % 4) .. + 15 of the m64 product, which is all the registers it holds.
-// wgmma.mma_async (BF16 operands in shared memory, K-major without swizzle, as the descriptors
-// da and db say; n columns; accumulate: scale-d) is recorded when the warp issues it and
-// computed when a wgmma.wait_group lets its committed group go, on the accumulators as they are
-// then; its operands are read at both points and any difference reported (the hardware reads
-// them somewhere in between: a store that lands late or comes before the wait is a race).
-// Groups still open or pending when the block ends are reported. Not checked: that the
+// wgmma.mma_async (BF16 or F16 operands, B in shared memory, A there or in registers, K-major
+// without swizzle, as the descriptors say; n columns; accumulate: scale-d) is recorded when the
+// warp issues it and computed when a wgmma.wait_group lets its committed group go, on the
+// accumulators as they are then; its operands are read at both points and any difference reported
+// (the hardware reads them somewhere in between: a store that lands late or comes before the wait
+// is a race). Groups still open or pending when the block ends are reported. Not checked: that the
 // four warps of a warpgroup issue the same instructions, and the fences' ordering (wgmma.fence
 // and fence.proxy.async are no-ops here, wgmma.fence a convergence point of the warp).
 // cp.async (kernels/cp_async.cuh), per thread: a 16-byte copy fills its destination with 0xff
@@ -126,7 +126,9 @@ void loom_emu_fence_proxy_async(void);
 void loom_emu_wgmma_fence(void);
 void loom_emu_wgmma_commit(void);
 void loom_emu_wgmma_wait(int n);
-void loom_emu_wgmma_bf16(int n, float *d, uint64_t da, uint64_t db, bool accumulate);
+// A from shared memory at da (a == nullptr) or from each lane's registers a[4]; F16 or BF16.
+void loom_emu_wgmma(bool f16, int n, float *d, uint64_t da, const uint32_t *a, uint64_t db,
+                    bool accumulate);
 
 // ---- built-in variables -------------------------------------------------------------------------
 

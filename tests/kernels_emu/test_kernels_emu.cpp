@@ -74,7 +74,9 @@ prefill_case in_math(prefill_case c, int math) {
 }
 
 const char *math_name(int math) {
-    return math == LOOM_K_MATH_BF16 ? "bf16 math" : "f32 math";
+    return math == LOOM_K_MATH_BF16_WGMMA ? "wgmma"
+           : math == LOOM_K_MATH_BF16     ? "bf16 math"
+                                          : "f32 math";
 }
 
 // A row's output (q_stride floats from row r of res) equals another's, bit for bit.
@@ -205,7 +207,7 @@ int prefill_tests(bool verbose) {
        sequence at the prefill threshold (16), one under it (15), decodes (1) */
     const std::vector<int> cached = {0, 54, 97, 5, 40, 33, 130};
     const std::vector<int> nnew = {17, 64, 100, 15, 16, 1, 33};
-    for (int math : {LOOM_K_MATH_F32, LOOM_K_MATH_BF16}) {
+    for (int math : {LOOM_K_MATH_F32, LOOM_K_MATH_BF16, LOOM_K_MATH_BF16_WGMMA}) {
         int i = 0;
         for (const shape &s : shapes) {
             const auto t0 = std::chrono::steady_clock::now();
@@ -252,6 +254,7 @@ int prefill_tests(bool verbose) {
 
     bad += invariant_mode_tests(verbose, LOOM_K_MATH_F32);
     bad += invariant_mode_tests(verbose, LOOM_K_MATH_BF16);
+    bad += invariant_mode_tests(verbose, LOOM_K_MATH_BF16_WGMMA);
 
     /* Long rows (positions past 4000, where LOOM_K_PLANTED_BUG drops position 0): the kernel
        as built passes, the planted build must fail. */

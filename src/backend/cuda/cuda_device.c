@@ -101,7 +101,7 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
         loom__cuda_close(d);
         return loom__fail(LOOM_ERR_INVALID_ARG, "cuda: LOOM_CUDA_MATH=%s: not f32 or bf16", math);
     }
-    d->gemm_math = d->math;
+    d->tc_math = d->math;
     const char *wgmma = getenv("LOOM_CUDA_WGMMA");
     if (wgmma != NULL && strcmp(wgmma, "1") == 0) {
         int runs = 0;
@@ -119,9 +119,10 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
             loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_WGMMA=1 ignored: this build has no sm_90a "
                                      "code for the device (LOOM_CUDA_ARCHITECTURES)");
         else {
-            d->gemm_math = LOOM_K_MATH_BF16_WGMMA;
-            loom__log(LOOM_LOG_INFO, "cuda: matmul on Hopper's warpgroup MMA (LOOM_CUDA_WGMMA=1): "
-                                     "BF16 operands, 128 x 128 tiles");
+            d->tc_math = LOOM_K_MATH_BF16_WGMMA;
+            loom__log(LOOM_LOG_INFO,
+                      "cuda: matmul and the tiled attention of head sizes 64 and 128 "
+                      "on Hopper's warpgroup MMA (LOOM_CUDA_WGMMA=1)");
         }
     }
     const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT");

@@ -55,9 +55,10 @@ typedef struct loom__cuda_dev {
     /* LOOM_CUDA_MATH: the tensor-core kernels' operands, LOOM_K_MATH_F32 (the default, float32
      * accuracy) or LOOM_K_MATH_BF16 (=bf16: 16-bit operands, the peers' arithmetic). */
     int math;
-    /* The GEMM's: math, or LOOM_K_MATH_BF16_WGMMA where LOOM_CUDA_WGMMA=1 asks for Hopper's
-     * warpgroup MMA in BF16 math and the device runs it (loom__cuda_wgmma_probe). */
-    int gemm_math;
+    /* The tensor-core GEMM's and tiled attention's: math, or LOOM_K_MATH_BF16_WGMMA where
+     * LOOM_CUDA_WGMMA=1 asks for Hopper's warpgroup MMA in BF16 math and the device runs it
+     * (loom__cuda_wgmma_probe). */
+    int tc_math;
 } loom__cuda_dev;
 
 /* Most descriptors (KV groups) one step hands over. */

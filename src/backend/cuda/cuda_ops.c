@@ -57,15 +57,15 @@ static loom_status run_gemm(loom__cuda_stream *c, int m, const loom__k_weight *c
                             const loom_tensor *x, float *const *op, const size_t *os) {
     const int64_t n_tokens = x->ne[1];
     const size_t need =
-        loom__cuda_gemm_multi_work_bytes(m, kp, n_tokens, c->dev->n_sms, c->dev->gemm_math);
-    const size_t need16 = loom__cuda_gemm_x16_bytes(n_tokens, kp[0]->k, c->dev->gemm_math);
+        loom__cuda_gemm_multi_work_bytes(m, kp, n_tokens, c->dev->n_sms, c->dev->tc_math);
+    const size_t need16 = loom__cuda_gemm_x16_bytes(n_tokens, kp[0]->k, c->dev->tc_math);
     if (need > c->gemm_work_cap || need16 > c->gemm_x16_cap) c->n_grows++;
     LOOM_TRY(loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, need));
     LOOM_TRY(loom__cuda_regrow(c, &c->gemm_x16, &c->gemm_x16_cap, need16));
     const loom__k_gemm_work work = {c->gemm_work, c->gemm_work_cap, c->dev->n_sms, c->gemm_x16,
                                     c->gemm_x16_cap};
     return loom__cuda_gemm_multi(c->s, m, kp, x->data, x->row_stride, n_tokens, op, os, &work,
-                                 c->dev->gemm_math);
+                                 c->dev->tc_math);
 }
 
 loom_status loom__cuda_matmul_op(void *stream, const loom_tensor *w, const loom_tensor *x,
@@ -309,7 +309,7 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
                        .invariant = c->dev->batch_invariant,
                        .n_sms = c->dev->n_sms,
                        .smem_optin = c->dev->smem_optin,
-                       .math = c->dev->math};
+                       .math = c->dev->tc_math};
     const size_t tiled = loom__cuda_attention_tiled_work_bytes(dk, &ka);
     if (tiled > c->tiled_work_cap) c->n_grows++;
     LOOM_TRY(loom__cuda_regrow(c, &c->tiled_work, &c->tiled_work_cap, tiled));

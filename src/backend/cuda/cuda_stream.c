@@ -37,7 +37,7 @@ static size_t gemm_work_bound(const loom__cuda_dev *d, const loom_step_shape *sh
         if (m->type == LOOM_TYPE_FP8_E4M3_ROWS) rb = (rb + 15) & ~(size_t)15;
         const loom__k_weight w = {(uint32_t)m->type, m->k, m->n, rb, NULL};
         const int64_t T = m->max_rows > 0 ? m->max_rows : shape->max_tokens;
-        const size_t b = loom__cuda_gemm_work_bound(&w, T, d->n_sms, d->gemm_math);
+        const size_t b = loom__cuda_gemm_work_bound(&w, T, d->n_sms, d->tc_math);
         most = b > most ? b : most;
     }
     const size_t multi = most * LOOM_K_GEMM_MULTI;
@@ -52,7 +52,7 @@ static size_t gemm_x16_bound(const loom__cuda_dev *d, const loom_step_shape *sha
     for (int32_t i = 0; shape->matmuls != NULL && i < shape->n_matmuls; i++) {
         const loom_matmul_shape *m = &shape->matmuls[i];
         const int64_t T = m->max_rows > 0 ? m->max_rows : shape->max_tokens;
-        const size_t b = loom__cuda_gemm_x16_bytes(T, m->k, d->gemm_math);
+        const size_t b = loom__cuda_gemm_x16_bytes(T, m->k, d->tc_math);
         most = b > most ? b : most;
     }
     return most;

@@ -301,12 +301,16 @@ static __device__ __forceinline__ void pf_load_tile(const pf_args &a, const long
     }
 }
 
-/* The same into the 16-bit tiles (the layouts above), each value rounded to OP16 (exact but
- * for F32 pages; FP8 codes unscaled, as pf_load_tile leaves them). K a position and 4 elements
- * at a time; V two positions and 4 elements, 16 bytes. */
-template <int OP16>
+/* The same into the 16-bit tiles, each value rounded to OP16 (exact but for F32 pages; FP8
+ * codes unscaled, as pf_load_tile leaves them). K a position and 4 elements at a time (8
+ * bytes); V two positions and 4 elements. The mma.sync forms' layouts (above): K by row, ldw
+ * words a row; V by pairs of positions, the 4 elements' words side by side (16 bytes). The
+ * wgmma forms' (WG): K [PF_N][hd] by position, V transposed [hd][PF_N] (row d: head element d
+ * of the tile's positions), both in wgmma.cuh's K-major layout (pf_wg_at), a word per
+ * element of V. */
+template <int OP16, bool WG>
 static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const long long *row_at,
-                                                      uint32_t *ks, uint32_t *vs) {
+                                                      uint8_t *ks, uint8_t *vs) {
     const int hd = a.kv.head_dim, per = hd / 4, ldw = pf_qk_words(hd), ldv = pf_v_words(hd);
     const uint32_t type = a.kv.kv_type;
     const size_t elt = pf_elt_bytes(type);
@@ -316,7 +320,8 @@ static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const lo
         const long long at = row_at[jl];
         float4 k4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (at >= 0) k4 = pf_load4(type, kp + at + (size_t)c * elt);
-        *(uint2 *)(ks + jl * ldw + c / 2) =
+        const int to = WG ? pf_wg_at(jl, c, hd * 16) : 4 * (jl * ldw + c / 2);
+        *(uint2 *)(ks + to) =
             make_uint2(loom_mma16_pack<OP16>(k4.x, k4.y), loom_mma16_pack<OP16>(k4.z, k4.w));
     }
     for (int it = threadIdx.x; it < PF_N / 2 * per; it += PF_THREADS) {
@@ -328,46 +333,16 @@ static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const lo
             v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (at >= 0) v[e] = pf_load4(type, vp + at + (size_t)c * elt);
         }
-        *(uint4 *)(vs + jp * ldv + c) = make_uint4(
+        const uint32_t w[4] = {
             loom_mma16_pack<OP16>(v[0].x, v[1].x), loom_mma16_pack<OP16>(v[0].y, v[1].y),
-            loom_mma16_pack<OP16>(v[0].z, v[1].z), loom_mma16_pack<OP16>(v[0].w, v[1].w));
-    }
-}
-
-/* The same into the wgmma forms' tiles: K [PF_N][hd] by position, V transposed [hd][PF_N] (row
- * d: head element d of the tile's positions), both in wgmma.cuh's K-major layout; each value
- * rounded to OP16. K a position and 4 elements at a time (8 bytes); V two positions and 4
- * elements, one word per element. */
-template <int OP16>
-static __device__ __forceinline__ void pf_load_tile_wg(const pf_args &a, const long long *row_at,
-                                                       uint8_t *ks, uint8_t *vs) {
-    const int hd = a.kv.head_dim, per = hd / 4, ksbo = hd * 16;
-    const uint32_t type = a.kv.kv_type;
-    const size_t elt = pf_elt_bytes(type);
-    const char *kp = (const char *)a.p.k_pool, *vp = (const char *)a.p.v_pool;
-    for (int it = threadIdx.x; it < PF_N * per; it += PF_THREADS) {
-        const int jl = it / per, c = (it - jl * per) * 4;
-        const long long at = row_at[jl];
-        float4 k4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (at >= 0) k4 = pf_load4(type, kp + at + (size_t)c * elt);
-        *(uint2 *)(ks + pf_wg_at(jl, c, ksbo)) =
-            make_uint2(loom_mma16_pack<OP16>(k4.x, k4.y), loom_mma16_pack<OP16>(k4.z, k4.w));
-    }
-    for (int it = threadIdx.x; it < PF_N / 2 * per; it += PF_THREADS) {
-        const int jp = it / per, c = (it - jp * per) * 4;
-        float4 v[2];
+            loom_mma16_pack<OP16>(v[0].z, v[1].z), loom_mma16_pack<OP16>(v[0].w, v[1].w)};
+        if constexpr (WG) {
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const long long at = row_at[2 * jp + e];
-            v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (at >= 0) v[e] = pf_load4(type, vp + at + (size_t)c * elt);
+            for (int e = 0; e < 4; e++)
+                *(uint32_t *)(vs + pf_wg_at(c + e, 2 * jp, PF_N * 16)) = w[e];
+        } else {
+            *(uint4 *)(vs + 4 * (jp * ldv + c)) = make_uint4(w[0], w[1], w[2], w[3]);
         }
-        const float v0[4] = {v[0].x, v[0].y, v[0].z, v[0].w},
-                    v1[4] = {v[1].x, v[1].y, v[1].z, v[1].w};
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            *(uint32_t *)(vs + pf_wg_at(c + e, 2 * jp, PF_N * 16)) =
-                loom_mma16_pack<OP16>(v0[e], v1[e]);
     }
 }
 
@@ -551,9 +526,9 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     int buf = 0;
     for (int j0 = j_begin; j0 <= j_end; j0 += PF_N, buf ^= 1) {
         if constexpr (WG)
-            pf_load_tile_wg<OP16>(a, row_at + buf * PF_N, kg, vg);
+            pf_load_tile16<OP16, true>(a, row_at + buf * PF_N, kg, vg);
         else if constexpr (M16)
-            pf_load_tile16<OP16>(a, row_at + buf * PF_N, ks16, vs16);
+            pf_load_tile16<OP16, false>(a, row_at + buf * PF_N, (uint8_t *)ks16, (uint8_t *)vs16);
         else
             pf_load_tile(a, row_at + buf * PF_N, ks, vs, ld);
         if (j0 + PF_N <= j_end)

@@ -1,6 +1,7 @@
-/* wgmma.cuh — Hopper's warpgroup MMA (sm_90a): wgmma.mma_async reading both operands from shared
- * memory through matrix descriptors, its fences and groups, as gemm_wgmma.cuh uses them. Device
- * code only; the emulator (tests/kernels_emu) stands in for every instruction here.
+/* wgmma.cuh — Hopper's warpgroup MMA (sm_90a): wgmma.mma_async reading B (and A, or A from
+ * registers) from shared memory through matrix descriptors, its fences and groups, as
+ * gemm_wgmma.cuh and attention_prefill.cu use them. Device code only; the emulator
+ * (tests/kernels_emu) stands in for every instruction here.
  *
  * A warpgroup is four consecutive warps (threads 128 g .. 128 g + 127). Every function below is
  * ".sync.aligned": all 128 threads execute it, with the same arguments, in convergence.

@@ -440,6 +440,22 @@ static void bench_sampling(int32_t batch) {
     free(c.rows);
 }
 
+/* The shapes timed with 16-bit operands (BF16 math, and again on the wgmma kernels): BF16 and
+ * Q4_K matmuls at 1, 16 and 512 tokens, a 2,048-token prefill's up/gate matmul (against cuBLAS
+ * on the same shape), decode attention, a 2k and the issue's 8k BF16 prefill (head size 128). */
+static void bench_16bit(int quick) {
+    const uint32_t types16[] = {LOOM_TYPE_BF16, LOOM_TYPE_Q4_K};
+    for (int ti = 0; ti < 2; ti++) {
+        bench_matmul(types16[ti], 4096, 14336, 1);
+        if (!quick) bench_matmul(types16[ti], 4096, 14336, 16);
+        if (!quick) bench_matmul(types16[ti], 4096, 4096, 512);
+    }
+    if (!quick) bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
+    bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_F16);
+    if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
+    if (!quick) bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
+}
+
 /* What the device said of LOOM_CUDA_WGMMA=1 when it opened (its INFO log lines). */
 typedef struct wgmma_log {
     bool chosen;
@@ -543,17 +559,7 @@ int main(int argc, char **argv) {
     setenv("LOOM_CUDA_MATH", "bf16", 1);
     if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
     g_mode = "bf16-math";
-    const uint32_t types16[] = {LOOM_TYPE_BF16, LOOM_TYPE_Q4_K};
-    for (int ti = 0; ti < 2; ti++) {
-        bench_matmul(types16[ti], 4096, 14336, 1);
-        if (!quick) bench_matmul(types16[ti], 4096, 14336, 16);
-        if (!quick) bench_matmul(types16[ti], 4096, 4096, 512);
-    }
-    /* a 2,048-token prefill's largest matmul (up/gate), against cuBLAS on the same shape */
-    if (!quick) bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
-    bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_F16);
-    if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
-    if (!quick) bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
+    bench_16bit(quick);
     loom__backend_stream_close(&g_gpu);
     /* The same matmuls and attention shapes on the wgmma kernels (LOOM_CUDA_WGMMA=1, BF16 math,
      * sm_90 only), where the device takes them (its INFO log line says; else a note row says
@@ -565,16 +571,7 @@ int main(int argc, char **argv) {
     loom_log_set(NULL, LOOM_LOG_WARN, NULL);
     if (wl.chosen) {
         g_mode = "wgmma";
-        for (int ti = 0; ti < 2; ti++) {
-            bench_matmul(types16[ti], 4096, 14336, 1);
-            if (!quick) bench_matmul(types16[ti], 4096, 14336, 16);
-            if (!quick) bench_matmul(types16[ti], 4096, 4096, 512);
-        }
-        if (!quick) bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
-        /* the tiled attention's wgmma forms (head size 128): decode, a 2k and the 8k prefill */
-        bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_F16);
-        if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
-        if (!quick) bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
+        bench_16bit(quick);
     } else {
         printf("{\"kind\":\"note\",\"what\":\"wgmma GEMM not run: %s\"}\n",
                wl.refused[0] ? wl.refused : "the device said neither yes nor no");

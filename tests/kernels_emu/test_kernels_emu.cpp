@@ -202,6 +202,7 @@ int prefill_tests(bool verbose) {
         {16, 40, 3, 5, 0, 0, LOOM_K_F16},     {8, 96, 1, 7, 37, 30, LOOM_K_F32},
         {1, 80, 2, 3, 0, 0, LOOM_K_FP8_E4M3}, {16, 128, 1, 16, 0, 0, LOOM_K_F16},
         {8, 72, 1, 2, 20, 0, LOOM_K_BF16},    {16, 256, 2, 8, 0, 30, LOOM_K_F32},
+        {16, 64, 2, 2, 0, 0, LOOM_K_BF16}, /* BF16 pages at a head size the wgmma forms take */
     };
     /* sequences: cached positions and new rows; prefill rows around the tile edges, one
        sequence at the prefill threshold (16), one under it (15), decodes (1) */

@@ -740,8 +740,8 @@ LOOM_API loom_status loom_generate(loom_session *session, const char *prompt,
  * (earliest first), then those that missed it, then those without one. A request's tokens are the
  * same whatever else runs beside it (batch invariance: on the CPU backend, and on CUDA by
  * default — LOOM_CUDA_BATCH_INVARIANT=0 in the environment trades it for faster decode steps
- * and prefills, see the README; LOOM_CUDA_MATH=bf16, 16-bit tensor-core operands, keeps it, as does
- * LOOM_CUDA_WGMMA=1 with it on Hopper, matmuls and attention on the warpgroup MMA).
+ * and prefills, see the README; LOOM_CUDA_MATH=bf16, 16-bit tensor-core operands, keeps it,
+ * as does LOOM_CUDA_WGMMA=1 with it on Hopper: matmuls and attention on the warpgroup MMA).
  *
  * Threads: loom_engine_submit, loom_engine_cancel and loom_engine_get_stats may be called from
  * any thread at any time. loom_engine_step (and loom_engine_generate, which steps) must be

@@ -499,7 +499,9 @@ void wg_operands(int w, const wg_op &op, std::vector<double> &a, std::vector<dou
 void wg_compute(int w, const wg_op &op) {
     std::vector<double> a, B;
     wg_operands(w, op, a, B);
-    if (a != op.a || B != op.b)
+    /* bit patterns, not values: a NaN operand is the same NaN at both reads */
+    if (memcmp(a.data(), op.a.data(), a.size() * sizeof(double)) != 0 ||
+        memcmp(B.data(), op.b.data(), B.size() * sizeof(double)) != 0)
         fault("warp %d: a wgmma's operands (shared memory or A's registers) changed between its "
               "issue and the wait that let it go",
               w);

@@ -573,7 +573,7 @@ int main(int argc, char **argv) {
         g_mode = "wgmma";
         bench_16bit(quick);
     } else {
-        printf("{\"kind\":\"note\",\"what\":\"wgmma GEMM not run: %s\"}\n",
+        printf("{\"kind\":\"note\",\"what\":\"wgmma kernels not run: %s\"}\n",
                wl.refused[0] ? wl.refused : "the device said neither yes nor no");
     }
     loom__backend_stream_close(&g_gpu);

@@ -152,10 +152,14 @@ def main():
         for r8, r16 in pairs:
             print(f"| B={r8['batch']} ctx={r8['ctx']} H={r8['n_head']}/{r8['n_kv']} hd={r8['hd']} "
                   f"| {r16['s']*1e6:.1f} | {r8['s']*1e6:.1f} | {r16['s'] / r8['s']:.2f}x |")
-    # the cost of batch invariance (the default) against LOOM_CUDA_BATCH_INVARIANT=0, same shapes
+    # a matmul or attention row's shape, as the comparison tables name it
+    what = lambda r: (f"matmul {r['type']} K={r['k']} N={r['n']} T={r['t']}" if r["kind"] == "matmul"
+                      else f"attention B={r['batch']} ctx={r['ctx']} rows={r['new_rows']} "
+                           f"hd={r['hd']} {r.get('kv', 'f16')} pages")
     shape = lambda r: (r["kind"], r.get("type"), r.get("k"), r.get("n"), r.get("t"), r.get("batch"),
                        r.get("ctx"), r.get("new_rows"), r.get("n_head"), r.get("hd"), r.get("kv"),
                        r.get("blocks"))
+    # the cost of batch invariance (the default) against LOOM_CUDA_BATCH_INVARIANT=0, same shapes
     inv = {shape(r): r for r in rows if r.get("mode") == "invariant"}
     fast = [(r, inv[shape(r)]) for r in rows if r.get("mode") == "fast" and shape(r) in inv]
     if fast:
@@ -163,9 +167,7 @@ def main():
               "kernel, µs | fast kernel, µs | default / fast |")
         print("|---|---:|---:|---:|")
         for rf, ri in fast:
-            what = (f"matmul {rf['type']} K={rf['k']} N={rf['n']} T={rf['t']}" if rf["kind"] == "matmul"
-                    else f"attention B={rf['batch']} ctx={rf['ctx']} rows={rf['new_rows']} hd={rf['hd']}")
-            print(f"| {what} | {ri['kernel']} {ri['s']*1e6:.1f} | {rf['kernel']} {rf['s']*1e6:.1f} "
+            print(f"| {what(rf)} | {ri['kernel']} {ri['s']*1e6:.1f} | {rf['kernel']} {rf['s']*1e6:.1f} "
                   f"| {ri['s'] / rf['s']:.2f} |")
     # BF16 math (LOOM_CUDA_MATH=bf16) against the default's float32 accuracy, same shapes
     m16 = [(r, inv[shape(r)]) for r in rows if r.get("mode") == "bf16-math" and shape(r) in inv]
@@ -174,10 +176,7 @@ def main():
               "| bf16 math µs | speed-up |")
         print("|---|---:|---:|---:|")
         for rb, ri in m16:
-            what = (f"matmul {rb['type']} K={rb['k']} N={rb['n']} T={rb['t']}" if rb["kind"] == "matmul"
-                    else f"attention B={rb['batch']} ctx={rb['ctx']} rows={rb['new_rows']} "
-                         f"hd={rb['hd']} {rb.get('kv')} pages")
-            print(f"| {what} | {ri['s']*1e6:.1f} | {rb['s']*1e6:.1f} | {ri['s'] / rb['s']:.2f}x |")
+            print(f"| {what(rb)} | {ri['s']*1e6:.1f} | {rb['s']*1e6:.1f} | {ri['s'] / rb['s']:.2f}x |")
     # the wgmma kernels (LOOM_CUDA_WGMMA=1) against the mma.sync ones, both in BF16 math
     b16 = {shape(r): r for r in rows if r.get("mode") == "bf16-math"}
     wg = [(r, b16[shape(r)]) for r in rows if r.get("mode") == "wgmma" and shape(r) in b16]
@@ -185,10 +184,7 @@ def main():
         print("\n| BF16 math: wgmma vs mma.sync | mma.sync µs | wgmma µs | speed-up |")
         print("|---|---:|---:|---:|")
         for rw, rb in wg:
-            what = (f"matmul {rw['type']} K={rw['k']} N={rw['n']} T={rw['t']}" if rw["kind"] == "matmul"
-                    else f"attention B={rw['batch']} ctx={rw['ctx']} rows={rw['new_rows']} "
-                         f"hd={rw['hd']} {rw.get('kv')} pages")
-            print(f"| {what} | {rb['s']*1e6:.1f} | {rw['s']*1e6:.1f} | {rb['s'] / rw['s']:.2f}x |")
+            print(f"| {what(rw)} | {rb['s']*1e6:.1f} | {rw['s']*1e6:.1f} | {rb['s'] / rw['s']:.2f}x |")
     for r in rows:
         if r["kind"] == "note":
             print(f"\nNote: {r['what']}")

@@ -434,6 +434,30 @@ static void open_fast_with(const char *var, const char *value, loom__backend_str
     open_with_env(vars, 2, gb);
 }
 
+/* w's stored rows (make_weight: type t, n rows of k) prepared on the stream gb too. */
+static loom_tensor prepare_on(const loom__backend_stream *gb, const weight_pair *w, uint32_t t,
+                              int64_t k, int64_t n) {
+    loom_weight_src src = {.name = "test.weight",
+                           .type = (loom_type)t,
+                           .ne = {k, n},
+                           .row_stride = row_bytes(t, k),
+                           .data = w->host,
+                           .persistent = true,
+                           .use = LOOM_WEIGHT_MATMUL};
+    loom_tensor wg;
+    expect_ok(gb->ops->weight_prepare(gb->dev, &src, &wg), "weight_prepare (second stream)");
+    return wg;
+}
+
+/* x rounded to BF16, nearest even (written here from the format: a float's top 16 bits). */
+static float bf16_round_f(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 /* The opt-in FP8 GEMM (LOOM_CUDA_FP8_GEMM=1, cuBLASLt on sm_89+) for steps of more than 8
  * tokens: against a float64 sum over the weights' values and the activations quantized as the
  * path quantizes them (E4M3 with max|x_t| / 448 per token, tensor/fp8.h's rounding), each output
@@ -449,15 +473,7 @@ static void test_fp8_gemm(void **state) {
     const int64_t k = 1024, n = 192, T = 48;
     weight_pair w;
     make_weight(LOOM_TYPE_FP8_E4M3_ROWS, k, n, LOOM_WEIGHT_MATMUL, &w);
-    loom_weight_src src = {.name = "test.fp8",
-                           .type = LOOM_TYPE_FP8_E4M3_ROWS,
-                           .ne = {k, n},
-                           .row_stride = row_bytes(LOOM_TYPE_FP8_E4M3_ROWS, k),
-                           .data = w.host,
-                           .persistent = true,
-                           .use = LOOM_WEIGHT_MATMUL};
-    loom_tensor wg;
-    expect_ok(gb.ops->weight_prepare(gb.dev, &src, &wg), "weight_prepare (fp8 gemm)");
+    loom_tensor wg = prepare_on(&gb, &w, LOOM_TYPE_FP8_E4M3_ROWS, k, n);
     float *x = xmalloc((size_t)(k * T) * 4), *xq = xmalloc((size_t)(k * T) * 4);
     fill_acts(x, k * T, 1.0f);
     for (int64_t t = 0; t < T; t++) {
@@ -522,23 +538,10 @@ static void test_bf16_gemm(void **state) {
     const int64_t k = 1024, n = 192, T = 48;
     weight_pair w;
     make_weight(LOOM_TYPE_BF16, k, n, LOOM_WEIGHT_MATMUL, &w);
-    loom_weight_src src = {.name = "test.bf16",
-                           .type = LOOM_TYPE_BF16,
-                           .ne = {k, n},
-                           .row_stride = row_bytes(LOOM_TYPE_BF16, k),
-                           .data = w.host,
-                           .persistent = true,
-                           .use = LOOM_WEIGHT_MATMUL};
-    loom_tensor wg;
-    expect_ok(gb.ops->weight_prepare(gb.dev, &src, &wg), "weight_prepare (bf16 gemm)");
+    loom_tensor wg = prepare_on(&gb, &w, LOOM_TYPE_BF16, k, n);
     float *x = xmalloc((size_t)(k * T) * 4), *xb = xmalloc((size_t)(k * T) * 4);
     fill_acts(x, k * T, 1.0f);
-    for (int64_t i = 0; i < k * T; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], 4);
-        u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-        memcpy(&xb[i], &u, 4);
-    }
+    for (int64_t i = 0; i < k * T; i++) xb[i] = bf16_round_f(x[i]);
     float *d_x = gpu_alloc((size_t)(k * T) * 4), *d_o = gpu_alloc((size_t)(n * T) * 4);
     gpu_put(d_x, x, (size_t)(k * T) * 4);
     loom_tensor gx = loom_tensor_2d(LOOM_TYPE_F32, d_x, k, T, (size_t)k * 4);
@@ -595,14 +598,6 @@ static void capture_wgmma_log(loom_log_level level, const char *msg, void *user)
         snprintf(c->refused, sizeof c->refused, "%s", msg);
 }
 
-static float bf16_round_f(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 static void test_wgmma_gemm(void **state) {
     (void)state;
     if (strcmp(g_gpu_name, "cuda") != 0) return;
@@ -627,15 +622,7 @@ static void test_wgmma_gemm(void **state) {
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         weight_pair w;
         make_weight(types[ti], k, n, LOOM_WEIGHT_MATMUL, &w);
-        loom_weight_src src = {.name = "test.wgmma",
-                               .type = (loom_type)types[ti],
-                               .ne = {k, n},
-                               .row_stride = row_bytes(types[ti], k),
-                               .data = w.host,
-                               .persistent = true,
-                               .use = LOOM_WEIGHT_MATMUL};
-        loom_tensor wg;
-        expect_ok(gb.ops->weight_prepare(gb.dev, &src, &wg), "weight_prepare (wgmma)");
+        const loom_tensor wg = prepare_on(&gb, &w, types[ti], k, n);
         float *d_x = gpu_alloc((size_t)(k * T_max) * 4), *d_o = gpu_alloc((size_t)(n * T_max) * 4);
         gpu_put(d_x, x, (size_t)(k * T_max) * 4);
         float *prev = host_f32(n * T_max), *got = host_f32(n * T_max);

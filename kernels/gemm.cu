@@ -619,10 +619,9 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
     static std::atomic<int> optin[LOOM_K_OPTIN_DEVICES]; /* past 48 KB (sm_80+ allow 163 KB) */
     if constexpr (MATH == LOOM_K_MATH_BF16_WGMMA) {
         const int64_t k = mm.m[0].w.k, pieces = (int64_t)gemm_x16_stride(k) / 16;
-        if (mm.m[0].n_tokens > 65535)
-            LOOM_K_UNSUPPORTED("cuda: matmul (wgmma gemm) of %lld tokens",
-                               (long long)mm.m[0].n_tokens);
-        gemm_x16_kernel<<<dim3((unsigned)loom_cdiv(pieces, 256), (unsigned)mm.m[0].n_tokens), 256,
+        if (loom_cdiv(pieces, 256) > 65535)
+            LOOM_K_UNSUPPORTED("cuda: matmul (wgmma gemm) of rows of %lld values", (long long)k);
+        gemm_x16_kernel<<<dim3((unsigned)mm.m[0].n_tokens, (unsigned)loom_cdiv(pieces, 256)), 256,
                           0, stream>>>(mm.m[0].x, mm.m[0].x_stride, k, (uint8_t *)mm.x16);
         LOOM_K_LAUNCHED("gemm (wgmma): x to bf16");
         /* BF16 rows 16-byte aligned are copied to their tiles as stored */

@@ -65,11 +65,12 @@ static __device__ __forceinline__ uint4 gemm_wg_pack8(const float *v) {
         loom_mma16_pack<LOOM_MMA16_BF16>(v[4], v[5]), loom_mma16_pack<LOOM_MMA16_BF16>(v[6], v[7]));
 }
 
-/* x as BF16 rows (gemm_x16_stride apart), zeros past k: one thread per 8 values, grid (row
- * pieces / 256, tokens). Each value's rounding depends on the value alone. */
+/* x as BF16 rows (gemm_x16_stride apart), zeros past k: one thread per 8 values, grid (tokens,
+ * row pieces / 256): tokens on x, whose 2^31 - 1 blocks no step reaches. Each value's rounding
+ * depends on the value alone. */
 static __global__ void __launch_bounds__(256)
     gemm_x16_kernel(const float *x, size_t x_stride, int64_t k, uint8_t *x16) {
-    const int64_t t = blockIdx.y, k0 = 8 * ((int64_t)blockIdx.x * 256 + threadIdx.x);
+    const int64_t t = blockIdx.x, k0 = 8 * ((int64_t)blockIdx.y * 256 + threadIdx.x);
     const size_t stride = gemm_x16_stride(k);
     if (k0 >= (int64_t)stride / 2) return;
     const float *xr = (const float *)((const char *)x + (size_t)t * x_stride);

@@ -168,7 +168,7 @@ void launch_gemm(const loom__k_weight *const *ws, int n, const float *x, size_t 
         mm.x16 = (const uint8_t *)x16.data();
         mm.x16_stride = gemm_x16_stride(k);
         loom_emu::launch(
-            dim3((unsigned)loom_cdiv((int64_t)mm.x16_stride / 16, 256), (unsigned)n_tokens),
+            dim3((unsigned)n_tokens, (unsigned)loom_cdiv((int64_t)mm.x16_stride / 16, 256)),
             dim3(256), 0, [&] { gemm_x16_kernel(x, xs, k, (uint8_t *)x16.data()); }, opt);
         bool direct = T == LOOM_K_BF16;
         for (int j = 0; j < n; j++)

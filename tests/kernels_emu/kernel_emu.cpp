@@ -3,19 +3,17 @@
 // collective, and a scheduler (one of kernel_emu.h's orders) picks the next. A collective
 // completes when the warp's 32 lanes have all reached it (the last lane to arrive computes it for
 // the warp); a barrier when every thread has. Nothing runs in parallel, so the emulator and the
-// kernels share memory freely; AddressSanitizer is told about every stack switch.
-#include "kernel_emu.h"
+// kernels share memory freely; AddressSanitizer is told about every stack switch. Hopper's
+// asynchronous instructions (wgmma, cp.async) and their fences: kernel_emu_async.cpp.
+#include "kernel_emu_machine.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
 
-#include <deque>
 #include <utility>
-#include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define KEMU_ASAN 1
@@ -86,102 +84,13 @@ kemu_start:
 )");
 #endif
 
-enum thread_state : uint8_t { RUNNABLE, AT_BARRIER, AT_WARP_OP, DONE };
-enum op_kind : uint8_t {
-    OP_SHFL,
-    OP_BALLOT,
-    OP_MMA,
-    OP_SYNCWARP,
-    OP_MMA16,
-    OP_WG_MMA,
-    OP_WG_FENCE,
-    OP_WG_COMMIT,
-    OP_WG_WAIT
-};
+} // namespace
+
+namespace impl {
+
 const char *const op_names[] = {"a shuffle",   "__ballot_sync",      "mma.sync",
                                 "__syncwarp",  "mma.sync (16-bit)",  "wgmma.mma_async",
                                 "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group"};
-
-// Stacks: kernels keep their arrays in registers on the device, here on the stack (the prefill
-// kernel's accumulator is 512 bytes); AddressSanitizer's redzones need room too.
-constexpr size_t STACK_BYTES = 256 * 1024;
-constexpr int MAX_THREADS = 1024;
-
-struct thread {
-    void *sp;             // saved stack pointer while suspended (kemu_switch)
-    ucontext_t ctx;       // or context (ucontext)
-    unsigned char *stack; // lowest usable byte; a guard page lies below
-    const void *exit_sp;  // where the stack stood when the thread ended (ASan: see start_thread)
-    thread_state state;
-    // the warp collective this lane waits at: its arguments and result
-    op_kind op;
-    shfl_mode mode;
-    int size, arg, width;
-    unsigned mask;
-    uint64_t in, out;
-    float *d;
-    const uint32_t *a, *b;
-    bool f16; // OP_MMA16: F16 operands (else BF16)
-    // OP_WG_MMA: the descriptors, the columns, scale-d; OP_WG_WAIT: the groups left pending (arg)
-    uint64_t da, db;
-    int wg_n;
-    bool wg_acc;
-};
-
-// A wgmma.mma_async a warp has issued and the emulator has not computed yet.
-struct wg_op {
-    float *d[32];           // each lane's accumulators
-    const uint32_t *ar[32]; // each lane's A registers (A from registers), else null
-    uint64_t da, db;
-    int n;
-    bool acc, f16;
-    std::vector<double> a, b; // the warp's A rows and all of B as they were at the issue
-};
-
-// A cp.async a thread has issued and the emulator has not performed yet.
-struct cp_op {
-    unsigned char *dst;
-    const unsigned char *src;
-    int src_bytes;
-};
-
-// A thread's cp.async's in flight: those since its last commit, then the committed groups.
-struct cp_queue {
-    std::vector<cp_op> open;
-    std::deque<std::vector<cp_op>> groups;
-};
-
-// A warp's wgmma's in flight: those issued since its last commit, and the committed groups,
-// oldest first.
-struct wg_queue {
-    std::vector<wg_op> open;
-    std::deque<std::vector<wg_op>> groups;
-};
-
-struct machine {
-    thread threads[MAX_THREADS];
-    int n = 0; // threads in the block
-    dim3 grid, block;
-    uint3 block_idx;
-    int cur = -1; // the running thread; -1: the scheduler
-    const std::function<void()> *kernel = nullptr;
-    std::vector<unsigned char> dyn;
-    int n_barrier = 0, n_done = 0;
-    int warp_arrived[MAX_THREADS / 32];
-    wg_queue wgmma[MAX_THREADS / 32];
-    cp_queue cp[MAX_THREADS];
-    // runnable threads, each at most once; taken as the schedule says
-    std::vector<int> queue;
-    size_t head = 0;
-    schedule order = schedule::breadth;
-    uint64_t rng = 1;
-    bool asm_switch = false; // kemu_switch, not ucontext
-    void *sched_sp;
-    ucontext_t sched_ctx;
-    const void *sched_stack_bottom = nullptr; // ASan: the scheduler's stack
-    size_t sched_stack_size = 0;
-    counters stats = {};
-};
 
 machine M;
 
@@ -202,6 +111,9 @@ thread &current(const char *what) {
     if (M.cur < 0) fault("%s called outside a kernel", what);
     return M.threads[M.cur];
 }
+} // namespace impl
+
+namespace {
 
 // ---- the run queue ------------------------------------------------------------------------------
 
@@ -435,89 +347,6 @@ void warp_mma16(int w) {
     mma_finish<16>(w, A, B);
 }
 
-// Rows r0 .. r0 + rows - 1 (16 BF16 or F16 values of K each) of a K-major operand without swizzle
-// at descriptor desc into out[rows][16] (wgmma.cuh's layout, from the PTX ISA's "Shared Memory
-// Matrix Layout" and "Matrix Descriptor"): element (r, k) at start + (r / 8) SBO + (r % 8) 16 +
-// (k / 8) LBO + (k % 8) 2; start address bits 0-13, LBO 16-29, SBO 32-45 (each in 16-byte
-// units), base offset 49-51 and swizzle mode 62-63 both 0 here, the other bits unused (0).
-void wg_rows(int w, uint64_t desc, bool f16, int r0, int rows, double *out) {
-    const uint64_t used = 0x3fffull | 0x3fffull << 16 | 0x3fffull << 32;
-    if ((desc & ~used) != 0)
-        fault("warp %d: wgmma descriptor 0x%016llx sets bits past the address, LBO and SBO "
-              "(base offset, swizzle or unused ones: not emulated)",
-              w, (unsigned long long)desc);
-    const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)(desc >> 16 & 0x3fff) << 4;
-    const size_t sbo = (size_t)(desc >> 32 & 0x3fff) << 4;
-    for (int r = r0; r < r0 + rows; r++)
-        for (int kg = 0; kg < 2; kg++) {
-            const size_t at = start + (size_t)(r / 8) * sbo + (size_t)(r % 8) * 16 + kg * lbo;
-            if (at + 16 > M.dyn.size())
-                fault("warp %d: wgmma operand row %d, values %d..%d at shared byte %zu, past the "
-                      "%zu bytes of dynamic shared memory",
-                      w, r, 8 * kg, 8 * kg + 7, at, M.dyn.size());
-            uint16_t h[8];
-            memcpy(h, M.dyn.data() + at, 16);
-            for (int e = 0; e < 8; e++)
-                out[(size_t)(r - r0) * 16 + 8 * kg + e] =
-                    f16 ? (double)__half2float(__ushort_as_half(h[e]))
-                        : (double)__bfloat162float(__ushort_as_bfloat16(h[e]));
-        }
-}
-
-// The operands of warp w's wgmma: its 16 rows of A (16 x 16) and B (n rows of 16). A from
-// registers: lane l = 4 g + i holds in a[r] the pair of row g + 8 (r % 2), columns 2i + 8 (r / 2)
-// and + 1, the lower in the low half (the ISA's "Register Fragments" for m64nNk16's A: warp w
-// % 4's rows, as mma.sync m16n8k16's A fragment).
-void wg_operands(int w, const wg_op &op, std::vector<double> &a, std::vector<double> &b) {
-    const int q = w % 4;
-    a.resize(16 * 16);
-    b.resize((size_t)op.n * 16);
-    if (op.ar[0] == nullptr) {
-        wg_rows(w, op.da, op.f16, 16 * q, 16, a.data());
-    } else {
-        for (int l = 0; l < 32; l++)
-            for (int r = 0; r < 4; r++)
-                for (int e = 0; e < 2; e++) {
-                    const uint16_t h = (uint16_t)(op.ar[l][r] >> (16 * e));
-                    a[(size_t)(l / 4 + 8 * (r % 2)) * 16 + 2 * (l % 4) + 8 * (r / 2) + e] =
-                        op.f16 ? (double)__half2float(__ushort_as_half(h))
-                               : (double)__bfloat162float(__ushort_as_bfloat16(h));
-                }
-    }
-    wg_rows(w, op.db, op.f16, 0, op.n, b.data());
-}
-
-// wgmma.mma_async.m64nNk16.f32.{bf16,f16} of warp w (its 16 rows): D = A B + (acc ? D : 0), A
-// (64 x 16) and B (16 x N, stored N rows of K) K-major; the accumulator fragment as wgmma.cuh
-// states it from the ISA ("Register Fragments", m64nNk16): register j of lane l holds row
-// 16 (w % 4) + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2. Products exact in
-// double, the sum rounded to float once.
-
-// The operands are read at the issue and again here, when the wait lets the instruction go: the
-// hardware reads them somewhere in between, so any change (a write that landed late, or came
-// before the wait) is a race, reported.
-void wg_compute(int w, const wg_op &op) {
-    std::vector<double> a, B;
-    wg_operands(w, op, a, B);
-    /* bit patterns, not values: a NaN operand is the same NaN at both reads */
-    if (memcmp(a.data(), op.a.data(), a.size() * sizeof(double)) != 0 ||
-        memcmp(B.data(), op.b.data(), B.size() * sizeof(double)) != 0)
-        fault("warp %d: a wgmma's operands (shared memory or A's registers) changed between its "
-              "issue and the wait that let it go",
-              w);
-    double A[16][16];
-    for (int r = 0; r < 16; r++)
-        for (int k = 0; k < 16; k++) A[r][k] = a[(size_t)r * 16 + k];
-    for (int l = 0; l < 32; l++)
-        for (int j = 0; j < op.n / 2; j++) {
-            const int r = l / 4 + 8 * ((j / 2) % 2), c = 8 * (j / 4) + 2 * (l % 4) + j % 2;
-            double s = op.acc ? (double)op.d[l][j] : 0.0;
-            for (int k = 0; k < 16; k++) s += A[r][k] * B[(size_t)c * 16 + k];
-            op.d[l][j] = (float)s;
-        }
-    M.stats.mma++;
-}
-
 // Warp w's 32 lanes have all reached a collective: check they agree on which, compute it, let
 // them run on.
 void warp_complete(int w) {
@@ -555,38 +384,13 @@ void warp_complete(int w) {
         warp_mma16(w);
         break;
     case OP_SYNCWARP:
+        break;
+    case OP_WG_MMA:
     case OP_WG_FENCE:
-        break;
-    case OP_WG_MMA: {
-        wg_op o;
-        o.da = lane[0].da, o.db = lane[0].db, o.n = lane[0].wg_n, o.acc = lane[0].wg_acc;
-        o.f16 = lane[0].f16;
-        for (int l = 0; l < 32; l++) {
-            if (lane[l].da != o.da || lane[l].db != o.db || lane[l].wg_n != o.n ||
-                lane[l].wg_acc != o.acc || lane[l].f16 != o.f16 ||
-                (lane[l].a == nullptr) != (lane[0].a == nullptr))
-                fault("warp %d: lanes 0 and %d issue wgmma with other operands", w, l);
-            o.d[l] = lane[l].d;
-            o.ar[l] = lane[l].a;
-        }
-        wg_operands(w, o, o.a, o.b);
-        M.wgmma[w].open.push_back(std::move(o));
-        break;
-    }
     case OP_WG_COMMIT:
-        M.wgmma[w].groups.push_back(std::move(M.wgmma[w].open));
-        M.wgmma[w].open.clear();
+    case OP_WG_WAIT:
+        wg_complete(w, op);
         break;
-    case OP_WG_WAIT: {
-        for (int l = 0; l < 32; l++)
-            if (lane[l].arg != lane[0].arg) fault("warp %d: lanes wait for other counts", w);
-        wg_queue &qu = M.wgmma[w];
-        while ((int)qu.groups.size() > lane[0].arg) {
-            for (const wg_op &o : qu.groups.front()) wg_compute(w, o);
-            qu.groups.pop_front();
-        }
-        break;
-    }
     }
     M.stats.warp_ops++;
     for (int l = 0; l < 32; l++) lane[l].state = RUNNABLE;
@@ -595,6 +399,10 @@ void warp_complete(int w) {
     else
         for (int l = 0; l < 32; l++) push(w * 32 + l);
 }
+
+} // namespace
+
+namespace impl {
 
 // The running lane reaches a collective (its arguments already stored) and waits for its warp.
 uint64_t warp_arrive(thread &th) {
@@ -608,6 +416,10 @@ uint64_t warp_arrive(thread &th) {
     return th.out;
 }
 
+} // namespace impl
+
+namespace {
+
 // No thread can run: the block is done, or every thread waits at the barrier, or it is stuck.
 bool unblock() {
     if (M.n_done == M.n) return false;
@@ -618,6 +430,7 @@ bool unblock() {
                   M.n_barrier, M.n_done);
         M.n_barrier = 0;
         M.stats.barriers++;
+        async_barrier();
         for (int t = 0; t < M.n; t++) M.threads[t].state = RUNNABLE;
         push_range(0, M.n);
         return true;
@@ -648,14 +461,7 @@ void run_block() {
     M.head = 0;
     for (int t = 0; t < M.n; t++) start_thread(t);
     push_range(0, M.n);
-    for (int w = 0; w < M.n / 32; w++) {
-        M.wgmma[w].open.clear();
-        M.wgmma[w].groups.clear();
-    }
-    for (int t = 0; t < M.n; t++) {
-        M.cp[t].open.clear();
-        M.cp[t].groups.clear();
-    }
+    async_block_begin();
     for (;;) {
         const int t = pop();
         if (t >= 0)
@@ -663,16 +469,7 @@ void run_block() {
         else if (!unblock())
             break;
     }
-    for (int w = 0; w < M.n / 32; w++)
-        if (!M.wgmma[w].open.empty() || !M.wgmma[w].groups.empty())
-            fault("warp %d ended with wgmma's in flight (%zu uncommitted, %zu groups not waited "
-                  "for)",
-                  w, M.wgmma[w].open.size(), M.wgmma[w].groups.size());
-    for (int t = 0; t < M.n; t++)
-        if (!M.cp[t].open.empty() || !M.cp[t].groups.empty())
-            fault("thread %d ended with cp.async copies in flight (%zu uncommitted, %zu groups not "
-                  "waited for)",
-                  t, M.cp[t].open.size(), M.cp[t].groups.size());
+    async_block_end();
     M.stats.blocks++;
 }
 
@@ -784,97 +581,6 @@ void loom_emu_mma_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b
 
 void loom_emu_mma_m16n8k16(bool f16, float d[4], const uint32_t a[4], const uint32_t b[2]) {
     loom_emu::mma_arrive(loom_emu::OP_MMA16, f16, d, a, b);
-}
-
-void loom_emu_cp_async16(void *dst, const void *src, int src_bytes) {
-    using namespace loom_emu;
-    current("cp.async");
-    unsigned char *d = (unsigned char *)dst;
-    if (M.dyn.empty() || d < M.dyn.data() || d + 16 > M.dyn.data() + M.dyn.size() ||
-        ((uintptr_t)d & 15) != 0 || ((uintptr_t)src & 15) != 0)
-        fault("cp.async to %p from %p: not 16 aligned bytes of dynamic shared memory and global "
-              "memory",
-              dst, src);
-    if (src_bytes < 0 || src_bytes > 16) fault("cp.async of %d source bytes", src_bytes);
-    memset(d, 0xff, 16);
-    M.cp[M.cur].open.push_back(cp_op{d, (const unsigned char *)src, src_bytes});
-}
-
-void loom_emu_cp_async_commit(void) {
-    using namespace loom_emu;
-    current("cp.async.commit_group");
-    cp_queue &q = M.cp[M.cur];
-    q.groups.push_back(std::move(q.open));
-    q.open.clear();
-}
-
-void loom_emu_cp_async_wait(int n) {
-    using namespace loom_emu;
-    current("cp.async.wait_group");
-    cp_queue &q = M.cp[M.cur];
-    while ((int)q.groups.size() > n) {
-        for (const cp_op &c : q.groups.front()) {
-            memcpy(c.dst, c.src, (size_t)c.src_bytes);
-            memset(c.dst + c.src_bytes, 0, (size_t)(16 - c.src_bytes));
-        }
-        q.groups.pop_front();
-    }
-}
-
-uint32_t loom_emu_smem_addr(const void *p) {
-    using namespace loom_emu;
-    current("__cvta_generic_to_shared");
-    const unsigned char *c = (const unsigned char *)p;
-    if (M.dyn.empty() || c < M.dyn.data() || c >= M.dyn.data() + M.dyn.size())
-        fault("a shared-memory address of %p, outside the dynamic shared memory (the only one "
-              "emulated for wgmma)",
-              p);
-    return (uint32_t)(c - M.dyn.data());
-}
-
-void loom_emu_fence_proxy_async(void) {
-    loom_emu::current("fence.proxy.async");
-}
-
-namespace loom_emu {
-namespace {
-void wg_collective(op_kind op, int arg) {
-    thread &th = current(op_names[op]);
-    th.op = op;
-    th.mask = 0xffffffffu;
-    th.arg = arg;
-    warp_arrive(th);
-}
-} // namespace
-} // namespace loom_emu
-
-void loom_emu_wgmma_fence(void) {
-    loom_emu::wg_collective(loom_emu::OP_WG_FENCE, 0);
-}
-
-void loom_emu_wgmma_commit(void) {
-    loom_emu::wg_collective(loom_emu::OP_WG_COMMIT, 0);
-}
-
-void loom_emu_wgmma_wait(int n) {
-    loom_emu::wg_collective(loom_emu::OP_WG_WAIT, n);
-}
-
-void loom_emu_wgmma(bool f16, int n, float *d, uint64_t da, const uint32_t *a, uint64_t db,
-                    bool accumulate) {
-    using namespace loom_emu;
-    thread &th = current("wgmma.mma_async");
-    if (n < 8 || n > 256 || n % 8 != 0) fault("wgmma with N = %d (8 .. 256, multiples of 8)", n);
-    th.op = OP_WG_MMA;
-    th.mask = 0xffffffffu;
-    th.d = d;
-    th.da = da;
-    th.db = db;
-    th.wg_n = n;
-    th.wg_acc = accumulate;
-    th.f16 = f16;
-    th.a = a;
-    warp_arrive(th);
 }
 
 // cvt.rna.tf32.f32: to 10 mantissa bits, to nearest with ties away from zero (adding half of the

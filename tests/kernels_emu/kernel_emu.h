@@ -105,19 +105,23 @@ uint32_t loom_emu_cvt_rna_tf32(float x);
 // mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 (f16: the F16 form).
 void loom_emu_mma_m16n8k16(bool f16, float d[4], const uint32_t a[4], const uint32_t b[2]);
 
-// Hopper's warpgroup MMA (kernels/wgmma.cuh), emulated warp by warp: warp w of a warpgroup
-// computes rows 16 (w % 4) .. + 15 of the m64 product, which is all the registers it holds.
-// wgmma.mma_async (BF16 or F16 operands, B in shared memory, A there or in registers, K-major
-// without swizzle, as the descriptors say; n columns; accumulate: scale-d) is recorded when the
-// warp issues it and computed when a wgmma.wait_group lets its committed group go, on the
-// accumulators as they are then; its operands are read at both points and any difference reported
-// (the hardware reads them somewhere in between: a store that lands late or comes before the wait
-// is a race). Groups still open or pending when the block ends are reported. Not checked: that the
-// four warps of a warpgroup issue the same instructions, and the fences' ordering (wgmma.fence
-// and fence.proxy.async are no-ops here, wgmma.fence a convergence point of the warp).
-// cp.async (kernels/cp_async.cuh), per thread: a 16-byte copy fills its destination with 0xff
-// at once and copies (src_bytes of it, 0..16; zeros after) when a cp.async.wait_group of the
-// issuing thread lets its group go; copies still in flight when the block ends are reported.
+// Hopper's warpgroup MMA (kernels/wgmma.cuh), emulated warp by warp (kernel_emu_async.cpp): warp
+// w of a warpgroup computes rows 16 (w % 4) .. + 15 of the m64 product, which is all the
+// registers it holds. wgmma.mma_async (BF16 or F16 operands, B in shared memory, A there or in
+// registers, K-major without swizzle, as the descriptors say; n columns; accumulate: scale-d) is
+// recorded when the warp issues it and computed when a wgmma.wait_group lets its committed group
+// go, on the accumulators as they are then; its operands are read at both points and any
+// difference reported (the hardware reads them somewhere in between: a store that lands late or
+// comes before the wait is a race). Reported too: groups still open or pending when the block
+// ends; a wgmma with no wgmma.fence before it since the warp's own writes to its accumulators or
+// A registers (found by value, against the registers as they stood at the fence), or before the
+// warp's first; writes to accumulators while a wgmma on them is in flight; operands in shared
+// memory written (stored, or by cp.async) with no fence.proxy.async and barrier after, which the
+// async proxy need not see (the emulator keeps that proxy's view apart); a warpgroup whose four
+// warps execute other wgmma instructions or operands. cp.async (kernels/cp_async.cuh), per thread:
+// a 16-byte copy fills its destination with 0xff at once and copies (src_bytes of it, 0..16;
+// zeros after) when a cp.async.wait_group of the issuing thread lets its group go; copies still in
+// flight when the block ends are reported.
 void loom_emu_cp_async16(void *dst, const void *src, int src_bytes);
 void loom_emu_cp_async_commit(void);
 void loom_emu_cp_async_wait(int n);

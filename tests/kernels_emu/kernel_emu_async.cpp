@@ -1,0 +1,446 @@
+// kernel_emu_async.cpp — Hopper's asynchronous instructions on the emulator's SIMT machine
+// (kernel_emu.cpp), with the rules the PTX ISA gives for them checked where a kernel could break
+// them:
+//   - wgmma.mma_async is recorded when a warp issues it and computed when a wgmma.wait_group lets
+//     its committed group go; its operands are read at both points, and any difference reported
+//     (the hardware reads them somewhere in between);
+//   - wgmma.fence: a warp's first wgmma needs one before it; so does any wgmma whose registers
+//     (accumulators, A fragments) the warp's own instructions wrote since its last one ("Async
+//     Warpgroup Level Matrix Multiply-Accumulate Instructions: wgmma.fence"). Such writes are
+//     found by value: the registers as they stood at the last fence (or as the last wgmma left
+//     them) against the issue's; so are writes to accumulators a wgmma in flight owns;
+//   - the proxies: wgmma reads shared memory through the async proxy; stores and cp.async write
+//     it through the generic proxy, and their data reaches the async proxy only across a
+//     fence.proxy.async ("Memory Consistency Model: Proxies"). The emulator keeps the async
+//     proxy's own view of the dynamic shared memory, brought up to date at a barrier that
+//     follows a fence.proxy.async; a wgmma whose operands differ between the two views read data
+//     no fence made visible;
+//   - a warpgroup's four warps execute the same wgmma instructions (".sync.aligned") in the same
+//     order, with the same descriptors, shape and scale-d;
+//   - cp.async fills its destination with 0xff at the issue and copies when a
+//     cp.async.wait_group of its thread lets it go, so a read before the wait shows.
+// The fences' models are coarser than the hardware in one direction only: a barrier after any
+// thread's fence.proxy.async publishes every store made before it (a store whose own thread did
+// not fence passes), while a cp.async publishes only behind a fence of the thread that issued it;
+// a register array a warp's wgmma's have not used before is taken as it stands at its first use.
+#include "kernel_emu_machine.h"
+
+#include <stdio.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace loom_emu {
+namespace {
+
+// Copies bytes of a lane's registers — stack memory, perhaps of a scope the kernel has left by
+// now (the fence's snapshot below reads every array a wgmma used): AddressSanitizer is kept from
+// reading it as a use after scope; the bytes are only compared.
+__attribute__((no_sanitize("address"))) void copy_lane_regs(void *dst, const void *src,
+                                                            size_t bytes) {
+    unsigned char *d = (unsigned char *)dst;
+    const unsigned char *s = (const unsigned char *)src;
+    for (size_t i = 0; i < bytes; i++) d[i] = s[i];
+}
+
+// Rows r0 .. r0 + rows - 1 (16 BF16 or F16 values of K each) of a K-major operand without swizzle
+// at descriptor desc into out[rows][16] (wgmma.cuh's layout, from the PTX ISA's "Shared Memory
+// Matrix Layout" and "Matrix Descriptor"): element (r, k) at start + (r / 8) SBO + (r % 8) 16 +
+// (k / 8) LBO + (k % 8) 2; start address bits 0-13, LBO 16-29, SBO 32-45 (each in 16-byte
+// units), base offset 49-51 and swizzle mode 62-63 both 0 here, the other bits unused (0).
+// smem: the generic proxy's view (M.dyn) or the async proxy's (M.dyn_async).
+void wg_rows(int w, const std::vector<unsigned char> &smem, uint64_t desc, bool f16, int r0,
+             int rows, double *out) {
+    const uint64_t used = 0x3fffull | 0x3fffull << 16 | 0x3fffull << 32;
+    if ((desc & ~used) != 0)
+        fault("warp %d: wgmma descriptor 0x%016llx sets bits past the address, LBO and SBO "
+              "(base offset, swizzle or unused ones: not emulated)",
+              w, (unsigned long long)desc);
+    const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)(desc >> 16 & 0x3fff) << 4;
+    const size_t sbo = (size_t)(desc >> 32 & 0x3fff) << 4;
+    for (int r = r0; r < r0 + rows; r++)
+        for (int kg = 0; kg < 2; kg++) {
+            const size_t at = start + (size_t)(r / 8) * sbo + (size_t)(r % 8) * 16 + kg * lbo;
+            if (at + 16 > smem.size())
+                fault("warp %d: wgmma operand row %d, values %d..%d at shared byte %zu, past the "
+                      "%zu bytes of dynamic shared memory",
+                      w, r, 8 * kg, 8 * kg + 7, at, smem.size());
+            uint16_t h[8];
+            memcpy(h, smem.data() + at, 16);
+            for (int e = 0; e < 8; e++)
+                out[(size_t)(r - r0) * 16 + 8 * kg + e] =
+                    f16 ? (double)__half2float(__ushort_as_half(h[e]))
+                        : (double)__bfloat162float(__ushort_as_bfloat16(h[e]));
+        }
+}
+
+// The operands of warp w's wgmma: its 16 rows of A (16 x 16) and B (n rows of 16). A from
+// registers: lane l = 4 g + i holds in a[r] the pair of row g + 8 (r % 2), columns 2i + 8 (r / 2)
+// and + 1, the lower in the low half (the ISA's "Register Fragments" for m64nNk16's A: warp w
+// % 4's rows, as mma.sync m16n8k16's A fragment).
+void wg_operands(int w, const wg_op &op, const std::vector<unsigned char> &smem,
+                 std::vector<double> &a, std::vector<double> &b) {
+    const int q = w % 4;
+    a.resize(16 * 16);
+    b.resize((size_t)op.n * 16);
+    if (op.ar[0] == nullptr) {
+        wg_rows(w, smem, op.da, op.f16, 16 * q, 16, a.data());
+    } else {
+        for (int l = 0; l < 32; l++)
+            for (int r = 0; r < 4; r++)
+                for (int e = 0; e < 2; e++) {
+                    const uint16_t h = (uint16_t)(op.ar[l][r] >> (16 * e));
+                    a[(size_t)(l / 4 + 8 * (r % 2)) * 16 + 2 * (l % 4) + 8 * (r / 2) + e] =
+                        op.f16 ? (double)__half2float(__ushort_as_half(h))
+                               : (double)__bfloat162float(__ushort_as_bfloat16(h));
+                }
+    }
+    wg_rows(w, smem, op.db, op.f16, 0, op.n, b.data());
+}
+
+// Records the registers at p (words 32-bit words of lane l of warp w) as ordered: the warp's
+// later wgmma's may use them as they are now.
+void wg_order(int w, const void *p, int words) {
+    std::vector<uint32_t> &e = M.wgmma[w].ordered[p];
+    e.resize((size_t)words);
+    copy_lane_regs(e.data(), p, (size_t)words * 4);
+}
+
+// A wgmma of warp w is about to use lane l's registers at p (words of them; what: which): they
+// must be as they stood at the warp's last wgmma.fence (or as a wgmma left them since). An array
+// not used before is taken as it stands.
+void wg_check_ordered(int w, int l, const void *p, int words, const char *what) {
+    auto it = M.wgmma[w].ordered.find(p);
+    if (it == M.wgmma[w].ordered.end() || it->second.size() < (size_t)words) {
+        wg_order(w, p, words);
+        return;
+    }
+    if (memcmp(it->second.data(), p, (size_t)words * 4) != 0)
+        fault("warp %d, lane %d: the %s of a wgmma.mma_async were written since the warp's last "
+              "wgmma.fence (the PTX ISA requires one between a register write and a wgmma that "
+              "uses the register)",
+              w, l, what);
+}
+
+// The wgmma in flight (issued, not computed) of warp w whose lane l accumulates into d, if any:
+// the last issued.
+const wg_op *wg_in_flight_on(int w, int l, const float *d) {
+    const wg_queue &qu = M.wgmma[w];
+    for (auto it = qu.open.rbegin(); it != qu.open.rend(); ++it)
+        if (it->d[l] == d) return &*it;
+    for (auto g = qu.groups.rbegin(); g != qu.groups.rend(); ++g)
+        for (auto it = g->rbegin(); it != g->rend(); ++it)
+            if (it->d[l] == d) return &*it;
+    return nullptr;
+}
+
+// wgmma.mma_async.m64nNk16.f32.{bf16,f16} of warp w (its 16 rows): D = A B + (acc ? D : 0), A
+// (64 x 16) and B (16 x N, stored N rows of K) K-major; the accumulator fragment as wgmma.cuh
+// states it from the ISA ("Register Fragments", m64nNk16): register j of lane l holds row
+// 16 (w % 4) + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2. Products exact in
+// double, the sum rounded to float once.
+//
+// The operands are read at the issue and again here, when the wait lets the instruction go: the
+// hardware reads them somewhere in between, so any change (a write that landed late, or came
+// before the wait) is a race, reported; so is a change to accumulators the instruction owns.
+void wg_compute(int w, const wg_op &op) {
+    std::vector<double> a, B;
+    wg_operands(w, op, M.dyn, a, B);
+    /* bit patterns, not values: a NaN operand is the same NaN at both reads */
+    if (memcmp(a.data(), op.a.data(), a.size() * sizeof(double)) != 0 ||
+        memcmp(B.data(), op.b.data(), B.size() * sizeof(double)) != 0)
+        fault("warp %d: a wgmma's operands (shared memory or A's registers) changed between its "
+              "issue and the wait that let it go",
+              w);
+    const int words = op.n / 2;
+    if (!op.chained)
+        for (int l = 0; l < 32; l++)
+            if (memcmp(op.d[l], op.d_at_issue.data() + (size_t)l * words, (size_t)words * 4) != 0)
+                fault("warp %d, lane %d: the accumulators of a wgmma.mma_async in flight were "
+                      "written before the wait that let it go",
+                      w, l);
+    double A[16][16];
+    for (int r = 0; r < 16; r++)
+        for (int k = 0; k < 16; k++) A[r][k] = a[(size_t)r * 16 + k];
+    for (int l = 0; l < 32; l++) {
+        for (int j = 0; j < words; j++) {
+            const int r = l / 4 + 8 * ((j / 2) % 2), c = 8 * (j / 4) + 2 * (l % 4) + j % 2;
+            double s = op.acc ? (double)op.d[l][j] : 0.0;
+            for (int k = 0; k < 16; k++) s += A[r][k] * B[(size_t)c * 16 + k];
+            op.d[l][j] = (float)s;
+        }
+        wg_order(w, op.d[l], words); /* the wait orders the instruction's own writes */
+    }
+    M.stats.mma++;
+}
+
+// Warp w issues the wgmma its lanes agreed on.
+void wg_issue(int w) {
+    const thread *lane = &M.threads[w * 32];
+    wg_queue &qu = M.wgmma[w];
+    if (!qu.fenced)
+        fault("warp %d: wgmma.mma_async before any wgmma.fence (the PTX ISA requires one before "
+              "a warpgroup's first wgmma)",
+              w);
+    wg_op o;
+    o.da = lane[0].da, o.db = lane[0].db, o.n = lane[0].wg_n, o.acc = lane[0].wg_acc;
+    o.f16 = lane[0].f16;
+    for (int l = 0; l < 32; l++) {
+        if (lane[l].da != o.da || lane[l].db != o.db || lane[l].wg_n != o.n ||
+            lane[l].wg_acc != o.acc || lane[l].f16 != o.f16 ||
+            (lane[l].a == nullptr) != (lane[0].a == nullptr))
+            fault("warp %d: lanes 0 and %d issue wgmma with other operands", w, l);
+        o.d[l] = lane[l].d;
+        o.ar[l] = lane[l].a;
+    }
+    /* accumulators a wgmma in flight writes: a chain of the same shape, ordered by the hardware;
+       else they are the warp's registers, and must be as ordered */
+    const wg_op *prev = wg_in_flight_on(w, 0, o.d[0]);
+    o.chained = prev != nullptr;
+    if (prev != nullptr && prev->n != o.n)
+        fault("warp %d: a wgmma of N = %d on the accumulators of one of N = %d in flight (only "
+              "the same shape chains without a wait)",
+              w, o.n, prev->n);
+    const int words = o.n / 2;
+    for (int l = 0; l < 32; l++) {
+        if ((wg_in_flight_on(w, l, o.d[l]) != nullptr) != o.chained)
+            fault("warp %d: lanes 0 and %d chain a wgmma differently", w, l);
+        if (!o.chained) wg_check_ordered(w, l, o.d[l], words, "accumulators");
+        if (o.ar[l] != nullptr) wg_check_ordered(w, l, o.ar[l], 4, "A registers");
+    }
+    if (!o.chained) {
+        o.d_at_issue.resize((size_t)32 * words);
+        for (int l = 0; l < 32; l++)
+            memcpy(o.d_at_issue.data() + (size_t)l * words, o.d[l], (size_t)words * 4);
+    }
+    wg_operands(w, o, M.dyn, o.a, o.b);
+    /* what the async proxy reads of shared memory must be what the generic proxy wrote */
+    std::vector<double> a_async, b_async;
+    wg_operands(w, o, M.dyn_async, a_async, b_async);
+    if (memcmp(a_async.data(), o.a.data(), o.a.size() * sizeof(double)) != 0 ||
+        memcmp(b_async.data(), o.b.data(), o.b.size() * sizeof(double)) != 0)
+        fault("warp %d: a wgmma.mma_async reads shared memory written (stored, or by cp.async) "
+              "with no fence.proxy.async of the writing thread and barrier between: the async "
+              "proxy need not see the data",
+              w);
+    qu.open.push_back(std::move(o));
+}
+
+// The four warps of a warpgroup execute the same warpgroup instructions: warp w's next is s.
+void wg_agree(int w, const wg_sig &s) {
+    if (M.n % 128 != 0)
+        fault("warp %d: %s in a block of %d threads (warpgroups are 128 threads)", w,
+              op_names[s.op], M.n);
+    wg_agreement &g = M.wg_groups[w / 4];
+    const size_t at = M.wgmma[w].executed++;
+    if (at == g.base + g.sigs.size()) {
+        g.sigs.push_back(s);
+    } else {
+        const wg_sig &t = g.sigs[at - g.base];
+        if (t.op != s.op || t.arg != s.arg || t.n != s.n || t.f16 != s.f16 || t.acc != s.acc ||
+            t.a_regs != s.a_regs || t.da != s.da || t.db != s.db)
+            fault("warp %d: its warpgroup instruction %zu (%s) is not what another warp of its "
+                  "warpgroup executed there (%s, or its operands differ): the wgmma "
+                  "instructions are .sync.aligned across the warpgroup",
+                  w, at, op_names[s.op], op_names[t.op]);
+    }
+    size_t low = M.wgmma[4 * (w / 4)].executed;
+    for (int v = 4 * (w / 4) + 1; v < 4 * (w / 4) + 4; v++)
+        low = std::min(low, M.wgmma[v].executed);
+    while (g.base < low) { /* every warp is past it */
+        g.sigs.pop_front();
+        g.base++;
+    }
+}
+
+void wg_collective(op_kind op, int arg) {
+    thread &th = current(op_names[op]);
+    th.op = op;
+    th.mask = 0xffffffffu;
+    th.arg = arg;
+    warp_arrive(th);
+}
+
+} // namespace
+
+namespace impl {
+
+void wg_complete(int w, op_kind op) {
+    thread *lane = &M.threads[w * 32];
+    wg_sig s = {op, 0, 0, false, false, false, 0, 0};
+    if (op == OP_WG_WAIT) s.arg = lane[0].arg;
+    if (op == OP_WG_MMA) {
+        s.n = lane[0].wg_n, s.f16 = lane[0].f16, s.acc = lane[0].wg_acc;
+        s.a_regs = lane[0].a != nullptr, s.da = lane[0].da, s.db = lane[0].db;
+    }
+    wg_agree(w, s);
+    wg_queue &qu = M.wgmma[w];
+    switch (op) {
+    case OP_WG_FENCE: /* the registers as they are now are ordered before what follows */
+        qu.fenced = true;
+        for (auto &e : qu.ordered) copy_lane_regs(e.second.data(), e.first, e.second.size() * 4);
+        break;
+    case OP_WG_MMA:
+        wg_issue(w);
+        break;
+    case OP_WG_COMMIT:
+        qu.groups.push_back(std::move(qu.open));
+        qu.open.clear();
+        break;
+    case OP_WG_WAIT:
+        for (int l = 0; l < 32; l++)
+            if (lane[l].arg != lane[0].arg) fault("warp %d: lanes wait for other counts", w);
+        while ((int)qu.groups.size() > lane[0].arg) {
+            for (const wg_op &o : qu.groups.front()) wg_compute(w, o);
+            qu.groups.pop_front();
+        }
+        break;
+    default:
+        fault("warp %d: %s is no wgmma instruction", w, op_names[op]);
+    }
+}
+
+void async_block_begin() {
+    for (int w = 0; w < M.n / 32; w++) {
+        wg_queue &qu = M.wgmma[w];
+        qu.open.clear();
+        qu.groups.clear();
+        qu.fenced = false;
+        qu.ordered.clear();
+        qu.executed = 0;
+    }
+    for (int g = 0; g < M.n / 128; g++) {
+        M.wg_groups[g].sigs.clear();
+        M.wg_groups[g].base = 0;
+    }
+    for (int t = 0; t < M.n; t++) {
+        M.cp[t].open.clear();
+        M.cp[t].groups.clear();
+        M.cp[t].unfenced.clear();
+    }
+    M.dyn_async = M.dyn;
+    M.proxy_fenced = false;
+}
+
+// A barrier after a fence.proxy.async: the async proxy sees shared memory as it is now, except
+// what cp.async's wrote whose threads have not fenced since (those bytes keep the view's).
+void async_barrier() {
+    if (!M.proxy_fenced) return;
+    M.proxy_fenced = false;
+    std::vector<std::pair<size_t, std::vector<unsigned char>>> keep;
+    for (int t = 0; t < M.n; t++)
+        for (unsigned char *d : M.cp[t].unfenced) {
+            const size_t at = (size_t)(d - M.dyn.data());
+            keep.emplace_back(at, std::vector<unsigned char>(M.dyn_async.begin() + (long)at,
+                                                             M.dyn_async.begin() + (long)at + 16));
+        }
+    M.dyn_async = M.dyn;
+    for (const auto &k : keep) memcpy(M.dyn_async.data() + k.first, k.second.data(), 16);
+}
+
+void async_block_end() {
+    for (int w = 0; w < M.n / 32; w++)
+        if (!M.wgmma[w].open.empty() || !M.wgmma[w].groups.empty())
+            fault("warp %d ended with wgmma's in flight (%zu uncommitted, %zu groups not waited "
+                  "for)",
+                  w, M.wgmma[w].open.size(), M.wgmma[w].groups.size());
+    for (int w = 0; w + 4 <= M.n / 32; w += 4)
+        for (int v = w + 1; v < w + 4; v++)
+            if (M.wgmma[v].executed != M.wgmma[w].executed)
+                fault("warps %d and %d of one warpgroup ended after %zu and %zu warpgroup "
+                      "instructions",
+                      w, v, M.wgmma[w].executed, M.wgmma[v].executed);
+    for (int t = 0; t < M.n; t++)
+        if (!M.cp[t].open.empty() || !M.cp[t].groups.empty())
+            fault("thread %d ended with cp.async copies in flight (%zu uncommitted, %zu groups not "
+                  "waited for)",
+                  t, M.cp[t].open.size(), M.cp[t].groups.size());
+}
+
+} // namespace impl
+} // namespace loom_emu
+
+// ---- the instructions, as kernels/cp_async.cuh and kernels/wgmma.cuh call them ------------------
+
+void loom_emu_cp_async16(void *dst, const void *src, int src_bytes) {
+    using namespace loom_emu;
+    current("cp.async");
+    unsigned char *d = (unsigned char *)dst;
+    if (M.dyn.empty() || d < M.dyn.data() || d + 16 > M.dyn.data() + M.dyn.size() ||
+        ((uintptr_t)d & 15) != 0 || ((uintptr_t)src & 15) != 0)
+        fault("cp.async to %p from %p: not 16 aligned bytes of dynamic shared memory and global "
+              "memory",
+              dst, src);
+    if (src_bytes < 0 || src_bytes > 16) fault("cp.async of %d source bytes", src_bytes);
+    memset(d, 0xff, 16);
+    M.cp[M.cur].open.push_back(cp_op{d, (const unsigned char *)src, src_bytes});
+}
+
+void loom_emu_cp_async_commit(void) {
+    using namespace loom_emu;
+    current("cp.async.commit_group");
+    cp_queue &q = M.cp[M.cur];
+    q.groups.push_back(std::move(q.open));
+    q.open.clear();
+}
+
+void loom_emu_cp_async_wait(int n) {
+    using namespace loom_emu;
+    current("cp.async.wait_group");
+    cp_queue &q = M.cp[M.cur];
+    while ((int)q.groups.size() > n) {
+        for (const cp_op &c : q.groups.front()) {
+            memcpy(c.dst, c.src, (size_t)c.src_bytes);
+            memset(c.dst + c.src_bytes, 0, (size_t)(16 - c.src_bytes));
+            q.unfenced.push_back(c.dst);
+        }
+        q.groups.pop_front();
+    }
+}
+
+uint32_t loom_emu_smem_addr(const void *p) {
+    using namespace loom_emu;
+    current("__cvta_generic_to_shared");
+    const unsigned char *c = (const unsigned char *)p;
+    if (M.dyn.empty() || c < M.dyn.data() || c >= M.dyn.data() + M.dyn.size())
+        fault("a shared-memory address of %p, outside the dynamic shared memory (the only one "
+              "emulated for wgmma)",
+              p);
+    return (uint32_t)(c - M.dyn.data());
+}
+
+void loom_emu_fence_proxy_async(void) {
+    using namespace loom_emu;
+    current("fence.proxy.async");
+    M.cp[M.cur].unfenced.clear();
+    M.proxy_fenced = true;
+}
+
+void loom_emu_wgmma_fence(void) {
+    loom_emu::wg_collective(loom_emu::OP_WG_FENCE, 0);
+}
+
+void loom_emu_wgmma_commit(void) {
+    loom_emu::wg_collective(loom_emu::OP_WG_COMMIT, 0);
+}
+
+void loom_emu_wgmma_wait(int n) {
+    loom_emu::wg_collective(loom_emu::OP_WG_WAIT, n);
+}
+
+void loom_emu_wgmma(bool f16, int n, float *d, uint64_t da, const uint32_t *a, uint64_t db,
+                    bool accumulate) {
+    using namespace loom_emu;
+    thread &th = current("wgmma.mma_async");
+    if (n < 8 || n > 256 || n % 8 != 0) fault("wgmma with N = %d (8 .. 256, multiples of 8)", n);
+    th.op = OP_WG_MMA;
+    th.mask = 0xffffffffu;
+    th.d = d;
+    th.da = da;
+    th.db = db;
+    th.wg_n = n;
+    th.wg_acc = accumulate;
+    th.f16 = f16;
+    th.a = a;
+    warp_arrive(th);
+}

@@ -1,0 +1,164 @@
+// kernel_emu_machine.h — the emulator's own state, shared by its two halves and by nothing else:
+// kernel_emu.cpp (the block's coroutine threads, the scheduler, barriers, warp collectives, the
+// launch) and kernel_emu_async.cpp (Hopper's asynchronous instructions: wgmma with its fences and
+// groups, cp.async, and the proxies between them and ordinary stores). Kernels and tests include
+// kernel_emu.h only.
+#pragma once
+
+#include "kernel_emu.h"
+
+#include <ucontext.h>
+
+#include <deque>
+#include <unordered_map>
+#include <vector>
+
+namespace loom_emu {
+namespace impl {
+
+enum thread_state : uint8_t { RUNNABLE, AT_BARRIER, AT_WARP_OP, DONE };
+enum op_kind : uint8_t {
+    OP_SHFL,
+    OP_BALLOT,
+    OP_MMA,
+    OP_SYNCWARP,
+    OP_MMA16,
+    OP_WG_MMA,
+    OP_WG_FENCE,
+    OP_WG_COMMIT,
+    OP_WG_WAIT
+};
+extern const char *const op_names[];
+
+// Stacks: kernels keep their arrays in registers on the device, here on the stack (the prefill
+// kernel's accumulator is 512 bytes); AddressSanitizer's redzones need room too.
+constexpr size_t STACK_BYTES = 256 * 1024;
+constexpr int MAX_THREADS = 1024;
+
+struct thread {
+    void *sp;             // saved stack pointer while suspended (kemu_switch)
+    ucontext_t ctx;       // or context (ucontext)
+    unsigned char *stack; // lowest usable byte; a guard page lies below
+    const void *exit_sp;  // where the stack stood when the thread ended (ASan: see start_thread)
+    thread_state state;
+    // the warp collective this lane waits at: its arguments and result
+    op_kind op;
+    shfl_mode mode;
+    int size, arg, width;
+    unsigned mask;
+    uint64_t in, out;
+    float *d;
+    const uint32_t *a, *b;
+    bool f16; // OP_MMA16: F16 operands (else BF16)
+    // OP_WG_MMA: the descriptors, the columns, scale-d; OP_WG_WAIT: the groups left pending (arg)
+    uint64_t da, db;
+    int wg_n;
+    bool wg_acc;
+};
+
+// A wgmma.mma_async a warp has issued and the emulator has not computed yet.
+struct wg_op {
+    float *d[32];           // each lane's accumulators
+    const uint32_t *ar[32]; // each lane's A registers (A from registers), else null
+    uint64_t da, db;
+    int n;
+    bool acc, f16;
+    std::vector<double> a, b; // the warp's A rows and all of B as they were at the issue
+    // whether an earlier wgmma in flight at the issue writes the same accumulators (a chain:
+    // ordered by the hardware); if not, the accumulators' bits at the issue, 32 lanes by n / 2
+    bool chained;
+    std::vector<uint32_t> d_at_issue;
+};
+
+// A cp.async a thread has issued and the emulator has not performed yet.
+struct cp_op {
+    unsigned char *dst;
+    const unsigned char *src;
+    int src_bytes;
+};
+
+// A thread's cp.async's in flight: those since its last commit, then the committed groups; and
+// the destinations of those that have landed since the thread's last fence.proxy.async.
+struct cp_queue {
+    std::vector<cp_op> open;
+    std::deque<std::vector<cp_op>> groups;
+    std::vector<unsigned char *> unfenced;
+};
+
+// A warp's wgmma state: the instructions issued since its last commit, and the committed groups,
+// oldest first; whether it has executed a wgmma.fence; the registers its wgmma's use (each lane's
+// accumulators and A fragments, by address) as they stood at its last wgmma.fence or were last
+// written by a wgmma; how many warpgroup instructions it has executed.
+struct wg_queue {
+    std::vector<wg_op> open;
+    std::deque<std::vector<wg_op>> groups;
+    bool fenced;
+    std::unordered_map<const void *, std::vector<uint32_t>> ordered;
+    size_t executed;
+};
+
+// One warpgroup instruction as a warp executed it (kernel_emu_async.cpp compares the four warps').
+struct wg_sig {
+    op_kind op;
+    int arg, n; // OP_WG_WAIT: groups left pending; OP_WG_MMA: N
+    bool f16, acc, a_regs;
+    uint64_t da, db;
+};
+
+// The instructions a warpgroup's warps have executed, from the oldest some warp has not reached.
+struct wg_agreement {
+    std::deque<wg_sig> sigs;
+    size_t base;
+};
+
+struct machine {
+    thread threads[MAX_THREADS];
+    int n = 0; // threads in the block
+    dim3 grid, block;
+    uint3 block_idx;
+    int cur = -1; // the running thread; -1: the scheduler
+    const std::function<void()> *kernel = nullptr;
+    std::vector<unsigned char> dyn;
+    // what the async proxy (wgmma's operand reads) sees of dyn (kernel_emu_async.cpp), and
+    // whether a fence.proxy.async has run since it was last brought up to date
+    std::vector<unsigned char> dyn_async;
+    bool proxy_fenced = false;
+    int n_barrier = 0, n_done = 0;
+    int warp_arrived[MAX_THREADS / 32];
+    wg_queue wgmma[MAX_THREADS / 32];
+    wg_agreement wg_groups[MAX_THREADS / 128];
+    cp_queue cp[MAX_THREADS];
+    // runnable threads, each at most once; taken as the schedule says
+    std::vector<int> queue;
+    size_t head = 0;
+    schedule order = schedule::breadth;
+    uint64_t rng = 1;
+    bool asm_switch = false; // kemu_switch, not ucontext
+    void *sched_sp;
+    ucontext_t sched_ctx;
+    const void *sched_stack_bottom = nullptr; // ASan: the scheduler's stack
+    size_t sched_stack_size = 0;
+    counters stats = {};
+};
+
+extern machine M;
+
+// Reports a broken rule (the block and thread where it happened) and ends the program.
+[[noreturn]] __attribute__((format(printf, 1, 2))) void fault(const char *fmt, ...);
+// The running thread; what: the operation, named in the fault if none runs.
+thread &current(const char *what);
+// The running lane reaches a collective (its arguments already stored in th) and waits for its
+// warp; returns its result.
+uint64_t warp_arrive(thread &th);
+
+// kernel_emu_async.cpp's part of a block's life: before its first thread runs, when all its
+// threads pass a barrier, when they have all returned (reports what is still in flight).
+void async_block_begin();
+void async_barrier();
+void async_block_end();
+// Warp w's 32 lanes are all at the wgmma instruction op (OP_WG_*).
+void wg_complete(int w, op_kind op);
+
+} // namespace impl
+using namespace impl;
+} // namespace loom_emu

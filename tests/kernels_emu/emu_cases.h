@@ -77,6 +77,11 @@ int run_all(bool verbose);
 namespace emu_blaslt_gemm {
 int run_all(bool verbose);
 }
+// kernel_emu_async.cpp's rules: a correct warpgroup kernel passes, each break of a rule is
+// reported (in child processes).
+namespace emu_async_rules {
+int run_all(bool verbose);
+}
 // attention.cu's split-KV and merge kernels; the planted build's run_planted() gives the
 // problem its long rows show (empty: the planted off-by-one went unnoticed).
 namespace emu_attention {

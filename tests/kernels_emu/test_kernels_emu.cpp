@@ -9,7 +9,8 @@
 // attention.cu's planted off-by-one caught too. The emulator's schedules vary from case to case, so
 // a missing barrier shows as a wrong result. `test_kernels_emu [PART ...] [-v]` runs the parts
 // named (all by default): prefill, summary, gemm, gemv, get_rows, elementwise, rope, kv_store,
-// attention, kv_merge, blaslt_gemm.
+// attention, kv_merge, blaslt_gemm, async_rules (the emulator's own checks of wgmma and cp.async
+// rules, each shown to catch its break).
 #include <stdio.h>
 #include <string.h>
 
@@ -311,6 +312,7 @@ const part parts[] = {
     {"attention", "attention", attention_tests},
     {"kv_merge", "kv_merge", emu_kv_merge::run_all},
     {"blaslt_gemm", "blaslt_gemm", emu_blaslt_gemm::run_all},
+    {"async_rules", "the emulator's wgmma and cp.async rules", emu_async_rules::run_all},
 };
 const int n_parts = (int)(sizeof parts / sizeof parts[0]);
 

@@ -1,0 +1,217 @@
+// emu_async_rules.cpp — the emulator's own rules for Hopper's asynchronous instructions
+// (kernel_emu_async.cpp), each shown to hold: one warpgroup computes D = A Bᵀ (A 64 x 16, B 32 x
+// 16, BF16) with kernels/wgmma.cuh and kernels/cp_async.cuh, then D = 2 D + A Bᵀ + A Bᵀ (A from
+// registers this time), correct as written: its result must be the float64 product's.
+// Then the same kernel with one rule broken, each in a child process (the emulator reports a
+// broken rule and exits): the report must come, naming the rule. What the wgmma kernels of
+// gemm_wgmma.cuh and attention_prefill.cu rely on the emulator to catch — a missing wgmma.fence
+// or fence.proxy.async, a write to registers or shared memory a wgmma owns, warps of a
+// warpgroup disagreeing, a wait left out — is thereby checked to be caught.
+#include "cp_async.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+#include <math.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "emu_cases.h"
+
+namespace {
+
+enum flaw {
+    NONE,                // correct: B stored by threads
+    NONE_CP,             // correct: B by cp.async, waited for before the proxy fence
+    NO_PROXY_FENCE,      // stores, then a barrier, no fence.proxy.async
+    CP_WAIT_AFTER_FENCE, // cp.async waited for after the proxy fence (the copy is not behind it)
+    NO_WG_FENCE,         // no wgmma.fence before the first wgmma
+    ACC_AFTER_FENCE,     // an accumulator used before written between the wgmma.fence and the wgmma
+    A_AFTER_FENCE,       // an A register used before written between the wgmma.fence and the wgmma
+    ACC_IN_FLIGHT,       // an accumulator written between the wgmma and its wait
+    SMEM_IN_FLIGHT,      // B's shared memory written between the wgmma and its wait
+    WARPS_DISAGREE,      // warp 1 issues its wgmma with another scale-d
+    UNEVEN_WARPS,        // warp 2 executes one wgmma.fence more than the others, at the end
+    NO_WAIT,             // the block ends with a group not waited for
+};
+
+struct rule_case {
+    flaw f;
+    const char *name;
+    const char *report; // a piece of the emulator's report; nullptr: must pass
+};
+
+const rule_case cases[] = {
+    {NONE, "correct (stores)", nullptr},
+    {NONE_CP, "correct (cp.async)", nullptr},
+    {NO_PROXY_FENCE, "no fence.proxy.async", "no fence.proxy.async of the writing thread"},
+    {CP_WAIT_AFTER_FENCE, "cp.async waited for after the fence",
+     "no fence.proxy.async of the writing thread"},
+    {NO_WG_FENCE, "no wgmma.fence", "before any wgmma.fence"},
+    {ACC_AFTER_FENCE, "accumulator written after the fence",
+     "the accumulators of a wgmma.mma_async were written since"},
+    {A_AFTER_FENCE, "A register written after the fence",
+     "the A registers of a wgmma.mma_async were written since"},
+    {ACC_IN_FLIGHT, "accumulator written in flight", "in flight were written"},
+    {SMEM_IN_FLIGHT, "operand stored in flight", "changed between its issue and the wait"},
+    {WARPS_DISAGREE, "warps issue other scale-d", "is not what another warp of its warpgroup"},
+    {UNEVEN_WARPS, "a warp executes one fence more", "warpgroup instructions"},
+    {NO_WAIT, "no wait", "ended with wgmma's in flight"},
+};
+
+constexpr int SBO = 256, LBO = 128; // 8 rows by two core matrices across K16
+
+// Byte offset of (row r, 8-value group kg) in a K-major tile of 16 values a row.
+int tile_at(int r, int kg) {
+    return (r / 8) * SBO + kg * LBO + (r % 8) * 16;
+}
+
+// The kernel: 128 threads, 3 KB of dynamic shared memory (A's tile, then B's). out: D (64 x 32)
+// after both products, row-major.
+void rules_kernel(flaw f, const uint16_t *a_g, const uint16_t *b_g, float *out) {
+    LOOM_K_DYN_SMEM(sm);
+    uint8_t *as = sm, *bs = sm + 64 * 16 * 2;
+    const int t = (int)threadIdx.x, lane = t % 32, warp = t / 32;
+    const bool by_cp = f == NONE_CP || f == CP_WAIT_AFTER_FENCE;
+    /* A: a thread per row half; B: threads 0..63 */
+    *(uint4 *)(as + tile_at(t / 2, t % 2)) = *(const uint4 *)(a_g + (t / 2) * 16 + 8 * (t % 2));
+    if (t < 64) {
+        uint8_t *dst = bs + tile_at(t / 2, t % 2);
+        const uint16_t *src = b_g + (t / 2) * 16 + 8 * (t % 2);
+        if (by_cp)
+            loom_cp_async16(dst, src, 16);
+        else
+            *(uint4 *)dst = *(const uint4 *)src;
+    }
+    if (by_cp) {
+        loom_cp_async_commit();
+        if (f != CP_WAIT_AFTER_FENCE) loom_cp_async_wait<0>();
+    }
+    if (f != NO_PROXY_FENCE) loom_wg_fence_proxy_async();
+    if (f == CP_WAIT_AFTER_FENCE) loom_cp_async_wait<0>();
+    __syncthreads();
+
+    float d[16];
+    for (int j = 0; j < 16; j++) d[j] = 0.0f;
+    if (f != NO_WG_FENCE) loom_wg_fence();
+    const int scale_d = f == WARPS_DISAGREE && warp == 1 ? 1 : 0;
+    loom_wg_ss<LOOM_MMA16_BF16, 32>(d, loom_wg_desc(as, LBO, SBO), loom_wg_desc(bs, LBO, SBO),
+                                    scale_d);
+    loom_wg_commit();
+    if (f == ACC_IN_FLIGHT) d[0] = 2.0f;
+    if (f == SMEM_IN_FLIGHT && t == 0) bs[0] ^= 0x40;
+    if (f == NO_WAIT) return;
+    loom_wg_wait<0>();
+
+    /* D = 2 D + A Bᵀ + A Bᵀ, A from registers (warp w's rows 16 w .., mma.sync's A fragment),
+     * twice: the rules on registers apply to those a warp's wgmma's have used before */
+    for (int j = 0; j < 16; j++) d[j] *= 2.0f;
+    for (int it = 0; it < 2; it++) {
+        uint32_t a[4];
+        for (int r = 0; r < 4; r++) {
+            const int row = 16 * warp + lane / 4 + 8 * (r % 2), col = 2 * (lane % 4) + 8 * (r / 2);
+            a[r] = (uint32_t)a_g[row * 16 + col] | (uint32_t)a_g[row * 16 + col + 1] << 16;
+        }
+        loom_wg_fence();
+        if (f == ACC_AFTER_FENCE) d[3] += 1.0f;
+        if (f == A_AFTER_FENCE && it == 1) a[1] ^= 0x00010000u;
+        loom_wg_rs<LOOM_MMA16_BF16, 32>(d, a, loom_wg_desc(bs, LBO, SBO), 1);
+        loom_wg_commit();
+        loom_wg_wait<0>();
+    }
+    if (f == UNEVEN_WARPS && warp == 2) loom_wg_fence();
+    for (int j = 0; j < 16; j++) {
+        const int row = 16 * warp + lane / 4 + 8 * ((j / 2) % 2);
+        const int col = 8 * (j / 4) + 2 * (lane % 4) + j % 2;
+        out[row * 32 + col] = d[j];
+    }
+}
+
+float bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+// Runs case c in a child process; returns what went wrong ("" if nothing).
+std::string run_case(const rule_case &c, const std::vector<uint16_t> &a,
+                     const std::vector<uint16_t> &b) {
+    int fds[2];
+    if (pipe(fds) != 0) return "pipe failed";
+    fflush(stdout);
+    fflush(stderr);
+    const pid_t pid = fork();
+    if (pid < 0) return "fork failed";
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        std::vector<float> out(64 * 32, NAN);
+        loom_emu::launch(dim3(1), dim3(128), 3072,
+                         [&] { rules_kernel(c.f, a.data(), b.data(), out.data()); });
+        /* D = 4 A Bᵀ: each product exact in double, each step rounded to float */
+        double worst = 0;
+        for (int r = 0; r < 64; r++)
+            for (int n = 0; n < 32; n++) {
+                double s = 0;
+                for (int k = 0; k < 16; k++)
+                    s += (double)bf16_value(a[r * 16 + k]) * bf16_value(b[n * 16 + k]);
+                const double e = fabs(out[r * 32 + n] - 4 * s) / (fabs(4 * s) + 1e-30);
+                if (!(e <= worst)) worst = e;
+            }
+        if (!(worst < 1e-6)) {
+            fprintf(stderr, "result off by %.3g of the product\n", worst);
+            _exit(3);
+        }
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string report;
+    char buf[512];
+    ssize_t got;
+    while ((got = read(fds[0], buf, sizeof buf)) > 0) report.append(buf, (size_t)got);
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    const bool passed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (c.report == nullptr)
+        return passed ? "" : "failed: " + report;
+    if (passed) return "passed: the broken rule went unreported";
+    if (report.find(c.report) == std::string::npos) return "reported something else: " + report;
+    return "";
+}
+
+} // namespace
+
+namespace emu_async_rules {
+
+int run_all(bool verbose) {
+    std::vector<uint16_t> a(64 * 16), b(32 * 16);
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    auto next = [&s] {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        return s;
+    };
+    /* BF16 values of 1..2 in 1/128 steps times a sign and a power of two in 2^-3..2^3 */
+    for (auto *v : {&a, &b})
+        for (uint16_t &h : *v) {
+            const uint64_t r = next();
+            h = (uint16_t)((r & 1) << 15 | (uint16_t)(124 + (r >> 1) % 7) << 7 | (r >> 8) % 128);
+        }
+    int bad = 0;
+    for (const rule_case &c : cases) {
+        const std::string problem = run_case(c, a, b);
+        if (!problem.empty()) {
+            printf("FAIL async rules: %s: %s\n", c.name, problem.c_str());
+            bad++;
+        } else if (verbose) {
+            printf("  async rules: %-40s %s\n", c.name, c.report ? "reported" : "passes");
+        }
+    }
+    return bad;
+}
+
+} // namespace emu_async_rules

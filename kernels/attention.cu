@@ -446,7 +446,7 @@ static int attn_maxg(int hdc) {
     return hdc == 8 ? 8 : 16;
 }
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernels itself */
 extern "C" size_t loom__cuda_attention_work_bytes(int32_t n_head, int32_t head_dim) {
     return (size_t)LOOM_K_ATTN_ROWS * (size_t)n_head * LOOM_K_ATTN_MAX_SPLITS *
            ((size_t)head_dim + 2) * sizeof(float);
@@ -476,15 +476,17 @@ static loom_status attn_run(cudaStream_t stream, const loom__k_kv *kv, const loo
         attn_args a = {*kv, *p, rs.rows, row0};
         dim3 grid(LOOM_K_ATTN_MAX_SPLITS, (unsigned)kv->n_kv_heads, (unsigned)rows);
         if (vec_hd == 64)
-            attn_vec_kernel<KV, 64><<<grid, ATTN_WARPS * 32, smem, stream>>>(a);
+            LOOM_K_LAUNCH((attn_vec_kernel<KV, 64>), (grid, ATTN_WARPS * 32, smem, stream), a);
         else if (vec_hd == 128)
-            attn_vec_kernel<KV, 128><<<grid, ATTN_WARPS * 32, smem, stream>>>(a);
+            LOOM_K_LAUNCH((attn_vec_kernel<KV, 128>), (grid, ATTN_WARPS * 32, smem, stream), a);
         else if (vec_hd == 256)
-            attn_vec_kernel<KV, 256><<<grid, ATTN_WARPS * 32, smem, stream>>>(a);
+            LOOM_K_LAUNCH((attn_vec_kernel<KV, 256>), (grid, ATTN_WARPS * 32, smem, stream), a);
         else
-            attn_split_kernel<KV, HDC, MAXG><<<grid, ATTN_WARPS * 32, smem, stream>>>(a);
+            LOOM_K_LAUNCH((attn_split_kernel<KV, HDC, MAXG>), (grid, ATTN_WARPS * 32, smem, stream),
+                          a);
         LOOM_K_LAUNCHED("attention (splits)");
-        attn_merge_kernel<<<dim3((unsigned)rows, (unsigned)p->n_head), 128, 0, stream>>>(a);
+        LOOM_K_LAUNCH((attn_merge_kernel),
+                      (dim3((unsigned)rows, (unsigned)p->n_head), 128, 0, stream), a);
         LOOM_K_LAUNCHED("attention (merge)");
     }
     return LOOM_OK;

@@ -827,7 +827,7 @@ static __host__ __device__ pf_plan pf_plan_of(const loom__k_kv *kv, const loom__
 /* Launch                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernel itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernel itself */
 template <int HDMAX, int OPS>
 static loom_status pf_launch(cudaStream_t stream, const pf_args &a, unsigned blocks,
                              unsigned groups, size_t smem) {
@@ -837,10 +837,11 @@ static loom_status pf_launch(cudaStream_t stream, const pf_args &a, unsigned blo
         loom_k_smem_optin(attn_prefill_kernel<HDMAX, OPS>, smem, optin, "tiled attention");
     if (st != LOOM_OK) return st;
     const dim3 grid(blocks, (unsigned)a.kv.n_kv_heads, groups);
-    attn_prefill_kernel<HDMAX, OPS><<<grid, PF_THREADS, smem, stream>>>(a);
+    LOOM_K_LAUNCH((attn_prefill_kernel<HDMAX, OPS>), (grid, PF_THREADS, smem, stream), a);
     LOOM_K_LAUNCHED("attention (tiled)");
     if (a.part == NULL) return LOOM_OK;
-    pf_fold_kernel<<<dim3((unsigned)a.kv.n_rows, (unsigned)a.p.n_head), 128, 0, stream>>>(a);
+    LOOM_K_LAUNCH((pf_fold_kernel),
+                  (dim3((unsigned)a.kv.n_rows, (unsigned)a.p.n_head), 128, 0, stream), a);
     LOOM_K_LAUNCHED("attention (tiled fold)");
     return LOOM_OK;
 }
@@ -888,7 +889,7 @@ static bool pf_layer_ok(const loom__k_kv *kv, const loom__k_attn *p) {
     return true;
 }
 
-#if !defined(LOOM_K_EMULATE)
+#if LOOM_K_HOST_CODE
 extern "C" int loom__cuda_attention_tiled_ok(const loom__k_kv *kv, const loom__k_attn *p) {
     return pf_layer_ok(kv, p) &&
            pf_smem_bytes(kv->head_dim, pf_ops_of(kv->kv_type, p->math, kv->head_dim)) <=

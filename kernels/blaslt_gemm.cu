@@ -74,7 +74,7 @@ static __global__ void __launch_bounds__(256) bf16_kernel(bf16_args a) {
         o[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
 }
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernels itself */
 extern "C" loom_status loom__cuda_acts_to_bf16(cudaStream_t stream, const float *x, size_t x_stride,
                                                int64_t n_tokens, int64_t k, uint16_t *xb,
                                                size_t xb_stride) {
@@ -83,8 +83,9 @@ extern "C" loom_status loom__cuda_acts_to_bf16(cudaStream_t stream, const float 
         LOOM_K_UNSUPPORTED("cuda: bf16 activations of %lld rows", (long long)n_tokens);
     const int64_t pieces = loom_cdiv(k, 256);
     bf16_args a = {x, x_stride, k, xb, xb_stride};
-    bf16_kernel<<<dim3((unsigned)(pieces < 64 ? pieces : 64), (unsigned)n_tokens), 256, 0,
-                  stream>>>(a);
+    LOOM_K_LAUNCH((bf16_kernel),
+                  (dim3((unsigned)(pieces < 64 ? pieces : 64), (unsigned)n_tokens), 256, 0, stream),
+                  a);
     LOOM_K_LAUNCHED("bf16 activations");
     return LOOM_OK;
 }
@@ -96,7 +97,7 @@ extern "C" loom_status loom__cuda_fp8_quantize_acts(cudaStream_t stream, const f
     if (n_tokens > 0x7fffffff)
         LOOM_K_UNSUPPORTED("cuda: fp8 quantize of %lld rows", (long long)n_tokens);
     quant_args a = {x, x_stride, k, xq, xq_stride, scale};
-    quant_kernel<<<(unsigned)n_tokens, QUANT_THREADS, 0, stream>>>(a);
+    LOOM_K_LAUNCH((quant_kernel), ((unsigned)n_tokens, QUANT_THREADS, 0, stream), a);
     LOOM_K_LAUNCHED("fp8 activation quantize");
     return LOOM_OK;
 }
@@ -108,7 +109,8 @@ extern "C" loom_status loom__cuda_fp8_scale_out(cudaStream_t stream, const loom_
     if (n_tokens > 65535)
         LOOM_K_UNSUPPORTED("cuda: fp8 epilogue of %lld rows", (long long)n_tokens);
     scale_args a = {*w, out, out_stride, n_tokens, token_scale};
-    scale_kernel<<<dim3((unsigned)loom_cdiv(w->n, 256), (unsigned)n_tokens), 256, 0, stream>>>(a);
+    LOOM_K_LAUNCH((scale_kernel),
+                  (dim3((unsigned)loom_cdiv(w->n, 256), (unsigned)n_tokens), 256, 0, stream), a);
     LOOM_K_LAUNCHED("fp8 epilogue");
     return LOOM_OK;
 }

@@ -36,7 +36,30 @@ extern "C" loom_status loom__fail(loom_status status, const char *fmt, ...);
 
 #define LOOM_K_UNSUPPORTED(...) return loom__fail(LOOM_ERR_UNSUPPORTED, __VA_ARGS__)
 
-#if !defined(LOOM_K_EMULATE)
+/* Whether this compilation carries the host side of the kernel files (launchers, probes, the
+ * extern "C" entries): every real build, and the emulated backend (LOOM_K_EMU_BACKEND:
+ * tests/kernels_emu/'s plugin, whose launches run on the emulator); not tests/kernels_emu/'s own
+ * test, which launches the kernels itself. */
+#if !defined(LOOM_K_EMULATE) || defined(LOOM_K_EMU_BACKEND)
+#define LOOM_K_HOST_CODE 1
+#else
+#define LOOM_K_HOST_CODE 0
+#endif
+
+/* Launches KERNEL (parenthesized: template arguments have commas) with CONFIG, the parenthesized
+ * (grid, block, shared bytes, stream) of <<<>>>, on the arguments that follow. The emulated
+ * backend runs it on the emulator in the stream's order (or records it into the stream's
+ * capture). */
+#define LOOM_K_UNPAREN(...) __VA_ARGS__
+#if defined(LOOM_K_EMU_BACKEND)
+#define LOOM_K_LAUNCH(KERNEL, CONFIG, ...)                                                         \
+    loom_emu_backend_launch(LOOM_K_UNPAREN CONFIG, [=] { LOOM_K_UNPAREN KERNEL(__VA_ARGS__); })
+#else
+#define LOOM_K_LAUNCH(KERNEL, CONFIG, ...)                                                         \
+    LOOM_K_UNPAREN KERNEL<<<LOOM_K_UNPAREN CONFIG>>>(__VA_ARGS__)
+#endif
+
+#if LOOM_K_HOST_CODE
 #include <atomic>
 
 /* Devices a kernel's shared-memory opt-in is remembered for (others set it on every launch). */

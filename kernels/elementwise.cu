@@ -45,12 +45,12 @@ static __global__ void __launch_bounds__(RMS_THREADS) rms_norm_kernel(rms_args a
         o[i] = a.w ? x[i] * inv * a.w[i] : x[i] * inv;
 }
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernels itself */
 extern "C" loom_status loom__cuda_rms_norm(cudaStream_t stream, const loom__k_rows *shape,
                                            const float *x, const float *w, float eps, float *out) {
     if (shape->n_rows == 0) return LOOM_OK;
     rms_args a = {*shape, (float *)x, nullptr, w, out, eps}; /* x is only read here */
-    rms_norm_kernel<<<(unsigned)shape->n_rows, RMS_THREADS, 0, stream>>>(a);
+    LOOM_K_LAUNCH((rms_norm_kernel), ((unsigned)shape->n_rows, RMS_THREADS, 0, stream), a);
     LOOM_K_LAUNCHED("rms_norm");
     return LOOM_OK;
 }
@@ -60,7 +60,7 @@ extern "C" loom_status loom__cuda_add_rms_norm(cudaStream_t stream, const loom__
                                                float *out) {
     if (shape->n_rows == 0) return LOOM_OK;
     rms_args a = {*shape, x, y, w, out, eps};
-    rms_norm_kernel<<<(unsigned)shape->n_rows, RMS_THREADS, 0, stream>>>(a);
+    LOOM_K_LAUNCH((rms_norm_kernel), ((unsigned)shape->n_rows, RMS_THREADS, 0, stream), a);
     LOOM_K_LAUNCHED("add_rms_norm");
     return LOOM_OK;
 }
@@ -106,7 +106,7 @@ template <int OP> static __global__ void ew_kernel(ew_args a) {
     }
 }
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernels itself */
 template <int OP>
 static loom_status ew_launch(cudaStream_t stream, const ew_args &a, const char *name) {
     if (a.shape.n_rows == 0 || a.shape.n_cols == 0) return LOOM_OK;
@@ -115,7 +115,7 @@ static loom_status ew_launch(cudaStream_t stream, const ew_args &a, const char *
     if (bx > 1024) bx = 1024;
     const int64_t by = a.shape.n_rows < 65535 ? a.shape.n_rows : 65535;
     dim3 grid((unsigned)bx, (unsigned)by);
-    ew_kernel<OP><<<grid, threads, 0, stream>>>(a);
+    LOOM_K_LAUNCH((ew_kernel<OP>), (grid, threads, 0, stream), a);
     LOOM_K_LAUNCHED(name);
     return LOOM_OK;
 }

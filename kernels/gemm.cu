@@ -606,7 +606,7 @@ static __host__ __device__ gemm_multi gemm_multi_of(const loom__k_weight *const 
 
 /* ---- launch -------------------------------------------------------------------------------- */
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernel itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernel itself */
 template <int T, int MATH>
 static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const gemm_plan &pl) {
     const int64_t gx = loom_cdiv(mm.m[0].n_tokens, gemm_tile_tokens(MATH));
@@ -621,8 +621,10 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
         const int64_t k = mm.m[0].w.k, pieces = (int64_t)gemm_x16_stride(k) / 16;
         if (loom_cdiv(pieces, 256) > 65535)
             LOOM_K_UNSUPPORTED("cuda: matmul (wgmma gemm) of rows of %lld values", (long long)k);
-        gemm_x16_kernel<<<dim3((unsigned)mm.m[0].n_tokens, (unsigned)loom_cdiv(pieces, 256)), 256,
-                          0, stream>>>(mm.m[0].x, mm.m[0].x_stride, k, (uint8_t *)mm.x16);
+        LOOM_K_LAUNCH(
+            (gemm_x16_kernel),
+            (dim3((unsigned)mm.m[0].n_tokens, (unsigned)loom_cdiv(pieces, 256)), 256, 0, stream),
+            mm.m[0].x, mm.m[0].x_stride, k, (uint8_t *)mm.x16);
         LOOM_K_LAUNCHED("gemm (wgmma): x to bf16");
         /* BF16 rows 16-byte aligned are copied to their tiles as stored */
         bool direct = T == LOOM_K_BF16;
@@ -635,26 +637,27 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
                 const loom_status st =
                     loom_k_smem_optin(gemm_wg_kernel<T, true>, smem, optin_d, "gemm (wgmma)");
                 if (st != LOOM_OK) return st;
-                gemm_wg_kernel<T, true><<<grid, GEMM_WG_THREADS, smem, stream>>>(mm);
+                LOOM_K_LAUNCH((gemm_wg_kernel<T, true>), (grid, GEMM_WG_THREADS, smem, stream), mm);
             }
         if (!direct) {
             constexpr size_t smem = gemm_wg_smem_bytes<T, false>();
             const loom_status st =
                 loom_k_smem_optin(gemm_wg_kernel<T, false>, smem, optin, "gemm (wgmma)");
             if (st != LOOM_OK) return st;
-            gemm_wg_kernel<T, false><<<grid, GEMM_WG_THREADS, smem, stream>>>(mm);
+            LOOM_K_LAUNCH((gemm_wg_kernel<T, false>), (grid, GEMM_WG_THREADS, smem, stream), mm);
         }
         LOOM_K_LAUNCHED("gemm (wgmma)");
     } else {
         constexpr size_t smem = gemm_smem_bytes<T, MATH>();
         const loom_status st = loom_k_smem_optin(gemm_kernel<T, MATH>, smem, optin, "gemm");
         if (st != LOOM_OK) return st;
-        gemm_kernel<T, MATH><<<grid, GEMM_THREADS, smem, stream>>>(mm);
+        LOOM_K_LAUNCH((gemm_kernel<T, MATH>), (grid, GEMM_THREADS, smem, stream), mm);
         LOOM_K_LAUNCHED("gemm");
     }
     if (pl.partial_bytes == 0) return LOOM_OK;
-    gemm_fold_kernel<<<dim3((unsigned)mm.fold0[mm.n], (unsigned)mm.m[0].n_tokens), 256, 0,
-                       stream>>>(mm, pl.n_segs);
+    LOOM_K_LAUNCH((gemm_fold_kernel),
+                  (dim3((unsigned)mm.fold0[mm.n], (unsigned)mm.m[0].n_tokens), 256, 0, stream), mm,
+                  pl.n_segs);
     LOOM_K_LAUNCHED("gemm fold");
     return LOOM_OK;
 }
@@ -762,9 +765,10 @@ extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
     }
 }
 
-/* Writes 1 to *runs where this device's code carries gemm_wg_kernel's instructions. */
+/* Writes 1 to *runs where this device's code carries gemm_wg_kernel's instructions (a warp:
+ * the emulated backend's blocks are whole warps). */
 static __global__ void gemm_wg_probe_kernel(int *runs) {
-    *runs = LOOM_WGMMA_HAS;
+    if (threadIdx.x == 0) *runs = LOOM_WGMMA_HAS;
 }
 
 extern "C" loom_status loom__cuda_wgmma_probe(int *runs) {
@@ -772,7 +776,7 @@ extern "C" loom_status loom__cuda_wgmma_probe(int *runs) {
     int *d = NULL;
     cudaError_t e = cudaMalloc((void **)&d, sizeof(int));
     if (e == cudaSuccess) {
-        gemm_wg_probe_kernel<<<1, 1>>>(d);
+        LOOM_K_LAUNCH((gemm_wg_probe_kernel), (1, 32, 0, 0), d);
         e = cudaGetLastError();
         if (e == cudaSuccess) e = cudaMemcpy(runs, d, sizeof(int), cudaMemcpyDeviceToHost);
         const cudaError_t f = cudaFree(d);

@@ -74,14 +74,15 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_args 
     }
 }
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernels itself */
 template <int T> static loom_status gemv_launch(cudaStream_t stream, const gemv_args &a) {
     const int64_t gy = loom_cdiv(a.n_tokens, GEMV_TOKENS);
     const int64_t gx = loom_cdiv(a.w.n, GEMV_WARPS);
     if (gy > 65535 || gx > 0x7fffffff)
         LOOM_K_UNSUPPORTED("cuda: matmul of %lld tokens by %lld rows", (long long)a.n_tokens,
                            (long long)a.w.n);
-    gemv_kernel<T><<<dim3((unsigned)gx, (unsigned)gy), GEMV_WARPS * 32, 0, stream>>>(a);
+    LOOM_K_LAUNCH((gemv_kernel<T>), (dim3((unsigned)gx, (unsigned)gy), GEMV_WARPS * 32, 0, stream),
+                  a);
     LOOM_K_LAUNCHED("matmul");
     return LOOM_OK;
 }

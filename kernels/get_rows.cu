@@ -49,10 +49,10 @@ extern "C" int loom__cuda_weight_type_native(uint32_t type) {
     }
 }
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernels itself */
 template <int T>
 static loom_status rows_launch(cudaStream_t stream, const rows_args &a, int64_t n_ids) {
-    get_rows_kernel<T><<<(unsigned)n_ids, 128, 0, stream>>>(a);
+    LOOM_K_LAUNCH((get_rows_kernel<T>), ((unsigned)n_ids, 128, 0, stream), a);
     LOOM_K_LAUNCHED("get_rows");
     return LOOM_OK;
 }

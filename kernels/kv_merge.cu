@@ -242,16 +242,16 @@ static __global__ void __launch_bounds__(MERGE_THREADS) store_b_kernel(merge_arg
     } while (r < kv.n_rows && !run_start(kv, r));
 }
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernels itself */
 template <int KV> static loom_status merge_launch(cudaStream_t stream, const merge_args &a) {
     if (!a.m.later) {
         dim3 grid((unsigned)a.kv.n_rows, (unsigned)a.kv.n_kv_heads);
-        store_a_kernel<KV><<<grid, MERGE_THREADS, 0, stream>>>(a);
+        LOOM_K_LAUNCH((store_a_kernel<KV>), (grid, MERGE_THREADS, 0, stream), a);
         LOOM_K_LAUNCHED("kv_store (merged pair, earlier layer)");
         return LOOM_OK;
     }
     const size_t smem = (MERGE_THREADS / 32) * sizeof(double) + 2 * (size_t)a.kv.n_kv_heads * 4;
-    store_b_kernel<KV><<<(unsigned)a.kv.n_rows, MERGE_THREADS, smem, stream>>>(a);
+    LOOM_K_LAUNCH((store_b_kernel<KV>), ((unsigned)a.kv.n_rows, MERGE_THREADS, smem, stream), a);
     LOOM_K_LAUNCHED("kv_store (merged pair, later layer)");
     return LOOM_OK;
 }

@@ -94,17 +94,17 @@ template <int KV> static __global__ void kv_store_fp8_kernel(store_args a) {
     store_fp8<KV>(vr, kv.head_dim, (uint8_t *)a.v_pool + at, (float *)(a.v_scale + sat), red);
 }
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernels itself */
 template <int KV> static loom_status store_fp8_launch(cudaStream_t stream, const store_args &a) {
     dim3 grid((unsigned)a.kv.n_rows, (unsigned)a.kv.n_kv_heads);
-    kv_store_fp8_kernel<KV><<<grid, STORE_THREADS, 0, stream>>>(a);
+    LOOM_K_LAUNCH((kv_store_fp8_kernel<KV>), (grid, STORE_THREADS, 0, stream), a);
     LOOM_K_LAUNCHED("kv_store (fp8)");
     return LOOM_OK;
 }
 
 template <int KV> static loom_status store_launch(cudaStream_t stream, const store_args &a) {
     dim3 grid((unsigned)a.kv.n_rows, (unsigned)a.kv.n_kv_heads);
-    kv_store_kernel<KV><<<grid, 128, 0, stream>>>(a);
+    LOOM_K_LAUNCH((kv_store_kernel<KV>), (grid, 128, 0, stream), a);
     LOOM_K_LAUNCHED("kv_store");
     return LOOM_OK;
 }

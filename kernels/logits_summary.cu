@@ -285,7 +285,7 @@ static __global__ void edit_kernel(edit_args a) {
     }
 }
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernel itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernel itself */
 extern "C" loom_status loom__cuda_logits_edit(cudaStream_t stream, float *x, size_t x_stride,
                                               int64_t n_rows, const int32_t *row_off,
                                               const loom__k_logit_edit *ent, const float *pen,
@@ -294,7 +294,7 @@ extern "C" loom_status loom__cuda_logits_edit(cudaStream_t stream, float *x, siz
     if (n_rows > 0x7fffffff)
         LOOM_K_UNSUPPORTED("cuda: logit edits of %lld rows", (long long)n_rows);
     edit_args a = {x, x_stride, row_off, ent, pen, edit_raw};
-    edit_kernel<<<(unsigned)n_rows, 32, 0, stream>>>(a);
+    LOOM_K_LAUNCH((edit_kernel), ((unsigned)n_rows, 32, 0, stream), a);
     LOOM_K_LAUNCHED("logit edits");
     return LOOM_OK;
 }
@@ -317,7 +317,7 @@ extern "C" loom_status loom__cuda_logits_summary(cudaStream_t stream, const floa
     a.n_top = n_top;
     a.sum = (loom_logit_summary *)out;
     a.top = (loom_logit_cand *)((char *)out + (size_t)n_rows * sizeof(loom_logit_summary));
-    summary_kernel<<<(unsigned)n_rows, SUM_THREADS, 0, stream>>>(a);
+    LOOM_K_LAUNCH((summary_kernel), ((unsigned)n_rows, SUM_THREADS, 0, stream), a);
     LOOM_K_LAUNCHED("logits_summary");
     return LOOM_OK;
 }

@@ -34,12 +34,12 @@ static __global__ void rope_kernel(rope_args a) {
     }
 }
 
-#if !defined(LOOM_K_EMULATE) /* tests/kernels_emu/ launches the kernels itself */
+#if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernels itself */
 extern "C" loom_status loom__cuda_rope(cudaStream_t stream, const loom__k_rope *p, float *x) {
     if (p->n_rows == 0 || p->n_rot == 0) return LOOM_OK;
     if (p->n_rows > 0x7fffffff) LOOM_K_UNSUPPORTED("cuda: rope of %lld rows", (long long)p->n_rows);
     rope_args a = {*p, x};
-    rope_kernel<<<(unsigned)p->n_rows, 128, 0, stream>>>(a);
+    LOOM_K_LAUNCH((rope_kernel), ((unsigned)p->n_rows, 128, 0, stream), a);
     LOOM_K_LAUNCHED("rope");
     return LOOM_OK;
 }

@@ -1642,13 +1642,17 @@ static void test_models_merged(void **state) {
             expect_close(loom_session_logits(sg, -1), loom_session_logits(sc, -1), (size_t)V, 1e-4,
                          "merged pair, decode logits");
         }
+        /* the merged rows' sums run in other orders on the two (double on both): a page value
+         * may round the other way, one unit in the last place of the page type (as
+         * tests/kernels_emu/emu_kv_merge.cpp allows; on the emulated backend an F16 row did) */
+        const double page_tol[] = {1e-5, 0x1p-10, 0x1p-7};
         float *kc = host_f32(46 * (int64_t)row), *vc = host_f32(46 * (int64_t)row);
         float *kg = host_f32(46 * (int64_t)row), *vg = host_f32(46 * (int64_t)row);
         for (int32_t layer = 1; layer <= 2; layer++) {
             expect_ok(loom_session_kv_read(sc, layer, 0, 46, kc, vc), "cpu kv_read");
             expect_ok(loom_session_kv_read(sg, layer, 0, 46, kg, vg), "cuda kv_read");
-            expect_close(kg, kc, (size_t)46 * row, 1e-5, "merged pair, kv_read K");
-            expect_close(vg, vc, (size_t)46 * row, 1e-5, "merged pair, kv_read V");
+            expect_close(kg, kc, (size_t)46 * row, page_tol[ti], "merged pair, kv_read K");
+            expect_close(vg, vc, (size_t)46 * row, page_tol[ti], "merged pair, kv_read V");
         }
         free(kc), free(vc), free(kg), free(vg);
         loom_session_free(sc);
@@ -1895,7 +1899,7 @@ int main(void) {
                   strcmp(getenv("LOOM_CUDA_BATCH_INVARIANT"), "0") != 0;
     g_math16 = getenv("LOOM_CUDA_MATH") != NULL && strcmp(getenv("LOOM_CUDA_MATH"), "bf16") == 0;
 #if !defined(LOOM_TEST_CUDA_BUILT)
-    if (getenv("LOOM_TEST_CUDA_STANDIN") == NULL) {
+    if (getenv("LOOM_TEST_CUDA_STANDIN") == NULL && getenv("LOOM_TEST_CUDA_EMULATED") == NULL) {
         printf("SKIP: the CUDA backend is not built\n");
         return 77;
     }

@@ -177,8 +177,7 @@ std::string run_case(const rule_case &c, const std::vector<uint16_t> &a,
     int status = 0;
     waitpid(pid, &status, 0);
     const bool passed = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (c.report == nullptr)
-        return passed ? "" : "failed: " + report;
+    if (c.report == nullptr) return passed ? "" : "failed: " + report;
     if (passed) return "passed: the broken rule went unreported";
     if (report.find(c.report) == std::string::npos) return "reported something else: " + report;
     return "";

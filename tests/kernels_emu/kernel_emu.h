@@ -365,3 +365,34 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     if (f != f) return __nv_bfloat16{0x7fff};
     return __nv_bfloat16{(uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
 }
+
+// ---- the emulated backend (LOOM_K_EMU_BACKEND) --------------------------------------------------
+
+#if defined(LOOM_K_EMU_BACKEND)
+// The runtime of the emulated plugin (cudart_emu.cpp): run(ctx) in stream order — at once, or
+// recorded into the stream's capture and run at each launch of the graph; drop(ctx) when no
+// graph holds it any more.
+extern "C" void loom_emu_submit(cudaStream_t stream, void (*run)(void *), void *ctx,
+                                void (*drop)(void *));
+
+// common.cuh's LOOM_K_LAUNCH: the kernel's blocks on the emulator, as a stream operation.
+template <typename F>
+static inline void loom_emu_backend_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                           F body) {
+    auto *fn = new std::function<void()>(
+        [grid, block, smem, body] { loom_emu::launch(grid, block, smem, body); });
+    loom_emu_submit(
+        stream, [](void *c) { (*(std::function<void()> *)c)(); }, fn,
+        [](void *c) { delete (std::function<void()> *)c; });
+}
+
+// The attributes the launchers set and read: every kernel runs whatever shared memory it asks.
+template <typename K>
+static inline cudaError_t cudaFuncSetAttribute(K, enum cudaFuncAttribute, int) {
+    return cudaSuccess;
+}
+template <typename K> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, K) {
+    a->maxThreadsPerBlock = 1024;
+    return cudaSuccess;
+}
+#endif

@@ -17,7 +17,11 @@ EMU_DIR = os.environ.get("LOOM_TEST_CUDA_EMU_DIR")
 if not EMU_DIR:
     print("SKIP: the emulated CUDA plugin is not built here")
     sys.exit(77)
-os.environ["LOOM_BACKEND_PATH"] = EMU_DIR  # read when the cuda backend is first opened
+# libloom through its link in the plugin's folder: it looks for plugins beside itself first
+# (where a real build also has a libloom-cuda.so), then in LOOM_BACKEND_PATH
+os.environ.pop("LOOM_LIBRARY", None)
+os.environ["LOOM_LIB"] = os.path.join(EMU_DIR, "libloom.so")
+os.environ["LOOM_BACKEND_PATH"] = EMU_DIR
 
 import loom  # noqa: E402
 
@@ -33,6 +37,8 @@ def main():
     cpu = loom.Model(path, backend="cpu", f32_activations=True)
     gpu = loom.Model(path, backend="cuda")
     assert gpu.info.backend.decode() == "cuda", gpu.info.backend
+    where = gpu.info.backend_path.decode()
+    assert os.path.dirname(where) == EMU_DIR, f"the cuda plugin loaded is {where}"
     toks = cpu.tokenize("The capital of France is")
     failures = []
     for kv, tol in (("f32", 1e-5), ("f16", 1e-3)):

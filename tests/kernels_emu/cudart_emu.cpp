@@ -86,7 +86,8 @@ namespace {
 
 std::recursive_mutex g_mu;
 thread_local cudaError_t g_last = cudaSuccess;
-CUstream_st g_legacy; // stream 0
+CUstream_st g_legacy;                 // stream 0
+std::vector<CUstream_st *> g_streams; // the others, as created
 std::map<const unsigned char *, size_t> g_device, g_pinned;
 size_t g_device_bytes = 0;
 constexpr size_t TOTAL_BYTES = (size_t)16 << 30;
@@ -119,9 +120,7 @@ void drain(CUstream_st *s, uint64_t until) {
     }
 }
 
-void drain_all(); // every stream (below)
-std::vector<CUstream_st *> g_streams;
-
+// Every stream's queued operations.
 void drain_all() {
     drain(&g_legacy, g_legacy.queued);
     for (CUstream_st *s : g_streams) drain(s, s->queued);

@@ -82,6 +82,10 @@ int run_all(bool verbose);
 namespace emu_async_rules {
 int run_all(bool verbose);
 }
+// smem_banks.cpp's bank-conflict model, on accesses whose cost is known.
+namespace emu_smem_banks {
+int run_all(bool verbose);
+}
 // attention.cu's split-KV and merge kernels; the planted build's run_planted() gives the
 // problem its long rows show (empty: the planted off-by-one went unnoticed).
 namespace emu_attention {

@@ -236,6 +236,7 @@ bool shadow_stack_on() {
 // Readies thread t to run the kernel from its start.
 void start_thread(int t) {
     thread &th = M.threads[t];
+    th.epoch = 0;
     if (!th.stack) {
         const size_t page = (size_t)sysconf(_SC_PAGESIZE);
         void *m = mmap(nullptr, STACK_BYTES + page, PROT_READ | PROT_WRITE,
@@ -407,6 +408,7 @@ namespace impl {
 // The running lane reaches a collective (its arguments already stored) and waits for its warp.
 uint64_t warp_arrive(thread &th) {
     th.state = AT_WARP_OP;
+    th.epoch++;
     const int w = M.cur / 32;
     if (++M.warp_arrived[w] == 32) {
         M.warp_arrived[w] = 0;
@@ -470,6 +472,7 @@ void run_block() {
             break;
     }
     async_block_end();
+    if (M.block_end_hook) M.block_end_hook();
     M.stats.blocks++;
 }
 
@@ -530,6 +533,7 @@ unsigned char *dynamic_smem() {
 void syncthreads() {
     thread &th = current("__syncthreads");
     th.state = AT_BARRIER;
+    th.epoch++;
     M.n_barrier++;
     suspend(false);
 }

@@ -30,8 +30,13 @@
 #define __global__
 #define __device__
 #define __host__
+#if defined(LOOM_EMU_SMEM_BANKS)
+// smem_banks.cpp names each access's kernel from the inlined frames, as nvcc inlines these
+#define __forceinline__ inline __attribute__((always_inline))
+#else
 #define __forceinline__ inline
-#define __noinline__    __attribute__((noinline))
+#endif
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 // Static shared memory: one instance for the whole block (a function-local static, the block's

@@ -41,6 +41,9 @@ struct thread {
     unsigned char *stack; // lowest usable byte; a guard page lies below
     const void *exit_sp;  // where the stack stood when the thread ended (ASan: see start_thread)
     thread_state state;
+    // the warp collectives and barriers this thread has passed in its block: the lanes of a warp
+    // agree on it, which is how smem_banks.cpp tells which of their accesses are one instruction
+    uint32_t epoch;
     // the warp collective this lane waits at: its arguments and result
     op_kind op;
     shfl_mode mode;
@@ -139,6 +142,8 @@ struct machine {
     const void *sched_stack_bottom = nullptr; // ASan: the scheduler's stack
     size_t sched_stack_size = 0;
     counters stats = {};
+    // called when a block has finished (smem_banks.cpp, when it traces shared-memory accesses)
+    void (*block_end_hook)() = nullptr;
 };
 
 extern machine M;

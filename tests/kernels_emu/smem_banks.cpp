@@ -1,0 +1,336 @@
+// smem_banks.cpp — shared-memory bank conflicts of the emulated kernels, by source line: what
+// Nsight Compute's "shared bank conflicts" says on a GPU, from the emulator on any machine.
+//
+// Linked into test_kernels_emu when it is built with LOOM_EMU_SMEM_BANKS (clang, whose
+// -fsanitize-coverage=trace-loads,trace-stores calls the __sanitizer_cov_load / store hooks below
+// before every load and store of the kernel units), and switched on by LOOM_EMU_BANKS=<file>: the
+// report is written there when the program exits.
+//
+// The model: shared memory is 32 banks of 4-byte words. A warp's request (one instruction, its
+// active lanes) takes as many wavefronts as the most distinct words any one bank holds among the
+// words the lanes touch (the same word read by several lanes is one: a broadcast); it needs at
+// least ceil(distinct words / 32). The excess over that least is the conflicts' cost.
+//
+// Which accesses are one instruction: the lanes of a warp pass the same collectives and barriers
+// (thread::epoch counts them); between two, the n-th shared access of each lane is taken as one
+// instruction. Kernels whose lanes take different paths there would pair the wrong accesses: a
+// group whose lanes' accesses come from different code is counted apart ("unpaired").
+//
+// The host compiler is not nvcc: it splits a 16-byte uint4 store into two 8-byte ones, loads only
+// the fields of a float4 that are used, and where nvcc makes one ld.shared.v4 of four adjacent
+// floats it makes four loads. A lane's access that continues its previous one (the next bytes,
+// the same direction, within one aligned 16-byte block) is merged into it, as the device's vector
+// access would be one; a vector load of which only some fields are used stays split, and its
+// conflicts are overstated. The units are built without vectorization (-fno-vectorize
+// -fno-slp-vectorize), so that the host's widths come from the source and the merging alone.
+// Where a line's width matters, nvcc's PTX says what the device does (ld.shared.v4 and so on).
+// Loads the host repeats in a loop count each time, as they do where nvcc keeps them in the loop
+// (it does for the attention kernels' shared Q: their registers are taken).
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernel_emu_machine.h"
+#include "smem_banks.h"
+
+namespace {
+
+using namespace loom_emu::impl;
+
+extern "C" unsigned char __start_kemu_shared[] __attribute__((weak));
+extern "C" unsigned char __stop_kemu_shared[] __attribute__((weak));
+
+struct access {
+    uintptr_t addr, pc;
+    uint32_t epoch, seq;
+    uint16_t thread;
+    uint8_t size;
+    bool store;
+};
+
+struct line_stats {
+    uint64_t requests = 0, wavefronts = 0, ideal = 0, lanes = 0, unpaired = 0;
+    unsigned max_size = 0;
+    bool store = false;
+};
+
+struct tracer {
+    bool on = false, report_on = false;
+    bool counting = false; // banks_begin .. banks_end: requests go to totals, not the report
+    loom_emu::bank_totals totals = {};
+    std::string out;
+    std::vector<access> block;                // this block's accesses, in the order they ran
+    uint32_t epoch[MAX_THREADS], seq[MAX_THREADS];
+    long last[MAX_THREADS];                   // index in block of the thread's last access
+    std::map<uintptr_t, line_stats> by_pc;
+};
+
+tracer T;
+
+inline bool in_smem(uintptr_t a) {
+    const uintptr_t s0 = (uintptr_t)__start_kemu_shared, s1 = (uintptr_t)__stop_kemu_shared;
+    if (a >= s0 && a < s1) return true;
+    const uintptr_t d0 = (uintptr_t)M.dyn.data();
+    return a >= d0 && a < d0 + M.dyn.size();
+}
+
+void block_end();
+
+inline void note(const void *p, unsigned size, bool store, const void *pc) {
+    if (!T.on || M.cur < 0) return;
+    const uintptr_t a = (uintptr_t)p;
+    if (!in_smem(a)) return;
+    M.block_end_hook = block_end; /* here: the machine's own initialisation may come after ours */
+    const int t = M.cur;
+    const uint32_t e = M.threads[t].epoch;
+    if (T.epoch[t] != e) {
+        T.epoch[t] = e;
+        T.seq[t] = 0;
+        T.last[t] = -1;
+    }
+    if (T.last[t] >= 0) {
+        access &prev = T.block[(size_t)T.last[t]];
+        if (prev.store == store && prev.addr + prev.size == a && prev.addr / 16 == (a + size - 1) / 16) {
+            prev.size = (uint8_t)(prev.size + size);
+            return;
+        }
+    }
+    T.last[t] = (long)T.block.size();
+    T.block.push_back(access{a, (uintptr_t)pc, e, T.seq[t]++, (uint16_t)t, (uint8_t)size, store});
+}
+
+// One warp's request: the accesses of its lanes at [lo, hi) of order.
+void request(const std::vector<size_t> &order, size_t lo, size_t hi) {
+    const access &first = T.block[order[lo]];
+    line_stats counted, &ls = T.counting ? counted : T.by_pc[first.pc];
+    ls.store = first.store;
+    std::vector<uintptr_t> words;
+    bool paired = true;
+    for (size_t i = lo; i < hi; i++) {
+        const access &x = T.block[order[i]];
+        if (x.pc != first.pc || x.store != first.store) paired = false;
+        ls.max_size = std::max(ls.max_size, (unsigned)x.size);
+        for (uintptr_t w = x.addr / 4; w <= (x.addr + x.size - 1) / 4; w++) words.push_back(w);
+    }
+    std::sort(words.begin(), words.end());
+    words.erase(std::unique(words.begin(), words.end()), words.end());
+    unsigned per_bank[32] = {0}, most = 0;
+    for (uintptr_t w : words) most = std::max(most, ++per_bank[w % 32]);
+    ls.requests++;
+    ls.lanes += hi - lo;
+    ls.wavefronts += most;
+    ls.ideal += (words.size() + 31) / 32;
+    if (!paired) ls.unpaired++;
+    if (T.counting) {
+        T.totals.requests += ls.requests;
+        T.totals.lanes += ls.lanes;
+        T.totals.wavefronts += ls.wavefronts;
+        T.totals.least += ls.ideal;
+        T.totals.unpaired += ls.unpaired;
+    }
+}
+
+void block_end() {
+    std::vector<size_t> order(T.block.size());
+    for (size_t i = 0; i < order.size(); i++) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [](size_t i, size_t j) {
+        const access &a = T.block[i], &b = T.block[j];
+        if (a.thread / 32 != b.thread / 32) return a.thread / 32 < b.thread / 32;
+        if (a.epoch != b.epoch) return a.epoch < b.epoch;
+        return a.seq < b.seq;
+    });
+    for (size_t lo = 0; lo < order.size();) {
+        const access &f = T.block[order[lo]];
+        size_t hi = lo + 1;
+        while (hi < order.size()) {
+            const access &x = T.block[order[hi]];
+            if (x.thread / 32 != f.thread / 32 || x.epoch != f.epoch || x.seq != f.seq) break;
+            hi++;
+        }
+        request(order, lo, hi);
+        lo = hi;
+    }
+    T.block.clear();
+    for (int t = 0; t < MAX_THREADS; t++) T.epoch[t] = UINT32_MAX;
+}
+
+// A code address's source: the innermost line and function, and the outermost function (the
+// kernel, where the rest is inlined), by addr2line over this executable.
+struct where {
+    std::string line, fn, kernel;
+};
+
+std::string trim(std::string s, size_t n) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+    const size_t disc = s.find(" (discriminator");
+    if (disc != std::string::npos) s.erase(disc);
+    const size_t slash = s.rfind('/');
+    if (s.find(':') != std::string::npos && slash != std::string::npos) s = s.substr(slash + 1);
+    if (s.size() > n) s = s.substr(0, n - 3) + "...";
+    return s;
+}
+
+std::map<uintptr_t, where> symbolize(const std::vector<uintptr_t> &pcs) {
+    std::map<uintptr_t, where> r;
+    std::map<uintptr_t, uintptr_t> of_offset; // offset in the executable -> pc
+    char in[] = "/tmp/loom-banks-XXXXXX";
+    const int fd = mkstemp(in);
+    if (fd < 0) return r;
+    FILE *q = fdopen(fd, "w");
+    for (uintptr_t pc : pcs) {
+        Dl_info info;
+        if (!dladdr((void *)pc, &info) || !info.dli_fbase) continue;
+        /* the return address of the hook's call: the call itself is the byte before */
+        const uintptr_t off = pc - (uintptr_t)info.dli_fbase - 1;
+        of_offset[off] = pc;
+        fprintf(q, "0x%lx\n", (unsigned long)off);
+    }
+    fclose(q);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "addr2line -a -C -f -i -e /proc/%d/exe < %s", (int)getpid(), in);
+    FILE *p = popen(cmd, "r");
+    if (p) {
+        std::vector<std::string> frames; // function, file:line, ... innermost first
+        uintptr_t at = 0;
+        bool have = false;
+        auto flush = [&]() {
+            if (have && frames.size() >= 2 && of_offset.count(at)) {
+                /* the kernel: the outermost frame named *_kernel (kernels are inlined into the
+                   launch's lambda), else the outermost */
+                std::string kernel = frames[frames.size() - 2];
+                for (size_t i = 0; i + 1 < frames.size(); i += 2) {
+                    const std::string name = frames[i].substr(0, frames[i].find('('));
+                    if (name.find("_kernel") != std::string::npos) kernel = frames[i];
+                }
+                r[of_offset[at]] = where{trim(frames[1], 60), trim(frames[0], 70),
+                                         trim(kernel, 70)};
+            }
+            frames.clear();
+        };
+        char buf[8192];
+        while (fgets(buf, sizeof buf, p)) {
+            if (buf[0] == '0' && buf[1] == 'x') {
+                flush();
+                at = (uintptr_t)strtoull(buf, nullptr, 16);
+                have = true;
+            } else {
+                frames.push_back(buf);
+            }
+        }
+        flush();
+        pclose(p);
+    }
+    unlink(in);
+    return r;
+}
+
+void report() {
+    if (!T.report_on) return;
+    T.on = T.report_on = false;
+    FILE *f = fopen(T.out.c_str(), "w");
+    if (!f) {
+        fprintf(stderr, "smem_banks: cannot write %s\n", T.out.c_str());
+        return;
+    }
+    std::vector<uintptr_t> pcs;
+    for (const auto &kv : T.by_pc) pcs.push_back(kv.first);
+    std::map<uintptr_t, where> src = symbolize(pcs);
+    // by kernel, then the lines with an excess, most first
+    std::map<std::string, line_stats> by_kernel;
+    for (const auto &kv : T.by_pc) {
+        line_stats &k = by_kernel[src[kv.first].kernel];
+        k.requests += kv.second.requests;
+        k.wavefronts += kv.second.wavefronts;
+        k.ideal += kv.second.ideal;
+        k.unpaired += kv.second.unpaired;
+    }
+    fprintf(f, "| Kernel | Requests | Wavefronts | Least | Excess | Unpaired |\n");
+    fprintf(f, "|---|---:|---:|---:|---:|---:|\n");
+    for (const auto &kv : by_kernel)
+        fprintf(f, "| `%s` | %llu | %llu | %llu | %.2fx | %llu |\n", kv.first.c_str(),
+                (unsigned long long)kv.second.requests, (unsigned long long)kv.second.wavefronts,
+                (unsigned long long)kv.second.ideal,
+                kv.second.ideal ? (double)kv.second.wavefronts / (double)kv.second.ideal : 0.0,
+                (unsigned long long)kv.second.unpaired);
+    // the lines: a line's accesses (an unrolled loop has one pc per copy) added up
+    std::map<std::string, line_stats> by_line;
+    for (const auto &kv : T.by_pc) {
+        const where &w = src[kv.first];
+        const line_stats &l = kv.second;
+        char key[512];
+        snprintf(key, sizeof key, "%s | `%s` | `%s` | %s %u B", w.line.c_str(), w.fn.c_str(),
+                 w.kernel.c_str(), l.store ? "store" : "load", l.max_size);
+        line_stats &t = by_line[key];
+        t.requests += l.requests;
+        t.wavefronts += l.wavefronts;
+        t.ideal += l.ideal;
+        t.unpaired += l.unpaired;
+    }
+    std::vector<std::pair<std::string, line_stats>> lines(by_line.begin(), by_line.end());
+    std::sort(lines.begin(), lines.end(), [](const auto &a, const auto &b) {
+        return a.second.wavefronts - a.second.ideal > b.second.wavefronts - b.second.ideal;
+    });
+    fprintf(f, "\n| Line | Function | Kernel | Access | Requests | Wavefronts per request | "
+               "Least | Unpaired |\n");
+    fprintf(f, "|---|---|---|---|---:|---:|---:|---:|\n");
+    for (const auto &kv : lines) {
+        const line_stats &l = kv.second;
+        if (l.wavefronts == l.ideal) continue;
+        fprintf(f, "| %s | %llu | %.2f | %.2f | %llu |\n", kv.first.c_str(),
+                (unsigned long long)l.requests, (double)l.wavefronts / (double)l.requests,
+                (double)l.ideal / (double)l.requests, (unsigned long long)l.unpaired);
+    }
+    fclose(f);
+}
+
+// Switched on by the environment when the program starts (after T, which is defined above in
+// this unit, is constructed).
+struct starter {
+    starter() {
+        const char *out = getenv("LOOM_EMU_BANKS");
+        if (!out || !*out) return;
+        T.out = out;
+        T.on = T.report_on = true;
+        for (int t = 0; t < MAX_THREADS; t++) T.epoch[t] = UINT32_MAX;
+        atexit(report);
+    }
+} start;
+
+} // namespace
+
+namespace loom_emu {
+
+void banks_begin() {
+    T.on = T.counting = true;
+    T.totals = bank_totals{};
+    T.block.clear();
+    for (int t = 0; t < MAX_THREADS; t++) T.epoch[t] = UINT32_MAX;
+}
+
+bank_totals banks_end() {
+    T.counting = false;
+    T.on = T.report_on;
+    return T.totals;
+}
+
+} // namespace loom_emu
+
+#define LOOM_EMU_HOOK(n, type)                                                                    \
+    extern "C" void __sanitizer_cov_load##n(type *p) {                                           \
+        note(p, n, false, __builtin_return_address(0));                                            \
+    }                                                                                              \
+    extern "C" void __sanitizer_cov_store##n(type *p) {                                          \
+        note(p, n, true, __builtin_return_address(0));                                             \
+    }
+LOOM_EMU_HOOK(1, uint8_t)
+LOOM_EMU_HOOK(2, uint16_t)
+LOOM_EMU_HOOK(4, uint32_t)
+LOOM_EMU_HOOK(8, uint64_t)
+LOOM_EMU_HOOK(16, __int128)

@@ -109,16 +109,32 @@ static __device__ __forceinline__ void combine_warps(const attn_args &a, int rr,
     }
 }
 
-/* The block's shared memory (q_s [G][hd]: the row's query heads of this KV head; comb
- * [ATTN_WARPS][G][hd] and ml [ATTN_WARPS][G][2]: the warps' softmax states), with q staged
- * into q_s; both split-KV forms. */
+/* Where element e of a query head lives in q_s: CPL = 1 (the scalar form), at e; else (the
+ * vector form, whose lanes read CPL 16-byte chunks of a head each, lane sub chunks
+ * sub CPL .. + CPL - 1) its chunk c = e / 4 moves to c ^ ((c / 8) % CPL). Unswizzled, the
+ * chunks one ld.shared.v4 of a warp reads (CPL apart) fall in 8 / CPL of the 8 bank quads, so it
+ * takes CPL times the wavefronts it needs (2 for 16-bit pages, 4 for FP8, every position and
+ * query head); swizzled, every lane 8 chunks apart differs in the bits the XOR changes, and the
+ * chunks cover all 8. Stays within a head: CPL <= 4, the head a multiple of 16. */
+template <int CPL> static __device__ __forceinline__ int q_at(int e) {
+    const int c = e >> 2;
+    return (c ^ ((c >> 3) & (CPL - 1))) << 2 | (e & 3);
+}
+
+/* The block's shared memory (q_s [G][hd]: the row's query heads of this KV head, placed by
+ * q_at<CPL>; comb [ATTN_WARPS][G][hd] and ml [ATTN_WARPS][G][2]: the warps' softmax states), with
+ * q staged into q_s; both split-KV forms. */
+template <int CPL>
 static __device__ __forceinline__ void stage_q(const attn_args &a, int r, int kvh, int G, int hd,
                                                float *sm, float **q_s, float **comb, float **ml) {
     *q_s = sm;
     *comb = sm + G * hd;
     *ml = *comb + ATTN_WARPS * G * hd;
     const float *qrow = (const float *)((const char *)a.p.q + (size_t)r * a.p.q_stride);
-    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) (*q_s)[i] = qrow[kvh * G * hd + i];
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
+        const int g = i / hd, e = i - g * hd;
+        (*q_s)[g * hd + q_at<CPL>(e)] = qrow[kvh * G * hd + i];
+    }
     __syncthreads();
 }
 
@@ -146,7 +162,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn
 
     LOOM_K_DYN_SMEM(attn_sm);
     float *q_s, *comb, *ml;
-    stage_q(a, r, kvh, G, hd, (float *)attn_sm, &q_s, &comb, &ml);
+    stage_q<1>(a, r, kvh, G, hd, (float *)attn_sm, &q_s, &comb, &ml);
 
     float m[MAXG], l[MAXG], acc[MAXG][HDC];
 #pragma unroll
@@ -294,7 +310,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_vec_kernel(attn_a
 
     LOOM_K_DYN_SMEM(attn_sm);
     float *q_s, *comb, *ml;
-    stage_q(a, r, kvh, G, HD, (float *)attn_sm, &q_s, &comb, &ml);
+    stage_q<EPL / 4>(a, r, kvh, G, HD, (float *)attn_sm, &q_s, &comb, &ml);
 
     /* this lane's elements of a row: vector v covers [(v LPP + sub) EPL, + EPL) */
     float m[MAXG], l[MAXG], acc[MAXG][EL];
@@ -341,9 +357,16 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_vec_kernel(attn_a
 #pragma unroll
                 for (int v = 0; v < VPL; v++)
 #pragma unroll
-                    for (int i = 0; i < EPL; i++)
-                        d = fmaf(q_s[g * HD + (v * LPP + sub) * EPL + i], kf[v * EPL + i], d);
-                        /* the group's lanes: a fixed tree within the LPP-lane group */
+                    for (int i = 0; i < EPL; i += 4) { /* an ld.shared.v4 a chunk (q_at) */
+                        const float4 q4 =
+                            *(const float4 *)(q_s + g * HD +
+                                              q_at<EPL / 4>((v * LPP + sub) * EPL + i));
+                        d = fmaf(q4.x, kf[v * EPL + i], d);
+                        d = fmaf(q4.y, kf[v * EPL + i + 1], d);
+                        d = fmaf(q4.z, kf[v * EPL + i + 2], d);
+                        d = fmaf(q4.w, kf[v * EPL + i + 3], d);
+                    }
+                    /* the group's lanes: a fixed tree within the LPP-lane group */
 #pragma unroll
                 for (int o = LPP / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
                 if (valid) {

@@ -302,12 +302,21 @@ static __device__ __forceinline__ void pf_load_tile(const pf_args &a, const long
 }
 
 /* The same into the 16-bit tiles, each value rounded to OP16 (exact but for F32 pages; FP8
- * codes unscaled, as pf_load_tile leaves them). K a position and 4 elements at a time (8
- * bytes); V two positions and 4 elements. The mma.sync forms' layouts (above): K by row, ldw
- * words a row; V by pairs of positions, the 4 elements' words side by side (16 bytes). The
- * wgmma forms' (WG): K [PF_N][hd] by position, V transposed [hd][PF_N] (row d: head element d
- * of the tile's positions), both in wgmma.cuh's K-major layout (pf_wg_at), a word per
- * element of V. */
+ * codes unscaled, as pf_load_tile leaves them); positions not read are zeros.
+ *
+ * The mma.sync forms' layouts (above): K a position and 4 elements at a time (8 bytes), by row,
+ * ldw words a row; V two positions and 4 elements, by pairs of positions, the 4 elements' words
+ * side by side (16 bytes).
+ *
+ * The wgmma forms' (WG): K [PF_N][hd] by position, V transposed [hd][PF_N] (row d: head element
+ * d of the tile's positions), both in wgmma.cuh's K-major layout (pf_wg_at), where the bank of
+ * element (r, k) is 4 (r & 7) + (k & 7) / 2: a store fills the 32 banks only if its lanes cover
+ * the 8 rows of a core matrix. So K goes 8 elements (16 bytes, one core-matrix row) a lane,
+ * positions fastest: a quarter warp fills a core matrix (a row by position read in 64-byte runs,
+ * 4 lanes). V, whose rows are head elements: lane l of a warp takes elements 4q .. 4q + 3,
+ * q = l & 7, of position pair l >> 3 (a warp: 32 elements of 8 positions, read in 64-byte runs),
+ * and stores its 4 words in an order rotated by q >> 1, so that each of the 4 stores hits
+ * 8 rows (d & 7) times 4 pairs: 32 banks. Unrotated, each store was 16-way (2 rows). */
 template <int OP16, bool WG>
 static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const long long *row_at,
                                                       uint8_t *ks, uint8_t *vs) {
@@ -315,31 +324,54 @@ static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const lo
     const uint32_t type = a.kv.kv_type;
     const size_t elt = pf_elt_bytes(type);
     const char *kp = (const char *)a.p.k_pool, *vp = (const char *)a.p.v_pool;
-    for (int it = threadIdx.x; it < PF_N * per; it += PF_THREADS) {
-        const int jl = it / per, c = (it - jl * per) * 4;
-        const long long at = row_at[jl];
-        float4 k4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (at >= 0) k4 = pf_load4(type, kp + at + (size_t)c * elt);
-        const int to = WG ? pf_wg_at(jl, c, hd * 16) : 4 * (jl * ldw + c / 2);
-        *(uint2 *)(ks + to) =
-            make_uint2(loom_mma16_pack<OP16>(k4.x, k4.y), loom_mma16_pack<OP16>(k4.z, k4.w));
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (WG) {
+        const int chunks = hd / 8; /* 16-byte core-matrix rows a position */
+        for (int it = threadIdx.x; it < PF_N * chunks; it += PF_THREADS) {
+            const int rest = it >> 3, jl = rest / chunks * 8 + (it & 7), c = rest % chunks * 8;
+            const long long at = row_at[jl];
+            float4 k0 = zero, k1 = zero;
+            if (at >= 0) {
+                k0 = pf_load4(type, kp + at + (size_t)c * elt);
+                k1 = pf_load4(type, kp + at + (size_t)(c + 4) * elt);
+            }
+            *(uint4 *)(ks + pf_wg_at(jl, c, hd * 16)) =
+                make_uint4(loom_mma16_pack<OP16>(k0.x, k0.y), loom_mma16_pack<OP16>(k0.z, k0.w),
+                           loom_mma16_pack<OP16>(k1.x, k1.y), loom_mma16_pack<OP16>(k1.z, k1.w));
+        }
+    } else {
+        for (int it = threadIdx.x; it < PF_N * per; it += PF_THREADS) {
+            const int jl = it / per, c = (it - jl * per) * 4;
+            const long long at = row_at[jl];
+            float4 k4 = zero;
+            if (at >= 0) k4 = pf_load4(type, kp + at + (size_t)c * elt);
+            *(uint2 *)(ks + 4 * (jl * ldw + c / 2)) =
+                make_uint2(loom_mma16_pack<OP16>(k4.x, k4.y), loom_mma16_pack<OP16>(k4.z, k4.w));
+        }
     }
+    const int dblocks = hd / 32; /* WG: a warp's 32 head elements */
     for (int it = threadIdx.x; it < PF_N / 2 * per; it += PF_THREADS) {
-        const int jp = it / per, c = (it - jp * per) * 4;
+        const int l = it & 31, wi = it >> 5;
+        const int jp = WG ? wi / dblocks * 4 + (l >> 3) : it / per;
+        const int c = WG ? (wi % dblocks * 8 + (l & 7)) * 4 : (it - jp * per) * 4;
         float4 v[2];
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const long long at = row_at[2 * jp + e];
-            v[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[e] = zero;
             if (at >= 0) v[e] = pf_load4(type, vp + at + (size_t)c * elt);
         }
         const uint32_t w[4] = {
             loom_mma16_pack<OP16>(v[0].x, v[1].x), loom_mma16_pack<OP16>(v[0].y, v[1].y),
             loom_mma16_pack<OP16>(v[0].z, v[1].z), loom_mma16_pack<OP16>(v[0].w, v[1].w)};
         if constexpr (WG) {
+            const int rot = (l >> 1) & 3;
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                *(uint32_t *)(vs + pf_wg_at(c + e, 2 * jp, PF_N * 16)) = w[e];
+            for (int e = 0; e < 4; e++) {
+                const int k = (e + rot) & 3; /* selects, not an indexed (local) array */
+                const uint32_t x = k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
+                *(uint32_t *)(vs + pf_wg_at(c + k, 2 * jp, PF_N * 16)) = x;
+            }
         } else {
             *(uint4 *)(vs + 4 * (jp * ldv + c)) = make_uint4(w[0], w[1], w[2], w[3]);
         }
@@ -466,7 +498,9 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
      * (and, 16-bit, the 8 columns past head_dim, of K's rows too). */
     const int qld = WG ? hd / 2 : M16 ? ldw : hd; /* words (16-bit) or floats a row */
     for (int e = threadIdx.x; e < PF_M * qld; e += PF_THREADS) {
-        const int m = e / qld, d = (e - m * qld) * (M16 ? 2 : 1), rl = m / G;
+        /* the wgmma forms: rows fastest, a warp's 32 words one core matrix (pf_load_tile16) */
+        const int m = WG ? (e >> 3) / qld * 8 + (e & 7) : e / qld;
+        const int d = WG ? (e >> 3) % qld * 2 : (e - m * qld) * (M16 ? 2 : 1), rl = m / G;
         float x0 = 0.0f, x1 = 0.0f;
         if (rl < rows && d < hd) {
             const float *qrow =
@@ -483,11 +517,13 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
         } else {
             qs[m * ld + d] = x0;
         }
-        if (!FOLD_REGS && d < hd) {
+        if (!FOLD_REGS && !WG && d < hd) {
             ot[m * (hd + 8) + d] = 0.0f;
             if (M16) ot[m * (hd + 8) + d + 1] = 0.0f;
         }
     }
+    if constexpr (WG) /* the fold from zero: in the loop above, its stores would be 2-way */
+        for (int i = threadIdx.x; i < PF_M * (hd + 8); i += PF_THREADS) ot[i] = 0.0f;
 
     /* This lane's two vectors (rows g and g+8 of its warp's C fragments): in the tile, their
      * position and first attended position. */

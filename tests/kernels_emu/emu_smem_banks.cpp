@@ -30,53 +30,67 @@ uint64_t *w8(unsigned char *sm, int off) {
 }
 
 const bank_case cases[] = {
-    {"4-byte words in a row", 32, [](unsigned char *sm, int l) { __sanitizer_cov_store4(w4(sm, 4 * l)); },
+    {"4-byte words in a row",
+     32,
+     [](unsigned char *sm, int l) { __sanitizer_cov_store4(w4(sm, 4 * l)); },
      {1, 32, 1, 1, 0}},
-    {"every other word: 2-way", 32,
-     [](unsigned char *sm, int l) { __sanitizer_cov_store4(w4(sm, 8 * l)); }, {1, 32, 2, 1, 0}},
-    {"a column of a 32-word row: 32-way", 32,
+    {"every other word: 2-way",
+     32,
+     [](unsigned char *sm, int l) { __sanitizer_cov_store4(w4(sm, 8 * l)); },
+     {1, 32, 2, 1, 0}},
+    {"a column of a 32-word row: 32-way",
+     32,
      [](unsigned char *sm, int l) { __sanitizer_cov_store4(w4(sm, 128 * l)); },
      {1, 32, 32, 1, 0}},
-    {"one word read by all: a broadcast", 32,
-     [](unsigned char *sm, int) { __sanitizer_cov_load4(w4(sm, 64)); }, {1, 32, 1, 1, 0}},
-    {"16 bytes a lane, stored as two halves", 32,
+    {"one word read by all: a broadcast",
+     32,
+     [](unsigned char *sm, int) { __sanitizer_cov_load4(w4(sm, 64)); },
+     {1, 32, 1, 1, 0}},
+    {"16 bytes a lane, stored as two halves",
+     32,
      [](unsigned char *sm, int l) {
          __sanitizer_cov_store8(w8(sm, 16 * l));
          __sanitizer_cov_store8(w8(sm, 16 * l + 8));
      },
      {1, 32, 4, 4, 0}},
-    {"16 bytes a lane, 32 bytes apart: 2-way", 32,
+    {"16 bytes a lane, 32 bytes apart: 2-way",
+     32,
      [](unsigned char *sm, int l) {
          __sanitizer_cov_store8(w8(sm, 32 * l));
          __sanitizer_cov_store8(w8(sm, 32 * l + 8));
      },
      {1, 32, 8, 4, 0}},
-    {"adjacent words across a 16-byte line: two requests", 32,
+    {"adjacent words across a 16-byte line: two requests",
+     32,
      [](unsigned char *sm, int l) {
          __sanitizer_cov_store4(w4(sm, 16 * l + 12));
          __sanitizer_cov_store4(w4(sm, 16 * l + 16));
      },
      {2, 64, 8, 2, 0}},
-    {"two instructions", 32,
+    {"two instructions",
+     32,
      [](unsigned char *sm, int l) {
          __sanitizer_cov_store4(w4(sm, 4 * l));
          __sanitizer_cov_store4(w4(sm, 128 * l));
      },
      {2, 64, 33, 2, 0}},
-    {"a __syncwarp between adjacent words", 32,
+    {"a __syncwarp between adjacent words",
+     32,
      [](unsigned char *sm, int l) {
          __sanitizer_cov_store4(w4(sm, 8 * l));
          __syncwarp();
          __sanitizer_cov_store4(w4(sm, 8 * l + 4));
      },
      {2, 64, 4, 2, 0}},
-    {"half the lanes store once more first: unpaired", 32,
+    {"half the lanes store once more first: unpaired",
+     32,
      [](unsigned char *sm, int l) {
          if (l < 16) __sanitizer_cov_store4(w4(sm, 512 + 4 * l));
          __sanitizer_cov_store4(w4(sm, 4 * l));
      },
      {2, 48, 2, 2, 1}},
-    {"two warps: a request each", 64,
+    {"two warps: a request each",
+     64,
      [](unsigned char *sm, int l) { __sanitizer_cov_store4(w4(sm, 128 * (l % 32))); },
      {2, 64, 64, 2, 0}},
 };
@@ -89,9 +103,8 @@ int run_all(bool verbose) {
     int bad = 0;
     for (const bank_case &c : cases) {
         loom_emu::banks_begin();
-        loom_emu::launch(dim3(1, 1, 1), dim3((unsigned)c.threads, 1, 1), 8192, [&c] {
-            c.body(loom_emu::dynamic_smem(), (int)threadIdx.x);
-        });
+        loom_emu::launch(dim3(1, 1, 1), dim3((unsigned)c.threads, 1, 1), 8192,
+                         [&c] { c.body(loom_emu::dynamic_smem(), (int)threadIdx.x); });
         const loom_emu::bank_totals got = loom_emu::banks_end();
         const loom_emu::bank_totals &w = c.want;
         const bool ok = got.requests == w.requests && got.lanes == w.lanes &&

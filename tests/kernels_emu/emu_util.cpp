@@ -157,10 +157,12 @@ kv_step make_step(const kv_shape &sh, const std::vector<int> &kv_len, const std:
             for (int r = st.q_start[s]; r < st.q_start[s + 1]; r++) st.split_rows.push_back(r);
         }
     }
-    /* a slot with 8 spare elements, a block with 2 spare slots' worth of bytes; FP8 scales after
-       the block's slots, 4 spare bytes a slot, the block rounded up to 16 bytes */
+    /* a slot with 16 spare bytes (slots stay 16-byte aligned where the heads are: the decode
+       attention's vector form needs that, FP8 pages included), a block with 2 spare slots' worth
+       of bytes; FP8 scales after the block's slots, 4 spare bytes a slot, the block rounded up to
+       16 bytes */
     st.elt = loom__kv_elt_bytes(sh.type);
-    st.token = ((size_t)sh.nkv * (size_t)sh.hd + 8) * st.elt;
+    st.token = (size_t)sh.nkv * (size_t)sh.hd * st.elt + 16;
     st.scale_at = ((size_t)sh.bs * st.token + 2 * st.token + 15) & ~(size_t)15;
     st.scale_token = is_fp8(sh.type) ? (size_t)sh.nkv * 4 + 4 : 0;
     st.block = (st.scale_at + (size_t)sh.bs * st.scale_token + 15) & ~(size_t)15;

@@ -66,9 +66,9 @@ struct tracer {
     bool counting = false; // banks_begin .. banks_end: requests go to totals, not the report
     loom_emu::bank_totals totals = {};
     std::string out;
-    std::vector<access> block;                // this block's accesses, in the order they ran
+    std::vector<access> block; // this block's accesses, in the order they ran
     uint32_t epoch[MAX_THREADS], seq[MAX_THREADS];
-    long last[MAX_THREADS];                   // index in block of the thread's last access
+    long last[MAX_THREADS]; // index in block of the thread's last access
     std::map<uintptr_t, line_stats> by_pc;
 };
 
@@ -97,7 +97,8 @@ inline void note(const void *p, unsigned size, bool store, const void *pc) {
     }
     if (T.last[t] >= 0) {
         access &prev = T.block[(size_t)T.last[t]];
-        if (prev.store == store && prev.addr + prev.size == a && prev.addr / 16 == (a + size - 1) / 16) {
+        if (prev.store == store && prev.addr + prev.size == a &&
+            prev.addr / 16 == (a + size - 1) / 16) {
             prev.size = (uint8_t)(prev.size + size);
             return;
         }
@@ -209,8 +210,8 @@ std::map<uintptr_t, where> symbolize(const std::vector<uintptr_t> &pcs) {
                     const std::string name = frames[i].substr(0, frames[i].find('('));
                     if (name.find("_kernel") != std::string::npos) kernel = frames[i];
                 }
-                r[of_offset[at]] = where{trim(frames[1], 60), trim(frames[0], 70),
-                                         trim(kernel, 70)};
+                r[of_offset[at]] =
+                    where{trim(frames[1], 60), trim(frames[0], 70), trim(kernel, 70)};
             }
             frames.clear();
         };
@@ -322,11 +323,11 @@ bank_totals banks_end() {
 
 } // namespace loom_emu
 
-#define LOOM_EMU_HOOK(n, type)                                                                    \
-    extern "C" void __sanitizer_cov_load##n(type *p) {                                           \
+#define LOOM_EMU_HOOK(n, type)                                                                     \
+    extern "C" void __sanitizer_cov_load##n(type *p) {                                             \
         note(p, n, false, __builtin_return_address(0));                                            \
     }                                                                                              \
-    extern "C" void __sanitizer_cov_store##n(type *p) {                                          \
+    extern "C" void __sanitizer_cov_store##n(type *p) {                                            \
         note(p, n, true, __builtin_return_address(0));                                             \
     }
 LOOM_EMU_HOOK(1, uint8_t)

@@ -12,9 +12,10 @@
 // least ceil(distinct words / 32). The excess over that least is the conflicts' cost.
 //
 // Which accesses are one instruction: the lanes of a warp pass the same collectives and barriers
-// (thread::epoch counts them); between two, the n-th shared access of each lane is taken as one
-// instruction. Kernels whose lanes take different paths there would pair the wrong accesses: a
-// group whose lanes' accesses come from different code is counted apart ("unpaired").
+// (thread::epoch counts them); between two, the n-th execution of an access (its code address)
+// by each lane is taken as one instruction, so that lanes which skip some code (a branch, a
+// shorter loop) still pair where they meet. Lanes that execute the same access in different
+// iterations of a divergent path would be paired wrongly; the kernels here have none such.
 //
 // The host compiler is not nvcc: it splits a 16-byte uint4 store into two 8-byte ones, loads only
 // the fields of a float4 that are used, and where nvcc makes one ld.shared.v4 of four adjacent
@@ -35,6 +36,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernel_emu_machine.h"
@@ -49,14 +51,14 @@ extern "C" unsigned char __stop_kemu_shared[] __attribute__((weak));
 
 struct access {
     uintptr_t addr, pc;
-    uint32_t epoch, seq;
+    uint32_t epoch, nth; // nth: the execution of this access (pc) by this thread in the epoch
     uint16_t thread;
     uint8_t size;
     bool store;
 };
 
 struct line_stats {
-    uint64_t requests = 0, wavefronts = 0, ideal = 0, lanes = 0, unpaired = 0;
+    uint64_t requests = 0, wavefronts = 0, ideal = 0, lanes = 0;
     unsigned max_size = 0;
     bool store = false;
 };
@@ -67,7 +69,7 @@ struct tracer {
     loom_emu::bank_totals totals = {};
     std::string out;
     std::vector<access> block; // this block's accesses, in the order they ran
-    uint32_t epoch[MAX_THREADS], seq[MAX_THREADS];
+    uint32_t epoch[MAX_THREADS];
     long last[MAX_THREADS]; // index in block of the thread's last access
     std::map<uintptr_t, line_stats> by_pc;
 };
@@ -92,7 +94,6 @@ inline void note(const void *p, unsigned size, bool store, const void *pc) {
     const uint32_t e = M.threads[t].epoch;
     if (T.epoch[t] != e) {
         T.epoch[t] = e;
-        T.seq[t] = 0;
         T.last[t] = -1;
     }
     if (T.last[t] >= 0) {
@@ -104,7 +105,7 @@ inline void note(const void *p, unsigned size, bool store, const void *pc) {
         }
     }
     T.last[t] = (long)T.block.size();
-    T.block.push_back(access{a, (uintptr_t)pc, e, T.seq[t]++, (uint16_t)t, (uint8_t)size, store});
+    T.block.push_back(access{a, (uintptr_t)pc, e, 0, (uint16_t)t, (uint8_t)size, store});
 }
 
 // One warp's request: the accesses of its lanes at [lo, hi) of order.
@@ -113,10 +114,8 @@ void request(const std::vector<size_t> &order, size_t lo, size_t hi) {
     line_stats counted, &ls = T.counting ? counted : T.by_pc[first.pc];
     ls.store = first.store;
     std::vector<uintptr_t> words;
-    bool paired = true;
     for (size_t i = lo; i < hi; i++) {
         const access &x = T.block[order[i]];
-        if (x.pc != first.pc || x.store != first.store) paired = false;
         ls.max_size = std::max(ls.max_size, (unsigned)x.size);
         for (uintptr_t w = x.addr / 4; w <= (x.addr + x.size - 1) / 4; w++) words.push_back(w);
     }
@@ -128,37 +127,42 @@ void request(const std::vector<size_t> &order, size_t lo, size_t hi) {
     ls.lanes += hi - lo;
     ls.wavefronts += most;
     ls.ideal += (words.size() + 31) / 32;
-    if (!paired) ls.unpaired++;
     if (T.counting) {
         T.totals.requests += ls.requests;
         T.totals.lanes += ls.lanes;
         T.totals.wavefronts += ls.wavefronts;
         T.totals.least += ls.ideal;
-        T.totals.unpaired += ls.unpaired;
     }
 }
 
+// The block's accesses into requests: numbered by execution of their code address within each
+// thread's epoch, then grouped by warp, epoch, address and number.
 void block_end() {
-    std::vector<size_t> order(T.block.size());
+    std::vector<access> &b = T.block;
+    std::vector<size_t> order(b.size());
     for (size_t i = 0; i < order.size(); i++) order[i] = i;
-    std::stable_sort(order.begin(), order.end(), [](size_t i, size_t j) {
-        const access &a = T.block[i], &b = T.block[j];
-        if (a.thread / 32 != b.thread / 32) return a.thread / 32 < b.thread / 32;
-        if (a.epoch != b.epoch) return a.epoch < b.epoch;
-        return a.seq < b.seq;
+    std::stable_sort(order.begin(), order.end(), [&](size_t i, size_t j) {
+        if (b[i].thread != b[j].thread) return b[i].thread < b[j].thread;
+        if (b[i].epoch != b[j].epoch) return b[i].epoch < b[j].epoch;
+        return b[i].pc < b[j].pc;
     });
+    for (size_t k = 0; k < order.size(); k++) {
+        const access &x = b[order[k]], *prev = k ? &b[order[k - 1]] : nullptr;
+        const bool same =
+            prev && prev->thread == x.thread && prev->epoch == x.epoch && prev->pc == x.pc;
+        b[order[k]].nth = same ? prev->nth + 1 : 0;
+    }
+    auto key = [&](size_t i) {
+        return std::make_tuple(b[i].thread / 32, b[i].epoch, b[i].pc, b[i].nth);
+    };
+    std::sort(order.begin(), order.end(), [&](size_t i, size_t j) { return key(i) < key(j); });
     for (size_t lo = 0; lo < order.size();) {
-        const access &f = T.block[order[lo]];
         size_t hi = lo + 1;
-        while (hi < order.size()) {
-            const access &x = T.block[order[hi]];
-            if (x.thread / 32 != f.thread / 32 || x.epoch != f.epoch || x.seq != f.seq) break;
-            hi++;
-        }
+        while (hi < order.size() && key(order[hi]) == key(order[lo])) hi++;
         request(order, lo, hi);
         lo = hi;
     }
-    T.block.clear();
+    b.clear();
     for (int t = 0; t < MAX_THREADS; t++) T.epoch[t] = UINT32_MAX;
 }
 
@@ -250,16 +254,16 @@ void report() {
         k.requests += kv.second.requests;
         k.wavefronts += kv.second.wavefronts;
         k.ideal += kv.second.ideal;
-        k.unpaired += kv.second.unpaired;
+        k.lanes += kv.second.lanes;
     }
-    fprintf(f, "| Kernel | Requests | Wavefronts | Least | Excess | Unpaired |\n");
+    fprintf(f, "| Kernel | Requests | Wavefronts | Least | Excess | Lanes a request |\n");
     fprintf(f, "|---|---:|---:|---:|---:|---:|\n");
     for (const auto &kv : by_kernel)
-        fprintf(f, "| `%s` | %llu | %llu | %llu | %.2fx | %llu |\n", kv.first.c_str(),
+        fprintf(f, "| `%s` | %llu | %llu | %llu | %.2fx | %.1f |\n", kv.first.c_str(),
                 (unsigned long long)kv.second.requests, (unsigned long long)kv.second.wavefronts,
                 (unsigned long long)kv.second.ideal,
                 kv.second.ideal ? (double)kv.second.wavefronts / (double)kv.second.ideal : 0.0,
-                (unsigned long long)kv.second.unpaired);
+                (double)kv.second.lanes / (double)kv.second.requests);
     // the lines: a line's accesses (an unrolled loop has one pc per copy) added up
     std::map<std::string, line_stats> by_line;
     for (const auto &kv : T.by_pc) {
@@ -272,23 +276,28 @@ void report() {
         t.requests += l.requests;
         t.wavefronts += l.wavefronts;
         t.ideal += l.ideal;
-        t.unpaired += l.unpaired;
+        t.lanes += l.lanes;
     }
     std::vector<std::pair<std::string, line_stats>> lines(by_line.begin(), by_line.end());
     std::sort(lines.begin(), lines.end(), [](const auto &a, const auto &b) {
         return a.second.wavefronts - a.second.ideal > b.second.wavefronts - b.second.ideal;
     });
     fprintf(f, "\n| Line | Function | Kernel | Access | Requests | Wavefronts per request | "
-               "Least | Unpaired |\n");
+               "Least | Lanes |\n");
     fprintf(f, "|---|---|---|---|---:|---:|---:|---:|\n");
     for (const auto &kv : lines) {
         const line_stats &l = kv.second;
         if (l.wavefronts == l.ideal) continue;
-        fprintf(f, "| %s | %llu | %.2f | %.2f | %llu |\n", kv.first.c_str(),
+        fprintf(f, "| %s | %llu | %.2f | %.2f | %.1f |\n", kv.first.c_str(),
                 (unsigned long long)l.requests, (double)l.wavefronts / (double)l.requests,
-                (double)l.ideal / (double)l.requests, (unsigned long long)l.unpaired);
+                (double)l.ideal / (double)l.requests, (double)l.lanes / (double)l.requests);
     }
     fclose(f);
+}
+
+// cp.async's shared-memory writes (kernel_emu_async.cpp calls this as it issues one).
+void note_cp_async(const void *dst, unsigned bytes, const void *pc) {
+    note(dst, bytes, true, pc);
 }
 
 // Switched on by the environment when the program starts (after T, which is defined above in
@@ -299,6 +308,7 @@ struct starter {
         if (!out || !*out) return;
         T.out = out;
         T.on = T.report_on = true;
+        smem_write_hook = note_cp_async;
         for (int t = 0; t < MAX_THREADS; t++) T.epoch[t] = UINT32_MAX;
         atexit(report);
     }
@@ -310,6 +320,7 @@ namespace loom_emu {
 
 void banks_begin() {
     T.on = T.counting = true;
+    smem_write_hook = note_cp_async;
     T.totals = bank_totals{};
     T.block.clear();
     for (int t = 0; t < MAX_THREADS; t++) T.epoch[t] = UINT32_MAX;

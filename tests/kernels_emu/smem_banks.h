@@ -9,7 +9,7 @@
 namespace loom_emu {
 
 struct bank_totals {
-    uint64_t requests, lanes, wavefronts, least, unpaired;
+    uint64_t requests, lanes, wavefronts, least;
 };
 
 void banks_begin();

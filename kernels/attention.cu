@@ -82,9 +82,22 @@ static __device__ __forceinline__ float *part_ml(const attn_args &a, int rr, int
            (((size_t)rr * a.p.n_head + h) * LOOM_K_ATTN_MAX_SPLITS + sp) * 2;
 }
 
-/* The block's warps' online-softmax states (comb: [ATTN_WARPS][G][hd] accumulators, ml:
- * [ATTN_WARPS][G] (max, sum) pairs, after a barrier) into the split's partial output, in warp
- * order; a warp that saw no position has m = -inf and weighs nothing. */
+/* Where element e of a query head lives in q_s and in a warp's comb: CPL = 1 (the scalar form), at
+ * e; else (the vector form, whose lanes read CPL 16-byte chunks of a head each, lane sub chunks sub
+ * CPL .. + CPL - 1) its chunk c = e / 4 moves to c ^ ((c / 8) % CPL). Unswizzled, the chunks one
+ * ld.shared.v4 of a warp reads (CPL apart) fall in 8 / CPL of the 8 bank quads, so it takes CPL
+ * times the wavefronts it needs (2 for 16-bit pages, 4 for FP8, every position and query head);
+ * swizzled, every lane 8 chunks apart differs in the bits the XOR changes, and the chunks cover
+ * all 8. Stays within a head: CPL <= 4, the head a multiple of 16. */
+template <int CPL> static __device__ __forceinline__ int q_at(int e) {
+    const int c = e >> 2;
+    return (c ^ ((c >> 3) & (CPL - 1))) << 2 | (e & 3);
+}
+
+/* The block's warps' online-softmax states (comb: [ATTN_WARPS][G][hd] accumulators placed by
+ * q_at<CPL>, ml: [ATTN_WARPS][G] (max, sum) pairs, after a barrier) into the split's partial
+ * output, in warp order; a warp that saw no position has m = -inf and weighs nothing. */
+template <int CPL>
 static __device__ __forceinline__ void combine_warps(const attn_args &a, int rr, int kvh, int split,
                                                      int G, int hd, const float *comb,
                                                      const float *ml) {
@@ -97,7 +110,7 @@ static __device__ __forceinline__ void combine_warps(const attn_args &a, int rr,
             const float mw = ml[(w * G + g) * 2];
             if (mw == -INFINITY) continue;
             const float f = expf(mw - M);
-            A += comb[(w * G + g) * hd + e] * f;
+            A += comb[(w * G + g) * hd + q_at<CPL>(e)] * f;
             L += ml[(w * G + g) * 2 + 1] * f;
         }
         const int h = kvh * G + g;
@@ -107,18 +120,6 @@ static __device__ __forceinline__ void combine_warps(const attn_args &a, int rr,
             part_ml(a, rr, h, split)[1] = L;
         }
     }
-}
-
-/* Where element e of a query head lives in q_s: CPL = 1 (the scalar form), at e; else (the
- * vector form, whose lanes read CPL 16-byte chunks of a head each, lane sub chunks
- * sub CPL .. + CPL - 1) its chunk c = e / 4 moves to c ^ ((c / 8) % CPL). Unswizzled, the
- * chunks one ld.shared.v4 of a warp reads (CPL apart) fall in 8 / CPL of the 8 bank quads, so it
- * takes CPL times the wavefronts it needs (2 for 16-bit pages, 4 for FP8, every position and
- * query head); swizzled, every lane 8 chunks apart differs in the bits the XOR changes, and the
- * chunks cover all 8. Stays within a head: CPL <= 4, the head a multiple of 16. */
-template <int CPL> static __device__ __forceinline__ int q_at(int e) {
-    const int c = e >> 2;
-    return (c ^ ((c >> 3) & (CPL - 1))) << 2 | (e & 3);
 }
 
 /* The block's shared memory (q_s [G][hd]: the row's query heads of this KV head, placed by
@@ -239,7 +240,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn
         }
     }
     __syncthreads();
-    combine_warps(a, rr, kvh, split, G, hd, comb, ml);
+    combine_warps<1>(a, rr, kvh, split, G, hd, comb, ml);
 }
 
 /* ---- the vector form: 16-byte loads ------------------------------------------------------ */
@@ -408,8 +409,11 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_vec_kernel(attn_a
 #pragma unroll
             for (int v = 0; v < VPL; v++)
 #pragma unroll
-                for (int i = 0; i < EPL; i++)
-                    comb[(warp * G + g) * HD + (v * LPP + sub) * EPL + i] = acc[g][v * EPL + i];
+                for (int i = 0; i < EPL; i += 4) /* q_at's place: the stores cover the banks */
+                    *(float4 *)(comb + (warp * G + g) * HD +
+                                q_at<EPL / 4>((v * LPP + sub) * EPL + i)) =
+                        make_float4(acc[g][v * EPL + i], acc[g][v * EPL + i + 1],
+                                    acc[g][v * EPL + i + 2], acc[g][v * EPL + i + 3]);
             if (lane == 0) {
                 ml[(warp * G + g) * 2] = m[g];
                 ml[(warp * G + g) * 2 + 1] = l[g];
@@ -417,7 +421,7 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_vec_kernel(attn_a
         }
     }
     __syncthreads();
-    combine_warps(a, rr, kvh, split, G, HD, comb, ml);
+    combine_warps<EPL / 4>(a, rr, kvh, split, G, HD, comb, ml);
 }
 
 /* The head size the vector form runs a layer with (64, 128 or 256), or 0: the scalar form

@@ -268,6 +268,19 @@ static __device__ __forceinline__ void gemm_decode(const gemm_args &a, const uin
         for (int j = 0; j < 32; j++) v[j] = 0.0f;
     }
 }
+/* The x pieces of x thread u (0..63: threads 64..127): for j = 0..7, token 8 j + gemm_x_row(u),
+ * values 4 gemm_x_quad(u) .. + 3 of the chunk. A warp takes 8 tokens by 4 pieces (its half of
+ * the chunk), so that each of its stores into the tile (gemm_put) covers 8 rows: with BF16 rows
+ * of GEMM_LDW = 20 words (8 bytes a lane) the 32 banks twice, the least; 4 rows of 16 pieces,
+ * as before, took 3 wavefronts. Float32 rows (36 words, 16 bytes a lane) cover them 4 times
+ * either way. Global reads: a token's 4 pieces are 64 contiguous bytes. */
+static __device__ __forceinline__ int gemm_x_row(int u) {
+    return (u & 31) >> 2;
+}
+static __device__ __forceinline__ int gemm_x_quad(int u) {
+    return (u & 3) | (u >> 5) << 2;
+}
+
 /* This thread's share of chunk c (chunk cl of the staged stage s) into v: threads 0..63 decode
  * staged row tid, threads 64..127 read eight 4-value pieces of the tokens' activations (zeros
  * past the last token and past k: x is never read beyond its rows' k values). x_vec: x and its
@@ -281,10 +294,10 @@ static __device__ __forceinline__ void gemm_fetch(const gemm_args &a, const uint
         gemm_decode<T>(a, raw, n0, (int)threadIdx.x, s, cl, v);
     } else {
         const int u = threadIdx.x - GEMM_ROWS;
-        const int64_t col = 32 * c + 4 * (u & 7);
+        const int64_t col = 32 * c + 4 * gemm_x_quad(u);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const int64_t t = t0 + 8 * j + (u >> 3);
+            const int64_t t = t0 + 8 * j + gemm_x_row(u);
             float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (t < a.n_tokens) {
                 const float *xr = (const float *)((const char *)a.x + (size_t)t * a.x_stride);
@@ -320,7 +333,8 @@ static __device__ __forceinline__ void gemm_put(gemm_tile<LOOM_K_MATH_BF16> &s, 
         const int u = threadIdx.x - GEMM_ROWS;
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            *(uint2 *)&s.x[8 * j + (u >> 3)][2 * (u & 7)] = make_uint2(p[2 * j], p[2 * j + 1]);
+            *(uint2 *)&s.x[8 * j + gemm_x_row(u)][2 * gemm_x_quad(u)] =
+                make_uint2(p[2 * j], p[2 * j + 1]);
     }
 }
 static __device__ __forceinline__ void gemm_put(gemm_tile<LOOM_K_MATH_F32> &s, const float v[32]) {
@@ -334,7 +348,7 @@ static __device__ __forceinline__ void gemm_put(gemm_tile<LOOM_K_MATH_F32> &s, c
         const int u = threadIdx.x - GEMM_ROWS;
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            *(float4 *)&s.x[8 * j + (u >> 3)][4 * (u & 7)] =
+            *(float4 *)&s.x[8 * j + gemm_x_row(u)][4 * gemm_x_quad(u)] =
                 make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
     }
 }

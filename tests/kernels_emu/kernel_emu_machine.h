@@ -148,10 +148,10 @@ struct machine {
 
 extern machine M;
 
-// Called with each cp.async's shared destination, its bytes and the issuing code's address
-// (smem_banks.cpp: the copies' shared-memory writes cost wavefronts as stores do). A plain
-// pointer, set before the machine's own initialisation may run.
-extern void (*smem_write_hook)(const void *dst, unsigned bytes, const void *pc);
+// Called with each cp.async's shared destination, its global source and source bytes, and the
+// issuing code's address (smem_banks.cpp counts the copy's read and write as a load and a
+// store). A plain pointer, set before the machine's own initialisation may run.
+extern void (*smem_write_hook)(const void *dst, const void *src, int src_bytes, const void *pc);
 
 // Reports a broken rule (the block and thread where it happened) and ends the program.
 [[noreturn]] __attribute__((format(printf, 1, 2))) void fault(const char *fmt, ...);

@@ -1,15 +1,23 @@
-// smem_banks.cpp — shared-memory bank conflicts of the emulated kernels, by source line: what
-// Nsight Compute's "shared bank conflicts" says on a GPU, from the emulator on any machine.
+// smem_banks.cpp — the emulated kernels' memory accesses by source line, what Nsight Compute
+// says of them on a GPU, from the emulator on any machine: shared-memory bank conflicts
+// (wavefronts a request) and global-memory coalescing (32-byte sectors a request).
 //
 // Linked into test_kernels_emu when it is built with LOOM_EMU_SMEM_BANKS (clang, whose
 // -fsanitize-coverage=trace-loads,trace-stores calls the __sanitizer_cov_load / store hooks below
 // before every load and store of the kernel units), and switched on by LOOM_EMU_BANKS=<file>: the
 // report is written there when the program exits.
 //
-// The model: shared memory is 32 banks of 4-byte words. A warp's request (one instruction, its
-// active lanes) takes as many wavefronts as the most distinct words any one bank holds among the
-// words the lanes touch (the same word read by several lanes is one: a broadcast); it needs at
-// least ceil(distinct words / 32). The excess over that least is the conflicts' cost.
+// The model: shared memory is 32 banks of 4-byte words, 128 bytes a wavefront. A warp's request
+// (one instruction, its active lanes) is served in phases, as NVIDIA describes it: the whole
+// warp for accesses of up to 4 bytes a lane, each half warp (lanes 0-15, 16-31) for 8 bytes,
+// each quarter warp for 16; a phase takes as many wavefronts as the most distinct words any one
+// bank holds among the words its lanes touch (the same word read by several lanes is one: a
+// broadcast), and needs at least ceil(its distinct words / 32). The excess over that least is the
+// conflicts' cost. Conflicts between phases cost nothing; a word read by two phases is read
+// twice. Global
+// memory (kind_of: the heap, where the tests keep the device's buffers): a request costs the
+// distinct 32-byte sectors it touches, at least its distinct bytes / 32; caches are not modelled
+// (a sector read twice by two requests counts twice, as it does in "sectors per request").
 //
 // Which accesses are one instruction: the lanes of a warp pass the same collectives and barriers
 // (thread::epoch counts them); between two, the n-th execution of an access (its code address)
@@ -28,6 +36,7 @@
 // Loads the host repeats in a loop count each time, as they do where nvcc keeps them in the loop
 // (it does for the attention kernels' shared Q: their registers are taken).
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,13 +63,13 @@ struct access {
     uint32_t epoch, nth; // nth: the execution of this access (pc) by this thread in the epoch
     uint16_t thread;
     uint8_t size;
-    bool store;
+    bool store, global;
 };
 
 struct line_stats {
     uint64_t requests = 0, wavefronts = 0, ideal = 0, lanes = 0;
     unsigned max_size = 0;
-    bool store = false;
+    bool store = false, global = false;
 };
 
 struct tracer {
@@ -72,6 +81,7 @@ struct tracer {
     uint32_t epoch[MAX_THREADS];
     long last[MAX_THREADS]; // index in block of the thread's last access
     std::map<uintptr_t, line_stats> by_pc;
+    uintptr_t host_stack_lo = 0, host_stack_hi = 0; // the launching thread's (kernel arguments)
 };
 
 tracer T;
@@ -83,12 +93,28 @@ inline bool in_smem(uintptr_t a) {
     return a >= d0 && a < d0 + M.dyn.size();
 }
 
+extern "C" char __executable_start[], end[]; // the program's code and static data (the linker's)
+
+// What an address is to the running thread: shared memory (1), global memory (2: the heap, where
+// the tests keep the device's buffers) or neither (0: its own stack, which the device keeps in
+// registers; the launching thread's stack, where the kernel's arguments are, which the device
+// reads from its constant bank; the program's static data).
+inline int kind_of(uintptr_t a) {
+    if (in_smem(a)) return 1;
+    const uintptr_t st = (uintptr_t)M.threads[M.cur].stack;
+    if (a >= st && a < st + STACK_BYTES) return 0;
+    if (a >= T.host_stack_lo && a < T.host_stack_hi) return 0;
+    if (a >= (uintptr_t)__executable_start && a < (uintptr_t)end) return 0;
+    return 2;
+}
+
 void block_end();
 
 inline void note(const void *p, unsigned size, bool store, const void *pc) {
     if (!T.on || M.cur < 0) return;
     const uintptr_t a = (uintptr_t)p;
-    if (!in_smem(a)) return;
+    const int kind = kind_of(a);
+    if (kind == 0) return;
     M.block_end_hook = block_end; /* here: the machine's own initialisation may come after ours */
     const int t = M.cur;
     const uint32_t e = M.threads[t].epoch;
@@ -98,40 +124,80 @@ inline void note(const void *p, unsigned size, bool store, const void *pc) {
     }
     if (T.last[t] >= 0) {
         access &prev = T.block[(size_t)T.last[t]];
-        if (prev.store == store && prev.addr + prev.size == a &&
+        if (prev.store == store && prev.global == (kind == 2) && prev.addr + prev.size == a &&
             prev.addr / 16 == (a + size - 1) / 16) {
             prev.size = (uint8_t)(prev.size + size);
             return;
         }
     }
     T.last[t] = (long)T.block.size();
-    T.block.push_back(access{a, (uintptr_t)pc, e, 0, (uint16_t)t, (uint8_t)size, store});
+    T.block.push_back(access{a, (uintptr_t)pc, e, 0, (uint16_t)t, (uint8_t)size, store, kind == 2});
 }
 
-// One warp's request: the accesses of its lanes at [lo, hi) of order.
+// One warp's request: the accesses of its lanes at [lo, hi) of order. Shared memory: its
+// wavefronts (phase by phase, the most distinct words in one bank) against the least (its words
+// / 32, phase by phase). Global
+// memory: the 32-byte sectors it touches against the least (the bytes it touches / 32, rounded
+// up), which is how coalescing is counted (Nsight Compute's sectors per request).
 void request(const std::vector<size_t> &order, size_t lo, size_t hi) {
     const access &first = T.block[order[lo]];
     line_stats counted, &ls = T.counting ? counted : T.by_pc[first.pc];
     ls.store = first.store;
-    std::vector<uintptr_t> words;
-    for (size_t i = lo; i < hi; i++) {
-        const access &x = T.block[order[i]];
-        ls.max_size = std::max(ls.max_size, (unsigned)x.size);
-        for (uintptr_t w = x.addr / 4; w <= (x.addr + x.size - 1) / 4; w++) words.push_back(w);
+    ls.global = first.global;
+    uint64_t cost = 0, least = 0;
+    if (first.global) {
+        std::vector<uintptr_t> bytes, sectors;
+        for (size_t i = lo; i < hi; i++) {
+            const access &x = T.block[order[i]];
+            ls.max_size = std::max(ls.max_size, (unsigned)x.size);
+            for (uintptr_t b = x.addr; b < x.addr + x.size; b++) bytes.push_back(b);
+        }
+        std::sort(bytes.begin(), bytes.end());
+        bytes.erase(std::unique(bytes.begin(), bytes.end()), bytes.end());
+        for (uintptr_t b : bytes)
+            if (sectors.empty() || sectors.back() != b / 32) sectors.push_back(b / 32);
+        cost = sectors.size();
+        least = (bytes.size() + 31) / 32;
+    } else {
+        /* the phases: the whole warp for accesses of 4 bytes or less, half warps for 8, quarter
+           warps for 16 (a phase moves at most 128 bytes) */
+        unsigned widest = 0;
+        for (size_t i = lo; i < hi; i++)
+            widest = std::max(widest, (unsigned)T.block[order[i]].size);
+        ls.max_size = std::max(ls.max_size, widest);
+        const unsigned lanes_per_phase = widest > 8 ? 8 : widest > 4 ? 16 : 32;
+        for (unsigned ph = 0; ph < 32 / lanes_per_phase; ph++) {
+            std::vector<uintptr_t> words;
+            for (size_t i = lo; i < hi; i++) {
+                const access &x = T.block[order[i]];
+                if (x.thread % 32 / lanes_per_phase != ph) continue;
+                for (uintptr_t w = x.addr / 4; w <= (x.addr + x.size - 1) / 4; w++)
+                    words.push_back(w);
+            }
+            if (words.empty()) continue;
+            std::sort(words.begin(), words.end());
+            words.erase(std::unique(words.begin(), words.end()), words.end());
+            unsigned per_bank[32] = {0}, most = 0;
+            for (uintptr_t w : words) most = std::max(most, ++per_bank[w % 32]);
+            cost += most;
+            least += (words.size() + 31) / 32;
+        }
     }
-    std::sort(words.begin(), words.end());
-    words.erase(std::unique(words.begin(), words.end()), words.end());
-    unsigned per_bank[32] = {0}, most = 0;
-    for (uintptr_t w : words) most = std::max(most, ++per_bank[w % 32]);
     ls.requests++;
     ls.lanes += hi - lo;
-    ls.wavefronts += most;
-    ls.ideal += (words.size() + 31) / 32;
+    ls.wavefronts += cost;
+    ls.ideal += least;
     if (T.counting) {
-        T.totals.requests += ls.requests;
-        T.totals.lanes += ls.lanes;
-        T.totals.wavefronts += ls.wavefronts;
-        T.totals.least += ls.ideal;
+        if (first.global) {
+            T.totals.g_requests++;
+            T.totals.sectors += cost;
+            T.totals.sectors_least += least;
+        } else {
+            T.totals.requests++;
+            T.totals.lanes += hi - lo;
+            T.totals.wavefronts += cost;
+            T.totals.least += least;
+        }
     }
 }
 
@@ -247,57 +313,82 @@ void report() {
     std::vector<uintptr_t> pcs;
     for (const auto &kv : T.by_pc) pcs.push_back(kv.first);
     std::map<uintptr_t, where> src = symbolize(pcs);
-    // by kernel, then the lines with an excess, most first
-    std::map<std::string, line_stats> by_kernel;
-    for (const auto &kv : T.by_pc) {
-        line_stats &k = by_kernel[src[kv.first].kernel];
-        k.requests += kv.second.requests;
-        k.wavefronts += kv.second.wavefronts;
-        k.ideal += kv.second.ideal;
-        k.lanes += kv.second.lanes;
-    }
-    fprintf(f, "| Kernel | Requests | Wavefronts | Least | Excess | Lanes a request |\n");
-    fprintf(f, "|---|---:|---:|---:|---:|---:|\n");
-    for (const auto &kv : by_kernel)
-        fprintf(f, "| `%s` | %llu | %llu | %llu | %.2fx | %.1f |\n", kv.first.c_str(),
-                (unsigned long long)kv.second.requests, (unsigned long long)kv.second.wavefronts,
-                (unsigned long long)kv.second.ideal,
-                kv.second.ideal ? (double)kv.second.wavefronts / (double)kv.second.ideal : 0.0,
-                (double)kv.second.lanes / (double)kv.second.requests);
-    // the lines: a line's accesses (an unrolled loop has one pc per copy) added up
-    std::map<std::string, line_stats> by_line;
-    for (const auto &kv : T.by_pc) {
-        const where &w = src[kv.first];
-        const line_stats &l = kv.second;
-        char key[512];
-        snprintf(key, sizeof key, "%s | `%s` | `%s` | %s %u B", w.line.c_str(), w.fn.c_str(),
-                 w.kernel.c_str(), l.store ? "store" : "load", l.max_size);
-        line_stats &t = by_line[key];
-        t.requests += l.requests;
-        t.wavefronts += l.wavefronts;
-        t.ideal += l.ideal;
-        t.lanes += l.lanes;
-    }
-    std::vector<std::pair<std::string, line_stats>> lines(by_line.begin(), by_line.end());
-    std::sort(lines.begin(), lines.end(), [](const auto &a, const auto &b) {
-        return a.second.wavefronts - a.second.ideal > b.second.wavefronts - b.second.ideal;
-    });
-    fprintf(f, "\n| Line | Function | Kernel | Access | Requests | Wavefronts per request | "
-               "Least | Lanes |\n");
-    fprintf(f, "|---|---|---|---|---:|---:|---:|---:|\n");
-    for (const auto &kv : lines) {
-        const line_stats &l = kv.second;
-        if (l.wavefronts == l.ideal) continue;
-        fprintf(f, "| %s | %llu | %.2f | %.2f | %.1f |\n", kv.first.c_str(),
-                (unsigned long long)l.requests, (double)l.wavefronts / (double)l.requests,
-                (double)l.ideal / (double)l.requests, (double)l.lanes / (double)l.requests);
+    for (int global = 0; global < 2; global++) {
+        const char *cost = global ? "Sectors" : "Wavefronts";
+        fprintf(f, global ? "\n## Global memory: 32-byte sectors a request\n\n"
+                          : "## Shared memory: wavefronts a request\n\n");
+        // by kernel, then the lines with an excess, most first
+        std::map<std::string, line_stats> by_kernel;
+        for (const auto &kv : T.by_pc) {
+            if (kv.second.global != (global == 1)) continue;
+            line_stats &k = by_kernel[src[kv.first].kernel];
+            k.requests += kv.second.requests;
+            k.wavefronts += kv.second.wavefronts;
+            k.ideal += kv.second.ideal;
+            k.lanes += kv.second.lanes;
+        }
+        fprintf(f, "| Kernel | Requests | %s | Least | Excess | Lanes a request |\n", cost);
+        fprintf(f, "|---|---:|---:|---:|---:|---:|\n");
+        for (const auto &kv : by_kernel)
+            fprintf(f, "| `%s` | %llu | %llu | %llu | %.2fx | %.1f |\n", kv.first.c_str(),
+                    (unsigned long long)kv.second.requests,
+                    (unsigned long long)kv.second.wavefronts, (unsigned long long)kv.second.ideal,
+                    kv.second.ideal ? (double)kv.second.wavefronts / (double)kv.second.ideal : 0.0,
+                    (double)kv.second.lanes / (double)kv.second.requests);
+        // the lines: a line's accesses (an unrolled loop has one pc per copy) added up
+        std::map<std::string, line_stats> by_line;
+        for (const auto &kv : T.by_pc) {
+            const line_stats &l = kv.second;
+            if (l.global != (global == 1)) continue;
+            const where &w = src[kv.first];
+            char key[512];
+            snprintf(key, sizeof key, "%s | `%s` | `%s` | %s %u B", w.line.c_str(), w.fn.c_str(),
+                     w.kernel.c_str(), l.store ? "store" : "load", l.max_size);
+            line_stats &t = by_line[key];
+            t.requests += l.requests;
+            t.wavefronts += l.wavefronts;
+            t.ideal += l.ideal;
+            t.lanes += l.lanes;
+        }
+        std::vector<std::pair<std::string, line_stats>> lines(by_line.begin(), by_line.end());
+        std::sort(lines.begin(), lines.end(), [](const auto &a, const auto &b) {
+            return a.second.wavefronts - a.second.ideal > b.second.wavefronts - b.second.ideal;
+        });
+        fprintf(f,
+                "\n| Line | Function | Kernel | Access | Requests | %s per request | Least | "
+                "Lanes |\n",
+                cost);
+        fprintf(f, "|---|---|---|---|---:|---:|---:|---:|\n");
+        int shown = 0;
+        for (const auto &kv : lines) {
+            const line_stats &l = kv.second;
+            if (l.wavefronts == l.ideal || shown++ == 80) continue;
+            fprintf(f, "| %s | %llu | %.2f | %.2f | %.1f |\n", kv.first.c_str(),
+                    (unsigned long long)l.requests, (double)l.wavefronts / (double)l.requests,
+                    (double)l.ideal / (double)l.requests, (double)l.lanes / (double)l.requests);
+        }
     }
     fclose(f);
 }
 
-// cp.async's shared-memory writes (kernel_emu_async.cpp calls this as it issues one).
-void note_cp_async(const void *dst, unsigned bytes, const void *pc) {
-    note(dst, bytes, true, pc);
+// A cp.async (kernel_emu_async.cpp calls this as it issues one): its read of global memory
+// (src_bytes of it; none for a zero fill) and its 16-byte write of shared memory.
+void note_cp_async(const void *dst, const void *src, int src_bytes, const void *pc) {
+    if (src_bytes > 0) note(src, (unsigned)src_bytes, false, pc);
+    note(dst, 16, true, pc);
+}
+
+// The calling thread's stack (the kernels' arguments, captured by the launch's lambda).
+void find_host_stack() {
+    pthread_attr_t at;
+    void *lo = nullptr;
+    size_t size = 0;
+    if (pthread_getattr_np(pthread_self(), &at) == 0) {
+        pthread_attr_getstack(&at, &lo, &size);
+        pthread_attr_destroy(&at);
+    }
+    T.host_stack_lo = (uintptr_t)lo;
+    T.host_stack_hi = (uintptr_t)lo + size;
 }
 
 // Switched on by the environment when the program starts (after T, which is defined above in
@@ -309,6 +400,7 @@ struct starter {
         T.out = out;
         T.on = T.report_on = true;
         smem_write_hook = note_cp_async;
+        find_host_stack();
         for (int t = 0; t < MAX_THREADS; t++) T.epoch[t] = UINT32_MAX;
         atexit(report);
     }
@@ -321,6 +413,7 @@ namespace loom_emu {
 void banks_begin() {
     T.on = T.counting = true;
     smem_write_hook = note_cp_async;
+    find_host_stack();
     T.totals = bank_totals{};
     T.block.clear();
     for (int t = 0; t < MAX_THREADS; t++) T.epoch[t] = UINT32_MAX;

@@ -9,7 +9,8 @@
 namespace loom_emu {
 
 struct bank_totals {
-    uint64_t requests, lanes, wavefronts, least;
+    uint64_t requests, lanes, wavefronts, least; // shared memory
+    uint64_t g_requests, sectors, sectors_least; // global memory
 };
 
 void banks_begin();

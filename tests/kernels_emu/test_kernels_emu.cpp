@@ -10,8 +10,8 @@
 // a missing barrier shows as a wrong result. `test_kernels_emu [PART ...] [-v]` runs the parts
 // named (all by default): prefill, summary, gemm, gemv, get_rows, elementwise, rope, kv_store,
 // attention, kv_merge, blaslt_gemm, async_rules (the emulator's own checks of wgmma and cp.async
-// rules, each shown to catch its break), smem_banks (the bank-conflict model of smem_banks.cpp on
-// accesses of known cost).
+// rules, each shown to catch its break), smem_banks (smem_banks.cpp's model of shared-memory bank
+// conflicts and global-memory sectors on accesses of known cost).
 #include <stdio.h>
 #include <string.h>
 
@@ -314,7 +314,7 @@ const part parts[] = {
     {"kv_merge", "kv_merge", emu_kv_merge::run_all},
     {"blaslt_gemm", "blaslt_gemm", emu_blaslt_gemm::run_all},
     {"async_rules", "the emulator's wgmma and cp.async rules", emu_async_rules::run_all},
-    {"smem_banks", "the shared-memory bank model", emu_smem_banks::run_all},
+    {"smem_banks", "the memory access model (banks, sectors)", emu_smem_banks::run_all},
 };
 const int n_parts = (int)(sizeof parts / sizeof parts[0]);
 

@@ -270,12 +270,15 @@ static __device__ __forceinline__ void gemm_decode(const gemm_args &a, const uin
 }
 /* The x pieces of x thread u (0..63: threads 64..127): for j = 0..7, token 8 j + gemm_x_row(u),
  * values 4 gemm_x_quad(u) .. + 3 of the chunk. A warp takes 8 tokens by 4 pieces (its half of
- * the chunk), so that each of its stores into the tile (gemm_put) covers 8 rows: with BF16 rows
- * of GEMM_LDW = 20 words (8 bytes a lane) the 32 banks twice, the least; 4 rows of 16 pieces,
- * as before, took 3 wavefronts. Float32 rows (36 words, 16 bytes a lane) cover them 4 times
- * either way. Global reads: a token's 4 pieces are 64 contiguous bytes. */
+ * the chunk), lanes 4b .. 4b + 3 token bitrev3(b): shared stores are served a half warp (8 bytes
+ * a lane) or a quarter warp (16) at a time, and the rows they take (BF16: tokens 0, 4, 2, 6 of
+ * GEMM_LDW = 20 words, banks 0, 16, 8, 24 on; float32: tokens 0, 4 of GEMM_LD = 36, banks 0 and
+ * 16 on) fill the 32 banks once: 2 wavefronts a BF16 store, 4 a float32 one, the least. (One
+ * token of 8 pieces a quarter warp, as before, was as good for float32 but 2-way for BF16; tokens
+ * in order, 2-way for float32.) Global reads: a token's 4 pieces are 64 contiguous bytes. */
 static __device__ __forceinline__ int gemm_x_row(int u) {
-    return (u & 31) >> 2;
+    const int b = (u & 31) >> 2;
+    return (b & 1) << 2 | (b & 2) | b >> 2;
 }
 static __device__ __forceinline__ int gemm_x_quad(int u) {
     return (u & 3) | (u >> 5) << 2;

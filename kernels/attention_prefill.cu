@@ -249,6 +249,29 @@ static __host__ __device__ __forceinline__ size_t pf_elt_bytes(uint32_t type) {
     return type == LOOM_K_F32 ? 4 : (type == LOOM_K_FP8_E4M3 || type == LOOM_K_FP8_E5M2) ? 1 : 2;
 }
 
+/* Eight elements at p as float32 (lo: the first four): 16-bit pages where p is 16-byte aligned
+ * (al16) in one 16-byte load, so that a warp's lanes reading a row's 64 contiguous bytes touch
+ * its two sectors once (as two 8-byte loads, each would touch both for half of them); else as
+ * pf_load4 reads them, twice. The same values either way. */
+static __device__ __forceinline__ void pf_load8(uint32_t type, const char *p, bool al16, float4 *lo,
+                                                float4 *hi) {
+    if (al16 && (type == LOOM_K_F16 || type == LOOM_K_BF16)) {
+        const uint4 u = *(const uint4 *)p;
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint16_t h = (uint16_t)(w[i / 2] >> (16 * (i % 2)));
+            v[i] = type == LOOM_K_F16 ? loom_h2f(h) : loom_bf2f(h);
+        }
+        *lo = make_float4(v[0], v[1], v[2], v[3]);
+        *hi = make_float4(v[4], v[5], v[6], v[7]);
+        return;
+    }
+    *lo = pf_load4(type, p);
+    *hi = pf_load4(type, p + 4 * pf_elt_bytes(type));
+}
+
 static __device__ __forceinline__ bool pf_fp8(uint32_t type) {
     return type == LOOM_K_FP8_E4M3 || type == LOOM_K_FP8_E5M2;
 }
@@ -327,14 +350,15 @@ static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const lo
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if constexpr (WG) {
         const int chunks = hd / 8; /* 16-byte core-matrix rows a position */
+        /* every row's 8-element pieces 16-byte aligned (pf_load8) */
+        const bool al16 = (((uintptr_t)kp | (uintptr_t)a.kv.token_stride |
+                            (uintptr_t)a.kv.block_stride | (uintptr_t)(hd * elt)) &
+                           15) == 0;
         for (int it = threadIdx.x; it < PF_N * chunks; it += PF_THREADS) {
             const int rest = it >> 3, jl = rest / chunks * 8 + (it & 7), c = rest % chunks * 8;
             const long long at = row_at[jl];
             float4 k0 = zero, k1 = zero;
-            if (at >= 0) {
-                k0 = pf_load4(type, kp + at + (size_t)c * elt);
-                k1 = pf_load4(type, kp + at + (size_t)(c + 4) * elt);
-            }
+            if (at >= 0) pf_load8(type, kp + at + (size_t)c * elt, al16, &k0, &k1);
             *(uint4 *)(ks + pf_wg_at(jl, c, hd * 16)) =
                 make_uint4(loom_mma16_pack<OP16>(k0.x, k0.y), loom_mma16_pack<OP16>(k0.z, k0.w),
                            loom_mma16_pack<OP16>(k1.x, k1.y), loom_mma16_pack<OP16>(k1.z, k1.w));

@@ -362,7 +362,8 @@ void report() {
         int shown = 0;
         for (const auto &kv : lines) {
             const line_stats &l = kv.second;
-            if (l.wavefronts == l.ideal || shown++ == 80) continue;
+            if (l.wavefronts == l.ideal) continue;
+            if (shown++ == 80) break; /* the 80 with the most excess */
             fprintf(f, "| %s | %llu | %.2f | %.2f | %.1f |\n", kv.first.c_str(),
                     (unsigned long long)l.requests, (double)l.wavefronts / (double)l.requests,
                     (double)l.ideal / (double)l.requests, (double)l.lanes / (double)l.requests);

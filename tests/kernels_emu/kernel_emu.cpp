@@ -448,11 +448,6 @@ bool unblock() {
     fault("deadlock: %d threads at __syncthreads, %d returned", M.n_barrier, M.n_done);
 }
 
-// Static shared memory: the section kernel_emu.h's __shared__ puts it in (absent when no kernel
-// of the program has any: weak).
-extern "C" unsigned char __start_kemu_shared[] __attribute__((weak));
-extern "C" unsigned char __stop_kemu_shared[] __attribute__((weak));
-
 void run_block() {
     unsigned char *shared_lo = __start_kemu_shared, *shared_hi = __stop_kemu_shared;
     if (shared_lo != shared_hi) memset(shared_lo, 0xff, (size_t)(shared_hi - shared_lo));
@@ -472,7 +467,7 @@ void run_block() {
             break;
     }
     async_block_end();
-    if (M.block_end_hook) M.block_end_hook();
+    if (block_end_hook) block_end_hook();
     M.stats.blocks++;
 }
 

@@ -362,12 +362,13 @@ void async_block_end() {
 
 // ---- the instructions, as kernels/cp_async.cuh and kernels/wgmma.cuh call them ------------------
 
-void (*loom_emu::impl::smem_write_hook)(const void *, const void *, int, const void *) = nullptr;
+void (*loom_emu::impl::block_end_hook)() = nullptr;
+void (*loom_emu::impl::cp_async_hook)(const void *, const void *, int, const void *) = nullptr;
 
 void loom_emu_cp_async16(void *dst, const void *src, int src_bytes) {
     using namespace loom_emu;
     current("cp.async");
-    if (smem_write_hook) smem_write_hook(dst, src, src_bytes, __builtin_return_address(0));
+    if (cp_async_hook) cp_async_hook(dst, src, src_bytes, __builtin_return_address(0));
     unsigned char *d = (unsigned char *)dst;
     if (M.dyn.empty() || d < M.dyn.data() || d + 16 > M.dyn.data() + M.dyn.size() ||
         ((uintptr_t)d & 15) != 0 || ((uintptr_t)src & 15) != 0)

@@ -142,16 +142,21 @@ struct machine {
     const void *sched_stack_bottom = nullptr; // ASan: the scheduler's stack
     size_t sched_stack_size = 0;
     counters stats = {};
-    // called when a block has finished (smem_banks.cpp, when it traces shared-memory accesses)
-    void (*block_end_hook)() = nullptr;
 };
 
 extern machine M;
 
-// Called with each cp.async's shared destination, its global source and source bytes, and the
-// issuing code's address (smem_banks.cpp counts the copy's read and write as a load and a
-// store). A plain pointer, set before the machine's own initialisation may run.
-extern void (*smem_write_hook)(const void *dst, const void *src, int src_bytes, const void *pc);
+// smem_banks.cpp's hooks, null unless it traces accesses (plain pointers, constant-initialised,
+// so that they may be set before the machine's own initialisation runs): a block has finished;
+// a cp.async is issued (its shared destination, global source and source bytes, the issuing
+// code's address: the copy's write and read count as a store and a load).
+extern void (*block_end_hook)();
+extern void (*cp_async_hook)(const void *dst, const void *src, int src_bytes, const void *pc);
+
+// Static shared memory: the section kernel_emu.h's __shared__ puts it in (absent when no kernel
+// of the program has any: weak).
+extern "C" unsigned char __start_kemu_shared[] __attribute__((weak));
+extern "C" unsigned char __stop_kemu_shared[] __attribute__((weak));
 
 // Reports a broken rule (the block and thread where it happened) and ends the program.
 [[noreturn]] __attribute__((format(printf, 1, 2))) void fault(const char *fmt, ...);

@@ -55,9 +55,6 @@ namespace {
 
 using namespace loom_emu::impl;
 
-extern "C" unsigned char __start_kemu_shared[] __attribute__((weak));
-extern "C" unsigned char __stop_kemu_shared[] __attribute__((weak));
-
 struct access {
     uintptr_t addr, pc;
     uint32_t epoch, nth; // nth: the execution of this access (pc) by this thread in the epoch
@@ -67,7 +64,7 @@ struct access {
 };
 
 struct line_stats {
-    uint64_t requests = 0, wavefronts = 0, ideal = 0, lanes = 0;
+    uint64_t requests = 0, cost = 0, least = 0, lanes = 0; // cost: wavefronts or sectors
     unsigned max_size = 0;
     bool store = false, global = false;
 };
@@ -108,14 +105,11 @@ inline int kind_of(uintptr_t a) {
     return 2;
 }
 
-void block_end();
-
 inline void note(const void *p, unsigned size, bool store, const void *pc) {
     if (!T.on || M.cur < 0) return;
     const uintptr_t a = (uintptr_t)p;
     const int kind = kind_of(a);
     if (kind == 0) return;
-    M.block_end_hook = block_end; /* here: the machine's own initialisation may come after ours */
     const int t = M.cur;
     const uint32_t e = M.threads[t].epoch;
     if (T.epoch[t] != e) {
@@ -136,9 +130,9 @@ inline void note(const void *p, unsigned size, bool store, const void *pc) {
 
 // One warp's request: the accesses of its lanes at [lo, hi) of order. Shared memory: its
 // wavefronts (phase by phase, the most distinct words in one bank) against the least (its words
-// / 32, phase by phase). Global
-// memory: the 32-byte sectors it touches against the least (the bytes it touches / 32, rounded
-// up), which is how coalescing is counted (Nsight Compute's sectors per request).
+// / 32, phase by phase). Global memory: the 32-byte sectors it touches against the least (the
+// bytes it touches / 32, rounded up), which is how coalescing is counted (Nsight Compute's
+// sectors per request).
 void request(const std::vector<size_t> &order, size_t lo, size_t hi) {
     const access &first = T.block[order[lo]];
     line_stats counted, &ls = T.counting ? counted : T.by_pc[first.pc];
@@ -185,8 +179,8 @@ void request(const std::vector<size_t> &order, size_t lo, size_t hi) {
     }
     ls.requests++;
     ls.lanes += hi - lo;
-    ls.wavefronts += cost;
-    ls.ideal += least;
+    ls.cost += cost;
+    ls.least += least;
     if (T.counting) {
         if (first.global) {
             T.totals.g_requests++;
@@ -323,17 +317,17 @@ void report() {
             if (kv.second.global != (global == 1)) continue;
             line_stats &k = by_kernel[src[kv.first].kernel];
             k.requests += kv.second.requests;
-            k.wavefronts += kv.second.wavefronts;
-            k.ideal += kv.second.ideal;
+            k.cost += kv.second.cost;
+            k.least += kv.second.least;
             k.lanes += kv.second.lanes;
         }
         fprintf(f, "| Kernel | Requests | %s | Least | Excess | Lanes a request |\n", cost);
         fprintf(f, "|---|---:|---:|---:|---:|---:|\n");
         for (const auto &kv : by_kernel)
             fprintf(f, "| `%s` | %llu | %llu | %llu | %.2fx | %.1f |\n", kv.first.c_str(),
-                    (unsigned long long)kv.second.requests,
-                    (unsigned long long)kv.second.wavefronts, (unsigned long long)kv.second.ideal,
-                    kv.second.ideal ? (double)kv.second.wavefronts / (double)kv.second.ideal : 0.0,
+                    (unsigned long long)kv.second.requests, (unsigned long long)kv.second.cost,
+                    (unsigned long long)kv.second.least,
+                    kv.second.least ? (double)kv.second.cost / (double)kv.second.least : 0.0,
                     (double)kv.second.lanes / (double)kv.second.requests);
         // the lines: a line's accesses (an unrolled loop has one pc per copy) added up
         std::map<std::string, line_stats> by_line;
@@ -346,13 +340,13 @@ void report() {
                      w.kernel.c_str(), l.store ? "store" : "load", l.max_size);
             line_stats &t = by_line[key];
             t.requests += l.requests;
-            t.wavefronts += l.wavefronts;
-            t.ideal += l.ideal;
+            t.cost += l.cost;
+            t.least += l.least;
             t.lanes += l.lanes;
         }
         std::vector<std::pair<std::string, line_stats>> lines(by_line.begin(), by_line.end());
         std::sort(lines.begin(), lines.end(), [](const auto &a, const auto &b) {
-            return a.second.wavefronts - a.second.ideal > b.second.wavefronts - b.second.ideal;
+            return a.second.cost - a.second.least > b.second.cost - b.second.least;
         });
         fprintf(f,
                 "\n| Line | Function | Kernel | Access | Requests | %s per request | Least | "
@@ -362,11 +356,11 @@ void report() {
         int shown = 0;
         for (const auto &kv : lines) {
             const line_stats &l = kv.second;
-            if (l.wavefronts == l.ideal) continue;
+            if (l.cost == l.least) continue;
             if (shown++ == 80) break; /* the 80 with the most excess */
             fprintf(f, "| %s | %llu | %.2f | %.2f | %.1f |\n", kv.first.c_str(),
-                    (unsigned long long)l.requests, (double)l.wavefronts / (double)l.requests,
-                    (double)l.ideal / (double)l.requests, (double)l.lanes / (double)l.requests);
+                    (unsigned long long)l.requests, (double)l.cost / (double)l.requests,
+                    (double)l.least / (double)l.requests, (double)l.lanes / (double)l.requests);
         }
     }
     fclose(f);
@@ -400,7 +394,8 @@ struct starter {
         if (!out || !*out) return;
         T.out = out;
         T.on = T.report_on = true;
-        smem_write_hook = note_cp_async;
+        block_end_hook = block_end;
+        cp_async_hook = note_cp_async;
         find_host_stack();
         for (int t = 0; t < MAX_THREADS; t++) T.epoch[t] = UINT32_MAX;
         atexit(report);
@@ -413,7 +408,8 @@ namespace loom_emu {
 
 void banks_begin() {
     T.on = T.counting = true;
-    smem_write_hook = note_cp_async;
+    block_end_hook = block_end;
+    cp_async_hook = note_cp_async;
     find_host_stack();
     T.totals = bank_totals{};
     T.block.clear();

@@ -118,12 +118,20 @@ template <int N> static __device__ __forceinline__ void loom_wg_fence_regs(uint3
 
 /* d = A · B + (scale_d ? d : 0) over m64nNk16, OP16 operands (LOOM_MMA16_BF16 or _F16, as
  * mma.cuh names them), float32 accumulators d[N / 2] in the fragment layout above. B (16 x N,
- * stored as N rows of K) in shared memory at descriptor db, K-major; A (64 x 16) in shared
- * memory at descriptor da, K-major (loom_wg_ss), or in registers (loom_wg_rs: a[4] per thread,
- * warp w's rows 16 w .. 16 w + 15 as mma.sync m16n8k16's A fragment: loom_mma16_a_row/col).
+ * stored as N rows of K) in shared memory at descriptor db, K-major (loom_wg_rs with TB:
+ * N-major, the layout below); A (64 x 16) in shared memory at descriptor da, K-major
+ * (loom_wg_ss), or in registers (loom_wg_rs: a[4] per thread, warp w's rows 16 w .. 16 w + 15
+ * as mma.sync m16n8k16's A fragment: loom_mma16_a_row/col).
  * Issued asynchronously: d, a and the operands' shared memory belong to the instruction until a
  * loom_wg_wait lets it go. N: 32, 64 or 128. scale-d is a predicate; A and B are unscaled (1)
- * and K-major (transpose 0; a register A has no transpose operand). */
+ * and K-major (transpose 0; a register A has no transpose operand) but for TB's B.
+ *
+ * N-major B (imm-trans-b 1, 16-bit types only; the ISA's canonical MN-major layout without
+ * swizzle, ((T,1,m),(8,k)) : ((1,T,SBO),(1T,LBO)), T = 8 values): a core matrix holds 8 rows of
+ * K by 8 values of N (16 contiguous bytes), the rows 16 bytes apart, 128 contiguous bytes; the
+ * next 8 values of N lie SBO bytes further, the next 8 rows of K LBO bytes further:
+ *   element (k, n) at start + (n / 8) SBO + (k / 8) LBO + (k % 8) 16 + (n % 8) 2
+ * — a matrix stored by rows of K (V by position) is copied in 16-byte pieces as it stands. */
 #define LOOM_WG_D8(i)                                                                              \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),    \
         "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -157,27 +165,27 @@ template <int N> static __device__ __forceinline__ void loom_wg_fence_regs(uint3
             LOOM_WG_ASM("m64n128k16", T, LOOM_WG_R64, "%64, %65", "%66", "1, 1, 0, 0",             \
                         LOOM_WG_OUT64, "l"(da), "l"(db), "r"(scale_d));                            \
     } while (0)
-#define LOOM_WG_RS(T, N)                                                                           \
+#define LOOM_WG_RS(T, N, TAIL)                                                                     \
     do {                                                                                           \
         if constexpr (N == 32)                                                                     \
-            LOOM_WG_ASM("m64n32k16", T, LOOM_WG_R16, "{%16, %17, %18, %19}, %20", "%21",           \
-                        "1, 1, 0", LOOM_WG_OUT16, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]),      \
-                        "l"(db), "r"(scale_d));                                                    \
+            LOOM_WG_ASM("m64n32k16", T, LOOM_WG_R16, "{%16, %17, %18, %19}, %20", "%21", TAIL,     \
+                        LOOM_WG_OUT16, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db),        \
+                        "r"(scale_d));                                                             \
         else if constexpr (N == 64)                                                                \
-            LOOM_WG_ASM("m64n64k16", T, LOOM_WG_R32, "{%32, %33, %34, %35}, %36", "%37",           \
-                        "1, 1, 0", LOOM_WG_OUT32, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]),      \
-                        "l"(db), "r"(scale_d));                                                    \
+            LOOM_WG_ASM("m64n64k16", T, LOOM_WG_R32, "{%32, %33, %34, %35}, %36", "%37", TAIL,     \
+                        LOOM_WG_OUT32, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db),        \
+                        "r"(scale_d));                                                             \
         else                                                                                       \
-            LOOM_WG_ASM("m64n128k16", T, LOOM_WG_R64, "{%64, %65, %66, %67}, %68", "%69",          \
-                        "1, 1, 0", LOOM_WG_OUT64, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]),      \
-                        "l"(db), "r"(scale_d));                                                    \
+            LOOM_WG_ASM("m64n128k16", T, LOOM_WG_R64, "{%64, %65, %66, %67}, %68", "%69", TAIL,    \
+                        LOOM_WG_OUT64, "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db),        \
+                        "r"(scale_d));                                                             \
     } while (0)
 
 template <int OP16, int N>
 static __device__ __forceinline__ void loom_wg_ss(float *d, uint64_t da, uint64_t db, int scale_d) {
     static_assert(N == 32 || N == 64 || N == 128, "wgmma N: 32, 64 or 128 here");
 #if defined(LOOM_K_EMULATE)
-    loom_emu_wgmma(OP16 == LOOM_MMA16_F16, N, d, da, nullptr, db, scale_d != 0);
+    loom_emu_wgmma(OP16 == LOOM_MMA16_F16, N, d, da, nullptr, db, scale_d != 0, false);
 #elif LOOM_WGMMA_HAS
     if constexpr (OP16 == LOOM_MMA16_F16)
         LOOM_WG_SS("f16", N);
@@ -191,17 +199,21 @@ static __device__ __forceinline__ void loom_wg_ss(float *d, uint64_t da, uint64_
 #endif
 }
 
-template <int OP16, int N>
+template <int OP16, int N, bool TB = false>
 static __device__ __forceinline__ void loom_wg_rs(float *d, const uint32_t a[4], uint64_t db,
                                                   int scale_d) {
     static_assert(N == 32 || N == 64 || N == 128, "wgmma N: 32, 64 or 128 here");
 #if defined(LOOM_K_EMULATE)
-    loom_emu_wgmma(OP16 == LOOM_MMA16_F16, N, d, 0, a, db, scale_d != 0);
+    loom_emu_wgmma(OP16 == LOOM_MMA16_F16, N, d, 0, a, db, scale_d != 0, TB);
 #elif LOOM_WGMMA_HAS
-    if constexpr (OP16 == LOOM_MMA16_F16)
-        LOOM_WG_RS("f16", N);
+    if constexpr (OP16 == LOOM_MMA16_F16 && TB)
+        LOOM_WG_RS("f16", N, "1, 1, 1");
+    else if constexpr (OP16 == LOOM_MMA16_F16)
+        LOOM_WG_RS("f16", N, "1, 1, 0");
+    else if constexpr (TB)
+        LOOM_WG_RS("bf16", N, "1, 1, 1");
     else
-        LOOM_WG_RS("bf16", N);
+        LOOM_WG_RS("bf16", N, "1, 1, 0");
 #else
     (void)a;
     (void)db;

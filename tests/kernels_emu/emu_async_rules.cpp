@@ -1,7 +1,8 @@
 // emu_async_rules.cpp — the emulator's own rules for Hopper's asynchronous instructions
 // (kernel_emu_async.cpp), each shown to hold: one warpgroup computes D = A Bᵀ (A 64 x 16, B 32 x
 // 16, BF16) with kernels/wgmma.cuh and kernels/cp_async.cuh, then D = 2 D + A Bᵀ + A Bᵀ (A from
-// registers this time), correct as written: its result must be the float64 product's.
+// registers this time, and B read K-major or from an N-major copy), correct as written: its result
+// must be the float64 product's.
 // Then the same kernel with one rule broken, each in a child process (the emulator reports a
 // broken rule and exits): the report must come, naming the rule. What the wgmma kernels of
 // gemm_wgmma.cuh and attention_prefill.cu rely on the emulator to catch — a missing wgmma.fence
@@ -26,6 +27,8 @@ namespace {
 enum flaw {
     NONE,                // correct: B stored by threads
     NONE_CP,             // correct: B by cp.async, waited for before the proxy fence
+    NONE_N_MAJOR,        // correct: the register-A products read B from an N-major copy
+    N_MAJOR_AS_K,        // that copy read as K-major: a wrong result
     NO_PROXY_FENCE,      // stores, then a barrier, no fence.proxy.async
     CP_WAIT_AFTER_FENCE, // cp.async waited for after the proxy fence (the copy is not behind it)
     NO_WG_FENCE,         // no wgmma.fence before the first wgmma
@@ -47,6 +50,8 @@ struct rule_case {
 const rule_case cases[] = {
     {NONE, "correct (stores)", nullptr},
     {NONE_CP, "correct (cp.async)", nullptr},
+    {NONE_N_MAJOR, "correct (B N-major)", nullptr},
+    {N_MAJOR_AS_K, "N-major B read as K-major", "result off"},
     {NO_PROXY_FENCE, "no fence.proxy.async", "no fence.proxy.async of the writing thread"},
     {CP_WAIT_AFTER_FENCE, "cp.async waited for after the fence",
      "no fence.proxy.async of the writing thread"},
@@ -69,11 +74,19 @@ int tile_at(int r, int kg) {
     return (r / 8) * SBO + kg * LBO + (r % 8) * 16;
 }
 
-// The kernel: 128 threads, 3 KB of dynamic shared memory (A's tile, then B's). out: D (64 x 32)
-// after both products, row-major.
+// Byte offset of the 8 values of N from 8 cg of row k of K in an N-major B (the PTX ISA's
+// canonical MN-major layout without swizzle, ((8,1,m),(8,k)) : ((1,8,SBO),(8,LBO)) in values):
+// N groups SBO_N apart, the two 8-row halves of K LBO_N apart, rows 16 bytes apart.
+constexpr int SBO_N = 256, LBO_N = 128;
+int n_major_at(int k, int cg) {
+    return cg * SBO_N + (k / 8) * LBO_N + (k % 8) * 16;
+}
+
+// The kernel: 128 threads, 4 KB of dynamic shared memory (A's tile, B's, B's N-major copy).
+// out: D (64 x 32) after both products, row-major.
 void rules_kernel(flaw f, const uint16_t *a_g, const uint16_t *b_g, float *out) {
     LOOM_K_DYN_SMEM(sm);
-    uint8_t *as = sm, *bs = sm + 64 * 16 * 2;
+    uint8_t *as = sm, *bs = sm + 64 * 16 * 2, *bn = bs + 32 * 16 * 2;
     const int t = (int)threadIdx.x, lane = t % 32, warp = t / 32;
     const bool by_cp = f == NONE_CP || f == CP_WAIT_AFTER_FENCE;
     /* A: a thread per row half; B: threads 0..63 */
@@ -85,6 +98,12 @@ void rules_kernel(flaw f, const uint16_t *a_g, const uint16_t *b_g, float *out) 
             loom_cp_async16(dst, src, 16);
         else
             *(uint4 *)dst = *(const uint4 *)src;
+    }
+    if (t < 64) { /* B N-major: row k of K, values 8 cg .. 8 cg + 7 of N */
+        const int k = t / 4, cg = t % 4;
+        uint16_t h[8];
+        for (int e = 0; e < 8; e++) h[e] = b_g[(8 * cg + e) * 16 + k];
+        memcpy(bn + n_major_at(k, cg), h, 16);
     }
     if (by_cp) {
         loom_cp_async_commit();
@@ -118,7 +137,12 @@ void rules_kernel(flaw f, const uint16_t *a_g, const uint16_t *b_g, float *out) 
         loom_wg_fence();
         if (f == ACC_AFTER_FENCE) d[3] += 1.0f;
         if (f == A_AFTER_FENCE && it == 1) a[1] ^= 0x00010000u;
-        loom_wg_rs<LOOM_MMA16_BF16, 32>(d, a, loom_wg_desc(bs, LBO, SBO), 1);
+        if (f == NONE_N_MAJOR)
+            loom_wg_rs<LOOM_MMA16_BF16, 32, true>(d, a, loom_wg_desc(bn, LBO_N, SBO_N), 1);
+        else if (f == N_MAJOR_AS_K)
+            loom_wg_rs<LOOM_MMA16_BF16, 32>(d, a, loom_wg_desc(bn, LBO_N, SBO_N), 1);
+        else
+            loom_wg_rs<LOOM_MMA16_BF16, 32>(d, a, loom_wg_desc(bs, LBO, SBO), 1);
         loom_wg_commit();
         loom_wg_wait<0>();
     }
@@ -150,7 +174,7 @@ std::string run_case(const rule_case &c, const std::vector<uint16_t> &a,
         dup2(fds[1], 2);
         close(fds[0]);
         std::vector<float> out(64 * 32, NAN);
-        loom_emu::launch(dim3(1), dim3(128), 3072,
+        loom_emu::launch(dim3(1), dim3(128), 4096,
                          [&] { rules_kernel(c.f, a.data(), b.data(), out.data()); });
         /* D = 4 A Bᵀ: each product exact in double, each step rounded to float */
         double worst = 0;

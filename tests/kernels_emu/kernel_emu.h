@@ -135,9 +135,10 @@ void loom_emu_fence_proxy_async(void);
 void loom_emu_wgmma_fence(void);
 void loom_emu_wgmma_commit(void);
 void loom_emu_wgmma_wait(int n);
-// A from shared memory at da (a == nullptr) or from each lane's registers a[4]; F16 or BF16.
+// A from shared memory at da (a == nullptr) or from each lane's registers a[4]; F16 or BF16; B
+// K-major (trans_b false) or N-major (trans_b: imm-trans-b 1).
 void loom_emu_wgmma(bool f16, int n, float *d, uint64_t da, const uint32_t *a, uint64_t db,
-                    bool accumulate);
+                    bool accumulate, bool trans_b);
 
 // ---- built-in variables -------------------------------------------------------------------------
 

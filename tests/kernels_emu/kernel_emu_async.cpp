@@ -74,6 +74,39 @@ void wg_rows(int w, const std::vector<unsigned char> &smem, uint64_t desc, bool 
         }
 }
 
+// All of an N-major ("transposed", imm-trans-b 1) B operand without swizzle, 16 values of K by n
+// of N, at descriptor desc into out[n][16] (out[c][k]: column c, row k), from the same section's
+// canonical layouts, MN-major without swizzling: ((T,1,m),(8,k)) : ((1,T,SBO),(1T,LBO)) with
+// T = 8 16-bit values, that is element (k, c) at start + (c / 8) SBO + (c % 8) 2 + (k / 8) LBO +
+// (k % 8) 16: a core matrix holds 8 rows of K by 16 contiguous bytes of N; the next 8 values of N
+// lie SBO bytes further, the next 8 rows of K LBO bytes further (the roles of the two offsets
+// are the K-major layout's, with N in place of the rows).
+void wg_cols_n_major(int w, const std::vector<unsigned char> &smem, uint64_t desc, bool f16, int n,
+                     double *out) {
+    const uint64_t used = 0x3fffull | 0x3fffull << 16 | 0x3fffull << 32;
+    if ((desc & ~used) != 0)
+        fault("warp %d: wgmma descriptor 0x%016llx sets bits past the address, LBO and SBO "
+              "(base offset, swizzle or unused ones: not emulated)",
+              w, (unsigned long long)desc);
+    const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)(desc >> 16 & 0x3fff) << 4;
+    const size_t sbo = (size_t)(desc >> 32 & 0x3fff) << 4;
+    for (int cg = 0; cg < n / 8; cg++)
+        for (int k = 0; k < 16; k++) {
+            const size_t at =
+                start + (size_t)cg * sbo + (size_t)(k / 8) * lbo + (size_t)(k % 8) * 16;
+            if (at + 16 > smem.size())
+                fault("warp %d: wgmma N-major operand row %d of K, values %d..%d of N at shared "
+                      "byte %zu, past the %zu bytes of dynamic shared memory",
+                      w, k, 8 * cg, 8 * cg + 7, at, smem.size());
+            uint16_t h[8];
+            memcpy(h, smem.data() + at, 16);
+            for (int e = 0; e < 8; e++)
+                out[(size_t)(8 * cg + e) * 16 + k] =
+                    f16 ? (double)__half2float(__ushort_as_half(h[e]))
+                        : (double)__bfloat162float(__ushort_as_bfloat16(h[e]));
+        }
+}
+
 // The operands of warp w's wgmma: its 16 rows of A (16 x 16) and B (n rows of 16). A from
 // registers: lane l = 4 g + i holds in a[r] the pair of row g + 8 (r % 2), columns 2i + 8 (r / 2)
 // and + 1, the lower in the low half (the ISA's "Register Fragments" for m64nNk16's A: warp w
@@ -95,7 +128,10 @@ void wg_operands(int w, const wg_op &op, const std::vector<unsigned char> &smem,
                                : (double)__bfloat162float(__ushort_as_bfloat16(h));
                 }
     }
-    wg_rows(w, smem, op.db, op.f16, 0, op.n, b.data());
+    if (op.tb)
+        wg_cols_n_major(w, smem, op.db, op.f16, op.n, b.data());
+    else
+        wg_rows(w, smem, op.db, op.f16, 0, op.n, b.data());
 }
 
 // Records the registers at p (words 32-bit words of lane l of warp w) as ordered: the warp's
@@ -135,10 +171,10 @@ const wg_op *wg_in_flight_on(int w, int l, const float *d) {
 }
 
 // wgmma.mma_async.m64nNk16.f32.{bf16,f16} of warp w (its 16 rows): D = A B + (acc ? D : 0), A
-// (64 x 16) and B (16 x N, stored N rows of K) K-major; the accumulator fragment as wgmma.cuh
-// states it from the ISA ("Register Fragments", m64nNk16): register j of lane l holds row
-// 16 (w % 4) + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2. Products exact in
-// double, the sum rounded to float once.
+// (64 x 16) K-major and B (16 x N) K-major (stored as N rows of K) or N-major; the accumulator
+// fragment as wgmma.cuh states it from the ISA ("Register Fragments", m64nNk16): register j of lane
+// l holds row 16 (w % 4) + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2. Products
+// exact in double, the sum rounded to float once.
 //
 // The operands are read at the issue and again here, when the wait lets the instruction go: the
 // hardware reads them somewhere in between, so any change (a write that landed late, or came
@@ -184,10 +220,10 @@ void wg_issue(int w) {
               w);
     wg_op o;
     o.da = lane[0].da, o.db = lane[0].db, o.n = lane[0].wg_n, o.acc = lane[0].wg_acc;
-    o.f16 = lane[0].f16;
+    o.f16 = lane[0].f16, o.tb = lane[0].wg_tb;
     for (int l = 0; l < 32; l++) {
         if (lane[l].da != o.da || lane[l].db != o.db || lane[l].wg_n != o.n ||
-            lane[l].wg_acc != o.acc || lane[l].f16 != o.f16 ||
+            lane[l].wg_acc != o.acc || lane[l].f16 != o.f16 || lane[l].wg_tb != o.tb ||
             (lane[l].a == nullptr) != (lane[0].a == nullptr))
             fault("warp %d: lanes 0 and %d issue wgmma with other operands", w, l);
         o.d[l] = lane[l].d;
@@ -238,7 +274,7 @@ void wg_agree(int w, const wg_sig &s) {
     } else {
         const wg_sig &t = g.sigs[at - g.base];
         if (t.op != s.op || t.arg != s.arg || t.n != s.n || t.f16 != s.f16 || t.acc != s.acc ||
-            t.a_regs != s.a_regs || t.da != s.da || t.db != s.db)
+            t.a_regs != s.a_regs || t.tb != s.tb || t.da != s.da || t.db != s.db)
             fault("warp %d: its warpgroup instruction %zu (%s) is not what another warp of its "
                   "warpgroup executed there (%s, or its operands differ): the wgmma "
                   "instructions are .sync.aligned across the warpgroup",
@@ -267,11 +303,11 @@ namespace impl {
 
 void wg_complete(int w, op_kind op) {
     thread *lane = &M.threads[w * 32];
-    wg_sig s = {op, 0, 0, false, false, false, 0, 0};
+    wg_sig s = {op, 0, 0, false, false, false, false, 0, 0};
     if (op == OP_WG_WAIT) s.arg = lane[0].arg;
     if (op == OP_WG_MMA) {
         s.n = lane[0].wg_n, s.f16 = lane[0].f16, s.acc = lane[0].wg_acc;
-        s.a_regs = lane[0].a != nullptr, s.da = lane[0].da, s.db = lane[0].db;
+        s.a_regs = lane[0].a != nullptr, s.tb = lane[0].wg_tb, s.da = lane[0].da, s.db = lane[0].db;
     }
     wg_agree(w, s);
     wg_queue &qu = M.wgmma[w];
@@ -433,7 +469,7 @@ void loom_emu_wgmma_wait(int n) {
 }
 
 void loom_emu_wgmma(bool f16, int n, float *d, uint64_t da, const uint32_t *a, uint64_t db,
-                    bool accumulate) {
+                    bool accumulate, bool trans_b) {
     using namespace loom_emu;
     thread &th = current("wgmma.mma_async");
     if (n < 8 || n > 256 || n % 8 != 0) fault("wgmma with N = %d (8 .. 256, multiples of 8)", n);
@@ -444,6 +480,7 @@ void loom_emu_wgmma(bool f16, int n, float *d, uint64_t da, const uint32_t *a, u
     th.db = db;
     th.wg_n = n;
     th.wg_acc = accumulate;
+    th.wg_tb = trans_b;
     th.f16 = f16;
     th.a = a;
     warp_arrive(th);

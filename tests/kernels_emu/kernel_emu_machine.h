@@ -57,6 +57,7 @@ struct thread {
     uint64_t da, db;
     int wg_n;
     bool wg_acc;
+    bool wg_tb; // B N-major (imm-trans-b 1)
 };
 
 // A wgmma.mma_async a warp has issued and the emulator has not computed yet.
@@ -65,7 +66,7 @@ struct wg_op {
     const uint32_t *ar[32]; // each lane's A registers (A from registers), else null
     uint64_t da, db;
     int n;
-    bool acc, f16;
+    bool acc, f16, tb;        // tb: B N-major (imm-trans-b 1)
     std::vector<double> a, b; // the warp's A rows and all of B as they were at the issue
     // whether an earlier wgmma in flight at the issue writes the same accumulators (a chain:
     // ordered by the hardware); if not, the accumulators' bits at the issue, 32 lanes by n / 2
@@ -104,7 +105,7 @@ struct wg_queue {
 struct wg_sig {
     op_kind op;
     int arg, n; // OP_WG_WAIT: groups left pending; OP_WG_MMA: N
-    bool f16, acc, a_regs;
+    bool f16, acc, a_regs, tb;
     uint64_t da, db;
 };
 

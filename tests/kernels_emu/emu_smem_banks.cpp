@@ -125,6 +125,19 @@ const bank_case cases[] = {
          loom_emu_cp_async_wait(0);
      },
      {1, 32, 8, 4, 0, 0, 0}},
+    /* one cp.async instruction executed twice, the odd lanes zero-filling the first copy (no
+       read): its reads pair with reads, its writes with writes (counted together, a zero fill
+       would shift the odd lanes' second write into the first request) */
+    {"cp.async twice, odd lanes zero-fill the first: reads and writes paired apart",
+     32,
+     [](unsigned char *sm, int l) {
+         for (int i = 0; i < 2; i++)
+             loom_emu_cp_async16(sm + 512 * i + 16 * l, g_mem() + 16 * l,
+                                 i == 0 && (l & 1) ? 0 : 16);
+         loom_emu_cp_async_commit();
+         loom_emu_cp_async_wait(0);
+     },
+     {2, 64, 8, 8, 2, 32, 24}},
     /* global memory (the heap): 32-byte sectors against the bytes / 32 */
     {"global: 4-byte words in a row",
      32,

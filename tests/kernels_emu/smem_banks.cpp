@@ -77,7 +77,8 @@ struct tracer {
     std::vector<access> block; // this block's accesses, in the order they ran
     uint32_t epoch[MAX_THREADS];
     long last[MAX_THREADS]; // index in block of the thread's last access
-    std::map<uintptr_t, line_stats> by_pc;
+    // by code address and kind (a cp.async's global load and shared store share an address)
+    std::map<std::tuple<uintptr_t, bool, bool>, line_stats> by_pc;
     uintptr_t host_stack_lo = 0, host_stack_hi = 0; // the launching thread's (kernel arguments)
 };
 
@@ -135,7 +136,8 @@ inline void note(const void *p, unsigned size, bool store, const void *pc) {
 // sectors per request).
 void request(const std::vector<size_t> &order, size_t lo, size_t hi) {
     const access &first = T.block[order[lo]];
-    line_stats counted, &ls = T.counting ? counted : T.by_pc[first.pc];
+    line_stats counted,
+        &ls = T.counting ? counted : T.by_pc[std::make_tuple(first.pc, first.store, first.global)];
     ls.store = first.store;
     ls.global = first.global;
     uint64_t cost = 0, least = 0;
@@ -195,25 +197,29 @@ void request(const std::vector<size_t> &order, size_t lo, size_t hi) {
     }
 }
 
-// The block's accesses into requests: numbered by execution of their code address within each
-// thread's epoch, then grouped by warp, epoch, address and number.
+// The block's accesses into requests: numbered by execution of their code address and kind
+// (load or store, shared or global: a cp.async is a global load and a shared store at one
+// address, and a zero fill has no load) within each thread's epoch, then grouped by warp, epoch,
+// address, kind and number.
 void block_end() {
     std::vector<access> &b = T.block;
     std::vector<size_t> order(b.size());
     for (size_t i = 0; i < order.size(); i++) order[i] = i;
+    auto what = [&](size_t i) { return std::make_tuple(b[i].pc, b[i].store, b[i].global); };
     std::stable_sort(order.begin(), order.end(), [&](size_t i, size_t j) {
         if (b[i].thread != b[j].thread) return b[i].thread < b[j].thread;
         if (b[i].epoch != b[j].epoch) return b[i].epoch < b[j].epoch;
-        return b[i].pc < b[j].pc;
+        return what(i) < what(j);
     });
     for (size_t k = 0; k < order.size(); k++) {
         const access &x = b[order[k]], *prev = k ? &b[order[k - 1]] : nullptr;
-        const bool same =
-            prev && prev->thread == x.thread && prev->epoch == x.epoch && prev->pc == x.pc;
+        const bool same = prev && prev->thread == x.thread && prev->epoch == x.epoch &&
+                          what(order[k - 1]) == what(order[k]);
         b[order[k]].nth = same ? prev->nth + 1 : 0;
     }
     auto key = [&](size_t i) {
-        return std::make_tuple(b[i].thread / 32, b[i].epoch, b[i].pc, b[i].nth);
+        return std::make_tuple(b[i].thread / 32, b[i].epoch, b[i].pc, b[i].store, b[i].global,
+                               b[i].nth);
     };
     std::sort(order.begin(), order.end(), [&](size_t i, size_t j) { return key(i) < key(j); });
     for (size_t lo = 0; lo < order.size();) {
@@ -305,7 +311,9 @@ void report() {
         return;
     }
     std::vector<uintptr_t> pcs;
-    for (const auto &kv : T.by_pc) pcs.push_back(kv.first);
+    for (const auto &kv : T.by_pc)
+        if (pcs.empty() || pcs.back() != std::get<0>(kv.first))
+            pcs.push_back(std::get<0>(kv.first));
     std::map<uintptr_t, where> src = symbolize(pcs);
     for (int global = 0; global < 2; global++) {
         const char *cost = global ? "Sectors" : "Wavefronts";
@@ -315,7 +323,7 @@ void report() {
         std::map<std::string, line_stats> by_kernel;
         for (const auto &kv : T.by_pc) {
             if (kv.second.global != (global == 1)) continue;
-            line_stats &k = by_kernel[src[kv.first].kernel];
+            line_stats &k = by_kernel[src[std::get<0>(kv.first)].kernel];
             k.requests += kv.second.requests;
             k.cost += kv.second.cost;
             k.least += kv.second.least;
@@ -334,7 +342,7 @@ void report() {
         for (const auto &kv : T.by_pc) {
             const line_stats &l = kv.second;
             if (l.global != (global == 1)) continue;
-            const where &w = src[kv.first];
+            const where &w = src[std::get<0>(kv.first)];
             char key[512];
             snprintf(key, sizeof key, "%s | `%s` | `%s` | %s %u B", w.line.c_str(), w.fn.c_str(),
                      w.kernel.c_str(), l.store ? "store" : "load", l.max_size);

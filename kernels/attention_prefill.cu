@@ -15,7 +15,10 @@
  * through the block table into shared memory as float32 (positions outside the range as
  * zeros), then each warp computes S = Q Kᵀ for its vectors, masks it (causal: position <= the
  * row's; window: position > the row's - window), soft-caps it, updates its online softmax
- * (float32 maximum, sum and accumulator per vector) and adds P V to its accumulator.
+ * (float32 maximum, sum and accumulator per vector) and adds P V to its accumulator. The wgmma
+ * forms over pages of their own 16-bit type copy the tiles as the pages hold them, by cp.async
+ * into two buffers: the next tile's copies are in flight while the tensor cores take this one
+ * (pf_direct); the values, and so the bits, are the ones the register path gathers.
  *
  * Segments. The online softmax restarts at every multiple of PF_SEG = 256 positions; at a
  * segment's end its state (maximum, sum over the row's four lanes, accumulator) is folded into
@@ -56,6 +59,7 @@
  * Not here (attention.cu keeps them on the split-KV kernel): the layers of merged pairs, head
  * sizes that are not a multiple of 8, pages whose strides do not align to 4 elements, and a
  * device whose shared memory per block is too small for the tile. */
+#include "cp_async.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
 
@@ -89,6 +93,7 @@ typedef struct pf_args {
      * accumulator, then the maximum and the sum; pf_fold_kernel folds them into out. */
     float *part;
     int32_t segs_per_block, seg_stride;
+    int32_t direct; /* the wgmma forms: the tiles copied by cp.async, two in flight (pf_direct) */
 } pf_args;
 
 /* Shared memory: the tile's page offsets and FP8 scales (two buffers: the next tile's are
@@ -117,13 +122,14 @@ typedef struct pf_args {
 #define PF_BF16    2
 #define PF_F16     3
 /* The 16-bit forms on Hopper's warpgroup MMA (LOOM_K_MATH_BF16_WGMMA, head sizes 64 and 128):
- * the four warps are one warpgroup; S = Q Kᵀ is m64n32k16's over Q and K in shared memory, P V
- * m64n{head size}k16's with P from the registers S left (the A fragment mma.sync's form packs)
- * and V in shared memory. Q and K are stored in wgmma.cuh's K-major layout (rows: vectors or
- * positions, K: head elements), V transposed in it (rows: head elements, K: positions); the
- * fold lives in shared memory (the registers hold S, O and each tile's P V). Every warp runs
- * every tile its block walks (a warpgroup instruction): a warp whose vectors attend none of a
- * tile changes nothing, as for the skipped tiles of the forms above. */
+ * the four warps are one warpgroup; S = Q Kᵀ is m64n32k16's with Q from registers (loaded once
+ * from its tile) and K in shared memory, P V m64n{head size}k16's with P from the registers S
+ * left (the A fragment mma.sync's form packs) and V in shared memory. Q and K are stored in
+ * wgmma.cuh's K-major layout (rows: vectors or positions, K: head elements), V by position in its
+ * N-major layout (K: positions, N: head elements; imm-trans-b), so that K and V tiles are copies of
+ * the pages' rows (pf_direct); the fold lives in shared memory (the registers hold S, O and each
+ * tile's P V). Every warp runs every tile its block walks (a warpgroup instruction): a warp whose
+ * vectors attend none of a tile changes nothing, as for the skipped tiles of the forms above. */
 #define PF_WG_BF16 4
 #define PF_WG_F16  5
 
@@ -133,6 +139,22 @@ static __host__ __device__ int pf_ops_of(uint32_t kv_type, int32_t math, int32_t
     if (math == LOOM_K_MATH_BF16 || math == LOOM_K_MATH_BF16_WGMMA)
         return kv_type == LOOM_K_F16 ? PF_F16 : PF_BF16;
     return kv_type == LOOM_K_F32 ? PF_TF32_KV : PF_TF32;
+}
+
+/* Whether the wgmma forms copy the K and V tiles by cp.async as the pages hold them, the next
+ * tile in flight while the tensor cores take this one: pages of the products' own 16-bit type
+ * (F16 pages in PF_WG_F16, BF16 pages in PF_WG_BF16: the values need no rounding), every
+ * position's row of a head 16-byte aligned in both pools. K lands in the K-major layout of
+ * pf_load_tile16, V by position in wgmma.cuh's N-major layout (P V's B with imm-trans-b), so no
+ * value passes through registers. Other pages (F32, FP8) are converted through registers, one
+ * tile at a time. */
+static __host__ __device__ int pf_direct(const loom__k_kv *kv, const loom__k_attn *p, int ops) {
+    const uint32_t own = ops == PF_WG_F16 ? LOOM_K_F16 : LOOM_K_BF16;
+    if (ops < PF_WG_BF16 || kv->kv_type != own || p->tile_regs) return 0;
+    const uintptr_t bits = (uintptr_t)p->k_pool | (uintptr_t)p->v_pool |
+                           (uintptr_t)kv->token_stride | (uintptr_t)kv->block_stride |
+                           (uintptr_t)kv->head_dim * 2;
+    return (bits & 15) == 0;
 }
 
 /* Byte offset of 16-bit element (r, k) of a tile in wgmma.cuh's K-major layout with LBO 128:
@@ -152,7 +174,7 @@ static __host__ __device__ size_t pf_smem_bytes(int32_t head_dim, int ops) {
     const size_t fold = head_dim > PF_FOLD_REGS_HD || ops >= PF_WG_BF16
                             ? (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float)
                             : 0;
-    if (ops >= PF_WG_BF16) /* Q [PF_M][hd], K [PF_N][hd], V [hd][PF_N], 16-bit */
+    if (ops >= PF_WG_BF16) /* Q [PF_M][hd] (direct: later K and V), K and V [PF_N][hd], 16-bit */
         return PF_HEAD_BYTES + (size_t)(PF_M + 2 * PF_N) * (size_t)head_dim * 2 + fold;
     if (ops >= PF_BF16)
         return PF_HEAD_BYTES +
@@ -324,6 +346,14 @@ static __device__ __forceinline__ void pf_load_tile(const pf_args &a, const long
     }
 }
 
+/* Byte offset of 16-bit element d of position jl in the wgmma forms' V tile: wgmma.cuh's N-major
+ * layout (N: head elements, K: the tile's positions; P V's B with imm-trans-b) with LBO 128 and
+ * SBO PF_N * 16: a core matrix holds 8 positions' 16 bytes of 8 head elements, as a K tile's holds
+ * 8 positions' 16 bytes (pf_wg_at). */
+static __device__ __forceinline__ int pf_wgv_at(int jl, int d) {
+    return (d >> 3) * (PF_N * 16) + (jl >> 3) * 128 + (jl & 7) * 16 + (d & 7) * 2;
+}
+
 /* The same into the 16-bit tiles, each value rounded to OP16 (exact but for F32 pages; FP8
  * codes unscaled, as pf_load_tile leaves them); positions not read are zeros.
  *
@@ -331,15 +361,12 @@ static __device__ __forceinline__ void pf_load_tile(const pf_args &a, const long
  * ldw words a row; V two positions and 4 elements, by pairs of positions, the 4 elements' words
  * side by side (16 bytes).
  *
- * The wgmma forms' (WG): K [PF_N][hd] by position, V transposed [hd][PF_N] (row d: head element
- * d of the tile's positions), both in wgmma.cuh's K-major layout (pf_wg_at), where the bank of
- * element (r, k) is 4 (r & 7) + (k & 7) / 2: a store fills the 32 banks only if its lanes cover
- * the 8 rows of a core matrix. So K goes 8 elements (16 bytes, one core-matrix row) a lane,
- * positions fastest: a quarter warp fills a core matrix (a row by position read in 64-byte runs,
- * 4 lanes). V, whose rows are head elements: lane l of a warp takes elements 4q .. 4q + 3,
- * q = l & 7, of position pair l >> 3 (a warp: 32 elements of 8 positions, read in 64-byte runs),
- * and stores its 4 words in an order rotated by q >> 1, so that each of the 4 stores hits
- * 8 rows (d & 7) times 4 pairs: 32 banks. Unrotated, each store was 16-way (2 rows). */
+ * The wgmma forms' (WG): K and V [PF_N][hd] by position, K in wgmma.cuh's K-major layout
+ * (pf_wg_at), V in its N-major one (pf_wgv_at); in both the bank of element (jl, d) is
+ * 4 (jl & 7) + (d & 7) / 2, so a store fills the 32 banks only if its lanes cover the 8 positions
+ * of a core matrix. So each goes 8 elements (16 bytes, one core-matrix row) a lane, positions
+ * fastest: a quarter warp fills a core matrix (a row by position read in 64-byte runs, 4 lanes).
+ * (The direct forms copy the same pieces to the same places: pf_copy_tile.) */
 template <int OP16, bool WG>
 static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const long long *row_at,
                                                       uint8_t *ks, uint8_t *vs) {
@@ -351,17 +378,23 @@ static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const lo
     if constexpr (WG) {
         const int chunks = hd / 8; /* 16-byte core-matrix rows a position */
         /* every row's 8-element pieces 16-byte aligned (pf_load8) */
-        const bool al16 = (((uintptr_t)kp | (uintptr_t)a.kv.token_stride |
+        const bool al16 = (((uintptr_t)kp | (uintptr_t)vp | (uintptr_t)a.kv.token_stride |
                             (uintptr_t)a.kv.block_stride | (uintptr_t)(hd * elt)) &
                            15) == 0;
         for (int it = threadIdx.x; it < PF_N * chunks; it += PF_THREADS) {
             const int rest = it >> 3, jl = rest / chunks * 8 + (it & 7), c = rest % chunks * 8;
             const long long at = row_at[jl];
-            float4 k0 = zero, k1 = zero;
-            if (at >= 0) pf_load8(type, kp + at + (size_t)c * elt, al16, &k0, &k1);
+            float4 k0 = zero, k1 = zero, v0 = zero, v1 = zero;
+            if (at >= 0) {
+                pf_load8(type, kp + at + (size_t)c * elt, al16, &k0, &k1);
+                pf_load8(type, vp + at + (size_t)c * elt, al16, &v0, &v1);
+            }
             *(uint4 *)(ks + pf_wg_at(jl, c, hd * 16)) =
                 make_uint4(loom_mma16_pack<OP16>(k0.x, k0.y), loom_mma16_pack<OP16>(k0.z, k0.w),
                            loom_mma16_pack<OP16>(k1.x, k1.y), loom_mma16_pack<OP16>(k1.z, k1.w));
+            *(uint4 *)(vs + pf_wgv_at(jl, c)) =
+                make_uint4(loom_mma16_pack<OP16>(v0.x, v0.y), loom_mma16_pack<OP16>(v0.z, v0.w),
+                           loom_mma16_pack<OP16>(v1.x, v1.y), loom_mma16_pack<OP16>(v1.z, v1.w));
         }
     } else {
         for (int it = threadIdx.x; it < PF_N * per; it += PF_THREADS) {
@@ -372,33 +405,39 @@ static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const lo
             *(uint2 *)(ks + 4 * (jl * ldw + c / 2)) =
                 make_uint2(loom_mma16_pack<OP16>(k4.x, k4.y), loom_mma16_pack<OP16>(k4.z, k4.w));
         }
-    }
-    const int dblocks = hd / 32; /* WG: a warp's 32 head elements */
-    for (int it = threadIdx.x; it < PF_N / 2 * per; it += PF_THREADS) {
-        const int l = it & 31, wi = it >> 5;
-        const int jp = WG ? wi / dblocks * 4 + (l >> 3) : it / per;
-        const int c = WG ? (wi % dblocks * 8 + (l & 7)) * 4 : (it - jp * per) * 4;
-        float4 v[2];
+        for (int it = threadIdx.x; it < PF_N / 2 * per; it += PF_THREADS) {
+            const int jp = it / per, c = (it - jp * per) * 4;
+            float4 v[2];
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const long long at = row_at[2 * jp + e];
-            v[e] = zero;
-            if (at >= 0) v[e] = pf_load4(type, vp + at + (size_t)c * elt);
-        }
-        const uint32_t w[4] = {
-            loom_mma16_pack<OP16>(v[0].x, v[1].x), loom_mma16_pack<OP16>(v[0].y, v[1].y),
-            loom_mma16_pack<OP16>(v[0].z, v[1].z), loom_mma16_pack<OP16>(v[0].w, v[1].w)};
-        if constexpr (WG) {
-            const int rot = (l >> 1) & 3;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int k = (e + rot) & 3; /* selects, not an indexed (local) array */
-                const uint32_t x = k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
-                *(uint32_t *)(vs + pf_wg_at(c + k, 2 * jp, PF_N * 16)) = x;
+            for (int e = 0; e < 2; e++) {
+                const long long at = row_at[2 * jp + e];
+                v[e] = zero;
+                if (at >= 0) v[e] = pf_load4(type, vp + at + (size_t)c * elt);
             }
-        } else {
-            *(uint4 *)(vs + 4 * (jp * ldv + c)) = make_uint4(w[0], w[1], w[2], w[3]);
+            *(uint4 *)(vs + 4 * (jp * ldv + c)) = make_uint4(
+                loom_mma16_pack<OP16>(v[0].x, v[1].x), loom_mma16_pack<OP16>(v[0].y, v[1].y),
+                loom_mma16_pack<OP16>(v[0].z, v[1].z), loom_mma16_pack<OP16>(v[0].w, v[1].w));
         }
+    }
+}
+
+/* The direct wgmma forms' tile copy (pf_direct): K and V of the offsets row_at into ks (the
+ * K-major layout of pf_load_tile16) and vs (pf_wgv_at), 16 bytes a thread by cp.async, positions
+ * not read zero-filled; the copies are this thread's, for it to commit and wait for. A quarter
+ * warp copies one core matrix of each (8 positions' same 16 bytes: 128 contiguous bytes of
+ * shared memory), a warp 64 contiguous bytes of 8 positions' rows. */
+template <int HD>
+static __device__ __forceinline__ void pf_copy_tile(const pf_args &a, const long long *row_at,
+                                                    uint8_t *ks, uint8_t *vs) {
+    constexpr int chunks = HD / 8; /* 16-byte pieces of a position's row */
+    const char *kp = (const char *)a.p.k_pool, *vp = (const char *)a.p.v_pool;
+    for (int it = threadIdx.x; it < PF_N * chunks; it += PF_THREADS) {
+        const int rest = it >> 3, jl = rest / chunks * 8 + (it & 7), c = rest % chunks;
+        const long long at = row_at[jl];
+        const size_t off = at >= 0 ? (size_t)at + (size_t)c * 16 : 0; /* 0: a valid address */
+        const int n = at >= 0 ? 16 : 0;
+        loom_cp_async16(ks + pf_wg_at(jl, 8 * c, HD * 16), kp + off, n);
+        loom_cp_async16(vs + pf_wgv_at(jl, 8 * c), vp + off, n);
     }
 }
 
@@ -514,7 +553,10 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     uint32_t *qs16 = (uint32_t *)(pf_sm + PF_HEAD_BYTES);
     uint32_t *ks16 = qs16 + PF_M * ldw, *vs16 = ks16 + PF_N * ldw;
     if constexpr (M16) ot = (float *)(vs16 + PF_N / 2 * ldv);
-    /* the wgmma forms' tiles (pf_wg_at): Q [PF_M][hd], K [PF_N][hd], V [hd][PF_N], then ot */
+    /* the wgmma forms' tiles: Q [PF_M][hd], K [PF_N][hd] (pf_wg_at), V [PF_N][hd] (pf_wgv_at),
+     * then ot; Q goes to registers before the first tile, so the direct forms take its bytes for
+     * their second K and V (PF_M = 2 PF_N) */
+    const bool direct = WG && a.direct;
     uint8_t *qg = pf_sm + PF_HEAD_BYTES, *kg = qg + PF_M * hd * 2, *vg = kg + PF_N * hd * 2;
     if constexpr (WG) ot = (float *)(vg + PF_N * hd * 2);
 
@@ -583,15 +625,55 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     const int32_t *table = kv.block_ids + kv.indptr[s];
     pf_lookup(a, table, kvh, j_begin, lo_first, pos_last, row_at, ksc, vsc);
     __syncthreads();
+    /* The wgmma forms: the warp's Q rows as the A fragments of S = Q Kᵀ, k16 step by step (the
+     * ISA's m64nNk16 A register fragment, mma.sync m16n8k16's: loom_mma16_a_row/col), held for
+     * the whole walk; with A from registers each S wgmma reads only K's 1 KB from shared memory,
+     * not Q's 2 KB as well. */
+    uint32_t qf[WG ? HDMAX / 16 : 1][4];
+    if constexpr (WG) {
+#pragma unroll
+        for (int k16 = 0; k16 < HDMAX / 16; k16++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int m = warp * 16 + loom_mma16_a_row(lane, r);
+                const int d = k16 * 16 + loom_mma16_a_col(lane, r);
+                qf[k16][r] = *(const uint32_t *)(qg + pf_wg_at(m, d, hd * 16));
+            }
+        loom_wg_fence_regs<(WG ? HDMAX / 4 : 4)>(&qf[0][0]);
+    }
+    /* direct: buffer 0's K at kg, buffer 1's at qg (read into qf above; the barrier below comes
+     * before any copy there), each V PF_N hd 2 bytes past its K; the first tile's copies in
+     * flight, the second's offsets looked up */
+    if (direct) {
+        pf_copy_tile<HDMAX>(a, row_at, kg, vg);
+        loom_cp_async_commit();
+        if (j_begin + PF_N <= j_end)
+            pf_lookup(a, table, kvh, j_begin + PF_N, lo_first, pos_last, row_at + PF_N, ksc + PF_N,
+                      vsc + PF_N);
+        __syncthreads();
+    }
     int buf = 0;
     for (int j0 = j_begin; j0 <= j_end; j0 += PF_N, buf ^= 1) {
-        if constexpr (WG)
+        uint8_t *k_tile = direct && buf ? qg : kg, *v_tile = k_tile + PF_N * hd * 2;
+        if (direct) {
+            /* the next tile's copies (an empty group after the last), the one after's offsets
+             * into this tile's buffer (its copies were issued before the last barrier), then
+             * this tile's copies landed */
+            if (j0 + PF_N <= j_end)
+                pf_copy_tile<HDMAX>(a, row_at + (buf ^ 1) * PF_N, buf ? kg : qg,
+                                    (buf ? kg : qg) + PF_N * hd * 2);
+            loom_cp_async_commit();
+            if (j0 + 2 * PF_N <= j_end)
+                pf_lookup(a, table, kvh, j0 + 2 * PF_N, lo_first, pos_last, row_at + buf * PF_N,
+                          ksc + buf * PF_N, vsc + buf * PF_N);
+            loom_cp_async_wait<1>();
+        } else if constexpr (WG)
             pf_load_tile16<OP16, true>(a, row_at + buf * PF_N, kg, vg);
         else if constexpr (M16)
             pf_load_tile16<OP16, false>(a, row_at + buf * PF_N, (uint8_t *)ks16, (uint8_t *)vs16);
         else
             pf_load_tile(a, row_at + buf * PF_N, ks, vs, ld);
-        if (j0 + PF_N <= j_end)
+        if (!direct && j0 + PF_N <= j_end)
             pf_lookup(a, table, kvh, j0 + PF_N, lo_first, pos_last, row_at + (buf ^ 1) * PF_N,
                       ksc + (buf ^ 1) * PF_N, vsc + (buf ^ 1) * PF_N);
         if constexpr (WG) loom_wg_fence_proxy_async(); /* the tiles (and Q), for the wgmma's */
@@ -613,8 +695,8 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                 loom_wg_fence();
 #pragma unroll
                 for (int d0 = 0; d0 < HDMAX; d0 += 16) /* hd == HDMAX */
-                    loom_wg_ss<OP16, PF_N>(&sc[0][0], loom_wg_desc(qg + d0 / 8 * 128, 128, hd * 16),
-                                           loom_wg_desc(kg + d0 / 8 * 128, 128, hd * 16),
+                    loom_wg_rs<OP16, PF_N>(&sc[0][0], qf[d0 / 16],
+                                           loom_wg_desc(k_tile + d0 / 8 * 128, 128, hd * 16),
                                            d0 == 0 ? 0 : 1);
                 loom_wg_commit();
                 loom_wg_wait<0>();
@@ -721,7 +803,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                 /* P's A fragments: two n8 tiles of S's C fragments side by side, packed (the
                  * positions in their own order); V's B fragment: positions (k) 2i, 2i + 1
                  * (+ 8) of the 16, head element g: one word of V's pairs per register (the
-                 * wgmma forms: the same A fragments, V from its transposed tile). */
+                 * wgmma forms: the same A fragments, V from its N-major tile). */
                 uint32_t pa[PF_N / 16][4];
 #pragma unroll
                 for (int u = 0; u < PF_N / 16; u++) {
@@ -734,11 +816,12 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                     float t[HDMAX / 8][4];
                     loom_wg_fence_regs<PF_N / 4>(&pa[0][0]);
                     loom_wg_fence();
+                    /* V N-major (by position, pf_wgv_at) */
 #pragma unroll
                     for (int u = 0; u < PF_N / 16; u++)
-                        loom_wg_rs<OP16, HDMAX>(&t[0][0], pa[u],
-                                                loom_wg_desc(vg + 2 * u * 128, 128, PF_N * 16),
-                                                u == 0 ? 0 : 1);
+                        loom_wg_rs<OP16, HDMAX, true>(
+                            &t[0][0], pa[u], loom_wg_desc(v_tile + 2 * u * 128, 128, PF_N * 16),
+                            u == 0 ? 0 : 1);
                     loom_wg_commit();
                     loom_wg_wait<0>();
                     loom_wg_fence_acc<HDMAX / 2>(&t[0][0]);
@@ -802,7 +885,8 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                                              l_run, o, M, L, Of, ot);
         __syncthreads();
     }
-    if (a.part != NULL) return; /* pf_fold_kernel writes out */
+    if (direct) loom_cp_async_wait<0>(); /* the empty group of the last tile */
+    if (a.part != NULL) return;          /* pf_fold_kernel writes out */
 
         /* out = the fold's accumulator / its sum (as the CPU: times 1 / l) */
 #pragma unroll
@@ -820,9 +904,10 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
             if constexpr (FOLD_REGS) {
                 orow[c0] = Of[dn][2 * h] * inv;
                 orow[c0 + 1] = Of[dn][2 * h + 1] * inv;
-            } else {
-                orow[c0] = frow[c0] * inv;
-                orow[c0 + 1] = frow[c0 + 1] * inv;
+            } else { /* one 8-byte read (rows 8 banks apart: a half warp's 4 rows, 32 banks) */
+                const float2 f = *(const float2 *)(frow + c0);
+                orow[c0] = f.x * inv;
+                orow[c0 + 1] = f.y * inv;
             }
         }
     }
@@ -984,6 +1069,7 @@ extern "C" loom_status loom__cuda_attention_prefill(cudaStream_t stream, const l
     if ((all ? kv->n_seqs : kv->n_prefill_seqs) <= 0 || !loom__cuda_attention_tiled_ok(kv, p))
         return LOOM_OK; /* the split-KV kernel takes every row */
     const int ops = pf_ops_of(kv->kv_type, p->math, kv->head_dim);
+    const int direct = pf_direct(kv, p, ops);
     const size_t smem = pf_smem_bytes(kv->head_dim, ops);
     const pf_plan pl = pf_plan_of(kv, p, all);
     if (pl.part_bytes > p->tiled_work_bytes)
@@ -998,7 +1084,8 @@ extern "C" loom_status loom__cuda_attention_prefill(cudaStream_t stream, const l
                  all,
                  pl.part_bytes != 0 ? p->tiled_work : NULL,
                  pl.segs_per_block,
-                 pl.seg_stride};
+                 pl.seg_stride,
+                 direct};
     a.rows_per_tile = PF_M / a.group;
     const int64_t blocks = (int64_t)(all ? kv->n_seqs : kv->n_prefill_seqs) *
                            loom_cdiv(all ? kv->max_rows : kv->prefill_max_rows, a.rows_per_tile);

@@ -38,6 +38,7 @@ struct prefill_result {
     std::vector<float> out; // [rows, q_stride] as the kernel left it
     int q_stride;           // floats
     int groups;             // the split's groups of segments (1: none)
+    bool direct = false;    // the wgmma forms' tiles were copied by cp.async (pf_direct)
 };
 
 } // namespace emu_test

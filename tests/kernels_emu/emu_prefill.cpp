@@ -311,7 +311,9 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
                        c.all,
                        pl.part_bytes != 0 ? part.data() : nullptr,
                        pl.segs_per_block,
-                       pl.seg_stride};
+                       pl.seg_stride,
+                       pf_direct(&kv, &p, ops)};
+    res.direct = a.direct != 0;
     const size_t smem = pf_smem_bytes(hd, ops);
     const unsigned blocks = (unsigned)((c.all ? (size_t)S : pf.size()) *
                                        (size_t)loom_cdiv(c.all ? most_any : most, a.rows_per_tile));

@@ -210,6 +210,7 @@ int prefill_tests(bool verbose) {
        sequence at the prefill threshold (16), one under it (15), decodes (1) */
     const std::vector<int> cached = {0, 54, 97, 5, 40, 33, 130};
     const std::vector<int> nnew = {17, 64, 100, 15, 16, 1, 33};
+    int wg_direct = 0, wg_converted = 0; /* the wgmma forms' two tile paths (pf_direct) */
     for (int math : {LOOM_K_MATH_F32, LOOM_K_MATH_BF16, LOOM_K_MATH_BF16_WGMMA}) {
         int i = 0;
         for (const shape &s : shapes) {
@@ -222,12 +223,21 @@ int prefill_tests(bool verbose) {
                 bad++;
             } else if (verbose) {
                 printf("  prefill %2d %-9s bs=%2d hd=%3d nkv=%d G=%2d window=%3d cap=%2g %-4s "
-                       "%-9s: worst %.2g (%.2f s)\n",
+                       "%-9s: worst %.2g (%.2f s)%s\n",
                        i, math_name(math), s.bs, s.hd, s.nkv, s.G, s.window, (double)s.cap,
-                       type_name(s.type), order_names[(int)order], r.worst, seconds_since(t0));
+                       type_name(s.type), order_names[(int)order], r.worst, seconds_since(t0),
+                       r.direct ? " (tiles by cp.async)" : "");
             }
+            if (math == LOOM_K_MATH_BF16_WGMMA && (s.hd == 64 || s.hd == 128))
+                (r.direct ? wg_direct : wg_converted)++;
             i++;
         }
+    }
+    if (wg_direct == 0 || wg_converted == 0) {
+        printf("FAIL prefill: the wgmma forms ran %d cases with tiles by cp.async and %d "
+               "converted through registers; the cases must take both\n",
+               wg_direct, wg_converted);
+        bad++;
     }
 
     /* Batch invariance: a sequence's outputs alone and in a batch (other sequences before and

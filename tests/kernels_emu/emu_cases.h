@@ -29,7 +29,8 @@ struct prefill_case {
     bool all = false;
     int n_sms = 0;
     std::vector<int> ids = {};
-    int math = 0; // LOOM_K_MATH_*: 1, BF16 math (16-bit operands, pf_ops_of)
+    int math = 0;           // LOOM_K_MATH_*: 1, BF16 math (16-bit operands, pf_ops_of)
+    bool tile_regs = false; // loom__k_attn's tile_regs: the wgmma forms never copy by cp.async
 };
 
 struct prefill_result {

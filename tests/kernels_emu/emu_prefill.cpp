@@ -295,6 +295,7 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
     p.scale = 1.0f / sqrtf((float)hd);
     p.softcap = c.cap;
     p.math = c.math;
+    p.tile_regs = c.tile_regs;
     if (!pf_layer_ok(&kv, &p)) {
         problem(res, "pf_layer_ok refuses the case");
         return res;

@@ -230,6 +230,21 @@ int prefill_tests(bool verbose) {
             }
             if (math == LOOM_K_MATH_BF16_WGMMA && (s.hd == 64 || s.hd == 128))
                 (r.direct ? wg_direct : wg_converted)++;
+            if (r.direct && r.problem.empty()) { /* the register tiles: the same bits */
+                prefill_case cr = in_math(make_case(s, cached, nnew, order), math);
+                cr.tile_regs = true;
+                const emu_test::prefill_result rr = emu_prefill::run(cr);
+                if (rr.direct || rr.out.size() != r.out.size() ||
+                    memcmp(rr.out.data(), r.out.data(), r.out.size() * sizeof(float)) != 0) {
+                    printf("FAIL prefill case %d (%s): tiles through registers (tile_regs) do not "
+                           "give the bits of tiles by cp.async%s%s\n",
+                           i, math_name(math), rr.problem.empty() ? "" : ": ", rr.problem.c_str());
+                    bad++;
+                } else if (verbose) {
+                    printf("  prefill %2d %-9s: tiles through registers, the same bits\n", i,
+                           math_name(math));
+                }
+            }
             i++;
         }
     }

@@ -577,6 +577,18 @@ int main(int argc, char **argv) {
                wl.refused[0] ? wl.refused : "the device said neither yes nor no");
     }
     loom__backend_stream_close(&g_gpu);
+    /* The wgmma attention's prefills again with its K and V tiles read through registers one
+     * at a time (LOOM_CUDA_ATTN_ASYNC=0) rather than copied by cp.async with the next tile in
+     * flight (the default for these 16-bit pages): what the copies' pipelining gains. */
+    if (wl.chosen && !quick) {
+        setenv("LOOM_CUDA_ATTN_ASYNC", "0", 1);
+        if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
+        g_mode = "wgmma-regs";
+        bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
+        bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
+        loom__backend_stream_close(&g_gpu);
+        unsetenv("LOOM_CUDA_ATTN_ASYNC");
+    }
     unsetenv("LOOM_CUDA_WGMMA");
     unsetenv("LOOM_CUDA_MATH");
     return 0;

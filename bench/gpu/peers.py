@@ -119,8 +119,8 @@ def main():
     print("| kernel | shape | loom µs | loom | % of ceiling | torch µs (bf16) | torch/loom |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        if r.get("mode") == "fast" or r.get("blocks") == "shuffled":
-            continue  # the fast mode's rows and the shuffled tables': tables of their own below
+        if r.get("mode") in ("fast", "wgmma-regs") or r.get("blocks") == "shuffled":
+            continue  # the fast mode's rows, the shuffled and register tiles': tables below
         m16 = {"bf16-math": " (bf16 math)", "wgmma": " (bf16 math, wgmma)"}.get(r.get("mode"), "")
         if r["kind"] == "matmul":
             peer = torch_matmul(r["k"], r["n"], r["t"])
@@ -185,6 +185,15 @@ def main():
         print("|---|---:|---:|---:|")
         for rw, rb in wg:
             print(f"| {what(rw)} | {rb['s']*1e6:.1f} | {rw['s']*1e6:.1f} | {rb['s'] / rw['s']:.2f}x |")
+    # the wgmma attention's tiles by cp.async (the default) against through registers
+    wga = {shape(r): r for r in rows if r.get("mode") == "wgmma"}
+    regs = [(r, wga[shape(r)]) for r in rows if r.get("mode") == "wgmma-regs" and shape(r) in wga]
+    if regs:
+        print("\n| wgmma attention: K/V tiles by cp.async, next in flight (default) vs through "
+              "registers (LOOM_CUDA_ATTN_ASYNC=0) | registers µs | cp.async µs | speed-up |")
+        print("|---|---:|---:|---:|")
+        for rr, ra in regs:
+            print(f"| {what(rr)} | {rr['s']*1e6:.1f} | {ra['s']*1e6:.1f} | {rr['s'] / ra['s']:.2f}x |")
     for r in rows:
         if r["kind"] == "note":
             print(f"\nNote: {r['what']}")

@@ -309,7 +309,8 @@ loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const lo
                        .invariant = c->dev->batch_invariant,
                        .n_sms = c->dev->n_sms,
                        .smem_optin = c->dev->smem_optin,
-                       .math = c->dev->tc_math};
+                       .math = c->dev->tc_math,
+                       .tile_regs = c->dev->attn_tile_regs};
     const size_t tiled = loom__cuda_attention_tiled_work_bytes(dk, &ka);
     if (tiled > c->tiled_work_cap) c->n_grows++;
     LOOM_TRY(loom__cuda_regrow(c, &c->tiled_work, &c->tiled_work_cap, tiled));

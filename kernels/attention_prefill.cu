@@ -102,7 +102,8 @@ typedef struct pf_args {
  * fragment's eight falls 4 or 12 banks past the one before, its four columns in between);
  * then, for head sizes over PF_FOLD_REGS_HD, the folded accumulators [PF_M][head_dim + 8]
  * (each lane its own elements, two at a time: rows 8 banks apart) — smaller heads keep them in
- * registers, which keeps head size 128 within the 99 KB of sm_86/89. */
+ * registers, which keeps head size 128 within the 99 KB of sm_86/89 (the 16-bit forms, whose
+ * tiles are half the size, for head sizes up to 64 only: their registers hold Q instead). */
 #define PF_HEAD_BYTES   (2 * PF_N * (sizeof(long long) + 2 * sizeof(float)))
 #define PF_FOLD_REGS_HD 128
 
@@ -132,13 +133,28 @@ typedef struct pf_args {
  * vectors attend none of a tile changes nothing, as for the skipped tiles of the forms above. */
 #define PF_WG_BF16 4
 #define PF_WG_F16  5
+/* PF_BF16 and PF_F16 for head sizes 72 .. 128 with Q's A fragments held in registers for the
+ * whole walk (as the wgmma forms and, at head sizes up to 64, the 16-bit forms themselves hold
+ * them), which leaves no registers for the fold: it goes to shared memory (35 KB). Where a block
+ * may have more than 100 KB of shared memory (sm_80, sm_90) that costs no block per SM; on
+ * sm_86/89 (99 KB) it would, so they keep PF_BF16 / PF_F16 (pf_ops_of). The same bits. */
+#define PF_BF16_QR     6
+#define PF_F16_QR      7
+#define PF_QR_MIN_SMEM (100 << 10)
 
-static __host__ __device__ int pf_ops_of(uint32_t kv_type, int32_t math, int32_t head_dim) {
+static __host__ __device__ int pf_ops_of(uint32_t kv_type, int32_t math, int32_t head_dim,
+                                         int32_t smem_optin) {
     if (math == LOOM_K_MATH_BF16_WGMMA && (head_dim == 64 || head_dim == 128))
         return kv_type == LOOM_K_F16 ? PF_WG_F16 : PF_WG_BF16;
-    if (math == LOOM_K_MATH_BF16 || math == LOOM_K_MATH_BF16_WGMMA)
+    if (math == LOOM_K_MATH_BF16 || math == LOOM_K_MATH_BF16_WGMMA) {
+        if (head_dim > 64 && head_dim <= 128 && smem_optin > PF_QR_MIN_SMEM)
+            return kv_type == LOOM_K_F16 ? PF_F16_QR : PF_BF16_QR;
         return kv_type == LOOM_K_F16 ? PF_F16 : PF_BF16;
+    }
     return kv_type == LOOM_K_F32 ? PF_TF32_KV : PF_TF32;
+}
+static __host__ __device__ bool pf_wg(int ops) {
+    return ops == PF_WG_BF16 || ops == PF_WG_F16;
 }
 
 /* Whether the wgmma forms copy the K and V tiles by cp.async as the pages hold them, the next
@@ -150,7 +166,7 @@ static __host__ __device__ int pf_ops_of(uint32_t kv_type, int32_t math, int32_t
  * tile at a time. */
 static __host__ __device__ int pf_direct(const loom__k_kv *kv, const loom__k_attn *p, int ops) {
     const uint32_t own = ops == PF_WG_F16 ? LOOM_K_F16 : LOOM_K_BF16;
-    if (ops < PF_WG_BF16 || kv->kv_type != own || p->tile_regs) return 0;
+    if (!pf_wg(ops) || kv->kv_type != own || p->tile_regs) return 0;
     const uintptr_t bits = (uintptr_t)p->k_pool | (uintptr_t)p->v_pool |
                            (uintptr_t)kv->token_stride | (uintptr_t)kv->block_stride |
                            (uintptr_t)kv->head_dim * 2;
@@ -171,10 +187,10 @@ static __host__ __device__ int pf_v_words(int32_t head_dim) {
 }
 
 static __host__ __device__ size_t pf_smem_bytes(int32_t head_dim, int ops) {
-    const size_t fold = head_dim > PF_FOLD_REGS_HD || ops >= PF_WG_BF16
+    const size_t fold = head_dim > PF_FOLD_REGS_HD || ops >= PF_WG_BF16 /* wgmma, QR */
                             ? (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float)
                             : 0;
-    if (ops >= PF_WG_BF16) /* Q [PF_M][hd] (direct: later K and V), K and V [PF_N][hd], 16-bit */
+    if (pf_wg(ops)) /* Q [PF_M][hd] (direct: later K and V), K and V [PF_N][hd], 16-bit */
         return PF_HEAD_BYTES + (size_t)(PF_M + 2 * PF_N) * (size_t)head_dim * 2 + fold;
     if (ops >= PF_BF16)
         return PF_HEAD_BYTES +
@@ -505,10 +521,15 @@ pf_segment_end(const pf_args &a, int seg, int warp, int lane, int row0, int kvh,
  * PF_WG_F16, pf_ops_of). */
 template <int HDMAX, int OPS>
 static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args a) {
-    constexpr bool F32KV = OPS == PF_TF32_KV, M16 = OPS >= PF_BF16, WG = OPS >= PF_WG_BF16;
-    constexpr int OP16 = OPS == PF_F16 || OPS == PF_WG_F16 ? LOOM_MMA16_F16 : LOOM_MMA16_BF16;
+    constexpr bool F32KV = OPS == PF_TF32_KV, M16 = OPS >= PF_BF16;
+    constexpr bool WG = OPS == PF_WG_BF16 || OPS == PF_WG_F16, QR = OPS >= PF_BF16_QR;
+    constexpr int OP16 =
+        OPS == PF_F16 || OPS == PF_WG_F16 || OPS == PF_F16_QR ? LOOM_MMA16_F16 : LOOM_MMA16_BF16;
     /* the fold in registers (small heads, mma.sync forms) or in shared memory (ot) */
-    constexpr bool FOLD_REGS = HDMAX <= PF_FOLD_REGS_HD && !WG;
+    constexpr bool FOLD_REGS = HDMAX <= PF_FOLD_REGS_HD && !WG && !QR;
+    /* Q's A fragments in registers for the whole walk (the wgmma forms, QR, and the 16-bit forms
+     * up to head size 64) */
+    constexpr bool QREGS = WG || QR || (M16 && HDMAX <= 64);
     const loom__k_kv &kv = a.kv;
     /* blockIdx.x: the sequences' tiles, the last tile of each (the most positions) first; a
      * sequence with fewer tiles than the longest has nothing at the end. blockIdx.z: the
@@ -625,21 +646,25 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     const int32_t *table = kv.block_ids + kv.indptr[s];
     pf_lookup(a, table, kvh, j_begin, lo_first, pos_last, row_at, ksc, vsc);
     __syncthreads();
-    /* The wgmma forms: the warp's Q rows as the A fragments of S = Q Kᵀ, k16 step by step (the
-     * ISA's m64nNk16 A register fragment, mma.sync m16n8k16's: loom_mma16_a_row/col), held for
-     * the whole walk; with A from registers each S wgmma reads only K's 1 KB from shared memory,
-     * not Q's 2 KB as well. */
-    uint32_t qf[WG ? HDMAX / 16 : 1][4];
-    if constexpr (WG) {
+    /* The 16-bit forms (QREGS): the warp's Q rows as the A fragments of S = Q Kᵀ, k16 step by step
+     * (mma.sync m16n8k16's A fragment, which is also the ISA's m64nNk16 register fragment for
+     * wgmma: loom_mma16_a_row/col), held for the whole walk, so that S reads only K from shared
+     * memory (the mma.sync forms: a quarter less traffic for S and P V together; wgmma: 1 KB
+     * a k16 step, not 3). */
+    uint32_t qf[QREGS ? HDMAX / 16 : 1][4];
+    if constexpr (QREGS) {
 #pragma unroll
-        for (int k16 = 0; k16 < HDMAX / 16; k16++)
+        for (int k16 = 0; k16 < HDMAX / 16; k16++) {
+            if (k16 * 16 >= hd) break; /* the mma.sync forms: hd < HDMAX */
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 const int m = warp * 16 + loom_mma16_a_row(lane, r);
                 const int d = k16 * 16 + loom_mma16_a_col(lane, r);
-                qf[k16][r] = *(const uint32_t *)(qg + pf_wg_at(m, d, hd * 16));
+                qf[k16][r] =
+                    WG ? *(const uint32_t *)(qg + pf_wg_at(m, d, hd * 16)) : qs16[m * ldw + d / 2];
             }
-        loom_wg_fence_regs<(WG ? HDMAX / 4 : 4)>(&qf[0][0]);
+        }
+        if constexpr (WG) loom_wg_fence_regs<(QREGS ? HDMAX / 4 : 4)>(&qf[0][0]);
     }
     /* direct: buffer 0's K at kg, buffer 1's at qg (read into qf above; the barrier below comes
      * before any copy there), each V PF_N hd 2 bytes past its K; the first tile's copies in
@@ -701,6 +726,20 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                 loom_wg_commit();
                 loom_wg_wait<0>();
                 loom_wg_fence_acc<PF_N / 2>(&sc[0][0]);
+            } else if constexpr (QREGS) {
+#pragma unroll
+                for (int k16 = 0; k16 < HDMAX / 16; k16++) {
+                    const int d0 = k16 * 16;
+                    if (d0 >= hd) break;
+#pragma unroll
+                    for (int nt = 0; nt < PF_NT; nt++) {
+                        /* B = Kᵀ: rows (k) head elements, column (n) position */
+                        const uint32_t *kr = ks16 + (nt * 8 + loom_mma16_b_col(lane)) * ldw;
+                        const uint32_t kb[2] = {kr[(d0 + loom_mma16_b_row(lane, 0)) / 2],
+                                                kr[(d0 + loom_mma16_b_row(lane, 1)) / 2]};
+                        loom_mma16<OP16>(sc[nt], qf[k16], kb);
+                    }
+                }
             } else if constexpr (M16) {
                 const uint32_t *qw16 = qs16 + warp * 16 * ldw;
 #pragma unroll 2
@@ -1003,6 +1042,15 @@ static loom_status pf_launch_ops(cudaStream_t stream, const pf_args &a, int ops,
         return pf_launch<HDMAX, PF_BF16>(stream, a, blocks, groups, smem);
     case PF_F16:
         return pf_launch<HDMAX, PF_F16>(stream, a, blocks, groups, smem);
+    case PF_BF16_QR:
+    case PF_F16_QR: /* head sizes 72 .. 128 (pf_ops_of) */
+        if constexpr (HDMAX == 128) {
+            if (ops == PF_F16_QR)
+                return pf_launch<HDMAX, PF_F16_QR>(stream, a, blocks, groups, smem);
+            return pf_launch<HDMAX, PF_BF16_QR>(stream, a, blocks, groups, smem);
+        }
+        LOOM_K_UNSUPPORTED("cuda: tiled attention (Q in registers) with head_dim %d",
+                           a.kv.head_dim);
     default: /* the wgmma forms, whose head size is HDMAX (pf_ops_of) */
         if constexpr (HDMAX == 64 || HDMAX == 128) {
             if (ops == PF_WG_F16)
@@ -1037,8 +1085,8 @@ static bool pf_layer_ok(const loom__k_kv *kv, const loom__k_attn *p) {
 #if LOOM_K_HOST_CODE
 extern "C" int loom__cuda_attention_tiled_ok(const loom__k_kv *kv, const loom__k_attn *p) {
     return pf_layer_ok(kv, p) &&
-           pf_smem_bytes(kv->head_dim, pf_ops_of(kv->kv_type, p->math, kv->head_dim)) <=
-               (size_t)p->smem_optin;
+           pf_smem_bytes(kv->head_dim, pf_ops_of(kv->kv_type, p->math, kv->head_dim,
+                                                 p->smem_optin)) <= (size_t)p->smem_optin;
 }
 
 extern "C" size_t loom__cuda_attention_tiled_work_bound(int32_t n_head, int32_t n_kv_heads,
@@ -1068,7 +1116,7 @@ extern "C" loom_status loom__cuda_attention_prefill(cudaStream_t stream, const l
     const int all = p->invariant != 0;
     if ((all ? kv->n_seqs : kv->n_prefill_seqs) <= 0 || !loom__cuda_attention_tiled_ok(kv, p))
         return LOOM_OK; /* the split-KV kernel takes every row */
-    const int ops = pf_ops_of(kv->kv_type, p->math, kv->head_dim);
+    const int ops = pf_ops_of(kv->kv_type, p->math, kv->head_dim, p->smem_optin);
     const int direct = pf_direct(kv, p, ops);
     const size_t smem = pf_smem_bytes(kv->head_dim, ops);
     const pf_plan pl = pf_plan_of(kv, p, all);

@@ -31,6 +31,7 @@ struct prefill_case {
     std::vector<int> ids = {};
     int math = 0;           // LOOM_K_MATH_*: 1, BF16 math (16-bit operands, pf_ops_of)
     bool tile_regs = false; // loom__k_attn's tile_regs: the wgmma forms never copy by cp.async
+    int smem_optin = 0;     // loom__k_attn's: over 100 KB, BF16 math at 72..128 takes PF_*_QR
 };
 
 struct prefill_result {
@@ -40,6 +41,8 @@ struct prefill_result {
     int q_stride;           // floats
     int groups;             // the split's groups of segments (1: none)
     bool direct = false;    // the wgmma forms' tiles were copied by cp.async (pf_direct)
+    int ops = -1;           // the kernel's form (pf_ops_of)
+    bool q_regs = false;    // it was PF_BF16_QR or PF_F16_QR
 };
 
 } // namespace emu_test

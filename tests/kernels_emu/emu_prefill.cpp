@@ -81,7 +81,8 @@ __attribute__((format(printf, 2, 3))) void problem(emu_test::prefill_result &res
 // x rounded to the 16-bit operand type: BF16 written here from the format (a float's top half,
 // nearest even), F16 by the emulator's conversion read back with half_value.
 double round16(int ops, float x) {
-    if (ops == PF_F16 || ops == PF_WG_F16) return half_value(__half_as_ushort(__float2half_rn(x)));
+    if (ops == PF_F16 || ops == PF_WG_F16 || ops == PF_F16_QR)
+        return half_value(__half_as_ushort(__float2half_rn(x)));
     uint32_t u = __float_as_uint(x);
     u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
     return __uint_as_float(u);
@@ -114,6 +115,14 @@ void launch_ops(int ops, const pf_args &a, unsigned blocks, unsigned groups, siz
         return launch_kernel<HD, PF_BF16>(a, blocks, groups, smem, order);
     case PF_F16:
         return launch_kernel<HD, PF_F16>(a, blocks, groups, smem, order);
+    case PF_BF16_QR:
+    case PF_F16_QR: /* head sizes 72 .. 128 (pf_ops_of) */
+        if constexpr (HD == 128) {
+            if (ops == PF_F16_QR)
+                return launch_kernel<HD, PF_F16_QR>(a, blocks, groups, smem, order);
+            return launch_kernel<HD, PF_BF16_QR>(a, blocks, groups, smem, order);
+        }
+        return;
     default: /* the wgmma forms: head sizes 64 and 128 only (pf_ops_of) */
         if constexpr (HD == 64 || HD == 128) {
             if (ops == PF_WG_F16)
@@ -141,7 +150,9 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
     const int S = (int)c.cached.size(), hd = c.hd, nkv = c.nkv, nh = nkv * c.G;
     const size_t elt = elt_bytes(c.type);
     const bool fp8 = c.type == LOOM_K_FP8_E4M3 || c.type == LOOM_K_FP8_E5M2;
-    const int ops = pf_ops_of(c.type, c.math, c.hd);
+    const int ops = pf_ops_of(c.type, c.math, c.hd, c.smem_optin);
+    res.ops = ops;
+    res.q_regs = ops == PF_BF16_QR || ops == PF_F16_QR;
     const bool m16 = ops >= PF_BF16;
     /* strides with room between tokens and blocks, aligned as pf_layer_ok wants */
     const size_t token = (size_t)nkv * hd * elt + 16, block = (size_t)c.bs * token + 32;
@@ -296,6 +307,7 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
     p.softcap = c.cap;
     p.math = c.math;
     p.tile_regs = c.tile_regs;
+    p.smem_optin = c.smem_optin;
     if (!pf_layer_ok(&kv, &p)) {
         problem(res, "pf_layer_ok refuses the case");
         return res;
@@ -382,9 +394,9 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
             }
             const double err = nan ? INFINITY : num / den;
             /* 16-bit: one unit in the last place of the type (P rounds to half of one) */
-            const double tol = ops == PF_BF16 || ops == PF_WG_BF16 ? 0x1p-7
-                               : ops == PF_F16 || ops == PF_WG_F16 ? 0x1p-10
-                                                                   : 2e-5;
+            const double tol = ops == PF_BF16 || ops == PF_WG_BF16 || ops == PF_BF16_QR ? 0x1p-7
+                               : ops == PF_F16 || ops == PF_WG_F16 || ops == PF_F16_QR  ? 0x1p-10
+                                                                                        : 2e-5;
             if (!(err <= tol))
                 problem(res,
                         "sequence %d row %d (position %d): error %.3g of the row's largest value",

@@ -211,6 +211,7 @@ int prefill_tests(bool verbose) {
     const std::vector<int> cached = {0, 54, 97, 5, 40, 33, 130};
     const std::vector<int> nnew = {17, 64, 100, 15, 16, 1, 33};
     int wg_direct = 0, wg_converted = 0; /* the wgmma forms' two tile paths (pf_direct) */
+    int n_qr = 0;                        /* cases run again on PF_*_QR */
     for (int math : {LOOM_K_MATH_F32, LOOM_K_MATH_BF16, LOOM_K_MATH_BF16_WGMMA}) {
         int i = 0;
         for (const shape &s : shapes) {
@@ -230,6 +231,26 @@ int prefill_tests(bool verbose) {
             }
             if (math == LOOM_K_MATH_BF16_WGMMA && (s.hd == 64 || s.hd == 128))
                 (r.direct ? wg_direct : wg_converted)++;
+            /* BF16 math at head sizes 72 .. 128 where blocks may have over 100 KB of shared memory:
+               Q in registers and the fold in shared memory (PF_*_QR), the same bits */
+            if (math == LOOM_K_MATH_BF16 && s.hd > 64 && s.hd <= 128 && r.problem.empty()) {
+                prefill_case cq = in_math(make_case(s, cached, nnew, order), math);
+                cq.smem_optin = 227 << 10;
+                const emu_test::prefill_result rq = emu_prefill::run(cq);
+                if (!rq.q_regs || rq.out.size() != r.out.size() ||
+                    memcmp(rq.out.data(), r.out.data(), r.out.size() * sizeof(float)) != 0) {
+                    printf("FAIL prefill case %d (%s): Q in registers (form %d) does not give the "
+                           "bits of form %d%s%s\n",
+                           i, math_name(math), rq.ops, r.ops, rq.problem.empty() ? "" : ": ",
+                           rq.problem.c_str());
+                    bad++;
+                } else if (verbose) {
+                    printf("  prefill %2d %-9s: Q in registers, the fold in shared memory (form "
+                           "%d), the same bits\n",
+                           i, math_name(math), rq.ops);
+                }
+                n_qr++;
+            }
             if (r.direct && r.problem.empty()) { /* the register tiles: the same bits */
                 prefill_case cr = in_math(make_case(s, cached, nnew, order), math);
                 cr.tile_regs = true;
@@ -247,6 +268,10 @@ int prefill_tests(bool verbose) {
             }
             i++;
         }
+    }
+    if (n_qr < 2) {
+        printf("FAIL prefill: %d cases ran on the forms with Q in registers (PF_*_QR)\n", n_qr);
+        bad++;
     }
     if (wg_direct == 0 || wg_converted == 0) {
         printf("FAIL prefill: the wgmma forms ran %d cases with tiles by cp.async and %d "

@@ -649,7 +649,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     /* The 16-bit forms (QREGS): the warp's Q rows as the A fragments of S = Q Kᵀ, k16 step by step
      * (mma.sync m16n8k16's A fragment, which is also the ISA's m64nNk16 register fragment for
      * wgmma: loom_mma16_a_row/col), held for the whole walk, so that S reads only K from shared
-     * memory (the mma.sync forms: a quarter less traffic for S and P V together; wgmma: 1 KB
+     * memory (the mma.sync forms: a fifth less traffic for S and P V together; wgmma: 1 KB
      * a k16 step, not 3). */
     uint32_t qf[QREGS ? HDMAX / 16 : 1][4];
     if constexpr (QREGS) {

@@ -701,7 +701,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
         if (!direct && j0 + PF_N <= j_end)
             pf_lookup(a, table, kvh, j0 + PF_N, lo_first, pos_last, row_at + (buf ^ 1) * PF_N,
                       ksc + (buf ^ 1) * PF_N, vsc + (buf ^ 1) * PF_N);
-        if constexpr (WG) loom_wg_fence_proxy_async(); /* the tiles (and Q), for the wgmma's */
+        if constexpr (WG) loom_wg_fence_proxy_async(); /* the tiles, for the wgmma's */
         __syncthreads();
         /* warp-uniform; the wgmma forms: every warp (the block's rows attend every tile it
          * walks, so some warp needs it) */

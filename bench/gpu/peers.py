@@ -169,31 +169,24 @@ def main():
         for rf, ri in fast:
             print(f"| {what(rf)} | {ri['kernel']} {ri['s']*1e6:.1f} | {rf['kernel']} {rf['s']*1e6:.1f} "
                   f"| {ri['s'] / rf['s']:.2f} |")
+    def speedup(title, base_mode, base_label, new_mode, new_label):
+        """new_mode's rows against base_mode's of the same shape: each one's µs, base / new."""
+        base = {shape(r): r for r in rows if r.get("mode") == base_mode}
+        pairs = [(r, base[shape(r)]) for r in rows if r.get("mode") == new_mode and shape(r) in base]
+        if not pairs:
+            return
+        print(f"\n| {title} | {base_label} µs | {new_label} µs | speed-up |")
+        print("|---|---:|---:|---:|")
+        for rn, rb in pairs:
+            print(f"| {what(rn)} | {rb['s']*1e6:.1f} | {rn['s']*1e6:.1f} | {rb['s'] / rn['s']:.2f}x |")
     # BF16 math (LOOM_CUDA_MATH=bf16) against the default's float32 accuracy, same shapes
-    m16 = [(r, inv[shape(r)]) for r in rows if r.get("mode") == "bf16-math" and shape(r) in inv]
-    if m16:
-        print("\n| BF16 math (LOOM_CUDA_MATH=bf16) vs the default (float32 accuracy) | default µs "
-              "| bf16 math µs | speed-up |")
-        print("|---|---:|---:|---:|")
-        for rb, ri in m16:
-            print(f"| {what(rb)} | {ri['s']*1e6:.1f} | {rb['s']*1e6:.1f} | {ri['s'] / rb['s']:.2f}x |")
+    speedup("BF16 math (LOOM_CUDA_MATH=bf16) vs the default (float32 accuracy)", "invariant",
+            "default", "bf16-math", "bf16 math")
     # the wgmma kernels (LOOM_CUDA_WGMMA=1) against the mma.sync ones, both in BF16 math
-    b16 = {shape(r): r for r in rows if r.get("mode") == "bf16-math"}
-    wg = [(r, b16[shape(r)]) for r in rows if r.get("mode") == "wgmma" and shape(r) in b16]
-    if wg:
-        print("\n| BF16 math: wgmma vs mma.sync | mma.sync µs | wgmma µs | speed-up |")
-        print("|---|---:|---:|---:|")
-        for rw, rb in wg:
-            print(f"| {what(rw)} | {rb['s']*1e6:.1f} | {rw['s']*1e6:.1f} | {rb['s'] / rw['s']:.2f}x |")
+    speedup("BF16 math: wgmma vs mma.sync", "bf16-math", "mma.sync", "wgmma", "wgmma")
     # the wgmma attention's tiles by cp.async (the default) against through registers
-    wga = {shape(r): r for r in rows if r.get("mode") == "wgmma"}
-    regs = [(r, wga[shape(r)]) for r in rows if r.get("mode") == "wgmma-regs" and shape(r) in wga]
-    if regs:
-        print("\n| wgmma attention: K/V tiles by cp.async, next in flight (default) vs through "
-              "registers (LOOM_CUDA_ATTN_ASYNC=0) | registers µs | cp.async µs | speed-up |")
-        print("|---|---:|---:|---:|")
-        for rr, ra in regs:
-            print(f"| {what(rr)} | {rr['s']*1e6:.1f} | {ra['s']*1e6:.1f} | {rr['s'] / ra['s']:.2f}x |")
+    speedup("wgmma attention: K/V tiles by cp.async, the next in flight (default), vs through "
+            "registers (LOOM_CUDA_ATTN_ASYNC=0)", "wgmma-regs", "registers", "wgmma", "cp.async")
     for r in rows:
         if r["kind"] == "note":
             print(f"\nNote: {r['what']}")

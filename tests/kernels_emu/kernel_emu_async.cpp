@@ -43,35 +43,48 @@ __attribute__((no_sanitize("address"))) void copy_lane_regs(void *dst, const voi
     for (size_t i = 0; i < bytes; i++) d[i] = s[i];
 }
 
-// Rows r0 .. r0 + rows - 1 (16 BF16 or F16 values of K each) of a K-major operand without swizzle
-// at descriptor desc into out[rows][16] (wgmma.cuh's layout, from the PTX ISA's "Shared Memory
-// Matrix Layout" and "Matrix Descriptor"): element (r, k) at start + (r / 8) SBO + (r % 8) 16 +
-// (k / 8) LBO + (k % 8) 2; start address bits 0-13, LBO 16-29, SBO 32-45 (each in 16-byte
-// units), base offset 49-51 and swizzle mode 62-63 both 0 here, the other bits unused (0).
-// smem: the generic proxy's view (M.dyn) or the async proxy's (M.dyn_async).
-void wg_rows(int w, const std::vector<unsigned char> &smem, uint64_t desc, bool f16, int r0,
-             int rows, double *out) {
+// A matrix descriptor (the PTX ISA's "Matrix Descriptor"): start address bits 0-13, LBO 16-29,
+// SBO 32-45 (each in 16-byte units, returned in bytes), base offset 49-51 and swizzle mode 62-63
+// both 0 here, the other bits unused (0).
+struct wg_desc_fields {
+    size_t start, lbo, sbo;
+};
+wg_desc_fields wg_desc_of(int w, uint64_t desc) {
     const uint64_t used = 0x3fffull | 0x3fffull << 16 | 0x3fffull << 32;
     if ((desc & ~used) != 0)
         fault("warp %d: wgmma descriptor 0x%016llx sets bits past the address, LBO and SBO "
               "(base offset, swizzle or unused ones: not emulated)",
               w, (unsigned long long)desc);
-    const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)(desc >> 16 & 0x3fff) << 4;
-    const size_t sbo = (size_t)(desc >> 32 & 0x3fff) << 4;
+    return {(size_t)(desc & 0x3fff) << 4, (size_t)(desc >> 16 & 0x3fff) << 4,
+            (size_t)(desc >> 32 & 0x3fff) << 4};
+}
+
+// The 8 BF16 or F16 values of a core-matrix row at shared byte at into v[0], v[stride], ...
+// (what: the operand's row and values, for the fault).
+void wg_row8(int w, const std::vector<unsigned char> &smem, size_t at, bool f16, double *v,
+             size_t stride, const char *what, int row, int first) {
+    if (at + 16 > smem.size())
+        fault("warp %d: wgmma %s %d, values %d..%d at shared byte %zu, past the %zu bytes of "
+              "dynamic shared memory",
+              w, what, row, first, first + 7, at, smem.size());
+    uint16_t h[8];
+    memcpy(h, smem.data() + at, 16);
+    for (int e = 0; e < 8; e++)
+        v[e * stride] = f16 ? (double)__half2float(__ushort_as_half(h[e]))
+                            : (double)__bfloat162float(__ushort_as_bfloat16(h[e]));
+}
+
+// Rows r0 .. r0 + rows - 1 (16 BF16 or F16 values of K each) of a K-major operand without swizzle
+// at descriptor desc into out[rows][16] (wgmma.cuh's layout, from the PTX ISA's "Shared Memory
+// Matrix Layout"): element (r, k) at start + (r / 8) SBO + (r % 8) 16 + (k / 8) LBO + (k % 8) 2.
+// smem: the generic proxy's view (M.dyn) or the async proxy's (M.dyn_async).
+void wg_rows(int w, const std::vector<unsigned char> &smem, uint64_t desc, bool f16, int r0,
+             int rows, double *out) {
+    const wg_desc_fields d = wg_desc_of(w, desc);
     for (int r = r0; r < r0 + rows; r++)
-        for (int kg = 0; kg < 2; kg++) {
-            const size_t at = start + (size_t)(r / 8) * sbo + (size_t)(r % 8) * 16 + kg * lbo;
-            if (at + 16 > smem.size())
-                fault("warp %d: wgmma operand row %d, values %d..%d at shared byte %zu, past the "
-                      "%zu bytes of dynamic shared memory",
-                      w, r, 8 * kg, 8 * kg + 7, at, smem.size());
-            uint16_t h[8];
-            memcpy(h, smem.data() + at, 16);
-            for (int e = 0; e < 8; e++)
-                out[(size_t)(r - r0) * 16 + 8 * kg + e] =
-                    f16 ? (double)__half2float(__ushort_as_half(h[e]))
-                        : (double)__bfloat162float(__ushort_as_bfloat16(h[e]));
-        }
+        for (int kg = 0; kg < 2; kg++)
+            wg_row8(w, smem, d.start + (size_t)(r / 8) * d.sbo + (size_t)(r % 8) * 16 + kg * d.lbo,
+                    f16, out + (size_t)(r - r0) * 16 + 8 * kg, 1, "operand row", r, 8 * kg);
 }
 
 // All of an N-major ("transposed", imm-trans-b 1) B operand without swizzle, 16 values of K by n
@@ -83,28 +96,12 @@ void wg_rows(int w, const std::vector<unsigned char> &smem, uint64_t desc, bool 
 // are the K-major layout's, with N in place of the rows).
 void wg_cols_n_major(int w, const std::vector<unsigned char> &smem, uint64_t desc, bool f16, int n,
                      double *out) {
-    const uint64_t used = 0x3fffull | 0x3fffull << 16 | 0x3fffull << 32;
-    if ((desc & ~used) != 0)
-        fault("warp %d: wgmma descriptor 0x%016llx sets bits past the address, LBO and SBO "
-              "(base offset, swizzle or unused ones: not emulated)",
-              w, (unsigned long long)desc);
-    const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)(desc >> 16 & 0x3fff) << 4;
-    const size_t sbo = (size_t)(desc >> 32 & 0x3fff) << 4;
+    const wg_desc_fields d = wg_desc_of(w, desc);
     for (int cg = 0; cg < n / 8; cg++)
-        for (int k = 0; k < 16; k++) {
-            const size_t at =
-                start + (size_t)cg * sbo + (size_t)(k / 8) * lbo + (size_t)(k % 8) * 16;
-            if (at + 16 > smem.size())
-                fault("warp %d: wgmma N-major operand row %d of K, values %d..%d of N at shared "
-                      "byte %zu, past the %zu bytes of dynamic shared memory",
-                      w, k, 8 * cg, 8 * cg + 7, at, smem.size());
-            uint16_t h[8];
-            memcpy(h, smem.data() + at, 16);
-            for (int e = 0; e < 8; e++)
-                out[(size_t)(8 * cg + e) * 16 + k] =
-                    f16 ? (double)__half2float(__ushort_as_half(h[e]))
-                        : (double)__bfloat162float(__ushort_as_bfloat16(h[e]));
-        }
+        for (int k = 0; k < 16; k++)
+            wg_row8(w, smem, d.start + (size_t)cg * d.sbo + (size_t)(k / 8) * d.lbo + (k % 8) * 16,
+                    f16, out + (size_t)(8 * cg) * 16 + k, 16, "N-major operand row of K", k,
+                    8 * cg);
 }
 
 // The operands of warp w's wgmma: its 16 rows of A (16 x 16) and B (n rows of 16). A from

@@ -102,8 +102,8 @@ typedef struct pf_args {
  * fragment's eight falls 4 or 12 banks past the one before, its four columns in between);
  * then, for head sizes over PF_FOLD_REGS_HD, the folded accumulators [PF_M][head_dim + 8]
  * (each lane its own elements, two at a time: rows 8 banks apart) — smaller heads keep them in
- * registers, which keeps head size 128 within the 99 KB of sm_86/89 (the 16-bit forms, whose
- * tiles are half the size, for head sizes up to 64 only: their registers hold Q instead). */
+ * registers, which keeps head size 128 within the 99 KB of sm_86/89 (but for PF_BF16_QR and
+ * PF_F16_QR, whose registers hold Q instead). */
 #define PF_HEAD_BYTES   (2 * PF_N * (sizeof(long long) + 2 * sizeof(float)))
 #define PF_FOLD_REGS_HD 128
 
@@ -135,7 +135,7 @@ typedef struct pf_args {
 #define PF_WG_F16  5
 /* PF_BF16 and PF_F16 for head sizes 72 .. 128 with Q's A fragments held in registers for the
  * whole walk (as the wgmma forms and, at head sizes up to 64, the 16-bit forms themselves hold
- * them), which leaves no registers for the fold: it goes to shared memory (35 KB). Where a block
+ * them), which leaves no registers for the fold: it goes to shared memory (34 KB). Where a block
  * may have more than 100 KB of shared memory (sm_80, sm_90) that costs no block per SM; on
  * sm_86/89 (99 KB) it would, so they keep PF_BF16 / PF_F16 (pf_ops_of). The same bits. */
 #define PF_BF16_QR     6
@@ -187,9 +187,10 @@ static __host__ __device__ int pf_v_words(int32_t head_dim) {
 }
 
 static __host__ __device__ size_t pf_smem_bytes(int32_t head_dim, int ops) {
-    const size_t fold = head_dim > PF_FOLD_REGS_HD || ops >= PF_WG_BF16 /* wgmma, QR */
-                            ? (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float)
-                            : 0;
+    const size_t fold =
+        head_dim > PF_FOLD_REGS_HD || pf_wg(ops) || ops == PF_BF16_QR || ops == PF_F16_QR
+            ? (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float)
+            : 0;
     if (pf_wg(ops)) /* Q [PF_M][hd] (direct: later K and V), K and V [PF_N][hd], 16-bit */
         return PF_HEAD_BYTES + (size_t)(PF_M + 2 * PF_N) * (size_t)head_dim * 2 + fold;
     if (ops >= PF_BF16)
@@ -437,7 +438,8 @@ static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const lo
     }
 }
 
-/* The direct wgmma forms' tile copy (pf_direct): K and V of the offsets row_at into ks (the
+/* The direct wgmma forms' tile copy (pf_direct; their head size is HD, the tiles' layout's): K and
+ * V of the offsets row_at into ks (the
  * K-major layout of pf_load_tile16) and vs (pf_wgv_at), 16 bytes a thread by cp.async, positions
  * not read zero-filled; the copies are this thread's, for it to commit and wait for. A quarter
  * warp copies one core matrix of each (8 positions' same 16 bytes: 128 contiguous bytes of
@@ -682,7 +684,8 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
         uint8_t *k_tile = direct && buf ? qg : kg, *v_tile = k_tile + PF_N * hd * 2;
         if (direct) {
             /* the next tile's copies (an empty group after the last), the one after's offsets
-             * into this tile's buffer (its copies were issued before the last barrier), then
+             * into this tile's buffer (its copies were issued before the last barrier; its FP8
+             * scales too, which this tile would still read: direct pages are never FP8), then
              * this tile's copies landed */
             if (j0 + PF_N <= j_end)
                 pf_copy_tile<HDMAX>(a, row_at + (buf ^ 1) * PF_N, buf ? kg : qg,

@@ -234,41 +234,39 @@ int prefill_tests(bool verbose) {
             }
             if (math == LOOM_K_MATH_BF16_WGMMA && (s.hd == 64 || s.hd == 128))
                 (r.direct ? wg_direct : wg_converted)++;
+            /* the case again as variant v, which must take the other path (took) and give the
+               same bits */
+            auto same_bits = [&](const prefill_case &v, auto took, const char *what) {
+                const emu_test::prefill_result rv = emu_prefill::run(v);
+                if (!took(rv) || rv.out.size() != r.out.size() ||
+                    memcmp(rv.out.data(), r.out.data(), r.out.size() * sizeof(float)) != 0) {
+                    printf("FAIL prefill case %d (%s): %s (form %d) does not give the bits of "
+                           "form %d%s%s\n",
+                           i, math_name(math), what, rv.ops, r.ops, rv.problem.empty() ? "" : ": ",
+                           rv.problem.c_str());
+                    bad++;
+                } else if (verbose) {
+                    printf("  prefill %2d %-9s: %s, the same bits\n", i, math_name(math), what);
+                }
+            };
             /* BF16 math at head sizes 72 .. 128 where blocks may have over 100 KB of shared memory:
-               Q in registers and the fold in shared memory (PF_*_QR), the same bits */
+               Q in registers and the fold in shared memory (PF_*_QR) */
             if (reruns && math == LOOM_K_MATH_BF16 && s.hd > 64 && s.hd <= 128 &&
                 r.problem.empty()) {
-                prefill_case cq = in_math(make_case(s, cached, nnew, order), math);
-                cq.smem_optin = 227 << 10;
-                const emu_test::prefill_result rq = emu_prefill::run(cq);
-                if (!rq.q_regs || rq.out.size() != r.out.size() ||
-                    memcmp(rq.out.data(), r.out.data(), r.out.size() * sizeof(float)) != 0) {
-                    printf("FAIL prefill case %d (%s): Q in registers (form %d) does not give the "
-                           "bits of form %d%s%s\n",
-                           i, math_name(math), rq.ops, r.ops, rq.problem.empty() ? "" : ": ",
-                           rq.problem.c_str());
-                    bad++;
-                } else if (verbose) {
-                    printf("  prefill %2d %-9s: Q in registers, the fold in shared memory (form "
-                           "%d), the same bits\n",
-                           i, math_name(math), rq.ops);
-                }
+                prefill_case v = in_math(make_case(s, cached, nnew, order), math);
+                v.smem_optin = 227 << 10;
+                same_bits(
+                    v, [](const emu_test::prefill_result &x) { return x.q_regs; },
+                    "Q in registers, the fold in shared memory");
                 n_qr++;
             }
-            if (reruns && r.direct && r.problem.empty()) { /* register tiles: the same bits */
-                prefill_case cr = in_math(make_case(s, cached, nnew, order), math);
-                cr.tile_regs = true;
-                const emu_test::prefill_result rr = emu_prefill::run(cr);
-                if (rr.direct || rr.out.size() != r.out.size() ||
-                    memcmp(rr.out.data(), r.out.data(), r.out.size() * sizeof(float)) != 0) {
-                    printf("FAIL prefill case %d (%s): tiles through registers (tile_regs) do not "
-                           "give the bits of tiles by cp.async%s%s\n",
-                           i, math_name(math), rr.problem.empty() ? "" : ": ", rr.problem.c_str());
-                    bad++;
-                } else if (verbose) {
-                    printf("  prefill %2d %-9s: tiles through registers, the same bits\n", i,
-                           math_name(math));
-                }
+            /* the wgmma forms' tiles through registers, not by cp.async */
+            if (reruns && r.direct && r.problem.empty()) {
+                prefill_case v = in_math(make_case(s, cached, nnew, order), math);
+                v.tile_regs = true;
+                same_bits(
+                    v, [](const emu_test::prefill_result &x) { return !x.direct; },
+                    "tiles through registers (tile_regs)");
             }
             i++;
         }

@@ -22,6 +22,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "mma.cuh" /* LOOM_MMA16_BF16, LOOM_MMA16_F16: the operand types */
 
 /* Whether this compilation carries the instructions: sm_90a device code, or the emulator. A
  * device build for another architecture compiles the functions empty; the host launches the

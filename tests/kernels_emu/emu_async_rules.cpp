@@ -8,7 +8,13 @@
 // gemm_wgmma.cuh and attention_prefill.cu rely on the emulator to catch — a missing wgmma.fence
 // or fence.proxy.async, a write to registers or shared memory a wgmma owns, warps of a
 // warpgroup disagreeing, a wait left out — is thereby checked to be caught.
+// Then a warp-specialised pipeline (kernels/mbarrier.cuh, as attention_prefill.cu's PF_WS form
+// runs one): a producer warpgroup copies B's tiles by cp.async into a ring of two stages, each
+// with a "full" and an "empty" mbarrier, and two consumer warpgroups sum A Bᵀ over the tiles
+// with wgmma; correct, its result must be the float64 sum, and with a wait, fence, init or
+// count wrong the emulator must say so (or the result must be off).
 #include "cp_async.cuh"
+#include "mbarrier.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
 
@@ -39,12 +45,23 @@ enum flaw {
     WARPS_DISAGREE,      // warp 1 issues its wgmma with another scale-d
     UNEVEN_WARPS,        // warp 2 executes one wgmma.fence more than the others, at the end
     NO_WAIT,             // the block ends with a group not waited for
+    // the pipeline (pipe_kernel)
+    PIPE,                // correct
+    PIPE_NO_FULL_WAIT,   // a consumer reads a stage without waiting for its copies
+    PIPE_NO_FENCE,       // a consumer waits but hands the landed bytes to wgmma without a fence
+    PIPE_NO_EMPTY,       // the producer copies into a stage without waiting for the consumers
+    PIPE_EARLY_EMPTY,    // a consumer releases a stage before its wgmma has read it
+    PIPE_NO_INIT,        // the empty barriers are never initialised
+    PIPE_COUNT,          // full's count one more than the producers' arrivals: nobody wakes
+    PIPE_LEFT_IN_FLIGHT, // the producer copies one more tile that nobody waits for
+    PIPE_MAXNREG,        // one consumer warp asks for another register count
 };
 
 struct rule_case {
     flaw f;
     const char *name;
     const char *report; // a piece of the emulator's report; nullptr: must pass
+    loom_emu::schedule order = loom_emu::schedule::breadth;
 };
 
 const rule_case cases[] = {
@@ -65,6 +82,20 @@ const rule_case cases[] = {
     {WARPS_DISAGREE, "warps issue other scale-d", "is not what another warp of its warpgroup"},
     {UNEVEN_WARPS, "a warp executes one fence more", "warpgroup instructions"},
     {NO_WAIT, "no wait", "ended with wgmma's in flight"},
+    {PIPE, "pipeline: correct", nullptr},
+    {PIPE, "pipeline: correct, warp 0 ahead", nullptr, loom_emu::schedule::depth},
+    {PIPE, "pipeline: correct, the last warp ahead", nullptr, loom_emu::schedule::depth_reversed},
+    {PIPE, "pipeline: correct, a random order", nullptr, loom_emu::schedule::random},
+    {PIPE_NO_FULL_WAIT, "pipeline: no wait for the copies", "through an mbarrier"},
+    {PIPE_NO_FENCE, "pipeline: no fence after the wait", "through an mbarrier"},
+    {PIPE_NO_EMPTY, "pipeline: no wait for the consumers", "through an mbarrier"},
+    {PIPE_EARLY_EMPTY, "pipeline: a stage released in flight",
+     "changed between its issue and the wait"},
+    {PIPE_NO_INIT, "pipeline: a barrier not initialised", "no initialised mbarrier"},
+    {PIPE_COUNT, "pipeline: a count nobody reaches", "deadlock: 384 threads wait on mbarriers"},
+    {PIPE_LEFT_IN_FLIGHT, "pipeline: copies left in flight", "in flight through an mbarrier"},
+    {PIPE_MAXNREG, "pipeline: warps disagree on setmaxnreg",
+     "is not what another warp of its warpgroup"},
 };
 
 constexpr int SBO = 256, LBO = 128; // 8 rows by two core matrices across K16
@@ -154,6 +185,68 @@ void rules_kernel(flaw f, const uint16_t *a_g, const uint16_t *b_g, float *out) 
     }
 }
 
+// The pipeline: 384 threads, A (64 x 16) in shared memory, B's PIPE_TILES tiles (32 x 16 each,
+// b_g + 512 t) through a ring of two stages. Warpgroup 0 produces (threads 0 .. 63 copy a
+// stage's 64 pieces, all 128 arrive on its full barrier through cp.async.mbarrier.arrive),
+// warpgroups 1 and 2 consume (each D += A B_tᵀ for every tile, then an arrival on the stage's
+// empty barrier). out: warpgroup 1's D then warpgroup 2's, 64 x 32 each, row-major.
+constexpr int PIPE_TILES = 6, PIPE_STAGES = 2;
+
+void pipe_kernel(flaw f, const uint16_t *a_g, const uint16_t *b_g, float *out) {
+    LOOM_K_DYN_SMEM(sm);
+    uint64_t *full = (uint64_t *)sm, *empty = full + PIPE_STAGES;
+    uint8_t *as = sm + 128, *stage = as + 64 * 16 * 2; /* stages of 32 * 16 * 2 bytes */
+    const int t = (int)threadIdx.x, wg = t / 128, lane = t % 32, warp = t / 32;
+    if (t == 0)
+        for (int s = 0; s < PIPE_STAGES; s++) {
+            loom_mbar_init(full + s, f == PIPE_COUNT ? 129 : 128);
+            if (f != PIPE_NO_INIT) loom_mbar_init(empty + s, 256);
+        }
+    if (t < 128) *(uint4 *)(as + tile_at(t / 2, t % 2)) = *(const uint4 *)(a_g + t * 8);
+    loom_wg_fence_proxy_async();
+    __syncthreads();
+    if (wg == 0) {
+        loom_wg_maxnreg_dec<40>();
+        const int tiles = PIPE_TILES + (f == PIPE_LEFT_IN_FLIGHT ? 1 : 0);
+        for (int i = 0; i < tiles; i++) {
+            const int s = i % PIPE_STAGES, r = i / PIPE_STAGES;
+            if (f != PIPE_NO_EMPTY) loom_mbar_wait(empty + s, (r & 1) ^ 1);
+            if (t < 64)
+                loom_cp_async16(stage + s * 1024 + tile_at(t / 2, t % 2),
+                                b_g + (size_t)(i % PIPE_TILES) * 512 + t * 8, 16);
+            loom_cp_async_mbar_arrive(full + s);
+        }
+        if (f == PIPE_LEFT_IN_FLIGHT) return;
+        /* the tail: every stage released, so that no copy outlives the block */
+        for (int i = tiles; i < tiles + PIPE_STAGES; i++)
+            loom_mbar_wait(empty + i % PIPE_STAGES, ((i / PIPE_STAGES) & 1) ^ 1);
+        return;
+    }
+    if (f == PIPE_MAXNREG && warp == 5)
+        loom_wg_maxnreg_inc<224>();
+    else
+        loom_wg_maxnreg_inc<232>();
+    float d[16];
+    for (int j = 0; j < 16; j++) d[j] = 0.0f;
+    loom_wg_fence();
+    for (int i = 0; i < PIPE_TILES; i++) {
+        const int s = i % PIPE_STAGES, r = i / PIPE_STAGES;
+        if (f != PIPE_NO_FULL_WAIT) loom_mbar_wait(full + s, r & 1);
+        if (f != PIPE_NO_FENCE) loom_wg_fence_proxy_async();
+        loom_wg_ss<LOOM_MMA16_BF16, 32>(d, loom_wg_desc(as, LBO, SBO),
+                                        loom_wg_desc(stage + s * 1024, LBO, SBO), 1);
+        loom_wg_commit();
+        if (f == PIPE_EARLY_EMPTY) loom_mbar_arrive(empty + s);
+        loom_wg_wait<0>();
+        if (f != PIPE_EARLY_EMPTY) loom_mbar_arrive(empty + s);
+    }
+    for (int j = 0; j < 16; j++) {
+        const int row = 16 * (warp % 4) + lane / 4 + 8 * ((j / 2) % 2);
+        const int col = 8 * (j / 4) + 2 * (lane % 4) + j % 2;
+        out[(wg - 1) * 64 * 32 + row * 32 + col] = d[j];
+    }
+}
+
 float bf16_value(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float v;
@@ -173,19 +266,37 @@ std::string run_case(const rule_case &c, const std::vector<uint16_t> &a,
     if (pid == 0) {
         dup2(fds[1], 2);
         close(fds[0]);
-        std::vector<float> out(64 * 32, NAN);
-        loom_emu::launch(dim3(1), dim3(128), 4096,
-                         [&] { rules_kernel(c.f, a.data(), b.data(), out.data()); });
-        /* D = 4 A Bᵀ: each product exact in double, each step rounded to float */
+        const bool pipe = c.f >= PIPE;
+        std::vector<float> out((pipe ? 2 : 1) * 64 * 32, NAN);
+        loom_emu::launch_options opt;
+        opt.order = c.order;
+        if (pipe)
+            loom_emu::launch(
+                dim3(1), dim3(384), 128 + 2048 + PIPE_STAGES * 1024,
+                [&] { pipe_kernel(c.f, a.data(), b.data(), out.data()); }, opt);
+        else
+            loom_emu::launch(
+                dim3(1), dim3(128), 4096,
+                [&] { rules_kernel(c.f, a.data(), b.data(), out.data()); }, opt);
+        /* rules_kernel: D = 4 A Bᵀ, B the first tile; pipe_kernel: D = sum of A B_tᵀ over the
+           tiles, in each consumer's half; each product exact in double, each step rounded to
+           float */
         double worst = 0;
-        for (int r = 0; r < 64; r++)
-            for (int n = 0; n < 32; n++) {
-                double s = 0;
-                for (int k = 0; k < 16; k++)
-                    s += (double)bf16_value(a[r * 16 + k]) * bf16_value(b[n * 16 + k]);
-                const double e = fabs(out[r * 32 + n] - 4 * s) / (fabs(4 * s) + 1e-30);
-                if (!(e <= worst)) worst = e;
-            }
+        for (int h = 0; h < (pipe ? 2 : 1); h++)
+            for (int r = 0; r < 64; r++)
+                for (int n = 0; n < 32; n++) {
+                    double s = 0, mag = 0; /* mag: the sum's terms' magnitudes */
+                    for (int tile = 0; tile < (pipe ? PIPE_TILES : 1); tile++)
+                        for (int k = 0; k < 16; k++) {
+                            const double p = (double)bf16_value(a[r * 16 + k]) *
+                                             bf16_value(b[(size_t)tile * 512 + n * 16 + k]);
+                            s += p;
+                            mag += fabs(p);
+                        }
+                    if (!pipe) s *= 4, mag *= 4;
+                    const double e = fabs(out[(size_t)h * 2048 + r * 32 + n] - s) / (mag + 1e-30);
+                    if (!(e <= worst)) worst = e;
+                }
         if (!(worst < 1e-6)) {
             fprintf(stderr, "result off by %.3g of the product\n", worst);
             _exit(3);
@@ -212,7 +323,7 @@ std::string run_case(const rule_case &c, const std::vector<uint16_t> &a,
 namespace emu_async_rules {
 
 int run_all(bool verbose) {
-    std::vector<uint16_t> a(64 * 16), b(32 * 16);
+    std::vector<uint16_t> a(64 * 16), b((size_t)PIPE_TILES * 32 * 16);
     uint64_t s = 0x9e3779b97f4a7c15ull;
     auto next = [&s] {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;

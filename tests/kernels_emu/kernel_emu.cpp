@@ -90,7 +90,8 @@ namespace impl {
 
 const char *const op_names[] = {"a shuffle",   "__ballot_sync",      "mma.sync",
                                 "__syncwarp",  "mma.sync (16-bit)",  "wgmma.mma_async",
-                                "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group"};
+                                "wgmma.fence", "wgmma.commit_group", "wgmma.wait_group",
+                                "setmaxnreg"};
 
 machine M;
 
@@ -390,6 +391,7 @@ void warp_complete(int w) {
     case OP_WG_FENCE:
     case OP_WG_COMMIT:
     case OP_WG_WAIT:
+    case OP_WG_MAXNREG:
         wg_complete(w, op);
         break;
     }
@@ -418,13 +420,34 @@ uint64_t warp_arrive(thread &th) {
     return th.out;
 }
 
+void wait_here() {
+    M.threads[M.cur].epoch++;
+    suspend(false);
+}
+
+void make_runnable(int t) {
+    M.threads[t].state = RUNNABLE;
+    push(t);
+}
+
+void yield_here() {
+    M.threads[M.cur].state = RUNNABLE;
+    if (M.order == schedule::depth || M.order == schedule::depth_reversed)
+        M.queue.insert(M.queue.begin() + (ptrdiff_t)M.head, M.cur); /* the stack's bottom */
+    else
+        push(M.cur);
+    suspend(false);
+}
+
 } // namespace impl
 
 namespace {
 
-// No thread can run: the block is done, or every thread waits at the barrier, or it is stuck.
+// No thread can run: the block is done, or every thread waits at the barrier, or copies that
+// mbarrier waits need land now, or it is stuck.
 bool unblock() {
     if (M.n_done == M.n) return false;
+    if (async_land_arrivals()) return true;
     if (M.n_barrier > 0 && M.n_barrier + M.n_done == M.n) {
         if (M.n_done > 0)
             fault("__syncthreads reached by %d threads while %d have returned (CUDA requires "
@@ -439,12 +462,22 @@ bool unblock() {
     }
     /* a warp waits at a collective some of its lanes will never reach */
     for (int w = 0; w < M.n / 32; w++) {
-        int at[4] = {0, 0, 0, 0};
+        int at[N_STATES] = {};
         for (int l = 0; l < 32; l++) at[M.threads[w * 32 + l].state]++;
         if (at[AT_WARP_OP] > 0)
-            fault("deadlock: warp %d has %d lanes at %s, %d at __syncthreads, %d returned", w,
-                  at[AT_WARP_OP], op_names[M.threads[w * 32].op], at[AT_BARRIER], at[DONE]);
+            fault("deadlock: warp %d has %d lanes at %s, %d at __syncthreads, %d waiting on "
+                  "mbarriers, %d returned",
+                  w, at[AT_WARP_OP], op_names[M.threads[w * 32].op], at[AT_BARRIER], at[AT_MBAR],
+                  at[DONE]);
     }
+    int n_mbar = 0, first = -1;
+    for (int t = 0; t < M.n; t++)
+        if (M.threads[t].state == AT_MBAR && n_mbar++ == 0) first = t;
+    if (n_mbar > 0)
+        fault("deadlock: %d threads wait on mbarriers (thread %d on the phase of parity %u of the "
+              "one at %p, which has %u arrivals to come), %d at __syncthreads, %d returned",
+              n_mbar, first, M.threads[first].mbar_parity, (void *)M.threads[first].mbar,
+              M.mbars[M.threads[first].mbar].pending, M.n_barrier, M.n_done);
     fault("deadlock: %d threads at __syncthreads, %d returned", M.n_barrier, M.n_done);
 }
 

@@ -139,6 +139,17 @@ void loom_emu_wgmma_wait(int n);
 // K-major (trans_b false) or N-major (trans_b: imm-trans-b 1).
 void loom_emu_wgmma(bool f16, int n, float *d, uint64_t da, const uint32_t *a, uint64_t db,
                     bool accumulate, bool trans_b);
+// mbarriers (kernels/mbarrier.cuh): init (count arrivals a phase), arrive, the wait for the phase
+// of a parity (the thread waits until it completes), and cp.async.mbarrier.arrive.noinc (the
+// thread's copies in flight land, then arrive, when no thread of the block can run: the latest
+// moment the hardware could land them; a fence.proxy.async of a thread whose wait acquired them
+// makes them the async proxy's). setmaxnreg.{inc,dec}: a warpgroup instruction, checked for
+// agreement; the register count is not modelled.
+void loom_emu_mbar_init(uint64_t *bar, unsigned count);
+void loom_emu_mbar_arrive(uint64_t *bar);
+void loom_emu_mbar_wait(uint64_t *bar, unsigned parity);
+void loom_emu_cp_async_mbar_arrive(uint64_t *bar);
+void loom_emu_setmaxnreg(bool inc, int n);
 
 // ---- built-in variables -------------------------------------------------------------------------
 

@@ -18,11 +18,23 @@
 //   - a warpgroup's four warps execute the same wgmma instructions (".sync.aligned") in the same
 //     order, with the same descriptors, shape and scale-d;
 //   - cp.async fills its destination with 0xff at the issue and copies when a
-//     cp.async.wait_group of its thread lets it go, so a read before the wait shows.
+//     cp.async.wait_group of its thread lets it go, so a read before the wait shows;
+//   - mbarriers ("Parallel Synchronization and Communication Instructions: mbarrier"): a wait
+//     suspends the thread until the phase of its parity completes; a cp.async.mbarrier.arrive
+//     takes the thread's copies in flight, which land (and then arrive) only when no thread of
+//     the block can run, as late as the hardware may land them; their bytes reach the async proxy
+//     through a fence.proxy.async of a thread that waited on the phase they completed (the
+//     fence orders what the thread has acquired). A barrier used before its init, re-initialised
+//     while in use, or copies still in flight through one when the block ends are reported, and a
+//     block whose threads all wait is a deadlock;
+//   - setmaxnreg is a warpgroup instruction like wgmma's (the four warps agree); the registers
+//     themselves are not counted.
 // The fences' models are coarser than the hardware in one direction only: a barrier after any
 // thread's fence.proxy.async publishes every store made before it (a store whose own thread did
-// not fence passes), while a cp.async publishes only behind a fence of the thread that issued it;
-// a register array a warp's wgmma's have not used before is taken as it stands at its first use.
+// not fence passes), while a cp.async publishes only behind a fence of the thread that issued it
+// (or, landed through an mbarrier, of one thread that acquired it: the async proxy's view is the
+// block's, not each thread's); a register array a warp's wgmma's have not used before is taken as
+// it stands at its first use.
 #include "kernel_emu_machine.h"
 
 #include <stdio.h>
@@ -253,8 +265,9 @@ void wg_issue(int w) {
     if (memcmp(a_async.data(), o.a.data(), o.a.size() * sizeof(double)) != 0 ||
         memcmp(b_async.data(), o.b.data(), o.b.size() * sizeof(double)) != 0)
         fault("warp %d: a wgmma.mma_async reads shared memory written (stored, or by cp.async) "
-              "with no fence.proxy.async of the writing thread and barrier between: the async "
-              "proxy need not see the data",
+              "with no fence.proxy.async of the writing thread and barrier between, or copied "
+              "through an mbarrier and not landed, not waited for or not fenced since the wait: "
+              "the async proxy need not see the data",
               w);
     qu.open.push_back(std::move(o));
 }
@@ -301,7 +314,7 @@ namespace impl {
 void wg_complete(int w, op_kind op) {
     thread *lane = &M.threads[w * 32];
     wg_sig s = {op, 0, 0, false, false, false, false, 0, 0};
-    if (op == OP_WG_WAIT) s.arg = lane[0].arg;
+    if (op == OP_WG_WAIT || op == OP_WG_MAXNREG) s.arg = lane[0].arg;
     if (op == OP_WG_MMA) {
         s.n = lane[0].wg_n, s.f16 = lane[0].f16, s.acc = lane[0].wg_acc;
         s.a_regs = lane[0].a != nullptr, s.tb = lane[0].wg_tb, s.da = lane[0].da, s.db = lane[0].db;
@@ -328,6 +341,10 @@ void wg_complete(int w, op_kind op) {
             qu.groups.pop_front();
         }
         break;
+    case OP_WG_MAXNREG:
+        for (int l = 0; l < 32; l++)
+            if (lane[l].arg != lane[0].arg) fault("warp %d: lanes set other register counts", w);
+        break;
     default:
         fault("warp %d: %s is no wgmma instruction", w, op_names[op]);
     }
@@ -351,6 +368,10 @@ void async_block_begin() {
         M.cp[t].groups.clear();
         M.cp[t].unfenced.clear();
     }
+    for (int t = 0; t < M.n; t++) M.threads[t].acquired.clear();
+    M.mbars.clear();
+    M.cp_arrivals.clear();
+    M.unpublished.clear();
     M.dyn_async = M.dyn;
     M.proxy_fenced = false;
 }
@@ -367,6 +388,19 @@ void async_barrier() {
             keep.emplace_back(at, std::vector<unsigned char>(M.dyn_async.begin() + (long)at,
                                                              M.dyn_async.begin() + (long)at + 16));
         }
+    /* and what landed through mbarriers that no acquiring thread has fenced */
+    std::vector<std::shared_ptr<landed_batch>> still;
+    for (const auto &b : M.unpublished) {
+        if (b->published) continue;
+        still.push_back(b);
+        for (unsigned char *d : b->dsts) {
+            if (d < M.dyn.data() || d >= M.dyn.data() + M.dyn.size()) continue;
+            const size_t at = (size_t)(d - M.dyn.data());
+            keep.emplace_back(at, std::vector<unsigned char>(M.dyn_async.begin() + (long)at,
+                                                             M.dyn_async.begin() + (long)at + 16));
+        }
+    }
+    M.unpublished.swap(still);
     M.dyn_async = M.dyn;
     for (const auto &k : keep) memcpy(M.dyn_async.data() + k.first, k.second.data(), 16);
 }
@@ -388,6 +422,53 @@ void async_block_end() {
             fault("thread %d ended with cp.async copies in flight (%zu uncommitted, %zu groups not "
                   "waited for)",
                   t, M.cp[t].open.size(), M.cp[t].groups.size());
+    if (!M.cp_arrivals.empty())
+        fault("the block ended with cp.async copies in flight through an mbarrier (%zu "
+              "cp.async.mbarrier.arrive's not landed: the block's shared memory is gone)",
+              M.cp_arrivals.size());
+}
+
+namespace {
+
+// One arrival on the barrier at bar; the phase completes with the last of its count. Returns
+// whether that woke a thread.
+bool mbar_arrive_on(uint64_t *bar, mbar_state &b) {
+    if (--b.pending > 0) return false;
+    b.completed++;
+    b.pending = b.count;
+    b.last = std::move(b.landing);
+    b.landing = std::make_shared<landed_batch>();
+    if (!b.last->dsts.empty()) M.unpublished.push_back(b.last);
+    bool woke = false;
+    for (int t = 0; t < M.n; t++) {
+        thread &th = M.threads[t];
+        if (th.state != AT_MBAR || th.mbar != bar || (b.completed & 1) == th.mbar_parity) continue;
+        if (!b.last->dsts.empty()) th.acquired.push_back(b.last);
+        make_runnable(t);
+        woke = true;
+    }
+    return woke;
+}
+
+} // namespace
+
+bool async_land_arrivals() {
+    if (M.cp_arrivals.empty()) return false;
+    std::vector<cp_arrival> now;
+    now.swap(M.cp_arrivals);
+    for (const cp_arrival &a : now) {
+        auto it = M.mbars.find(a.bar);
+        if (it == M.mbars.end())
+            fault("cp.async.mbarrier.arrive on %p, which is no initialised mbarrier any more",
+                  (void *)a.bar);
+        for (const cp_op &c : a.copies) {
+            memcpy(c.dst, c.src, (size_t)c.src_bytes);
+            memset(c.dst + c.src_bytes, 0, (size_t)(16 - c.src_bytes));
+            it->second.landing->dsts.push_back(c.dst);
+        }
+        mbar_arrive_on(a.bar, it->second);
+    }
+    return true;
 }
 
 } // namespace impl
@@ -448,9 +529,18 @@ uint32_t loom_emu_smem_addr(const void *p) {
 
 void loom_emu_fence_proxy_async(void) {
     using namespace loom_emu;
-    current("fence.proxy.async");
+    thread &th = current("fence.proxy.async");
     M.cp[M.cur].unfenced.clear();
     M.proxy_fenced = true;
+    /* what this thread acquired through mbarrier waits: the async proxy sees it from now on */
+    for (const auto &b : th.acquired) {
+        if (b->published) continue;
+        b->published = true;
+        for (unsigned char *d : b->dsts)
+            if (d >= M.dyn.data() && d + 16 <= M.dyn.data() + M.dyn.size())
+                memcpy(M.dyn_async.data() + (d - M.dyn.data()), d, 16);
+    }
+    th.acquired.clear();
 }
 
 void loom_emu_wgmma_fence(void) {
@@ -480,5 +570,98 @@ void loom_emu_wgmma(bool f16, int n, float *d, uint64_t da, const uint32_t *a, u
     th.wg_tb = trans_b;
     th.f16 = f16;
     th.a = a;
+    warp_arrive(th);
+}
+
+// ---- mbarriers and setmaxnreg, as kernels/mbarrier.cuh calls them
+// --------------------------------
+
+namespace {
+
+// The barrier at bar (what: the instruction, for the report); it must be initialised.
+loom_emu::mbar_state &mbar_at(uint64_t *bar, const char *what) {
+    using namespace loom_emu;
+    auto it = M.mbars.find(bar);
+    if (it == M.mbars.end())
+        fault("%s on %p, which is no initialised mbarrier (mbarrier.init first, then a barrier)",
+              what, (void *)bar);
+    return it->second;
+}
+
+} // namespace
+
+void loom_emu_mbar_init(uint64_t *bar, unsigned count) {
+    using namespace loom_emu;
+    current("mbarrier.init");
+    const unsigned char *p = (const unsigned char *)bar;
+    const bool in_dyn = !M.dyn.empty() && p >= M.dyn.data() && p + 8 <= M.dyn.data() + M.dyn.size();
+    const bool in_static =
+        __start_kemu_shared != nullptr && p >= __start_kemu_shared && p + 8 <= __stop_kemu_shared;
+    if ((!in_dyn && !in_static) || ((uintptr_t)p & 7) != 0)
+        fault("mbarrier.init at %p: not 8 aligned bytes of shared memory", (void *)bar);
+    if (count < 1 || count >= (1u << 20)) fault("mbarrier.init with a count of %u", count);
+    auto it = M.mbars.find(bar);
+    if (it != M.mbars.end()) {
+        for (int t = 0; t < M.n; t++)
+            if (M.threads[t].state == AT_MBAR && M.threads[t].mbar == bar)
+                fault("mbarrier.init at %p while thread %d waits on it", (void *)bar, t);
+        for (const cp_arrival &a : M.cp_arrivals)
+            if (a.bar == bar)
+                fault("mbarrier.init at %p while copies are in flight to arrive on it",
+                      (void *)bar);
+    }
+    mbar_state b;
+    b.count = b.pending = count;
+    b.landing = std::make_shared<landed_batch>();
+    b.last = std::make_shared<landed_batch>();
+    M.mbars[bar] = std::move(b);
+    memset(bar, 0, 8); /* the object's bytes: not data any more (a read of them shows nothing) */
+}
+
+void loom_emu_mbar_arrive(uint64_t *bar) {
+    using namespace loom_emu;
+    current("mbarrier.arrive");
+    /* the threads the arrival released run first: what they do next (a producer's copies into
+       the stage, say) may come before anything the arriving thread does after its arrival (its
+       wgmma's reads, say), as on the hardware */
+    if (mbar_arrive_on(bar, mbar_at(bar, "mbarrier.arrive"))) yield_here();
+}
+
+void loom_emu_mbar_wait(uint64_t *bar, unsigned parity) {
+    using namespace loom_emu;
+    thread &th = current("mbarrier.try_wait.parity");
+    mbar_state &b = mbar_at(bar, "mbarrier.try_wait.parity");
+    if (parity > 1) fault("mbarrier.try_wait.parity with parity %u", parity);
+    if ((b.completed & 1) != parity) { /* the phase of that parity is the last completed */
+        if (!b.last->dsts.empty()) th.acquired.push_back(b.last);
+        return;
+    }
+    th.state = AT_MBAR;
+    th.mbar = bar;
+    th.mbar_parity = parity;
+    wait_here();
+}
+
+void loom_emu_cp_async_mbar_arrive(uint64_t *bar) {
+    using namespace loom_emu;
+    current("cp.async.mbarrier.arrive");
+    mbar_at(bar, "cp.async.mbarrier.arrive");
+    cp_queue &q = M.cp[M.cur];
+    cp_arrival a;
+    a.bar = bar;
+    for (auto &g : q.groups) a.copies.insert(a.copies.end(), g.begin(), g.end());
+    a.copies.insert(a.copies.end(), q.open.begin(), q.open.end());
+    q.groups.clear();
+    q.open.clear();
+    M.cp_arrivals.push_back(std::move(a));
+}
+
+void loom_emu_setmaxnreg(bool inc, int n) {
+    using namespace loom_emu;
+    thread &th = current("setmaxnreg");
+    if (n < 24 || n > 256 || n % 8 != 0) fault("setmaxnreg to %d registers", n);
+    th.op = OP_WG_MAXNREG;
+    th.mask = 0xffffffffu;
+    th.arg = inc ? n : -n;
     warp_arrive(th);
 }

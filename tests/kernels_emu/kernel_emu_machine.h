@@ -1,22 +1,25 @@
 // kernel_emu_machine.h — the emulator's own state, shared by its two halves and by nothing else:
 // kernel_emu.cpp (the block's coroutine threads, the scheduler, barriers, warp collectives, the
 // launch) and kernel_emu_async.cpp (Hopper's asynchronous instructions: wgmma with its fences and
-// groups, cp.async, and the proxies between them and ordinary stores). Kernels and tests include
-// kernel_emu.h only.
+// groups, cp.async, mbarriers, setmaxnreg, and the proxies between them and ordinary stores).
+// Kernels and tests include kernel_emu.h only.
 #pragma once
 
-#include "kernel_emu.h"
-
+// (the standard headers first: kernel_emu.h defines CUDA's __noinline__, which <memory> uses as
+// the attribute's own name)
 #include <ucontext.h>
 
 #include <deque>
+#include <memory>
 #include <unordered_map>
 #include <vector>
+
+#include "kernel_emu.h"
 
 namespace loom_emu {
 namespace impl {
 
-enum thread_state : uint8_t { RUNNABLE, AT_BARRIER, AT_WARP_OP, DONE };
+enum thread_state : uint8_t { RUNNABLE, AT_BARRIER, AT_WARP_OP, DONE, AT_MBAR, N_STATES };
 enum op_kind : uint8_t {
     OP_SHFL,
     OP_BALLOT,
@@ -26,7 +29,8 @@ enum op_kind : uint8_t {
     OP_WG_MMA,
     OP_WG_FENCE,
     OP_WG_COMMIT,
-    OP_WG_WAIT
+    OP_WG_WAIT,
+    OP_WG_MAXNREG
 };
 extern const char *const op_names[];
 
@@ -34,6 +38,8 @@ extern const char *const op_names[];
 // kernel's accumulator is 512 bytes); AddressSanitizer's redzones need room too.
 constexpr size_t STACK_BYTES = 256 * 1024;
 constexpr int MAX_THREADS = 1024;
+
+struct landed_batch;
 
 struct thread {
     void *sp;             // saved stack pointer while suspended (kemu_switch)
@@ -58,6 +64,12 @@ struct thread {
     int wg_n;
     bool wg_acc;
     bool wg_tb; // B N-major (imm-trans-b 1)
+    // AT_MBAR: the mbarrier this thread waits on and the parity of the phase it waits for
+    uint64_t *mbar;
+    unsigned mbar_parity;
+    // the copies whose landing this thread has acquired by its mbarrier waits, for its next
+    // fence.proxy.async to publish to the async proxy
+    std::vector<std::shared_ptr<landed_batch>> acquired;
 };
 
 // A wgmma.mma_async a warp has issued and the emulator has not computed yet.
@@ -101,6 +113,30 @@ struct wg_queue {
     size_t executed;
 };
 
+// The destinations of cp.async's that landed through an mbarrier (cp.async.mbarrier.arrive) in one
+// of its phases; published: a thread that acquired them (by its wait on the phase) has since run
+// a fence.proxy.async, so the async proxy sees them.
+struct landed_batch {
+    std::vector<unsigned char *> dsts;
+    bool published = false;
+};
+
+// An mbarrier (kernels/mbarrier.cuh): arrivals a phase, those still to come in the current one,
+// the phases completed; the copies landed through it in the current phase, and in the last
+// completed one (what a wait on that phase acquires).
+struct mbar_state {
+    unsigned count = 0, pending = 0;
+    uint64_t completed = 0;
+    std::shared_ptr<landed_batch> landing, last;
+};
+
+// A thread's cp.async.mbarrier.arrive: its copies in flight then, and the barrier that gets one
+// arrival when they have landed.
+struct cp_arrival {
+    uint64_t *bar;
+    std::vector<cp_op> copies;
+};
+
 // One warpgroup instruction as a warp executed it (kernel_emu_async.cpp compares the four warps').
 struct wg_sig {
     op_kind op;
@@ -132,6 +168,12 @@ struct machine {
     wg_queue wgmma[MAX_THREADS / 32];
     wg_agreement wg_groups[MAX_THREADS / 128];
     cp_queue cp[MAX_THREADS];
+    // the block's mbarriers by address, the cp.async arrivals not landed yet (they land when no
+    // thread can run: as late as the hardware may land them), the landed batches no thread has
+    // published yet
+    std::unordered_map<uint64_t *, mbar_state> mbars;
+    std::vector<cp_arrival> cp_arrivals;
+    std::vector<std::shared_ptr<landed_batch>> unpublished;
     // runnable threads, each at most once; taken as the schedule says
     std::vector<int> queue;
     size_t head = 0;
@@ -159,6 +201,13 @@ extern void (*cp_async_hook)(const void *dst, const void *src, int src_bytes, co
 extern "C" unsigned char __start_kemu_shared[] __attribute__((weak));
 extern "C" unsigned char __stop_kemu_shared[] __attribute__((weak));
 
+// The running thread, its state set to a waiting one, gives the processor back until another
+// makes it runnable (make_runnable).
+void wait_here();
+void make_runnable(int t);
+// The running thread stays runnable but lets the threads runnable now go first.
+void yield_here();
+
 // Reports a broken rule (the block and thread where it happened) and ends the program.
 [[noreturn]] __attribute__((format(printf, 1, 2))) void fault(const char *fmt, ...);
 // The running thread; what: the operation, named in the fault if none runs.
@@ -172,6 +221,8 @@ uint64_t warp_arrive(thread &th);
 void async_block_begin();
 void async_barrier();
 void async_block_end();
+// No thread can run: lands the cp.async arrivals in flight (true if there were any).
+bool async_land_arrivals();
 // Warp w's 32 lanes are all at the wgmma instruction op (OP_WG_*).
 void wg_complete(int w, op_kind op);
 

@@ -16,9 +16,11 @@
  * zeros), then each warp computes S = Q Kᵀ for its vectors, masks it (causal: position <= the
  * row's; window: position > the row's - window), soft-caps it, updates its online softmax
  * (float32 maximum, sum and accumulator per vector) and adds P V to its accumulator. The wgmma
- * forms over pages of their own 16-bit type copy the tiles as the pages hold them, by cp.async
- * into two buffers: the next tile's copies are in flight while the tensor cores take this one
- * (pf_direct); the values, and so the bits, are the ones the register path gathers.
+ * forms over pages of their own 16-bit type run warp-specialised (pf_direct,
+ * attn_prefill_ws_kernel): a producer warpgroup copies the tiles as the pages hold them, by
+ * cp.async into a ring of stages synchronised by mbarriers, for two consumer warpgroups of 64
+ * vectors each, which run the same walk on their tiles; the values, and so the bits, are the
+ * ones the register path gathers.
  *
  * Segments. The online softmax restarts at every multiple of PF_SEG = 256 positions; at a
  * segment's end its state (maximum, sum over the row's four lanes, accumulator) is folded into
@@ -60,6 +62,7 @@
  * sizes that are not a multiple of 8, pages whose strides do not align to 4 elements, and a
  * device whose shared memory per block is too small for the tile. */
 #include "cp_async.cuh"
+#include "mbarrier.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
 
@@ -93,7 +96,7 @@ typedef struct pf_args {
      * accumulator, then the maximum and the sum; pf_fold_kernel folds them into out. */
     float *part;
     int32_t segs_per_block, seg_stride;
-    int32_t direct; /* the wgmma forms: the tiles copied by cp.async, two in flight (pf_direct) */
+    int32_t direct; /* the wgmma forms warp-specialised (pf_direct, attn_prefill_ws_kernel) */
 } pf_args;
 
 /* Shared memory: the tile's page offsets and FP8 scales (two buffers: the next tile's are
@@ -141,6 +144,13 @@ typedef struct pf_args {
 #define PF_BF16_QR     6
 #define PF_F16_QR      7
 #define PF_QR_MIN_SMEM (100 << 10)
+/* The warp-specialised forms (attn_prefill_ws_kernel): a producer and two consumer warpgroups,
+ * a ring of K/V stages, the registers a thread of each after setmaxnreg, the barriers' bytes. */
+#define PF_WS_THREADS       (3 * PF_THREADS)
+#define PF_WS_STAGES        4
+#define PF_WS_PRODUCER_REGS 40
+#define PF_WS_CONSUMER_REGS 232
+#define PF_WS_BAR_BYTES     128
 
 static __host__ __device__ int pf_ops_of(uint32_t kv_type, int32_t math, int32_t head_dim,
                                          int32_t smem_optin) {
@@ -157,20 +167,40 @@ static __host__ __device__ bool pf_wg(int ops) {
     return ops == PF_WG_BF16 || ops == PF_WG_F16;
 }
 
-/* Whether the wgmma forms copy the K and V tiles by cp.async as the pages hold them, the next
- * tile in flight while the tensor cores take this one: pages of the products' own 16-bit type
- * (F16 pages in PF_WG_F16, BF16 pages in PF_WG_BF16: the values need no rounding), every
- * position's row of a head 16-byte aligned in both pools. K lands in the K-major layout of
- * pf_load_tile16, V by position in wgmma.cuh's N-major layout (P V's B with imm-trans-b), so no
- * value passes through registers. Other pages (F32, FP8) are converted through registers, one
- * tile at a time. */
+/* The warp-specialised forms' shared memory (attn_prefill_ws_kernel): the barriers, two Q tiles,
+ * the stages' K and V, two folds. */
+static __host__ __device__ size_t pf_ws_smem_bytes(int32_t head_dim) {
+    const size_t hd = (size_t)head_dim;
+    return PF_WS_BAR_BYTES + 2 * PF_M * hd * 2 + (size_t)PF_WS_STAGES * 2 * PF_N * hd * 2 +
+           2 * PF_M * (hd + 8) * sizeof(float);
+}
+
+/* Whether the wgmma forms run warp-specialised (attn_prefill_ws_kernel), the K and V tiles
+ * copied by cp.async as the pages hold them: pages of the products' own 16-bit type (F16 pages
+ * in PF_WG_F16, BF16 pages in PF_WG_BF16: the values need no rounding), every position's row of
+ * a head 16-byte aligned in both pools, and the device's shared memory a block enough. K lands
+ * in the K-major layout of pf_load_tile16, V by position in wgmma.cuh's N-major layout (P V's B
+ * with imm-trans-b), so no value passes through registers. Other pages (F32, FP8), and every page
+ * with tile_regs (LOOM_CUDA_ATTN_ASYNC=0), go through attn_prefill_kernel's registers, one tile at
+ * a time. */
 static __host__ __device__ int pf_direct(const loom__k_kv *kv, const loom__k_attn *p, int ops) {
     const uint32_t own = ops == PF_WG_F16 ? LOOM_K_F16 : LOOM_K_BF16;
     if (!pf_wg(ops) || kv->kv_type != own || p->tile_regs) return 0;
+    if (pf_ws_smem_bytes(kv->head_dim) > (size_t)p->smem_optin) return 0;
     const uintptr_t bits = (uintptr_t)p->k_pool | (uintptr_t)p->v_pool |
                            (uintptr_t)kv->token_stride | (uintptr_t)kv->block_stride |
                            (uintptr_t)kv->head_dim * 2;
     return (bits & 15) == 0;
+}
+
+/* The launch's blocks along x: a block takes one PF_M-vector tile of a sequence's rows, or two
+ * (warp-specialised); the blocks of the sequences' last tiles first. */
+static __host__ __device__ int64_t pf_grid_x(const loom__k_kv *kv, int all, int32_t rows_per_tile,
+                                             int direct) {
+    const int64_t seqs = all ? kv->n_seqs : kv->n_prefill_seqs;
+    const int64_t rows = all ? kv->max_rows : kv->prefill_max_rows;
+    const int64_t per_block = (int64_t)rows_per_tile * (direct ? 2 : 1);
+    return seqs * ((rows + per_block - 1) / per_block);
 }
 
 /* Byte offset of 16-bit element (r, k) of a tile in wgmma.cuh's K-major layout with LBO 128:
@@ -186,12 +216,14 @@ static __host__ __device__ int pf_v_words(int32_t head_dim) {
     return head_dim + (8 - head_dim % 32 + 32) % 32;
 }
 
-static __host__ __device__ size_t pf_smem_bytes(int32_t head_dim, int ops) {
+/* The shared memory of a block of the form (ops; direct: warp-specialised). */
+static __host__ __device__ size_t pf_smem_bytes(int32_t head_dim, int ops, int direct) {
+    if (direct) return pf_ws_smem_bytes(head_dim);
     const size_t fold =
         head_dim > PF_FOLD_REGS_HD || pf_wg(ops) || ops == PF_BF16_QR || ops == PF_F16_QR
             ? (size_t)PF_M * (size_t)(head_dim + 8) * sizeof(float)
             : 0;
-    if (pf_wg(ops)) /* Q [PF_M][hd] (direct: later K and V), K and V [PF_N][hd], 16-bit */
+    if (pf_wg(ops)) /* Q [PF_M][hd], K and V [PF_N][hd], 16-bit */
         return PF_HEAD_BYTES + (size_t)(PF_M + 2 * PF_N) * (size_t)head_dim * 2 + fold;
     if (ops >= PF_BF16)
         return PF_HEAD_BYTES +
@@ -317,6 +349,47 @@ static __device__ __forceinline__ bool pf_fp8(uint32_t type) {
 
 /* Threads 0 .. PF_N-1: the page offset (-1: outside [lo, hi], not read) and the FP8 scales of
  * positions j0 .. j0+PF_N-1 of KV head kvh. */
+/* A block's tile of one sequence's new rows (the WG kernel's block, or one consumer of a
+ * warp-specialised block): its rows and the positions it walks — its rows' [first attended,
+ * last], from the tile of PF_N holding the first, within the block's group of segments
+ * (blockIdx.z) where the step splits. Not active: no such tile, or no position in the group. */
+typedef struct pf_tile {
+    int row0, rows, pos0, pos_last, lo_first, j_begin, j_end;
+    bool active;
+} pf_tile;
+
+static __device__ __forceinline__ pf_tile pf_tile_of(const pf_args &a, int s, int tile) {
+    const loom__k_kv &kv = a.kv;
+    pf_tile t = {0, 0, 0, 0, 0, 0, -1, false};
+    if (tile < 0) return t;
+    const int q0 = kv.q_start[s], n_new = kv.q_start[s + 1] - q0, BR = a.rows_per_tile;
+    t.row0 = q0 + tile * BR;
+    t.rows = n_new - tile * BR < BR ? n_new - tile * BR : BR;
+    t.pos0 = kv.pos_start[s] + tile * BR;
+    t.pos_last = t.pos0 + t.rows - 1;
+    t.lo_first = pf_lo(kv, t.pos0);
+    t.j_begin = t.lo_first / PF_N * PF_N;
+    t.j_end = t.pos_last;
+    if (a.part != NULL) {
+        const long long g0 = (long long)blockIdx.z * a.segs_per_block * PF_SEG;
+        const long long g1 = g0 + (long long)a.segs_per_block * PF_SEG - 1;
+        if (g0 > t.j_begin) t.j_begin = (int)g0;
+        if (g1 < t.j_end) t.j_end = (int)g1;
+    }
+    t.active = t.j_begin <= t.j_end;
+    return t;
+}
+
+/* The byte offset of position j's row of KV head kvh in the pools (through the sequence's block
+ * table), or -1 outside [lo, hi] (a position no row of the block attends: zeros). */
+static __device__ __forceinline__ long long pf_row_at(const loom__k_kv &kv, const int32_t *table,
+                                                      int kvh, int j, int lo, int hi) {
+    if (j < lo || j > hi) return -1;
+    const int blk = table[j / kv.block_size], slot = j % kv.block_size;
+    return (long long)((size_t)blk * kv.block_stride + (size_t)slot * kv.token_stride +
+                       (size_t)kvh * kv.head_dim * pf_elt_bytes(kv.kv_type));
+}
+
 static __device__ __forceinline__ void pf_lookup(const pf_args &a, const int32_t *table, int kvh,
                                                  int j0, int lo, int hi, long long *row_at,
                                                  float *ksc, float *vsc) {
@@ -324,13 +397,11 @@ static __device__ __forceinline__ void pf_lookup(const pf_args &a, const int32_t
     const int t = threadIdx.x;
     if (t >= PF_N) return;
     const int j = j0 + t;
-    long long at = -1;
+    const long long at = pf_row_at(kv, table, kvh, j, lo, hi);
     float k_s = 0.0f, v_s = 0.0f;
-    if (j >= lo && j <= hi) {
-        const int blk = table[j / kv.block_size], slot = j % kv.block_size;
-        at = (long long)((size_t)blk * kv.block_stride + (size_t)slot * kv.token_stride +
-                         (size_t)kvh * kv.head_dim * pf_elt_bytes(kv.kv_type));
+    if (at >= 0) {
         if (pf_fp8(kv.kv_type)) {
+            const int blk = table[j / kv.block_size], slot = j % kv.block_size;
             const size_t sat = (size_t)blk * kv.scale_block_stride +
                                (size_t)slot * kv.scale_token_stride + (size_t)kvh * sizeof(float);
             k_s = *(const float *)((const char *)a.p.k_scale + sat);
@@ -438,25 +509,142 @@ static __device__ __forceinline__ void pf_load_tile16(const pf_args &a, const lo
     }
 }
 
-/* The direct wgmma forms' tile copy (pf_direct; their head size is HD, the tiles' layout's): K and
- * V of the offsets row_at into ks (the
- * K-major layout of pf_load_tile16) and vs (pf_wgv_at), 16 bytes a thread by cp.async, positions
- * not read zero-filled; the copies are this thread's, for it to commit and wait for. A quarter
+/* The warp-specialised forms' tile copy (pf_direct; head size HD, the tiles' layout's): K and V
+ * of positions j0 .. j0 + PF_N - 1 into ks (the K-major layout of pf_load_tile16) and vs
+ * (pf_wgv_at), 16 bytes a producer thread (t: 0 .. PF_THREADS - 1) by cp.async, each piece's row
+ * looked up by the thread itself (pf_row_at), positions outside [lo, hi] zero-filled. A quarter
  * warp copies one core matrix of each (8 positions' same 16 bytes: 128 contiguous bytes of
  * shared memory), a warp 64 contiguous bytes of 8 positions' rows. */
 template <int HD>
-static __device__ __forceinline__ void pf_copy_tile(const pf_args &a, const long long *row_at,
-                                                    uint8_t *ks, uint8_t *vs) {
+static __device__ __forceinline__ void pf_copy_tile(const pf_args &a, const int32_t *table, int kvh,
+                                                    int j0, int lo, int hi, int t, uint8_t *ks,
+                                                    uint8_t *vs) {
     constexpr int chunks = HD / 8; /* 16-byte pieces of a position's row */
     const char *kp = (const char *)a.p.k_pool, *vp = (const char *)a.p.v_pool;
-    for (int it = threadIdx.x; it < PF_N * chunks; it += PF_THREADS) {
+#pragma unroll
+    for (int it = t; it < PF_N * chunks; it += PF_THREADS) {
         const int rest = it >> 3, jl = rest / chunks * 8 + (it & 7), c = rest % chunks;
-        const long long at = row_at[jl];
+        const long long at = pf_row_at(a.kv, table, kvh, j0 + jl, lo, hi);
         const size_t off = at >= 0 ? (size_t)at + (size_t)c * 16 : 0; /* 0: a valid address */
         const int n = at >= 0 ? 16 : 0;
         loom_cp_async16(ks + pf_wg_at(jl, 8 * c, HD * 16), kp + off, n);
         loom_cp_async16(vs + pf_wgv_at(jl, 8 * c), vp + off, n);
     }
+}
+
+/* One tile's scores to weights for this lane's two vectors (S's C fragments sc, positions j0 ..
+ * j0 + PF_N - 1), every form's same arithmetic: the scores as the CPU forms them (times K's FP8
+ * scale, times scale, soft-capped), masked to -inf (vin, vlo, vpos: the vectors' range), each
+ * vector's maximum over the tile (its row's four lanes), the running maximum and sum updated and
+ * the accumulator o corrected; sc left holding the weights (times V's FP8 scale: P V's, while the
+ * sum takes them as they are). any[h]: whether vector h attends any position of the tile — O
+ * += P V below adds the tile's sum (each head element's sum over the tile from zero) only where
+ * it does, so a vector that attends none keeps O as it was, bit for bit, whatever the other
+ * vectors of its warp attend (whether the warp runs this tile depends on them, that is on how
+ * the step cut the rows), rather than trusting the tensor core to leave O unchanged when adding
+ * products of 0. */
+template <int HDMAX>
+static __device__ __forceinline__ void
+pf_softmax_tile(float (&sc)[PF_NT][4], int j0, int lane, const bool vin[2], const int vlo[2],
+                const int vpos[2], float scale, float cap, bool fp8, const float *kscb,
+                const float *vscb, float m_run[2], float l_run[2], float (&o)[HDMAX / 8][4],
+                bool any[2]) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < PF_NT; nt++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int h = r >> 1, jl = nt * 8 + loom_mma_c_col(lane, r), j = j0 + jl;
+            float x = sc[nt][r];
+            if (fp8) x *= kscb[jl];
+            x *= scale;
+            if (cap > 0.0f) x = cap * tanhf(x / cap);
+            x = vin[h] && j >= vlo[h] && j <= vpos[h] ? x : -INFINITY;
+            sc[nt][r] = x;
+            mx[h] = fmaxf(mx[h], x);
+        }
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float mn = fmaxf(m_run[h], mx[h]);
+        /* nothing attended yet: stays -inf, weights 0, correction 1 */
+        corr[h] = mn == -INFINITY ? 1.0f : expf(m_run[h] - mn);
+        m_run[h] = mn;
+    }
+    float ls[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < PF_NT; nt++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int h = r >> 1;
+            const float w = sc[nt][r] == -INFINITY ? 0.0f : expf(sc[nt][r] - m_run[h]);
+            ls[h] += w;
+            sc[nt][r] = fp8 ? w * vscb[nt * 8 + loom_mma_c_col(lane, r)] : w;
+        }
+#pragma unroll
+    for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * corr[h] + ls[h];
+#pragma unroll
+    for (int dn = 0; dn < HDMAX / 8; dn++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) o[dn][r] *= corr[r >> 1];
+    any[0] = mx[0] != -INFINITY;
+    any[1] = mx[1] != -INFINITY;
+}
+
+/* P's A fragments for the 16-bit forms: two n8 tiles of S's C fragments (the weights) side by
+ * side, packed, the positions in their own order (pf_pv_pos). */
+template <int OP16>
+static __device__ __forceinline__ void pf_pack_p(const float (&sc)[PF_NT][4],
+                                                 uint32_t (&pa)[PF_N / 16][4]) {
+#pragma unroll
+    for (int u = 0; u < PF_N / 16; u++) {
+        pa[u][0] = loom_mma16_pack<OP16>(sc[2 * u][0], sc[2 * u][1]);
+        pa[u][1] = loom_mma16_pack<OP16>(sc[2 * u][2], sc[2 * u][3]);
+        pa[u][2] = loom_mma16_pack<OP16>(sc[2 * u + 1][0], sc[2 * u + 1][1]);
+        pa[u][3] = loom_mma16_pack<OP16>(sc[2 * u + 1][2], sc[2 * u + 1][3]);
+    }
+}
+
+/* The wgmma forms' S = Q Kᵀ for the warpgroup's 64 vectors against the tile's 32 positions:
+ * k16 steps over the head (head size HD), Q's A fragments from registers (qf), K from its tile
+ * in the K-major layout (pf_wg_at), scale-d 0 first (S from zero). */
+template <int HD, int OP16>
+static __device__ __forceinline__ void
+pf_wg_scores(float (&sc)[PF_NT][4], const uint32_t (&qf)[HD / 16][4], const uint8_t *k_tile) {
+    loom_wg_fence_acc<PF_N / 2>(&sc[0][0]);
+    loom_wg_fence();
+#pragma unroll
+    for (int d0 = 0; d0 < HD; d0 += 16)
+        loom_wg_rs<OP16, PF_N>(&sc[0][0], qf[d0 / 16],
+                               loom_wg_desc(k_tile + d0 / 8 * 128, 128, HD * 16), d0 == 0 ? 0 : 1);
+    loom_wg_commit();
+    loom_wg_wait<0>();
+    loom_wg_fence_acc<PF_N / 2>(&sc[0][0]);
+}
+
+/* The wgmma forms' O += P V: P's A fragments pa (packed from S's C fragments, the positions in
+ * their own order), V from its tile by position (N-major, pf_wgv_at), the tile's sum from zero
+ * added where the vector attends any of the tile (pf_softmax_tile). */
+template <int HD, int OP16>
+static __device__ __forceinline__ void pf_wg_pv(float (&o)[HD / 8][4], uint32_t (&pa)[PF_N / 16][4],
+                                                const uint8_t *v_tile, const bool any[2]) {
+    float t[HD / 8][4];
+    loom_wg_fence_regs<PF_N / 4>(&pa[0][0]);
+    loom_wg_fence();
+#pragma unroll
+    for (int u = 0; u < PF_N / 16; u++)
+        loom_wg_rs<OP16, HD, true>(
+            &t[0][0], pa[u], loom_wg_desc(v_tile + 2 * u * 128, 128, PF_N * 16), u == 0 ? 0 : 1);
+    loom_wg_commit();
+    loom_wg_wait<0>();
+    loom_wg_fence_acc<HD / 2>(&t[0][0]);
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++)
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            if (any[r >> 1]) o[dn][r] += t[dn][r];
 }
 
 /* The end of a segment for this lane's two vectors: their states (the sums of the four lanes
@@ -518,6 +706,37 @@ pf_segment_end(const pf_args &a, int seg, int warp, int lane, int row0, int kvh,
     }
 }
 
+/* out = the fold's accumulator / its sum (as the CPU: times 1 / l), for this lane's two vectors
+ * (warp: the warp's place in its warpgroup), the fold in registers (Of) or shared memory (ot). */
+template <int HDMAX, bool FOLD_REGS>
+static __device__ __forceinline__ void pf_write_out(const pf_args &a, int warp, int lane, int row0,
+                                                    int kvh, const bool vin[2], const float L[2],
+                                                    const float (*Of)[4], const float *ot) {
+    const int hd = a.kv.head_dim, G = a.group;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (!vin[h]) continue;
+        const int m = warp * 16 + loom_mma_c_row(lane, 2 * h), rl = m / G;
+        const float inv = L[h] > 0.0f ? 1.0f / L[h] : 0.0f;
+        float *orow = (float *)((char *)a.p.out + (size_t)(row0 + rl) * a.p.out_stride) +
+                      (size_t)(kvh * G + m - rl * G) * hd;
+        const float *frow = ot + m * (hd + 8);
+#pragma unroll
+        for (int dn = 0; dn < HDMAX / 8; dn++) {
+            if (dn * 8 >= hd) break;
+            const int c0 = dn * 8 + loom_mma_c_col(lane, 2 * h);
+            if constexpr (FOLD_REGS) {
+                orow[c0] = Of[dn][2 * h] * inv;
+                orow[c0 + 1] = Of[dn][2 * h + 1] * inv;
+            } else { /* one 8-byte read (rows 8 banks apart: a half warp's 4 rows, 32 banks) */
+                const float2 f = *(const float2 *)(frow + c0);
+                orow[c0] = f.x * inv;
+                orow[c0 + 1] = f.y * inv;
+            }
+        }
+    }
+}
+
 /* HDMAX: the head size the accumulator registers are laid out for (head_dim <= HDMAX, a
  * multiple of 8; the wgmma forms: head_dim == HDMAX); OPS: the products' operands (PF_TF32 ..
  * PF_WG_F16, pf_ops_of). */
@@ -539,28 +758,16 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     const int n_pf = a.all ? kv.n_seqs : kv.n_prefill_seqs;
     const int s = a.all ? (int)(blockIdx.x % n_pf) : kv.prefill_seqs[blockIdx.x % n_pf];
     const int back = (int)(blockIdx.x / n_pf);
-    const int q0 = kv.q_start[s], n_new = kv.q_start[s + 1] - q0, BR = a.rows_per_tile;
-    const int n_tiles = (n_new + BR - 1) / BR;
+    const int n_tiles = (kv.q_start[s + 1] - kv.q_start[s] + a.rows_per_tile - 1) / a.rows_per_tile;
     if (back >= n_tiles) return;
-    const int tile = n_tiles - 1 - back;
-    const int row0 = q0 + tile * BR, rows = n_new - tile * BR < BR ? n_new - tile * BR : BR;
-    const int pos0 = kv.pos_start[s] + tile * BR, pos_last = pos0 + rows - 1;
+    const pf_tile tl = pf_tile_of(a, s, n_tiles - 1 - back);
+    if (!tl.active) return;
+    const int row0 = tl.row0, rows = tl.rows, pos0 = tl.pos0, pos_last = tl.pos_last;
+    const int lo_first = tl.lo_first, j_begin = tl.j_begin, j_end = tl.j_end;
     const int kvh = blockIdx.y, G = a.group, hd = kv.head_dim, ld = hd + 4;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool fp8 = pf_fp8(kv.kv_type);
     const float scale = a.p.scale, cap = a.p.softcap;
-
-    /* The positions this block walks: its rows' [first attended, last], from the tile of 32
-     * holding the first, within its group of segments. */
-    const int lo_first = pf_lo(kv, pos0);
-    int j_begin = lo_first / PF_N * PF_N, j_end = pos_last;
-    if (a.part != NULL) {
-        const long long g0 = (long long)blockIdx.z * a.segs_per_block * PF_SEG;
-        const long long g1 = g0 + (long long)a.segs_per_block * PF_SEG - 1;
-        if (g0 > j_begin) j_begin = (int)g0;
-        if (g1 < j_end) j_end = (int)g1;
-        if (j_begin > j_end) return;
-    }
 
     LOOM_K_DYN_SMEM(pf_sm);
     long long *row_at = (long long *)pf_sm;                       /* [2][PF_N] */
@@ -577,9 +784,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
     uint32_t *ks16 = qs16 + PF_M * ldw, *vs16 = ks16 + PF_N * ldw;
     if constexpr (M16) ot = (float *)(vs16 + PF_N / 2 * ldv);
     /* the wgmma forms' tiles: Q [PF_M][hd], K [PF_N][hd] (pf_wg_at), V [PF_N][hd] (pf_wgv_at),
-     * then ot; Q goes to registers before the first tile, so the direct forms take its bytes for
-     * their second K and V (PF_M = 2 PF_N) */
-    const bool direct = WG && a.direct;
+     * then ot */
     uint8_t *qg = pf_sm + PF_HEAD_BYTES, *kg = qg + PF_M * hd * 2, *vg = kg + PF_N * hd * 2;
     if constexpr (WG) ot = (float *)(vg + PF_N * hd * 2);
 
@@ -668,40 +873,16 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
         }
         if constexpr (WG) loom_wg_fence_regs<(QREGS ? HDMAX / 4 : 4)>(&qf[0][0]);
     }
-    /* direct: buffer 0's K at kg, buffer 1's at qg (read into qf above; the barrier below comes
-     * before any copy there), each V PF_N hd 2 bytes past its K; the first tile's copies in
-     * flight, the second's offsets looked up */
-    if (direct) {
-        pf_copy_tile<HDMAX>(a, row_at, kg, vg);
-        loom_cp_async_commit();
-        if (j_begin + PF_N <= j_end)
-            pf_lookup(a, table, kvh, j_begin + PF_N, lo_first, pos_last, row_at + PF_N, ksc + PF_N,
-                      vsc + PF_N);
-        __syncthreads();
-    }
     int buf = 0;
     for (int j0 = j_begin; j0 <= j_end; j0 += PF_N, buf ^= 1) {
-        uint8_t *k_tile = direct && buf ? qg : kg, *v_tile = k_tile + PF_N * hd * 2;
-        if (direct) {
-            /* the next tile's copies (an empty group after the last), the one after's offsets
-             * into this tile's buffer (its copies were issued before the last barrier; its FP8
-             * scales too, which this tile would still read: direct pages are never FP8), then
-             * this tile's copies landed */
-            if (j0 + PF_N <= j_end)
-                pf_copy_tile<HDMAX>(a, row_at + (buf ^ 1) * PF_N, buf ? kg : qg,
-                                    (buf ? kg : qg) + PF_N * hd * 2);
-            loom_cp_async_commit();
-            if (j0 + 2 * PF_N <= j_end)
-                pf_lookup(a, table, kvh, j0 + 2 * PF_N, lo_first, pos_last, row_at + buf * PF_N,
-                          ksc + buf * PF_N, vsc + buf * PF_N);
-            loom_cp_async_wait<1>();
-        } else if constexpr (WG)
+        const uint8_t *k_tile = kg, *v_tile = vg;
+        if constexpr (WG)
             pf_load_tile16<OP16, true>(a, row_at + buf * PF_N, kg, vg);
         else if constexpr (M16)
             pf_load_tile16<OP16, false>(a, row_at + buf * PF_N, (uint8_t *)ks16, (uint8_t *)vs16);
         else
             pf_load_tile(a, row_at + buf * PF_N, ks, vs, ld);
-        if (!direct && j0 + PF_N <= j_end)
+        if (j0 + PF_N <= j_end)
             pf_lookup(a, table, kvh, j0 + PF_N, lo_first, pos_last, row_at + (buf ^ 1) * PF_N,
                       ksc + (buf ^ 1) * PF_N, vsc + (buf ^ 1) * PF_N);
         if constexpr (WG) loom_wg_fence_proxy_async(); /* the tiles, for the wgmma's */
@@ -717,18 +898,7 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
 #pragma unroll
                 for (int r = 0; r < 4; r++) sc[nt][r] = 0.0f;
             if constexpr (WG) {
-                /* the warpgroup's 64 vectors against the tile's 32 positions, k16 steps over
-                 * the head (scale-d 0 first: S from zero) */
-                loom_wg_fence_acc<PF_N / 2>(&sc[0][0]);
-                loom_wg_fence();
-#pragma unroll
-                for (int d0 = 0; d0 < HDMAX; d0 += 16) /* hd == HDMAX */
-                    loom_wg_rs<OP16, PF_N>(&sc[0][0], qf[d0 / 16],
-                                           loom_wg_desc(k_tile + d0 / 8 * 128, 128, hd * 16),
-                                           d0 == 0 ? 0 : 1);
-                loom_wg_commit();
-                loom_wg_wait<0>();
-                loom_wg_fence_acc<PF_N / 2>(&sc[0][0]);
+                pf_wg_scores<HDMAX, OP16>(sc, qf, k_tile);
             } else if constexpr (QREGS) {
 #pragma unroll
                 for (int k16 = 0; k16 < HDMAX / 16; k16++) {
@@ -791,88 +961,18 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                     }
                 }
             }
-            /* Scores as the CPU forms them (times K's FP8 scale, times scale, soft-capped),
-             * masked to -inf, and each vector's maximum over the tile (its row's four lanes). */
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int nt = 0; nt < PF_NT; nt++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    const int h = r >> 1, jl = nt * 8 + loom_mma_c_col(lane, r), j = j0 + jl;
-                    float x = sc[nt][r];
-                    if (fp8) x *= kscb[jl];
-                    x *= scale;
-                    if (cap > 0.0f) x = cap * tanhf(x / cap);
-                    x = vin[h] && j >= vlo[h] && j <= vpos[h] ? x : -INFINITY;
-                    sc[nt][r] = x;
-                    mx[h] = fmaxf(mx[h], x);
-                }
-            float corr[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-                const float mn = fmaxf(m_run[h], mx[h]);
-                /* nothing attended yet: stays -inf, weights 0, correction 1 */
-                corr[h] = mn == -INFINITY ? 1.0f : expf(m_run[h] - mn);
-                m_run[h] = mn;
-            }
-            /* Weights; the sum takes them as they are, P V times V's FP8 scale. */
-            float ls[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int nt = 0; nt < PF_NT; nt++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    const int h = r >> 1;
-                    const float w = sc[nt][r] == -INFINITY ? 0.0f : expf(sc[nt][r] - m_run[h]);
-                    ls[h] += w;
-                    sc[nt][r] = fp8 ? w * vscb[nt * 8 + loom_mma_c_col(lane, r)] : w;
-                }
-#pragma unroll
-            for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * corr[h] + ls[h];
-#pragma unroll
-            for (int dn = 0; dn < HDMAX / 8; dn++)
-#pragma unroll
-                for (int r = 0; r < 4; r++) o[dn][r] *= corr[r >> 1];
-            /* O += P V, k over the tile's positions in pf_pv_pos order (above): each head
-             * element's sum over the tile from zero (t), then added to O — by a vector that
-             * attends any position of the tile only. A vector that attends none keeps O as it
-             * was, bit for bit, whatever its warp's other vectors attend (whether the warp runs
-             * this tile depends on them, that is on how the step cut the rows), rather than
-             * trusting the tensor core to leave O unchanged when adding products of 0. */
-            const bool any[2] = {mx[0] != -INFINITY, mx[1] != -INFINITY};
+            bool any[2];
+            pf_softmax_tile<HDMAX>(sc, j0, lane, vin, vlo, vpos, scale, cap, fp8, kscb, vscb, m_run,
+                                   l_run, o, any);
+            /* O += P V, k over the tile's positions in pf_pv_pos order (above) */
             if constexpr (M16) {
                 /* P's A fragments: two n8 tiles of S's C fragments side by side, packed (the
                  * positions in their own order); V's B fragment: positions (k) 2i, 2i + 1
                  * (+ 8) of the 16, head element g: one word of V's pairs per register (the
                  * wgmma forms: the same A fragments, V from its N-major tile). */
                 uint32_t pa[PF_N / 16][4];
-#pragma unroll
-                for (int u = 0; u < PF_N / 16; u++) {
-                    pa[u][0] = loom_mma16_pack<OP16>(sc[2 * u][0], sc[2 * u][1]);
-                    pa[u][1] = loom_mma16_pack<OP16>(sc[2 * u][2], sc[2 * u][3]);
-                    pa[u][2] = loom_mma16_pack<OP16>(sc[2 * u + 1][0], sc[2 * u + 1][1]);
-                    pa[u][3] = loom_mma16_pack<OP16>(sc[2 * u + 1][2], sc[2 * u + 1][3]);
-                }
-                if constexpr (WG) {
-                    float t[HDMAX / 8][4];
-                    loom_wg_fence_regs<PF_N / 4>(&pa[0][0]);
-                    loom_wg_fence();
-                    /* V N-major (by position, pf_wgv_at) */
-#pragma unroll
-                    for (int u = 0; u < PF_N / 16; u++)
-                        loom_wg_rs<OP16, HDMAX, true>(
-                            &t[0][0], pa[u], loom_wg_desc(v_tile + 2 * u * 128, 128, PF_N * 16),
-                            u == 0 ? 0 : 1);
-                    loom_wg_commit();
-                    loom_wg_wait<0>();
-                    loom_wg_fence_acc<HDMAX / 2>(&t[0][0]);
-#pragma unroll
-                    for (int dn = 0; dn < HDMAX / 8; dn++)
-#pragma unroll
-                        for (int r = 0; r < 4; r++)
-                            if (any[r >> 1]) o[dn][r] += t[dn][r];
-                }
+                pf_pack_p<OP16>(sc, pa);
+                if constexpr (WG) pf_wg_pv<HDMAX, OP16>(o, pa, v_tile, any);
 #pragma unroll
                 for (int dn = 0; dn < (WG ? 0 : HDMAX / 8); dn++) {
                     if (dn * 8 >= hd) break;
@@ -927,32 +1027,167 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
                                              l_run, o, M, L, Of, ot);
         __syncthreads();
     }
-    if (direct) loom_cp_async_wait<0>(); /* the empty group of the last tile */
-    if (a.part != NULL) return;          /* pf_fold_kernel writes out */
+    if (a.part != NULL) return; /* pf_fold_kernel writes out */
 
-        /* out = the fold's accumulator / its sum (as the CPU: times 1 / l) */
+    pf_write_out<HDMAX, FOLD_REGS>(a, warp, lane, row0, kvh, vin, L, Of, ot);
+}
+
+/* The warp-specialised wgmma forms (pf_direct: the tiles' pages of the products' 16-bit type,
+ * 16-byte aligned, on sm_90; LOOM_CUDA_ATTN_ASYNC=0 keeps attn_prefill_kernel's register path):
+ * PF_WS_THREADS = three warpgroups a block. Warpgroup 0 produces: it gives registers back
+ * (setmaxnreg) and copies the K and V tiles by cp.async into a ring of PF_WS_STAGES stages, each
+ * thread looking up its own pieces' rows through the block table, each stage's copies arriving
+ * on its "full" mbarrier as they land (cp.async.mbarrier.arrive); before it copies into a stage
+ * again it waits on the stage's "empty" mbarrier, on which the consumers arrive when their
+ * wgmma's are done with it. Warpgroups 1 and 2 consume: each takes the registers the producer gave
+ * back and one of two PF_M-vector tiles of the sequence's rows (the two attn_prefill_kernel's
+ * blocks would take: the later first), and runs attn_prefill_kernel's wgmma walk on its tile
+ * (pf_wg_scores, pf_softmax_tile, pf_pack_p, pf_wg_pv, pf_segment_end, pf_write_out) over the
+ * stages as they fill, skipping the tiles outside its own walk (the block walks the union of the
+ * two). So each K/V tile is read from memory once for 128 vectors, not twice for 64, the copies
+ * leave the tensor cores' warps alone, and up to PF_WS_STAGES tiles are in flight. A consumer's
+ * vectors see the tiles, positions and arithmetic of attn_prefill_kernel's block of the same
+ * tile (positions one consumer's rows do not attend and the other's do hold data rather than
+ * zeros, and weigh 0: the same bits), so the two kernels give the same bits.
+ * Registers: the launch gives each of the 384 threads 168 (65536 / 384); the producer drops to
+ * PF_WS_PRODUCER_REGS, the consumers rise to PF_WS_CONSUMER_REGS (40 128 + 232 256 <= 65536).
+ * Shared memory: the barriers, both consumers' Q tiles (K-major, pf_wg_at), the stages (K then
+ * V, as attn_prefill_kernel's tiles), both consumers' folds [PF_M][HD + 8]: 164 KB at head size
+ * 128, 84 KB at 64 (pf_smem_bytes). */
+template <int HD, int OPS>
+static __global__ void __launch_bounds__(PF_WS_THREADS, 1) attn_prefill_ws_kernel(pf_args a) {
+#if LOOM_WGMMA_HAS
+    constexpr int OP16 = OPS == PF_WG_F16 ? LOOM_MMA16_F16 : LOOM_MMA16_BF16;
+    constexpr int TILE = PF_N * HD * 2; /* K's bytes in a stage, and V's */
+    const loom__k_kv &kv = a.kv;
+    const int n_pf = a.all ? kv.n_seqs : kv.n_prefill_seqs;
+    const int s = a.all ? (int)(blockIdx.x % n_pf) : kv.prefill_seqs[blockIdx.x % n_pf];
+    const int pair = (int)(blockIdx.x / n_pf);
+    const int n_tiles = (kv.q_start[s + 1] - kv.q_start[s] + a.rows_per_tile - 1) / a.rows_per_tile;
+    if (2 * pair >= n_tiles) return;
+    /* consumer c's tile: the later of the pair first (the most positions) */
+    const pf_tile t0 = pf_tile_of(a, s, n_tiles - 1 - 2 * pair);
+    const pf_tile t1 = pf_tile_of(a, s, n_tiles - 2 - 2 * pair);
+    if (!t0.active && !t1.active) return;
+    const int n_active = (t0.active ? 1 : 0) + (t1.active ? 1 : 0);
+    /* the walk (both tiles' walks: they overlap or touch, the rows being consecutive) and the
+     * positions some row of the block attends (the rest are zeros) */
+    const int jb = t1.active && (!t0.active || t1.j_begin < t0.j_begin) ? t1.j_begin : t0.j_begin;
+    const int je = t0.active ? t0.j_end : t1.j_end;
+    const int lo = t1.active ? t1.lo_first : t0.lo_first;
+    const int hi = t0.active ? t0.pos_last : t1.pos_last;
+    const int kvh = blockIdx.y, G = a.group;
+
+    LOOM_K_DYN_SMEM(pf_sm);
+    uint64_t *full = (uint64_t *)pf_sm, *empty = full + PF_WS_STAGES;
+    uint8_t *qg = pf_sm + PF_WS_BAR_BYTES;                     /* [2][PF_M][HD], pf_wg_at */
+    uint8_t *stage = qg + 2 * PF_M * HD * 2;                   /* [PF_WS_STAGES][K, V] */
+    float *folds = (float *)(stage + PF_WS_STAGES * 2 * TILE); /* [2][PF_M][HD + 8] */
+    if (threadIdx.x == 0)
+        for (int st = 0; st < PF_WS_STAGES; st++) {
+            loom_mbar_init(full + st, PF_THREADS);
+            loom_mbar_init(empty + st, PF_THREADS * n_active);
+        }
+    /* both consumers' Q (vector m = row m / G, head kvh G + m % G; zeros past the tile's rows),
+     * rows fastest (a warp's 32 words one core matrix); the folds from zero */
+    for (int e = threadIdx.x; e < PF_M * HD; e += PF_WS_THREADS) {
+        const int c = e / (PF_M * HD / 2), ec = e - c * (PF_M * HD / 2);
+        const int m = (ec >> 3) / (HD / 2) * 8 + (ec & 7), d = (ec >> 3) % (HD / 2) * 2;
+        const int rl = m / G;
+        const pf_tile t = c == 0 ? t0 : t1;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (t.active && rl < t.rows) {
+            const float *qrow =
+                (const float *)((const char *)a.p.q + (size_t)(t.row0 + rl) * a.p.q_stride) +
+                (size_t)(kvh * G + m - rl * G) * HD;
+            x0 = qrow[d];
+            x1 = qrow[d + 1];
+        }
+        *(uint32_t *)(qg + c * PF_M * HD * 2 + pf_wg_at(m, d, HD * 16)) =
+            loom_mma16_pack<OP16>(x0, x1);
+    }
+    for (int i = threadIdx.x; i < 2 * PF_M * (HD + 8); i += PF_WS_THREADS) folds[i] = 0.0f;
+    __syncthreads(); /* the barriers' init, Q, the folds; the last block-wide barrier */
+
+    if (threadIdx.x < PF_THREADS) { /* the producer */
+        loom_wg_maxnreg_dec<PF_WS_PRODUCER_REGS>();
+        const int32_t *table = kv.block_ids + kv.indptr[s];
+        int i = 0;
+        for (int j0 = jb; j0 <= je; j0 += PF_N, i++) {
+            const int st = i % PF_WS_STAGES;
+            loom_mbar_wait(empty + st, ((i / PF_WS_STAGES) & 1) ^ 1);
+            uint8_t *k_tile = stage + st * 2 * TILE;
+            pf_copy_tile<HD>(a, table, kvh, j0, lo, hi, (int)threadIdx.x, k_tile, k_tile + TILE);
+            loom_cp_async_mbar_arrive(full + st);
+        }
+        /* every stage released before the block may end: no copy outlives its shared memory */
+        for (int e = i; e < i + PF_WS_STAGES; e++)
+            loom_mbar_wait(empty + e % PF_WS_STAGES, ((e / PF_WS_STAGES) & 1) ^ 1);
+        return;
+    }
+    const int c = (int)threadIdx.x / PF_THREADS - 1;
+    const pf_tile me = c == 0 ? t0 : t1;
+    if (!me.active) return; /* (not counted on the empty barriers) */
+    loom_wg_maxnreg_inc<PF_WS_CONSUMER_REGS>();
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const uint8_t *qc = qg + c * PF_M * HD * 2;
+    float *ot = folds + c * PF_M * (HD + 8);
+    const float scale = a.p.scale, cap = a.p.softcap;
+    bool vin[2];
+    int vpos[2], vlo[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        if (!vin[h]) continue;
-        const int m = warp * 16 + loom_mma_c_row(lane, 2 * h), rl = m / G;
-        const float inv = L[h] > 0.0f ? 1.0f / L[h] : 0.0f;
-        float *orow = (float *)((char *)a.p.out + (size_t)(row0 + rl) * a.p.out_stride) +
-                      (size_t)(kvh * G + m - rl * G) * hd;
-        const float *frow = ot + m * (hd + 8);
-#pragma unroll
-        for (int dn = 0; dn < HDMAX / 8; dn++) {
-            if (dn * 8 >= hd) break;
-            const int c0 = dn * 8 + loom_mma_c_col(lane, 2 * h);
-            if constexpr (FOLD_REGS) {
-                orow[c0] = Of[dn][2 * h] * inv;
-                orow[c0 + 1] = Of[dn][2 * h + 1] * inv;
-            } else { /* one 8-byte read (rows 8 banks apart: a half warp's 4 rows, 32 banks) */
-                const float2 f = *(const float2 *)(frow + c0);
-                orow[c0] = f.x * inv;
-                orow[c0 + 1] = f.y * inv;
-            }
-        }
+        const int rl = (warp * 16 + loom_mma_c_row(lane, 2 * h)) / G;
+        vin[h] = rl < me.rows;
+        vpos[h] = me.pos0 + rl;
+        vlo[h] = pf_lo(kv, vpos[h]);
     }
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
+    float o[HD / 8][4];
+#pragma unroll
+    for (int dn = 0; dn < HD / 8; dn++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) o[dn][r] = 0.0f;
+    uint32_t qf[HD / 16][4];
+#pragma unroll
+    for (int k16 = 0; k16 < HD / 16; k16++)
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            qf[k16][r] =
+                *(const uint32_t *)(qc + pf_wg_at(warp * 16 + loom_mma16_a_row(lane, r),
+                                                  k16 * 16 + loom_mma16_a_col(lane, r), HD * 16));
+    loom_wg_fence_regs<HD / 4>(&qf[0][0]);
+    int i = 0;
+    for (int j0 = jb; j0 <= je; j0 += PF_N, i++) {
+        const int st = i % PF_WS_STAGES;
+        loom_mbar_wait(full + st, (i / PF_WS_STAGES) & 1);
+        if (j0 >= me.j_begin && j0 <= me.j_end) { /* warpgroup-uniform */
+            loom_wg_fence_proxy_async();          /* the landed copies, for this thread's wgmma's */
+            const uint8_t *k_tile = stage + st * 2 * TILE;
+            float sc[PF_NT][4];
+#pragma unroll
+            for (int nt = 0; nt < PF_NT; nt++)
+#pragma unroll
+                for (int r = 0; r < 4; r++) sc[nt][r] = 0.0f;
+            pf_wg_scores<HD, OP16>(sc, qf, k_tile);
+            bool any[2];
+            pf_softmax_tile<HD>(sc, j0, lane, vin, vlo, vpos, scale, cap, false, NULL, NULL, m_run,
+                                l_run, o, any);
+            uint32_t pa[PF_N / 16][4];
+            pf_pack_p<OP16>(sc, pa);
+            pf_wg_pv<HD, OP16>(o, pa, k_tile + TILE, any);
+            if ((j0 + PF_N) % PF_SEG == 0 || j0 + PF_N > me.j_end)
+                pf_segment_end<HD, false>(a, j0 / PF_SEG, warp, lane, me.row0, kvh, vin, m_run,
+                                          l_run, o, M, L, NULL, ot);
+        }
+        loom_mbar_arrive(empty + st); /* this thread's wgmma's are done with the stage */
+    }
+    if (a.part != NULL) return; /* pf_fold_kernel writes out */
+    pf_write_out<HD, false>(a, warp, lane, me.row0, kvh, vin, L, NULL, ot);
+#else
+    (void)a;
+#endif
 }
 
 /* A split context's fold: row blockIdx.x of the step, query head blockIdx.y; the segments its
@@ -1015,16 +1250,24 @@ static __host__ __device__ pf_plan pf_plan_of(const loom__k_kv *kv, const loom__
 /* ------------------------------------------------------------------------------------------ */
 
 #if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernel itself */
-template <int HDMAX, int OPS>
+/* WS: attn_prefill_ws_kernel (a.direct), else attn_prefill_kernel. */
+template <int HDMAX, int OPS, bool WS = false>
 static loom_status pf_launch(cudaStream_t stream, const pf_args &a, unsigned blocks,
                              unsigned groups, size_t smem) {
     /* past the default 48 KB: the kernel opts in (checked against the device before) */
     static std::atomic<int> optin[LOOM_K_OPTIN_DEVICES];
-    const loom_status st =
-        loom_k_smem_optin(attn_prefill_kernel<HDMAX, OPS>, smem, optin, "tiled attention");
-    if (st != LOOM_OK) return st;
     const dim3 grid(blocks, (unsigned)a.kv.n_kv_heads, groups);
-    LOOM_K_LAUNCH((attn_prefill_kernel<HDMAX, OPS>), (grid, PF_THREADS, smem, stream), a);
+    if constexpr (WS) {
+        const loom_status st = loom_k_smem_optin(attn_prefill_ws_kernel<HDMAX, OPS>, smem, optin,
+                                                 "tiled attention (warp-specialised)");
+        if (st != LOOM_OK) return st;
+        LOOM_K_LAUNCH((attn_prefill_ws_kernel<HDMAX, OPS>), (grid, PF_WS_THREADS, smem, stream), a);
+    } else {
+        const loom_status st =
+            loom_k_smem_optin(attn_prefill_kernel<HDMAX, OPS>, smem, optin, "tiled attention");
+        if (st != LOOM_OK) return st;
+        LOOM_K_LAUNCH((attn_prefill_kernel<HDMAX, OPS>), (grid, PF_THREADS, smem, stream), a);
+    }
     LOOM_K_LAUNCHED("attention (tiled)");
     if (a.part == NULL) return LOOM_OK;
     LOOM_K_LAUNCH((pf_fold_kernel),
@@ -1056,6 +1299,10 @@ static loom_status pf_launch_ops(cudaStream_t stream, const pf_args &a, int ops,
                            a.kv.head_dim);
     default: /* the wgmma forms, whose head size is HDMAX (pf_ops_of) */
         if constexpr (HDMAX == 64 || HDMAX == 128) {
+            if (a.direct && ops == PF_WG_F16)
+                return pf_launch<HDMAX, PF_WG_F16, true>(stream, a, blocks, groups, smem);
+            if (a.direct)
+                return pf_launch<HDMAX, PF_WG_BF16, true>(stream, a, blocks, groups, smem);
             if (ops == PF_WG_F16)
                 return pf_launch<HDMAX, PF_WG_F16>(stream, a, blocks, groups, smem);
             return pf_launch<HDMAX, PF_WG_BF16>(stream, a, blocks, groups, smem);
@@ -1088,8 +1335,8 @@ static bool pf_layer_ok(const loom__k_kv *kv, const loom__k_attn *p) {
 #if LOOM_K_HOST_CODE
 extern "C" int loom__cuda_attention_tiled_ok(const loom__k_kv *kv, const loom__k_attn *p) {
     return pf_layer_ok(kv, p) &&
-           pf_smem_bytes(kv->head_dim, pf_ops_of(kv->kv_type, p->math, kv->head_dim,
-                                                 p->smem_optin)) <= (size_t)p->smem_optin;
+           pf_smem_bytes(kv->head_dim, pf_ops_of(kv->kv_type, p->math, kv->head_dim, p->smem_optin),
+                         0) <= (size_t)p->smem_optin; /* (pf_direct checks its own) */
 }
 
 extern "C" size_t loom__cuda_attention_tiled_work_bound(int32_t n_head, int32_t n_kv_heads,
@@ -1121,7 +1368,7 @@ extern "C" loom_status loom__cuda_attention_prefill(cudaStream_t stream, const l
         return LOOM_OK; /* the split-KV kernel takes every row */
     const int ops = pf_ops_of(kv->kv_type, p->math, kv->head_dim, p->smem_optin);
     const int direct = pf_direct(kv, p, ops);
-    const size_t smem = pf_smem_bytes(kv->head_dim, ops);
+    const size_t smem = pf_smem_bytes(kv->head_dim, ops, direct);
     const pf_plan pl = pf_plan_of(kv, p, all);
     if (pl.part_bytes > p->tiled_work_bytes)
         return loom__fail(LOOM_ERR_INTERNAL,
@@ -1138,8 +1385,7 @@ extern "C" loom_status loom__cuda_attention_prefill(cudaStream_t stream, const l
                  pl.seg_stride,
                  direct};
     a.rows_per_tile = PF_M / a.group;
-    const int64_t blocks = (int64_t)(all ? kv->n_seqs : kv->n_prefill_seqs) *
-                           loom_cdiv(all ? kv->max_rows : kv->prefill_max_rows, a.rows_per_tile);
+    const int64_t blocks = pf_grid_x(kv, all, a.rows_per_tile, direct);
     if (blocks > 0x7fffffff || pl.groups > 65535) {
         /* the fast mode may send the rows to split-KV; the invariant mode may not (the
          * layer's rows would change kernels with the step) */

@@ -274,8 +274,9 @@ typedef struct loom__k_attn {
     size_t tiled_work_bytes;
     int32_t math; /* the tiled kernel's operands: LOOM_K_MATH_F32, _BF16 or _BF16_WGMMA */
     /* 1: the wgmma forms read every page through registers, one tile at a time
-     * (LOOM_CUDA_ATTN_ASYNC=0, for the bench's comparison); 0 (the default): 16-bit pages of
-     * the products' type are copied by cp.async, the next tile in flight (the same values) */
+     * (LOOM_CUDA_ATTN_ASYNC=0, for the bench's comparison); 0 (the default): over 16-bit pages
+     * of the products' type they run warp-specialised, a producer warpgroup copying the tiles
+     * by cp.async into a ring of stages for two consumer warpgroups (the same bits) */
     int32_t tile_regs;
 } loom__k_attn;
 

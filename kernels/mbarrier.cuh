@@ -25,10 +25,10 @@ static __device__ __forceinline__ void loom_mbar_init(uint64_t *bar, unsigned co
 #if defined(LOOM_K_EMULATE)
     loom_emu_mbar_init(bar, count);
 #elif LOOM_WGMMA_HAS
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(bar)),
-                 "r"(count)
-                 : "memory");
+    asm volatile(
+        "mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((uint32_t)__cvta_generic_to_shared(bar)),
+        "r"(count)
+        : "memory");
 #else
     (void)bar;
     (void)count;

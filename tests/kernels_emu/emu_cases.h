@@ -30,7 +30,7 @@ struct prefill_case {
     int n_sms = 0;
     std::vector<int> ids = {};
     int math = 0;           // LOOM_K_MATH_*: 1, BF16 math (16-bit operands, pf_ops_of)
-    bool tile_regs = false; // loom__k_attn's tile_regs: the wgmma forms never copy by cp.async
+    bool tile_regs = false; // loom__k_attn's tile_regs: the wgmma forms never warp-specialised
     int smem_optin = 0;     // loom__k_attn's: over 100 KB, BF16 math at 72..128 takes PF_*_QR
 };
 
@@ -40,7 +40,7 @@ struct prefill_result {
     std::vector<float> out; // [rows, q_stride] as the kernel left it
     int q_stride;           // floats
     int groups;             // the split's groups of segments (1: none)
-    bool direct = false;    // the wgmma forms' tiles were copied by cp.async (pf_direct)
+    bool direct = false;    // the wgmma forms ran warp-specialised (pf_direct)
     int ops = -1;           // the kernel's form (pf_ops_of)
     bool q_regs = false;    // it was PF_BF16_QR or PF_F16_QR
 };

@@ -94,9 +94,19 @@ void launch_kernel(const pf_args &a, unsigned blocks, unsigned groups, size_t sm
     loom_emu::launch_options opt;
     opt.order = order;
     opt.seed = 0x5eed + blocks;
-    loom_emu::launch(
-        dim3(blocks, (unsigned)a.kv.n_kv_heads, groups), dim3(PF_THREADS), smem,
-        [&a] { attn_prefill_kernel<HD, OPS>(a); }, opt);
+    const dim3 grid(blocks, (unsigned)a.kv.n_kv_heads, groups);
+    if constexpr (OPS == PF_WG_BF16 || OPS == PF_WG_F16) {
+        if (a.direct) {
+            loom_emu::launch(
+                grid, dim3(PF_WS_THREADS), smem, [&a] { attn_prefill_ws_kernel<HD, OPS>(a); }, opt);
+        } else {
+            loom_emu::launch(
+                grid, dim3(PF_THREADS), smem, [&a] { attn_prefill_kernel<HD, OPS>(a); }, opt);
+        }
+    } else {
+        loom_emu::launch(
+            grid, dim3(PF_THREADS), smem, [&a] { attn_prefill_kernel<HD, OPS>(a); }, opt);
+    }
     if (a.part != nullptr)
         loom_emu::launch(
             dim3((unsigned)a.kv.n_rows, (unsigned)a.p.n_head), dim3(128), 0,
@@ -327,9 +337,8 @@ emu_test::prefill_result run(const emu_test::prefill_case &c) {
                        pl.seg_stride,
                        pf_direct(&kv, &p, ops)};
     res.direct = a.direct != 0;
-    const size_t smem = pf_smem_bytes(hd, ops);
-    const unsigned blocks = (unsigned)((c.all ? (size_t)S : pf.size()) *
-                                       (size_t)loom_cdiv(c.all ? most_any : most, a.rows_per_tile));
+    const size_t smem = pf_smem_bytes(hd, ops, a.direct);
+    const unsigned blocks = (unsigned)pf_grid_x(&kv, c.all, a.rows_per_tile, a.direct);
     const unsigned g = (unsigned)pl.groups;
     switch (hd <= 64 ? 64 : hd <= 128 ? 128 : 256) {
     case 64:

@@ -71,8 +71,11 @@ prefill_case with(prefill_case c, bool all, int n_sms, std::vector<int> ids = {}
     return c;
 }
 
+// wgmma math runs on sm_90, whose blocks may have 227 KB of shared memory (which the
+// warp-specialised forms need, pf_direct)
 prefill_case in_math(prefill_case c, int math) {
     c.math = math;
+    if (math == LOOM_K_MATH_BF16_WGMMA) c.smem_optin = 227 << 10;
     return c;
 }
 
@@ -211,7 +214,7 @@ int prefill_tests(bool verbose) {
        sequence at the prefill threshold (16), one under it (15), decodes (1) */
     const std::vector<int> cached = {0, 54, 97, 5, 40, 33, 130};
     const std::vector<int> nnew = {17, 64, 100, 15, 16, 1, 33};
-    int wg_direct = 0, wg_converted = 0; /* the wgmma forms' two tile paths (pf_direct) */
+    int wg_direct = 0, wg_converted = 0; /* the wgmma forms' two kernels (pf_direct) */
     int n_qr = 0;                        /* cases run again on PF_*_QR */
     /* LOOM_EMU_NO_RERUNS (the sanitizer builds, CMakeLists.txt): no reruns comparing bits */
     const bool reruns = getenv("LOOM_EMU_NO_RERUNS") == nullptr;
@@ -230,7 +233,7 @@ int prefill_tests(bool verbose) {
                        "%-9s: worst %.2g (%.2f s)%s\n",
                        i, math_name(math), s.bs, s.hd, s.nkv, s.G, s.window, (double)s.cap,
                        type_name(s.type), order_names[(int)order], r.worst, seconds_since(t0),
-                       r.direct ? " (tiles by cp.async)" : "");
+                       r.direct ? " (warp-specialised, tiles by cp.async)" : "");
             }
             if (math == LOOM_K_MATH_BF16_WGMMA && (s.hd == 64 || s.hd == 128))
                 (r.direct ? wg_direct : wg_converted)++;
@@ -260,13 +263,13 @@ int prefill_tests(bool verbose) {
                     "Q in registers, the fold in shared memory");
                 n_qr++;
             }
-            /* the wgmma forms' tiles through registers, not by cp.async */
+            /* the wgmma forms' register path (attn_prefill_kernel), not warp-specialised */
             if (reruns && r.direct && r.problem.empty()) {
                 prefill_case v = in_math(make_case(s, cached, nnew, order), math);
                 v.tile_regs = true;
                 same_bits(
                     v, [](const emu_test::prefill_result &x) { return !x.direct; },
-                    "tiles through registers (tile_regs)");
+                    "the register path, not warp-specialised (tile_regs)");
             }
             i++;
         }
@@ -276,8 +279,8 @@ int prefill_tests(bool verbose) {
         bad++;
     }
     if (wg_direct == 0 || wg_converted == 0) {
-        printf("FAIL prefill: the wgmma forms ran %d cases with tiles by cp.async and %d "
-               "converted through registers; the cases must take both\n",
+        printf("FAIL prefill: the wgmma forms ran %d cases warp-specialised and %d on the "
+               "register path; the cases must take both\n",
                wg_direct, wg_converted);
         bad++;
     }

@@ -129,7 +129,8 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
     d->attn_tile_regs = attn_async != NULL && strcmp(attn_async, "0") == 0;
     if (d->attn_tile_regs && d->tc_math == LOOM_K_MATH_BF16_WGMMA)
         loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_ATTN_ASYNC=0: the wgmma attention reads its "
-                                 "K and V tiles through registers, one at a time");
+                                 "K and V tiles through registers, one at a time, not "
+                                 "warp-specialised");
     const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT");
     d->batch_invariant = !(inv != NULL && strcmp(inv, "0") == 0);
     if (d->batch_invariant)

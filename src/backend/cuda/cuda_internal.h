@@ -59,8 +59,8 @@ typedef struct loom__cuda_dev {
      * LOOM_CUDA_WGMMA=1 asks for Hopper's warpgroup MMA in BF16 math and the device runs it
      * (loom__cuda_wgmma_probe). */
     int tc_math;
-    /* LOOM_CUDA_ATTN_ASYNC=0: the wgmma attention's tiles through registers (loom__k_attn's
-     * tile_regs), for check.sh's comparison. */
+    /* LOOM_CUDA_ATTN_ASYNC=0: the wgmma attention never warp-specialised, its tiles through
+     * registers (loom__k_attn's tile_regs), for check.sh's comparison. */
     bool attn_tile_regs;
 } loom__cuda_dev;
 

@@ -178,15 +178,21 @@ static __host__ __device__ size_t pf_ws_smem_bytes(int32_t head_dim) {
 /* Whether the wgmma forms run warp-specialised (attn_prefill_ws_kernel), the K and V tiles
  * copied by cp.async as the pages hold them: pages of the products' own 16-bit type (F16 pages
  * in PF_WG_F16, BF16 pages in PF_WG_BF16: the values need no rounding), every position's row of
- * a head 16-byte aligned in both pools, and the device's shared memory a block enough. K lands
- * in the K-major layout of pf_load_tile16, V by position in wgmma.cuh's N-major layout (P V's B
- * with imm-trans-b), so no value passes through registers. Other pages (F32, FP8), and every page
- * with tile_regs (LOOM_CUDA_ATTN_ASYNC=0), go through attn_prefill_kernel's registers, one tile at
- * a time. */
+ * a head 16-byte aligned in both pools, the device's shared memory a block enough, and a
+ * sequence in the step with more rows than one tile (else the second consumer would have
+ * nothing: decode steps and short chunks keep attn_prefill_kernel's more blocks per SM). K
+ * lands in the K-major layout of pf_load_tile16, V by position in wgmma.cuh's N-major layout (P
+ * V's B with imm-trans-b), so no value passes through registers. Other pages (F32, FP8), and
+ * every page with tile_regs (LOOM_CUDA_ATTN_ASYNC=0), go through attn_prefill_kernel's
+ * registers, one tile at a time. The two kernels give the same bits (attn_prefill_ws_kernel), so
+ * the choice may follow the step's shape. */
 static __host__ __device__ int pf_direct(const loom__k_kv *kv, const loom__k_attn *p, int ops) {
     const uint32_t own = ops == PF_WG_F16 ? LOOM_K_F16 : LOOM_K_BF16;
     if (!pf_wg(ops) || kv->kv_type != own || p->tile_regs) return 0;
     if (pf_ws_smem_bytes(kv->head_dim) > (size_t)p->smem_optin) return 0;
+    if (p->n_head < 1 || kv->n_kv_heads < 1) return 0;
+    const int32_t rows = p->invariant ? kv->max_rows : kv->prefill_max_rows;
+    if (rows <= PF_M / (p->n_head / kv->n_kv_heads)) return 0;
     const uintptr_t bits = (uintptr_t)p->k_pool | (uintptr_t)p->v_pool |
                            (uintptr_t)kv->token_stride | (uintptr_t)kv->block_stride |
                            (uintptr_t)kv->head_dim * 2;

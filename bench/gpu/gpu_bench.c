@@ -442,7 +442,8 @@ static void bench_sampling(int32_t batch) {
 
 /* The shapes timed with 16-bit operands (BF16 math, and again on the wgmma kernels): BF16 and
  * Q4_K matmuls at 1, 16 and 512 tokens, a 2,048-token prefill's up/gate matmul (against cuBLAS
- * on the same shape), decode attention, a 2k and the issue's 8k BF16 prefill (head size 128). */
+ * on the same shape), decode attention, 2k prefills (head sizes 128 and 64) and the issue's 8k
+ * BF16 prefill (head size 128). */
 static void bench_16bit(int quick) {
     const uint32_t types16[] = {LOOM_TYPE_BF16, LOOM_TYPE_Q4_K};
     for (int ti = 0; ti < 2; ti++) {
@@ -453,6 +454,9 @@ static void bench_16bit(int quick) {
     if (!quick) bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
     bench_attention(16, 8192, 1, 32, 8, 128, LOOM_TYPE_F16);
     if (!quick) bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
+    /* head size 64, where the wgmma attention's register path fits 3 blocks an SM and its
+     * warp-specialised form 1 (of two consumer warpgroups) */
+    if (!quick) bench_attention(1, 2048, 2048, 32, 8, 64, LOOM_TYPE_F16);
     if (!quick) bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
 }
 
@@ -578,13 +582,15 @@ int main(int argc, char **argv) {
     }
     loom__backend_stream_close(&g_gpu);
     /* The wgmma attention's prefills again with its K and V tiles read through registers one
-     * at a time (LOOM_CUDA_ATTN_ASYNC=0) rather than copied by cp.async with the next tile in
-     * flight (the default for these 16-bit pages): what the copies' pipelining gains. */
+     * at a time (LOOM_CUDA_ATTN_ASYNC=0) rather than warp-specialised (the default for these
+     * 16-bit pages: a producer warpgroup's cp.async into a ring of stages for two consumer
+     * warpgroups): what the specialisation and the copies' pipelining gain. */
     if (wl.chosen && !quick) {
         setenv("LOOM_CUDA_ATTN_ASYNC", "0", 1);
         if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
         g_mode = "wgmma-regs";
         bench_attention(1, 2048, 2048, 32, 8, 128, LOOM_TYPE_F16);
+        bench_attention(1, 2048, 2048, 32, 8, 64, LOOM_TYPE_F16);
         bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
         loom__backend_stream_close(&g_gpu);
         unsetenv("LOOM_CUDA_ATTN_ASYNC");

@@ -1055,11 +1055,16 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
  * vectors see the tiles, positions and arithmetic of attn_prefill_kernel's block of the same
  * tile (positions one consumer's rows do not attend and the other's do hold data rather than
  * zeros, and weigh 0: the same bits), so the two kernels give the same bits.
- * Registers: the launch gives each of the 384 threads 168 (65536 / 384); the producer drops to
- * PF_WS_PRODUCER_REGS, the consumers rise to PF_WS_CONSUMER_REGS (40 128 + 232 256 <= 65536).
+ * Registers: the launch gives each of the 384 threads 168 (65536 / 384 rounded down to 8); the
+ * producer drops to PF_WS_PRODUCER_REGS, the consumers rise to PF_WS_CONSUMER_REGS: 40 128 + 232
+ * 256 = 168 384, the block's pool (a consumer's setmaxnreg.inc waits until the pool has what it
+ * asks for: asking for more would never return; the static_assert below).
  * Shared memory: the barriers, both consumers' Q tiles (K-major, pf_wg_at), the stages (K then
  * V, as attn_prefill_kernel's tiles), both consumers' folds [PF_M][HD + 8]: 164 KB at head size
  * 128, 84 KB at 64 (pf_smem_bytes). */
+static_assert(PF_WS_PRODUCER_REGS * PF_THREADS + PF_WS_CONSUMER_REGS * 2 * PF_THREADS <=
+                  PF_WS_THREADS * (65536 / PF_WS_THREADS / 8 * 8),
+              "the warpgroups' registers exceed the block's");
 template <int HD, int OPS>
 static __global__ void __launch_bounds__(PF_WS_THREADS, 1) attn_prefill_ws_kernel(pf_args a) {
 #if LOOM_WGMMA_HAS

@@ -41,6 +41,7 @@
  * registers, so the split is free to follow the step's size. No atomics anywhere. */
 #include "cp_async.cuh"
 #include "dequant.cuh"
+#include "mbarrier.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
 
@@ -97,6 +98,8 @@ typedef struct gemm_multi {
     /* the wgmma kernel's x as BF16 rows x16_stride bytes apart (gemm_x16_kernel) */
     const uint8_t *x16;
     size_t x16_stride;
+    int32_t
+        plain; /* 1: BF16 weights on gemm_wg_kernel, not warp-specialised (LOOM_CUDA_GEMM_WS=0) */
 } gemm_multi;
 
 /* The product block b (a row tile or a fold block, by the prefix `first`) belongs to, and the
@@ -647,8 +650,15 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
         bool direct = T == LOOM_K_BF16;
         for (int j = 0; j < mm.n; j++)
             direct = direct && (((uintptr_t)mm.m[j].w.data | mm.m[j].w.stride) & 15) == 0;
-        if constexpr (T == LOOM_K_BF16)
-            if (direct) {
+        if constexpr (T == LOOM_K_BF16) {
+            if (direct && !mm.plain) { /* warp-specialised */
+                constexpr size_t smem = gemm_ws_smem_bytes();
+                static std::atomic<int> optin_w[LOOM_K_OPTIN_DEVICES];
+                const loom_status st = loom_k_smem_optin(gemm_wg_ws_kernel<T>, smem, optin_w,
+                                                         "gemm (wgmma, warp-specialised)");
+                if (st != LOOM_OK) return st;
+                LOOM_K_LAUNCH((gemm_wg_ws_kernel<T>), (grid, GEMM_WS_THREADS, smem, stream), mm);
+            } else if (direct) {
                 constexpr size_t smem = gemm_wg_smem_bytes<T, true>();
                 static std::atomic<int> optin_d[LOOM_K_OPTIN_DEVICES];
                 const loom_status st =
@@ -656,6 +666,7 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
                 if (st != LOOM_OK) return st;
                 LOOM_K_LAUNCH((gemm_wg_kernel<T, true>), (grid, GEMM_WG_THREADS, smem, stream), mm);
             }
+        }
         if (!direct) {
             constexpr size_t smem = gemm_wg_smem_bytes<T, false>();
             const loom_status st =
@@ -772,6 +783,7 @@ extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
         mm.x16 = (const uint8_t *)work->x16;
         mm.x16_stride = gemm_x16_stride(ws[0]->k);
     }
+    mm.plain = work != NULL && work->gemm_plain;
     switch (math) {
     case LOOM_K_MATH_BF16:
         return gemm_dispatch<LOOM_K_MATH_BF16>(stream, ws[0]->type, mm, pl);

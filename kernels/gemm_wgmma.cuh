@@ -90,10 +90,10 @@ static __device__ __forceinline__ int gemm_wg_kg(int u) {
     return (u & 31) >> 3;
 }
 
-/* Chunk c's token tile into dst by threads 128..255: rows of x16 (tokens past the step: zeros). */
-static __device__ __forceinline__ void gemm_wg_copy_x(const gemm_multi &mm, int64_t t0,
-                                                      int64_t n_tokens, int64_t c, uint8_t *dst) {
-    const int u = threadIdx.x - GEMM_WG_ROWS;
+/* Chunk c's token tile into dst by 128 threads (u = 0..127): rows of x16 (tokens past the step:
+ * zeros). */
+static __device__ __forceinline__ void
+gemm_wg_copy_x(const gemm_multi &mm, int64_t t0, int64_t n_tokens, int64_t c, uint8_t *dst, int u) {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const int r = gemm_wg_row(u, j);
@@ -105,13 +105,13 @@ static __device__ __forceinline__ void gemm_wg_copy_x(const gemm_multi &mm, int6
     }
 }
 
-/* Chunk c's weight tile into dst by threads 0..127, copied as stored (BF16 rows, 16-byte
- * aligned): rows past the last and values past k read as zeros. */
+/* Chunk c's weight tile into dst by 128 threads (u = 0..127), copied as stored (BF16 rows,
+ * 16-byte aligned): rows past the last and values past k read as zeros. */
 static __device__ __forceinline__ void gemm_wg_copy_w(const gemm_args &a, int64_t n0, int64_t c,
-                                                      uint8_t *dst) {
+                                                      uint8_t *dst, int u) {
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const int r = gemm_wg_row((int)threadIdx.x, j), kg = gemm_wg_kg((int)threadIdx.x);
+        const int r = gemm_wg_row(u, j), kg = gemm_wg_kg(u);
         const int64_t k0 = 32 * c + 8 * kg, left = a.w.k - k0;
         const int bytes = n0 + r >= a.w.n || left <= 0 ? 0 : left >= 8 ? 16 : 2 * (int)left;
         const uint8_t *src =
@@ -127,6 +127,48 @@ static __device__ __forceinline__ void gemm_wg_put_w(uint8_t *w, const float v[3
 #pragma unroll
     for (int kg = 0; kg < 4; kg++)
         *(uint4 *)(w + gemm_wg_at((int)threadIdx.x, kg)) = gemm_wg_pack8(v + 8 * kg);
+}
+
+/* Segment seg's sums (acc, waited for) of warpgroup wg's rows: into the fold, or apart into the
+ * scratch (splitting). wq: the warp's place in its warpgroup. */
+static __device__ __forceinline__ void gemm_wg_settle(const gemm_args &a, const float (&acc)[64],
+                                                      float (&fold)[64], int64_t seg, int64_t n0,
+                                                      int64_t t0, int wg, int wq, int lane) {
+#pragma unroll
+    for (int j = 0; j < 64; j++) {
+        if (a.partial == NULL) {
+            fold[j] += acc[j];
+        } else {
+            const int64_t n = n0 + 64 * wg + 16 * wq + (lane >> 2) + 8 * ((j >> 1) & 1);
+            const int64_t t = t0 + 8 * (j >> 2) + 2 * (lane & 3) + (j & 1);
+            if (n < a.w.n && t < a.n_tokens) a.partial[(seg * a.n_tokens + t) * a.w.n + n] = acc[j];
+        }
+    }
+}
+
+/* The fold of warpgroup wg's rows into out (FP8 rows: times the row's scale, once per dot). */
+template <int T>
+static __device__ __forceinline__ void gemm_wg_write_out(const gemm_args &a,
+                                                         const float (&fold)[64], int64_t n0,
+                                                         int64_t t0, int wg, int wq, int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) { /* accumulators j with (j / 2) % 2 == h: one weight row */
+        const int64_t n = n0 + 64 * wg + 16 * wq + (lane >> 2) + 8 * h;
+        if (n >= a.w.n) continue;
+        float row_scale = 1.0f;
+        if constexpr (T == LOOM_K_FP8_ROWS)
+            row_scale =
+                loom_fp8_rows_scale256((const uint8_t *)a.w.data + (size_t)n * a.w.stride, a.w.k);
+#pragma unroll
+        for (int j = 0; j < 64; j++) {
+            if (((j >> 1) & 1) != h) continue;
+            const int64_t t = t0 + 8 * (j >> 2) + 2 * (lane & 3) + (j & 1);
+            if (t >= a.n_tokens) continue;
+            float d = fold[j];
+            if constexpr (T == LOOM_K_FP8_ROWS) d *= row_scale; /* once per dot */
+            ((float *)((char *)a.out + (size_t)t * a.out_stride))[n] = d;
+        }
+    }
 }
 
 /* grid (token tiles, row tiles, K groups), as gemm_kernel's. DIRECT: BF16 weights whose rows
@@ -155,27 +197,15 @@ static __global__ void __launch_bounds__(GEMM_WG_THREADS, 1) gemm_wg_kernel(gemm
     float acc[64], fold[64];
 #pragma unroll
     for (int j = 0; j < 64; j++) fold[j] = 0.0f;
-    /* segment seg's sums, waited for: into the fold, or apart into the scratch */
-    auto settle = [&](int64_t seg) {
-#pragma unroll
-        for (int j = 0; j < 64; j++) {
-            if (a.partial == NULL) {
-                fold[j] += acc[j];
-            } else {
-                const int64_t n = n0 + 64 * wg + 16 * wq + (lane >> 2) + 8 * ((j >> 1) & 1);
-                const int64_t t = t0 + 8 * (j >> 2) + 2 * (lane & 3) + (j & 1);
-                if (n < a.w.n && t < a.n_tokens)
-                    a.partial[(seg * a.n_tokens + t) * a.w.n + n] = acc[j];
-            }
-        }
-    };
+    auto settle = [&](int64_t seg) { gemm_wg_settle(a, acc, fold, seg, n0, t0, wg, wq, lane); };
     /* chunk c's copies (the token tile; the weight tile too where DIRECT) into their slots */
     auto copy = [&](int64_t c) {
         const int slot = (int)(c % GEMM_WG_SLOTS);
         if (!w_thread)
-            gemm_wg_copy_x(mm, t0, a.n_tokens, c, xs + slot * GEMM_WG_TILE);
+            gemm_wg_copy_x(mm, t0, a.n_tokens, c, xs + slot * GEMM_WG_TILE,
+                           (int)threadIdx.x - GEMM_WG_ROWS);
         else if (DIRECT)
-            gemm_wg_copy_w(a, n0, c, ws + slot * GEMM_WG_TILE);
+            gemm_wg_copy_w(a, n0, c, ws + slot * GEMM_WG_TILE, (int)threadIdx.x);
     };
 
     for (int i = 0; i < GEMM_WG_AHEAD; i++) { /* one group per chunk, empty past the end */
@@ -238,24 +268,119 @@ static __global__ void __launch_bounds__(GEMM_WG_THREADS, 1) gemm_wg_kernel(gemm
     if (c_end > c_begin) settle((c_end - 1) / seg_chunks);
     if (a.partial != NULL) return;
 
-#pragma unroll
-    for (int h = 0; h < 2; h++) { /* accumulators j with (j / 2) % 2 == h: one weight row */
-        const int64_t n = n0 + 64 * wg + 16 * wq + (lane >> 2) + 8 * h;
-        if (n >= a.w.n) continue;
-        float row_scale = 1.0f;
-        if constexpr (T == LOOM_K_FP8_ROWS)
-            row_scale =
-                loom_fp8_rows_scale256((const uint8_t *)a.w.data + (size_t)n * a.w.stride, a.w.k);
-#pragma unroll
-        for (int j = 0; j < 64; j++) {
-            if (((j >> 1) & 1) != h) continue;
-            const int64_t t = t0 + 8 * (j >> 2) + 2 * (lane & 3) + (j & 1);
-            if (t >= a.n_tokens) continue;
-            float d = fold[j];
-            if constexpr (T == LOOM_K_FP8_ROWS) d *= row_scale; /* once per dot */
-            ((float *)((char *)a.out + (size_t)t * a.out_stride))[n] = d;
+    gemm_wg_write_out<T>(a, fold, n0, t0, wg, wq, lane);
+#else
+    (void)mm; /* no wgmma in this build's code for the device: never launched (the probe) */
+#endif
+}
+
+/* The DIRECT product warp-specialised (LOOM_CUDA_GEMM_WS, the default for BF16 weights with
+ * 16-byte-aligned rows): three warpgroups. Warpgroup 0 produces: it gives registers back
+ * (setmaxnreg) and copies each chunk's token and weight tiles by cp.async into a ring of
+ * GEMM_WS_STAGES stages, the copies arriving on the stage's "full" mbarrier as they land; before
+ * it copies into a stage again it waits on the stage's "empty" mbarrier. Warpgroups 1 and 2 are
+ * gemm_wg_kernel's two (rows 64 (g - 1) ..): each takes the producer's registers, waits on the
+ * chunk's full barrier, lets the previous chunk's stage go (its wgmma's waited for: one group in
+ * flight while the next chunk is awaited), and issues the chunk's wgmma's as gemm_wg_kernel does
+ * — the same instructions on the same tiles in the same order, so the same bits — without a
+ * block-wide barrier a chunk, and with the copies off the tensor cores' warps. Registers: the
+ * producer keeps 56 (at 40 ptxas spilled 52 bytes of its copies' addresses), the consumers 224
+ * (gemm_wg_kernel<BF16, true> needs 206 with its copies). */
+#define GEMM_WS_THREADS       (GEMM_WG_THREADS + 128)
+#define GEMM_WS_STAGES        6
+#define GEMM_WS_BAR_BYTES     128 /* the full and empty barriers */
+#define GEMM_WS_PRODUCER_REGS 56
+#define GEMM_WS_CONSUMER_REGS 224
+
+/* The block's registers at launch (ptxas: 65536 / 384 rounded down to 8, 168 a thread) are the
+ * pool the warpgroups' setmaxnreg redistributes: a consumer's .inc waits until the pool has what
+ * it asks for, so asking for more than the producer gave back would never return. */
+static_assert(GEMM_WS_PRODUCER_REGS * 128 + GEMM_WS_CONSUMER_REGS * 256 <=
+                  GEMM_WS_THREADS * (65536 / GEMM_WS_THREADS / 8 * 8),
+              "the warpgroups' registers exceed the block's");
+
+static __host__ __device__ constexpr size_t gemm_ws_smem_bytes() {
+    return GEMM_WS_BAR_BYTES + 2 * (size_t)GEMM_WS_STAGES * GEMM_WG_TILE;
+}
+
+template <int T>
+static __global__ void __launch_bounds__(GEMM_WS_THREADS, 1) gemm_wg_ws_kernel(gemm_multi mm) {
+#if LOOM_WGMMA_HAS
+    int row_tile = 0;
+    const gemm_args a = gemm_pick(mm, mm.tile0, (int)blockIdx.y, &row_tile);
+    LOOM_K_DYN_SMEM(gemm_sm);
+    uint64_t *full = (uint64_t *)gemm_sm, *empty = full + GEMM_WS_STAGES;
+    uint8_t *tiles = gemm_sm + GEMM_WS_BAR_BYTES; /* stage st: x's tile, then w's */
+    const int64_t t0 = (int64_t)blockIdx.x * GEMM_WG_TOKENS;
+    const int64_t n0 = (int64_t)row_tile * GEMM_WG_ROWS;
+    const int64_t seg_chunks = a.seg_chunks;
+    int64_t c_begin, c_end;
+    gemm_chunk_range(a, &c_begin, &c_end);
+    if (threadIdx.x == 0)
+        for (int st = 0; st < GEMM_WS_STAGES; st++) {
+            loom_mbar_init(full + st, 128);
+            loom_mbar_init(empty + st, GEMM_WG_THREADS);
         }
+    __syncthreads(); /* the barriers' init; the last block-wide barrier */
+
+    if (threadIdx.x < 128) { /* the producer */
+        loom_wg_maxnreg_dec<GEMM_WS_PRODUCER_REGS>();
+        const int u = (int)threadIdx.x;
+        int64_t i = 0;
+        for (int64_t c = c_begin; c < c_end; c++, i++) {
+            const int st = (int)(i % GEMM_WS_STAGES);
+            loom_mbar_wait(empty + st, (unsigned)((i / GEMM_WS_STAGES) & 1) ^ 1u);
+            uint8_t *tx = tiles + 2 * st * GEMM_WG_TILE;
+            gemm_wg_copy_x(mm, t0, a.n_tokens, c, tx, u);
+            gemm_wg_copy_w(a, n0, c, tx + GEMM_WG_TILE, u);
+            loom_cp_async_mbar_arrive(full + st);
+        }
+        /* every stage released before the block may end: no copy outlives its shared memory */
+        for (int64_t e = i; e < i + GEMM_WS_STAGES; e++)
+            loom_mbar_wait(empty + e % GEMM_WS_STAGES, (unsigned)((e / GEMM_WS_STAGES) & 1) ^ 1u);
+        return;
     }
+    loom_wg_maxnreg_inc<GEMM_WS_CONSUMER_REGS>();
+    const int lane = threadIdx.x & 31, wg = (int)(threadIdx.x >> 7) - 1,
+              wq = (threadIdx.x >> 5) & 3;
+    float acc[64], fold[64]; /* acc: no zeros needed (gemm_wg_kernel) */
+#pragma unroll
+    for (int j = 0; j < 64; j++) fold[j] = 0.0f;
+    int64_t i = 0;
+    for (int64_t c = c_begin; c < c_end; c++, i++) {
+        const int st = (int)(i % GEMM_WS_STAGES);
+        loom_mbar_wait(full + st, (unsigned)((i / GEMM_WS_STAGES) & 1));
+        /* chunk c - 1's wgmma's (one wait a chunk, at one place: gemm_wg_kernel), then its stage
+         * goes back to the producer */
+        loom_wg_wait<0>();
+        loom_wg_fence_acc<64>(acc);
+        if (c != c_begin) loom_mbar_arrive(empty + (i - 1) % GEMM_WS_STAGES);
+        const bool seg_start = c % seg_chunks == 0; /* c_begin is a segment's start */
+        if (seg_start && c != c_begin)
+            gemm_wg_settle(a, acc, fold, c / seg_chunks - 1, n0, t0, wg, wq, lane);
+        loom_wg_fence_proxy_async(); /* the landed copies, for this thread's wgmma's */
+        loom_wg_fence();
+        loom_wg_fence_acc<64>(acc);
+        const uint8_t *tx = tiles + 2 * st * GEMM_WG_TILE, *tw = tx + GEMM_WG_TILE;
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) /* k16 step ks: the chunk's 8-value groups 2 ks, 2 ks + 1 */
+            loom_wg_ss<LOOM_MMA16_BF16, 128>(
+                acc,
+                loom_wg_desc(tw + 64 * wg / 8 * GEMM_WG_SBO + 2 * ks * GEMM_WG_LBO, GEMM_WG_LBO,
+                             GEMM_WG_SBO),
+                loom_wg_desc(tx + 2 * ks * GEMM_WG_LBO, GEMM_WG_LBO, GEMM_WG_SBO),
+                seg_start && ks == 0 ? 0 : 1); /* a segment's sum starts from zero */
+        loom_wg_commit();
+        loom_wg_fence_acc<64>(acc);
+    }
+    loom_wg_wait<0>();
+    loom_wg_fence_acc<64>(acc);
+    if (c_end > c_begin) {
+        loom_mbar_arrive(empty + (i - 1) % GEMM_WS_STAGES);
+        gemm_wg_settle(a, acc, fold, (c_end - 1) / seg_chunks, n0, t0, wg, wq, lane);
+    }
+    if (a.partial != NULL) return;
+    gemm_wg_write_out<T>(a, fold, n0, t0, wg, wq, lane);
 #else
     (void)mm; /* no wgmma in this build's code for the device: never launched (the probe) */
 #endif

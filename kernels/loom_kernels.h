@@ -128,6 +128,10 @@ typedef struct loom__k_gemm_work {
     /* LOOM_K_MATH_BF16_WGMMA: x rounded to BF16 once per launch, loom__cuda_gemm_x16_bytes */
     void *x16;
     size_t x16_bytes;
+    /* 1: the wgmma GEMM never warp-specialised (LOOM_CUDA_GEMM_WS=0, for the bench's
+     * comparison); 0 (the default): BF16 weights with 16-byte-aligned rows run warp-specialised,
+     * a producer warpgroup copying the tiles into a ring of stages (the same bits) */
+    int32_t gemm_plain;
 } loom__k_gemm_work;
 
 /* The fast mode (LOOM_CUDA_BATCH_INVARIANT=0) runs steps of up to this many tokens on the GEMV,

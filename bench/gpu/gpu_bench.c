@@ -594,6 +594,16 @@ int main(int argc, char **argv) {
         bench_attention(1, 8192, 8192, 32, 8, 128, LOOM_TYPE_BF16);
         loom__backend_stream_close(&g_gpu);
         unsetenv("LOOM_CUDA_ATTN_ASYNC");
+        /* the wgmma GEMM over BF16 weights with its copies from the block's own warps, two
+         * chunks ahead (LOOM_CUDA_GEMM_WS=0), rather than warp-specialised (the default) */
+        setenv("LOOM_CUDA_GEMM_WS", "0", 1);
+        if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
+        g_mode = "wgmma-plain";
+        bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 16);
+        bench_matmul(LOOM_TYPE_BF16, 4096, 4096, 512);
+        bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
+        loom__backend_stream_close(&g_gpu);
+        unsetenv("LOOM_CUDA_GEMM_WS");
     }
     unsetenv("LOOM_CUDA_WGMMA");
     unsetenv("LOOM_CUDA_MATH");

@@ -188,6 +188,10 @@ def main():
     speedup("wgmma attention: warp-specialised, a producer warpgroup's cp.async into a ring of "
             "stages (default), vs through registers (LOOM_CUDA_ATTN_ASYNC=0)", "wgmma-regs",
             "registers", "wgmma", "warp-specialised")
+    # the wgmma GEMM over BF16 weights warp-specialised (the default) against its block's own
+    # warps copying two chunks ahead
+    speedup("wgmma GEMM, BF16 weights: warp-specialised (default) vs copies from its own warps "
+            "(LOOM_CUDA_GEMM_WS=0)", "wgmma-plain", "own warps", "wgmma", "warp-specialised")
     for r in rows:
         if r["kind"] == "note":
             print(f"\nNote: {r['what']}")

@@ -20,6 +20,7 @@
 #include "gemm.cu"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include <vector>
 
@@ -28,6 +29,11 @@
 namespace {
 
 uint64_t g_rs;
+// The wgmma kernels' BF16 weights with aligned rows: on gemm_wg_kernel (plain) rather than
+// warp-specialised (gemm_wg_ws_kernel, as gemm_launch runs them by default); the launches
+// that ran warp-specialised.
+bool g_plain = false;
+int g_ws_runs = 0;
 uint64_t rnd() {
     g_rs ^= g_rs << 13, g_rs ^= g_rs >> 7, g_rs ^= g_rs << 17;
     return g_rs;
@@ -173,7 +179,13 @@ void launch_gemm(const loom__k_weight *const *ws, int n, const float *x, size_t 
         bool direct = T == LOOM_K_BF16;
         for (int j = 0; j < n; j++)
             direct = direct && (((uintptr_t)ws[j]->data | ws[j]->stride) & 15) == 0;
-        if (direct)
+        if (direct && !g_plain) {
+            if constexpr (T == LOOM_K_BF16)
+                loom_emu::launch(
+                    grid, dim3(GEMM_WS_THREADS), gemm_ws_smem_bytes(),
+                    [&mm] { gemm_wg_ws_kernel<T>(mm); }, opt);
+            g_ws_runs++;
+        } else if (direct)
             loom_emu::launch(
                 grid, dim3(GEMM_WG_THREADS), gemm_wg_smem_bytes<T, true>(),
                 [&mm] { gemm_wg_kernel<T, true>(mm); }, opt);
@@ -317,6 +329,36 @@ int run_type(const weight_spec &ws, int math, bool verbose) {
                 break;
             }
         }
+    /* the wgmma kernels' aligned BF16 weights: the runs of 1 token on 0 and 132 SMs (K split
+       across 4 blocks), 17 on 2 and 130 on 132 again on gemm_wg_kernel, which must give the
+       warp-specialised kernel's bits (LOOM_EMU_NO_RERUNS, the sanitizer builds: not rerun) */
+    const bool direct =
+        math == LOOM_K_MATH_BF16_WGMMA && ws.type == LOOM_K_BF16 && ws.stride % 16 == 0;
+    if (direct && getenv("LOOM_EMU_NO_RERUNS") == nullptr)
+        for (int ri : {0, 2, 13, 17}) {
+            if (bad) break;
+            const int T = run_T[ri], n_sms = sms[ri % 3];
+            std::vector<float> out((size_t)(T_MAX * os), NAN);
+            const loom__k_weight kw = {ws.type, ws.k, N, ws.stride, wbuf.data()};
+            const loom__k_weight *kp = &kw;
+            float *op = out.data();
+            const size_t oss = (size_t)os * sizeof(float);
+            const int before = g_ws_runs;
+            g_plain = true;
+            launch_any(math, &kp, 1, x.data(), (size_t)xs * sizeof(float), T, &op, &oss, n_sms,
+                       (loom_emu::schedule)((ri + 1) % 4));
+            g_plain = false;
+            if (g_ws_runs != before || memcmp(out.data(), outs[ri].data(), out.size() * 4) != 0) {
+                printf("FAIL gemm %s (wgmma) T=%d sms=%d: gemm_wg_kernel does not give the "
+                       "warp-specialised kernel's bits\n",
+                       ws.name, T, n_sms);
+                bad++;
+            } else if (verbose) {
+                printf("  gemm %-8s wgmma     T=%3d sms=%3d: warp-specialised and not, the same "
+                       "bits\n",
+                       ws.name, T, n_sms);
+            }
+        }
     /* the split plans this test means to cover */
     const loom__k_weight shape = {ws.type, ws.k, N, ws.stride, nullptr};
     const loom__k_weight *sp = &shape;
@@ -383,8 +425,13 @@ int run_all(bool verbose) {
         {LOOM_K_FP8_ROWS, "fp8rows", 1000, 1004, 1008},
     };
     int bad = 0;
+    g_ws_runs = 0;
     for (int math : {LOOM_K_MATH_F32, LOOM_K_MATH_BF16, LOOM_K_MATH_BF16_WGMMA})
         for (const weight_spec &ws : specs) bad += run_type(ws, math, verbose);
+    if (g_ws_runs == 0) {
+        printf("FAIL gemm: no case ran the warp-specialised wgmma kernel\n");
+        bad++;
+    }
     return bad;
 }
 

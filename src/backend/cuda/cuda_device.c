@@ -131,6 +131,11 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
         loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_ATTN_ASYNC=0: the wgmma attention reads its "
                                  "K and V tiles through registers, one at a time, not "
                                  "warp-specialised");
+    const char *gemm_ws = getenv("LOOM_CUDA_GEMM_WS");
+    d->gemm_plain = gemm_ws != NULL && strcmp(gemm_ws, "0") == 0;
+    if (d->gemm_plain && d->tc_math == LOOM_K_MATH_BF16_WGMMA)
+        loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_GEMM_WS=0: the wgmma GEMM copies its BF16 "
+                                 "tiles from its own warps, not warp-specialised");
     const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT");
     d->batch_invariant = !(inv != NULL && strcmp(inv, "0") == 0);
     if (d->batch_invariant)

@@ -62,6 +62,9 @@ typedef struct loom__cuda_dev {
     /* LOOM_CUDA_ATTN_ASYNC=0: the wgmma attention never warp-specialised, its tiles through
      * registers (loom__k_attn's tile_regs), for check.sh's comparison. */
     bool attn_tile_regs;
+    /* LOOM_CUDA_GEMM_WS=0: the wgmma GEMM never warp-specialised (loom__k_gemm_work's
+     * gemm_plain), for check.sh's comparison. */
+    bool gemm_plain;
 } loom__cuda_dev;
 
 /* Most descriptors (KV groups) one step hands over. */

@@ -49,6 +49,7 @@ enum flaw {
     PIPE,                // correct
     PIPE_NO_FULL_WAIT,   // a consumer reads a stage without waiting for its copies
     PIPE_NO_FENCE,       // a consumer waits but hands the landed bytes to wgmma without a fence
+    PIPE_FENCE_ONE_WG,   // only the first consumer warpgroup fences (the other relies on it)
     PIPE_NO_EMPTY,       // the producer copies into a stage without waiting for the consumers
     PIPE_EARLY_EMPTY,    // a consumer releases a stage before its wgmma has read it
     PIPE_NO_INIT,        // the empty barriers are never initialised
@@ -88,6 +89,8 @@ const rule_case cases[] = {
     {PIPE, "pipeline: correct, a random order", nullptr, loom_emu::schedule::random},
     {PIPE_NO_FULL_WAIT, "pipeline: no wait for the copies", "through an mbarrier"},
     {PIPE_NO_FENCE, "pipeline: no fence after the wait", "through an mbarrier"},
+    {PIPE_FENCE_ONE_WG, "pipeline: one consumer warpgroup fences for both",
+     "that no thread of the warp has fenced"},
     {PIPE_NO_EMPTY, "pipeline: no wait for the consumers", "through an mbarrier"},
     {PIPE_EARLY_EMPTY, "pipeline: a stage released in flight",
      "changed between its issue and the wait"},
@@ -232,7 +235,7 @@ void pipe_kernel(flaw f, const uint16_t *a_g, const uint16_t *b_g, float *out) {
     for (int i = 0; i < PIPE_TILES; i++) {
         const int s = i % PIPE_STAGES, r = i / PIPE_STAGES;
         if (f != PIPE_NO_FULL_WAIT) loom_mbar_wait(full + s, r & 1);
-        if (f != PIPE_NO_FENCE) loom_wg_fence_proxy_async();
+        if (f != PIPE_NO_FENCE && !(f == PIPE_FENCE_ONE_WG && wg == 2)) loom_wg_fence_proxy_async();
         loom_wg_ss<LOOM_MMA16_BF16, 32>(d, loom_wg_desc(as, LBO, SBO),
                                         loom_wg_desc(stage + s * 1024, LBO, SBO), 1);
         loom_wg_commit();

@@ -24,9 +24,10 @@
 //     takes the thread's copies in flight, which land (and then arrive) only when no thread of
 //     the block can run, as late as the hardware may land them; their bytes reach the async proxy
 //     through a fence.proxy.async of a thread that waited on the phase they completed (the
-//     fence orders what the thread has acquired). A barrier used before its init, re-initialised
-//     while in use, or copies still in flight through one when the block ends are reported, and a
-//     block whose threads all wait is a deadlock;
+//     fence orders what the thread has acquired), and a warp's wgmma may read them only after
+//     such a fence by a thread of its own (by a lane of the warp: the lanes are not told apart). A
+//     barrier used before its init, re-initialised while in use, or copies still in flight through
+//     one when the block ends are reported, and a block whose threads all wait is a deadlock;
 //   - setmaxnreg is a warpgroup instruction like wgmma's (the four warps agree); the registers
 //     themselves are not counted.
 // The fences' models are coarser than the hardware in one direction only: a barrier after any
@@ -71,10 +72,14 @@ wg_desc_fields wg_desc_of(int w, uint64_t desc) {
             (size_t)(desc >> 32 & 0x3fff) << 4};
 }
 
+// Where wg_row8 notes the shared byte offsets it reads (null: nowhere).
+std::vector<size_t> *g_rows_read = nullptr;
+
 // The 8 BF16 or F16 values of a core-matrix row at shared byte at into v[0], v[stride], ...
 // (what: the operand's row and values, for the fault).
 void wg_row8(int w, const std::vector<unsigned char> &smem, size_t at, bool f16, double *v,
              size_t stride, const char *what, int row, int first) {
+    if (g_rows_read != nullptr) g_rows_read->push_back(at);
     if (at + 16 > smem.size())
         fault("warp %d: wgmma %s %d, values %d..%d at shared byte %zu, past the %zu bytes of "
               "dynamic shared memory",
@@ -258,7 +263,19 @@ void wg_issue(int w) {
         for (int l = 0; l < 32; l++)
             memcpy(o.d_at_issue.data() + (size_t)l * words, o.d[l], (size_t)words * 4);
     }
+    std::vector<size_t> read;
+    g_rows_read = &read;
     wg_operands(w, o, M.dyn, o.a, o.b);
+    g_rows_read = nullptr;
+    /* bytes landed through an mbarrier: a thread of this warp fenced after acquiring them */
+    for (size_t at : read) {
+        auto it = M.landed_at.find(at & ~(size_t)15);
+        if (it != M.landed_at.end() && (it->second->fenced_warps >> w & 1u) == 0)
+            fault("warp %d: a wgmma.mma_async reads shared memory copied through an mbarrier "
+                  "that no thread of the warp has fenced (fence.proxy.async) since a wait that "
+                  "acquired it: the async proxy need not see the data",
+                  w);
+    }
     /* what the async proxy reads of shared memory must be what the generic proxy wrote */
     std::vector<double> a_async, b_async;
     wg_operands(w, o, M.dyn_async, a_async, b_async);
@@ -372,6 +389,7 @@ void async_block_begin() {
     M.mbars.clear();
     M.cp_arrivals.clear();
     M.unpublished.clear();
+    M.landed_at.clear();
     M.dyn_async = M.dyn;
     M.proxy_fenced = false;
 }
@@ -401,6 +419,9 @@ void async_barrier() {
         }
     }
     M.unpublished.swap(still);
+    /* published batches: every warp sees them after this barrier */
+    for (auto it = M.landed_at.begin(); it != M.landed_at.end();)
+        it = it->second->published ? M.landed_at.erase(it) : std::next(it);
     M.dyn_async = M.dyn;
     for (const auto &k : keep) memcpy(M.dyn_async.data() + k.first, k.second.data(), 16);
 }
@@ -465,6 +486,7 @@ bool async_land_arrivals() {
             memcpy(c.dst, c.src, (size_t)c.src_bytes);
             memset(c.dst + c.src_bytes, 0, (size_t)(16 - c.src_bytes));
             it->second.landing->dsts.push_back(c.dst);
+            M.landed_at[(size_t)(c.dst - M.dyn.data())] = it->second.landing;
         }
         mbar_arrive_on(a.bar, it->second);
     }
@@ -491,6 +513,7 @@ void loom_emu_cp_async16(void *dst, const void *src, int src_bytes) {
               dst, src);
     if (src_bytes < 0 || src_bytes > 16) fault("cp.async of %d source bytes", src_bytes);
     memset(d, 0xff, 16);
+    M.landed_at.erase((size_t)(d - M.dyn.data()));
     M.cp[M.cur].open.push_back(cp_op{d, (const unsigned char *)src, src_bytes});
 }
 
@@ -534,6 +557,7 @@ void loom_emu_fence_proxy_async(void) {
     M.proxy_fenced = true;
     /* what this thread acquired through mbarrier waits: the async proxy sees it from now on */
     for (const auto &b : th.acquired) {
+        b->fenced_warps |= 1u << (M.cur / 32);
         if (b->published) continue;
         b->published = true;
         for (unsigned char *d : b->dsts)

@@ -119,6 +119,7 @@ struct wg_queue {
 struct landed_batch {
     std::vector<unsigned char *> dsts;
     bool published = false;
+    uint32_t fenced_warps = 0; // the warps with a thread that acquired it and fenced since
 };
 
 // An mbarrier (kernels/mbarrier.cuh): arrivals a phase, those still to come in the current one,
@@ -174,6 +175,10 @@ struct machine {
     std::unordered_map<uint64_t *, mbar_state> mbars;
     std::vector<cp_arrival> cp_arrivals;
     std::vector<std::shared_ptr<landed_batch>> unpublished;
+    // the batch the 16 bytes at each offset of dyn last landed in (cleared when a cp.async is
+    // issued there, or by a barrier after the batch's publication): a warp's wgmma may read them
+    // only once one of its threads has fenced after acquiring the batch
+    std::unordered_map<size_t, std::shared_ptr<landed_batch>> landed_at;
     // runnable threads, each at most once; taken as the schedule says
     std::vector<int> queue;
     size_t head = 0;

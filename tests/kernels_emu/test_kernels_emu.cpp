@@ -274,6 +274,42 @@ int prefill_tests(bool verbose) {
             i++;
         }
     }
+    /* The warp-specialised wgmma forms with windows (consumers whose walks start apart, the
+       producer's zeros below the earlier tile's window), a split on 132 SMs (blocks whose later
+       tile has no position in their group), pages of one position, under every schedule: the
+       register path's bits (release build only, as the reruns above) */
+    const shape ws_shapes[] = {{16, 128, 2, 4, 20, 0, LOOM_K_F16},
+                               {1, 64, 1, 8, 5, 30, LOOM_K_BF16}};
+    for (const shape &s : ws_shapes)
+        for (int o = 0; reruns && o < 4; o++) {
+            /* contexts to 800 positions: 4 segments, split across blocks on 132 SMs; the last
+               sequence's rows 468 .. 523 at head size 64 (8 rows a tile) put a pair's tiles at
+               508 and 516, whose window-5 walks start either side of the groups' boundary at 512:
+               a block whose later tile has no position in its group */
+            const prefill_case c =
+                in_math(with(make_case(s, {0, 54, 700, 5, 40, 33, 530, 468},
+                                       {17, 64, 100, 15, 16, 1, 33, 56}, (schedule)o),
+                             true, 132),
+                        LOOM_K_MATH_BF16_WGMMA);
+            const emu_test::prefill_result r = emu_prefill::run(c);
+            prefill_case v = c;
+            v.tile_regs = true;
+            const emu_test::prefill_result rv = emu_prefill::run(v);
+            if (!r.problem.empty() || !r.direct || !rv.problem.empty() ||
+                memcmp(rv.out.data(), r.out.data(), r.out.size() * sizeof(float)) != 0) {
+                printf("FAIL prefill warp-specialised hd=%d window=%d %s %s: %s\n", s.hd, s.window,
+                       type_name(s.type), order_names[o],
+                       !r.problem.empty()    ? r.problem.c_str()
+                       : !r.direct           ? "not warp-specialised"
+                       : !rv.problem.empty() ? rv.problem.c_str()
+                                             : "not the register path's bits");
+                bad++;
+            } else if (verbose) {
+                printf("  prefill warp-specialised hd=%3d window=%2d %-4s %-9s split in %d: worst "
+                       "%.2g, the register path's bits\n",
+                       s.hd, s.window, type_name(s.type), order_names[o], r.groups, r.worst);
+            }
+        }
     if (reruns && n_qr < 2) {
         printf("FAIL prefill: %d cases ran on the forms with Q in registers (PF_*_QR)\n", n_qr);
         bad++;

@@ -1054,7 +1054,10 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
  * leave the tensor cores' warps alone, and up to PF_WS_STAGES tiles are in flight. A consumer's
  * vectors see the tiles, positions and arithmetic of attn_prefill_kernel's block of the same
  * tile (positions one consumer's rows do not attend and the other's do hold data rather than
- * zeros, and weigh 0: the same bits), so the two kernels give the same bits.
+ * zeros, and weigh 0: the same bits), so the two kernels give the same bits — over finite
+ * pages: an infinite value (an F16 page's overflow) times a weight of 0 is NaN in P V, which
+ * both kernels already give to a tile's rows that do not attend it, and this one to the other
+ * consumer's rows too.
  * Registers: the launch gives each of the 384 threads 168 (65536 / 384 rounded down to 8); the
  * producer drops to PF_WS_PRODUCER_REGS, the consumers rise to PF_WS_CONSUMER_REGS: 40 128 + 232
  * 256 = 168 384, the block's pool (a consumer's setmaxnreg.inc waits until the pool has what it

@@ -32,6 +32,9 @@ static __device__ __forceinline__ void loom_mbar_init(uint64_t *bar, unsigned co
 #else
     (void)bar;
     (void)count;
+#if defined(__CUDA_ARCH__)
+    __trap(); /* device code without these instructions: never launched (the host's probe) */
+#endif
 #endif
 }
 
@@ -66,6 +69,9 @@ static __device__ __forceinline__ void loom_mbar_wait(uint64_t *bar, unsigned pa
 #else
     (void)bar;
     (void)parity;
+#if defined(__CUDA_ARCH__)
+    __trap(); /* a wait that cannot wait must not pass */
+#endif
 #endif
 }
 

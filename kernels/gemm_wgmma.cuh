@@ -171,6 +171,25 @@ static __device__ __forceinline__ void gemm_wg_write_out(const gemm_args &a,
     }
 }
 
+/* A chunk's products for warpgroup wg (its 64 rows of the weight tile tw, the token tile tx):
+ * two k16 steps of m64n128k16, one group; both kernels issue exactly these, so their bits agree.
+ * seg_start: the chunk opens a segment, whose sum starts from zero (scale-d 0). */
+static __device__ __forceinline__ void gemm_wg_chunk(float (&acc)[64], const uint8_t *tx,
+                                                     const uint8_t *tw, int wg, bool seg_start) {
+    loom_wg_fence();
+    loom_wg_fence_acc<64>(acc);
+#pragma unroll
+    for (int ks = 0; ks < 2; ks++) /* k16 step ks: the chunk's 8-value groups 2 ks, 2 ks + 1 */
+        loom_wg_ss<LOOM_MMA16_BF16, 128>(
+            acc,
+            loom_wg_desc(tw + 64 * wg / 8 * GEMM_WG_SBO + 2 * ks * GEMM_WG_LBO, GEMM_WG_LBO,
+                         GEMM_WG_SBO),
+            loom_wg_desc(tx + 2 * ks * GEMM_WG_LBO, GEMM_WG_LBO, GEMM_WG_SBO),
+            seg_start && ks == 0 ? 0 : 1);
+    loom_wg_commit();
+    loom_wg_fence_acc<64>(acc);
+}
+
 /* grid (token tiles, row tiles, K groups), as gemm_kernel's. DIRECT: BF16 weights whose rows
  * are 16-byte aligned, copied into their tiles as the activations are; else the stage copy and
  * gemm_decode by threads 0..127, two weight tiles alternating. */
@@ -238,18 +257,7 @@ static __global__ void __launch_bounds__(GEMM_WG_THREADS, 1) gemm_wg_kernel(gemm
         if (seg_start && c != c_begin) settle(c / seg_chunks - 1);
         loom_wg_fence_proxy_async(); /* the stores and copies above, for the tensor cores */
         __syncthreads();
-        loom_wg_fence();
-        loom_wg_fence_acc<64>(acc);
-#pragma unroll
-        for (int ks = 0; ks < 2; ks++) /* k16 step ks: the chunk's 8-value groups 2 ks, 2 ks + 1 */
-            loom_wg_ss<LOOM_MMA16_BF16, 128>(
-                acc,
-                loom_wg_desc(tw + 64 * wg / 8 * GEMM_WG_SBO + 2 * ks * GEMM_WG_LBO, GEMM_WG_LBO,
-                             GEMM_WG_SBO),
-                loom_wg_desc(tx + 2 * ks * GEMM_WG_LBO, GEMM_WG_LBO, GEMM_WG_SBO),
-                seg_start && ks == 0 ? 0 : 1); /* a segment's sum starts from zero */
-        loom_wg_commit();
-        loom_wg_fence_acc<64>(acc);
+        gemm_wg_chunk(acc, tx, tw, wg, seg_start);
         if (!DIRECT && c + 1 < c_end) {
             const int64_t s1 = (c + 1) / SC;
             if (s1 * SC == c + 1) {
@@ -359,19 +367,8 @@ static __global__ void __launch_bounds__(GEMM_WS_THREADS, 1) gemm_wg_ws_kernel(g
         if (seg_start && c != c_begin)
             gemm_wg_settle(a, acc, fold, c / seg_chunks - 1, n0, t0, wg, wq, lane);
         loom_wg_fence_proxy_async(); /* the landed copies, for this thread's wgmma's */
-        loom_wg_fence();
-        loom_wg_fence_acc<64>(acc);
         const uint8_t *tx = tiles + 2 * st * GEMM_WG_TILE, *tw = tx + GEMM_WG_TILE;
-#pragma unroll
-        for (int ks = 0; ks < 2; ks++) /* k16 step ks: the chunk's 8-value groups 2 ks, 2 ks + 1 */
-            loom_wg_ss<LOOM_MMA16_BF16, 128>(
-                acc,
-                loom_wg_desc(tw + 64 * wg / 8 * GEMM_WG_SBO + 2 * ks * GEMM_WG_LBO, GEMM_WG_LBO,
-                             GEMM_WG_SBO),
-                loom_wg_desc(tx + 2 * ks * GEMM_WG_LBO, GEMM_WG_LBO, GEMM_WG_SBO),
-                seg_start && ks == 0 ? 0 : 1); /* a segment's sum starts from zero */
-        loom_wg_commit();
-        loom_wg_fence_acc<64>(acc);
+        gemm_wg_chunk(acc, tx, tw, wg, seg_start);
     }
     loom_wg_wait<0>();
     loom_wg_fence_acc<64>(acc);

@@ -1229,8 +1229,9 @@ static __global__ void __launch_bounds__(128) pf_fold_kernel(pf_args a) {
 
 /* How a step's tiled attention splits the positions: groups of segments (1: no split), and
  * the partial states' size. A rule on the step's shape and the device's size; any rule gives
- * the same bits. Splits the invariant mode's steps whose blocks are fewer than two per SM, into
- * enough groups for two (the kernel's residency), where the states fit PF_WORK_MAX. */
+ * the same bits. Splits the invariant mode's steps whose blocks are fewer than an SM holds at
+ * once (two of attn_prefill_kernel's, one of the warp-specialised kernel's, whose blocks take
+ * two tiles), into enough groups for that, where the states fit PF_WORK_MAX. */
 typedef struct pf_plan {
     int32_t groups, segs_per_block, seg_stride;
     size_t part_bytes; /* 0: no split */
@@ -1243,12 +1244,17 @@ static __host__ __device__ pf_plan pf_plan_of(const loom__k_kv *kv, const loom__
     if (pl.seg_stride < 1) pl.seg_stride = 1;
     pl.segs_per_block = pl.seg_stride;
     if (!all || p->n_sms <= 0 || pl.seg_stride < 2) return pl;
-    const int64_t G = p->n_head / kv->n_kv_heads, br = PF_M / G;
-    const int64_t blocks = (int64_t)kv->n_seqs * ((kv->max_rows + br - 1) / br) * kv->n_kv_heads;
-    if (blocks >= 2 * (int64_t)p->n_sms) return pl;
+    const int32_t br = PF_M / (p->n_head / kv->n_kv_heads);
+    /* the blocks the step's kernel has, and how many an SM holds: the warp-specialised one 1
+     * (its shared memory and registers), attn_prefill_kernel 2 */
+    const int direct =
+        pf_direct(kv, p, pf_ops_of(kv->kv_type, p->math, kv->head_dim, p->smem_optin));
+    const int64_t resident = direct ? 1 : 2, want = resident * (int64_t)p->n_sms;
+    const int64_t blocks = pf_grid_x(kv, 1, br, direct) * kv->n_kv_heads;
+    if (blocks >= want) return pl;
     const double bytes = 4.0 * (double)kv->n_rows * p->n_head * pl.seg_stride * (kv->head_dim + 2);
     if (bytes > (double)PF_WORK_MAX) return pl;
-    int64_t groups = (2 * (int64_t)p->n_sms + blocks - 1) / blocks;
+    int64_t groups = (want + blocks - 1) / blocks;
     if (groups > pl.seg_stride) groups = pl.seg_stride;
     pl.segs_per_block = (int32_t)((pl.seg_stride + groups - 1) / groups);
     pl.groups = (pl.seg_stride + pl.segs_per_block - 1) / pl.segs_per_block;

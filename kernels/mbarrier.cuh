@@ -17,7 +17,7 @@
 #pragma once
 
 #include "common.cuh"
-#include "wgmma.cuh" /* LOOM_WGMMA_HAS: the sm_90a device code these instructions need */
+#include "wgmma.cuh" /* LOOM_WGMMA_HAS (the sm_90a device code these need), loom_wg_smem_addr */
 
 /* Initialises the barrier at bar with count arrivals a phase (1 .. 2^20 - 1). One thread does it,
  * before a barrier (__syncthreads) that orders it before every other use. */
@@ -25,10 +25,8 @@ static __device__ __forceinline__ void loom_mbar_init(uint64_t *bar, unsigned co
 #if defined(LOOM_K_EMULATE)
     loom_emu_mbar_init(bar, count);
 #elif LOOM_WGMMA_HAS
-    asm volatile(
-        "mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((uint32_t)__cvta_generic_to_shared(bar)),
-        "r"(count)
-        : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(loom_wg_smem_addr(bar)), "r"(count)
+                 : "memory");
 #else
     (void)bar;
     (void)count;
@@ -44,7 +42,7 @@ static __device__ __forceinline__ void loom_mbar_arrive(uint64_t *bar) {
     loom_emu_mbar_arrive(bar);
 #elif LOOM_WGMMA_HAS
     asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(bar))
+                     loom_wg_smem_addr(bar))
                  : "memory");
 #else
     (void)bar;
@@ -57,7 +55,7 @@ static __device__ __forceinline__ void loom_mbar_wait(uint64_t *bar, unsigned pa
 #if defined(LOOM_K_EMULATE)
     loom_emu_mbar_wait(bar, parity);
 #elif LOOM_WGMMA_HAS
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
+    const uint32_t a = loom_wg_smem_addr(bar);
     uint32_t done = 0;
     while (!done)
         asm volatile("{\n\t.reg .pred p;\n\t"
@@ -82,9 +80,9 @@ static __device__ __forceinline__ void loom_cp_async_mbar_arrive(uint64_t *bar) 
 #if defined(LOOM_K_EMULATE)
     loom_emu_cp_async_mbar_arrive(bar);
 #elif LOOM_WGMMA_HAS
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(bar))
-                 : "memory");
+    asm volatile(
+        "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(loom_wg_smem_addr(bar))
+        : "memory");
 #else
     (void)bar;
 #endif

@@ -49,6 +49,24 @@ static __device__ __forceinline__ void loom_mbar_arrive(uint64_t *bar) {
 #endif
 }
 
+/* One arrival of this thread on the barrier's current phase, which first expects `bytes` more
+ * (its transaction count): the phase completes when its arrivals have come and as many bytes of
+ * copies completing on it (tma.cuh) have landed. Announce the bytes before the copies. */
+static __device__ __forceinline__ void loom_mbar_arrive_expect_tx(uint64_t *bar, unsigned bytes) {
+#if defined(LOOM_K_EMULATE)
+    loom_emu_mbar_arrive_expect_tx(bar, bytes);
+#elif LOOM_WGMMA_HAS
+    asm volatile("{\n\t.reg .b64 st;\n\t"
+                 "mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}" ::"r"(
+                     loom_wg_smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+#else
+    (void)bar;
+    (void)bytes;
+#endif
+}
+
 /* Waits until the phase of parity `parity` of the barrier has completed (try_wait suspends the
  * thread for a time the hardware chooses; the loop asks again until it has). */
 static __device__ __forceinline__ void loom_mbar_wait(uint64_t *bar, unsigned parity) {

@@ -12,10 +12,13 @@
 // runs one): a producer warpgroup copies B's tiles by cp.async into a ring of two stages, each
 // with a "full" and an "empty" mbarrier, and two consumer warpgroups sum A Bᵀ over the tiles
 // with wgmma; correct, its result must be the float64 sum, and with a wait, fence, init or
-// count wrong the emulator must say so (or the result must be off).
+// count wrong the emulator must say so (or the result must be off). And the same pipeline fed by
+// one producer thread's tensor-map copies (kernels/tma.cuh), with the bytes its full barriers
+// announce right, short or long, and its waits there or not.
 #include "cp_async.cuh"
 #include "mbarrier.cuh"
 #include "mma.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 #include <math.h>
@@ -56,6 +59,14 @@ enum flaw {
     PIPE_COUNT,          // full's count one more than the producers' arrivals: nobody wakes
     PIPE_LEFT_IN_FLIGHT, // the producer copies one more tile that nobody waits for
     PIPE_MAXNREG,        // one consumer warp asks for another register count
+    // the pipeline fed by tensor-map copies (kernels/tma.cuh): one producer thread
+    PIPE_TMA,                // correct
+    PIPE_TMA_NO_FULL_WAIT,   // a consumer reads a stage without waiting for its copies
+    PIPE_TMA_TX_SHORT,       // the full barrier announced half the copies' bytes
+    PIPE_TMA_TX_LONG,        // ... twice their bytes: nobody wakes
+    PIPE_TMA_EARLY_EMPTY,    // a consumer releases a stage before its wgmma has read it
+    PIPE_TMA_LEFT_IN_FLIGHT, // the producer copies one more tile that nobody waits for
+    PIPE_TMA_NO_EMPTY,       // the producer copies into a stage without waiting for the consumers
 };
 
 struct rule_case {
@@ -99,6 +110,21 @@ const rule_case cases[] = {
     {PIPE_LEFT_IN_FLIGHT, "pipeline: copies left in flight", "in flight through an mbarrier"},
     {PIPE_MAXNREG, "pipeline: warps disagree on setmaxnreg",
      "is not what another warp of its warpgroup"},
+    {PIPE_TMA, "TMA pipeline: correct", nullptr},
+    {PIPE_TMA, "TMA pipeline: correct, warp 0 ahead", nullptr, loom_emu::schedule::depth},
+    {PIPE_TMA, "TMA pipeline: correct, the last warp ahead", nullptr,
+     loom_emu::schedule::depth_reversed},
+    {PIPE_TMA, "TMA pipeline: correct, a random order", nullptr, loom_emu::schedule::random},
+    {PIPE_TMA_NO_FULL_WAIT, "TMA pipeline: no wait for the copies",
+     "a tensor-map copy has not landed"},
+    {PIPE_TMA_TX_SHORT, "TMA pipeline: half the bytes announced", "more on the mbarrier"},
+    {PIPE_TMA_TX_LONG, "TMA pipeline: twice the bytes announced",
+     "deadlock: 257 threads wait on mbarriers"},
+    {PIPE_TMA_EARLY_EMPTY, "TMA pipeline: a stage released in flight",
+     "changed between its issue and the wait"},
+    {PIPE_TMA_LEFT_IN_FLIGHT, "TMA pipeline: copies left in flight", "tensor-map copies"},
+    {PIPE_TMA_NO_EMPTY, "TMA pipeline: no wait for the consumers",
+     "whose phase has all its arrivals"},
 };
 
 constexpr int SBO = 256, LBO = 128; // 8 rows by two core matrices across K16
@@ -195,19 +221,44 @@ void rules_kernel(flaw f, const uint16_t *a_g, const uint16_t *b_g, float *out) 
 // empty barrier). out: warpgroup 1's D then warpgroup 2's, 64 x 32 each, row-major.
 constexpr int PIPE_TILES = 6, PIPE_STAGES = 2;
 
-void pipe_kernel(flaw f, const uint16_t *a_g, const uint16_t *b_g, float *out) {
+// The TMA forms (f >= PIPE_TMA): thread 0 alone produces, each tile by two tensor-map copies of
+// B (map: 16 values by 32 PIPE_TILES rows, boxes of 8 values by 32 rows), one for each 8 values
+// of K: the stage holds the 32 rows' first 8 values, then their next 8 (LBO 512, SBO 128).
+constexpr int LBO_TMA = 512, SBO_TMA = 128;
+
+void pipe_kernel(flaw f, const uint16_t *a_g, const uint16_t *b_g, const loom_k_tmap *b_map,
+                 float *out) {
     LOOM_K_DYN_SMEM(sm);
     uint64_t *full = (uint64_t *)sm, *empty = full + PIPE_STAGES;
     uint8_t *as = sm + 128, *stage = as + 64 * 16 * 2; /* stages of 32 * 16 * 2 bytes */
     const int t = (int)threadIdx.x, wg = t / 128, lane = t % 32, warp = t / 32;
+    const bool tma = f >= PIPE_TMA;
     if (t == 0)
         for (int s = 0; s < PIPE_STAGES; s++) {
-            loom_mbar_init(full + s, f == PIPE_COUNT ? 129 : 128);
+            loom_mbar_init(full + s, tma ? 1 : f == PIPE_COUNT ? 129 : 128);
             if (f != PIPE_NO_INIT) loom_mbar_init(empty + s, 256);
         }
     if (t < 128) *(uint4 *)(as + tile_at(t / 2, t % 2)) = *(const uint4 *)(a_g + t * 8);
     loom_wg_fence_proxy_async();
     __syncthreads();
+    if (wg == 0 && tma) {
+        loom_wg_maxnreg_dec<40>();
+        if (t != 0) return;
+        const int tiles = PIPE_TILES + (f == PIPE_TMA_LEFT_IN_FLIGHT ? 1 : 0);
+        const unsigned bytes = f == PIPE_TMA_TX_SHORT ? 512 : f == PIPE_TMA_TX_LONG ? 2048 : 1024;
+        for (int i = 0; i < tiles; i++) {
+            const int s = i % PIPE_STAGES, r = i / PIPE_STAGES;
+            if (f != PIPE_TMA_NO_EMPTY) loom_mbar_wait(empty + s, (r & 1) ^ 1);
+            loom_mbar_arrive_expect_tx(full + s, bytes);
+            for (int kg = 0; kg < 2; kg++)
+                loom_tma_load_2d(stage + s * 1024 + kg * LBO_TMA, b_map, 8 * kg,
+                                 32 * (i % PIPE_TILES), full + s);
+        }
+        if (f == PIPE_TMA_LEFT_IN_FLIGHT) return;
+        for (int i = tiles; i < tiles + PIPE_STAGES; i++)
+            loom_mbar_wait(empty + i % PIPE_STAGES, ((i / PIPE_STAGES) & 1) ^ 1);
+        return;
+    }
     if (wg == 0) {
         loom_wg_maxnreg_dec<40>();
         const int tiles = PIPE_TILES + (f == PIPE_LEFT_IN_FLIGHT ? 1 : 0);
@@ -234,14 +285,19 @@ void pipe_kernel(flaw f, const uint16_t *a_g, const uint16_t *b_g, float *out) {
     loom_wg_fence();
     for (int i = 0; i < PIPE_TILES; i++) {
         const int s = i % PIPE_STAGES, r = i / PIPE_STAGES;
-        if (f != PIPE_NO_FULL_WAIT) loom_mbar_wait(full + s, r & 1);
-        if (f != PIPE_NO_FENCE && !(f == PIPE_FENCE_ONE_WG && wg == 2)) loom_wg_fence_proxy_async();
+        if (f != PIPE_NO_FULL_WAIT && f != PIPE_TMA_NO_FULL_WAIT) loom_mbar_wait(full + s, r & 1);
+        /* the TMA's bytes are the async proxy's already: no fence */
+        if (!tma && f != PIPE_NO_FENCE && !(f == PIPE_FENCE_ONE_WG && wg == 2))
+            loom_wg_fence_proxy_async();
         loom_wg_ss<LOOM_MMA16_BF16, 32>(d, loom_wg_desc(as, LBO, SBO),
-                                        loom_wg_desc(stage + s * 1024, LBO, SBO), 1);
+                                        tma ? loom_wg_desc(stage + s * 1024, LBO_TMA, SBO_TMA)
+                                            : loom_wg_desc(stage + s * 1024, LBO, SBO),
+                                        1);
         loom_wg_commit();
-        if (f == PIPE_EARLY_EMPTY) loom_mbar_arrive(empty + s);
+        const bool early = f == PIPE_EARLY_EMPTY || f == PIPE_TMA_EARLY_EMPTY;
+        if (early) loom_mbar_arrive(empty + s);
         loom_wg_wait<0>();
-        if (f != PIPE_EARLY_EMPTY) loom_mbar_arrive(empty + s);
+        if (!early) loom_mbar_arrive(empty + s);
     }
     for (int j = 0; j < 16; j++) {
         const int row = 16 * (warp % 4) + lane / 4 + 8 * ((j / 2) % 2);
@@ -273,10 +329,19 @@ std::string run_case(const rule_case &c, const std::vector<uint16_t> &a,
         std::vector<float> out((pipe ? 2 : 1) * 64 * 32, NAN);
         loom_emu::launch_options opt;
         opt.order = c.order;
+        /* B as a tensor of PIPE_TILES * 32 rows of 16 BF16 values, boxes of 8 by 32 */
+        loom_k_tmap b_map;
+        const uint64_t dims[2] = {16, 32 * PIPE_TILES}, strides[1] = {32};
+        const uint32_t box[2] = {8, 32}, ones[2] = {1, 1};
+        if (loom_emu_tmap_encode_tiled(&b_map, 9, 2, (void *)b.data(), dims, strides, box, ones, 0,
+                                       0, 2, 0) != 0) {
+            fprintf(stderr, "the tensor map was refused\n");
+            _exit(4);
+        }
         if (pipe)
             loom_emu::launch(
                 dim3(1), dim3(384), 128 + 2048 + PIPE_STAGES * 1024,
-                [&] { pipe_kernel(c.f, a.data(), b.data(), out.data()); }, opt);
+                [&] { pipe_kernel(c.f, a.data(), b.data(), &b_map, out.data()); }, opt);
         else
             loom_emu::launch(
                 dim3(1), dim3(128), 4096,

@@ -475,9 +475,11 @@ bool unblock() {
         if (M.threads[t].state == AT_MBAR && n_mbar++ == 0) first = t;
     if (n_mbar > 0)
         fault("deadlock: %d threads wait on mbarriers (thread %d on the phase of parity %u of the "
-              "one at %p, which has %u arrivals to come), %d at __syncthreads, %d returned",
+              "one at %p, which has %u arrivals and %lld announced bytes to come), %d at "
+              "__syncthreads, %d returned",
               n_mbar, first, M.threads[first].mbar_parity, (void *)M.threads[first].mbar,
-              M.mbars[M.threads[first].mbar].pending, M.n_barrier, M.n_done);
+              M.mbars[M.threads[first].mbar].pending, (long long)M.mbars[M.threads[first].mbar].tx,
+              M.n_barrier, M.n_done);
     fault("deadlock: %d threads at __syncthreads, %d returned", M.n_barrier, M.n_done);
 }
 

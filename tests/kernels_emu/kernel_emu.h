@@ -38,6 +38,7 @@
 #endif
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
+#define __grid_constant__
 #define __align__(n) __attribute__((aligned(n)))
 // Static shared memory: one instance for the whole block (a function-local static, the block's
 // threads being coroutines of one OS thread), placed in a section of its own so the emulator can
@@ -150,6 +151,24 @@ void loom_emu_mbar_arrive(uint64_t *bar);
 void loom_emu_mbar_wait(uint64_t *bar, unsigned parity);
 void loom_emu_cp_async_mbar_arrive(uint64_t *bar);
 void loom_emu_setmaxnreg(bool inc, int n);
+// The tensor memory accelerator (kernels/tma.cuh): mbarrier.arrive.expect_tx (the phase also
+// waits for that many bytes), and a 2-D tile copy of a tensor map (the emulator's encoding,
+// loom_emu_tmap_encode_tiled) into shared memory completing its bytes on an mbarrier. The copy
+// fills its destination with 0xff at once and lands, as the cp.async arrivals do, only when no
+// thread of the block can run; it writes through the async proxy, so a warp's wgmma may read it
+// once a thread of the warp has waited on the phase it completed (no fence needed). Reported:
+// bytes completing past those announced, copies still in flight when the block ends, a
+// destination not 128-byte aligned, a map the emulator did not encode.
+void loom_emu_mbar_arrive_expect_tx(uint64_t *bar, unsigned bytes);
+void loom_emu_tma_load_2d(void *dst, const void *map, int x, int y, uint64_t *bar);
+// cuTensorMapEncodeTiled (CUDA 12.0's signature) for the emulator: checks the driver's documented
+// requirements (rank 2 here, 16-byte aligned address and strides, boxes of at most 256, box[0]
+// whole 16 bytes, no interleave or swizzle) and writes its own encoding; 0 (CUDA_SUCCESS) or 1
+// (CUDA_ERROR_INVALID_VALUE).
+extern "C" int loom_emu_tmap_encode_tiled(void *map, int dtype, uint32_t rank, void *addr,
+                                          const uint64_t *dims, const uint64_t *strides,
+                                          const uint32_t *box, const uint32_t *elem_strides,
+                                          int interleave, int swizzle, int l2, int oob);
 
 // ---- built-in variables -------------------------------------------------------------------------
 

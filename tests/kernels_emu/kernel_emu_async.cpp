@@ -269,6 +269,10 @@ void wg_issue(int w) {
     g_rows_read = nullptr;
     /* bytes landed through an mbarrier: a thread of this warp fenced after acquiring them */
     for (size_t at : read) {
+        if (M.tma_pending.count(at & ~(size_t)15) != 0)
+            fault("warp %d: a wgmma.mma_async reads shared memory a tensor-map copy has not "
+                  "landed in yet (no wait on the mbarrier it completes on)",
+                  w);
         auto it = M.landed_at.find(at & ~(size_t)15);
         if (it != M.landed_at.end() && (it->second->fenced_warps >> w & 1u) == 0)
             fault("warp %d: a wgmma.mma_async reads shared memory copied through an mbarrier "
@@ -388,6 +392,8 @@ void async_block_begin() {
     for (int t = 0; t < M.n; t++) M.threads[t].acquired.clear();
     M.mbars.clear();
     M.cp_arrivals.clear();
+    M.tma_copies.clear();
+    M.tma_pending.clear();
     M.unpublished.clear();
     M.landed_at.clear();
     M.dyn_async = M.dyn;
@@ -447,40 +453,110 @@ void async_block_end() {
         fault("the block ended with cp.async copies in flight through an mbarrier (%zu "
               "cp.async.mbarrier.arrive's not landed: the block's shared memory is gone)",
               M.cp_arrivals.size());
+    if (!M.tma_copies.empty())
+        fault("the block ended with %zu tensor-map copies (cp.async.bulk.tensor) in flight: the "
+              "block's shared memory is gone",
+              M.tma_copies.size());
 }
 
 namespace {
 
-// One arrival on the barrier at bar; the phase completes with the last of its count. Returns
-// whether that woke a thread.
-bool mbar_arrive_on(uint64_t *bar, mbar_state &b) {
-    if (--b.pending > 0) return false;
+// Thread t's wait acquires batch: a fence of its own makes cp.async bytes the async proxy's,
+// while tensor-map copies wrote through that proxy, so the acquisition is enough for its warp.
+void mbar_acquire(int t, const std::shared_ptr<landed_batch> &batch) {
+    if (batch->dsts.empty()) return;
+    if (batch->async_written) {
+        batch->fenced_warps |= 1u << (t / 32);
+        batch->published = true; /* a barrier after this wait shows it to every warp */
+    } else
+        M.threads[t].acquired.push_back(batch);
+}
+
+// The barrier's phase completes once its arrivals have all come and its announced bytes have all
+// landed. Returns whether that woke a thread.
+bool mbar_try_complete(uint64_t *bar, mbar_state &b) {
+    if (b.pending > 0 || b.tx != 0) return false;
     b.completed++;
     b.pending = b.count;
     b.last = std::move(b.landing);
     b.landing = std::make_shared<landed_batch>();
-    if (!b.last->dsts.empty()) M.unpublished.push_back(b.last);
+    if (!b.last->dsts.empty() && !b.last->async_written) M.unpublished.push_back(b.last);
     bool woke = false;
     for (int t = 0; t < M.n; t++) {
         thread &th = M.threads[t];
         if (th.state != AT_MBAR || th.mbar != bar || (b.completed & 1) == th.mbar_parity) continue;
-        if (!b.last->dsts.empty()) th.acquired.push_back(b.last);
+        mbar_acquire(t, b.last);
         make_runnable(t);
         woke = true;
     }
     return woke;
 }
 
+// One arrival on the barrier at bar. Returns whether it completed the phase and woke a thread.
+bool mbar_arrive_on(uint64_t *bar, mbar_state &b) {
+    if (b.pending == 0)
+        fault("an arrival on the mbarrier at %p, whose phase has all its arrivals and waits for "
+              "%lld announced bytes",
+              (void *)bar, (long long)b.tx);
+    --b.pending;
+    return mbar_try_complete(bar, b);
+}
+
+// Tensor-map copy c lands: the box row by row into its destination (values outside the tensor as
+// zeros), in both proxies' views, then its bytes complete on its barrier.
+void tma_land(const tma_copy &c) {
+    auto it = M.mbars.find(c.bar);
+    if (it == M.mbars.end())
+        fault("a tensor-map copy completing on %p, which is no initialised mbarrier any more",
+              (void *)c.bar);
+    mbar_state &b = it->second;
+    const size_t row_bytes = (size_t)c.box[0] * c.elem, bytes = row_bytes * c.box[1];
+    for (uint32_t r = 0; r < c.box[1]; r++)
+        for (uint32_t e = 0; e < c.box[0]; e++) {
+            const int64_t x = c.x + e, y = c.y + r;
+            unsigned char *d = c.dst + r * row_bytes + (size_t)e * c.elem;
+            if (x >= 0 && y >= 0 && (uint64_t)x < c.dims[0] && (uint64_t)y < c.dims[1])
+                memcpy(d, c.base + (size_t)y * c.stride + (size_t)x * c.elem, c.elem);
+            else
+                memset(d, 0, c.elem);
+        }
+    const size_t at = (size_t)(c.dst - M.dyn.data());
+    memcpy(M.dyn_async.data() + at, c.dst, bytes);
+    if (b.landing->dsts.empty()) b.landing->async_written = true;
+    if (!b.landing->async_written)
+        fault("the mbarrier at %p completes cp.async copies and tensor-map copies in one phase "
+              "(the emulator keeps their proxies apart)",
+              (void *)c.bar);
+    for (size_t o = 0; o < bytes; o += 16) {
+        b.landing->dsts.push_back(c.dst + o);
+        M.landed_at[at + o] = b.landing;
+        M.tma_pending.erase(at + o);
+    }
+    b.tx -= (int64_t)bytes;
+    if (b.tx < 0)
+        fault("tensor-map copies completed %lld bytes more on the mbarrier at %p than its phase "
+              "announced (mbarrier.arrive.expect_tx, which must come before the copies)",
+              (long long)-b.tx, (void *)c.bar);
+    mbar_try_complete(c.bar, b);
+}
+
 } // namespace
 
 bool async_land_arrivals() {
-    if (M.cp_arrivals.empty()) return false;
+    if (M.cp_arrivals.empty() && M.tma_copies.empty()) return false;
+    std::vector<tma_copy> copies;
+    copies.swap(M.tma_copies);
+    for (const tma_copy &c : copies) tma_land(c);
     std::vector<cp_arrival> now;
     now.swap(M.cp_arrivals);
     for (const cp_arrival &a : now) {
         auto it = M.mbars.find(a.bar);
         if (it == M.mbars.end())
             fault("cp.async.mbarrier.arrive on %p, which is no initialised mbarrier any more",
+                  (void *)a.bar);
+        if (it->second.landing->async_written)
+            fault("the mbarrier at %p completes cp.async copies and tensor-map copies in one "
+                  "phase (the emulator keeps their proxies apart)",
                   (void *)a.bar);
         for (const cp_op &c : a.copies) {
             memcpy(c.dst, c.src, (size_t)c.src_bytes);
@@ -633,6 +709,11 @@ void loom_emu_mbar_init(uint64_t *bar, unsigned count) {
             if (a.bar == bar)
                 fault("mbarrier.init at %p while copies are in flight to arrive on it",
                       (void *)bar);
+        for (const tma_copy &c : M.tma_copies)
+            if (c.bar == bar)
+                fault("mbarrier.init at %p while tensor-map copies are in flight to complete on "
+                      "it",
+                      (void *)bar);
     }
     mbar_state b;
     b.count = b.pending = count;
@@ -657,7 +738,7 @@ void loom_emu_mbar_wait(uint64_t *bar, unsigned parity) {
     mbar_state &b = mbar_at(bar, "mbarrier.try_wait.parity");
     if (parity > 1) fault("mbarrier.try_wait.parity with parity %u", parity);
     if ((b.completed & 1) != parity) { /* the phase of that parity is the last completed */
-        if (!b.last->dsts.empty()) th.acquired.push_back(b.last);
+        mbar_acquire(M.cur, b.last);
         return;
     }
     th.state = AT_MBAR;
@@ -688,4 +769,96 @@ void loom_emu_setmaxnreg(bool inc, int n) {
     th.mask = 0xffffffffu;
     th.arg = inc ? n : -n;
     warp_arrive(th);
+}
+
+// ---- the tensor memory accelerator, as kernels/tma.cuh and mbarrier.cuh call it ----------------
+
+namespace {
+
+// The emulator's tensor map (what loom_emu_tmap_encode_tiled writes into the driver's 128 bytes).
+struct emu_tmap {
+    uint64_t magic;
+    const unsigned char *base;
+    uint64_t dims[2], stride;
+    uint32_t box[2], elem;
+};
+constexpr uint64_t EMU_TMAP_MAGIC = 0x6c6f6f6d746d6170ull; // "loomtmap"
+static_assert(sizeof(emu_tmap) <= 128, "a tensor map is 128 bytes");
+
+} // namespace
+
+extern "C" int loom_emu_tmap_encode_tiled(void *map, int dtype, uint32_t rank, void *addr,
+                                          const uint64_t *dims, const uint64_t *strides,
+                                          const uint32_t *box, const uint32_t *elem_strides,
+                                          int interleave, int swizzle, int l2, int oob) {
+    /* the driver's CUtensorMapDataType: 1 uint16, 6 float16, 9 bfloat16 (2 bytes); 0 uint8 */
+    const uint32_t elem = dtype == 0 ? 1 : dtype == 1 || dtype == 6 || dtype == 9 ? 2 : 0;
+    if (map == nullptr || ((uintptr_t)map & 63) != 0 || elem == 0 || rank != 2 || addr == nullptr ||
+        ((uintptr_t)addr & 15) != 0 || dims == nullptr || strides == nullptr || box == nullptr ||
+        elem_strides == nullptr || interleave != 0 || swizzle != 0 || l2 < 0 || l2 > 3 || oob != 0)
+        return 1;
+    for (int i = 0; i < 2; i++)
+        if (dims[i] == 0 || dims[i] > (1ull << 32) || box[i] == 0 || box[i] > 256 ||
+            elem_strides[i] != 1)
+            return 1;
+    if (strides[0] % 16 != 0 || strides[0] >= (1ull << 40) || (box[0] * elem) % 16 != 0) return 1;
+    emu_tmap m = {};
+    m.magic = EMU_TMAP_MAGIC;
+    m.base = (const unsigned char *)addr;
+    m.dims[0] = dims[0];
+    m.dims[1] = dims[1];
+    m.stride = strides[0];
+    m.box[0] = box[0];
+    m.box[1] = box[1];
+    m.elem = elem;
+    memset(map, 0, 128);
+    memcpy(map, &m, sizeof m);
+    return 0;
+}
+
+void loom_emu_mbar_arrive_expect_tx(uint64_t *bar, unsigned bytes) {
+    using namespace loom_emu;
+    current("mbarrier.arrive.expect_tx");
+    mbar_state &b = mbar_at(bar, "mbarrier.arrive.expect_tx");
+    if (bytes >= (1u << 20)) fault("mbarrier.arrive.expect_tx of %u bytes", bytes);
+    b.tx += bytes;
+    if (mbar_arrive_on(bar, b)) yield_here();
+}
+
+void loom_emu_tma_load_2d(void *dst, const void *map, int x, int y, uint64_t *bar) {
+    using namespace loom_emu;
+    current("cp.async.bulk.tensor");
+    emu_tmap m;
+    memcpy(&m, map, sizeof m);
+    if (m.magic != EMU_TMAP_MAGIC)
+        fault("cp.async.bulk.tensor with a tensor map at %p that loom_emu_tmap_encode_tiled did "
+              "not write",
+              map);
+    mbar_at(bar, "cp.async.bulk.tensor");
+    unsigned char *d = (unsigned char *)dst;
+    const size_t bytes = (size_t)m.box[0] * m.box[1] * m.elem;
+    if (M.dyn.empty() || d < M.dyn.data() || d + bytes > M.dyn.data() + M.dyn.size() ||
+        (d - M.dyn.data()) % 128 != 0)
+        fault("cp.async.bulk.tensor to %p: not %zu bytes of dynamic shared memory from a "
+              "128-byte aligned offset",
+              dst, bytes);
+    const size_t at = (size_t)(d - M.dyn.data());
+    memset(d, 0xff, bytes);
+    for (size_t o = 0; o < bytes; o += 16) {
+        M.landed_at.erase(at + o);
+        M.tma_pending.insert(at + o);
+    }
+    tma_copy c;
+    c.bar = bar;
+    c.dst = d;
+    c.base = m.base;
+    c.dims[0] = m.dims[0];
+    c.dims[1] = m.dims[1];
+    c.stride = m.stride;
+    c.box[0] = m.box[0];
+    c.box[1] = m.box[1];
+    c.elem = m.elem;
+    c.x = x;
+    c.y = y;
+    M.tma_copies.push_back(c);
 }

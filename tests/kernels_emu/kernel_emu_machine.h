@@ -12,6 +12,7 @@
 #include <deque>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kernel_emu.h"
@@ -116,10 +117,13 @@ struct wg_queue {
 // The destinations of cp.async's that landed through an mbarrier (cp.async.mbarrier.arrive) in one
 // of its phases; published: a thread that acquired them (by its wait on the phase) has since run
 // a fence.proxy.async, so the async proxy sees them.
+// Tensor-map copies (tma_copy) write through the async proxy itself: such a batch is the async
+// proxy's as it lands, and a warp's wgmma may read it once a thread of the warp has acquired it.
 struct landed_batch {
     std::vector<unsigned char *> dsts;
     bool published = false;
     uint32_t fenced_warps = 0; // the warps with a thread that acquired it and fenced since
+    bool async_written = false;
 };
 
 // An mbarrier (kernels/mbarrier.cuh): arrivals a phase, those still to come in the current one,
@@ -127,6 +131,7 @@ struct landed_batch {
 // completed one (what a wait on that phase acquires).
 struct mbar_state {
     unsigned count = 0, pending = 0;
+    int64_t tx = 0; // the current phase's bytes announced (expect_tx) and not landed yet
     uint64_t completed = 0;
     std::shared_ptr<landed_batch> landing, last;
 };
@@ -136,6 +141,17 @@ struct mbar_state {
 struct cp_arrival {
     uint64_t *bar;
     std::vector<cp_op> copies;
+};
+
+// A tensor-map copy in flight (kernels/tma.cuh): the box of a 2-D tensor at (x, y) into dst, its
+// bytes completing on bar. The map's fields, as loom_emu_tmap_encode_tiled wrote them.
+struct tma_copy {
+    uint64_t *bar;
+    unsigned char *dst;
+    const unsigned char *base;
+    uint64_t dims[2], stride;
+    uint32_t box[2], elem;
+    int64_t x, y;
 };
 
 // One warpgroup instruction as a warp executed it (kernel_emu_async.cpp compares the four warps').
@@ -174,6 +190,10 @@ struct machine {
     // published yet
     std::unordered_map<uint64_t *, mbar_state> mbars;
     std::vector<cp_arrival> cp_arrivals;
+    // the tensor-map copies not landed yet (they land with the cp.async arrivals), and the
+    // 16-byte pieces of dyn they will write (offsets), which no wgmma may read before
+    std::vector<tma_copy> tma_copies;
+    std::unordered_set<size_t> tma_pending;
     std::vector<std::shared_ptr<landed_batch>> unpublished;
     // the batch the 16 bytes at each offset of dyn last landed in (cleared when a cp.async is
     // issued there, or by a barrier after the batch's publication): a warp's wgmma may read them

@@ -13,15 +13,16 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-/* A kernel's dynamic shared memory (the launch's third argument), 16-byte aligned; a macro so
- * that the emulator can give its own. */
-#define LOOM_K_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+/* A kernel's dynamic shared memory (the launch's third argument), 128-byte aligned (tensor-map
+ * copies, tma.cuh, land at such addresses); a macro so that the emulator can give its own. */
+#define LOOM_K_DYN_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
 #endif
 #include <stdint.h>
 
 #include "loom_kernels.h"
 
 extern "C" loom_status loom__fail(loom_status status, const char *fmt, ...);
+extern "C" void loom__log(loom_log_level level, const char *fmt, ...);
 
 /* After a launch: a launch error (bad configuration, no kernel image for this device) becomes
  * LOOM_ERR_BACKEND with the kernel's name and CUDA's message. Errors of the kernel's execution

@@ -43,6 +43,7 @@
 #include "dequant.cuh"
 #include "mbarrier.cuh"
 #include "mma.cuh"
+#include "tma.cuh"
 #include "wgmma.cuh"
 
 #define GEMM_THREADS 128
@@ -104,12 +105,17 @@ typedef struct gemm_multi {
 
 /* The product block b (a row tile or a fold block, by the prefix `first`) belongs to, and the
  * block's place in it. Selected field by field: no local copy of the parameters. */
-static __device__ __forceinline__ gemm_args gemm_pick(const gemm_multi &mm, const int32_t *first,
-                                                      int b, int *local) {
+static __device__ __forceinline__ int gemm_pick_index(const gemm_multi &mm, const int32_t *first,
+                                                      int b) {
     int j = 0;
 #pragma unroll
     for (int i = 1; i < LOOM_K_GEMM_MULTI; i++)
         if (i < mm.n && b >= first[i]) j = i;
+    return j;
+}
+static __device__ __forceinline__ gemm_args gemm_pick(const gemm_multi &mm, const int32_t *first,
+                                                      int b, int *local) {
+    const int j = gemm_pick_index(mm, first, b);
     gemm_args a = mm.m[0];
 #pragma unroll
     for (int i = 1; i < LOOM_K_GEMM_MULTI; i++)
@@ -628,7 +634,8 @@ static __host__ __device__ gemm_multi gemm_multi_of(const loom__k_weight *const 
 
 #if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernel itself */
 template <int T, int MATH>
-static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const gemm_plan &pl) {
+static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const gemm_plan &pl,
+                               loom__k_tmap_encode_fn enc) {
     const int64_t gx = loom_cdiv(mm.m[0].n_tokens, gemm_tile_tokens(MATH));
     const int64_t gy = mm.tile0[mm.n];
     if (gx > 0x7fffffff || gy > 65535 || pl.groups > 65535 ||
@@ -657,7 +664,15 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
                 const loom_status st = loom_k_smem_optin(gemm_wg_ws_kernel<T>, smem, optin_w,
                                                          "gemm (wgmma, warp-specialised)");
                 if (st != LOOM_OK) return st;
-                LOOM_K_LAUNCH((gemm_wg_ws_kernel<T>), (grid, GEMM_WS_THREADS, smem, stream), mm);
+                gemm_tmaps tm = {}; /* none where the encoder is absent or refuses a map */
+                static std::atomic<int> refused_told;
+                if (enc != NULL && !gemm_tmaps_of(mm, enc, &tm) && refused_told.exchange(1) == 0)
+                    loom__log(LOOM_LOG_WARN,
+                              "cuda: the driver refused a tensor map of the wgmma GEMM (k %lld, "
+                              "%lld tokens): its copies are cp.async's where it does",
+                              (long long)mm.m[0].w.k, (long long)mm.m[0].n_tokens);
+                LOOM_K_LAUNCH((gemm_wg_ws_kernel<T>), (grid, GEMM_WS_THREADS, smem, stream), mm,
+                              tm);
             } else if (direct) {
                 constexpr size_t smem = gemm_wg_smem_bytes<T, true>();
                 static std::atomic<int> optin_d[LOOM_K_OPTIN_DEVICES];
@@ -724,28 +739,28 @@ extern "C" size_t loom__cuda_gemm_work_bound(const loom__k_weight *w, int64_t ma
 
 template <int MATH>
 static loom_status gemm_dispatch(cudaStream_t stream, uint32_t type, const gemm_multi &mm,
-                                 const gemm_plan &pl) {
+                                 const gemm_plan &pl, loom__k_tmap_encode_fn enc) {
     switch (type) {
     case LOOM_K_F32:
-        return gemm_launch<LOOM_K_F32, MATH>(stream, mm, pl);
+        return gemm_launch<LOOM_K_F32, MATH>(stream, mm, pl, enc);
     case LOOM_K_F16:
-        return gemm_launch<LOOM_K_F16, MATH>(stream, mm, pl);
+        return gemm_launch<LOOM_K_F16, MATH>(stream, mm, pl, enc);
     case LOOM_K_BF16:
-        return gemm_launch<LOOM_K_BF16, MATH>(stream, mm, pl);
+        return gemm_launch<LOOM_K_BF16, MATH>(stream, mm, pl, enc);
     case LOOM_K_Q8_0:
-        return gemm_launch<LOOM_K_Q8_0, MATH>(stream, mm, pl);
+        return gemm_launch<LOOM_K_Q8_0, MATH>(stream, mm, pl, enc);
     case LOOM_K_Q4_0:
-        return gemm_launch<LOOM_K_Q4_0, MATH>(stream, mm, pl);
+        return gemm_launch<LOOM_K_Q4_0, MATH>(stream, mm, pl, enc);
     case LOOM_K_Q5_0:
-        return gemm_launch<LOOM_K_Q5_0, MATH>(stream, mm, pl);
+        return gemm_launch<LOOM_K_Q5_0, MATH>(stream, mm, pl, enc);
     case LOOM_K_Q4_K:
-        return gemm_launch<LOOM_K_Q4_K, MATH>(stream, mm, pl);
+        return gemm_launch<LOOM_K_Q4_K, MATH>(stream, mm, pl, enc);
     case LOOM_K_Q5_K:
-        return gemm_launch<LOOM_K_Q5_K, MATH>(stream, mm, pl);
+        return gemm_launch<LOOM_K_Q5_K, MATH>(stream, mm, pl, enc);
     case LOOM_K_Q6_K:
-        return gemm_launch<LOOM_K_Q6_K, MATH>(stream, mm, pl);
+        return gemm_launch<LOOM_K_Q6_K, MATH>(stream, mm, pl, enc);
     case LOOM_K_FP8_ROWS:
-        return gemm_launch<LOOM_K_FP8_ROWS, MATH>(stream, mm, pl);
+        return gemm_launch<LOOM_K_FP8_ROWS, MATH>(stream, mm, pl, enc);
     default:
         LOOM_K_UNSUPPORTED("cuda: matmul of weight type %u", (unsigned)type);
     }
@@ -784,13 +799,14 @@ extern "C" loom_status loom__cuda_gemm_multi(cudaStream_t stream, int n,
         mm.x16_stride = gemm_x16_stride(ws[0]->k);
     }
     mm.plain = work != NULL && work->gemm_plain;
+    const loom__k_tmap_encode_fn enc = work != NULL ? work->tmap_encode : NULL;
     switch (math) {
     case LOOM_K_MATH_BF16:
-        return gemm_dispatch<LOOM_K_MATH_BF16>(stream, ws[0]->type, mm, pl);
+        return gemm_dispatch<LOOM_K_MATH_BF16>(stream, ws[0]->type, mm, pl, enc);
     case LOOM_K_MATH_BF16_WGMMA:
-        return gemm_dispatch<LOOM_K_MATH_BF16_WGMMA>(stream, ws[0]->type, mm, pl);
+        return gemm_dispatch<LOOM_K_MATH_BF16_WGMMA>(stream, ws[0]->type, mm, pl, enc);
     default:
-        return gemm_dispatch<LOOM_K_MATH_F32>(stream, ws[0]->type, mm, pl);
+        return gemm_dispatch<LOOM_K_MATH_F32>(stream, ws[0]->type, mm, pl, enc);
     }
 }
 

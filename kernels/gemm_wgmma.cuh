@@ -6,8 +6,9 @@
  * zeros to whole chunks). A block of two warpgroups (256 threads) computes 128 weight rows by
  * 128 tokens; warpgroup g owns rows 64 g .. 64 g + 63, all 128 tokens: 64 float32 accumulators
  * a thread. K runs in 32-value chunks as in gemm_kernel; a chunk's tiles (128 rows of 32 BF16
- * values each, 8 KB) are in the canonical K-major layout of wgmma.cuh (LBO 128, SBO 512: the 4
- * core matrices of 8 rows across a chunk's K side by side):
+ * values each, 8 KB) are in the canonical K-major layout of wgmma.cuh with SBO 128 and LBO 2048:
+ * the 128 rows' first 8 values (16 bytes a row, core matrices of 8 rows stacked), then their
+ * next 8, ... — what a tensor-map copy of 8 values by 128 rows lands (tma.cuh):
  *   - the tokens' tile arrives by cp.async (threads 128..255, 16 bytes a copy: one row of a
  *     core matrix), GEMM_WG_AHEAD chunks ahead, into GEMM_WG_SLOTS slots;
  *   - BF16 weights whose rows are 16-byte aligned (DIRECT) arrive the same way (threads
@@ -37,13 +38,13 @@
 #define GEMM_WG_AHEAD 2
 #define GEMM_WG_SLOTS (GEMM_WG_AHEAD + 2)
 
-/* Byte offset of row r's 8-value group kg (of a chunk) in a chunk tile: core matrices of 8 rows
- * by 16 bytes, kg's 128 bytes apart (LBO), each 8 rows 512 bytes apart (SBO). */
+/* Byte offset of row r's 8-value group kg (of a chunk) in a chunk tile: rows 16 bytes apart (core
+ * matrices of 8 rows by 16 bytes, SBO 128 apart), each kg's 128 rows 2048 bytes apart (LBO). */
 static __host__ __device__ __forceinline__ int gemm_wg_at(int r, int kg) {
-    return (r >> 3) * 512 + kg * 128 + (r & 7) * 16;
+    return kg * 2048 + r * 16;
 }
-#define GEMM_WG_LBO 128
-#define GEMM_WG_SBO 512
+#define GEMM_WG_LBO 2048
+#define GEMM_WG_SBO 128
 
 /* BF16 activations' row stride: k values padded with zeros to a whole chunk (16-byte pieces). */
 static __host__ __device__ __forceinline__ size_t gemm_x16_stride(int64_t k) {
@@ -284,10 +285,13 @@ static __global__ void __launch_bounds__(GEMM_WG_THREADS, 1) gemm_wg_kernel(gemm
 
 /* The DIRECT product warp-specialised (LOOM_CUDA_GEMM_WS, the default for BF16 weights with
  * 16-byte-aligned rows): three warpgroups. Warpgroup 0 produces: it gives registers back
- * (setmaxnreg) and copies each chunk's token and weight tiles by cp.async into a ring of
- * GEMM_WS_STAGES stages, the copies arriving on the stage's "full" mbarrier as they land; before
- * it copies into a stage again it waits on the stage's "empty" mbarrier. Warpgroups 1 and 2 are
- * gemm_wg_kernel's two (rows 64 (g - 1) ..): each takes the producer's registers, waits on the
+ * (setmaxnreg) and copies each chunk's token and weight tiles into a ring of GEMM_WS_STAGES
+ * stages, completing on the stage's "full" mbarrier; before it copies into a stage again it waits
+ * on the stage's "empty" mbarrier. The copies are TMA's where the host encoded tensor maps
+ * (gemm_tmaps: thread 0 alone announces a stage's 16 KB, then issues 8 tensor-map copies of 8
+ * values by 128 rows; LOOM_CUDA_GEMM_TMA=0 turns them off), else cp.async's by all 128 threads,
+ * each arriving when its copies land. Both fill the stage with the same bytes. Warpgroups 1 and 2
+ * are gemm_wg_kernel's two (rows 64 (g - 1) ..): each takes the producer's registers, waits on the
  * chunk's full barrier, lets the previous chunk's stage go (its wgmma's waited for: one group in
  * flight while the next chunk is awaited), and issues the chunk's wgmma's as gemm_wg_kernel does
  * — the same instructions on the same tiles in the same order, so the same bits — without a
@@ -311,11 +315,49 @@ static __host__ __device__ constexpr size_t gemm_ws_smem_bytes() {
     return GEMM_WS_BAR_BYTES + 2 * (size_t)GEMM_WS_STAGES * GEMM_WG_TILE;
 }
 
+/* The warp-specialised kernel's tensor maps (tma.cuh), a __grid_constant__ parameter: x16's and
+ * each weight's, BF16, boxes of 8 values by 128 rows (one kg column of a chunk tile). on = 0:
+ * none; the producer warpgroup copies by cp.async. */
+typedef struct gemm_tmaps {
+    loom_k_tmap x, w[LOOM_K_GEMM_MULTI];
+    int32_t on;
+} gemm_tmaps;
+
+/* The maps of mm's x16 and weights through the driver's encoder; false where it refuses one (the
+ * launch then copies by cp.async). Values past a tensor's sizes land as zeros, as the cp.async
+ * copies' do: x16's rows past the step's tokens, the weights' rows past n and values past k. */
+static inline bool gemm_tmaps_of(const gemm_multi &mm, loom__k_tmap_encode_fn enc, gemm_tmaps *tm) {
+    /* coordinates are 32-bit */
+    if (mm.m[0].n_tokens > INT32_MAX || mm.m[0].w.k > INT32_MAX) return false;
+    for (int j = 0; j < mm.n; j++)
+        if (mm.m[j].w.n > INT32_MAX) return false;
+    const uint32_t box[2] = {8, GEMM_WG_ROWS}, ones[2] = {1, 1};
+    const int BF16 = 9,
+              L2_128B = 2; /* CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, ..._L2_PROMOTION_L2_128B */
+    {
+        const uint64_t dims[2] = {(uint64_t)mm.x16_stride / 2, (uint64_t)mm.m[0].n_tokens},
+                       strides[1] = {(uint64_t)mm.x16_stride};
+        if (enc(&tm->x, BF16, 2, (void *)mm.x16, dims, strides, box, ones, 0, 0, L2_128B, 0) != 0)
+            return false;
+    }
+    for (int j = 0; j < mm.n; j++) {
+        const loom__k_weight &w = mm.m[j].w;
+        const uint64_t dims[2] = {(uint64_t)w.k, (uint64_t)w.n}, strides[1] = {(uint64_t)w.stride};
+        if (enc(&tm->w[j], BF16, 2, (void *)w.data, dims, strides, box, ones, 0, 0, L2_128B, 0) !=
+            0)
+            return false;
+    }
+    tm->on = 1;
+    return true;
+}
+
 template <int T>
-static __global__ void __launch_bounds__(GEMM_WS_THREADS, 1) gemm_wg_ws_kernel(gemm_multi mm) {
+static __global__ void __launch_bounds__(GEMM_WS_THREADS, 1)
+    gemm_wg_ws_kernel(gemm_multi mm, const __grid_constant__ gemm_tmaps tm) {
 #if LOOM_WGMMA_HAS
     int row_tile = 0;
     const gemm_args a = gemm_pick(mm, mm.tile0, (int)blockIdx.y, &row_tile);
+    const bool tma = tm.on != 0;
     LOOM_K_DYN_SMEM(gemm_sm);
     uint64_t *full = (uint64_t *)gemm_sm, *empty = full + GEMM_WS_STAGES;
     uint8_t *tiles = gemm_sm + GEMM_WS_BAR_BYTES; /* stage st: x's tile, then w's */
@@ -326,13 +368,35 @@ static __global__ void __launch_bounds__(GEMM_WS_THREADS, 1) gemm_wg_ws_kernel(g
     gemm_chunk_range(a, &c_begin, &c_end);
     if (threadIdx.x == 0)
         for (int st = 0; st < GEMM_WS_STAGES; st++) {
-            loom_mbar_init(full + st, 128);
+            loom_mbar_init(full + st, tma ? 1 : 128);
             loom_mbar_init(empty + st, GEMM_WG_THREADS);
         }
     __syncthreads(); /* the barriers' init; the last block-wide barrier */
 
     if (threadIdx.x < 128) { /* the producer */
         loom_wg_maxnreg_dec<GEMM_WS_PRODUCER_REGS>();
+        if (tma) { /* thread 0 alone: four tensor-map copies an operand a chunk */
+            if (threadIdx.x != 0) return;
+            const loom_k_tmap *wmap = &tm.w[gemm_pick_index(mm, mm.tile0, (int)blockIdx.y)];
+            int64_t i = 0;
+            for (int64_t c = c_begin; c < c_end; c++, i++) {
+                const int st = (int)(i % GEMM_WS_STAGES);
+                loom_mbar_wait(empty + st, (unsigned)((i / GEMM_WS_STAGES) & 1) ^ 1u);
+                loom_mbar_arrive_expect_tx(full + st, 2 * GEMM_WG_TILE);
+                uint8_t *tx = tiles + 2 * st * GEMM_WG_TILE;
+#pragma unroll
+                for (int kg = 0; kg < 4; kg++) {
+                    const int k0 = (int)(32 * c) + 8 * kg;
+                    loom_tma_load_2d(tx + kg * GEMM_WG_LBO, &tm.x, k0, (int)t0, full + st);
+                    loom_tma_load_2d(tx + GEMM_WG_TILE + kg * GEMM_WG_LBO, wmap, k0, (int)n0,
+                                     full + st);
+                }
+            }
+            for (int64_t e = i; e < i + GEMM_WS_STAGES; e++)
+                loom_mbar_wait(empty + e % GEMM_WS_STAGES,
+                               (unsigned)((e / GEMM_WS_STAGES) & 1) ^ 1u);
+            return;
+        }
         const int u = (int)threadIdx.x;
         int64_t i = 0;
         for (int64_t c = c_begin; c < c_end; c++, i++) {
@@ -366,7 +430,9 @@ static __global__ void __launch_bounds__(GEMM_WS_THREADS, 1) gemm_wg_ws_kernel(g
         const bool seg_start = c % seg_chunks == 0; /* c_begin is a segment's start */
         if (seg_start && c != c_begin)
             gemm_wg_settle(a, acc, fold, c / seg_chunks - 1, n0, t0, wg, wq, lane);
-        loom_wg_fence_proxy_async(); /* the landed copies, for this thread's wgmma's */
+        /* the landed cp.async copies, for this thread's wgmma's (the tensor-map copies wrote
+         * through the async proxy: the wait is enough) */
+        if (!tma) loom_wg_fence_proxy_async();
         const uint8_t *tx = tiles + 2 * st * GEMM_WG_TILE, *tw = tx + GEMM_WG_TILE;
         gemm_wg_chunk(acc, tx, tw, wg, seg_start);
     }

@@ -119,6 +119,13 @@ loom_status loom__cuda_get_rows(cudaStream_t stream, const loom__k_weight *w, co
  * code: loom__cuda_wgmma_probe says whether the device runs it. */
 #define LOOM_K_MATH_BF16_WGMMA 2
 
+/* The driver's cuTensorMapEncodeTiled (CUDA 12.0's signature, its enums as int), which the CUDA
+ * backend finds through the runtime (cudaGetDriverEntryPointByVersion): 0 on success. */
+typedef int (*loom__k_tmap_encode_fn)(void *map, int dtype, uint32_t rank, void *addr,
+                                      const uint64_t *dims, const uint64_t *strides,
+                                      const uint32_t *box, const uint32_t *elem_strides,
+                                      int interleave, int swizzle, int l2_promotion, int oob_fill);
+
 /* The scratch a matmul may split its sums into (device memory), and the device's SM count that
  * sizes the split. */
 typedef struct loom__k_gemm_work {
@@ -132,6 +139,9 @@ typedef struct loom__k_gemm_work {
      * comparison); 0 (the default): BF16 weights with 16-byte-aligned rows run warp-specialised,
      * a producer warpgroup copying the tiles into a ring of stages (the same bits) */
     int32_t gemm_plain;
+    /* the warp-specialised GEMM's producer: tensor-map copies (TMA) through this encoder; NULL
+     * (LOOM_CUDA_GEMM_TMA=0, or a driver without it): cp.async copies (the same bits) */
+    loom__k_tmap_encode_fn tmap_encode;
 } loom__k_gemm_work;
 
 /* The fast mode (LOOM_CUDA_BATCH_INVARIANT=0) runs steps of up to this many tokens on the GEMV,

@@ -604,6 +604,16 @@ int main(int argc, char **argv) {
         bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
         loom__backend_stream_close(&g_gpu);
         unsetenv("LOOM_CUDA_GEMM_WS");
+        /* ... and warp-specialised with its producer's copies by cp.async (128 threads) rather
+         * than TMA (one thread's tensor-map copies, the default) */
+        setenv("LOOM_CUDA_GEMM_TMA", "0", 1);
+        if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
+        g_mode = "wgmma-cp";
+        bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 16);
+        bench_matmul(LOOM_TYPE_BF16, 4096, 4096, 512);
+        bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
+        loom__backend_stream_close(&g_gpu);
+        unsetenv("LOOM_CUDA_GEMM_TMA");
     }
     unsetenv("LOOM_CUDA_WGMMA");
     unsetenv("LOOM_CUDA_MATH");

@@ -192,6 +192,9 @@ def main():
     # warps copying two chunks ahead
     speedup("wgmma GEMM, BF16 weights: warp-specialised (default) vs copies from its own warps "
             "(LOOM_CUDA_GEMM_WS=0)", "wgmma-plain", "own warps", "wgmma", "warp-specialised")
+    # ... and its producer's copies: one thread's TMA (the default) against 128 threads' cp.async
+    speedup("wgmma GEMM, BF16 weights, warp-specialised: TMA copies (default) vs cp.async "
+            "(LOOM_CUDA_GEMM_TMA=0)", "wgmma-cp", "cp.async", "wgmma", "TMA")
     for r in rows:
         if r["kind"] == "note":
             print(f"\nNote: {r['what']}")

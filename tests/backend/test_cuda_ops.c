@@ -584,16 +584,20 @@ static void test_bf16_gemm(void **state) {
  * activations, both rounded to BF16 here (the kernel sums exact products in float32); each
  * token's row the same bits in every step that holds it (the step of 1 splits K across blocks,
  * the others do not: the split's traffic rule); and matmul_multi's three weights cut from the rows
- * the bits of the whole. Elsewhere (not sm_90, or a build without sm_90a code) the log says why and
+ * the bits of the whole. The BF16 weights' GEMM is warp-specialised with TMA copies (the log says
+ * so); a second stream with LOOM_CUDA_GEMM_TMA=0 (cp.async copies) must give its step of 200
+ * tokens the same bits. Elsewhere (not sm_90, or a build without sm_90a code) the log says why and
  * the test checks nothing more. CUDA only. */
 typedef struct log_capture {
-    char chosen, refused[256];
+    char chosen, tma, map_refused, refused[256];
 } log_capture;
 
 static void capture_wgmma_log(loom_log_level level, const char *msg, void *user) {
     (void)level;
     log_capture *c = user;
     if (strstr(msg, "warpgroup MMA (LOOM_CUDA_WGMMA=1)") != NULL) c->chosen = 1;
+    if (strstr(msg, "copies its tiles by TMA") != NULL) c->tma = 1;
+    if (strstr(msg, "refused a tensor map") != NULL) c->map_refused = 1;
     if (strstr(msg, "LOOM_CUDA_WGMMA=1 ignored") != NULL)
         snprintf(c->refused, sizeof c->refused, "%s", msg);
 }
@@ -601,19 +605,22 @@ static void capture_wgmma_log(loom_log_level level, const char *msg, void *user)
 static void test_wgmma_gemm(void **state) {
     (void)state;
     if (strcmp(g_gpu_name, "cuda") != 0) return;
-    log_capture cap = {0};
+    /* static: a failure below leaves the test with the capture still set */
+    static log_capture cap;
+    memset(&cap, 0, sizeof cap);
     loom_log_set(capture_wgmma_log, LOOM_LOG_INFO, &cap);
     loom__backend_stream gb;
     const char *vars[] = {
         "LOOM_CUDA_MATH", "bf16", "LOOM_CUDA_WGMMA", "1", "LOOM_CUDA_BATCH_INVARIANT", "1"};
     open_with_env(vars, 3, &gb);
-    loom_log_set(NULL, LOOM_LOG_WARN, NULL);
     if (!cap.chosen) {
+        loom_log_set(NULL, LOOM_LOG_WARN, NULL);
         printf("wgmma gemm: not run (%s)\n", cap.refused[0] ? cap.refused : "no log line");
         if (cap.refused[0] == '\0') fail_msg("wgmma gemm: the device said neither yes nor no");
         loom__backend_stream_close(&gb);
         return;
     }
+    if (!cap.tma) fail_msg("wgmma gemm: the warp-specialised GEMM's TMA copies were not chosen");
     const uint32_t types[] = {LOOM_TYPE_Q4_K, LOOM_TYPE_Q8_0, LOOM_TYPE_BF16};
     const int64_t k = 1024, n = 192, steps[] = {1, 9, 48, 200}, T_max = 200;
     float *x = xmalloc((size_t)(k * T_max) * 4), *xb = xmalloc((size_t)(k * T_max) * 4);
@@ -656,6 +663,29 @@ static void test_wgmma_gemm(void **state) {
                          (long long)steps[si - 1], (long long)T);
             memcpy(prev, got, (size_t)(n * T) * 4);
         }
+        if (types[ti] == LOOM_TYPE_BF16) { /* prev: the step of T_max, TMA copies */
+            loom__backend_stream gc;
+            const char *cp_vars[] = {"LOOM_CUDA_MATH",
+                                     "bf16",
+                                     "LOOM_CUDA_WGMMA",
+                                     "1",
+                                     "LOOM_CUDA_BATCH_INVARIANT",
+                                     "1",
+                                     "LOOM_CUDA_GEMM_TMA",
+                                     "0"};
+            open_with_env(cp_vars, 4, &gc);
+            const loom_tensor wc = prepare_on(&gc, &w, types[ti], k, n);
+            loom_tensor gx = loom_tensor_2d(LOOM_TYPE_F32, d_x, k, T_max, (size_t)k * 4);
+            loom_tensor go = loom_tensor_2d(LOOM_TYPE_F32, d_o, n, T_max, (size_t)n * 4);
+            gpu_poison(&go);
+            expect_ok(gc.ops->matmul(gc.ctx, &wc, &gx, &go), "wgmma matmul (cp.async copies)");
+            expect_ok(gc.ops->synchronize(gc.ctx), "wgmma sync (cp.async copies)");
+            gpu_get(got, d_o, (size_t)(n * T_max) * 4);
+            if (memcmp(prev, got, (size_t)(n * T_max) * 4) != 0)
+                fail_msg("wgmma bf16: TMA and cp.async copies give other bits");
+            printf("wgmma gemm bf16: TMA and cp.async copies, the same bits\n");
+            loom__backend_stream_close(&gc);
+        }
         /* the rows cut into three weights (64, 80 and 48 rows) in one matmul_multi */
         const int64_t cut[4] = {0, 64, 144, 192};
         loom_tensor part[3], outs[3];
@@ -693,6 +723,8 @@ static void test_wgmma_gemm(void **state) {
     }
     free(x), free(xb);
     loom__backend_stream_close(&gb);
+    loom_log_set(NULL, LOOM_LOG_WARN, NULL);
+    if (cap.map_refused) fail_msg("wgmma gemm: the driver refused a tensor map");
 }
 
 /* ------------------------------------------------------------------------------------------ */

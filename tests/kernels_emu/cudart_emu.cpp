@@ -31,6 +31,11 @@
 #include <mutex>
 #include <vector>
 
+// The emulator's tensor-map encoder (kernel_emu_async.cpp), this driver's cuTensorMapEncodeTiled.
+extern "C" int loom_emu_tmap_encode_tiled(void *map, int dtype, uint32_t rank, void *addr,
+                                          const uint64_t *dims, const uint64_t *strides,
+                                          const uint32_t *box, const uint32_t *elem_strides,
+                                          int interleave, int swizzle, int l2, int oob);
 extern "C" void loom_emu_submit(cudaStream_t stream, void (*run)(void *), void *ctx,
                                 void (*drop)(void *));
 
@@ -178,6 +183,18 @@ cudaError_t cudaGetLastError(void) {
     const cudaError_t e = g_last;
     g_last = cudaSuccess;
     return e;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+                                             unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *status) {
+    (void)flags;
+    if (symbol == nullptr || fn == nullptr) return fail(cudaErrorInvalidValue);
+    const bool found = strcmp(symbol, "cuTensorMapEncodeTiled") == 0 && version >= 12000;
+    *fn = found ? (void *)&loom_emu_tmap_encode_tiled : nullptr;
+    if (status != nullptr)
+        *status = found ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    return cudaSuccess;
 }
 
 const char *cudaGetErrorName(cudaError_t e) {

@@ -29,11 +29,12 @@
 namespace {
 
 uint64_t g_rs;
-// The wgmma kernels' BF16 weights with aligned rows: on gemm_wg_kernel (plain) rather than
-// warp-specialised (gemm_wg_ws_kernel, as gemm_launch runs them by default); the launches
-// that ran warp-specialised.
-bool g_plain = false;
-int g_ws_runs = 0;
+// The wgmma kernels' BF16 weights with aligned rows: warp-specialised (gemm_wg_ws_kernel) with
+// TMA copies, as gemm_launch runs them by default, or with cp.async copies, or on gemm_wg_kernel
+// (plain); the launches that ran warp-specialised, with TMA; tensor maps refused.
+enum ws_mode { WS_TMA, WS_CP, PLAIN };
+ws_mode g_mode = WS_TMA;
+int g_ws_runs = 0, g_tma_runs = 0, g_tma_refused = 0;
 uint64_t rnd() {
     g_rs ^= g_rs << 13, g_rs ^= g_rs >> 7, g_rs ^= g_rs << 17;
     return g_rs;
@@ -179,11 +180,18 @@ void launch_gemm(const loom__k_weight *const *ws, int n, const float *x, size_t 
         bool direct = T == LOOM_K_BF16;
         for (int j = 0; j < n; j++)
             direct = direct && (((uintptr_t)ws[j]->data | ws[j]->stride) & 15) == 0;
-        if (direct && !g_plain) {
+        if (direct && g_mode != PLAIN) {
+            gemm_tmaps tm = {};
+            if (g_mode == WS_TMA) {
+                if (gemm_tmaps_of(mm, loom_emu_tmap_encode_tiled, &tm))
+                    g_tma_runs++;
+                else
+                    g_tma_refused++;
+            }
             if constexpr (T == LOOM_K_BF16)
                 loom_emu::launch(
                     grid, dim3(GEMM_WS_THREADS), gemm_ws_smem_bytes(),
-                    [&mm] { gemm_wg_ws_kernel<T>(mm); }, opt);
+                    [&mm, &tm] { gemm_wg_ws_kernel<T>(mm, tm); }, opt);
             g_ws_runs++;
         } else if (direct)
             loom_emu::launch(
@@ -335,30 +343,35 @@ int run_type(const weight_spec &ws, int math, bool verbose) {
     const bool direct =
         math == LOOM_K_MATH_BF16_WGMMA && ws.type == LOOM_K_BF16 && ws.stride % 16 == 0;
     if (direct && getenv("LOOM_EMU_NO_RERUNS") == nullptr)
-        for (int ri : {0, 2, 13, 17}) {
-            if (bad) break;
-            const int T = run_T[ri], n_sms = sms[ri % 3];
-            std::vector<float> out((size_t)(T_MAX * os), NAN);
-            const loom__k_weight kw = {ws.type, ws.k, N, ws.stride, wbuf.data()};
-            const loom__k_weight *kp = &kw;
-            float *op = out.data();
-            const size_t oss = (size_t)os * sizeof(float);
-            const int before = g_ws_runs;
-            g_plain = true;
-            launch_any(math, &kp, 1, x.data(), (size_t)xs * sizeof(float), T, &op, &oss, n_sms,
-                       (loom_emu::schedule)((ri + 1) % 4));
-            g_plain = false;
-            if (g_ws_runs != before || memcmp(out.data(), outs[ri].data(), out.size() * 4) != 0) {
-                printf("FAIL gemm %s (wgmma) T=%d sms=%d: gemm_wg_kernel does not give the "
-                       "warp-specialised kernel's bits\n",
-                       ws.name, T, n_sms);
-                bad++;
-            } else if (verbose) {
-                printf("  gemm %-8s wgmma     T=%3d sms=%3d: warp-specialised and not, the same "
-                       "bits\n",
-                       ws.name, T, n_sms);
+        for (int ri : {0, 2, 13, 17})
+            for (ws_mode mode : {WS_CP, PLAIN}) {
+                if (bad) break;
+                const int T = run_T[ri], n_sms = sms[ri % 3];
+                std::vector<float> out((size_t)(T_MAX * os), NAN);
+                const loom__k_weight kw = {ws.type, ws.k, N, ws.stride, wbuf.data()};
+                const loom__k_weight *kp = &kw;
+                float *op = out.data();
+                const size_t oss = (size_t)os * sizeof(float);
+                const int before = g_ws_runs, tma_before = g_tma_runs;
+                g_mode = mode;
+                launch_any(math, &kp, 1, x.data(), (size_t)xs * sizeof(float), T, &op, &oss, n_sms,
+                           (loom_emu::schedule)((ri + 1) % 4));
+                g_mode = WS_TMA;
+                const bool ran_as_asked =
+                    g_tma_runs == tma_before && (g_ws_runs != before) == (mode == WS_CP);
+                if (!ran_as_asked || memcmp(out.data(), outs[ri].data(), out.size() * 4) != 0) {
+                    printf("FAIL gemm %s (wgmma) T=%d sms=%d: %s does not give the "
+                           "warp-specialised kernel's bits with TMA copies\n",
+                           ws.name, T, n_sms,
+                           mode == PLAIN ? "gemm_wg_kernel" : "its cp.async copies");
+                    bad++;
+                } else if (verbose) {
+                    printf("  gemm %-8s wgmma     T=%3d sms=%3d: TMA copies and %s, the same "
+                           "bits\n",
+                           ws.name, T, n_sms,
+                           mode == PLAIN ? "not warp-specialised" : "cp.async copies");
+                }
             }
-        }
     /* the split plans this test means to cover */
     const loom__k_weight shape = {ws.type, ws.k, N, ws.stride, nullptr};
     const loom__k_weight *sp = &shape;
@@ -425,11 +438,13 @@ int run_all(bool verbose) {
         {LOOM_K_FP8_ROWS, "fp8rows", 1000, 1004, 1008},
     };
     int bad = 0;
-    g_ws_runs = 0;
+    g_ws_runs = g_tma_runs = g_tma_refused = 0;
     for (int math : {LOOM_K_MATH_F32, LOOM_K_MATH_BF16, LOOM_K_MATH_BF16_WGMMA})
         for (const weight_spec &ws : specs) bad += run_type(ws, math, verbose);
-    if (g_ws_runs == 0) {
-        printf("FAIL gemm: no case ran the warp-specialised wgmma kernel\n");
+    if (g_ws_runs == 0 || g_tma_runs == 0 || g_tma_refused != 0) {
+        printf("FAIL gemm: the warp-specialised wgmma kernel ran %d times, %d with TMA copies, "
+               "%d with tensor maps refused\n",
+               g_ws_runs, g_tma_runs, g_tma_refused);
         bad++;
     }
     return bad;

@@ -44,6 +44,31 @@ loom_status loom__cuda_bind(const loom__cuda_dev *d) {
 /* Open, close, memory                                                                        */
 /* ------------------------------------------------------------------------------------------ */
 
+/* The driver's cuTensorMapEncodeTiled in its CUDA 12.0 form, through the runtime (the plugin
+ * links no libcuda); NULL, logged, where the driver has none. */
+static loom__k_tmap_encode_fn tmap_encoder(void) {
+    void *fn = NULL;
+    enum cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                     cudaEnableDefault, &found);
+#else
+    cudaError_t e =
+        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == NULL) {
+        (void)cudaGetLastError();
+        loom__log(LOOM_LOG_INFO, "cuda: the driver has no cuTensorMapEncodeTiled: the "
+                                 "warp-specialised wgmma GEMM copies its tiles by cp.async");
+        return NULL;
+    }
+    loom__k_tmap_encode_fn enc;
+    memcpy(&enc, &fn, sizeof enc); /* an object pointer to a function pointer, as dlsym's */
+    loom__log(LOOM_LOG_INFO, "cuda: the warp-specialised wgmma GEMM copies its tiles by TMA "
+                             "(LOOM_CUDA_GEMM_TMA=0: by cp.async)");
+    return enc;
+}
+
 loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
     LOOM_CHECK_ARG(p != NULL && out != NULL);
     int count = 0;
@@ -136,6 +161,13 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
     if (d->gemm_plain && d->tc_math == LOOM_K_MATH_BF16_WGMMA)
         loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_GEMM_WS=0: the wgmma GEMM copies its BF16 "
                                  "tiles from its own warps, not warp-specialised");
+    const char *gemm_tma = getenv("LOOM_CUDA_GEMM_TMA");
+    if (d->tc_math == LOOM_K_MATH_BF16_WGMMA && !d->gemm_plain &&
+        !(gemm_tma != NULL && strcmp(gemm_tma, "0") == 0))
+        d->tmap_encode = tmap_encoder();
+    else if (d->tc_math == LOOM_K_MATH_BF16_WGMMA && !d->gemm_plain)
+        loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_GEMM_TMA=0: the warp-specialised wgmma GEMM "
+                                 "copies its tiles by cp.async, not TMA");
     const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT");
     d->batch_invariant = !(inv != NULL && strcmp(inv, "0") == 0);
     if (d->batch_invariant)

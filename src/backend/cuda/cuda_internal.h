@@ -65,6 +65,9 @@ typedef struct loom__cuda_dev {
     /* LOOM_CUDA_GEMM_WS=0: the wgmma GEMM never warp-specialised (loom__k_gemm_work's
      * gemm_plain), for check.sh's comparison. */
     bool gemm_plain;
+    /* The driver's tensor-map encoder for the warp-specialised wgmma GEMM's TMA copies (NULL:
+     * not on wgmma, LOOM_CUDA_GEMM_TMA=0, or a driver without it: cp.async copies). */
+    loom__k_tmap_encode_fn tmap_encode;
 } loom__cuda_dev;
 
 /* Most descriptors (KV groups) one step hands over. */

@@ -62,8 +62,9 @@ static loom_status run_gemm(loom__cuda_stream *c, int m, const loom__k_weight *c
     if (need > c->gemm_work_cap || need16 > c->gemm_x16_cap) c->n_grows++;
     LOOM_TRY(loom__cuda_regrow(c, &c->gemm_work, &c->gemm_work_cap, need));
     LOOM_TRY(loom__cuda_regrow(c, &c->gemm_x16, &c->gemm_x16_cap, need16));
-    const loom__k_gemm_work work = {c->gemm_work, c->gemm_work_cap, c->dev->n_sms,
-                                    c->gemm_x16,  c->gemm_x16_cap,  c->dev->gemm_plain};
+    const loom__k_gemm_work work = {c->gemm_work,       c->gemm_work_cap, c->dev->n_sms,
+                                    c->gemm_x16,        c->gemm_x16_cap,  c->dev->gemm_plain,
+                                    c->dev->tmap_encode};
     return loom__cuda_gemm_multi(c->s, m, kp, x->data, x->row_stride, n_tokens, op, os, &work,
                                  c->dev->tc_math);
 }

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CUDART_VERSION 12000
+#define CUDART_VERSION 12050
 
 typedef int cudaError_t;
 #define cudaSuccess                       0
@@ -48,6 +48,12 @@ typedef struct cudaGraphExecUpdateResultInfo_st {
     cudaGraphNode_t errorNode, errorFromNode;
 } cudaGraphExecUpdateResultInfo;
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaDriverEntryPointQueryResult {
+    cudaDriverEntryPointSuccess = 0,
+    cudaDriverEntryPointSymbolNotFound = 1,
+    cudaDriverEntryPointVersionNotSufficent = 2
+};
+#define cudaEnableDefault      0x0
 #define cudaStreamNonBlocking  0x01
 #define cudaHostAllocPortable  0x01
 #define cudaEventDisableTiming 0x02
@@ -72,6 +78,10 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaGetLastError(void);
+/* The emulator's driver: cuTensorMapEncodeTiled only (loom_emu_tmap_encode_tiled). */
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+                                             unsigned long long flags,
+                                             enum cudaDriverEntryPointQueryResult *status);
 const char *cudaGetErrorString(cudaError_t e);
 const char *cudaGetErrorName(cudaError_t e);
 cudaError_t cudaMalloc(void **p, size_t bytes);

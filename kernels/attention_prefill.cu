@@ -1065,8 +1065,11 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
  * Shared memory: the barriers, both consumers' Q tiles (K-major, pf_wg_at), the stages (K then
  * V, as attn_prefill_kernel's tiles), both consumers' folds [PF_M][HD + 8]: 164 KB at head size
  * 128, 84 KB at 64 (pf_smem_bytes). */
-static_assert(PF_WS_PRODUCER_REGS * PF_THREADS + PF_WS_CONSUMER_REGS * 2 * PF_THREADS <=
-                  PF_WS_THREADS * (65536 / PF_WS_THREADS / 8 * 8),
+#define PF_WS_LAUNCH_REGS /* the registers a thread the split needs at launch */                   \
+    ((PF_WS_PRODUCER_REGS * PF_THREADS + PF_WS_CONSUMER_REGS * 2 * PF_THREADS + PF_WS_THREADS -    \
+      1) /                                                                                         \
+     PF_WS_THREADS)
+static_assert(PF_WS_LAUNCH_REGS <= 65536 / PF_WS_THREADS / 8 * 8,
               "the warpgroups' registers exceed the block's");
 template <int HD, int OPS>
 static __global__ void __launch_bounds__(PF_WS_THREADS, 1) attn_prefill_ws_kernel(pf_args a) {
@@ -1278,8 +1281,12 @@ static loom_status pf_launch(cudaStream_t stream, const pf_args &a, unsigned blo
     static std::atomic<int> optin[LOOM_K_OPTIN_DEVICES];
     const dim3 grid(blocks, (unsigned)a.kv.n_kv_heads, groups);
     if constexpr (WS) {
-        const loom_status st = loom_k_smem_optin(attn_prefill_ws_kernel<HDMAX, OPS>, smem, optin,
-                                                 "tiled attention (warp-specialised)");
+        static std::atomic<int> regs[LOOM_K_OPTIN_DEVICES];
+        loom_status st = loom_k_regs_check(attn_prefill_ws_kernel<HDMAX, OPS>, PF_WS_LAUNCH_REGS,
+                                           regs, "tiled attention (warp-specialised)");
+        if (st == LOOM_OK)
+            st = loom_k_smem_optin(attn_prefill_ws_kernel<HDMAX, OPS>, smem, optin,
+                                   "tiled attention (warp-specialised)");
         if (st != LOOM_OK) return st;
         LOOM_K_LAUNCH((attn_prefill_ws_kernel<HDMAX, OPS>), (grid, PF_WS_THREADS, smem, stream), a);
     } else {

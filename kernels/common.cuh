@@ -66,6 +66,35 @@ extern "C" void loom__log(loom_log_level level, const char *fmt, ...);
 /* Devices a kernel's shared-memory opt-in is remembered for (others set it on every launch). */
 #define LOOM_K_OPTIN_DEVICES 64
 
+/* Whether a warp-specialised kernel has the registers its setmaxnreg split assumes: at launch,
+ * `regs` a thread (ptxas gives 168 to 384 threads today), the pool its warpgroups redistribute.
+ * With fewer, a consumer's setmaxnreg.inc would wait forever for registers the block never had: a
+ * clear error instead of a hang. Asked once per device (checked[]: 0 not yet, 1 enough); a
+ * runtime that does not say (numRegs 0: the emulator) passes. */
+template <typename K>
+static loom_status loom_k_regs_check(K kernel, int regs, std::atomic<int> *checked,
+                                     const char *what) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    const bool known = e == cudaSuccess && dev >= 0 && dev < LOOM_K_OPTIN_DEVICES;
+    if (known && checked[dev].load(std::memory_order_relaxed) == 1) return LOOM_OK;
+    cudaFuncAttributes attr;
+    memset(&attr, 0, sizeof attr);
+    e = cudaFuncGetAttributes(&attr, kernel);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return loom__fail(LOOM_ERR_BACKEND, "cuda: %s: its attributes: %s (%s)", what,
+                          cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    if (attr.numRegs != 0 && attr.numRegs < regs)
+        return loom__fail(LOOM_ERR_UNSUPPORTED,
+                          "cuda: %s has %d registers a thread at launch; its warpgroups' "
+                          "setmaxnreg split needs %d (a build with another ptxas?)",
+                          what, attr.numRegs, regs);
+    if (known) checked[dev].store(1, std::memory_order_relaxed);
+    return LOOM_OK;
+}
+
 /* Lets kernel take smem bytes of dynamic shared memory (past the default 48 KB) on the current
  * device. The attribute is set the first time, or when a launch asks for more than was set,
  * not on every launch: set[] is the kernel's record, one slot per device (a function-local

@@ -661,8 +661,12 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
             if (direct && !mm.plain) { /* warp-specialised */
                 constexpr size_t smem = gemm_ws_smem_bytes();
                 static std::atomic<int> optin_w[LOOM_K_OPTIN_DEVICES];
-                const loom_status st = loom_k_smem_optin(gemm_wg_ws_kernel<T>, smem, optin_w,
-                                                         "gemm (wgmma, warp-specialised)");
+                static std::atomic<int> regs_w[LOOM_K_OPTIN_DEVICES];
+                loom_status st = loom_k_regs_check(gemm_wg_ws_kernel<T>, GEMM_WS_LAUNCH_REGS,
+                                                   regs_w, "gemm (wgmma, warp-specialised)");
+                if (st == LOOM_OK)
+                    st = loom_k_smem_optin(gemm_wg_ws_kernel<T>, smem, optin_w,
+                                           "gemm (wgmma, warp-specialised)");
                 if (st != LOOM_OK) return st;
                 gemm_tmaps tm = {}; /* none where the encoder is absent or refuses a map */
                 static std::atomic<int> refused_told;

@@ -307,8 +307,10 @@ static __global__ void __launch_bounds__(GEMM_WG_THREADS, 1) gemm_wg_kernel(gemm
 /* The block's registers at launch (ptxas: 65536 / 384 rounded down to 8, 168 a thread) are the
  * pool the warpgroups' setmaxnreg redistributes: a consumer's .inc waits until the pool has what
  * it asks for, so asking for more than the producer gave back would never return. */
-static_assert(GEMM_WS_PRODUCER_REGS * 128 + GEMM_WS_CONSUMER_REGS * 256 <=
-                  GEMM_WS_THREADS * (65536 / GEMM_WS_THREADS / 8 * 8),
+#define GEMM_WS_LAUNCH_REGS /* the registers a thread the split needs at launch */                 \
+    ((GEMM_WS_PRODUCER_REGS * 128 + GEMM_WS_CONSUMER_REGS * 256 + GEMM_WS_THREADS - 1) /           \
+     GEMM_WS_THREADS)
+static_assert(GEMM_WS_LAUNCH_REGS <= 65536 / GEMM_WS_THREADS / 8 * 8,
               "the warpgroups' registers exceed the block's");
 
 static __host__ __device__ constexpr size_t gemm_ws_smem_bytes() {

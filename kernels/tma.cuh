@@ -19,8 +19,8 @@
 #include "wgmma.cuh" /* LOOM_WGMMA_HAS, loom_wg_smem_addr */
 
 /* The tensor map, as the driver encodes it (CUtensorMap's size and alignment); opaque here. */
-typedef struct __align__(64) loom_k_tmap {
-    uint64_t opaque[16];
+typedef struct loom_k_tmap {
+    alignas(64) uint64_t opaque[16];
 } loom_k_tmap;
 
 /* The box of map at (x, y) (x along the rows' values, y the rows) into dst (shared memory,

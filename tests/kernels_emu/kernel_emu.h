@@ -429,6 +429,7 @@ static inline cudaError_t cudaFuncSetAttribute(K, enum cudaFuncAttribute, int) {
 }
 template <typename K> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, K) {
     a->maxThreadsPerBlock = 1024;
+    a->numRegs = 0; /* not modelled */
     return cudaSuccess;
 }
 #endif

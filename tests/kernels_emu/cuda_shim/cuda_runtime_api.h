@@ -68,6 +68,7 @@ struct cudaDeviceProp {
 };
 struct cudaFuncAttributes {
     int maxThreadsPerBlock;
+    int numRegs; /* 0 on the emulator: registers are not modelled */
 };
 
 #if defined(__cplusplus)

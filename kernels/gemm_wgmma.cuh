@@ -373,6 +373,7 @@ static __global__ void __launch_bounds__(GEMM_WS_THREADS, 1)
             loom_mbar_init(full + st, tma ? 1 : 128);
             loom_mbar_init(empty + st, GEMM_WG_THREADS);
         }
+    if (threadIdx.x == 0) loom_mbar_init_fence();
     __syncthreads(); /* the barriers' init; the last block-wide barrier */
 
     if (threadIdx.x < 128) { /* the producer */

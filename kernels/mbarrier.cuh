@@ -36,6 +36,18 @@ static __device__ __forceinline__ void loom_mbar_init(uint64_t *bar, unsigned co
 #endif
 }
 
+/* After a thread's mbarrier.init's (before the barrier that publishes them): makes them visible
+ * to the async proxy too, where tensor-map copies (tma.cuh) complete on them. The PTX ISA now
+ * says those copies reach their barrier through the generic proxy, the CUDA Programming Guide's
+ * TMA example still fences here: the fence costs nothing. The emulator's barriers are one object
+ * for both proxies. */
+static __device__ __forceinline__ void loom_mbar_init_fence(void) {
+#if defined(LOOM_K_EMULATE)
+#elif LOOM_WGMMA_HAS
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
 /* One arrival of this thread on the barrier's current phase. */
 static __device__ __forceinline__ void loom_mbar_arrive(uint64_t *bar) {
 #if defined(LOOM_K_EMULATE)

@@ -585,8 +585,9 @@ static void test_bf16_gemm(void **state) {
  * token's row the same bits in every step that holds it (the step of 1 splits K across blocks,
  * the others do not: the split's traffic rule); and matmul_multi's three weights cut from the rows
  * the bits of the whole. The BF16 weights' GEMM is warp-specialised with TMA copies (the log says
- * so); a second stream with LOOM_CUDA_GEMM_TMA=0 (cp.async copies) must give its step of 200
- * tokens the same bits. Elsewhere (not sm_90, or a build without sm_90a code) the log says why and
+ * so); BF16 rows of 1,000 values (the last chunk's boxes past k) must give a step of 200 tokens
+ * within 1e-4 as above, and the same bits on a second stream with LOOM_CUDA_GEMM_TMA=0 (cp.async
+ * copies). Elsewhere (not sm_90, or a build without sm_90a code) the log says why and
  * the test checks nothing more. CUDA only. */
 typedef struct log_capture {
     char chosen, tma, map_refused, refused[256];
@@ -663,29 +664,6 @@ static void test_wgmma_gemm(void **state) {
                          (long long)steps[si - 1], (long long)T);
             memcpy(prev, got, (size_t)(n * T) * 4);
         }
-        if (types[ti] == LOOM_TYPE_BF16) { /* prev: the step of T_max, TMA copies */
-            loom__backend_stream gc;
-            const char *cp_vars[] = {"LOOM_CUDA_MATH",
-                                     "bf16",
-                                     "LOOM_CUDA_WGMMA",
-                                     "1",
-                                     "LOOM_CUDA_BATCH_INVARIANT",
-                                     "1",
-                                     "LOOM_CUDA_GEMM_TMA",
-                                     "0"};
-            open_with_env(cp_vars, 4, &gc);
-            const loom_tensor wc = prepare_on(&gc, &w, types[ti], k, n);
-            loom_tensor gx = loom_tensor_2d(LOOM_TYPE_F32, d_x, k, T_max, (size_t)k * 4);
-            loom_tensor go = loom_tensor_2d(LOOM_TYPE_F32, d_o, n, T_max, (size_t)n * 4);
-            gpu_poison(&go);
-            expect_ok(gc.ops->matmul(gc.ctx, &wc, &gx, &go), "wgmma matmul (cp.async copies)");
-            expect_ok(gc.ops->synchronize(gc.ctx), "wgmma sync (cp.async copies)");
-            gpu_get(got, d_o, (size_t)(n * T_max) * 4);
-            if (memcmp(prev, got, (size_t)(n * T_max) * 4) != 0)
-                fail_msg("wgmma bf16: TMA and cp.async copies give other bits");
-            printf("wgmma gemm bf16: TMA and cp.async copies, the same bits\n");
-            loom__backend_stream_close(&gc);
-        }
         /* the rows cut into three weights (64, 80 and 48 rows) in one matmul_multi */
         const int64_t cut[4] = {0, 64, 144, 192};
         loom_tensor part[3], outs[3];
@@ -720,6 +698,54 @@ static void test_wgmma_gemm(void **state) {
         free(prev), free(got);
         free_weight(&w);
         gpu_free_all();
+    }
+    /* TMA against cp.async copies: BF16 rows of k = 1000 (2,000 bytes, 16-byte aligned; the last
+     * chunk's boxes at 1,000, 1,008 and 1,016 lie wholly past k, the tail TMA fills with zeros),
+     * a step of T_max tokens on this stream and on one with LOOM_CUDA_GEMM_TMA=0 */
+    {
+        const int64_t k2 = 1000;
+        weight_pair w;
+        make_weight(LOOM_TYPE_BF16, k2, n, LOOM_WEIGHT_MATMUL, &w);
+        loom__backend_stream gc;
+        const char *cp_vars[] = {
+            "LOOM_CUDA_MATH",     "bf16", "LOOM_CUDA_WGMMA", "1", "LOOM_CUDA_BATCH_INVARIANT", "1",
+            "LOOM_CUDA_GEMM_TMA", "0"};
+        open_with_env(cp_vars, 4, &gc);
+        const loom_tensor wt = prepare_on(&gb, &w, LOOM_TYPE_BF16, k2, n);
+        const loom_tensor wc = prepare_on(&gc, &w, LOOM_TYPE_BF16, k2, n);
+        float *d_x = gpu_alloc((size_t)(k2 * T_max) * 4), *d_o = gpu_alloc((size_t)(n * T_max) * 4);
+        gpu_put(d_x, x, (size_t)(k2 * T_max) * 4);
+        float *by_tma = host_f32(n * T_max), *by_cp = host_f32(n * T_max);
+        const loom__backend_stream *on[2] = {&gb, &gc};
+        const loom_tensor *wo[2] = {&wt, &wc};
+        for (int m = 0; m < 2; m++) {
+            loom_tensor gx = loom_tensor_2d(LOOM_TYPE_F32, d_x, k2, T_max, (size_t)k2 * 4);
+            loom_tensor go = loom_tensor_2d(LOOM_TYPE_F32, d_o, n, T_max, (size_t)n * 4);
+            gpu_poison(&go);
+            expect_ok(on[m]->ops->matmul(on[m]->ctx, wo[m], &gx, &go), "wgmma matmul k=1000");
+            expect_ok(on[m]->ops->synchronize(on[m]->ctx), "wgmma sync k=1000");
+            gpu_get(m == 0 ? by_tma : by_cp, d_o, (size_t)(n * T_max) * 4);
+        }
+        for (int64_t t = 0; t < T_max; t++)
+            for (int64_t o = 0; o < n; o++) {
+                double sum = 0.0, a = 0.0;
+                for (int64_t i = 0; i < k2; i++) {
+                    const double p = (double)bf16_round_f(w.deq[o * k2 + i]) *
+                                     (double)bf16_round_f(x[t * k2 + i]);
+                    sum += p;
+                    a += fabs(p);
+                }
+                if (!(fabs(by_tma[t * n + o] - sum) <= 1e-4 * a + 1e-30))
+                    fail_msg("wgmma bf16 k=1000 (TMA): out[%lld,%lld] = %.9g, float64 %.9g",
+                             (long long)t, (long long)o, by_tma[t * n + o], sum);
+            }
+        if (memcmp(by_tma, by_cp, (size_t)(n * T_max) * 4) != 0)
+            fail_msg("wgmma bf16 k=1000: TMA and cp.async copies give other bits");
+        printf("wgmma gemm bf16: TMA and cp.async copies, the same bits (k 1000: boxes past k)\n");
+        free(by_tma), free(by_cp);
+        free_weight(&w);
+        gpu_free_all();
+        loom__backend_stream_close(&gc);
     }
     free(x), free(xb);
     loom__backend_stream_close(&gb);

@@ -262,6 +262,19 @@ static void bench_matmul(uint32_t t, int64_t k, int64_t n, int64_t T) {
     fflush(stdout);
 }
 
+/* The BF16 GEMM's three shapes on a CUDA stream opened with var=0, as mode. */
+static void bench_bf16_gemm_with(const loom_backend_open_params *op, const char *var,
+                                 const char *mode) {
+    setenv(var, "0", 1);
+    if (loom__backend_stream_open("cuda", op, &g_gpu) != LOOM_OK) die("cuda backend");
+    g_mode = mode;
+    bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 16);
+    bench_matmul(LOOM_TYPE_BF16, 4096, 4096, 512);
+    bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
+    loom__backend_stream_close(&g_gpu);
+    unsetenv(var);
+}
+
 /* ---- attention ------------------------------------------------------------------------------ */
 
 typedef struct at_ctx {
@@ -595,25 +608,11 @@ int main(int argc, char **argv) {
         loom__backend_stream_close(&g_gpu);
         unsetenv("LOOM_CUDA_ATTN_ASYNC");
         /* the wgmma GEMM over BF16 weights with its copies from the block's own warps, two
-         * chunks ahead (LOOM_CUDA_GEMM_WS=0), rather than warp-specialised (the default) */
-        setenv("LOOM_CUDA_GEMM_WS", "0", 1);
-        if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
-        g_mode = "wgmma-plain";
-        bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 16);
-        bench_matmul(LOOM_TYPE_BF16, 4096, 4096, 512);
-        bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
-        loom__backend_stream_close(&g_gpu);
-        unsetenv("LOOM_CUDA_GEMM_WS");
-        /* ... and warp-specialised with its producer's copies by cp.async (128 threads) rather
-         * than TMA (one thread's tensor-map copies, the default) */
-        setenv("LOOM_CUDA_GEMM_TMA", "0", 1);
-        if (loom__backend_stream_open("cuda", &op, &g_gpu) != LOOM_OK) die("cuda backend");
-        g_mode = "wgmma-cp";
-        bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 16);
-        bench_matmul(LOOM_TYPE_BF16, 4096, 4096, 512);
-        bench_matmul(LOOM_TYPE_BF16, 4096, 14336, 2048);
-        loom__backend_stream_close(&g_gpu);
-        unsetenv("LOOM_CUDA_GEMM_TMA");
+         * chunks ahead (LOOM_CUDA_GEMM_WS=0), rather than warp-specialised (the default); and
+         * warp-specialised with its producer's copies by cp.async (128 threads,
+         * LOOM_CUDA_GEMM_TMA=0) rather than TMA (one thread's tensor-map copies, the default) */
+        bench_bf16_gemm_with(&op, "LOOM_CUDA_GEMM_WS", "wgmma-plain");
+        bench_bf16_gemm_with(&op, "LOOM_CUDA_GEMM_TMA", "wgmma-cp");
     }
     unsetenv("LOOM_CUDA_WGMMA");
     unsetenv("LOOM_CUDA_MATH");

@@ -549,12 +549,10 @@ static __device__ __forceinline__ void pf_copy_tile(const pf_args &a, const int3
  * vectors of its warp attend (whether the warp runs this tile depends on them, that is on how
  * the step cut the rows), rather than trusting the tensor core to leave O unchanged when adding
  * products of 0. */
-template <int HDMAX>
 static __device__ __forceinline__ void
-pf_softmax_tile(float (&sc)[PF_NT][4], int j0, int lane, const bool vin[2], const int vlo[2],
-                const int vpos[2], float scale, float cap, bool fp8, const float *kscb,
-                const float *vscb, float m_run[2], float l_run[2], float (&o)[HDMAX / 8][4],
-                bool any[2]) {
+pf_softmax_weights(float (&sc)[PF_NT][4], int j0, int lane, const bool vin[2], const int vlo[2],
+                   const int vpos[2], float scale, float cap, bool fp8, const float *kscb,
+                   const float *vscb, float m_run[2], float l_run[2], float corr[2], bool any[2]) {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < PF_NT; nt++)
@@ -569,7 +567,6 @@ pf_softmax_tile(float (&sc)[PF_NT][4], int j0, int lane, const bool vin[2], cons
             sc[nt][r] = x;
             mx[h] = fmaxf(mx[h], x);
         }
-    float corr[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
@@ -591,12 +588,30 @@ pf_softmax_tile(float (&sc)[PF_NT][4], int j0, int lane, const bool vin[2], cons
         }
 #pragma unroll
     for (int h = 0; h < 2; h++) l_run[h] = l_run[h] * corr[h] + ls[h];
+    any[0] = mx[0] != -INFINITY;
+    any[1] = mx[1] != -INFINITY;
+}
+
+/* The accumulator's correction for this lane's two vectors (pf_softmax_weights' corr). */
+template <int HDMAX>
+static __device__ __forceinline__ void pf_correct(float (&o)[HDMAX / 8][4], const float corr[2]) {
 #pragma unroll
     for (int dn = 0; dn < HDMAX / 8; dn++)
 #pragma unroll
         for (int r = 0; r < 4; r++) o[dn][r] *= corr[r >> 1];
-    any[0] = mx[0] != -INFINITY;
-    any[1] = mx[1] != -INFINITY;
+}
+
+/* pf_softmax_weights, then the accumulator corrected: a tile's whole softmax step. */
+template <int HDMAX>
+static __device__ __forceinline__ void
+pf_softmax_tile(float (&sc)[PF_NT][4], int j0, int lane, const bool vin[2], const int vlo[2],
+                const int vpos[2], float scale, float cap, bool fp8, const float *kscb,
+                const float *vscb, float m_run[2], float l_run[2], float (&o)[HDMAX / 8][4],
+                bool any[2]) {
+    float corr[2];
+    pf_softmax_weights(sc, j0, lane, vin, vlo, vpos, scale, cap, fp8, kscb, vscb, m_run, l_run,
+                       corr, any);
+    pf_correct<HDMAX>(o, corr);
 }
 
 /* P's A fragments for the 16-bit forms: two n8 tiles of S's C fragments (the weights) side by
@@ -618,7 +633,7 @@ static __device__ __forceinline__ void pf_pack_p(const float (&sc)[PF_NT][4],
  * in the K-major layout (pf_wg_at), scale-d 0 first (S from zero). */
 template <int HD, int OP16>
 static __device__ __forceinline__ void
-pf_wg_scores(float (&sc)[PF_NT][4], const uint32_t (&qf)[HD / 16][4], const uint8_t *k_tile) {
+pf_wg_scores_issue(float (&sc)[PF_NT][4], const uint32_t (&qf)[HD / 16][4], const uint8_t *k_tile) {
     loom_wg_fence_acc<PF_N / 2>(&sc[0][0]);
     loom_wg_fence();
 #pragma unroll
@@ -626,6 +641,11 @@ pf_wg_scores(float (&sc)[PF_NT][4], const uint32_t (&qf)[HD / 16][4], const uint
         loom_wg_rs<OP16, PF_N>(&sc[0][0], qf[d0 / 16],
                                loom_wg_desc(k_tile + d0 / 8 * 128, 128, HD * 16), d0 == 0 ? 0 : 1);
     loom_wg_commit();
+}
+template <int HD, int OP16>
+static __device__ __forceinline__ void
+pf_wg_scores(float (&sc)[PF_NT][4], const uint32_t (&qf)[HD / 16][4], const uint8_t *k_tile) {
+    pf_wg_scores_issue<HD, OP16>(sc, qf, k_tile);
     loom_wg_wait<0>();
     loom_wg_fence_acc<PF_N / 2>(&sc[0][0]);
 }
@@ -634,9 +654,8 @@ pf_wg_scores(float (&sc)[PF_NT][4], const uint32_t (&qf)[HD / 16][4], const uint
  * their own order), V from its tile by position (N-major, pf_wgv_at), the tile's sum from zero
  * added where the vector attends any of the tile (pf_softmax_tile). */
 template <int HD, int OP16>
-static __device__ __forceinline__ void pf_wg_pv(float (&o)[HD / 8][4], uint32_t (&pa)[PF_N / 16][4],
-                                                const uint8_t *v_tile, const bool any[2]) {
-    float t[HD / 8][4];
+static __device__ __forceinline__ void
+pf_wg_pv_issue(float (&t)[HD / 8][4], uint32_t (&pa)[PF_N / 16][4], const uint8_t *v_tile) {
     loom_wg_fence_regs<PF_N / 4>(&pa[0][0]);
     loom_wg_fence();
 #pragma unroll
@@ -644,13 +663,25 @@ static __device__ __forceinline__ void pf_wg_pv(float (&o)[HD / 8][4], uint32_t 
         loom_wg_rs<OP16, HD, true>(
             &t[0][0], pa[u], loom_wg_desc(v_tile + 2 * u * 128, 128, PF_N * 16), u == 0 ? 0 : 1);
     loom_wg_commit();
-    loom_wg_wait<0>();
+}
+/* After the wait for pf_wg_pv_issue's group: O += the tile's sum t where the vector attends. */
+template <int HD>
+static __device__ __forceinline__ void pf_wg_pv_add(float (&o)[HD / 8][4], float (&t)[HD / 8][4],
+                                                    const bool any[2]) {
     loom_wg_fence_acc<HD / 2>(&t[0][0]);
 #pragma unroll
     for (int dn = 0; dn < HD / 8; dn++)
 #pragma unroll
         for (int r = 0; r < 4; r++)
             if (any[r >> 1]) o[dn][r] += t[dn][r];
+}
+template <int HD, int OP16>
+static __device__ __forceinline__ void pf_wg_pv(float (&o)[HD / 8][4], uint32_t (&pa)[PF_N / 16][4],
+                                                const uint8_t *v_tile, const bool any[2]) {
+    float t[HD / 8][4];
+    pf_wg_pv_issue<HD, OP16>(t, pa, v_tile);
+    loom_wg_wait<0>();
+    pf_wg_pv_add<HD>(o, t, any);
 }
 
 /* The end of a segment for this lane's two vectors: their states (the sums of the four lanes
@@ -1048,12 +1079,14 @@ static __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(pf_args
  * wgmma's are done with it. Warpgroups 1 and 2 consume: each takes the registers the producer gave
  * back and one of two PF_M-vector tiles of the sequence's rows (the two attn_prefill_kernel's
  * blocks would take: the later first), and runs attn_prefill_kernel's wgmma walk on its tile
- * (pf_wg_scores, pf_softmax_tile, pf_pack_p, pf_wg_pv, pf_segment_end, pf_write_out) over the
- * stages as they fill, skipping the tiles outside its own walk (the block walks the union of the
- * two). So each K/V tile is read from memory once for 128 vectors, not twice for 64, the copies
- * leave the tensor cores' warps alone, and up to PF_WS_STAGES tiles are in flight. A consumer's
- * vectors see the tiles, positions and arithmetic of attn_prefill_kernel's block of the same
- * tile (positions one consumer's rows do not attend and the other's do hold data rather than
+ * (pf_wg_scores_issue, pf_softmax_weights, pf_correct, pf_pack_p, pf_wg_pv_issue, pf_wg_pv_add,
+ * pf_segment_end, pf_write_out) over the stages as they fill, pipelined within the warpgroup
+ * (each tile's S issued together with the last tile's P V, which runs while this tile's softmax
+ * does, as FlashAttention-3 describes), skipping the tiles outside its own walk (the block walks
+ * the union of the two). So each K/V tile is read from memory once for 128 vectors, not twice for
+ * 64, the copies leave the tensor cores' warps alone, and up to PF_WS_STAGES tiles are in flight. A
+ * consumer's vectors see the tiles, positions and arithmetic of attn_prefill_kernel's block of the
+ * same tile (positions one consumer's rows do not attend and the other's do hold data rather than
  * zeros, and weigh 0: the same bits), so the two kernels give the same bits — over finite
  * pages: an infinite value (an F16 page's overflow) times a weight of 0 is NaN in P V, which
  * both kernels already give to a tile's rows that do not attend it, and this one to the other
@@ -1175,30 +1208,86 @@ static __global__ void __launch_bounds__(PF_WS_THREADS, 1) attn_prefill_ws_kerne
                 *(const uint32_t *)(qc + pf_wg_at(warp * 16 + loom_mma16_a_row(lane, r),
                                                   k16 * 16 + loom_mma16_a_col(lane, r), HD * 16));
     loom_wg_fence_regs<HD / 4>(&qf[0][0]);
-    int i = 0;
-    for (int j0 = jb; j0 <= je; j0 += PF_N, i++) {
+    /* The walk, pipelined within the warpgroup: each tile's S issued, then the last tile's P V,
+     * so that the tensor cores run that P V while this tile's softmax runs; then the P V waited
+     * for and added, the last tile's stage released. The accumulator sees the same operations in
+     * the same order as attn_prefill_kernel's walk (o *= corr_i, o += t_i, o *= corr_i+1, ...;
+     * a tile that opens a segment takes its softmax from a fresh state while the last one's
+     * segment ends after its P V is in): the same bits. Nothing is in flight where paths meet
+     * (the loop's entry, its back edge, a segment's end), so ptxas need not wait or serialise on
+     * its own. The walk's tiles outside the consumer's own (the other consumer's) are only waited
+     * for and released. */
+    int i = 0, j0 = jb;
+    for (; j0 < me.j_begin; j0 += PF_N, i++) {
+        loom_mbar_wait(full + i % PF_WS_STAGES, (i / PF_WS_STAGES) & 1);
+        loom_mbar_arrive(empty + i % PF_WS_STAGES);
+    }
+    float sn[PF_NT][4];        /* a tile's S, then its weights */
+    float t[HD / 8][4];        /* a tile's P V */
+    uint32_t pa[PF_N / 16][4]; /* the last tile's P, which its P V reads */
+    bool any[2];
+    float corr[2];
+    /* the consumer's first tile: S and softmax; its P V is issued with the next tile's S */
+    loom_mbar_wait(full + i % PF_WS_STAGES, (i / PF_WS_STAGES) & 1);
+    loom_wg_fence_proxy_async(); /* the landed copies, for this thread's wgmma's */
+    pf_wg_scores_issue<HD, OP16>(sn, qf, stage + i % PF_WS_STAGES * 2 * TILE);
+    loom_wg_wait<0>();
+    loom_wg_fence_acc<PF_N / 2>(&sn[0][0]);
+    pf_softmax_weights(sn, j0, lane, vin, vlo, vpos, scale, cap, false, NULL, NULL, m_run, l_run,
+                       corr, any);
+    pf_correct<HD>(o, corr);
+    pf_pack_p<OP16>(sn, pa);
+    for (j0 += PF_N, i++; j0 <= me.j_end; j0 += PF_N, i++) {
+        const int i_last = i - 1, j_last = j0 - PF_N; /* the last tile */
         const int st = i % PF_WS_STAGES;
         loom_mbar_wait(full + st, (i / PF_WS_STAGES) & 1);
-        if (j0 >= me.j_begin && j0 <= me.j_end) { /* warpgroup-uniform */
-            loom_wg_fence_proxy_async();          /* the landed copies, for this thread's wgmma's */
-            const uint8_t *k_tile = stage + st * 2 * TILE;
-            float sc[PF_NT][4];
+        loom_wg_fence_proxy_async();
+        pf_wg_scores_issue<HD, OP16>(sn, qf, stage + st * 2 * TILE);
+        pf_wg_pv_issue<HD, OP16>(t, pa, stage + i_last % PF_WS_STAGES * 2 * TILE + TILE);
+        loom_wg_wait<1>(); /* this tile's S (the last one's P V runs on) */
+        loom_wg_fence_acc<PF_N / 2>(&sn[0][0]);
+        /* the softmax on a copy: no instruction but a wgmma defines sn while a group flies */
+        float sc[PF_NT][4];
 #pragma unroll
-            for (int nt = 0; nt < PF_NT; nt++)
+        for (int nt = 0; nt < PF_NT; nt++)
 #pragma unroll
-                for (int r = 0; r < 4; r++) sc[nt][r] = 0.0f;
-            pf_wg_scores<HD, OP16>(sc, qf, k_tile);
-            bool any[2];
-            pf_softmax_tile<HD>(sc, j0, lane, vin, vlo, vpos, scale, cap, false, NULL, NULL, m_run,
-                                l_run, o, any);
-            uint32_t pa[PF_N / 16][4];
-            pf_pack_p<OP16>(sc, pa);
-            pf_wg_pv<HD, OP16>(o, pa, k_tile + TILE, any);
-            if ((j0 + PF_N) % PF_SEG == 0 || j0 + PF_N > me.j_end)
-                pf_segment_end<HD, false>(a, j0 / PF_SEG, warp, lane, me.row0, kvh, vin, m_run,
-                                          l_run, o, M, L, NULL, ot);
+            for (int r = 0; r < 4; r++) sc[nt][r] = sn[nt][r];
+        const bool opens = j0 % PF_SEG == 0; /* and the last tile ended a segment */
+        float m_new[2], l_new[2];
+        bool any_new[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            m_new[h] = opens ? -INFINITY : m_run[h];
+            l_new[h] = opens ? 0.0f : l_run[h];
         }
-        loom_mbar_arrive(empty + st); /* this thread's wgmma's are done with the stage */
+        pf_softmax_weights(sc, j0, lane, vin, vlo, vpos, scale, cap, false, NULL, NULL, m_new,
+                           l_new, corr, any_new);
+        loom_wg_wait<0>(); /* the last tile's P V */
+        pf_wg_pv_add<HD>(o, t, any);
+        loom_mbar_arrive(empty + i_last % PF_WS_STAGES); /* its stage read by both wgmma's */
+        if (opens)
+            pf_segment_end<HD, false>(a, j_last / PF_SEG, warp, lane, me.row0, kvh, vin, m_run,
+                                      l_run, o, M, L, NULL, ot);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            m_run[h] = m_new[h];
+            l_run[h] = l_new[h];
+            any[h] = any_new[h];
+        }
+        pf_correct<HD>(o, corr);
+        pf_pack_p<OP16>(sc, pa);
+    }
+    const int i_last = i - 1, j_last = j0 - PF_N;
+    /* the consumer's last tile's P V, and its segment's end */
+    pf_wg_pv_issue<HD, OP16>(t, pa, stage + i_last % PF_WS_STAGES * 2 * TILE + TILE);
+    loom_wg_wait<0>();
+    pf_wg_pv_add<HD>(o, t, any);
+    loom_mbar_arrive(empty + i_last % PF_WS_STAGES);
+    pf_segment_end<HD, false>(a, j_last / PF_SEG, warp, lane, me.row0, kvh, vin, m_run, l_run, o, M,
+                              L, NULL, ot);
+    for (; j0 <= je; j0 += PF_N, i++) {
+        loom_mbar_wait(full + i % PF_WS_STAGES, (i / PF_WS_STAGES) & 1);
+        loom_mbar_arrive(empty + i % PF_WS_STAGES);
     }
     if (a.part != NULL) return; /* pf_fold_kernel writes out */
     pf_write_out<HD, false>(a, warp, lane, me.row0, kvh, vin, L, NULL, ot);

@@ -633,6 +633,70 @@ static __host__ __device__ gemm_multi gemm_multi_of(const loom__k_weight *const 
 /* ---- launch -------------------------------------------------------------------------------- */
 
 #if LOOM_K_HOST_CODE /* tests/kernels_emu/ launches the kernel itself */
+#include <mutex>
+
+/* The warp-specialised GEMM's tensor maps, encoded once rather than on every launch (a decode
+ * step without CUDA graphs launches some 350 matmuls, each with 2 to 5 maps). A map is a function
+ * of its arguments alone, so one cached under all of them is right whenever they match: a freed
+ * weight's address taken by another of the same shape maps the same bytes, and a step of other
+ * tokens has other sizes. Direct-mapped by a hash of the arguments, behind a mutex. The encoder
+ * the cache stands before is the driver's (one for every device of the process). */
+#define GEMM_TMAP_CACHE 512
+struct gemm_tmap_key {
+    loom__k_tmap_encode_fn enc;
+    void *addr;
+    uint64_t dims[2], stride;
+    uint32_t box[2];
+    int dtype, l2;
+};
+struct gemm_tmap_entry {
+    bool used;
+    gemm_tmap_key key;
+    loom_k_tmap map;
+};
+static gemm_tmap_entry g_tmap_cache[GEMM_TMAP_CACHE];
+static std::mutex g_tmap_mu;
+static std::atomic<loom__k_tmap_encode_fn> g_tmap_driver;
+
+/* loom__k_tmap_encode_fn over the cache: the 2-D, unit-stride, unswizzled maps gemm_tmaps_of
+ * asks for; anything else goes to the driver as it is. */
+static int gemm_tmap_encode_cached(void *map, int dtype, uint32_t rank, void *addr,
+                                   const uint64_t *dims, const uint64_t *strides,
+                                   const uint32_t *box, const uint32_t *elem_strides,
+                                   int interleave, int swizzle, int l2, int oob) {
+    const loom__k_tmap_encode_fn enc = g_tmap_driver.load(std::memory_order_relaxed);
+    if (enc == NULL) return 1;
+    if (rank != 2 || elem_strides[0] != 1 || elem_strides[1] != 1 || interleave != 0 ||
+        swizzle != 0 || oob != 0)
+        return enc(map, dtype, rank, addr, dims, strides, box, elem_strides, interleave, swizzle,
+                   l2, oob);
+    gemm_tmap_key k;
+    memset(&k, 0, sizeof k); /* padding too: the key is compared and hashed as bytes */
+    k.enc = enc;
+    k.addr = addr;
+    k.dims[0] = dims[0], k.dims[1] = dims[1], k.stride = strides[0];
+    k.box[0] = box[0], k.box[1] = box[1];
+    k.dtype = dtype, k.l2 = l2;
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (size_t b = 0; b < sizeof k; b++)
+        h = (h ^ ((const unsigned char *)&k)[b]) * 0x100000001b3ull;
+    gemm_tmap_entry &e = g_tmap_cache[h % GEMM_TMAP_CACHE];
+    {
+        std::lock_guard<std::mutex> lock(g_tmap_mu);
+        if (e.used && memcmp(&e.key, &k, sizeof k) == 0) {
+            memcpy(map, &e.map, sizeof e.map);
+            return 0;
+        }
+    }
+    const int rc =
+        enc(map, dtype, rank, addr, dims, strides, box, elem_strides, interleave, swizzle, l2, oob);
+    if (rc != 0) return rc;
+    std::lock_guard<std::mutex> lock(g_tmap_mu);
+    e.used = true;
+    e.key = k;
+    memcpy(&e.map, map, sizeof e.map);
+    return 0;
+}
 template <int T, int MATH>
 static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const gemm_plan &pl,
                                loom__k_tmap_encode_fn enc) {
@@ -670,7 +734,9 @@ static loom_status gemm_launch(cudaStream_t stream, const gemm_multi &mm, const 
                 if (st != LOOM_OK) return st;
                 gemm_tmaps tm = {}; /* none where the encoder is absent or refuses a map */
                 static std::atomic<int> refused_told;
-                if (enc != NULL && !gemm_tmaps_of(mm, enc, &tm) && refused_told.exchange(1) == 0)
+                if (enc != NULL) g_tmap_driver.store(enc, std::memory_order_relaxed);
+                if (enc != NULL && !gemm_tmaps_of(mm, gemm_tmap_encode_cached, &tm) &&
+                    refused_told.exchange(1) == 0)
                     loom__log(LOOM_LOG_WARN,
                               "cuda: the driver refused a tensor map of the wgmma GEMM (k %lld, "
                               "%lld tokens): its copies are cp.async's where it does",

@@ -70,8 +70,9 @@ extern "C" {
  * per-tensor weight preparation, batched copies, memory queries, the v2 KV descriptor;
  * 4: add_rms_norm; 5: FP8 and BF16 KV pages, kv_flags (the Hadamard rotation) in the KV
  * descriptor, the op descriptor and the step shape; 6: merged pairs (LOOM_KV_MERGED, the merge
- * fields of the KV descriptor); 7: logits_summary (sampling without copying logit rows). */
-#define LOOM_BACKEND_ABI_VERSION 7
+ * fields of the KV descriptor); 7: logits_summary (sampling without copying logit rows);
+ * 8: norm_rope_store (a layer's q and k finished and its K/V written in one op). */
+#define LOOM_BACKEND_ABI_VERSION 8
 
 /* The name of the function a plugin exports (see the top of this file). */
 #define LOOM_BACKEND_ENTRY_SYMBOL "loom_backend_entry"
@@ -621,6 +622,20 @@ struct loom_backend_ops {
      * norm. NULL: libloom calls add(x, y, x), then rms_norm(x, w, eps, out). */
     loom_status (*add_rms_norm)(void *stream, loom_tensor *x, const loom_tensor *y,
                                 const loom_tensor *w, float eps, loom_tensor *out);
+
+    /* (optional) A layer's attention inputs finished in one op: q and k each RMS-normed per
+     * head where q_norm / k_norm is given (F32 [head_dim], as rms_norm over rows of head_dim
+     * computes it; NULL: not normed), then rotated in place (rope with p; p->n_head is q's,
+     * k's heads are kv->n_kv_heads), then k and v written into layer's pools (kv_store).
+     * q [T, p->n_head*head_dim], k and v [T, n_kv_heads*head_dim], pos as rope's. Each output
+     * has the bits the separate calls give. Statuses as those calls'. NULL: libloom calls
+     * rms_norm on q's and k's heads, rope on q and on k, then kv_store — five ops a layer,
+     * which a device backend runs as five launches. */
+    loom_status (*norm_rope_store)(void *stream, loom_tensor *q, loom_tensor *k,
+                                   const loom_tensor *v, const loom_tensor *q_norm,
+                                   const loom_tensor *k_norm, float eps, const loom_tensor *pos,
+                                   const loom_rope_params *p, const loom_kv_desc *kv,
+                                   int32_t layer);
 
     /* (optional) Summaries of rows of logits, so that sampling does not copy them to the host
      * (a row of Gemma 3's 262,144-token vocabulary is 1 MiB; a summary with 256 candidates,

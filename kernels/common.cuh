@@ -126,6 +126,28 @@ static __device__ __forceinline__ float loom_warp_sum(float v) {
     return v;
 }
 
+/* The threads of a row's RMS norm (rms_norm_kernel, norm_rope_store_kernel): their layout is
+ * part of the result's bits. */
+#define LOOM_RMS_THREADS 256
+
+/* 1 / sqrt(mean(x^2) + eps) of a row of D floats, by a block of LOOM_RMS_THREADS threads, each
+ * holding s, the fmaf sum of the squares of its elements (threadIdx.x, then every
+ * LOOM_RMS_THREADS-th). A fixed order: each warp's butterfly, then the warps' sums in turn. Every
+ * thread gets the result; warp_sums is LOOM_RMS_THREADS / 32 floats of shared memory, free
+ * again when this returns (its second barrier). */
+static __device__ __forceinline__ float loom_rms_inv(float s, int64_t D, float eps,
+                                                     float *warp_sums) {
+    s = loom_warp_sum(s);
+    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < LOOM_RMS_THREADS / 32; w++) total += warp_sums[w];
+    const float inv = 1.0f / sqrtf(total / (float)D + eps);
+    __syncthreads();
+    return inv;
+}
+
 static __device__ __forceinline__ float loom_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -5,7 +5,7 @@
 
 /* ---- rms_norm ------------------------------------------------------------------------------ */
 
-#define RMS_THREADS 256
+#define RMS_THREADS LOOM_RMS_THREADS
 
 typedef struct rms_args {
     loom__k_rows shape;
@@ -16,9 +16,9 @@ typedef struct rms_args {
     float eps;
 } rms_args;
 
-/* One block per row: (x += y where y is given,) the sum of squares in a fixed order (each
- * thread's stride, then the warps' sums in order), then the row scaled. Every thread reads back
- * only what it wrote itself, and the row is read whole before it is written, so out may be x
+/* One block per row: (x += y where y is given,) the sum of squares in a fixed order
+ * (loom_rms_inv), then the row scaled. Every thread reads back only what it wrote itself, and
+ * the row is read whole before it is written (loom_rms_inv's second barrier), so out may be x
  * (plain rms_norm). The same order with and without y: add_rms_norm has the bits of add then
  * rms_norm. */
 static __global__ void __launch_bounds__(RMS_THREADS) rms_norm_kernel(rms_args a) {
@@ -33,14 +33,7 @@ static __global__ void __launch_bounds__(RMS_THREADS) rms_norm_kernel(rms_args a
         if (y) x[i] = v = v + y[i];
         s = fmaf(v, v, s);
     }
-    s = loom_warp_sum(s);
-    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = s;
-    __syncthreads();
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < RMS_THREADS / 32; w++) total += warp_sums[w];
-    const float inv = 1.0f / sqrtf(total / (float)D + a.eps);
-    __syncthreads(); /* every thread has read x's sum before any writes out (out may be x) */
+    const float inv = loom_rms_inv(s, D, a.eps, warp_sums);
     for (int64_t i = threadIdx.x; i < D; i += RMS_THREADS)
         o[i] = a.w ? x[i] * inv * a.w[i] : x[i] * inv;
 }

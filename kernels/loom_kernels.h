@@ -232,6 +232,28 @@ loom_status loom__cuda_kv_store(cudaStream_t stream, const loom__k_kv *kv, const
                                 size_t k_stride, const float *v, size_t v_stride, void *k_pool,
                                 void *v_pool, void *k_scale, void *v_scale);
 
+/* The attention's inputs finished in one launch (norm_rope_store.cu): for each row, q's heads
+ * and k's heads each RMS-normed where q_norm / k_norm is given (F32 [head_dim]: Gemma 3, Qwen 3;
+ * NULL: not normed), then rotated (rope: its n_head is q's; k has n_kv_heads), in place; then,
+ * where kv is given, k's and v's rows written into the pools as loom__cuda_kv_store writes
+ * them (F32, F16 or BF16 pages; FP8 and merged pairs take kv_store after this). Each value has
+ * the bits of rms_norm, rope and kv_store run one after another. Needs n_head a multiple of
+ * n_kv_heads, n_kv_heads <= 65535 and n_rot <= 2 * LOOM_K_QK_MAX_FREQS. */
+#define LOOM_K_QK_MAX_FREQS 256
+typedef struct loom__k_qk {
+    loom__k_rope rope; /* n_rows, n_head (q's), head_dim, n_rot, angles, pos */
+    int32_t n_kv_heads;
+    float *q, *k;
+    size_t q_stride, k_stride;
+    const float *v;
+    size_t v_stride;
+    const float *q_norm, *k_norm; /* [head_dim] or NULL */
+    float eps;
+} loom__k_qk;
+
+loom_status loom__cuda_norm_rope_store(cudaStream_t stream, const loom__k_qk *a,
+                                       const loom__k_kv *kv, void *k_pool, void *v_pool);
+
 /* A layer of a merged pair (loom_backend.h, LOOM_KV_MERGED): the pair's merge pool and its
  * block layout (offsets from the host's loom_kv_merge_*_at). base NULL: the layer is in no
  * pair. */

@@ -3,7 +3,7 @@
  * and their cosines and sines taken in double precision, then rounded to float, as the CPU
  * backend does: the factors agree with the CPU's but for an occasional last bit (CUDA's double
  * pow and sincos are within 2 ulp, glibc's within 1). */
-#include "common.cuh"
+#include "rope.cuh"
 
 typedef struct rope_args {
     loom__k_rope p;
@@ -19,18 +19,10 @@ static __global__ void rope_kernel(rope_args a) {
     float *x = (float *)((char *)a.x + r * p.x_stride);
     const double pos = (double)p.pos[r];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double f = (double)p.freq_scale * pow((double)p.theta_base, -2.0 * i / p.n_rot);
-        if (p.freq_factors) f /= (double)p.freq_factors[i];
-        double sd, cd;
-        sincos(pos * f, &sd, &cd);
-        const float c = (float)cd, s = (float)sd;
-        const int i0 = p.neox ? i : 2 * i, i1 = p.neox ? i + half : 2 * i + 1;
-        for (int h = 0; h < p.n_head; h++) {
-            float *xh = x + (int64_t)h * p.head_dim;
-            const float x0 = xh[i0], x1 = xh[i1];
-            xh[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-            xh[i1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-        }
+        float c, s;
+        loom_rope_angle(p, pos, i, &c, &s);
+        for (int h = 0; h < p.n_head; h++)
+            loom_rope_rotate(x + (int64_t)h * p.head_dim, p, i, c, s);
     }
 }
 

@@ -404,6 +404,124 @@ static void bench_attention(int32_t batch, int32_t ctx, int32_t new_rows, int32_
     free(len);
 }
 
+/* ---- a layer's attention inputs: norm_rope_store against the five ops it replaces ---------- */
+
+typedef struct qk_ctx {
+    loom_tensor q, k, v, pos, qn, kn;
+    loom_rope_params p;
+    loom_kv_desc kv;
+    bool norms;
+} qk_ctx;
+
+static void qk_fused_run(void *ctx, int copy) {
+    (void)copy;
+    qk_ctx *c = ctx;
+    if (g_gpu.ops->norm_rope_store(g_gpu.ctx, &c->q, &c->k, &c->v, c->norms ? &c->qn : NULL,
+                                   c->norms ? &c->kn : NULL, 1e-6f, &c->pos, &c->p, &c->kv,
+                                   0) != LOOM_OK)
+        die("norm_rope_store");
+}
+
+static void qk_separate_run(void *ctx, int copy) {
+    (void)copy;
+    qk_ctx *c = ctx;
+    const int32_t hd = c->p.head_dim, n_kv = c->kv.n_kv_heads;
+    loom_rope_params pk = c->p;
+    pk.n_head = n_kv;
+    if (c->norms) {
+        loom_tensor qh =
+            loom_tensor_2d(LOOM_TYPE_F32, c->q.data, hd, c->q.ne[1] * c->p.n_head, (size_t)hd * 4);
+        loom_tensor kh =
+            loom_tensor_2d(LOOM_TYPE_F32, c->k.data, hd, c->k.ne[1] * n_kv, (size_t)hd * 4);
+        if (g_gpu.ops->rms_norm(g_gpu.ctx, &qh, &c->qn, 1e-6f, &qh) != LOOM_OK ||
+            g_gpu.ops->rms_norm(g_gpu.ctx, &kh, &c->kn, 1e-6f, &kh) != LOOM_OK)
+            die("rms_norm");
+    }
+    if (g_gpu.ops->rope(g_gpu.ctx, &c->q, &c->pos, &c->p) != LOOM_OK ||
+        g_gpu.ops->rope(g_gpu.ctx, &c->k, &c->pos, &pk) != LOOM_OK ||
+        g_gpu.ops->kv_store(g_gpu.ctx, &c->k, &c->v, &c->kv, 0) != LOOM_OK)
+        die("rope, kv_store");
+}
+
+/* rows new rows of one sequence (decode: 1) over n_head query and n_kv KV heads of hd, F16
+ * pages of 16 positions, per-head norms where norms (Gemma 3): the one launch against the
+ * five, alternated (A B A B), each the median of its runs. The values rotate a little further
+ * at every call, which changes neither path's time. */
+static void bench_qk(int32_t rows, int32_t n_head, int32_t n_kv, int32_t hd, bool norms) {
+    qk_ctx c = {.norms = norms};
+    const int64_t qd = (int64_t)n_head * hd, kd = (int64_t)n_kv * hd;
+    const int32_t bs = 16, nb = (rows + bs - 1) / bs;
+    const size_t token = (size_t)kd * 2, block = token * bs, pool = block * (size_t)nb;
+    void *kp = dev_alloc(pool), *vp = dev_alloc(pool);
+    float *q = dev_alloc((size_t)(rows * qd) * 4), *k = dev_alloc((size_t)(rows * kd) * 4),
+          *v = dev_alloc((size_t)(rows * kd) * 4), *w = dev_alloc((size_t)hd * 4);
+    dev_fill(q, (size_t)(rows * qd) * 4);
+    dev_fill(k, (size_t)(rows * kd) * 4);
+    dev_fill(v, (size_t)(rows * kd) * 4);
+    dev_fill(w, (size_t)hd * 4);
+    int32_t *pos_h = malloc(sizeof(int32_t) * (size_t)rows),
+            *ids = malloc(sizeof(int32_t) * (size_t)nb);
+    if (pos_h == NULL || ids == NULL) die("malloc");
+    for (int32_t i = 0; i < rows; i++) pos_h[i] = i;
+    for (int32_t b = 0; b < nb; b++) ids[b] = b;
+    int32_t *pos_d = dev_alloc(sizeof(int32_t) * (size_t)rows);
+    if (g_gpu.ops->tensor_set(g_gpu.ctx, pos_d, pos_h, sizeof(int32_t) * (size_t)rows) != LOOM_OK)
+        die("tensor_set");
+    static int32_t indptr[2], q_start[2], pos_start[1], len[1];
+    indptr[0] = 0;
+    indptr[1] = nb;
+    q_start[0] = 0;
+    q_start[1] = rows;
+    pos_start[0] = 0;
+    len[0] = rows;
+    static void *kb[1], *vb[1];
+    kb[0] = kp;
+    vb[0] = vp;
+    c.kv = (loom_kv_desc){.n_seqs = 1,
+                          .indptr = indptr,
+                          .block_ids = ids,
+                          .q_start = q_start,
+                          .pos_start = pos_start,
+                          .kv_len = len,
+                          .block_size = bs,
+                          .n_blocks = nb,
+                          .n_kv_heads = n_kv,
+                          .head_dim = hd,
+                          .kv_type = LOOM_TYPE_F16,
+                          .layout = LOOM_KV_LAYOUT_NHD,
+                          .token_stride = token,
+                          .block_stride = block,
+                          .n_layers = 1,
+                          .k_base = kb,
+                          .v_base = vb};
+    c.q = loom_tensor_2d(LOOM_TYPE_F32, q, qd, rows, (size_t)qd * 4);
+    c.k = loom_tensor_2d(LOOM_TYPE_F32, k, kd, rows, (size_t)kd * 4);
+    c.v = loom_tensor_2d(LOOM_TYPE_F32, v, kd, rows, (size_t)kd * 4);
+    c.pos = loom_tensor_2d(LOOM_TYPE_I32, pos_d, rows, 1, sizeof(int32_t) * (size_t)rows);
+    c.qn = c.kn = loom_tensor_2d(LOOM_TYPE_F32, w, hd, 1, (size_t)hd * 4);
+    c.p = (loom_rope_params){.mode = LOOM_ROPE_NEOX,
+                             .n_head = n_head,
+                             .head_dim = hd,
+                             .n_rot = hd,
+                             .theta_base = 500000.0f,
+                             .freq_scale = 1.0f};
+    loom_step_desc st = {.n_tokens = rows, .n_kv = 1, .kv = &c.kv};
+    if (g_gpu.ops->step_begin(g_gpu.ctx, &st) != LOOM_OK) die("step_begin");
+    const int reps = rows == 1 ? 50 : 10;
+    double f[2], sep[2];
+    for (int i = 0; i < 2; i++) {
+        f[i] = time_op(qk_fused_run, &c, 1, reps);
+        sep[i] = time_op(qk_separate_run, &c, 1, reps);
+    }
+    const double sf = (f[0] + f[1]) / 2, ss = (sep[0] + sep[1]) / 2;
+    printf("{\"kind\":\"qk\",\"mode\":\"%s\",\"rows\":%d,\"n_head\":%d,\"n_kv\":%d,"
+           "\"hd\":%d,\"norms\":%s,\"s_fused\":%.6e,\"s_separate\":%.6e}\n",
+           g_mode, rows, n_head, n_kv, hd, norms ? "true" : "false", sf, ss);
+    fflush(stdout);
+    free(pos_h);
+    free(ids);
+}
+
 /* ---- sampling: a row's summary against the row --------------------------------------------- */
 
 typedef struct sum_ctx {
@@ -531,6 +649,11 @@ int main(int argc, char **argv) {
     bench_sampling(1);
     bench_sampling(16);
     bench_sampling(64);
+    /* a layer's q/k norms, rope and KV write: one launch against five (Llama-3-8B's heads, no
+     * norms; Gemma 3 270M's, normed) at decode, a batch of decodes' size and a prefill */
+    const int32_t qk_rows[] = {1, 64, 2048};
+    for (int i = 0; i < 3; i++) bench_qk(qk_rows[i], 32, 8, 128, false);
+    for (int i = 0; i < 3; i += 2) bench_qk(qk_rows[i], 4, 1, 256, true);
     loom__backend_stream_close(&g_gpu);
     /* The default's cost: the shapes whose kernel the fast mode (LOOM_CUDA_BATCH_INVARIANT=0)
      * changes — decode steps on the GEMV, decode attention on split-KV (a prefill chunk takes

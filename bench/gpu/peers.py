@@ -213,6 +213,15 @@ def main():
             print(f"| B={rp['batch']} ctx={rp['ctx']} rows={rp['new_rows']} hd={rp['hd']} "
                   f"{rp.get('kv')} pages ({rp['mode']}) | {rc['s']*1e6:.1f} | {rp['s']*1e6:.1f} "
                   f"| {100.0 * rc['s'] / rp['s']:.0f}% |")
+    qk = [r for r in rows if r["kind"] == "qk"]
+    if qk:
+        print("\n| a layer's q/k norms, rope and KV write (F16 pages) | five launches µs | "
+              "one launch (norm_rope_store) µs | five / one |")
+        print("|---|---:|---:|---:|")
+        for r in qk:
+            print(f"| {r['rows']} rows, {r['n_head']}/{r['n_kv']} heads of {r['hd']}"
+                  f"{', normed' if r['norms'] else ''} | {r['s_separate']*1e6:.1f} "
+                  f"| {r['s_fused']*1e6:.1f} | {r['s_separate'] / r['s_fused']:.2f} |")
     samp = [r for r in rows if r["kind"] == "sampling"]
     if samp:
         print("\n| sampling, Gemma 3's 262,144-token vocabulary | summaries µs (KB to host) | "

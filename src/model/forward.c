@@ -209,23 +209,28 @@ static loom_status attention_block(const loom_model *m, loom__exec *ws, int32_t 
         loom_tensor *outs[3] = {&q, &k, &v};
         LOOM_TRY(linear_n(ops, ctx, own_kv ? 3 : 1, wts, bs, &xn, outs));
     }
-    if (w->q_norm.data) {
-        loom_tensor qh = per_head(&q, c->head_dim);
-        LOOM_TRY(ops->rms_norm(ctx, &qh, &w->q_norm, c->rms_eps, &qh));
-        if (own_kv) {
-            loom_tensor kh = per_head(&k, c->head_dim);
-            LOOM_TRY(ops->rms_norm(ctx, &kh, &w->k_norm, c->rms_eps, &kh));
-        }
-    }
-
     loom_rope_params rp = lc->rope;
     rp.head_dim = c->head_dim;
     rp.n_head = c->n_head;
-    LOOM_TRY(ops->rope(ctx, &q, &pos, &rp));
-    if (own_kv) {
-        rp.n_head = c->n_head_kv;
-        LOOM_TRY(ops->rope(ctx, &k, &pos, &rp));
-        LOOM_TRY(ops->kv_store(ctx, &k, &v, kvg, il));
+    if (own_kv && ops->norm_rope_store != NULL) {
+        const bool normed = w->q_norm.data != NULL;
+        LOOM_TRY(ops->norm_rope_store(ctx, &q, &k, &v, normed ? &w->q_norm : NULL,
+                                      normed ? &w->k_norm : NULL, c->rms_eps, &pos, &rp, kvg, il));
+    } else {
+        if (w->q_norm.data) {
+            loom_tensor qh = per_head(&q, c->head_dim);
+            LOOM_TRY(ops->rms_norm(ctx, &qh, &w->q_norm, c->rms_eps, &qh));
+            if (own_kv) {
+                loom_tensor kh = per_head(&k, c->head_dim);
+                LOOM_TRY(ops->rms_norm(ctx, &kh, &w->k_norm, c->rms_eps, &kh));
+            }
+        }
+        LOOM_TRY(ops->rope(ctx, &q, &pos, &rp));
+        if (own_kv) {
+            rp.n_head = c->n_head_kv;
+            LOOM_TRY(ops->rope(ctx, &k, &pos, &rp));
+            LOOM_TRY(ops->kv_store(ctx, &k, &v, kvg, il));
+        }
     }
 
     loom_attn_params ap = {

@@ -1335,6 +1335,192 @@ static void test_attention(void **state) {
     attn_prefill_sweep();
 }
 
+/* norm_rope_store (one launch on CUDA) against the separate ops it stands for on the same
+ * device: q, k and both pools (every byte, those neither wrote included) the same bits; q and k
+ * against the CPU's separate ops within rope's 1e-6. Then its refusals. */
+static void norm_rope_store_case(int32_t nh, int32_t nkv, int32_t hd, int32_t n_rot, bool neox,
+                                 bool norms, loom_type kv_type, int32_t bs, bool long_step) {
+    /* a short step (a block per row and kv head), or one of 531 rows (a block per row) */
+    static const int32_t lens[] = {1, 40, 19, 70, 300}, long_lens[] = {600, 3};
+    static const int32_t news[] = {1, 13, 19, 2, 1}, long_news[] = {530, 1};
+    const attn_case c = {.block_size = bs,
+                         .head_dim = hd,
+                         .n_kv_heads = nkv,
+                         .group = nh / nkv,
+                         .kv_type = kv_type,
+                         .n_seqs = long_step ? 2 : 5,
+                         .kv_len = long_step ? long_lens : lens,
+                         .n_new = long_step ? long_news : news};
+    char label[128];
+    snprintf(label, sizeof label, "norm_rope_store %d/%d heads of %d, n_rot %d%s%s, %s pages%s", nh,
+             nkv, hd, n_rot, neox ? " neox" : "", norms ? " normed" : "", loom__type_name(kv_type),
+             long_step ? ", 531 rows" : "");
+    int32_t total = 0;
+    for (int32_t s = 0; s < c.n_seqs; s++) total += (c.kv_len[s] + bs - 1) / bs;
+    int32_t *perm = xmalloc(sizeof(int32_t) * (size_t)(total + 3));
+    for (int32_t i = 0; i < total + 3; i++) perm[i] = (i * 7 + 3) % (total + 3);
+    kv_layout L;
+    layout_make(&c, false, false, perm, &L);
+    const int64_t T = L.n_rows, qd = (int64_t)nh * hd, kd = (int64_t)nkv * hd;
+    const kv_geom geo = geom_of(&c);
+    const size_t pool = (size_t)L.n_blocks * geo.block;
+    uint8_t *poison = xmalloc(pool);
+    memset(poison, 0xff, pool);
+    void *pk[2], *pv[2];
+    for (int i = 0; i < 2; i++) {
+        pk[i] = gpu_alloc(pool);
+        pv[i] = gpu_alloc(pool);
+        gpu_put(pk[i], poison, pool);
+        gpu_put(pv[i], poison, pool);
+    }
+    float *q = xmalloc((size_t)(T * qd) * 4), *k = xmalloc((size_t)(T * kd) * 4),
+          *v = xmalloc((size_t)(T * kd) * 4), *qn = xmalloc((size_t)hd * 4),
+          *kn = xmalloc((size_t)hd * 4);
+    fill_rand(q, (size_t)(T * qd), 3.0f);
+    fill_rand(k, (size_t)(T * kd), 3.0f);
+    fill_rand(v, (size_t)(T * kd), 3.0f);
+    for (int32_t i = 0; i < hd; i++) {
+        qn[i] = 1.0f + 0.5f * rng_f();
+        kn[i] = 1.0f + 0.5f * rng_f();
+    }
+    int32_t *pos = xmalloc(sizeof(int32_t) * (size_t)T);
+    for (int32_t s = 0, r = 0; s < c.n_seqs; s++)
+        for (int32_t i = 0; i < c.n_new[s]; i++, r++) pos[r] = L.pos_start[s] + i;
+    int32_t *dpos = gpu_alloc(sizeof(int32_t) * (size_t)T);
+    gpu_put(dpos, pos, sizeof(int32_t) * (size_t)T);
+    const loom_tensor gpos = loom_tensor_2d(LOOM_TYPE_I32, dpos, T, 1, sizeof(int32_t) * (size_t)T);
+    const loom_tensor cpos = loom_tensor_2d(LOOM_TYPE_I32, pos, T, 1, sizeof(int32_t) * (size_t)T);
+    loom_weight_src qs = {.name = "q_norm.weight",
+                          .type = LOOM_TYPE_F32,
+                          .ne = {hd, 1},
+                          .row_stride = (size_t)hd * 4,
+                          .data = qn,
+                          .persistent = true,
+                          .use = LOOM_WEIGHT_VECTOR},
+                    ks = qs;
+    ks.data = kn;
+    loom_tensor gqn, gkn;
+    expect_ok(g_gpu.ops->weight_prepare(g_gpu.dev, &qs, &gqn), "cuda prepare");
+    expect_ok(g_gpu.ops->weight_prepare(g_gpu.dev, &ks, &gkn), "cuda prepare");
+    const loom_rope_params p = {.mode = neox ? LOOM_ROPE_NEOX : LOOM_ROPE_NORMAL,
+                                .n_head = nh,
+                                .head_dim = hd,
+                                .n_rot = n_rot,
+                                .theta_base = 10000.0f,
+                                .freq_scale = 1.0f};
+    loom_rope_params pk_ = p;
+    pk_.n_head = nkv;
+    loom_tensor gq[2], gk[2];
+    for (int i = 0; i < 2; i++) {
+        gq[i] = gpu_f32(q, qd, T);
+        gk[i] = gpu_f32(k, kd, T);
+    }
+    const loom_tensor gv = gpu_f32(v, kd, T);
+    void *kb0[1] = {pk[0]}, *vb0[1] = {pv[0]}, *kb1[1] = {pk[1]}, *vb1[1] = {pv[1]};
+    void *ks0[1] = {(char *)pk[0] + geo.scale_at}, *vs0[1] = {(char *)pv[0] + geo.scale_at};
+    void *ks1[1] = {(char *)pk[1] + geo.scale_at}, *vs1[1] = {(char *)pv[1] + geo.scale_at};
+    const loom_kv_desc d0 = desc_of(&c, &L, kb0, vb0, ks0, vs0);
+    const loom_kv_desc d1 = desc_of(&c, &L, kb1, vb1, ks1, vs1);
+
+    /* the separate ops */
+    step_begin(&g_gpu, &d0, (int32_t)T);
+    if (norms) {
+        loom_tensor qh = loom_tensor_2d(LOOM_TYPE_F32, gq[0].data, hd, T * nh, (size_t)hd * 4);
+        loom_tensor kh = loom_tensor_2d(LOOM_TYPE_F32, gk[0].data, hd, T * nkv, (size_t)hd * 4);
+        expect_ok(g_gpu.ops->rms_norm(g_gpu.ctx, &qh, &gqn, 1e-6f, &qh), label);
+        expect_ok(g_gpu.ops->rms_norm(g_gpu.ctx, &kh, &gkn, 1e-6f, &kh), label);
+    }
+    expect_ok(g_gpu.ops->rope(g_gpu.ctx, &gq[0], &gpos, &p), label);
+    expect_ok(g_gpu.ops->rope(g_gpu.ctx, &gk[0], &gpos, &pk_), label);
+    expect_ok(g_gpu.ops->kv_store(g_gpu.ctx, &gk[0], &gv, &d0, 0), label);
+    /* the one op */
+    step_begin(&g_gpu, &d1, (int32_t)T);
+    expect_ok(g_gpu.ops->norm_rope_store(g_gpu.ctx, &gq[1], &gk[1], &gv, norms ? &gqn : NULL,
+                                         norms ? &gkn : NULL, 1e-6f, &gpos, &p, &d1, 0),
+              label);
+
+    float *a = host_f32(T * qd), *b = host_f32(T * qd);
+    gpu_get(a, gq[0].data, (size_t)(T * qd) * 4);
+    gpu_get(b, gq[1].data, (size_t)(T * qd) * 4);
+    if (memcmp(a, b, (size_t)(T * qd) * 4) != 0)
+        fail_msg("%s: q differs from the separate ops'", label);
+    /* against the CPU's separate ops */
+    loom_tensor cq = cpu_view(q, qd, T), ck = cpu_view(k, kd, T);
+    if (norms) {
+        loom_tensor qh = cpu_view(q, hd, T * nh), kh = cpu_view(k, hd, T * nkv);
+        loom_tensor cqn = cpu_view(qn, hd, 1), ckn = cpu_view(kn, hd, 1);
+        expect_ok(g_cpu.ops->rms_norm(g_cpu.ctx, &qh, &cqn, 1e-6f, &qh), "cpu rms_norm");
+        expect_ok(g_cpu.ops->rms_norm(g_cpu.ctx, &kh, &ckn, 1e-6f, &kh), "cpu rms_norm");
+    }
+    expect_ok(g_cpu.ops->rope(g_cpu.ctx, &cq, &cpos, &p), "cpu rope");
+    expect_ok(g_cpu.ops->rope(g_cpu.ctx, &ck, &cpos, &pk_), "cpu rope");
+    expect_close(b, q, (size_t)(T * qd), 1e-6, label);
+    gpu_get(a, gk[0].data, (size_t)(T * kd) * 4);
+    gpu_get(b, gk[1].data, (size_t)(T * kd) * 4);
+    if (memcmp(a, b, (size_t)(T * kd) * 4) != 0)
+        fail_msg("%s: k differs from the separate ops'", label);
+    expect_close(b, k, (size_t)(T * kd), 1e-6, label);
+    uint8_t *p0 = xmalloc(pool), *p1 = xmalloc(pool);
+    for (int w = 0; w < 2; w++) {
+        gpu_get(p0, w ? pv[0] : pk[0], pool);
+        gpu_get(p1, w ? pv[1] : pk[1], pool);
+        if (memcmp(p0, p1, pool) != 0)
+            fail_msg("%s: the %c pool differs from kv_store's", label, "KV"[w]);
+        if (memcmp(p1, poison, pool) == 0) fail_msg("%s: nothing was stored", label);
+    }
+
+    /* refusals: nothing launched, a clear status */
+    loom_tensor wide = gk[1];
+    wide.ne[0] = kd + hd;
+    assert_int_equal(g_gpu.ops->norm_rope_store(g_gpu.ctx, &gq[1], &wide, &gv, NULL, NULL, 1e-6f,
+                                                &gpos, &p, &d1, 0),
+                     LOOM_ERR_INVALID_ARG);
+    loom_tensor k_in_q = loom_tensor_2d(LOOM_TYPE_F32, gq[1].data, kd, T, (size_t)kd * 4);
+    assert_int_equal(g_gpu.ops->norm_rope_store(g_gpu.ctx, &gq[1], &k_in_q, &gv, NULL, NULL, 1e-6f,
+                                                &gpos, &p, &d1, 0),
+                     LOOM_ERR_INVALID_ARG);
+    assert_int_equal(g_gpu.ops->norm_rope_store(g_gpu.ctx, NULL, &gk[1], &gv, NULL, NULL, 1e-6f,
+                                                &gpos, &p, &d1, 0),
+                     LOOM_ERR_INVALID_ARG);
+    loom_tensor short_norm = gqn;
+    short_norm.ne[0] = hd - 2;
+    assert_int_equal(g_gpu.ops->norm_rope_store(g_gpu.ctx, &gq[1], &gk[1], &gv, &short_norm, NULL,
+                                                1e-6f, &gpos, &p, &d1, 0),
+                     LOOM_ERR_INVALID_ARG);
+    assert_int_equal(g_gpu.ops->norm_rope_store(g_gpu.ctx, &gq[1], &gk[1], &gv, NULL, NULL, 1e-6f,
+                                                &gpos, &p, &d1, 1),
+                     LOOM_ERR_INVALID_ARG);
+    free(p0);
+    free(p1);
+    free(a);
+    free(b);
+    free(q);
+    free(k);
+    free(v);
+    free(qn);
+    free(kn);
+    free(pos);
+    free(poison);
+    free(perm);
+    layout_free(&L);
+    gpu_free_all();
+}
+
+static void test_norm_rope_store(void **state) {
+    (void)state;
+    if (g_gpu.ops->norm_rope_store == NULL) {
+        printf("SKIP: the %s backend has no norm_rope_store\n", g_gpu_name);
+        return;
+    }
+    norm_rope_store_case(8, 2, 64, 64, false, false, LOOM_TYPE_F16, 16, false); /* llama */
+    norm_rope_store_case(8, 2, 64, 64, false, false, LOOM_TYPE_F16, 16, true);
+    norm_rope_store_case(4, 1, 256, 256, true, true, LOOM_TYPE_BF16, 8, false); /* Gemma 3 */
+    norm_rope_store_case(6, 2, 128, 128, true, true, LOOM_TYPE_F32, 1, true);   /* Qwen 3 */
+    norm_rope_store_case(4, 4, 96, 32, false, true, LOOM_TYPE_F16, 16, false);  /* partial */
+    /* FP8 pages: kv_store's kernel after the launch */
+    norm_rope_store_case(8, 2, 128, 128, true, true, LOOM_TYPE_FP8_E4M3, 16, false);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Copies                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
@@ -1985,7 +2171,7 @@ int main(void) {
         cmocka_unit_test(test_fp8_gemm),       cmocka_unit_test(test_bf16_gemm),
         cmocka_unit_test(test_logits_summary), cmocka_unit_test(test_engine_batch_invariance),
         cmocka_unit_test(test_matmul_multi),   cmocka_unit_test(test_engine_graphs),
-        cmocka_unit_test(test_wgmma_gemm),
+        cmocka_unit_test(test_wgmma_gemm),     cmocka_unit_test(test_norm_rope_store),
     };
     /* LOOM_TEST_ONLY=name[,name...] runs those tests alone (check.sh's planted-bug step and its
      * run of the fast mode). */

@@ -76,6 +76,9 @@ int run_all(bool verbose);
 namespace emu_kv_store {
 int run_all(bool verbose);
 }
+namespace emu_norm_rope_store {
+int run_all(bool verbose);
+}
 namespace emu_kv_merge {
 int run_all(bool verbose);
 }

@@ -401,6 +401,7 @@ const part parts[] = {
     {"elementwise", "elementwise", emu_elementwise::run_all},
     {"rope", "rope", emu_rope::run_all},
     {"kv_store", "kv_store", emu_kv_store::run_all},
+    {"norm_rope_store", "norm_rope_store", emu_norm_rope_store::run_all},
     {"attention", "attention", attention_tests},
     {"kv_merge", "kv_merge", emu_kv_merge::run_all},
     {"blaslt_gemm", "blaslt_gemm", emu_blaslt_gemm::run_all},

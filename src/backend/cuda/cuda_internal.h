@@ -65,6 +65,9 @@ typedef struct loom__cuda_dev {
     /* LOOM_CUDA_GEMM_WS=0: the wgmma GEMM never warp-specialised (loom__k_gemm_work's
      * gemm_plain), for check.sh's comparison. */
     bool gemm_plain;
+    /* LOOM_CUDA_FUSE_QK=0: norm_rope_store as its five separate ops (rms_norm twice, rope
+     * twice, kv_store), for check.sh's comparison; otherwise one launch. */
+    bool qk_separate;
     /* The driver's tensor-map encoder for the warp-specialised wgmma GEMM's TMA copies (NULL:
      * not on wgmma, LOOM_CUDA_GEMM_TMA=0, or a driver without it: cp.async copies). */
     loom__k_tmap_encode_fn tmap_encode;
@@ -204,6 +207,11 @@ loom_status loom__cuda_rope_op(void *stream, loom_tensor *x, const loom_tensor *
                                const loom_rope_params *p);
 loom_status loom__cuda_kv_store_op(void *stream, const loom_tensor *k, const loom_tensor *v,
                                    const loom_kv_desc *kv, int32_t layer);
+loom_status loom__cuda_norm_rope_store_op(void *stream, loom_tensor *q, loom_tensor *k,
+                                          const loom_tensor *v, const loom_tensor *q_norm,
+                                          const loom_tensor *k_norm, float eps,
+                                          const loom_tensor *pos, const loom_rope_params *p,
+                                          const loom_kv_desc *kv, int32_t layer);
 loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const loom_kv_desc *kv,
                                     const loom_attn_params *p, loom_tensor *out);
 loom_status loom__cuda_logits_summary_op(void *stream, const loom_tensor *logits, int32_t n_top,

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "tensor/op_check.h"
+#include "tensor/tensor_check.h"
 #include "tensor/types.h"
 
 /* The element-wise kernels' shape: out's rows and columns, the operands' strides (a y of one
@@ -272,6 +273,97 @@ loom_status loom__cuda_kv_store_op(void *stream, const loom_tensor *k, const loo
                                kv->k_base[pool_layer], kv->v_base[pool_layer],
                                kv->k_scale ? kv->k_scale[pool_layer] : NULL,
                                kv->v_scale ? kv->v_scale[pool_layer] : NULL);
+}
+
+/* x [T, H*head_dim] seen as one row per head [T*H, head_dim], the per-head norms' rows (x's
+ * rows must be contiguous). */
+static loom_status heads_of(const char *name, const loom_tensor *x, int32_t head_dim,
+                            loom_tensor *out) {
+    LOOM_RETURN_IF(x->row_stride != (size_t)x->ne[0] * 4, LOOM_ERR_INVALID_ARG,
+                   "norm_rope_store: %s's rows are %zu bytes apart; normed per head, they must "
+                   "be contiguous (%lld bytes)",
+                   name, x->row_stride, (long long)x->ne[0] * 4);
+    *out = *x;
+    out->ne[1] = x->ne[1] * (x->ne[0] / head_dim);
+    out->ne[0] = head_dim;
+    out->row_stride = (size_t)head_dim * 4;
+    return LOOM_OK;
+}
+
+loom_status loom__cuda_norm_rope_store_op(void *stream, loom_tensor *q, loom_tensor *k,
+                                          const loom_tensor *v, const loom_tensor *q_norm,
+                                          const loom_tensor *k_norm, float eps,
+                                          const loom_tensor *pos, const loom_rope_params *p,
+                                          const loom_kv_desc *kv, int32_t layer) {
+    loom__cuda_stream *c = stream;
+    LOOM_CHECK_ARG(c != NULL);
+    LOOM_RETURN_IF(q == NULL || k == NULL || p == NULL, LOOM_ERR_INVALID_ARG,
+                   "norm_rope_store: q, k or the rope parameters are NULL");
+    int32_t pool_layer;
+    LOOM_TRY(check_kv_use("norm_rope_store", kv, layer, false, &pool_layer));
+    int64_t n_rows;
+    LOOM_TRY(loom__check_kv_store(k, v, kv, &n_rows));
+    loom_rope_params pk = *p;
+    pk.n_head = kv->n_kv_heads;
+    LOOM_TRY(loom__check_rope(q, pos, p));
+    LOOM_TRY(loom__check_rope(k, pos, &pk));
+    LOOM_RETURN_IF(q->ne[1] != n_rows, LOOM_ERR_INVALID_ARG,
+                   "norm_rope_store: q has %lld rows, the step's k and v %lld", (long long)q->ne[1],
+                   (long long)n_rows);
+    LOOM_RETURN_IF(loom__tensors_overlap(q, k) || loom__tensors_overlap(q, v) ||
+                       loom__tensors_overlap(k, v),
+                   LOOM_ERR_INVALID_ARG, "norm_rope_store: q, k and v overlap");
+    loom_tensor qh, kh;
+    if (q_norm != NULL) {
+        LOOM_TRY(heads_of("q", q, p->head_dim, &qh));
+        LOOM_TRY(loom__check_rms_norm(&qh, q_norm, eps, &qh));
+    }
+    if (k_norm != NULL) {
+        LOOM_TRY(heads_of("k", k, p->head_dim, &kh));
+        LOOM_TRY(loom__check_rms_norm(&kh, k_norm, eps, &kh));
+    }
+    if (n_rows == 0) return LOOM_OK;
+    /* One launch where the kernel takes the shape (LOOM_CUDA_FUSE_QK=0: never, for
+     * check.sh's comparison); else the separate ops, with their bits either way. */
+    if (c->dev->qk_separate || p->n_head % kv->n_kv_heads != 0 || kv->n_kv_heads > 65535 ||
+        p->n_rot > 2 * LOOM_K_QK_MAX_FREQS) {
+        if (q_norm != NULL) LOOM_TRY(loom__cuda_rms_norm_op(c, &qh, q_norm, eps, &qh));
+        if (k_norm != NULL) LOOM_TRY(loom__cuda_rms_norm_op(c, &kh, k_norm, eps, &kh));
+        LOOM_TRY(loom__cuda_rope_op(c, q, pos, p));
+        LOOM_TRY(loom__cuda_rope_op(c, k, pos, &pk));
+        return loom__cuda_kv_store_op(c, k, v, kv, layer);
+    }
+    const loom__k_kv *dk;
+    LOOM_TRY(loom__cuda_find_step_kv(c, "norm_rope_store", kv, &dk));
+    LOOM_TRY(loom__cuda_launches(c));
+    /* FP8 pages (a scale per row and head, a block-wide maximum) and merged pairs keep
+     * kv_store's own kernels, after this launch. */
+    const bool store_here = (kv->kv_type == LOOM_TYPE_F32 || kv->kv_type == LOOM_TYPE_F16 ||
+                             kv->kv_type == LOOM_TYPE_BF16) &&
+                            merge_of(kv, layer).base == NULL;
+    const loom__k_qk a = {.rope = {.n_rows = n_rows,
+                                   .x_stride = q->row_stride,
+                                   .n_head = p->n_head,
+                                   .head_dim = p->head_dim,
+                                   .n_rot = p->n_rot,
+                                   .neox = p->mode == LOOM_ROPE_NEOX,
+                                   .theta_base = p->theta_base,
+                                   .freq_scale = p->freq_scale,
+                                   .freq_factors = p->freq_factors,
+                                   .pos = pos->data},
+                          .n_kv_heads = kv->n_kv_heads,
+                          .q = q->data,
+                          .k = k->data,
+                          .q_stride = q->row_stride,
+                          .k_stride = k->row_stride,
+                          .v = v->data,
+                          .v_stride = v->row_stride,
+                          .q_norm = q_norm ? q_norm->data : NULL,
+                          .k_norm = k_norm ? k_norm->data : NULL,
+                          .eps = eps};
+    LOOM_TRY(loom__cuda_norm_rope_store(c->s, &a, store_here ? dk : NULL, kv->k_base[pool_layer],
+                                        kv->v_base[pool_layer]));
+    return store_here ? LOOM_OK : loom__cuda_kv_store_op(c, k, v, kv, layer);
 }
 
 loom_status loom__cuda_attention_op(void *stream, const loom_tensor *q, const loom_kv_desc *kv,

@@ -71,7 +71,8 @@ extern "C" {
  * 4: add_rms_norm; 5: FP8 and BF16 KV pages, kv_flags (the Hadamard rotation) in the KV
  * descriptor, the op descriptor and the step shape; 6: merged pairs (LOOM_KV_MERGED, the merge
  * fields of the KV descriptor); 7: logits_summary (sampling without copying logit rows);
- * 8: norm_rope_store (a layer's q and k finished and its K/V written in one op). */
+ * 8: norm_rope_store (a layer's q and k finished and its K/V written in one op),
+ * norm_add_rms_norm (a post-norm, the residual add and the next norm in one op). */
 #define LOOM_BACKEND_ABI_VERSION 8
 
 /* The name of the function a plugin exports (see the top of this file). */
@@ -628,7 +629,8 @@ struct loom_backend_ops {
      * computes it; NULL: not normed), then rotated in place (rope with p; p->n_head is q's,
      * k's heads are kv->n_kv_heads), then k and v written into layer's pools (kv_store).
      * q [T, p->n_head*head_dim], k and v [T, n_kv_heads*head_dim], pos as rope's. Each output
-     * has the bits the separate calls give. Statuses as those calls'. NULL: libloom calls
+     * has the bits the separate calls give. Statuses as those calls', and INVALID_ARG where q,
+     * k and v overlap each other, or q or k the norms' weights or pos. NULL: libloom calls
      * rms_norm on q's and k's heads, rope on q and on k, then kv_store — five ops a layer,
      * which a device backend runs as five launches. */
     loom_status (*norm_rope_store)(void *stream, loom_tensor *q, loom_tensor *k,
@@ -636,6 +638,15 @@ struct loom_backend_ops {
                                    const loom_tensor *k_norm, float eps, const loom_tensor *pos,
                                    const loom_rope_params *p, const loom_kv_desc *kv,
                                    int32_t layer);
+
+    /* (optional) add_rms_norm with y normed first (Gemma's post-attention and post-FFN norms):
+     * x = x + rms_norm(y, w_y, eps), then out = rms_norm(x, w, eps); x holds the sum afterwards,
+     * y either its input or its norm (the caller's scratch). Each value has the bits of
+     * rms_norm(y, w_y, eps, y) then add_rms_norm(x, y, w, eps, out). out must not overlap x or
+     * y. NULL: libloom makes those two calls. */
+    loom_status (*norm_add_rms_norm)(void *stream, loom_tensor *x, const loom_tensor *y,
+                                     const loom_tensor *w_y, const loom_tensor *w, float eps,
+                                     loom_tensor *out);
 
     /* (optional) Summaries of rows of logits, so that sampling does not copy them to the host
      * (a row of Gemma 3's 262,144-token vocabulary is 1 MiB; a summary with 256 candidates,

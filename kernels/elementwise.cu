@@ -14,23 +14,30 @@ typedef struct rms_args {
     const float *w;
     float *out;
     float eps;
+    const float *wy; /* y normed first (rms_norm(y) * wy) before the add, or NULL: y as is */
 } rms_args;
 
-/* One block per row: (x += y where y is given,) the sum of squares in a fixed order
- * (loom_rms_inv), then the row scaled. Every thread reads back only what it wrote itself, and
- * the row is read whole before it is written (loom_rms_inv's second barrier), so out may be x
- * (plain rms_norm). The same order with and without y: add_rms_norm has the bits of add then
- * rms_norm. */
+/* One block per row: (x += y where y is given, y normed first where wy is,) the sum of squares
+ * in a fixed order (loom_rms_inv), then the row scaled. Every thread reads back only what it
+ * wrote itself, and the row is read whole before it is written (loom_rms_inv's second barrier),
+ * so out may be x (plain rms_norm). The same order with and without y and wy: add_rms_norm has
+ * the bits of add then rms_norm, norm_add_rms_norm those of rms_norm, add, rms_norm. */
 static __global__ void __launch_bounds__(RMS_THREADS) rms_norm_kernel(rms_args a) {
     __shared__ float warp_sums[RMS_THREADS / 32];
     const int64_t r = blockIdx.x, D = a.shape.n_cols;
     float *x = (float *)((char *)a.x + r * a.shape.x_stride);
     const float *y = a.y ? (const float *)((const char *)a.y + r * a.shape.y_stride) : nullptr;
     float *o = (float *)((char *)a.out + r * a.shape.out_stride);
+    float inv_y = 0.0f;
+    if (a.wy) {
+        float sy = 0.0f;
+        for (int64_t i = threadIdx.x; i < D; i += RMS_THREADS) sy = fmaf(y[i], y[i], sy);
+        inv_y = loom_rms_inv(sy, D, a.eps, warp_sums);
+    }
     float s = 0.0f;
     for (int64_t i = threadIdx.x; i < D; i += RMS_THREADS) {
         float v = x[i];
-        if (y) x[i] = v = v + y[i];
+        if (y) x[i] = v = v + (a.wy ? y[i] * inv_y * a.wy[i] : y[i]);
         s = fmaf(v, v, s);
     }
     const float inv = loom_rms_inv(s, D, a.eps, warp_sums);
@@ -42,7 +49,7 @@ static __global__ void __launch_bounds__(RMS_THREADS) rms_norm_kernel(rms_args a
 extern "C" loom_status loom__cuda_rms_norm(cudaStream_t stream, const loom__k_rows *shape,
                                            const float *x, const float *w, float eps, float *out) {
     if (shape->n_rows == 0) return LOOM_OK;
-    rms_args a = {*shape, (float *)x, nullptr, w, out, eps}; /* x is only read here */
+    rms_args a = {*shape, (float *)x, nullptr, w, out, eps, nullptr}; /* x is only read */
     LOOM_K_LAUNCH((rms_norm_kernel), ((unsigned)shape->n_rows, RMS_THREADS, 0, stream), a);
     LOOM_K_LAUNCHED("rms_norm");
     return LOOM_OK;
@@ -52,9 +59,19 @@ extern "C" loom_status loom__cuda_add_rms_norm(cudaStream_t stream, const loom__
                                                float *x, const float *y, const float *w, float eps,
                                                float *out) {
     if (shape->n_rows == 0) return LOOM_OK;
-    rms_args a = {*shape, x, y, w, out, eps};
+    rms_args a = {*shape, x, y, w, out, eps, nullptr};
     LOOM_K_LAUNCH((rms_norm_kernel), ((unsigned)shape->n_rows, RMS_THREADS, 0, stream), a);
     LOOM_K_LAUNCHED("add_rms_norm");
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom__cuda_norm_add_rms_norm(cudaStream_t stream, const loom__k_rows *shape,
+                                                    float *x, const float *y, const float *wy,
+                                                    const float *w, float eps, float *out) {
+    if (shape->n_rows == 0) return LOOM_OK;
+    rms_args a = {*shape, x, y, w, out, eps, wy};
+    LOOM_K_LAUNCH((rms_norm_kernel), ((unsigned)shape->n_rows, RMS_THREADS, 0, stream), a);
+    LOOM_K_LAUNCHED("norm_add_rms_norm");
     return LOOM_OK;
 }
 #endif

@@ -60,6 +60,11 @@ loom_status loom__cuda_rms_norm(cudaStream_t stream, const loom__k_rows *shape, 
  * loom__cuda_rms_norm, in one pass. */
 loom_status loom__cuda_add_rms_norm(cudaStream_t stream, const loom__k_rows *shape, float *x,
                                     const float *y, const float *w, float eps, float *out);
+/* x = x + rms_norm(y) * wy (y is only read), then out = rms_norm(x) * (w ? w : 1): the bits of
+ * loom__cuda_rms_norm of y, then loom__cuda_add_rms_norm, in one pass (Gemma's post-norms). */
+loom_status loom__cuda_norm_add_rms_norm(cudaStream_t stream, const loom__k_rows *shape, float *x,
+                                         const float *y, const float *wy, const float *w, float eps,
+                                         float *out);
 /* out = x + y. */
 loom_status loom__cuda_add(cudaStream_t stream, const loom__k_rows *shape, const float *x,
                            const float *y, float *out);

@@ -15,10 +15,10 @@ typedef struct qk_args {
     int heads_per_block; /* kv heads a block takes: n_kv_heads / gridDim.y */
 } qk_args;
 
-/* Rows at which a block takes every kv head of its row: enough blocks to fill the device
- * without the split, and the row's angles (double-precision pow and sincos, slow on GPUs
- * without full-rate FP64) computed once instead of once per kv head. */
-#define QK_WHOLE_ROWS 512
+/* Blocks a launch keeps (about 8 per SM of a large GPU) when it gives a block several kv heads of
+ * its row: past that, every block computes the row's angles (double-precision pow and sincos,
+ * slow on GPUs without full-rate FP64) for fewer heads than it could. */
+#define QK_MIN_BLOCKS 1024
 
 /* Head xh normed in place as rms_norm_kernel norms a row of head_dim values (w given), then
  * rotated by the block's angles (cs: cosines, then sines, one per frequency). The barrier
@@ -99,7 +99,12 @@ extern "C" loom_status loom__cuda_norm_rope_store(cudaStream_t stream, const loo
         LOOM_K_UNSUPPORTED("cuda: norm_rope_store of %lld rows, %d query heads over %d kv heads, "
                            "n_rot %d of %d",
                            (long long)p.n_rows, p.n_head, a->n_kv_heads, p.n_rot, p.head_dim);
-    qk_args g = {*a, {}, k_pool, v_pool, p.n_rows >= QK_WHOLE_ROWS ? a->n_kv_heads : 1};
+    /* the most kv heads a block that still leaves QK_MIN_BLOCKS blocks (a divisor of n_kv_heads) */
+    int per_block = 1;
+    for (int d = 2; d <= a->n_kv_heads; d++)
+        if (a->n_kv_heads % d == 0 && p.n_rows * (a->n_kv_heads / d) >= QK_MIN_BLOCKS)
+            per_block = d;
+    qk_args g = {*a, {}, k_pool, v_pool, per_block};
     if (kv == NULL) return qk_launch<QK_NO_STORE>(stream, g);
     g.kv = *kv;
     switch (kv->kv_type) {

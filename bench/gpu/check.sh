@@ -21,7 +21,7 @@
 #      with achieved bandwidth, tensor-pipe use and stall reasons (bench/gpu/ncu.sh);
 #   6. the tests' teeth: the plugin rebuilt with a planted off-by-one in attention's mask
 #      (LOOM_CUDA_PLANTED_BUG) must make test_attention fail;
-#   7. time allowing: e2e with graphs (with and without the q/k fusion), in the fast mode, in
+#   7. time allowing: e2e with graphs (with and without the fusions), in the fast mode, in
 #      bf16 math and on the wgmma GEMM, then
 #      the ncu pass (5b above).
 # Every step has a share of one 460 s deadline; a step that fails or runs out is reported and
@@ -56,9 +56,9 @@ table() {
         echo
         [ -s "$out/peers.md" ] && cat "$out/peers.md" && echo
         if [ -s "$out/e2e.jsonl" ]; then
-            echo "End to end (synthetic models, loom_model_load_synthetic; prefill: one call of 512 or 2,048 tokens; decode: B requests of 16-token prompts generating 64 tokens each, B*64 / wall time). Mode: invariant (the default) or fast (LOOM_CUDA_BATCH_INVARIANT=0); graphs: LOOM_CUDA_GRAPHS=1; q/k: a layer's q/k norms, rope and KV write in one launch (fused, the default) or five (LOOM_CUDA_FUSE_QK=0); math: f32 (the default), bf16 (LOOM_CUDA_MATH=bf16) or bf16+wgmma (and LOOM_CUDA_WGMMA=1, which the device takes on Hopper only: see the wgmma test row):"
+            echo "End to end (synthetic models, loom_model_load_synthetic; prefill: one call of 512 or 2,048 tokens; decode: B requests of 16-token prompts generating 64 tokens each, B*64 / wall time). Mode: invariant (the default) or fast (LOOM_CUDA_BATCH_INVARIANT=0); graphs: LOOM_CUDA_GRAPHS=1; fusions: a layer's q/k norms, rope and KV write in one launch and Gemma's post-norm, residual add and next norm in one (on, the default) or as separate launches (LOOM_CUDA_FUSE=0); math: f32 (the default), bf16 (LOOM_CUDA_MATH=bf16) or bf16+wgmma (and LOOM_CUDA_WGMMA=1, which the device takes on Hopper only: see the wgmma test row):"
             echo
-            echo "| model | weights | mode | graphs | q/k | math | load s | prefill 512 tok/s | prefill 2048 tok/s | decode B=1 tok/s | B=16 | B=64 |"
+            echo "| model | weights | mode | graphs | fusions | math | load s | prefill 512 tok/s | prefill 2048 tok/s | decode B=1 tok/s | B=16 | B=64 |"
             echo "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"
             python3 - "$out/e2e.jsonl" "$out/e2e-modes.jsonl" <<'PY'
 import json, os, sys
@@ -71,7 +71,7 @@ for path in sys.argv[1:]:
         r = json.loads(l)
         mode = "invariant" if r.get("invariant", True) else "fast"
         graphs = "on" if r.get("graphs") else "off"
-        qk = "fused" if r.get("fuse_qk", True) else "separate"
+        qk = "on" if r.get("fused", True) else "off"
         print(f"| {r['model']} | {r['type']} | {mode} | {graphs} | {qk} | {r.get('math', 'f32')} | {r['load_s']} | "
               f"{r['prefill_512_tps']} | {r.get('prefill_2048_tps', '')} | "
               f"{r.get('decode_b1_tps', '')} | {r.get('decode_b16_tps', '')} | "
@@ -232,9 +232,12 @@ if [ -x build-gpu/bench/loom-gpu-e2e ]; then
     # graphs where launches weigh most (a small model); the fast mode where the matmuls do
     LOOM_CUDA_GRAPHS=1 timeout "$(budget 40)" build-gpu/bench/loom-gpu-e2e --backend cuda \
         --only gemma3-270m:bf16 >>"$out/e2e-modes.jsonl" 2>>"$log"
-    # and there without norm_rope_store's fusion: what five launches a layer instead of one cost
-    LOOM_CUDA_GRAPHS=1 LOOM_CUDA_FUSE_QK=0 timeout "$(budget 40)" build-gpu/bench/loom-gpu-e2e \
-        --backend cuda --only gemma3-270m:bf16 >>"$out/e2e-modes.jsonl" 2>>"$log"
+    # and there without the fusions (norm_rope_store, norm_add_rms_norm), with graphs (against
+    # the row above) and without (against step 5's): what the launches they save cost
+    for g in 1 0; do
+        LOOM_CUDA_GRAPHS=$g LOOM_CUDA_FUSE=0 timeout "$(budget 40)" build-gpu/bench/loom-gpu-e2e \
+            --backend cuda --only gemma3-270m:bf16 >>"$out/e2e-modes.jsonl" 2>>"$log"
+    done
     for cfg in gemma3-270m:bf16 llama3-8b:q4_K; do
         LOOM_CUDA_BATCH_INVARIANT=0 timeout "$(budget 50)" build-gpu/bench/loom-gpu-e2e \
             --backend cuda --only "$cfg" >>"$out/e2e-modes.jsonl" 2>>"$log"
@@ -250,7 +253,7 @@ if [ -x build-gpu/bench/loom-gpu-e2e ]; then
     LOOM_CUDA_MATH=bf16 LOOM_CUDA_WGMMA=1 timeout "$(budget 50)" build-gpu/bench/loom-gpu-e2e \
         --backend cuda --only llama3-8b:bf16 >>"$out/e2e-modes.jsonl" 2>>"$log"
     cat "$out/e2e-modes.jsonl" >>"$log"
-    status+=("| loom-gpu-e2e, graphs (q/k fused and not), fast mode, bf16 math, wgmma | $(grep -c '^{' "$out/e2e-modes.jsonl") of 7 runs (raw.log) |")
+    status+=("| loom-gpu-e2e, graphs (fusions on and off), fast mode, bf16 math, wgmma | $(grep -c '^{' "$out/e2e-modes.jsonl") of 8 runs (raw.log) |")
 fi
 table
 

@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
     }
     const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT"), *graphs = getenv("LOOM_CUDA_GRAPHS");
     const char *math = getenv("LOOM_CUDA_MATH"), *wgmma = getenv("LOOM_CUDA_WGMMA");
-    const char *fuse_qk = getenv("LOOM_CUDA_FUSE_QK");
+    const char *fuse = getenv("LOOM_CUDA_FUSE");
     /* "bf16+wgmma": asked for; the device logs whether it took it (check.sh's test row too) */
     const char *math_name = math == NULL || strcmp(math, "bf16") != 0 ? "f32"
                             : wgmma != NULL && !strcmp(wgmma, "1")    ? "bf16+wgmma"
@@ -119,14 +119,13 @@ int main(int argc, char **argv) {
             double pf = prefill(m, info.n_vocab, 512);
             double pf2k = quick ? 0 : prefill(m, info.n_vocab, 2048);
             if (pf < 0 || pf2k < 0) return fail("prefill");
-            printf("{\"model\":\"%s\",\"type\":\"%s\",\"backend\":\"%s\",\"invariant\":%s,"
-                   "\"graphs\":%s,\"fuse_qk\":%s,\"math\":\"%s\",\"load_s\":%.1f,"
-                   "\"prefill_512_tps\":%.1f,\"prefill_2048_tps\":%.1f",
-                   presets[p], types[t], backend,
-                   inv != NULL && !strcmp(inv, "0") ? "false" : "true",
-                   graphs != NULL && !strcmp(graphs, "1") ? "true" : "false",
-                   fuse_qk != NULL && !strcmp(fuse_qk, "0") ? "false" : "true", math_name, load_s,
-                   pf, pf2k);
+            printf(
+                "{\"model\":\"%s\",\"type\":\"%s\",\"backend\":\"%s\",\"invariant\":%s,"
+                "\"graphs\":%s,\"fused\":%s,\"math\":\"%s\",\"load_s\":%.1f,"
+                "\"prefill_512_tps\":%.1f,\"prefill_2048_tps\":%.1f",
+                presets[p], types[t], backend, inv != NULL && !strcmp(inv, "0") ? "false" : "true",
+                graphs != NULL && !strcmp(graphs, "1") ? "true" : "false",
+                fuse != NULL && !strcmp(fuse, "0") ? "false" : "true", math_name, load_s, pf, pf2k);
             for (int b = 0; b < 3; b++) {
                 double d = decode(m, info.n_vocab, batches[b], 64);
                 if (d < 0) return fail("decode");

@@ -169,11 +169,15 @@ static loom_status linear_n(const loom_backend_ops *ops, void *ctx, int n,
     return LOOM_OK;
 }
 
-/* x += y, then xn = rms_norm(x) * w_next where a norm follows (w_next NULL: none): one op
- * where the backend fuses them (add_rms_norm), else the two. */
+/* x += y (y normed first where y_norm is given: Gemma's post-norms), then xn = rms_norm(x) *
+ * w_next where a norm follows (w_next NULL: none): one op where the backend fuses them
+ * (norm_add_rms_norm, add_rms_norm), else two or three; y may be overwritten. */
 static loom_status add_then_norm(const loom_backend_ops *ops, void *ctx, loom_tensor *x,
-                                 const loom_tensor *y, const loom_tensor *w_next, float eps,
-                                 loom_tensor *xn) {
+                                 loom_tensor *y, const loom_tensor *y_norm,
+                                 const loom_tensor *w_next, float eps, loom_tensor *xn) {
+    if (y_norm != NULL && w_next != NULL && ops->norm_add_rms_norm != NULL)
+        return ops->norm_add_rms_norm(ctx, x, y, y_norm, w_next, eps, xn);
+    if (y_norm != NULL) LOOM_TRY(ops->rms_norm(ctx, y, y_norm, eps, y));
     if (w_next == NULL) return ops->add(ctx, x, y, x);
     if (ops->add_rms_norm != NULL) return ops->add_rms_norm(ctx, x, y, w_next, eps, xn);
     LOOM_TRY(ops->add(ctx, x, y, x));
@@ -241,10 +245,8 @@ static loom_status attention_block(const loom_model *m, loom__exec *ws, int32_t 
     };
     LOOM_TRY(ops->attention(ctx, &q, kvg, &ap, &att));
     LOOM_TRY(ops->matmul(ctx, &w->wo, &att, &proj));
-    if (w->post_attn_norm.data) {
-        LOOM_TRY(ops->rms_norm(ctx, &proj, &w->post_attn_norm, c->rms_eps, &proj));
-    }
-    return add_then_norm(ops, ctx, &x, &proj, &w->ffn_norm, c->rms_eps, &xn);
+    return add_then_norm(ops, ctx, &x, &proj, w->post_attn_norm.data ? &w->post_attn_norm : NULL,
+                         &w->ffn_norm, c->rms_eps, &xn);
 }
 
 /* Starts from xn = the FFN's norm of x (attention_block's last op); ends with x += the FFN and,
@@ -266,10 +268,8 @@ static loom_status ffn_block(const loom_model *m, loom__exec *ws, int32_t il, in
     }
     LOOM_TRY(ops->glu(ctx, &gate, &up, c->glu, &gate));
     LOOM_TRY(ops->matmul(ctx, &w->w_down, &gate, &proj));
-    if (w->post_ffn_norm.data) {
-        LOOM_TRY(ops->rms_norm(ctx, &proj, &w->post_ffn_norm, c->rms_eps, &proj));
-    }
-    return add_then_norm(ops, ctx, &x, &proj, w_next, c->rms_eps, &xn);
+    return add_then_norm(ops, ctx, &x, &proj, w->post_ffn_norm.data ? &w->post_ffn_norm : NULL,
+                         w_next, c->rms_eps, &xn);
 }
 
 static loom_status layer_forward(const loom_model *m, loom__exec *ws, int32_t il, int64_t n,

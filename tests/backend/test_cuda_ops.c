@@ -855,6 +855,75 @@ static void test_elementwise(void **state) {
     }
 }
 
+/* norm_add_rms_norm (one launch on CUDA) against rms_norm of y then add_rms_norm on the same
+ * device: the sum left in x and out the same bits; against the CPU's two ops within rms_norm's
+ * 2e-6; then its refusals. (The kernel leaves y as it came: test_kernels_emu.) */
+static void norm_add_rms_norm_case(int64_t R, int64_t D) {
+    float *x = xmalloc((size_t)(R * D) * 4), *y = xmalloc((size_t)(R * D) * 4);
+    float *wy = xmalloc((size_t)D * 4), *w = xmalloc((size_t)D * 4);
+    fill_acts(x, R * D, 3.0f);
+    fill_acts(y, R * D, 40.0f);
+    fill_rand(wy, (size_t)D, 1.5f);
+    fill_rand(w, (size_t)D, 1.5f);
+    loom_tensor gx[2] = {gpu_f32(x, D, R), gpu_f32(x, D, R)};
+    loom_tensor gy[2] = {gpu_f32(y, D, R), gpu_f32(y, D, R)};
+    loom_tensor gwy = gpu_f32(wy, D, 1), gw = gpu_f32(w, D, 1);
+    loom_tensor go[2] = {gpu_f32(NULL, D, R), gpu_f32(NULL, D, R)};
+    gpu_poison(&go[0]);
+    gpu_poison(&go[1]);
+    expect_ok(g_gpu.ops->rms_norm(g_gpu.ctx, &gy[0], &gwy, 1e-6f, &gy[0]), "cuda rms_norm");
+    expect_ok(g_gpu.ops->add_rms_norm(g_gpu.ctx, &gx[0], &gy[0], &gw, 1e-6f, &go[0]),
+              "cuda add_rms_norm");
+    expect_ok(g_gpu.ops->norm_add_rms_norm(g_gpu.ctx, &gx[1], &gy[1], &gwy, &gw, 1e-6f, &go[1]),
+              "cuda norm_add_rms_norm");
+    const size_t bytes = (size_t)(R * D) * 4;
+    float *a = host_f32(R * D), *b = host_f32(R * D);
+    gpu_get(a, gx[0].data, bytes);
+    gpu_get(b, gx[1].data, bytes);
+    if (memcmp(a, b, bytes) != 0) fail_msg("norm_add_rms_norm: the sum in x differs");
+    gpu_get(a, go[0].data, bytes);
+    gpu_get(b, go[1].data, bytes);
+    if (memcmp(a, b, bytes) != 0) fail_msg("norm_add_rms_norm: out differs");
+    /* the CPU's rms_norm, then add_rms_norm (or add and rms_norm) */
+    loom_tensor ty = cpu_view(y, D, R), twy = cpu_view(wy, D, 1);
+    expect_ok(g_cpu.ops->rms_norm(g_cpu.ctx, &ty, &twy, 1e-6f, &ty), "cpu rms_norm");
+    float *ref = host_f32(R * D);
+    loom_tensor tx = cpu_view(x, D, R), tw = cpu_view(w, D, 1), tout = cpu_view(ref, D, R);
+    run_ew(&g_cpu, EW_ADD_RMS, &tx, &ty, &tw, &tout);
+    expect_close(b, ref, (size_t)(R * D), 2e-6, "norm_add_rms_norm against the cpu");
+    /* refusals */
+    assert_int_equal(
+        g_gpu.ops->norm_add_rms_norm(g_gpu.ctx, &gx[1], &gy[1], NULL, &gw, 1e-6f, &go[1]),
+        LOOM_ERR_INVALID_ARG);
+    loom_tensor short_wy = gwy;
+    short_wy.ne[0] = D - 1;
+    assert_int_equal(
+        g_gpu.ops->norm_add_rms_norm(g_gpu.ctx, &gx[1], &gy[1], &short_wy, &gw, 1e-6f, &go[1]),
+        LOOM_ERR_INVALID_ARG);
+    assert_int_equal(
+        g_gpu.ops->norm_add_rms_norm(g_gpu.ctx, &gx[1], &gy[1], &gwy, &gw, 1e-6f, &gx[1]),
+        LOOM_ERR_INVALID_ARG);
+    free(a);
+    free(b);
+    free(ref);
+    free(x);
+    free(y);
+    free(wy);
+    free(w);
+    gpu_free_all();
+}
+
+static void test_norm_add_rms_norm(void **state) {
+    (void)state;
+    if (g_gpu.ops->norm_add_rms_norm == NULL) {
+        printf("SKIP: the %s backend has no norm_add_rms_norm\n", g_gpu_name);
+        return;
+    }
+    norm_add_rms_norm_case(17, 1000);
+    norm_add_rms_norm_case(1, 640); /* Gemma 3 270M's width */
+    norm_add_rms_norm_case(64, 100);
+}
+
 static void test_rope(void **state) {
     (void)state;
     const int64_t T = 17;
@@ -1470,8 +1539,9 @@ static void norm_rope_store_case(int32_t nh, int32_t nkv, int32_t hd, int32_t n_
     }
 
     /* refusals: nothing launched, a clear status */
-    loom_tensor wide = gk[1];
+    loom_tensor wide = gk[1]; /* a kv head too many */
     wide.ne[0] = kd + hd;
+    wide.row_stride = (size_t)(kd + hd) * 4;
     assert_int_equal(g_gpu.ops->norm_rope_store(g_gpu.ctx, &gq[1], &wide, &gv, NULL, NULL, 1e-6f,
                                                 &gpos, &p, &d1, 0),
                      LOOM_ERR_INVALID_ARG);
@@ -1481,6 +1551,11 @@ static void norm_rope_store_case(int32_t nh, int32_t nkv, int32_t hd, int32_t n_
                      LOOM_ERR_INVALID_ARG);
     assert_int_equal(g_gpu.ops->norm_rope_store(g_gpu.ctx, NULL, &gk[1], &gv, NULL, NULL, 1e-6f,
                                                 &gpos, &p, &d1, 0),
+                     LOOM_ERR_INVALID_ARG);
+    loom_tensor pos_in_q =
+        loom_tensor_2d(LOOM_TYPE_I32, gq[1].data, T, 1, sizeof(int32_t) * (size_t)T);
+    assert_int_equal(g_gpu.ops->norm_rope_store(g_gpu.ctx, &gq[1], &gk[1], &gv, NULL, NULL, 1e-6f,
+                                                &pos_in_q, &p, &d1, 0),
                      LOOM_ERR_INVALID_ARG);
     loom_tensor short_norm = gqn;
     short_norm.ne[0] = hd - 2;
@@ -2163,15 +2238,25 @@ int main(void) {
     loom_backend_open_params cp = {.device = 0, .n_threads = 4, .f32_activations = true};
     if (loom__backend_stream_open("cpu", &cp, &g_cpu) != LOOM_OK) return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_copy_batch),     cmocka_unit_test(test_get_rows),
-        cmocka_unit_test(test_elementwise),    cmocka_unit_test(test_rope),
-        cmocka_unit_test(test_matmul),         cmocka_unit_test(test_attention_batches),
-        cmocka_unit_test(test_attention),      cmocka_unit_test(test_models_logits),
-        cmocka_unit_test(test_models_merged),  cmocka_unit_test(test_models_engine),
-        cmocka_unit_test(test_fp8_gemm),       cmocka_unit_test(test_bf16_gemm),
-        cmocka_unit_test(test_logits_summary), cmocka_unit_test(test_engine_batch_invariance),
-        cmocka_unit_test(test_matmul_multi),   cmocka_unit_test(test_engine_graphs),
-        cmocka_unit_test(test_wgmma_gemm),     cmocka_unit_test(test_norm_rope_store),
+        cmocka_unit_test(test_copy_batch),
+        cmocka_unit_test(test_get_rows),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_attention_batches),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_models_logits),
+        cmocka_unit_test(test_models_merged),
+        cmocka_unit_test(test_models_engine),
+        cmocka_unit_test(test_fp8_gemm),
+        cmocka_unit_test(test_bf16_gemm),
+        cmocka_unit_test(test_logits_summary),
+        cmocka_unit_test(test_engine_batch_invariance),
+        cmocka_unit_test(test_matmul_multi),
+        cmocka_unit_test(test_engine_graphs),
+        cmocka_unit_test(test_wgmma_gemm),
+        cmocka_unit_test(test_norm_rope_store),
+        cmocka_unit_test(test_norm_add_rms_norm),
     };
     /* LOOM_TEST_ONLY=name[,name...] runs those tests alone (check.sh's planted-bug step and its
      * run of the fast mode). */

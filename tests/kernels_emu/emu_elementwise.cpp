@@ -1,14 +1,14 @@
 // emu_elementwise.cpp — kernels/elementwise.cu's kernels, compiled from that file, run on the
 // emulator against the CPU backend's ops: rms_norm with and without a weight, add_rms_norm (the
-// sum left in x bit for bit the CPU's add), add (a row of its own or one broadcast row), scale,
-// and the gated activations (SwiGLU, GeGLU with tanh). Rows of 1000 (a partial block of 256),
-// 1, 17 and 64 of them, and of 100 (fewer than a block's threads), rows 3 floats of padding apart;
-// out apart from x and in place (x as out, where the op allows); rows of 263000 values for scale
-// and GeGLU (more than the grid's 1024 blocks of 256 threads: the column loop). Tolerances are
-// test_cuda_ops': add and scale (one float operation an element) bit for bit, rms_norm and the
-// activations within 2e-6 of the row's largest value (the sum of squares in another order; the
-// host's expf and tanhf against the CPU's own). Outputs are poisoned (NaN); the padding must stay
-// so.
+// sum left in x bit for bit the CPU's add), norm_add_rms_norm (against the kernels it replaces),
+// add (a row of its own or one broadcast row), scale, and the gated activations (SwiGLU, GeGLU with
+// tanh). Rows of 1000 (a partial block of 256), 1, 17 and 64 of them, and of 100 (fewer than a
+// block's threads), rows 3 floats of padding apart; out apart from x and in place (x as out, where
+// the op allows); rows of 263000 values for scale and GeGLU (more than the grid's 1024 blocks of
+// 256 threads: the column loop). Tolerances are test_cuda_ops': add and scale (one float operation
+// an element) bit for bit, rms_norm and the activations within 2e-6 of the row's largest value (the
+// sum of squares in another order; the host's expf and tanhf against the CPU's own). Outputs are
+// poisoned (NaN); the padding must stay so.
 #include "elementwise.cu"
 
 #include <stdio.h>
@@ -36,8 +36,9 @@ void launch(kind k, int64_t R, int64_t D, float *x, const float *y, size_t y_str
     opt.seed = (uint64_t)(R * 7 + D + k);
     if (k == K_RMS || k == K_RMS_NOW || k == K_ADD_RMS) {
         const float eps = k == K_RMS_NOW ? 1e-5f : 1e-6f;
-        const rms_args a = {shape, x,  k == K_ADD_RMS ? y : nullptr, k == K_RMS_NOW ? nullptr : w,
-                            out,   eps};
+        const rms_args a = {
+            shape, x,      k == K_ADD_RMS ? y : nullptr, k == K_RMS_NOW ? nullptr : w, out,
+            eps,   nullptr};
         loom_emu::launch(
             dim3((unsigned)R), dim3(RMS_THREADS), 0, [&a] { rms_norm_kernel(a); }, opt);
         return;
@@ -154,6 +155,51 @@ int run_case(kind k, int64_t R, int64_t D, bool inplace, loom_emu::schedule orde
     return 0;
 }
 
+// norm_add_rms_norm (Gemma's post-norm, the residual add and the next norm in one launch)
+// against the two launches it replaces, run here too: rms_norm of y in place, then
+// add_rms_norm. The sum left in x and out must be the same bits, and y must be left as it came.
+int run_norm_add(int64_t R, int64_t D, loom_emu::schedule order, bool verbose) {
+    const int64_t ld = D + 3;
+    rng r(0x90a + (uint64_t)R * 10 + (uint64_t)D);
+    std::vector<float> x1((size_t)(R * ld), NAN), y((size_t)(R * ld), NAN), wy((size_t)D),
+        w((size_t)D);
+    for (int64_t i = 0; i < R; i++) {
+        emu_test::fill_acts(r, &x1[(size_t)(i * ld)], (size_t)D, 3.0f);
+        emu_test::fill_acts(r, &y[(size_t)(i * ld)], (size_t)D, 40.0f);
+    }
+    for (float &f : wy) f = r.uniform(1.5f);
+    for (float &f : w) f = r.uniform(1.5f);
+    std::vector<float> x2 = x1, y1 = y, y2 = y, out1((size_t)(R * ld), NAN),
+                       out2((size_t)(R * ld), NAN);
+    const loom__k_rows shape = {R, D, (size_t)ld * 4, (size_t)ld * 4, (size_t)ld * 4};
+    loom_emu::launch_options opt;
+    opt.order = order;
+    opt.seed = (uint64_t)(R + D);
+    const rms_args pre = {shape, y1.data(), nullptr, wy.data(), y1.data(), 1e-6f, nullptr};
+    loom_emu::launch(
+        dim3((unsigned)R), dim3(RMS_THREADS), 0, [&pre] { rms_norm_kernel(pre); }, opt);
+    const rms_args add = {shape, x1.data(), y1.data(), w.data(), out1.data(), 1e-6f, nullptr};
+    loom_emu::launch(
+        dim3((unsigned)R), dim3(RMS_THREADS), 0, [&add] { rms_norm_kernel(add); }, opt);
+    const rms_args one = {shape, x2.data(), y2.data(), w.data(), out2.data(), 1e-6f, wy.data()};
+    loom_emu::launch(
+        dim3((unsigned)R), dim3(RMS_THREADS), 0, [&one] { rms_norm_kernel(one); }, opt);
+    emu_test::problems pr;
+    if (memcmp(x1.data(), x2.data(), x1.size() * 4) != 0) pr.add("the sum left in x differs");
+    if (memcmp(out1.data(), out2.data(), out1.size() * 4) != 0) pr.add("out differs");
+    if (memcmp(y.data(), y2.data(), y.size() * 4) != 0) pr.add("y was written");
+    if (memcmp(y.data(), y1.data(), y.size() * 4) == 0) pr.add("the separate rms_norm did nothing");
+    if (pr.n) {
+        printf("FAIL elementwise norm_add_rms_norm, %lld rows of %lld: %s\n", (long long)R,
+               (long long)D, pr.first.c_str());
+        return 1;
+    }
+    if (verbose)
+        printf("  elementwise norm_add_rms_norm %2lld x %6lld %-9s: the two launches' bits\n",
+               (long long)R, (long long)D, emu_test::order_name(order));
+    return 0;
+}
+
 } // namespace
 
 namespace emu_elementwise {
@@ -175,6 +221,9 @@ int run_all(bool verbose) {
     bad += run_case(K_SWIGLU, 5, 100, true, loom_emu::schedule::breadth, verbose);
     bad += run_case(K_SCALE, 2, 263000, false, loom_emu::schedule::random, verbose);
     bad += run_case(K_GEGLU, 1, 263000, true, loom_emu::schedule::depth, verbose);
+    bad += run_norm_add(17, 1000, loom_emu::schedule::random, verbose);
+    bad += run_norm_add(3, 640, loom_emu::schedule::depth, verbose); /* Gemma 3 270M's width */
+    bad += run_norm_add(2, 100, loom_emu::schedule::breadth, verbose);
     return bad;
 }
 

@@ -27,7 +27,7 @@ struct qk_case {
     bool norms, factors;
     loom_type type;
     int bs;
-    bool whole_rows; // a block takes every kv head of its row (long steps)
+    int heads_per_block; // kv heads a block takes (several in long steps)
 };
 
 loom_emu::launch_options opts(loom_emu::schedule order, uint64_t seed) {
@@ -48,7 +48,7 @@ void run_separate(const loom__k_qk &a, const loom__k_kv &kv, void *kp, void *vp,
         const float *w = which ? a.k_norm : a.q_norm;
         const int heads = which ? a.n_kv_heads : p.n_head;
         if (w != nullptr) {
-            rms_args ra;
+            rms_args ra = {};
             ra.shape.n_rows = T * heads;
             ra.shape.n_cols = p.head_dim;
             ra.shape.x_stride = ra.shape.out_stride = (size_t)p.head_dim * 4;
@@ -187,7 +187,7 @@ int run_case(const qk_case &qc, loom_emu::schedule order, bool verbose) {
     run_separate(a, kv, p1.kb[0], p1.vb[0], p1.ks[0], p1.vs[0], order);
     a.q = q2.data();
     a.k = k2.data();
-    run_fused(a, kv, p2.kb[0], p2.vb[0], p2.ks[0], p2.vs[0], qc.whole_rows ? qc.nkv : 1, order);
+    run_fused(a, kv, p2.kb[0], p2.vb[0], p2.ks[0], p2.vs[0], qc.heads_per_block, order);
 
     emu_test::problems pr;
     for (size_t i = 0; i < q1.size(); i++)
@@ -224,7 +224,8 @@ int run_case(const qk_case &qc, loom_emu::schedule order, bool verbose) {
                "rows%s, the separate kernels' bits\n",
                qc.n_head, qc.nkv, qc.hd, qc.n_rot, qc.neox ? "neox" : "normal",
                qc.norms ? "normed" : "", qc.factors ? "factors" : "", name,
-               emu_test::order_name(order), (long long)T, qc.whole_rows ? " (a block a row)" : "");
+               emu_test::order_name(order), (long long)T,
+               qc.heads_per_block > 1 ? " (kv heads a block > 1)" : "");
     return 0;
 }
 
@@ -234,18 +235,21 @@ namespace emu_norm_rope_store {
 
 int run_all(bool verbose) {
     const qk_case cases[] = {
-        {8, 2, 64, 64, 0, false, true, LOOM_TYPE_F16, 16, false},   // llama
-        {8, 2, 64, 64, 0, false, true, LOOM_TYPE_F16, 16, true},    // llama, whole rows
-        {4, 1, 256, 256, 1, true, false, LOOM_TYPE_BF16, 8, false}, // Gemma 3
-        {6, 2, 128, 128, 1, true, true, LOOM_TYPE_F32, 1, false},   // Qwen 3
-        {6, 2, 128, 128, 1, true, true, LOOM_TYPE_F32, 1, true},    // Qwen 3, whole rows
-        {4, 4, 96, 32, 0, true, false, LOOM_TYPE_F16, 16, true},    // partial rotation, MHA
-        {2, 1, 320, 320, 0, true, true, LOOM_TYPE_BF16, 8, false},  // heads past the threads
-        {8, 2, 128, 128, 1, true, false, LOOM_TYPE_FP8_E4M3, 16, false},
-        {3, 3, 64, 64, 1, false, false, LOOM_TYPE_FP8_E4M3, 8, true},
+        {8, 2, 64, 64, 0, false, true, LOOM_TYPE_F16, 16, 1},   // llama
+        {8, 2, 64, 64, 0, false, true, LOOM_TYPE_F16, 16, 2},   // llama, a block a row
+        {4, 1, 256, 256, 1, true, false, LOOM_TYPE_BF16, 8, 1}, // Gemma 3
+        {6, 2, 128, 128, 1, true, true, LOOM_TYPE_F32, 1, 1},   // Qwen 3
+        {6, 2, 128, 128, 1, true, true, LOOM_TYPE_F32, 1, 2},   // Qwen 3, a block a row
+        {8, 4, 96, 32, 0, true, false, LOOM_TYPE_F16, 16, 2},   // partial rotation, 2 a block
+        {2, 1, 320, 320, 0, true, true, LOOM_TYPE_BF16, 8, 1},  // heads past the threads
+        {8, 2, 128, 128, 1, true, false, LOOM_TYPE_FP8_E4M3, 16, 1},
+        {3, 3, 64, 64, 1, false, false, LOOM_TYPE_FP8_E4M3, 8, 3},
     };
-    int bad = 0, n = 0;
-    for (const qk_case &qc : cases) bad += run_case(qc, (loom_emu::schedule)(n++ % 4), verbose);
+    int bad = 0;
+    /* every schedule: a missing barrier shows under some orders of the threads only */
+    for (const qk_case &qc : cases)
+        for (int order = 0; order < 4; order++)
+            bad += run_case(qc, (loom_emu::schedule)order, verbose);
     return bad;
 }
 

@@ -77,6 +77,7 @@ static const loom_backend_ops cuda_ops = {
     .add_rms_norm = loom__cuda_add_rms_norm_op,
     .logits_summary = loom__cuda_logits_summary_op,
     .norm_rope_store = loom__cuda_norm_rope_store_op,
+    .norm_add_rms_norm = loom__cuda_norm_add_rms_norm_op,
 };
 
 LOOM_BACKEND_EXPORT loom_status loom_backend_entry(uint32_t abi_version,

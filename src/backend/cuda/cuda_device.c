@@ -168,11 +168,11 @@ loom_status loom__cuda_open(const loom_backend_open_params *p, void **out) {
     else if (d->tc_math == LOOM_K_MATH_BF16_WGMMA && !d->gemm_plain)
         loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_GEMM_TMA=0: the warp-specialised wgmma GEMM "
                                  "copies its tiles by cp.async, not TMA");
-    const char *fuse_qk = getenv("LOOM_CUDA_FUSE_QK");
-    d->qk_separate = fuse_qk != NULL && strcmp(fuse_qk, "0") == 0;
-    if (d->qk_separate)
-        loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_FUSE_QK=0: a layer's q/k norms, rope and KV "
-                                 "write as separate launches");
+    const char *fuse = getenv("LOOM_CUDA_FUSE");
+    d->unfused = fuse != NULL && strcmp(fuse, "0") == 0;
+    if (d->unfused)
+        loom__log(LOOM_LOG_INFO, "cuda: LOOM_CUDA_FUSE=0: a layer's q/k norms, rope and KV write, "
+                                 "and its post-norms and residual adds, as separate launches");
     const char *inv = getenv("LOOM_CUDA_BATCH_INVARIANT");
     d->batch_invariant = !(inv != NULL && strcmp(inv, "0") == 0);
     if (d->batch_invariant)

@@ -65,9 +65,10 @@ typedef struct loom__cuda_dev {
     /* LOOM_CUDA_GEMM_WS=0: the wgmma GEMM never warp-specialised (loom__k_gemm_work's
      * gemm_plain), for check.sh's comparison. */
     bool gemm_plain;
-    /* LOOM_CUDA_FUSE_QK=0: norm_rope_store as its five separate ops (rms_norm twice, rope
-     * twice, kv_store), for check.sh's comparison; otherwise one launch. */
-    bool qk_separate;
+    /* LOOM_CUDA_FUSE=0: norm_rope_store as its five separate ops (rms_norm twice, rope twice,
+     * kv_store) and norm_add_rms_norm as its two (rms_norm, add_rms_norm), for check.sh's
+     * comparison; otherwise one launch each. */
+    bool unfused;
     /* The driver's tensor-map encoder for the warp-specialised wgmma GEMM's TMA copies (NULL:
      * not on wgmma, LOOM_CUDA_GEMM_TMA=0, or a driver without it: cp.async copies). */
     loom__k_tmap_encode_fn tmap_encode;
@@ -220,6 +221,9 @@ loom_status loom__cuda_logits_summary_op(void *stream, const loom_tensor *logits
                                          loom_logit_cand *raw_top, float *edit_raw);
 loom_status loom__cuda_glu_op(void *stream, const loom_tensor *gate, const loom_tensor *up,
                               loom_glu_kind kind, loom_tensor *out);
+loom_status loom__cuda_norm_add_rms_norm_op(void *stream, loom_tensor *x, const loom_tensor *y,
+                                            const loom_tensor *w_y, const loom_tensor *w, float eps,
+                                            loom_tensor *out);
 loom_status loom__cuda_add_rms_norm_op(void *stream, loom_tensor *x, const loom_tensor *y,
                                        const loom_tensor *w, float eps, loom_tensor *out);
 loom_status loom__cuda_add_op(void *stream, const loom_tensor *a, const loom_tensor *b,

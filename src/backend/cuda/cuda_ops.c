@@ -158,6 +158,24 @@ loom_status loom__cuda_add_rms_norm_op(void *stream, loom_tensor *x, const loom_
     return loom__cuda_add_rms_norm(c->s, &r, x->data, y->data, w ? w->data : NULL, eps, out->data);
 }
 
+loom_status loom__cuda_norm_add_rms_norm_op(void *stream, loom_tensor *x, const loom_tensor *y,
+                                            const loom_tensor *w_y, const loom_tensor *w, float eps,
+                                            loom_tensor *out) {
+    loom__cuda_stream *c = stream;
+    LOOM_CHECK_ARG(c != NULL);
+    LOOM_TRY(loom__check_add_rms_norm(x, y, w, eps, out));
+    LOOM_RETURN_IF(w_y == NULL, LOOM_ERR_INVALID_ARG, "norm_add_rms_norm: w_y is NULL");
+    LOOM_TRY(loom__check_rms_norm(y, w_y, eps, y));
+    if (c->dev->unfused) { /* LOOM_CUDA_FUSE=0: the two launches (y normed in place) */
+        LOOM_TRY(loom__cuda_rms_norm_op(c, y, w_y, eps, (loom_tensor *)y));
+        return loom__cuda_add_rms_norm_op(c, x, y, w, eps, out);
+    }
+    LOOM_TRY(loom__cuda_launches(c));
+    loom__k_rows r = rows_of(x, y, out);
+    return loom__cuda_norm_add_rms_norm(c->s, &r, x->data, y->data, w_y->data, w ? w->data : NULL,
+                                        eps, out->data);
+}
+
 loom_status loom__cuda_add_op(void *stream, const loom_tensor *a, const loom_tensor *b,
                               loom_tensor *out) {
     loom__cuda_stream *c = stream;
@@ -313,6 +331,13 @@ loom_status loom__cuda_norm_rope_store_op(void *stream, loom_tensor *q, loom_ten
     LOOM_RETURN_IF(loom__tensors_overlap(q, k) || loom__tensors_overlap(q, v) ||
                        loom__tensors_overlap(k, v),
                    LOOM_ERR_INVALID_ARG, "norm_rope_store: q, k and v overlap");
+    /* one launch writes q and k while other blocks still read the norms and positions */
+    const loom_tensor *read[] = {q_norm, k_norm, pos};
+    for (int i = 0; i < 3; i++)
+        LOOM_RETURN_IF(read[i] != NULL &&
+                           (loom__tensors_overlap(read[i], q) || loom__tensors_overlap(read[i], k)),
+                       LOOM_ERR_INVALID_ARG,
+                       "norm_rope_store: q or k overlaps the norms' weights or the positions");
     loom_tensor qh, kh;
     if (q_norm != NULL) {
         LOOM_TRY(heads_of("q", q, p->head_dim, &qh));
@@ -323,9 +348,9 @@ loom_status loom__cuda_norm_rope_store_op(void *stream, loom_tensor *q, loom_ten
         LOOM_TRY(loom__check_rms_norm(&kh, k_norm, eps, &kh));
     }
     if (n_rows == 0) return LOOM_OK;
-    /* One launch where the kernel takes the shape (LOOM_CUDA_FUSE_QK=0: never, for
+    /* One launch where the kernel takes the shape (LOOM_CUDA_FUSE=0: never, for
      * check.sh's comparison); else the separate ops, with their bits either way. */
-    if (c->dev->qk_separate || p->n_head % kv->n_kv_heads != 0 || kv->n_kv_heads > 65535 ||
+    if (c->dev->unfused || p->n_head % kv->n_kv_heads != 0 || kv->n_kv_heads > 65535 ||
         p->n_rot > 2 * LOOM_K_QK_MAX_FREQS) {
         if (q_norm != NULL) LOOM_TRY(loom__cuda_rms_norm_op(c, &qh, q_norm, eps, &qh));
         if (k_norm != NULL) LOOM_TRY(loom__cuda_rms_norm_op(c, &kh, k_norm, eps, &kh));

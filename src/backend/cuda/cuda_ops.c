@@ -206,6 +206,21 @@ loom_status loom__cuda_glu_op(void *stream, const loom_tensor *gate, const loom_
                           out->data);
 }
 
+/* rope's parameters as the kernels take them, for x's rows. */
+static loom__k_rope rope_of(const loom_tensor *x, const loom_tensor *pos,
+                            const loom_rope_params *p) {
+    return (loom__k_rope){.n_rows = x->ne[1],
+                          .x_stride = x->row_stride,
+                          .n_head = p->n_head,
+                          .head_dim = p->head_dim,
+                          .n_rot = p->n_rot,
+                          .neox = p->mode == LOOM_ROPE_NEOX,
+                          .theta_base = p->theta_base,
+                          .freq_scale = p->freq_scale,
+                          .freq_factors = p->freq_factors,
+                          .pos = pos->data};
+}
+
 loom_status loom__cuda_rope_op(void *stream, loom_tensor *x, const loom_tensor *pos,
                                const loom_rope_params *p) {
     loom__cuda_stream *c = stream;
@@ -215,16 +230,7 @@ loom_status loom__cuda_rope_op(void *stream, loom_tensor *x, const loom_tensor *
     /* The frequency factors are a prepared weight in device memory: validated where the model
      * reads them from its file, not here. */
     LOOM_TRY(loom__cuda_launches(c));
-    loom__k_rope kp = {.n_rows = x->ne[1],
-                       .x_stride = x->row_stride,
-                       .n_head = p->n_head,
-                       .head_dim = p->head_dim,
-                       .n_rot = p->n_rot,
-                       .neox = p->mode == LOOM_ROPE_NEOX,
-                       .theta_base = p->theta_base,
-                       .freq_scale = p->freq_scale,
-                       .freq_factors = p->freq_factors,
-                       .pos = pos->data};
+    const loom__k_rope kp = rope_of(x, pos, p);
     return loom__cuda_rope(c->s, &kp, x->data);
 }
 
@@ -366,16 +372,7 @@ loom_status loom__cuda_norm_rope_store_op(void *stream, loom_tensor *q, loom_ten
     const bool store_here = (kv->kv_type == LOOM_TYPE_F32 || kv->kv_type == LOOM_TYPE_F16 ||
                              kv->kv_type == LOOM_TYPE_BF16) &&
                             merge_of(kv, layer).base == NULL;
-    const loom__k_qk a = {.rope = {.n_rows = n_rows,
-                                   .x_stride = q->row_stride,
-                                   .n_head = p->n_head,
-                                   .head_dim = p->head_dim,
-                                   .n_rot = p->n_rot,
-                                   .neox = p->mode == LOOM_ROPE_NEOX,
-                                   .theta_base = p->theta_base,
-                                   .freq_scale = p->freq_scale,
-                                   .freq_factors = p->freq_factors,
-                                   .pos = pos->data},
+    const loom__k_qk a = {.rope = rope_of(q, pos, p),
                           .n_kv_heads = kv->n_kv_heads,
                           .q = q->data,
                           .k = k->data,

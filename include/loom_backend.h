@@ -643,7 +643,8 @@ struct loom_backend_ops {
      * x = x + rms_norm(y, w_y, eps), then out = rms_norm(x, w, eps); x holds the sum afterwards,
      * y either its input or its norm (the caller's scratch). Each value has the bits of
      * rms_norm(y, w_y, eps, y) then add_rms_norm(x, y, w, eps, out). out must not overlap x or
-     * y. NULL: libloom makes those two calls. */
+     * y, x not y, and the weights none of x, y and out (INVALID_ARG). NULL: libloom makes those
+     * two calls. */
     loom_status (*norm_add_rms_norm)(void *stream, loom_tensor *x, const loom_tensor *y,
                                      const loom_tensor *w_y, const loom_tensor *w, float eps,
                                      loom_tensor *out);

@@ -37,7 +37,9 @@ static __global__ void __launch_bounds__(RMS_THREADS) rms_norm_kernel(rms_args a
     float s = 0.0f;
     for (int64_t i = threadIdx.x; i < D; i += RMS_THREADS) {
         float v = x[i];
-        if (y) x[i] = v = v + (a.wy ? y[i] * inv_y * a.wy[i] : y[i]);
+        /* __fmul_rn: the post-norm's product rounded before the add, as rms_norm stores it
+         * (nvcc would otherwise contract the multiply and the add into one FMA) */
+        if (y) x[i] = v = v + (a.wy ? __fmul_rn(y[i] * inv_y, a.wy[i]) : y[i]);
         s = fmaf(v, v, s);
     }
     const float inv = loom_rms_inv(s, D, a.eps, warp_sums);

@@ -24,7 +24,9 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* Ends a JSON line a failure cut short (check.sh skips it), so the next run's starts on its own. */
 static int fail(const char *what) {
+    printf("\n");
     fprintf(stderr, "loom-gpu-e2e: %s: %s\n", what, loom_last_error());
     return 1;
 }

@@ -903,6 +903,13 @@ static void norm_add_rms_norm_case(int64_t R, int64_t D) {
     assert_int_equal(
         g_gpu.ops->norm_add_rms_norm(g_gpu.ctx, &gx[1], &gy[1], &gwy, &gw, 1e-6f, &gx[1]),
         LOOM_ERR_INVALID_ARG);
+    assert_int_equal(
+        g_gpu.ops->norm_add_rms_norm(g_gpu.ctx, &gx[1], &gx[1], &gwy, &gw, 1e-6f, &go[1]),
+        LOOM_ERR_INVALID_ARG);
+    loom_tensor wy_in_x = loom_tensor_2d(LOOM_TYPE_F32, gx[1].data, D, 1, (size_t)D * 4);
+    assert_int_equal(
+        g_gpu.ops->norm_add_rms_norm(g_gpu.ctx, &gx[1], &gy[1], &wy_in_x, &gw, 1e-6f, &go[1]),
+        LOOM_ERR_INVALID_ARG);
     free(a);
     free(b);
     free(ref);
@@ -1409,7 +1416,8 @@ static void test_attention(void **state) {
  * against the CPU's separate ops within rope's 1e-6. Then its refusals. */
 static void norm_rope_store_case(int32_t nh, int32_t nkv, int32_t hd, int32_t n_rot, bool neox,
                                  bool norms, loom_type kv_type, int32_t bs, bool long_step) {
-    /* a short step (a block per row and kv head), or one of 531 rows (a block per row) */
+    /* a short step (a block per row and kv head), or one of 531 rows (several kv heads a
+     * block where that still leaves 1,024 blocks: 4 kv heads, 2 a block) */
     static const int32_t lens[] = {1, 40, 19, 70, 300}, long_lens[] = {600, 3};
     static const int32_t news[] = {1, 13, 19, 2, 1}, long_news[] = {530, 1};
     const attn_case c = {.block_size = bs,
@@ -1589,6 +1597,7 @@ static void test_norm_rope_store(void **state) {
     }
     norm_rope_store_case(8, 2, 64, 64, false, false, LOOM_TYPE_F16, 16, false); /* llama */
     norm_rope_store_case(8, 2, 64, 64, false, false, LOOM_TYPE_F16, 16, true);
+    norm_rope_store_case(16, 4, 64, 64, true, true, LOOM_TYPE_BF16, 16, true);  /* 2 kv a block */
     norm_rope_store_case(4, 1, 256, 256, true, true, LOOM_TYPE_BF16, 8, false); /* Gemma 3 */
     norm_rope_store_case(6, 2, 128, 128, true, true, LOOM_TYPE_F32, 1, true);   /* Qwen 3 */
     norm_rope_store_case(4, 4, 96, 32, false, true, LOOM_TYPE_F16, 16, false);  /* partial */

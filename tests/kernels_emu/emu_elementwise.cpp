@@ -158,7 +158,7 @@ int run_case(kind k, int64_t R, int64_t D, bool inplace, loom_emu::schedule orde
 // norm_add_rms_norm (Gemma's post-norm, the residual add and the next norm in one launch)
 // against the two launches it replaces, run here too: rms_norm of y in place, then
 // add_rms_norm. The sum left in x and out must be the same bits, and y must be left as it came.
-int run_norm_add(int64_t R, int64_t D, loom_emu::schedule order, bool verbose) {
+int run_norm_add(int64_t R, int64_t D, bool with_w, loom_emu::schedule order, bool verbose) {
     const int64_t ld = D + 3;
     rng r(0x90a + (uint64_t)R * 10 + (uint64_t)D);
     std::vector<float> x1((size_t)(R * ld), NAN), y((size_t)(R * ld), NAN), wy((size_t)D),
@@ -178,10 +178,11 @@ int run_norm_add(int64_t R, int64_t D, loom_emu::schedule order, bool verbose) {
     const rms_args pre = {shape, y1.data(), nullptr, wy.data(), y1.data(), 1e-6f, nullptr};
     loom_emu::launch(
         dim3((unsigned)R), dim3(RMS_THREADS), 0, [&pre] { rms_norm_kernel(pre); }, opt);
-    const rms_args add = {shape, x1.data(), y1.data(), w.data(), out1.data(), 1e-6f, nullptr};
+    const float *wn = with_w ? w.data() : nullptr; /* the next norm's weight, or none */
+    const rms_args add = {shape, x1.data(), y1.data(), wn, out1.data(), 1e-6f, nullptr};
     loom_emu::launch(
         dim3((unsigned)R), dim3(RMS_THREADS), 0, [&add] { rms_norm_kernel(add); }, opt);
-    const rms_args one = {shape, x2.data(), y2.data(), w.data(), out2.data(), 1e-6f, wy.data()};
+    const rms_args one = {shape, x2.data(), y2.data(), wn, out2.data(), 1e-6f, wy.data()};
     loom_emu::launch(
         dim3((unsigned)R), dim3(RMS_THREADS), 0, [&one] { rms_norm_kernel(one); }, opt);
     emu_test::problems pr;
@@ -195,8 +196,8 @@ int run_norm_add(int64_t R, int64_t D, loom_emu::schedule order, bool verbose) {
         return 1;
     }
     if (verbose)
-        printf("  elementwise norm_add_rms_norm %2lld x %6lld %-9s: the two launches' bits\n",
-               (long long)R, (long long)D, emu_test::order_name(order));
+        printf("  elementwise norm_add_rms_norm %2lld x %6lld%-7s %-9s: the two launches' bits\n",
+               (long long)R, (long long)D, with_w ? "" : " (no w)", emu_test::order_name(order));
     return 0;
 }
 
@@ -221,9 +222,12 @@ int run_all(bool verbose) {
     bad += run_case(K_SWIGLU, 5, 100, true, loom_emu::schedule::breadth, verbose);
     bad += run_case(K_SCALE, 2, 263000, false, loom_emu::schedule::random, verbose);
     bad += run_case(K_GEGLU, 1, 263000, true, loom_emu::schedule::depth, verbose);
-    bad += run_norm_add(17, 1000, loom_emu::schedule::random, verbose);
-    bad += run_norm_add(3, 640, loom_emu::schedule::depth, verbose); /* Gemma 3 270M's width */
-    bad += run_norm_add(2, 100, loom_emu::schedule::breadth, verbose);
+    for (int order = 0; order < 4; order++) { /* every schedule, as norm_rope_store's */
+        const loom_emu::schedule o = (loom_emu::schedule)order;
+        bad += run_norm_add(17, 1000, true, o, verbose);
+        bad += run_norm_add(3, 640, true, o, verbose); /* Gemma 3 270M's width */
+        bad += run_norm_add(2, 100, order % 2 == 0, o, verbose);
+    }
     return bad;
 }
 

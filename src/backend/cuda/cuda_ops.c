@@ -166,6 +166,13 @@ loom_status loom__cuda_norm_add_rms_norm_op(void *stream, loom_tensor *x, const 
     LOOM_TRY(loom__check_add_rms_norm(x, y, w, eps, out));
     LOOM_RETURN_IF(w_y == NULL, LOOM_ERR_INVALID_ARG, "norm_add_rms_norm: w_y is NULL");
     LOOM_TRY(loom__check_rms_norm(y, w_y, eps, y));
+    /* every block reads y and the weights while others write x and out */
+    LOOM_RETURN_IF(
+        loom__tensors_overlap(x, y) || loom__tensors_overlap(w_y, x) ||
+            loom__tensors_overlap(w_y, y) || loom__tensors_overlap(w_y, out) ||
+            (w != NULL && (loom__tensors_overlap(w, x) || loom__tensors_overlap(w, out))),
+        LOOM_ERR_INVALID_ARG,
+        "norm_add_rms_norm: x overlaps y, or a norm's weights overlap x, y or out");
     if (c->dev->unfused) { /* LOOM_CUDA_FUSE=0: the two launches (y normed in place) */
         LOOM_TRY(loom__cuda_rms_norm_op(c, y, w_y, eps, (loom_tensor *)y));
         return loom__cuda_add_rms_norm_op(c, x, y, w, eps, out);

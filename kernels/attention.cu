@@ -218,9 +218,10 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_split_kernel(attn
                 if (a.p.softcap > 0.0f) sc = a.p.softcap * tanhf(sc / a.p.softcap);
                 const float mn = fmaxf(m[g], sc);
                 const float co = expf(m[g] - mn), cn = expf(sc - mn);
-                l[g] = l[g] * co + cn;
+                /* fmaf: the per-position update's FMA asked for (the build contracts nothing) */
+                l[g] = fmaf(l[g], co, cn);
 #pragma unroll
-                for (int i = 0; i < HDC; i++) acc[g][i] = acc[g][i] * co + cn * vf[i];
+                for (int i = 0; i < HDC; i++) acc[g][i] = fmaf(acc[g][i], co, cn * vf[i]);
                 m[g] = mn;
             }
         }
@@ -375,9 +376,9 @@ static __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_vec_kernel(attn_a
                     if (a.p.softcap > 0.0f) sc = a.p.softcap * tanhf(sc / a.p.softcap);
                     const float mn = fmaxf(m[g], sc);
                     const float co = expf(m[g] - mn), cn = expf(sc - mn);
-                    l[g] = l[g] * co + cn;
+                    l[g] = fmaf(l[g], co, cn);
 #pragma unroll
-                    for (int i = 0; i < EL; i++) acc[g][i] = acc[g][i] * co + cn * vf[i];
+                    for (int i = 0; i < EL; i++) acc[g][i] = fmaf(acc[g][i], co, cn * vf[i]);
                     m[g] = mn;
                 }
             }

@@ -24,9 +24,12 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* A JSON line begun and not yet ended. */
+static int g_line_open;
+
 /* Ends a JSON line a failure cut short (check.sh skips it), so the next run's starts on its own. */
 static int fail(const char *what) {
-    printf("\n");
+    if (g_line_open) printf("\n");
     fprintf(stderr, "loom-gpu-e2e: %s: %s\n", what, loom_last_error());
     return 1;
 }
@@ -128,12 +131,14 @@ int main(int argc, char **argv) {
                 presets[p], types[t], backend, inv != NULL && !strcmp(inv, "0") ? "false" : "true",
                 graphs != NULL && !strcmp(graphs, "1") ? "true" : "false",
                 fuse != NULL && !strcmp(fuse, "0") ? "false" : "true", math_name, load_s, pf, pf2k);
+            g_line_open = 1;
             for (int b = 0; b < 3; b++) {
                 double d = decode(m, info.n_vocab, batches[b], 64);
                 if (d < 0) return fail("decode");
                 printf(",\"decode_b%d_tps\":%.1f", batches[b], d);
             }
             printf("}\n");
+            g_line_open = 0;
             fflush(stdout);
             loom_model_free(m);
         }
